@@ -1,0 +1,25 @@
+"""Reinforcement-learning experience collectors for HPC clusters.
+
+A trainer process owns a collector; the collector steps environments with a copy of the
+policy, in this process, in local worker processes or on other nodes over
+``torch.distributed.rpc``, and yields batches as TensorDicts in TorchRL's layout.
+"""
+from .base import BaseCollector
+from .collector import Collector
+from .envs import GymEnv
+from .policies import RandomPolicy
+from .trajectories import split_trajectories
+
+# TorchRL's legacy names
+SyncDataCollector = Collector
+DataCollectorBase = BaseCollector
+
+__all__ = [
+    "BaseCollector",
+    "Collector",
+    "DataCollectorBase",
+    "GymEnv",
+    "RandomPolicy",
+    "SyncDataCollector",
+    "split_trajectories",
+]

@@ -1,0 +1,153 @@
+"""What every collector shares: the batch iterator, frame accounting, background collection."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator
+
+from tensordict import TensorDictBase
+
+from . import checks
+from .trajectories import split_trajectories
+
+
+class BaseCollector:
+    """Common base of all collectors.
+
+    Subclasses implement ``_collect_batch()`` (one batch, in TorchRL's layout),
+    ``update_policy_weights_``, ``set_seed``, ``state_dict``/``load_state_dict`` and
+    ``_shutdown``. Iterating yields batches until ``total_frames`` is reached (forever when it
+    is -1); with a ``replay_buffer`` each batch is written there and the iterator yields None.
+    """
+
+    def __init__(
+        self,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        split_trajs: bool = False,
+        postproc: Any = None,
+        replay_buffer: Any = None,
+    ) -> None:
+        self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
+        self.total_frames = checks.total_frames(total_frames)
+        self.split_trajs = checks.boolean("split_trajs", split_trajs)
+        self.postproc = checks.optional_callable("postproc", postproc)
+        self.replay_buffer = checks.replay_buffer(replay_buffer)
+        self._frames = 0
+        self._iter = 0
+        self._iterator: Iterator | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._thread_error: BaseException | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ iteration
+    @property
+    def frames(self) -> int:
+        """Frames collected so far in this run."""
+        return self._frames
+
+    def _finished(self) -> bool:
+        return self.total_frames != -1 and self._frames >= self.total_frames
+
+    def __len__(self) -> int:
+        if self.total_frames == -1:
+            raise TypeError("len() of an endless collector (total_frames=-1) is undefined")
+        return -(-self.total_frames // self.frames_per_batch)
+
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        return self.iterator()
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yield batches until ``total_frames`` frames were collected."""
+        while not self._finished():
+            if self._closed:
+                raise RuntimeError(f"{type(self).__name__} was shut down")
+            batch = self._collect_batch()
+            self._frames += batch.numel()
+            self._iter += 1
+            if self.split_trajs:
+                batch = split_trajectories(batch)
+            if self.postproc is not None:
+                batch = self.postproc(batch)
+            if self.replay_buffer is not None:
+                self.replay_buffer.extend(batch)
+                yield None
+            else:
+                yield batch
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch (None with a replay buffer); StopIteration when the run is complete."""
+        if self._iterator is None:
+            self._iterator = self.iterator()
+        return next(self._iterator)
+
+    def _collect_batch(self) -> TensorDictBase:
+        raise NotImplementedError
+
+    # ------------------------------------------------------ background collection
+    def start(self) -> None:
+        """Collect in a background thread into ``replay_buffer`` until ``async_shutdown``."""
+        if self.replay_buffer is None:
+            raise RuntimeError("start() needs a replay_buffer: pass replay_buffer=... to the constructor")
+        if self._thread is not None:
+            raise RuntimeError("start() was already called")
+        self._thread = threading.Thread(target=self._run_background, name="collector", daemon=True)
+        self._thread.start()
+
+    def _run_background(self) -> None:
+        try:
+            for _ in self.iterator():
+                if self._stop.is_set():
+                    break
+        except BaseException as err:  # reported by async_shutdown
+            self._thread_error = err
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop background collection after the current batch, then shut down.
+
+        Raises the background thread's error, if it had one; batches already written to the
+        replay buffer stay there.
+        """
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise TimeoutError(f"async_shutdown: the collection thread did not stop within {timeout} s")
+        self.shutdown(close_env=close_env)
+        if self._thread_error is not None:
+            error, self._thread_error = self._thread_error, None
+            raise error
+
+    @property
+    def running(self) -> bool:
+        """Whether background collection (``start()``) is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------------ lifecycle
+    def init_updater(self) -> None:
+        """Prepare weight updates ahead of the first ``update_policy_weights_`` call."""
+
+    def shutdown(self, close_env: bool = True) -> None:
+        """Release workers and envs; bounded in time and safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._shutdown(close_env)
+
+    def _shutdown(self, close_env: bool) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> "BaseCollector":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def _base_state(self) -> dict:
+        return {"frames": self._frames, "iteration": self._iter}
+
+    def _load_base_state(self, state: dict) -> None:
+        self._frames, self._iter = int(state["frames"]), int(state["iteration"])

@@ -1,0 +1,85 @@
+"""Argument checks shared by every collector, run before any env or process starts."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: an int > 0")
+    return value
+
+
+def total_frames(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (value <= 0 and value != -1):
+        raise ValueError(f"total_frames={value!r} is invalid; accepted: -1 (endless) or an int > 0")
+    return value
+
+
+def optional_positive_int(name: str, value: Any) -> int | None:
+    return None if value is None else positive_int(name, value)
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    value = 0 if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: an int >= 0")
+    return value
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: True or False")
+    return value
+
+
+def optional_callable(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name}={value!r} is not callable; accepted: None or a callable")
+    return value
+
+
+def replay_buffer(value: Any) -> Any:
+    if value is not None and not callable(getattr(value, "extend", None)):
+        raise TypeError(
+            f"replay_buffer={value!r} has no extend() method; accepted: None or any object with "
+            ".extend(tensordict), such as a TorchRL ReplayBuffer"
+        )
+    return value
+
+
+def device(name: str, value: Any) -> torch.device | None:
+    if value is None:
+        return None
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"{name}={value!r} is not a device; accepted: None, 'cpu', 'cuda', 'cuda:N' or a torch.device") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={value!r} asks for CUDA, which this machine does not have; accepted here: None or 'cpu'")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type not in ("cpu", "cuda", "mps", "meta") and not hasattr(torch, dev.type):
+        raise ValueError(f"{name}={value!r} is not a known device type; accepted: None, 'cpu' or 'cuda'")
+    return dev
+
+
+def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: Any) -> dict[str, torch.device | None]:
+    """Resolve the four device arguments; ``device`` is the default for the other three."""
+    base = device("device", device_)
+    return {
+        "storing_device": device("storing_device", storing_device) or base,
+        "env_device": device("env_device", env_device) or base,
+        "policy_device": device("policy_device", policy_device) or base,
+    }
+
+
+def frames_per_batch_fits(frames_per_batch: int, envs: int, what: str = "frames_per_batch") -> int:
+    """Steps per batch for ``envs`` parallel envs; ``frames_per_batch`` must divide evenly."""
+    if frames_per_batch % envs:
+        raise ValueError(
+            f"{what}={frames_per_batch} does not divide evenly over {envs} envs; accepted: a multiple of {envs}"
+        )
+    return frames_per_batch // envs

@@ -1,0 +1,171 @@
+"""The single-process collector: one env (single or vector), one policy, batches in TorchRL's layout."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from . import checks
+from .base import BaseCollector
+from .envs import GymEnv, make_env
+from .policies import RandomPolicy, StepPolicy
+from .rollout import ArrayRollout, TensorDictRollout
+from .trajectories import TrajectoryIds
+from .weights import load_weights, weights_of
+
+POLICY_VERSION = ("collector", "policy_version")
+
+
+class Collector(BaseCollector):
+    """Collects batches of ``frames_per_batch`` frames from one env in this process.
+
+    Args:
+        create_env_fn: an env (``GymEnv``, gymnasium env or id, or any TorchRL-style env) or a
+            callable returning one.
+        policy: a ``TensorDictModule``, an ``nn.Module`` (reads ``"observation"``, writes
+            ``"action"``), a callable on TensorDicts, or None for random actions.
+        frames_per_batch: frames per batch, a multiple of the env's batch size.
+        total_frames: frames in the whole run, -1 for endless.
+        max_frames_per_traj: truncate trajectories at this many steps (adds ``"step_count"``).
+        init_random_frames: the first batches, up to this many frames, use random actions.
+        reset_at_each_iter: reset the env at the start of every batch.
+        split_trajs: yield ``[n_traj, T_max]`` padded trajectories instead of ``[(B,) T]``.
+        postproc: applied to each batch before it is yielded.
+        device, storing_device, env_device, policy_device: where batches are stored, the env
+            runs and the policy runs (``device`` is the default of the other three).
+        replay_buffer: an object with ``.extend(td)``; batches go there and iteration yields None.
+        traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
+            collectors give each worker its own ``start`` so ids never collide.
+
+    Batches have shape ``[T]`` (dim name ``"time"``) or ``[B, T]`` for a vector env of B.
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        split_trajs: bool = False,
+        postproc: Any = None,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        replay_buffer: Any = None,
+        traj_id_start: int = 0,
+        traj_id_stride: int = 1,
+    ) -> None:
+        super().__init__(
+            frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
+            postproc=postproc, replay_buffer=replay_buffer,
+        )
+        self.max_frames_per_traj = checks.optional_positive_int("max_frames_per_traj", max_frames_per_traj)
+        self.init_random_frames = checks.non_negative_int("init_random_frames", init_random_frames)
+        self.reset_at_each_iter = checks.boolean("reset_at_each_iter", reset_at_each_iter)
+        self.devices = checks.devices(device, storing_device, env_device, policy_device)
+        if policy is not None and not callable(policy):
+            StepPolicy(policy)  # raises the TypeError that names the argument
+        self.env = make_env(create_env_fn)
+        envs = int(torch.Size(self.env.batch_size).numel())
+        self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
+        self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(policy, self.devices["policy_device"])
+        self.traj_ids = TrajectoryIds(traj_id_start, traj_id_stride)
+        rollout_cls = ArrayRollout if isinstance(self.env, GymEnv) else TensorDictRollout
+        self.rollout = rollout_cls(self.env, self.traj_ids, self.max_frames_per_traj)
+        self.policy_version = 0
+        self._pending: tuple[Any, int] | None = None
+        self._lock = threading.Lock()
+        if self.policy is not None:
+            self._check_policy()
+
+    def _check_policy(self) -> None:
+        """Run the policy once on a reset observation: a policy that writes no action fails here."""
+        with torch.no_grad():
+            self.rollout.collect(1, self.policy)
+        self.rollout.invalidate()
+        self.traj_ids.count = 0
+
+    # ------------------------------------------------------------------ collection
+    def _collect_batch(self) -> TensorDictBase:
+        self._apply_pending_weights()
+        if self.reset_at_each_iter:
+            self.rollout.invalidate()
+        random = self._frames < self.init_random_frames
+        with torch.no_grad():
+            batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy)
+        batch.set(POLICY_VERSION, torch.full(batch.shape, self.policy_version, dtype=torch.int64))
+        if self.devices["storing_device"] is not None:
+            batch = batch.to(self.devices["storing_device"])
+        return batch
+
+    # ------------------------------------------------------------------ weights
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> None:
+        """Use new policy weights from the next batch on, and bump ``policy_version``.
+
+        ``policy_or_weights`` may be an ``nn.Module``, a TensorDict of weights or a state dict;
+        None re-reads the policy given to the constructor (needed when the collector runs a copy
+        of it on another device). ``worker_ids`` must be None or 0 for a single-process collector.
+        """
+        if worker_ids not in (None, 0, [0], (0,)):
+            raise ValueError(f"worker_ids={worker_ids!r} is invalid for a single-process Collector; accepted: None or 0")
+        weights = None
+        if policy_or_weights is not None:
+            weights = weights_of(policy_or_weights).clone()
+        elif self.policy is not None and self.policy.module is not self.policy.source:
+            weights = weights_of(self.policy.source).clone()
+        with self._lock:
+            self._pending = (weights, self.policy_version + 1 if self._pending is None else self._pending[1] + 1)
+        if not self.running:
+            self._apply_pending_weights()
+
+    def _apply_pending_weights(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        weights, version = pending
+        if weights is not None:
+            if self.policy is None or self.policy.module is None:
+                raise TypeError("update_policy_weights_: this collector's policy has no weights to update")
+            load_weights(self.policy.module, weights)
+        self.policy_version = version
+
+    # ------------------------------------------------------------------ state
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the env (and its random actions); the next batch starts from a fresh reset.
+
+        Returns the next free seed, to seed another collector with.
+        """
+        if not hasattr(self.env, "set_seed"):
+            raise TypeError(f"set_seed: the env {self.env!r} has no set_seed method")
+        next_seed = self.env.set_seed(int(seed))
+        self.rollout.invalidate()
+        return int(next_seed) if next_seed is not None else int(seed) + 1
+
+    def state_dict(self) -> dict:
+        """Frames, iteration, trajectory counter, policy weights and version: enough to resume."""
+        state = self._base_state()
+        state.update(traj_count=self.traj_ids.count, policy_version=self.policy_version)
+        if self.policy is not None and self.policy.module is not None:
+            state["policy_state_dict"] = {k: v.clone() for k, v in self.policy.module.state_dict().items()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from ``state_dict()``: envs restart, trajectory ids keep increasing."""
+        self._load_base_state(state)
+        self.traj_ids.count = int(state["traj_count"])
+        self.policy_version = int(state["policy_version"])
+        if "policy_state_dict" in state and self.policy is not None and self.policy.module is not None:
+            self.policy.module.load_state_dict(state["policy_state_dict"])
+        self.rollout.invalidate()
+
+    def _shutdown(self, close_env: bool) -> None:
+        if close_env and hasattr(self.env, "close"):
+            self.env.close()

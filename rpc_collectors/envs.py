@@ -1,0 +1,225 @@
+"""Gymnasium environments behind TorchRL's ``EnvBase`` protocol.
+
+:class:`GymEnv` wraps a gymnasium env (an id, an instance or a vector env) so that
+``reset()`` / ``step(td)`` speak TensorDicts with TorchRL's keys. Collectors step it through
+its array methods (``reset_arrays`` / ``step_arrays``), which skip per-step TensorDict work.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode, VectorEnv
+from tensordict import TensorDict, TensorDictBase
+
+ObsDict = dict  # {key or key tuple: np.ndarray}
+
+
+def _obs_keys(space: gym.Space) -> list:
+    if isinstance(space, gym.spaces.Dict):
+        return [("observation", name) for name in space.spaces]
+    return ["observation"]
+
+
+def _check_space(space: gym.Space, what: str) -> None:
+    accepted = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+    if isinstance(space, gym.spaces.Dict) and what == "observation":
+        for sub in space.spaces.values():
+            _check_space(sub, what)
+        return
+    if not isinstance(space, accepted):
+        raise TypeError(
+            f"GymEnv: unsupported {what} space {space!r}; accepted: Box, Discrete, MultiDiscrete, "
+            f"MultiBinary{' or a Dict of those' if what == 'observation' else ''}"
+        )
+
+
+class GymEnv:
+    """A gymnasium env as a TensorDict env with batch size ``[]`` or ``[num_envs]``.
+
+    Args:
+        env: a gymnasium id (``"CartPole-v1"``), a ``gymnasium.Env`` or a ``gymnasium.vector.VectorEnv``.
+        num_envs: build a synchronous vector env of this many copies (ids only).
+        categorical_action_encoding: discrete actions as integer indices (default) or, if False,
+            one-hot vectors as TorchRL's ``GymEnv`` does by default.
+        **make_kwargs: passed to ``gymnasium.make`` / ``gymnasium.make_vec``.
+
+    Vector envs step in ``AutoresetMode.DISABLED`` (those built here) or ``SAME_STEP`` mode, so
+    ``("next", "observation")`` is always the true final observation of an episode.
+    """
+
+    def __init__(
+        self,
+        env: str | gym.Env | VectorEnv,
+        *,
+        num_envs: int | None = None,
+        categorical_action_encoding: bool = True,
+        **make_kwargs: Any,
+    ) -> None:
+        if num_envs is not None and (not isinstance(num_envs, int) or num_envs < 1):
+            raise ValueError(f"GymEnv: num_envs={num_envs!r} is invalid; accepted: None or an int >= 1")
+        if isinstance(env, str):
+            if num_envs is None:
+                env = gym.make(env, **make_kwargs)
+            else:
+                env = gym.make_vec(
+                    env, num_envs=num_envs, vectorization_mode="sync",
+                    vector_kwargs={"autoreset_mode": AutoresetMode.DISABLED}, **make_kwargs,
+                )
+        elif num_envs is not None:
+            raise ValueError("GymEnv: num_envs is only accepted with a gymnasium id, not an env instance")
+        if not isinstance(env, (gym.Env, VectorEnv)):
+            raise TypeError(
+                f"GymEnv: env={env!r} is not accepted; expected a gymnasium id, gymnasium.Env or "
+                "gymnasium.vector.VectorEnv"
+            )
+        self.env = env
+        self.is_vector = isinstance(env, VectorEnv)
+        if self.is_vector:
+            mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+            if mode == AutoresetMode.NEXT_STEP:
+                raise ValueError(
+                    "GymEnv: vector env in autoreset_mode NEXT_STEP is not accepted (its reset steps "
+                    "are not transitions); build it with vector_kwargs={'autoreset_mode': "
+                    "AutoresetMode.DISABLED} or SAME_STEP"
+                )
+            self.autoreset_mode = mode
+            self.num_envs = env.num_envs
+            self.batch_size = torch.Size([env.num_envs])
+            self.observation_space = env.single_observation_space
+            self.action_space = env.single_action_space
+        else:
+            self.autoreset_mode = None
+            self.num_envs = 1
+            self.batch_size = torch.Size([])
+            self.observation_space = env.observation_space
+            self.action_space = env.action_space
+        _check_space(self.observation_space, "observation")
+        _check_space(self.action_space, "action")
+        self.one_hot = isinstance(self.action_space, gym.spaces.Discrete) and not categorical_action_encoding
+        self.obs_keys = _obs_keys(self.observation_space)
+        self._seed: int | None = None
+        # SAME_STEP vector envs: observations and done mask returned by the last step
+        self._final_pending: ObsDict | None = None
+        self._final_done: np.ndarray | None = None
+
+    # ----------------------------------------------------------------- array interface
+    def _obs_dict(self, obs: Any) -> ObsDict:
+        if isinstance(obs, dict):
+            return {key: np.asarray(obs[key[1]]) for key in self.obs_keys}
+        return {"observation": np.array(obs)}
+
+    def reset_arrays(self, mask: np.ndarray | None = None) -> ObsDict:
+        """Reset all envs (``mask=None``) or those where ``mask`` is True; return observations."""
+        seed, self._seed = self._seed, None
+        if mask is None or not self.is_vector:
+            obs, _ = self.env.reset(seed=seed)
+            return self._obs_dict(obs)
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            if self._final_pending is None or not np.array_equal(mask, mask & self._final_done):
+                raise RuntimeError(
+                    "GymEnv: a SAME_STEP vector env resets only the envs whose episode ended; "
+                    "use AutoresetMode.DISABLED to reset others (e.g. with max_frames_per_traj)"
+                )
+            return self._final_pending
+        obs, _ = self.env.reset(seed=seed, options={"reset_mask": mask})
+        return self._obs_dict(obs)
+
+    def step_arrays(self, action: np.ndarray | int) -> tuple[ObsDict, Any, Any, Any]:
+        """Step with a numpy action; return (next observation, reward, terminated, truncated)."""
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.autoreset_mode == AutoresetMode.SAME_STEP:
+            done = np.logical_or(terminated, truncated)
+            self._final_done = done
+            self._final_pending = self._obs_dict(obs)
+            if done.any():
+                final = info["final_obs"]
+                obs = {key: arr.copy() for key, arr in self._final_pending.items()}
+                for i in np.flatnonzero(done):
+                    for key in self.obs_keys:
+                        value = final[i][key[1]] if isinstance(key, tuple) else final[i]
+                        obs[key][i] = value
+                return obs, reward, terminated, truncated
+        return self._obs_dict(obs), reward, terminated, truncated
+
+    def action_to_numpy(self, action: torch.Tensor) -> np.ndarray | int:
+        """Convert a policy's action tensor to what ``gymnasium`` expects."""
+        if self.one_hot:
+            action = action.argmax(-1)
+        if not self.is_vector and isinstance(self.action_space, gym.spaces.Discrete):
+            return int(action)
+        return action.detach().cpu().numpy()
+
+    def sample_action(self) -> torch.Tensor:
+        """One random action for every env, as a tensor in this env's action encoding."""
+        sample = torch.as_tensor(np.asarray(self.env.action_space.sample()))
+        if self.one_hot:
+            sample = torch.nn.functional.one_hot(sample, int(self.action_space.n))
+        return sample
+
+    # ------------------------------------------------------------ TensorDict interface
+    def _to_td(self, obs: ObsDict) -> TensorDict:
+        return TensorDict({k: torch.as_tensor(v) for k, v in obs.items()}, batch_size=self.batch_size)
+
+    def _flags(self, terminated: Any, truncated: Any) -> dict[str, torch.Tensor]:
+        term = torch.as_tensor(np.asarray(terminated, dtype=bool)).reshape(*self.batch_size, 1)
+        trunc = torch.as_tensor(np.asarray(truncated, dtype=bool)).reshape(*self.batch_size, 1)
+        return {"done": term | trunc, "terminated": term, "truncated": trunc}
+
+    def reset(self, td: TensorDictBase | None = None) -> TensorDict:
+        """Reset every env; returns observation and all-False done flags."""
+        out = self._to_td(self.reset_arrays())
+        out.update(self._flags(np.zeros(self.batch_size, bool), np.zeros(self.batch_size, bool)))
+        return out
+
+    def step(self, td: TensorDictBase) -> TensorDictBase:
+        """Step with ``td["action"]``; writes the transition under ``td["next"]`` and returns ``td``."""
+        obs, reward, terminated, truncated = self.step_arrays(self.action_to_numpy(td["action"]))
+        nxt = self._to_td(obs)
+        nxt["reward"] = torch.as_tensor(np.asarray(reward, dtype=np.float32)).reshape(*self.batch_size, 1)
+        nxt.update(self._flags(terminated, truncated))
+        td["next"] = nxt
+        return td
+
+    def rand_action(self, td: TensorDictBase | None = None) -> TensorDictBase:
+        """Write a random action from the action space into ``td`` (a new one if None)."""
+        td = TensorDict(batch_size=self.batch_size) if td is None else td
+        td["action"] = self.sample_action()
+        return td
+
+    def set_seed(self, seed: int) -> int:
+        """Seed the next reset and the action space; return the next free seed."""
+        self._seed = int(seed)
+        self.env.action_space.seed(int(seed))
+        return int(seed) + self.num_envs
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __repr__(self) -> str:
+        return f"GymEnv({self.env!r}, batch_size={list(self.batch_size)})"
+
+
+def make_env(create_env_fn: Any, argument: str = "create_env_fn") -> Any:
+    """Build an env from what a collector received: an env, a gymnasium id, or a callable returning one."""
+    env = create_env_fn
+    if isinstance(env, str):
+        env = GymEnv(env)
+    elif callable(env) and not _is_env(env):
+        env = env()
+    if isinstance(env, (gym.Env, VectorEnv)):
+        env = GymEnv(env)
+    if not _is_env(env):
+        raise TypeError(
+            f"{argument}={create_env_fn!r} gave {env!r}, which is not an env; accepted: a GymEnv, a "
+            "gymnasium id or env, an object with reset(), step(td) and batch_size (TorchRL's EnvBase), "
+            "or a callable returning one"
+        )
+    return env
+
+
+def _is_env(obj: Any) -> bool:
+    return all(callable(getattr(obj, m, None)) for m in ("reset", "step")) and hasattr(obj, "batch_size")
+

@@ -1,0 +1,114 @@
+"""Policies as collectors call them: random actions, and user policies behind one step call.
+
+A user policy may be a ``TensorDictModule``, a plain ``nn.Module`` (reads ``"observation"``,
+writes ``"action"``), any callable taking and returning a TensorDict, or ``None`` (random
+actions). :class:`StepPolicy` turns each into ``inputs -> {key: tensor}`` and, where it can,
+calls the underlying module on tensors directly, so no TensorDict is built per step.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from torch import nn
+
+
+class RandomPolicy:
+    """Samples actions from a gymnasium action space (the per-env, unbatched space).
+
+    Call it on a TensorDict: it writes ``"action"`` with the TensorDict's batch size.
+    """
+
+    def __init__(self, action_space: gym.Space) -> None:
+        if not isinstance(action_space, gym.Space):
+            raise TypeError(f"RandomPolicy: action_space={action_space!r} is not a gymnasium.Space")
+        self.action_space = action_space
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        n = int(np.prod(td.batch_size)) if td.batch_dims else 1
+        samples = np.stack([np.asarray(self.action_space.sample()) for _ in range(n)])
+        td["action"] = torch.as_tensor(samples).reshape(*td.batch_size, *samples.shape[1:])
+        return td
+
+
+def _fast_module(policy: Any) -> TensorDictModule | None:
+    """The policy as a TensorDictModule whose inner module takes tensors, if it is one."""
+    if type(policy) is TensorDictModule:
+        return policy
+    if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
+        return TensorDictModule(policy, in_keys=["observation"], out_keys=["action"])
+    return None
+
+
+class StepPolicy:
+    """Calls a user policy once per step: ``policy(inputs) -> {key: tensor}``.
+
+    Args:
+        policy: the user's policy (see module docstring); ``None`` is handled by the caller.
+        device: where the policy runs; the policy is copied there if its weights live elsewhere.
+    """
+
+    def __init__(self, policy: Any, device: torch.device | None = None) -> None:
+        if not callable(policy):
+            raise TypeError(
+                f"policy={policy!r} is not callable; accepted: a TensorDictModule, an nn.Module, "
+                "a callable taking and returning a TensorDict, or None for random actions"
+            )
+        self.source = policy
+        self.device = device
+        self.policy = _to_device(policy, device)
+        self.td_module = _fast_module(self.policy)
+        self.out_keys: list | None = None
+        if self.td_module is not None:
+            self.out_keys = list(self.td_module.out_keys)
+            if "action" not in self.out_keys:
+                raise ValueError(
+                    f"policy={policy!r} writes {self.out_keys}, which lacks 'action'; a policy must "
+                    "write the 'action' key"
+                )
+            self.in_keys = list(self.td_module.in_keys)
+            self.inner = self.td_module.module
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The module that holds the weights the collector runs with."""
+        return self.policy if isinstance(self.policy, nn.Module) else None
+
+    def __call__(self, inputs: Mapping, batch_size: torch.Size) -> dict:
+        if self.td_module is not None:
+            args = [inputs[k] for k in self.in_keys]
+            if self.device is not None:
+                args = [a.to(self.device, non_blocking=True) for a in args]
+            out = self.inner(*args)
+            if not isinstance(out, tuple):
+                out = (out,)
+            return dict(zip(self.out_keys, out))
+        td = inputs if isinstance(inputs, TensorDictBase) else TensorDict(dict(inputs), batch_size=batch_size)
+        td_in = td.to(self.device) if self.device is not None else td
+        in_keys = set(td_in.keys(include_nested=True, leaves_only=True))
+        result = self.policy(td_in)
+        result = td_in if result is None else result
+        if self.out_keys is None:
+            if not isinstance(result, TensorDictBase) or "action" not in result.keys():
+                raise ValueError(
+                    f"policy={self.source!r} did not write 'action' into the TensorDict it was given; "
+                    "a policy must write the 'action' key"
+                )
+            self.out_keys = [k for k in result.keys(include_nested=True, leaves_only=True) if k not in in_keys]
+        return {k: result.get(k) for k in self.out_keys}
+
+
+def _to_device(policy: Any, device: torch.device | None) -> Any:
+    """The policy on ``device``: itself if its weights are already there, else a deep copy."""
+    if device is None or not isinstance(policy, nn.Module):
+        return policy
+    tensors = list(policy.parameters()) + list(policy.buffers())
+    if all(t.device == device for t in tensors):
+        return policy
+    return copy.deepcopy(policy).to(device)
+

@@ -1,0 +1,191 @@
+"""Stepping one env for a batch of steps and recording the transitions in TorchRL's layout.
+
+:class:`ArrayRollout` steps a :class:`~rpc_collectors.envs.GymEnv` through numpy arrays and
+builds the batch TensorDict once per batch; :class:`TensorDictRollout` steps any env with
+TorchRL's ``EnvBase`` protocol. Both keep the env's state and trajectory ids across batches.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .envs import GymEnv
+from .policies import StepPolicy
+from .trajectories import TRAJ_IDS, TrajectoryIds
+
+FLAGS = ("done", "terminated", "truncated")
+
+
+def _time_names(batch_dims: int) -> list:
+    return [None] * (batch_dims - 1) + ["time"]
+
+
+class ArrayRollout:
+    """Fast rollout of a GymEnv: per step only numpy work and the policy call."""
+
+    def __init__(self, env: GymEnv, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
+        self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
+        self.obs: dict | None = None
+
+    def invalidate(self) -> None:
+        """Start the next batch from a fresh reset."""
+        self.obs = None
+
+    def reset(self) -> None:
+        self.obs = self.env.reset_arrays()
+        n = self.env.num_envs
+        ids = self.traj_ids.new(n)
+        self.traj = ids if self.env.is_vector else int(ids[0])
+        self.steps = np.zeros(n, np.int64) if self.env.is_vector else 0
+
+    def collect(self, num_steps: int, policy: StepPolicy | None) -> TensorDict:
+        """Step ``num_steps`` times with ``policy`` (random actions if None)."""
+        if self.obs is None:
+            self.reset()
+        env, vector, max_steps = self.env, self.env.is_vector, self.max_steps
+        batch = env.batch_size
+        obs_rec, next_rec, out_rec = [], [], []
+        rewards, terms, truncs, tids, counts = [], [], [], [], []
+        for _ in range(num_steps):
+            obs = self.obs
+            if policy is None:
+                out = {"action": env.sample_action()}
+            else:
+                out = policy({k: torch.from_numpy(v) for k, v in obs.items()}, batch)
+            next_obs, reward, term, trunc = env.step_arrays(env.action_to_numpy(out["action"]))
+            obs_rec.append(obs)
+            next_rec.append(next_obs)
+            out_rec.append(out)
+            rewards.append(reward)
+            tids.append(self.traj)
+            if max_steps is not None:
+                counts.append(self.steps)
+                self.steps = self.steps + 1
+                trunc = np.logical_or(trunc, self.steps >= max_steps) if vector else trunc or self.steps >= max_steps
+            terms.append(term)
+            truncs.append(trunc)
+            if vector:
+                done = np.logical_or(term, trunc)
+                if done.any():
+                    reset_obs = env.reset_arrays(done)
+                    self.obs = {k: _where(done, reset_obs[k], v) for k, v in next_obs.items()}
+                    self.traj = self.traj.copy()
+                    self.traj[done] = self.traj_ids.new(int(done.sum()))
+                    self.steps = np.where(done, 0, self.steps)
+                else:
+                    self.obs = next_obs
+            elif term or trunc:
+                self.obs = env.reset_arrays()
+                self.traj = int(self.traj_ids.new(1)[0])
+                self.steps = 0
+            else:
+                self.obs = next_obs
+        return self._to_tensordict(obs_rec, next_rec, out_rec, rewards, terms, truncs, tids, counts)
+
+    def _to_tensordict(self, obs_rec, next_rec, out_rec, rewards, terms, truncs, tids, counts) -> TensorDict:
+        axis = 1 if self.env.is_vector else 0
+        shape = (*self.env.batch_size, len(obs_rec))
+
+        def stack(values: list, dtype: Any = None) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(np.stack(values, axis=axis), dtype=dtype))
+
+        def flag(values: list) -> torch.Tensor:
+            return stack(values, np.bool_).reshape(*shape, 1)
+
+        td = TensorDict(batch_size=shape)
+        for key in obs_rec[0]:
+            td.set(key, stack([o[key] for o in obs_rec]))
+            td.set(("next", key) if isinstance(key, str) else ("next", *key), stack([o[key] for o in next_rec]))
+        for key in out_rec[0]:
+            td.set(key, torch.stack([o[key] for o in out_rec], dim=axis).cpu())
+        terminated, truncated = flag(terms), flag(truncs)
+        td.set(("next", "reward"), stack(rewards, np.float32).reshape(*shape, 1))
+        td.set(("next", "done"), terminated | truncated)
+        td.set(("next", "terminated"), terminated)
+        td.set(("next", "truncated"), truncated)
+        for name in FLAGS:
+            td.set(name, torch.zeros(*shape, 1, dtype=torch.bool))
+        td.set(TRAJ_IDS, stack(tids, np.int64))
+        if counts:
+            before = stack(counts, np.int64).reshape(*shape, 1)
+            td.set("step_count", before)
+            td.set(("next", "step_count"), before + 1)
+        td.names = _time_names(len(shape))
+        return td
+
+
+def _where(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
+
+
+class TensorDictRollout:
+    """Rollout of any env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``)."""
+
+    def __init__(self, env: Any, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
+        self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
+        self.td: TensorDictBase | None = None
+
+    def invalidate(self) -> None:
+        """Start the next batch from a fresh reset."""
+        self.td = None
+
+    def reset(self) -> None:
+        self.td = self.env.reset()
+        n = int(np.prod(self.env.batch_size)) if len(self.env.batch_size) else 1
+        self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
+        if self.max_steps is not None:
+            self.td.set("step_count", torch.zeros(*self.env.batch_size, 1, dtype=torch.int64))
+
+    def collect(self, num_steps: int, policy: StepPolicy | None) -> TensorDictBase:
+        if self.td is None:
+            self.reset()
+        env, batch, steps = self.env, self.env.batch_size, []
+        for _ in range(num_steps):
+            td = self.td
+            if policy is None:
+                td = env.rand_action(td)
+            else:
+                td.update(policy(td, batch))
+            td = env.step(td)
+            nxt = td.get("next")
+            if self.max_steps is not None:
+                count = td.get("step_count") + 1
+                nxt.set("step_count", count)
+                capped = count >= self.max_steps
+                nxt.set("truncated", nxt.get("truncated", torch.zeros_like(capped)) | capped)
+                nxt.set("done", nxt.get("done") | capped)
+            steps.append(td)
+            self.td = self._next_root(nxt, td)
+        out = torch.stack(steps, dim=len(batch)).contiguous()
+        out.names = _time_names(out.batch_dims)
+        return out
+
+    def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
+        """The root of the next step: the next state, with finished envs reset."""
+        root = nxt.exclude("reward").clone(False)
+        root.set(TRAJ_IDS, td.get(TRAJ_IDS).clone())
+        done = nxt.get("done")
+        if not done.any():
+            return root
+        if len(self.env.batch_size) == 0:
+            fresh = self.env.reset()
+            mask = torch.ones((), dtype=torch.bool)
+        else:
+            mask = done.reshape(self.env.batch_size)
+            fresh = self.env.reset(TensorDict({"_reset": done.clone()}, batch_size=self.env.batch_size))
+        ids = root.get(TRAJ_IDS)
+        ids[mask] = torch.as_tensor(self.traj_ids.new(int(mask.sum())))
+        for key in fresh.keys(include_nested=True, leaves_only=True):
+            if key == "_reset":
+                continue
+            value = fresh.get(key)
+            if len(self.env.batch_size) == 0:
+                root.set(key, value)
+            else:
+                root.set(key, torch.where(mask.reshape(*mask.shape, *[1] * (value.dim() - mask.dim())), value, root.get(key)))
+        if self.max_steps is not None:
+            root.set("step_count", torch.where(mask.reshape(*mask.shape, 1) if mask.dim() else mask, 0, root.get("step_count")))
+        return root

@@ -1,0 +1,70 @@
+"""Policy weights: reading them from what users pass, and packing them into one flat buffer.
+
+:class:`FlatWeights` lays a module's parameters and buffers out in one contiguous byte
+buffer, so a weight update is one copy and one collective, whatever the number of tensors.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+ALIGN = 64  # bytes; keeps every tensor's view aligned for any dtype
+
+
+def weights_of(source: Any, argument: str = "policy_or_weights") -> TensorDictBase:
+    """Weights as a nested TensorDict from an ``nn.Module``, a TensorDict or a state dict."""
+    if isinstance(source, nn.Module):
+        return TensorDict.from_module(source).data
+    if isinstance(source, TensorDictBase):
+        return source.unflatten_keys(".") if any("." in k for k in source.keys()) else source
+    if isinstance(source, Mapping):
+        return TensorDict(dict(source), batch_size=[]).unflatten_keys(".")
+    raise TypeError(
+        f"{argument}={type(source).__name__} is not accepted; accepted: None, an nn.Module, a TensorDict "
+        "of weights (TensorDict.from_module) or a state dict"
+    )
+
+
+def load_weights(module: nn.Module, weights: TensorDictBase) -> None:
+    """Copy ``weights`` into ``module``'s parameters and buffers, in place."""
+    target = TensorDict.from_module(module).data
+    missing = set(target.keys(True, True)) - set(weights.keys(True, True))
+    if missing:
+        raise KeyError(f"the new weights lack {sorted(map(str, missing))[:5]} of the policy")
+    target.update_(weights.select(*target.keys(True, True)))
+
+
+class FlatWeights:
+    """A fixed layout of a module's parameters and buffers inside one flat ``uint8`` buffer."""
+
+    def __init__(self, module: nn.Module) -> None:
+        td = TensorDict.from_module(module).data
+        self.keys = list(td.keys(include_nested=True, leaves_only=True))
+        self.tensors = [td.get(k) for k in self.keys]
+        self.layout, offset = [], 0
+        for t in self.tensors:
+            nbytes = t.numel() * t.element_size()
+            self.layout.append((offset, nbytes, t.dtype, t.shape))
+            offset += -(-nbytes // ALIGN) * ALIGN
+        self.nbytes = offset
+        self.device = self.tensors[0].device if self.tensors else torch.device("cpu")
+
+    def new_buffer(self, device: torch.device | None = None) -> torch.Tensor:
+        return torch.empty(self.nbytes, dtype=torch.uint8, device=device or self.device)
+
+    def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        return [buffer[o:o + n].view(dtype).view(shape) for o, n, dtype, shape in self.layout]
+
+    def pack(self, buffer: torch.Tensor, source: TensorDictBase | None = None) -> None:
+        """Copy the module's current weights (or ``source``'s) into ``buffer``."""
+        tensors = self.tensors if source is None else [source.get(k) for k in self.keys]
+        if tensors:
+            torch._foreach_copy_(self.views(buffer), tensors)
+
+    def unpack(self, buffer: torch.Tensor) -> None:
+        """Copy weights from ``buffer`` into the module, in place."""
+        if self.tensors:
+            torch._foreach_copy_(self.tensors, self.views(buffer))
