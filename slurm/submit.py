@@ -1,0 +1,83 @@
+"""Submit a training script to SLURM: every task runs it as ``__main__`` with torch variables set.
+
+    python slurm/submit.py launch/train.py --lr 3e-4 --nodes 2 --tasks-per-node 4 \\
+        --gpus-per-node 4 --partition gpu --time 120 --log-dir ~/jobs/ppo --wait
+
+Options this script knows are taken wherever they appear; everything else is passed to the
+training script. Task 0 (RANK=0) trains, the other tasks serve collectors. ``--dry-run``
+prints the sbatch script without submitting.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+try:
+    from rpc_collectors import slurm
+except ImportError:  # running from a checkout without installing: jobs need the path too
+    sys.path.insert(0, str(REPO))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    from rpc_collectors import slurm
+
+
+def _sbatch_flag(text: str) -> tuple[str, str | bool]:
+    """``key=value`` -> (key, value); ``key`` -> (key, True)."""
+    key, sep, value = text.partition("=")
+    return key, (value if sep else True)
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("script", type=Path, help="training script, run as __main__ in each task")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--tasks-per-node", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=0)
+    parser.add_argument("--cpus-per-task", type=int, default=1)
+    parser.add_argument("--partition")
+    parser.add_argument("--time", type=int, default=60, help="time limit in minutes")
+    parser.add_argument("--mem", help="memory per node, sbatch format: 16G, 500M")
+    parser.add_argument("--sbatch-flag", type=_sbatch_flag, action="append", default=[],
+                        metavar="KEY[=VALUE]", help="extra sbatch option, e.g. account=proj; repeatable")
+    parser.add_argument("--interface", help="network interface for gloo/TensorPipe (default: "
+                        "the one that routes to MASTER_ADDR)")
+    parser.add_argument("--job-name", default="rpc_collectors")
+    parser.add_argument("--log-dir", type=Path, required=True, help="folder shared by all nodes")
+    parser.add_argument("--wait", action="store_true", help="wait and print the job's outcome")
+    parser.add_argument("--timeout", type=float, help="with --wait: give up waiting after SECONDS")
+    parser.add_argument("--dry-run", action="store_true", help="print the sbatch script only")
+    return parser.parse_known_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, script_args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.script.is_file():
+        print(f"submit.py: script {args.script} does not exist", file=sys.stderr)
+        return 2
+    options = dict(
+        log_dir=args.log_dir.expanduser().resolve(), nodes=args.nodes, tasks_per_node=args.tasks_per_node,
+        gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task, partition=args.partition,
+        time_min=args.time, mem=args.mem, sbatch_flags=dict(args.sbatch_flag), interface=args.interface,
+        job_name=args.job_name,
+    )
+    if args.dry_run:
+        print(slurm.sbatch_script(slurm.SlurmConfig(**options)))
+        return 0
+    job = slurm.submit(slurm.run_script, str(args.script.resolve()), script_args, **options)
+    print(f"submitted SLURM job {job.job_id}; logs: {job.paths.stdout} and {job.paths.stderr} "
+          f"(%t = task number)", flush=True)
+    if not args.wait:
+        return 0
+    try:
+        slurm.result(job, timeout_s=args.timeout)
+    finally:
+        print(f"--- task 0 output ---\n{job.task(0).stdout() or ''}", flush=True)
+    print(f"job {job.job_id} completed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

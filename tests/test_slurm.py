@@ -1,0 +1,258 @@
+"""SLURM submission against a real local SLURM cluster (slurm/devcluster.py), run as root.
+
+The clusters are real: munge, MariaDB + slurmdbd, slurmctld and slurmd; the two-node cluster
+puts each slurmd in its own network namespace (10.77.0.1 and 10.77.0.2). One cluster runs at a
+time; the 1-node tests come first, then the 2-node ones, so each is started once.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import cloudpickle
+import pytest
+import submitit
+from submitit.core.utils import FailedJobError, UncompletedJobError
+
+from rpc_collectors import slurm
+
+REPO = Path(__file__).resolve().parents[1]
+RESULT_TIMEOUT_S = 90
+
+# Task functions below are defined in this test module, which jobs cannot import: ship by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _load_devcluster():
+    spec = importlib.util.spec_from_file_location("devcluster", REPO / "slurm" / "devcluster.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["devcluster"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+devcluster = _load_devcluster()
+
+
+class ClusterPool:
+    """Holds at most one running dev cluster; switching node count stops the previous one."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cluster = None
+
+    def get(self, nodes: int):
+        if self.cluster is not None and len(self.cluster.nodes) == nodes:
+            return self.cluster
+        self.close()
+        self.cluster = devcluster.start(nodes, self.root / f"{nodes}nodes")
+        submitit.SlurmJob.watcher.clear()  # job ids restart: forget the last cluster's states
+        return self.cluster
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            devcluster.stop(self.cluster.workdir)
+            self.cluster = None
+
+
+@pytest.fixture(scope="session")
+def cluster_pool() -> Iterator[ClusterPool]:
+    """Session-wide: stops whatever cluster is running at the end, even after failures."""
+    root = Path(tempfile.mkdtemp(prefix="rpcc-slurm-"))
+    root.chmod(0o755)  # MariaDB runs as user mysql
+    pool = ClusterPool(root)
+    old_conf = os.environ.get("SLURM_CONF")
+    try:
+        yield pool
+    finally:
+        pool.close()
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf
+
+
+def _use(pool: ClusterPool, nodes: int):
+    cluster = pool.get(nodes)
+    os.environ["SLURM_CONF"] = str(cluster.slurm_conf)  # sbatch/sacct run by submitit read it
+    return cluster
+
+
+@pytest.fixture
+def one_node(cluster_pool):
+    return _use(cluster_pool, 1)
+
+
+@pytest.fixture
+def two_nodes(cluster_pool):
+    return _use(cluster_pool, 2)
+
+
+@pytest.fixture
+def log_dir(cluster_pool, request) -> Path:
+    path = cluster_pool.root / "logs" / request.node.name
+    path.mkdir(parents=True)
+    return path
+
+
+# --------------------------------------------------------------------------- task functions
+
+
+def allreduce_task() -> dict:
+    """Check the exported variables, all_reduce rank+1 over gloo via a TCPStore rendezvous."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    assert rank == int(os.environ["SLURM_PROCID"]) and world == int(os.environ["SLURM_NTASKS"])
+    store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    try:
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value)
+        ifname = os.environ["GLOO_SOCKET_IFNAME"]
+        my_addr = slurm._ipv4_of(ifname)
+        addrs = [None] * world
+        dist.all_gather_object(addrs, my_addr)
+    finally:
+        dist.destroy_process_group()
+    return {"sum": value.item(), "world": world, "master": addr, "addresses": addrs}
+
+
+def failing_task() -> None:
+    raise ValueError("deliberate failure in task")
+
+
+def blocking_task() -> None:
+    import time
+
+    time.sleep(600)  # cancelled long before
+
+
+# --------------------------------------------------------------------------- 1 node
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_allreduce_three_tasks_one_node(one_node, log_dir):
+    job = slurm.submit(allreduce_task, log_dir=log_dir, tasks_per_node=3, time_min=5)
+    out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+    assert out["world"] == 3
+    assert out["sum"] == 1 + 2 + 3
+    assert out["master"] == "127.0.0.1"
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_failing_task_reaches_submitter(one_node, log_dir):
+    job = slurm.submit(failing_task, log_dir=log_dir, time_min=5)
+    with pytest.raises(FailedJobError, match="deliberate failure in task") as info:
+        slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+    assert "ValueError" in str(info.value)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_cancelled_job_reported(one_node, log_dir):
+    job = slurm.submit(blocking_task, log_dir=log_dir, time_min=5)
+    _wait_running(job)
+    job.cancel()
+    with pytest.raises(UncompletedJobError, match="CANCELLED"):
+        slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+
+
+def _wait_running(job: submitit.Job, timeout_s: float = 60) -> None:
+    """Poll squeue until the job runs (submitit's own state lags)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+        if out == "RUNNING":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job.job_id} not running after {timeout_s} s")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(60)
+def test_dry_run_prints_sbatch_options(tmp_path):
+    cmd = [sys.executable, str(REPO / "slurm" / "submit.py"), str(tmp_path / "train.py"), "--lr", "3",
+           "--nodes", "2", "--tasks-per-node", "3", "--gpus-per-node", "1", "--cpus-per-task", "4",
+           "--partition", "gpu", "--time", "30", "--mem", "16G", "--sbatch-flag", "account=proj",
+           "--sbatch-flag", "exclusive", "--log-dir", str(tmp_path / "logs"), "--dry-run"]
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=50, check=True).stdout
+    for line in ["--nodes=2", "--ntasks-per-node=3", "--gpus-per-node=1", "--cpus-per-task=4",
+                 "--partition=gpu", "--time=30", "--mem=16G", "--account=proj", "--exclusive",
+                 "--kill-on-bad-exit=1", str(tmp_path / "logs")]:
+        assert line in out, f"{line!r} missing from:\n{out}"
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(
+    "options, error, words",
+    [
+        ({"nodes": 0}, ValueError, ["nodes=0", "int > 0"]),
+        ({"tasks_per_node": "3"}, ValueError, ["tasks_per_node='3'"]),
+        ({"gpus_per_node": -1}, ValueError, ["gpus_per_node=-1", "int >= 0"]),
+        ({"time_min": 1.5}, ValueError, ["time_min=1.5"]),
+        ({"mem": "lots"}, ValueError, ["mem='lots'", "16G"]),
+        ({"partition": ""}, ValueError, ["partition=''"]),
+        ({"sbatch_flags": {"--account": "x"}}, ValueError, ["'--account'", "without dashes"]),
+        ({"sbatch_flags": ["account=x"]}, TypeError, ["sbatch_flags=", "dict"]),
+        ({"log_dir": None}, TypeError, ["log_dir=None", "folder path"]),
+        ({"frobnicate": 1}, TypeError, ["frobnicate", "tasks_per_node"]),
+    ],
+)
+def test_bad_arguments_rejected_before_submission(tmp_path, options, error, words):
+    kwargs = {"log_dir": tmp_path, **options}
+    with pytest.raises(error) as info:
+        slurm.submit(print, **kwargs)
+    for word in words:
+        assert word in str(info.value)
+    assert not list(tmp_path.iterdir()), "nothing may be written before the arguments are valid"
+
+
+@pytest.mark.slurm
+def test_submit_rejects_non_callable(tmp_path):
+    with pytest.raises(TypeError, match="fn=42 is not callable"):
+        slurm.submit(42, log_dir=tmp_path)
+
+
+@pytest.mark.slurm
+def test_wrong_interface_lists_available():
+    with pytest.raises(ValueError, match=r"interface='nope0' does not exist.*'lo'"):
+        slurm._check_interface("nope0")
+
+
+# --------------------------------------------------------------------------- 2 nodes
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_allreduce_across_two_namespace_nodes(two_nodes, log_dir):
+    job = slurm.submit(allreduce_task, log_dir=log_dir, nodes=2, tasks_per_node=2, time_min=5)
+    out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+    assert out["sum"] == 1 + 2 + 3 + 4
+    assert out["master"] == two_nodes.nodes["n1"]
+    assert out["addresses"] == ["10.77.0.1", "10.77.0.1", "10.77.0.2", "10.77.0.2"]
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_wrong_interface_fails_the_job_clearly(two_nodes, log_dir):
+    job = slurm.submit(allreduce_task, log_dir=log_dir, nodes=2, interface="nope0", time_min=5)
+    with pytest.raises(FailedJobError, match=r"interface='nope0' does not exist.*veth0"):
+        slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
