@@ -235,10 +235,11 @@ def _check_port_free(port: int) -> None:
         try:
             sock.bind(("", port))
         except OSError as err:
+            origin = ("set in the environment" if "MASTER_PORT" in os.environ
+                      else f"derived from SLURM job id {os.environ.get('SLURM_JOB_ID')}")
             raise RuntimeError(
-                f"MASTER_PORT {port} (derived from SLURM job id {os.environ.get('SLURM_JOB_ID')}) "
-                f"is already in use on {socket.gethostname()}: resubmit, or export MASTER_PORT=<a "
-                "free port> before submitting") from err
+                f"MASTER_PORT {port} ({origin}) is already in use on {socket.gethostname()}: "
+                "resubmit, or export MASTER_PORT=<a free port> before submitting") from err
 
 
 def _interface_names() -> list[str]:

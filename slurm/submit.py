@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from submitit.core.utils import FailedJobError, UncompletedJobError
+
 REPO = Path(__file__).resolve().parents[1]
 try:
     from rpc_collectors import slurm
@@ -73,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         slurm.result(job, timeout_s=args.timeout)
+    except (FailedJobError, UncompletedJobError, TimeoutError) as err:
+        print(f"submit.py: {err}", file=sys.stderr)
+        return 1
     finally:
         print(f"--- task 0 output ---\n{job.task(0).stdout() or ''}", flush=True)
     print(f"job {job.job_id} completed")

@@ -169,6 +169,18 @@ def test_cancelled_job_reported(one_node, log_dir):
         slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
 
 
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_taken_master_port_is_a_clear_error(one_node, log_dir, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port))  # the job inherits it
+        job = slurm.submit(allreduce_task, log_dir=log_dir, time_min=5)
+        with pytest.raises(FailedJobError, match=f"MASTER_PORT {port} .*already in use"):
+            slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+
+
 def _wait_running(job: submitit.Job, timeout_s: float = 60) -> None:
     """Poll squeue until the job runs (submitit's own state lags)."""
     import time
@@ -181,6 +193,24 @@ def _wait_running(job: submitit.Job, timeout_s: float = 60) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"job {job.job_id} not running after {timeout_s} s")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_submit_script_runs_training_script_in_every_task(one_node, log_dir, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys, pathlib\n"
+        "out = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\n"
+        "(out / os.environ['RANK']).write_text(os.environ['WORLD_SIZE'] + ' ' + __name__)\n"
+    )
+    cmd = [sys.executable, str(REPO / "slurm" / "submit.py"), str(script), "--out", str(tmp_path),
+           "--tasks-per-node", "2", "--log-dir", str(log_dir), "--wait", "--timeout", "90"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=one_node.env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "submitted SLURM job" in proc.stdout and str(log_dir) in proc.stdout
+    assert (tmp_path / "0").read_text() == "2 __main__"
+    assert (tmp_path / "1").read_text() == "2 __main__"
 
 
 @pytest.mark.slurm
