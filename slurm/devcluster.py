@@ -389,7 +389,8 @@ class _Launcher:
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     user=user, group=user, extra_groups=[] if user else None)
         pids = _read_pids(self.workdir)
-        pids.append([name, proc.pid, argv[-1] if name.startswith("slurmd-") else argv[0]])
+        daemon = next(arg for arg in argv if arg.startswith("/usr/sbin/"))  # after nsenter's args
+        pids.append([name, proc.pid, daemon])
         self.pids_file.write_text(json.dumps(pids))
         return proc
 
