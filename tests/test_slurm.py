@@ -286,3 +286,33 @@ def test_wrong_interface_fails_the_job_clearly(two_nodes, log_dir):
     job = slurm.submit(allreduce_task, log_dir=log_dir, nodes=2, interface="nope0", time_min=5)
     with pytest.raises(FailedJobError, match=r"interface='nope0' does not exist.*veth0"):
         slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+
+
+# --------------------------------------------------------------------------- namespace hosts
+
+_SERVER = "import socket; s = socket.create_server(('0.0.0.0', 7777)); print('up', flush=True)\nwhile True: s.accept()[0].close()"
+_CLIENT = "import socket, sys; socket.create_connection((sys.argv[1], 7777), timeout=1).close()"
+
+
+def _connects(net, index: int, address: str) -> bool:
+    proc = subprocess.run(net.command(index, [sys.executable, "-c", _CLIENT, address]),
+                          capture_output=True, timeout=30)
+    return proc.returncode == 0
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(60)
+def test_host_network_addresses_cut_and_teardown():
+    net = devcluster.HostNetwork(2, prefix="rpcc-t", subnet="10.79.0")
+    with net:
+        assert [h.address for h in net.hosts] == ["10.79.0.1", "10.79.0.2"]
+        server = net.popen(1, [sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
+        assert server.stdout.readline().strip() == "up"
+        assert _connects(net, 2, "10.79.0.1")
+        net.cut(2)
+        assert not _connects(net, 2, "10.79.0.1")
+        net.restore(2)
+        assert _connects(net, 2, "10.79.0.1")
+    assert server.wait(timeout=10) is not None, "teardown ends the namespace's processes"
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "rpcc-t-" not in listed
