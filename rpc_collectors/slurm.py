@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import submitit
@@ -184,14 +183,15 @@ def setup_distributed_env(interface: str | None = None,
 
     MASTER_ADDR is the first node's address as other nodes reach it (``scontrol``'s NodeAddr
     when its name does not resolve or resolves to loopback); MASTER_PORT is derived from the
-    job id unless already set. GLOO_SOCKET_IFNAME and TP_SOCKET_IFNAME are set to ``interface``,
-    or to the interface that routes to MASTER_ADDR.
+    job id unless already set. GLOO_SOCKET_IFNAME and TP_SOCKET_IFNAME are set to ``interface``
+    (default: GLOO_SOCKET_IFNAME if set, else the interface that routes to MASTER_ADDR).
     """
     dist_env = TorchDistributedEnvironment()
     num_nodes = dist_env.world_size // dist_env.local_world_size
     dist_env.master_addr = master_address(dist_env.master_addr, multi_node=num_nodes > 1)
     if dist_env.rank == 0:
         _check_port_free(dist_env.master_port)
+    interface = interface or os.environ.get("GLOO_SOCKET_IFNAME")
     ifname = _check_interface(interface) if interface else interface_to(dist_env.master_addr)
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = ifname
     return dist_env.export(set_cuda_visible_devices=set_cuda_visible_devices, overwrite=True)

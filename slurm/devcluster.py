@@ -520,15 +520,12 @@ def start(nodes: int = 1, workdir: Path | str = DEFAULT_DIR) -> Cluster:
     except BaseException:
         stop(workdir)
         raise
-    (workdir / "cluster.json").write_text(json.dumps({"nodes": cluster.nodes}))
     return cluster
 
 
 def _cancel_jobs(workdir: Path) -> None:
     """scancel every job of the cluster and wait (bounded) until squeue is empty."""
     env = {**os.environ, "SLURM_CONF": str(workdir / "etc" / "slurm.conf")}
-    if not _port_open("127.0.0.1", SLURMCTLD_PORT):
-        return
     _run(["scancel", "--full", "--user", "root"], check=False, env=env)
     def queue_empty() -> bool:
         proc = _run(["squeue", "-h", "-o", "%i"], check=False, env=env)
@@ -553,20 +550,29 @@ def _leftover_job_processes(workdir: Path) -> list[int]:
     return pids
 
 
+def _alive_daemons(workdir: Path) -> list[tuple[str, int]]:
+    """(name, pid) of the daemons recorded in workdir that still run, in start order."""
+    return [(name, pid) for name, pid, exe in _read_pids(workdir)
+            if _process_alive(pid) and exe in _cmdline(pid)]
+
+
 def stop(workdir: Path | str = DEFAULT_DIR) -> None:
     """Stop every daemon started in ``workdir``, their job steps, and the namespaces. Idempotent."""
     workdir = Path(workdir).resolve()
-    _cancel_jobs(workdir)
-    for name, pid, exe in reversed(_read_pids(workdir)):
-        if _process_alive(pid) and exe in _cmdline(pid):
-            _terminate(pid)
+    daemons = _alive_daemons(workdir)
+    names = {name for name, _ in daemons}
+    if "slurmctld" in names:
+        _cancel_jobs(workdir)
+    for _, pid in reversed(daemons):
+        _terminate(pid)
     for pid in _leftover_job_processes(workdir):
         _terminate(pid)
-    teardown_namespaces(CLUSTER_NETNS_PREFIX)
-    _run(["ip", "link", "del", f"{CLUSTER_NETNS_PREFIX}-root"[:15]], check=False)
+    nodes_file = workdir / "nodes"
+    if nodes_file.exists() and nodes_file.read_text().strip() != "1":
+        HostNetwork(1, prefix=CLUSTER_NETNS_PREFIX, subnet=CLUSTER_SUBNET).teardown()
+    if "mariadb" in names:
+        MYSQL_SOCKET.unlink(missing_ok=True)
     (workdir / "run" / "pids.json").unlink(missing_ok=True)
-    (workdir / "cluster.json").unlink(missing_ok=True)
-    MYSQL_SOCKET.unlink(missing_ok=True)
 
 
 def status(workdir: Path | str = DEFAULT_DIR) -> str:
