@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     record = RunRecord(args, cfg)
     status, start = "failed", time.perf_counter()
     collector, train_start = None, start
-    bar = tqdm(total=args.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True, disable=None)
+    bar = tqdm(total=args.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True)
     try:
         collector = make_collector(
             args.env, policy, workers=args.workers, envs_per_worker=args.envs_per_worker, steps=args.steps,
