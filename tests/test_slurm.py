@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def cluster_pool() -> Iterator[ClusterPool]:
         yield pool
     finally:
         pool.close()
+        shutil.rmtree(root)  # two MariaDB data dirs: hundreds of MB
         if old_conf is None:
             os.environ.pop("SLURM_CONF", None)
         else:
