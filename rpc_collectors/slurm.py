@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import submitit
@@ -27,7 +28,8 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from . import checks
 
-__all__ = ["SlurmConfig", "submit", "result", "run_script", "sbatch_script", "setup_distributed_env"]
+__all__ = ["SlurmConfig", "submit", "result", "run_script", "sbatch_script", "setup_distributed_env",
+           "master_address", "interface_to"]
 
 _MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
 _FLAG_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
@@ -40,7 +42,7 @@ _SRUN_ARGS = ("--kill-on-bad-exit=1",)
 class SlurmConfig:
     """Resources of one job. ``sbatch_flags`` adds ``--key=value`` lines (True: ``--key``)."""
 
-    log_dir: str | os.PathLike
+    log_dir: str | os.PathLike  # stored as an absolute Path
     nodes: int = 1
     tasks_per_node: int = 1
     gpus_per_node: int = 0
@@ -56,6 +58,7 @@ class SlurmConfig:
         if not isinstance(self.log_dir, (str, os.PathLike)) or not str(self.log_dir):
             raise TypeError(f"log_dir={self.log_dir!r} is invalid; accepted: a folder path "
                             "(str or Path) that every node can read")
+        object.__setattr__(self, "log_dir", Path(self.log_dir).expanduser().absolute())
         for name in ("nodes", "tasks_per_node", "cpus_per_task", "time_min"):
             checks.positive_int(name, getattr(self, name))
         checks.non_negative_int("gpus_per_node", self.gpus_per_node)
@@ -65,10 +68,6 @@ class SlurmConfig:
             raise ValueError(f"mem={self.mem!r} is invalid; accepted: None or sbatch's --mem "
                              "format, e.g. '16G', '500M'")
         _check_sbatch_flags(self.sbatch_flags)
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.tasks_per_node
 
     def sbatch_parameters(self) -> dict[str, Any]:
         """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``."""
