@@ -11,8 +11,10 @@ The training code is ``examples/ppo.py``'s, unchanged:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from ppo import main  # examples/ppo.py, next to this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when a launcher runs this file with runpy
+from ppo import main  # noqa: E402  (examples/ppo.py)
 
 if __name__ == "__main__":
     raise SystemExit(main(["--launcher", "torchrun", *sys.argv[1:]]))
