@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any, Sequence
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule
 from torch import nn
 
