@@ -108,7 +108,7 @@ class GymEnv:
     # ----------------------------------------------------------------- array interface
     def _obs_dict(self, obs: Any) -> ObsDict:
         if isinstance(obs, dict):
-            return {key: np.asarray(obs[key[1]]) for key in self.obs_keys}
+            return {key: np.array(obs[key[1]]) for key in self.obs_keys}
         return {"observation": np.array(obs)}
 
     def reset_arrays(self, mask: np.ndarray | None = None) -> ObsDict:
@@ -169,8 +169,11 @@ class GymEnv:
         return {"done": term | trunc, "terminated": term, "truncated": trunc}
 
     def reset(self, td: TensorDictBase | None = None) -> TensorDict:
-        """Reset every env; returns observation and all-False done flags."""
-        out = self._to_td(self.reset_arrays())
+        """Reset every env, or those where ``td["_reset"]`` is True; returns observation and all-False done flags."""
+        mask = None
+        if td is not None and self.is_vector and "_reset" in td.keys():
+            mask = td.get("_reset").reshape(self.batch_size).cpu().numpy()
+        out = self._to_td(self.reset_arrays(mask))
         out.update(self._flags(np.zeros(self.batch_size, bool), np.zeros(self.batch_size, bool)))
         return out
 
