@@ -28,7 +28,8 @@ class Collector(BaseCollector):
             ``"action"``), a callable on TensorDicts, or None for random actions.
         frames_per_batch: frames per batch, a multiple of the env's batch size.
         total_frames: frames in the whole run, -1 for endless.
-        max_frames_per_traj: truncate trajectories at this many steps (adds ``"step_count"``).
+        max_frames_per_traj: truncate trajectories at this many steps (adds ``"step_count"``);
+            None or -1 for no limit.
         init_random_frames: the first batches, up to this many frames, use random actions.
         reset_at_each_iter: reset the env at the start of every batch.
         split_trajs: yield ``[n_traj, T_max]`` padded trajectories instead of ``[(B,) T]``.
@@ -66,7 +67,7 @@ class Collector(BaseCollector):
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer,
         )
-        self.max_frames_per_traj = checks.optional_positive_int("max_frames_per_traj", max_frames_per_traj)
+        self.max_frames_per_traj = checks.max_frames_per_traj(max_frames_per_traj)
         self.init_random_frames = checks.non_negative_int("init_random_frames", init_random_frames)
         self.reset_at_each_iter = checks.boolean("reset_at_each_iter", reset_at_each_iter)
         self.devices = checks.devices(device, storing_device, env_device, policy_device)
@@ -76,6 +77,12 @@ class Collector(BaseCollector):
         envs = int(torch.Size(self.env.batch_size).numel())
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(policy, self.devices["policy_device"])
+        if (self.policy is None or self.init_random_frames) and not callable(getattr(self.env, "rand_action", None)):
+            raise TypeError(
+                f"create_env_fn={create_env_fn!r} gave an env without rand_action(), which random actions "
+                f"(policy={policy!r}, init_random_frames={self.init_random_frames}) need; accepted: an env "
+                "with rand_action(td), or a policy with init_random_frames=0"
+            )
         self.traj_ids = TrajectoryIds(traj_id_start, traj_id_stride)
         rollout_cls = ArrayRollout if isinstance(self.env, GymEnv) else TensorDictRollout
         self.rollout = rollout_cls(self.env, self.traj_ids, self.max_frames_per_traj)
@@ -86,16 +93,17 @@ class Collector(BaseCollector):
             self._check_policy()
 
     def _check_policy(self) -> None:
-        """Run the policy once on a reset observation: a policy that writes no action fails here."""
+        """Run the policy once on a reset observation: a policy that writes no action fails here.
+
+        The env is not stepped; the first batch starts from this reset (and its seed, if any).
+        """
         with torch.no_grad():
-            self.rollout.collect(1, self.policy)
-        self.rollout.invalidate()
-        self.traj_ids.count = 0
+            self.rollout.probe(self.policy)
 
     # ------------------------------------------------------------------ collection
     def _collect_batch(self) -> TensorDictBase:
         self._apply_pending_weights()
-        if self.reset_at_each_iter:
+        if self.reset_at_each_iter and not self.rollout.fresh:
             self.rollout.invalidate()
         random = self._frames < self.init_random_frames
         with torch.no_grad():

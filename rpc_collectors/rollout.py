@@ -29,22 +29,35 @@ class ArrayRollout:
     def __init__(self, env: GymEnv, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.obs: dict | None = None
+        self.traj: Any = None
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
         self.obs = None
 
+    @property
+    def fresh(self) -> bool:
+        """True until the first step after a reset (or before any reset)."""
+        return self.obs is None or self.traj is None
+
     def reset(self) -> None:
         self.obs = self.env.reset_arrays()
-        n = self.env.num_envs
-        ids = self.traj_ids.new(n)
-        self.traj = ids if self.env.is_vector else int(ids[0])
-        self.steps = np.zeros(n, np.int64) if self.env.is_vector else 0
+        self.traj = None  # ids are handed out at the first step: a reset never stepped costs none
+        self.steps = np.zeros(self.env.num_envs, np.int64) if self.env.is_vector else 0
+
+    def probe(self, policy: StepPolicy) -> dict:
+        """Call ``policy`` on the current observation without stepping (checks a new policy)."""
+        if self.obs is None:
+            self.reset()
+        return policy({k: torch.from_numpy(v) for k, v in self.obs.items()}, self.env.batch_size)
 
     def collect(self, num_steps: int, policy: StepPolicy | None) -> TensorDict:
         """Step ``num_steps`` times with ``policy`` (random actions if None)."""
         if self.obs is None:
             self.reset()
+        if self.traj is None:
+            ids = self.traj_ids.new(self.env.num_envs)
+            self.traj = ids if self.env.is_vector else int(ids[0])
         env, vector, max_steps = self.env, self.env.is_vector, self.max_steps
         batch = env.batch_size
         obs_rec, next_rec, out_rec = [], [], []
@@ -127,21 +140,36 @@ class TensorDictRollout:
     def __init__(self, env: Any, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.td: TensorDictBase | None = None
+        self.stepped = False
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
         self.td = None
 
+    @property
+    def fresh(self) -> bool:
+        """True until the first step after a reset (or before any reset)."""
+        return self.td is None or not self.stepped
+
     def reset(self) -> None:
         self.td = self.env.reset()
-        n = int(np.prod(self.env.batch_size)) if len(self.env.batch_size) else 1
-        self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
+        self.stepped = False  # ids are handed out at the first step: a reset never stepped costs none
         if self.max_steps is not None:
             self.td.set("step_count", torch.zeros(*self.env.batch_size, 1, dtype=torch.int64))
+
+    def probe(self, policy: StepPolicy) -> dict:
+        """Call ``policy`` on a copy of the current state without stepping (checks a new policy)."""
+        if self.td is None:
+            self.reset()
+        return policy(self.td.clone(), self.env.batch_size)
 
     def collect(self, num_steps: int, policy: StepPolicy | None) -> TensorDictBase:
         if self.td is None:
             self.reset()
+        if not self.stepped:
+            n = int(np.prod(self.env.batch_size)) if len(self.env.batch_size) else 1
+            self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
+            self.stepped = True
         env, batch, steps = self.env, self.env.batch_size, []
         for _ in range(num_steps):
             td = self.td
@@ -178,6 +206,10 @@ class TensorDictRollout:
             fresh = self.env.reset(TensorDict({"_reset": done.clone()}, batch_size=self.env.batch_size))
         ids = root.get(TRAJ_IDS)
         ids[mask] = torch.as_tensor(self.traj_ids.new(int(mask.sum())))
+        for key in FLAGS:  # a fresh episode is not done, whether or not reset() says so
+            if key in root.keys():
+                flag = root.get(key)
+                root.set(key, flag & ~mask.reshape(*mask.shape, *[1] * (flag.dim() - mask.dim())))
         for key in fresh.keys(include_nested=True, leaves_only=True):
             if key == "_reset":
                 continue
