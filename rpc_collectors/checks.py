@@ -1,32 +1,47 @@
 """Argument checks shared by every collector, run before any env or process starts."""
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
 
 
+def _is_int(value: Any) -> bool:
+    """Python and numpy integers, not bools."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not _is_int(value) or value <= 0:
         raise ValueError(f"{name}={value!r} is invalid; accepted: an int > 0")
-    return value
+    return int(value)
 
 
 def total_frames(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or (value <= 0 and value != -1):
+    if not _is_int(value) or (value <= 0 and value != -1):
         raise ValueError(f"total_frames={value!r} is invalid; accepted: -1 (endless) or an int > 0")
-    return value
+    return int(value)
 
 
 def optional_positive_int(name: str, value: Any) -> int | None:
     return None if value is None else positive_int(name, value)
 
 
+def max_frames_per_traj(value: Any) -> int | None:
+    """None or -1 (TorchRL's spelling) for no limit, else an int > 0."""
+    if value is None or (_is_int(value) and value == -1):
+        return None
+    if not _is_int(value) or value <= 0:
+        raise ValueError(f"max_frames_per_traj={value!r} is invalid; accepted: None or -1 (no limit), or an int > 0")
+    return int(value)
+
+
 def non_negative_int(name: str, value: Any) -> int:
     value = 0 if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not _is_int(value) or value < 0:
         raise ValueError(f"{name}={value!r} is invalid; accepted: an int >= 0")
-    return value
+    return int(value)
 
 
 def boolean(name: str, value: Any) -> bool:
