@@ -1,0 +1,126 @@
+"""Small envs for the tests: their observations say where in an episode they are.
+
+``CountEnv`` (gymnasium) and ``TDCountEnv`` (TorchRL's ``EnvBase`` protocol, no gymnasium)
+observe ``[t, episode, last action]``; episode ``k`` lasts ``lengths[k % len(lengths)]`` steps
+and ends terminated when ``k`` is even, truncated when ``k`` is odd. So a test can tell from a
+batch alone whether final observations, resets, truncation and trajectory ids are right.
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+
+class CountEnv(gym.Env):
+    """Gymnasium env observing ``[t, episode, last action]`` (float32); Discrete(2) actions."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, lengths=(3, 5, 2), offset: int = 0) -> None:
+        self.lengths = [int(n) for n in lengths]
+        self.offset = offset  # shifts the episode lengths, so copies in a vector env differ
+        self.observation_space = gym.spaces.Box(-1e6, 1e6, (3,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.episode, self.t = -1, 0
+        self.closed = False
+
+    def _obs(self, action: float) -> np.ndarray:
+        return np.array([self.t, self.episode, action], np.float32)
+
+    def length(self) -> int:
+        return self.lengths[(self.episode + self.offset) % len(self.lengths)]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.t = self.episode + 1, 0
+        return self._obs(-1), {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t >= self.length()
+        terminated, truncated = end and self.episode % 2 == 0, end and self.episode % 2 == 1
+        return self._obs(float(action)), float(self.t), terminated, truncated, {}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class TDCountEnv:
+    """The same episodes as ``CountEnv`` behind TorchRL's ``EnvBase`` protocol, batch ``[]`` or ``[B]``.
+
+    Env ``i`` of a batch uses ``offset=i``. ``reset(td)`` resets only where ``td["_reset"]`` is
+    True; ``reset_masks`` records what each reset was asked to reset.
+    """
+
+    def __init__(self, num_envs: int | None = None, lengths=(3, 5, 2)) -> None:
+        self.batch_size = torch.Size([] if num_envs is None else [num_envs])
+        n = 1 if num_envs is None else num_envs
+        self.lengths = torch.tensor(lengths)
+        self.offset = torch.arange(n)
+        self.t = torch.zeros(n, dtype=torch.long)
+        self.episode = torch.full((n,), -1, dtype=torch.long)
+        self.last_action = torch.full((n,), -1.0)
+        self.generator = torch.Generator().manual_seed(0)
+        self.reset_masks: list[torch.Tensor] = []
+        self.steps = 0
+        self.closed = False
+
+    def _shape(self, x: torch.Tensor, *trailing: int) -> torch.Tensor:
+        return x.reshape(*self.batch_size, *trailing)
+
+    def _obs(self) -> torch.Tensor:
+        obs = torch.stack([self.t.float(), self.episode.float(), self.last_action], -1)
+        return self._shape(obs, 3)
+
+    def _flags(self, terminated: torch.Tensor, truncated: torch.Tensor) -> dict:
+        return {
+            "done": self._shape(terminated | truncated, 1),
+            "terminated": self._shape(terminated, 1),
+            "truncated": self._shape(truncated, 1),
+        }
+
+    def reset(self, td: TensorDict | None = None) -> TensorDict:
+        n = self.t.numel()
+        mask = torch.ones(n, dtype=torch.bool)
+        if td is not None and "_reset" in td.keys():
+            mask = td["_reset"].reshape(n)
+        self.reset_masks.append(mask.clone())
+        self.episode = torch.where(mask, self.episode + 1, self.episode)
+        self.t = torch.where(mask, 0, self.t)
+        self.last_action = torch.where(mask, -1.0, self.last_action)
+        false = torch.zeros(n, dtype=torch.bool)
+        return TensorDict({"observation": self._obs(), **self._flags(false, false)}, batch_size=self.batch_size)
+
+    def step(self, td: TensorDict) -> TensorDict:
+        self.steps += 1
+        action = td["action"].reshape(-1)
+        self.t = self.t + 1
+        self.last_action = action.float()
+        length = self.lengths[(self.episode + self.offset) % len(self.lengths)]
+        end = self.t >= length
+        terminated, truncated = end & (self.episode % 2 == 0), end & (self.episode % 2 == 1)
+        nxt = TensorDict(
+            {"observation": self._obs(), "reward": self._shape(self.t.float(), 1), **self._flags(terminated, truncated)},
+            batch_size=self.batch_size,
+        )
+        td.set("next", nxt)
+        return td
+
+    def rand_action(self, td: TensorDict | None = None) -> TensorDict:
+        td = TensorDict(batch_size=self.batch_size) if td is None else td
+        td.set("action", torch.randint(0, 2, self.batch_size, generator=self.generator))
+        return td
+
+    def set_seed(self, seed: int) -> int:
+        self.generator.manual_seed(seed)
+        return seed + 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+if "CountEnv-v0" not in gym.registry:
+    gym.register("CountEnv-v0", entry_point=CountEnv)
+
