@@ -1,0 +1,185 @@
+"""Bad input: every wrong argument is refused with a message naming it and its value; env errors surface intact."""
+from __future__ import annotations
+
+import re
+import traceback
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from rpc_collectors import Collector, GymEnv
+
+from conftest import CountEnv, TDCountEnv
+
+
+class EnvFactory:
+    """Builds a CountEnv and counts how often it was asked to."""
+
+    def __init__(self, num_envs: int | None = None) -> None:
+        self.calls, self.num_envs = 0, num_envs
+
+    def __call__(self):
+        self.calls += 1
+        return GymEnv("CountEnv-v0", num_envs=self.num_envs)
+
+
+def refused(error: type, argument: str, value: str, **kwargs):
+    """Build a Collector from kwargs; check it raises ``error`` naming ``argument`` and ``value``."""
+    kwargs.setdefault("frames_per_batch", 10)
+    factory = kwargs.pop("create_env_fn", None) or EnvFactory()
+    policy = kwargs.pop("policy", None)
+    with pytest.raises(error) as info:
+        Collector(factory, policy, **kwargs)
+    message = str(info.value)
+    assert argument in message, message
+    assert value in message, message
+    return factory, message
+
+
+@pytest.mark.parametrize("value", [0, -10, 2.5, "10", None, True])
+def test_frames_per_batch(value):
+    factory, message = refused((ValueError, TypeError), "frames_per_batch", repr(value), frames_per_batch=value)
+    assert "accepted" in message
+    assert factory.calls == 0  # checked before any env is built
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5])
+def test_total_frames(value):
+    _, message = refused(ValueError, "total_frames", repr(value), total_frames=value)
+    assert "-1" in message  # says what is accepted
+
+
+def test_frames_per_batch_must_divide_over_envs():
+    _, message = refused(ValueError, "frames_per_batch", "10", create_env_fn=EnvFactory(num_envs=3))
+    assert "3" in message
+
+
+def test_numpy_ints_accepted():
+    import numpy as np
+
+    collector = Collector(EnvFactory(), None, frames_per_batch=np.int64(10), total_frames=np.int64(20))
+    assert len(list(collector)) == 2
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.0])
+def test_max_frames_per_traj(value):
+    refused(ValueError, "max_frames_per_traj", repr(value), max_frames_per_traj=value)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5])
+def test_init_random_frames(value):
+    refused(ValueError, "init_random_frames", repr(value), init_random_frames=value)
+
+
+@pytest.mark.parametrize("argument", ["split_trajs", "reset_at_each_iter"])
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_booleans(argument, value):
+    refused(TypeError, argument, repr(value), **{argument: value})
+
+
+def test_postproc_not_callable():
+    refused(TypeError, "postproc", "42", postproc=42)
+
+
+def test_replay_buffer_without_extend():
+    refused(TypeError, "replay_buffer", "{}", replay_buffer={})
+
+
+@pytest.mark.parametrize("argument", ["device", "storing_device", "env_device", "policy_device"])
+def test_unknown_device(argument):
+    factory, _ = refused(ValueError, argument, "'foo'", **{argument: "foo"})
+    assert factory.calls == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("value", ["cuda", "cuda:0", torch.device("cuda")])
+def test_cuda_on_a_cpu_machine(value):
+    _, message = refused(ValueError, "device", repr(value), device=value)
+    assert "CUDA" in message
+
+
+@pytest.mark.parametrize("made", [object(), 42, "not an env id"])
+def test_env_fn_returning_no_env(made):
+    if isinstance(made, str):  # a gymnasium id that does not exist: gymnasium's own error
+        with pytest.raises(Exception, match="not an env id"):
+            Collector(made, None, frames_per_batch=10)
+        return
+    _, message = refused(TypeError, "create_env_fn", repr(made)[:20], create_env_fn=lambda: made)
+    assert "reset" in message and "step" in message
+
+
+def test_env_without_rand_action_needs_a_policy():
+    class NoRandom(TDCountEnv):
+        rand_action = None
+
+    refused(TypeError, "rand_action", "policy=None", create_env_fn=NoRandom())
+    Collector(NoRandom(), lambda td: td.set("action", torch.zeros((), dtype=torch.int64)), frames_per_batch=4).next()
+
+
+@pytest.mark.parametrize("policy", [5, "policy", [nn.Linear(3, 2)]])
+def test_policy_not_callable(policy):
+    factory, _ = refused(TypeError, "policy", repr(policy)[:20], policy=policy)
+    assert factory.calls == 0
+
+
+def test_tensordict_module_without_action():
+    policy = TensorDictModule(nn.Linear(3, 2), in_keys=["observation"], out_keys=["logits"])
+    _, message = refused(ValueError, "policy", "'action'", policy=policy)
+    assert "logits" in message
+
+
+@pytest.mark.parametrize("kind", ["gym", "td"])
+def test_callable_policy_without_action(kind):
+    def policy(td):
+        td["logits"] = torch.zeros(*td.batch_size, 2)
+        return td
+
+    env = GymEnv(CountEnv()) if kind == "gym" else TDCountEnv()
+    with pytest.raises(ValueError, match=re.escape("policy=") + ".*'action'"):
+        Collector(env, policy, frames_per_batch=10)
+
+
+# ---------------------------------------------------------------- env errors
+class EnvBroke(RuntimeError):
+    pass
+
+
+class FailingCountEnv(CountEnv):
+    """Fails on its 25th step."""
+
+    def __init__(self) -> None:
+        super().__init__(lengths=(4, 7))
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 25:
+            raise EnvBroke("step 25 failed")
+        return super().step(action)
+
+
+class FailingTDEnv(TDCountEnv):
+    def step(self, td):
+        if self.steps == 24:
+            raise EnvBroke("step 25 failed")
+        return super().step(td)
+
+
+@pytest.mark.parametrize("env_cls", [lambda: GymEnv(FailingCountEnv()), lambda: FailingTDEnv(3)])
+def test_env_error_surfaces_and_earlier_batches_stay_valid(env_cls):
+    env = env_cls()
+    n = int(torch.Size(env.batch_size).numel())
+    collector = Collector(env, lambda td: td.set("action", torch.ones(td.batch_size, dtype=torch.int64)),
+                          frames_per_batch=10 * n)
+    batches = [collector.next(), collector.next()]  # steps 1..20
+    copies = [b.clone() for b in batches]
+    with pytest.raises(EnvBroke, match="step 25 failed") as info:
+        collector.next()
+    raised_in = traceback.extract_tb(info.tb)[-1]  # the innermost frame: the env's own step
+    assert raised_in.name == "step" and raised_in.filename == __file__
+    assert "raise EnvBroke" in raised_in.line
+    for batch, copy in zip(batches, copies):
+        assert (batch == copy).all()
