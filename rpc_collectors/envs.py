@@ -36,6 +36,11 @@ def _check_space(space: gym.Space, what: str) -> None:
         )
 
 
+def _where(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Rows of ``a`` where ``mask`` (one entry per env) is True, else rows of ``b``."""
+    return np.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
+
+
 class GymEnv:
     """A gymnasium env as a TensorDict env with batch size ``[]`` or ``[num_envs]``.
 
@@ -47,7 +52,8 @@ class GymEnv:
         **make_kwargs: passed to ``gymnasium.make`` / ``gymnasium.make_vec``.
 
     Vector envs step in ``AutoresetMode.DISABLED`` (those built here) or ``SAME_STEP`` mode, so
-    ``("next", "observation")`` is always the true final observation of an episode.
+    ``("next", "observation")`` is always the true final observation of an episode. Both reset
+    single envs on request (``reset_arrays(mask)``, ``reset(td)`` with ``td["_reset"]``).
     """
 
     def __init__(
@@ -115,15 +121,17 @@ class GymEnv:
         """Reset all envs (``mask=None``) or those where ``mask`` is True; return observations."""
         seed, self._seed = self._seed, None
         if mask is None or not self.is_vector:
+            self._final_pending = self._final_done = None
             obs, _ = self.env.reset(seed=seed)
             return self._obs_dict(obs)
-        if self.autoreset_mode == AutoresetMode.SAME_STEP:
-            if self._final_pending is None or not np.array_equal(mask, mask & self._final_done):
-                raise RuntimeError(
-                    "GymEnv: a SAME_STEP vector env resets only the envs whose episode ended; "
-                    "use AutoresetMode.DISABLED to reset others (e.g. with max_frames_per_traj)"
-                )
-            return self._final_pending
+        if self.autoreset_mode == AutoresetMode.SAME_STEP and self._final_pending is not None:
+            # envs whose episode ended were reset by the env inside step(); reset the others
+            # (e.g. truncated by max_frames_per_traj) here
+            pending, rest = self._final_pending, mask & ~self._final_done
+            if not rest.any():
+                return pending
+            fresh = self._obs_dict(self.env.reset(seed=seed, options={"reset_mask": rest})[0])
+            return {key: _where(rest, fresh[key], value) for key, value in pending.items()}
         obs, _ = self.env.reset(seed=seed, options={"reset_mask": mask})
         return self._obs_dict(obs)
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .envs import GymEnv
+from .envs import GymEnv, _where
 from .policies import StepPolicy
 from .trajectories import TRAJ_IDS, TrajectoryIds
 
@@ -128,10 +128,6 @@ class ArrayRollout:
             td.set(("next", "step_count"), before + 1)
         td.names = _time_names(len(shape))
         return td
-
-
-def _where(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
 
 
 class TensorDictRollout:
