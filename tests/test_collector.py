@@ -1,7 +1,7 @@
 """Collector: TorchRL's data layout and every constructor argument and method of DESIGN.md.
 
-Most tests run on four envs with the same episodes (see conftest): a gymnasium env through
-GymEnv (the array fast path), single and vector, and a hand-written TorchRL-``EnvBase``-style
+Most tests run on five envs with the same episodes (see conftest): a gymnasium env through
+GymEnv (the array fast path), single and vector (autoreset DISABLED and SAME_STEP), and a hand-written TorchRL-``EnvBase``-style
 env (the TensorDict path), single and batched. Their observations are ``[t, episode, last
 action]``, so the checks below read the truth from the batch itself.
 """
@@ -25,20 +25,21 @@ from rpc_collectors import Collector, GymEnv, RandomPolicy, SyncDataCollector, s
 from conftest import CountEnv, TDCountEnv
 
 B = 3  # envs in a vector env
-KINDS = ["gym", "gym-vector", "td", "td-batched"]
+KINDS = ["gym", "gym-vector", "gym-vector-same-step", "td", "td-batched"]
 
 
 def make_env(kind: str, lengths=(3, 5, 2)):
     if kind == "gym":
         return GymEnv(CountEnv(lengths))
-    if kind == "gym-vector":
+    if kind.startswith("gym-vector"):
         fns = [partial(CountEnv, lengths, offset=i) for i in range(B)]
-        return GymEnv(SyncVectorEnv(fns, autoreset_mode=AutoresetMode.DISABLED))
+        mode = AutoresetMode.SAME_STEP if kind.endswith("same-step") else AutoresetMode.DISABLED
+        return GymEnv(SyncVectorEnv(fns, autoreset_mode=mode))
     return TDCountEnv(None if kind == "td" else B, lengths)
 
 
 def n_envs(kind: str) -> int:
-    return B if kind in ("gym-vector", "td-batched") else 1
+    return 1 if kind in ("gym", "td") else B
 
 
 class ArgmaxLinear(nn.Module):
@@ -214,7 +215,7 @@ def test_traj_id_constant_across_batches_single_env():
     assert ids.tolist() == [0] * 25 + [1] * 5
 
 
-@pytest.mark.parametrize("kind", ["gym-vector", "td-batched"])
+@pytest.mark.parametrize("kind", ["gym-vector", "gym-vector-same-step", "td-batched"])
 def test_traj_ids_continue_after_load_state_dict(kind):
     first = Collector(make_env(kind), None, frames_per_batch=10 * B)
     before = torch.cat([first.next() for _ in range(3)], -1)
