@@ -32,7 +32,7 @@ class RandomPolicy:
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
         n = int(np.prod(td.batch_size)) if td.batch_dims else 1
         samples = np.stack([np.asarray(self.action_space.sample()) for _ in range(n)])
-        td["action"] = torch.as_tensor(samples).reshape(*td.batch_size, *samples.shape[1:])
+        td["action"] = torch.as_tensor(samples).reshape(tuple(td.batch_size) + samples.shape[1:])
         return td
 
 
