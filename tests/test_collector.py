@@ -561,6 +561,24 @@ def test_start_and_async_shutdown():
     collector.shutdown()  # again: no error
 
 
+def test_weights_updated_in_the_background_apply_between_batches():
+    buffer = Buffer()
+    collector = Collector(make_env("gym-vector"), ArgmaxLinear(favour=0), frames_per_batch=4 * B, replay_buffer=buffer)
+    collector.start()
+    deadline = time.monotonic() + 60
+    while not buffer.batches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    collector.update_policy_weights_(ArgmaxLinear(favour=1))
+    while buffer.batches[-1]["collector", "policy_version"].max() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    collector.async_shutdown(timeout=30)
+    versions = [b["collector", "policy_version"].unique().tolist() for b in buffer.batches]
+    assert all(len(v) == 1 for v in versions)  # one policy version per batch, never mixed
+    assert versions[0] == [0] and versions[-1] == [1]
+    for batch, (version,) in zip(buffer.batches, versions):
+        assert (batch["action"] == version).all()
+
+
 def test_start_needs_a_replay_buffer():
     collector = Collector(make_env("gym"), None, frames_per_batch=10)
     with pytest.raises(RuntimeError, match="replay_buffer"):

@@ -10,7 +10,7 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict
 
-from rpc_collectors import Collector, GymEnv
+from rpc_collectors import Collector, GymEnv, RandomPolicy
 
 from conftest import CountEnv
 
@@ -20,7 +20,8 @@ FLAGS = ("done", "terminated", "truncated")
 class DictObsEnv(gym.Env):
     """Dict observation {"pos": Box(2), "count": Discrete(10)}; MultiDiscrete([3, 4]) actions."""
 
-    def __init__(self) -> None:
+    def __init__(self, reuse_arrays: bool = True) -> None:
+        self.reuse_arrays = reuse_arrays
         self.observation_space = gym.spaces.Dict(
             {"pos": gym.spaces.Box(-10, 10, (2,), np.float32), "count": gym.spaces.Discrete(10)}
         )
@@ -29,7 +30,8 @@ class DictObsEnv(gym.Env):
         self.pos = np.zeros(2, np.float32)
 
     def _obs(self):
-        return {"pos": self.pos, "count": self.t}  # the same array every step: the adapter must copy
+        # by default the same array every step: the adapter must copy
+        return {"pos": self.pos if self.reuse_arrays else self.pos.copy(), "count": self.t}
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -132,6 +134,29 @@ def test_dict_observations_in_collector():
     assert count.tolist() == [1, 2, 3, 4, 1, 2, 3, 4]
     assert torch.equal(pos[1:4], next_pos[:3]) and not pos[4].any()
     collector.shutdown()
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.DISABLED, AutoresetMode.SAME_STEP])
+def test_vector_dict_observations_final(mode):
+    # (gymnasium's own SAME_STEP final_obs would alias an array the env reuses: no reuse here)
+    make = partial(DictObsEnv, reuse_arrays=False)
+    env = GymEnv(SyncVectorEnv([make, make], autoreset_mode=mode))
+    batch = Collector(env, None, frames_per_batch=2 * 10).next()
+    assert batch["observation", "pos"].shape == (2, 10, 2)
+    for i in range(2):
+        assert batch[i]["next", "observation", "count"].tolist() == [1, 2, 3, 4] * 2 + [1, 2]
+        assert batch[i]["observation", "count"].tolist() == [0, 1, 2, 3] * 2 + [0, 1]
+        assert torch.equal(batch[i]["next", "observation", "pos"], batch[i]["action"].float())
+
+
+def test_random_policy():
+    policy = RandomPolicy(gym.spaces.Box(-1, 1, (3,), np.float32))
+    td = policy(TensorDict(batch_size=[4, 5]))
+    assert td["action"].shape == (4, 5, 3) and td["action"].abs().max() <= 1
+    td = RandomPolicy(gym.spaces.Discrete(3))(TensorDict())
+    assert td["action"].shape == () and td["action"].item() in (0, 1, 2)
+    with pytest.raises(TypeError, match="action_space"):
+        RandomPolicy("Discrete(3)")
 
 
 def test_discrete_one_hot_encoding():
