@@ -24,8 +24,8 @@ import tensordict
 from tqdm import tqdm
 
 from . import ppo
-from .collector import Collector
 from .envs import GymEnv
+from .rpc_collector import RPCCollector
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,12 +49,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def make_collector(
     env_id: str, policy: Any, *, workers: int, envs_per_worker: int, steps: int, total_frames: int, sync: bool
-) -> Collector:
-    """The demo's collector: ``workers`` local processes, each stepping ``envs_per_worker`` envs."""
+) -> RPCCollector:
+    """The demo's collector: ``workers`` local processes, each stepping ``envs_per_worker`` envs.
+
+    Sync batches are ``[workers, envs_per_worker, steps]``; async ones one worker's
+    ``[envs_per_worker, workers * steps]``, so both modes train on batches of the same size.
+    """
     frames_per_batch = workers * envs_per_worker * steps
-    return Collector(
-        GymEnv(env_id, num_envs=workers * envs_per_worker), policy,
+    return RPCCollector(
+        partial(GymEnv, env_id, num_envs=envs_per_worker), policy,
         frames_per_batch=frames_per_batch, total_frames=total_frames,
+        num_collectors=workers, sync=sync, launcher="local",
     )
 
 
@@ -163,14 +168,16 @@ def run(args: argparse.Namespace) -> int:
     policy = ppo.make_policy(actor)
     record = RunRecord(args, cfg)
     status, start = "failed", time.perf_counter()
-    collector, train_start = None, start
-    bar = tqdm(total=args.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True)
+    collector, bar, train_start = None, None, start
+    print(f"PPO on {args.env}: starting {args.workers} collector workers ({'sync' if args.sync else 'async'}, "
+          f"{args.envs_per_worker} envs each)", flush=True)
     try:
         collector = make_collector(
             args.env, policy, workers=args.workers, envs_per_worker=args.envs_per_worker, steps=args.steps,
             total_frames=args.total_frames, sync=args.sync,
         )
         collector.set_seed(args.seed)
+        bar = tqdm(total=args.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True)
         train_start = time.perf_counter()
         status = "frame budget spent"
         for it in ppo.train(collector, policy, critic, cfg, num_workers=args.workers):
@@ -183,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         status = "interrupted"
     finally:
         end = time.perf_counter()
-        bar.close()
+        if bar is not None:
+            bar.close()
         if collector is not None:
             collector.shutdown()
         data = record.finish(status, train_start - start, end - train_start)
