@@ -7,19 +7,30 @@ policy, in this process, in local worker processes or on other nodes over
 from .base import BaseCollector
 from .collector import Collector
 from .envs import GymEnv
+from .errors import WorkerError
 from .policies import RandomPolicy
+from .rpc_collector import MultiAsyncCollector, MultiCollector, MultiSyncCollector, RPCCollector
 from .trajectories import split_trajectories
 
 # TorchRL's legacy names
 SyncDataCollector = Collector
 DataCollectorBase = BaseCollector
+MultiSyncDataCollector = MultiSyncCollector
+MultiaSyncDataCollector = MultiAsyncCollector
 
 __all__ = [
     "BaseCollector",
     "Collector",
     "DataCollectorBase",
     "GymEnv",
+    "MultiAsyncCollector",
+    "MultiCollector",
+    "MultiSyncCollector",
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
+    "RPCCollector",
     "RandomPolicy",
     "SyncDataCollector",
+    "WorkerError",
     "split_trajectories",
 ]

@@ -1,0 +1,141 @@
+"""Where the trainer and the collector servers meet: launch mode, addresses, ports, interfaces."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Iterator
+
+LAUNCHERS = ("auto", "local", "torchrun", "slurm", "debug")
+SIOCGIFADDR = 0x8915
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How this process joins the RPC world."""
+
+    launcher: str  # "local", "torchrun", "slurm" or "debug"
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    interface: str | None  # network interface for TensorPipe and gloo
+    agent_store: bool = False  # torchrun's agent already serves the store on master_port
+
+    @property
+    def init_method(self) -> str:
+        return "env://" if self.agent_store else f"tcp://{self.master_addr}:{self.master_port}"
+
+
+def detect_launcher(launcher: str) -> str:
+    """Resolve ``launcher="auto"``: torchrun or SLURM when their variables are set, else local."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher={launcher!r} is not known; accepted: {', '.join(map(repr, LAUNCHERS))}")
+    if launcher != "auto":
+        return launcher
+    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ and "SLURM_JOB_ID" not in os.environ):
+        return "torchrun"
+    if "SLURM_JOB_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return "slurm"
+    return "local"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now, chosen by the kernel."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def check_port_free(host: str, port: int, argument: str = "MASTER_PORT") -> None:
+    """Raise a clear error if ``host:port`` is already taken."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise ValueError(f"{argument}={port} is already in use on {host}; choose a free port") from err
+            raise
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError as err:
+            names = [n for _, n in socket.if_nameindex()]
+            raise ValueError(
+                f"network interface {name!r} has no IPv4 address here; interfaces: {', '.join(names)}"
+            ) from err
+    return socket.inet_ntoa(packed[20:24])
+
+
+def interface_towards(addr: str) -> str:
+    """The name of the interface this host uses to reach ``addr``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((socket.gethostbyname(addr), 9))  # UDP connect sends nothing
+        local = sock.getsockname()[0]
+    for _, name in socket.if_nameindex():
+        with contextlib.suppress(ValueError):
+            if interface_address(name) == local:
+                return name
+    raise ValueError(f"no network interface of this host has the address {local} that routes to {addr}")
+
+
+def from_environment(launcher: str) -> Rendezvous:
+    """Rendezvous of a torchrun or SLURM run, read from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ValueError(
+            f"launcher={launcher!r} needs the environment variables {', '.join(missing)}; run under "
+            "torchrun, or submit with rpc_collectors.slurm, or use launcher='local'"
+        )
+    addr = os.environ["MASTER_ADDR"]
+    interface = os.environ.get("TP_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME")
+    if interface:
+        interface_address(interface)  # a wrong name fails here, not as a hang
+    else:
+        interface = interface_towards(addr)
+    return Rendezvous(
+        launcher=launcher, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+        master_addr=addr, master_port=int(os.environ["MASTER_PORT"]), interface=interface,
+        agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+    )
+
+
+@contextlib.contextmanager
+def socket_interface(interface: str | None) -> Iterator[None]:
+    """Make TensorPipe and gloo bind to ``interface`` while the RPC agent starts.
+
+    TensorPipe reads ``TP_SOCKET_IFNAME`` and gloo ``GLOO_SOCKET_IFNAME`` only then; they are
+    restored afterwards so the rest of the process (a DDP group, say) is unaffected.
+    """
+    keys = ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+    saved = {k: os.environ.get(k) for k in keys}
+    if interface:
+        for k in keys:
+            os.environ[k] = interface
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def host_id() -> str:
+    """Identifies this machine (boot), so peers can tell whether they share memory."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"

@@ -1,0 +1,483 @@
+"""Multi-worker collectors: ``RPCCollector`` (workers over torch.distributed.rpc) and ``MultiCollector``.
+
+The trainer (rank 0) asks each collector server for batches, combines them (sync) or hands
+them out first-ready-first-served (async), and pushes policy weights through the weight
+plane. Every wait is event-driven (future callbacks feed one queue) and bounded by
+``rpc_timeout``; a failing worker stops the whole collector with one :class:`WorkerError`.
+"""
+from __future__ import annotations
+
+import atexit
+import inspect
+import os
+import queue
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+import cloudpickle
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from . import checks
+from .base import BaseCollector
+from .collector import Collector
+from .errors import WorkerError
+from .policies import StepPolicy
+from .rendezvous import detect_launcher, from_environment, free_port, host_id
+from .weight_sync import TRANSPORTS, TransportSpec, WeightSender, shm_file
+from .weights import FlatWeights, weights_of
+from .worker import serve
+from .workers import InProcessWorkers, RPCWorkers
+
+WORKER_ID = ("collector", "worker_id")
+CAT_RESULTS = ("stack", 0, -1)
+_COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
+    "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
+    "split_trajs", "postproc", "replay_buffer",
+}
+_live: "weakref.WeakSet[RPCCollector]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_collectors() -> None:
+    for collector in list(_live):
+        collector.shutdown()
+
+
+class RPCCollector(BaseCollector):
+    """Collects with N collector servers on other processes or nodes, over ``torch.distributed.rpc``.
+
+    Args:
+        create_env_fn: an env or env factory for every worker, or a list of them, one per worker.
+        policy: as for :class:`~rpc_collectors.Collector`; each worker gets a copy, and
+            ``update_policy_weights_`` pushes the trainer's current weights to them.
+        frames_per_batch: frames per yielded batch; in sync mode split evenly over the workers.
+        total_frames: frames in the whole run, -1 for endless.
+        num_collectors: number of workers when ``create_env_fn`` is not a list (local and debug
+            launchers); under torchrun/SLURM it must be None or ``WORLD_SIZE - 1``.
+        sync: True: every batch holds all workers' frames of one round, in worker order.
+            False: each batch is one worker's, first ready first served, and workers keep going.
+        cat_results: sync batches stacked (``"stack"``: ``[N, (B,) T]``) or concatenated along
+            dim 0 (``0``) or the time dim (``-1``).
+        launcher: ``"auto"`` (torchrun or SLURM if their variables are set, else local),
+            ``"local"`` (spawn N processes on this host), ``"torchrun"``, ``"slurm"`` or
+            ``"debug"`` (workers in this process, no RPC). Under torchrun/SLURM the constructor
+            serves collectors on every rank but 0 and exits those processes with code 0 when
+            the trainer shuts down.
+        backend: weight process group backend, ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
+        rpc_timeout: seconds any single wait on a worker may take.
+        collector_kwargs: extra keyword arguments for every worker's :class:`Collector`.
+        update_after_each_batch: push the trainer's weights before each worker's next batch.
+        max_weight_update_interval: push weights to a worker after it delivered more than this
+            many batches with the same weights (-1: never on its own).
+        weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
+            else ``"broadcast"`` over the weight process group), ``"shm"`` or ``"broadcast"``.
+        max_frames_per_traj, init_random_frames, reset_at_each_iter, split_trajs, postproc,
+        device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``
+            (``init_random_frames`` is shared out over the workers).
+
+    Sync batches and async batches carry ``("collector", "worker_id")``.
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        num_collectors: int | None = None,
+        sync: bool = True,
+        cat_results: str | int = "stack",
+        launcher: str = "auto",
+        backend: str = "gloo",
+        rpc_timeout: float = 60.0,
+        collector_kwargs: dict | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int = -1,
+        weight_transport: str = "auto",
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        split_trajs: bool = False,
+        postproc: Any = None,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        replay_buffer: Any = None,
+        slurm_kwargs: dict | None = None,
+    ) -> None:
+        super().__init__(
+            frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
+            postproc=postproc, replay_buffer=replay_buffer,
+        )
+        self._closed = True  # until the workers are up
+        self.launcher = detect_launcher(launcher)
+        if self.launcher in ("torchrun", "slurm"):
+            rdv = from_environment(self.launcher)
+            if rdv.rank != 0:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(serve(rdv, float(rpc_timeout)))
+        else:
+            rdv = None
+        env_fns = self._env_fns(create_env_fn, num_collectors, rdv)
+        self.num_workers = len(env_fns)
+        self.sync = checks.boolean("sync", sync)
+        if cat_results not in CAT_RESULTS:
+            raise ValueError(f"cat_results={cat_results!r} is invalid; accepted: 'stack', 0 or -1")
+        self.cat_results = cat_results
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend={backend!r} is invalid; accepted: 'gloo' or 'nccl'")
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise ValueError("backend='nccl' needs CUDA, which this machine does not have; accepted here: 'gloo'")
+        self.backend = backend
+        if isinstance(rpc_timeout, bool) or not isinstance(rpc_timeout, (int, float)) or rpc_timeout <= 0:
+            raise ValueError(f"rpc_timeout={rpc_timeout!r} is invalid; accepted: a number of seconds > 0")
+        self.rpc_timeout = float(rpc_timeout)
+        self.update_after_each_batch = checks.boolean("update_after_each_batch", update_after_each_batch)
+        if isinstance(max_weight_update_interval, bool) or not isinstance(max_weight_update_interval, int) or max_weight_update_interval < -1:
+            raise ValueError(f"max_weight_update_interval={max_weight_update_interval!r} is invalid; accepted: -1 or an int >= 0")
+        self.max_weight_update_interval = max_weight_update_interval
+        if weight_transport not in TRANSPORTS:
+            raise ValueError(f"weight_transport={weight_transport!r} is invalid; accepted: {', '.join(map(repr, TRANSPORTS))}")
+        if self.sync:
+            per_worker = checks.frames_per_batch_fits(self.frames_per_batch, self.num_workers, "frames_per_batch (sync mode, per worker)")
+        else:
+            per_worker = self.frames_per_batch
+        if policy is not None and not callable(policy):
+            StepPolicy(policy)  # raises the TypeError naming the argument
+        kwargs = dict(
+            frames_per_batch=per_worker, max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=-(-checks.non_negative_int("init_random_frames", init_random_frames) // self.num_workers),
+            reset_at_each_iter=reset_at_each_iter, device=device, storing_device=storing_device,
+            env_device=env_device, policy_device=policy_device,
+        )
+        kwargs.update(self._collector_kwargs(collector_kwargs))
+        checks.max_frames_per_traj(kwargs["max_frames_per_traj"])
+        checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
+        checks.devices(device, storing_device, env_device, policy_device)
+        self.policy = policy
+        self.policy_version = 0
+        self.slurm_kwargs = slurm_kwargs
+
+        self._events: queue.Queue = queue.Queue()
+        self._dead: dict[int, str] = {}
+        self._min_version = [0] * self.num_workers
+        self._since_update = [0] * self.num_workers
+        self._outstanding: set[int] = set()
+        self._last_async: int | None = None
+        self._push: list = []
+        self._sender: WeightSender | None = None
+        self._lock = threading.RLock()
+        if self.launcher == "debug":
+            self.workers: Any = InProcessWorkers(self.num_workers)
+        else:
+            self.workers = RPCWorkers(rdv, self.num_workers, self.rpc_timeout, self._on_death)
+        self._closed = False
+        _live.add(self)
+        try:
+            specs = [cloudpickle.dumps((fn, policy, kwargs)) for fn in env_fns]
+            self.infos = self._wait_all({i: self.workers.create(i, specs[i]) for i in range(self.num_workers)})
+            self._init_weights(weight_transport)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ---------------------------------------------------------------- set-up
+    def _env_fns(self, create_env_fn: Any, num_collectors: int | None, rdv: Any) -> list:
+        if num_collectors is not None:
+            checks.positive_int("num_collectors", num_collectors)
+        if isinstance(create_env_fn, (list, tuple)):
+            if not create_env_fn:
+                raise ValueError("create_env_fn=[] is empty; accepted: an env factory or a non-empty list of them")
+            if num_collectors is not None and num_collectors != len(create_env_fn):
+                raise ValueError(
+                    f"num_collectors={num_collectors} does not match the {len(create_env_fn)} entries of create_env_fn"
+                )
+            fns = list(create_env_fn)
+        else:
+            n = num_collectors if num_collectors is not None else (rdv.world_size - 1 if rdv else None)
+            if n is None:
+                raise ValueError(
+                    "num_collectors=None: give the number of workers, or a list of env factories as create_env_fn"
+                )
+            fns = [create_env_fn] * n
+        for i, fn in enumerate(fns):
+            if fn is None or not (callable(fn) or isinstance(fn, str) or hasattr(fn, "step")):
+                raise TypeError(f"create_env_fn[{i}]={fn!r} is not an env or env factory")
+        if rdv is not None and rdv.world_size - 1 != len(fns):
+            raise ValueError(
+                f"{len(fns)} collectors were asked for, but the {rdv.launcher} world has WORLD_SIZE="
+                f"{rdv.world_size} (one trainer + {rdv.world_size - 1} collector ranks)"
+            )
+        return fns
+
+    @staticmethod
+    def _collector_kwargs(collector_kwargs: dict | None) -> dict:
+        if collector_kwargs is None:
+            return {}
+        if not isinstance(collector_kwargs, dict):
+            raise TypeError(f"collector_kwargs={collector_kwargs!r} is invalid; accepted: None or a dict")
+        unknown = set(collector_kwargs) - _COLLECTOR_KWARGS
+        if unknown:
+            raise ValueError(
+                f"collector_kwargs has unknown keys {sorted(unknown)}; accepted: {sorted(_COLLECTOR_KWARGS)}"
+            )
+        return dict(collector_kwargs)
+
+    def _trainer_module(self) -> nn.Module | None:
+        policy = self.policy
+        return policy if isinstance(policy, nn.Module) else None
+
+    def _init_weights(self, transport: str) -> None:
+        module = self._trainer_module()
+        if module is None:
+            return
+        flat = FlatWeights(module)
+        same_host = all(info["host_id"] == host_id() for info in self.infos)
+        kind = transport if transport != "auto" else ("shm" if same_host and self.backend == "gloo" else "broadcast")
+        if kind == "shm":
+            if not same_host:
+                raise ValueError("weight_transport='shm' needs every worker on the trainer's host")
+            path, buffer = shm_file(flat.nbytes)
+            spec = TransportSpec("shm", flat.nbytes, path=path, timeout=self.rpc_timeout)
+        else:
+            if self.launcher == "debug":
+                raise ValueError("weight_transport='broadcast' needs worker processes; the debug launcher uses 'shm'")
+            rdv = self.workers.rdv
+            spec = TransportSpec(
+                "broadcast", flat.nbytes, addr=rdv.master_addr, port=rdv.master_port,
+                prefix=f"rpc_collectors/weights/{free_port()}", world_size=self.num_workers + 1,
+                backend=self.backend, interface=rdv.interface, timeout=self.rpc_timeout,
+            )
+            buffer = flat.new_buffer(torch.device("cuda") if self.backend == "nccl" else None)
+        self._sender = WeightSender(flat, spec, buffer)
+        joins = {i: self.workers.call_async(i, "join_weights", spec) for i in range(self.num_workers)}
+        self._sender.connect()
+        self._wait_all(joins)
+
+    # ---------------------------------------------------------------- faults
+    def _on_death(self, worker_id: int, reason: str) -> None:
+        self._dead[worker_id] = reason
+        self._events.put(("died", worker_id, reason))
+
+    def _worker_error(self, worker_id: int, reason: str, remote: str = "") -> WorkerError:
+        info = self.infos[worker_id] if hasattr(self, "infos") else {"host": "?", "pid": None}
+        reason = self._dead.get(worker_id, reason)
+        return WorkerError(worker_id, worker_id + 1, info["host"], info.get("pid"), reason, remote)
+
+    def _fail(self, error: BaseException) -> BaseException:
+        """Shut every worker down, then hand back ``error`` for the caller to raise."""
+        self.shutdown()
+        return error
+
+    def _result(self, worker_id: int, fut: torch.futures.Future) -> Any:
+        try:
+            return fut.wait()
+        except Exception as err:
+            text = str(err)
+            remote = text if "Traceback" in text else ""
+            reason = "raised an error" if remote else f"is unreachable: {text.splitlines()[0] if text else type(err).__name__}"
+            raise self._fail(self._worker_error(worker_id, reason, remote)) from err
+
+    def _wait_all(self, futures: dict[int, torch.futures.Future]) -> list:
+        """Results of ``{worker_id: future}`` in worker order; the first failure raises."""
+        done: "queue.Queue[int]" = queue.Queue()
+        for worker_id, fut in futures.items():
+            fut.add_done_callback(lambda _f, i=worker_id: done.put(i))
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + self.rpc_timeout + 5.0
+        while len(results) < len(futures):
+            self._raise_if_dead()
+            try:
+                worker_id = done.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    late = sorted(set(futures) - set(results))
+                    raise self._fail(self._worker_error(late[0], f"did not answer within {self.rpc_timeout} s"))
+                continue
+            results[worker_id] = self._result(worker_id, futures[worker_id])
+        return [results[i] for i in sorted(results)]
+
+    def _raise_if_dead(self) -> None:
+        if self._dead:
+            worker_id = min(self._dead)
+            raise self._fail(self._worker_error(worker_id, self._dead[worker_id]))
+
+    # ---------------------------------------------------------------- collection
+    def _request(self, worker_id: int) -> None:
+        """Ask ``worker_id`` for its next batch; its result arrives in the event queue."""
+        if self._needs_update(worker_id):
+            self.update_policy_weights_(worker_ids=None if self.sync else [worker_id])
+        fut = self.workers.call_async(worker_id, "collect", self._min_version[worker_id])
+        self._outstanding.add(worker_id)
+        fut.add_done_callback(lambda f, i=worker_id: self._events.put(("batch", i, f)))
+
+    def _needs_update(self, worker_id: int) -> bool:
+        if self._sender is None:
+            return False
+        if self.update_after_each_batch:
+            return self._since_update[worker_id] > 0
+        return 0 <= self.max_weight_update_interval < self._since_update[worker_id]
+
+    def _next_event(self, deadline: float) -> tuple[int, TensorDictBase]:
+        """The next finished batch (worker id, batch); deaths and timeouts raise WorkerError."""
+        while True:
+            self._raise_if_dead()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                late = min(self._outstanding)
+                raise self._fail(self._worker_error(late, f"did not deliver a batch within {self.rpc_timeout} s"))
+            try:
+                kind, worker_id, payload = self._events.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if kind == "died":
+                continue  # _raise_if_dead reports it
+            self._outstanding.discard(worker_id)
+            batch = self._result(worker_id, payload)
+            self._since_update[worker_id] += 1
+            batch.set(WORKER_ID, torch.full(batch.shape, worker_id, dtype=torch.int64))
+            return worker_id, batch
+
+    def _collect_batch(self) -> TensorDictBase:
+        deadline = time.monotonic() + self.rpc_timeout + 5.0
+        if self.sync:
+            for worker_id in range(self.num_workers):
+                self._request(worker_id)
+            batches: dict[int, TensorDictBase] = {}
+            while len(batches) < self.num_workers:
+                worker_id, batch = self._next_event(deadline)
+                batches[worker_id] = batch
+            return self._combine([batches[i] for i in range(self.num_workers)])
+        if self._last_async is not None:
+            self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
+        for worker_id in range(self.num_workers):
+            if worker_id not in self._outstanding and worker_id != self._last_async:
+                self._request(worker_id)
+        self._last_async, batch = self._next_event(deadline)
+        if not self.update_after_each_batch and self.max_weight_update_interval < 0:
+            self._request(self._last_async)  # keep the worker busy while the trainer works
+            self._last_async = None
+        return batch
+
+    def _combine(self, batches: list[TensorDictBase]) -> TensorDictBase:
+        if self.cat_results == "stack":
+            out = torch.stack(batches, 0)
+        else:
+            out = torch.cat(batches, 0 if self.cat_results == 0 else batches[0].batch_dims - 1)
+        out.names = [None] * (out.batch_dims - 1) + ["time"]
+        return out
+
+    # ---------------------------------------------------------------- weights
+    def init_updater(self) -> None:
+        """The weight plane is set up by the constructor; nothing is left to prepare."""
+
+    def update_policy_weights_(
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, non_blocking: bool = False
+    ) -> None:
+        """Push new weights to all workers (one broadcast) or to ``worker_ids`` (0-based).
+
+        ``policy_or_weights``: an ``nn.Module``, a TensorDict of weights or a state dict; None
+        pushes the current weights of the policy given to the constructor. The trainer's
+        ``policy_version`` goes up by one; each worker applies the weights before its next batch,
+        never in the middle of one. With ``non_blocking=True`` this returns once the weights
+        are copied out of the policy, and the transfer completes in the background.
+        """
+        ids = self._worker_ids(worker_ids)
+        if self._sender is None:
+            raise TypeError("update_policy_weights_: the policy is not an nn.Module, so it has no weights to push")
+        source = None if policy_or_weights is None else weights_of(policy_or_weights)
+        with self._lock:
+            self._finish_push()
+            self._sender.flat.pack(self._sender.buffer, source)
+            self.policy_version += 1
+            version = self.policy_version
+            mode = self._sender.push([i + 1 for i in ids], version, all_workers=len(ids) == self.num_workers)
+            self._push = [(i, self.workers.call_async(i, "receive_weights", version, mode)) for i in ids]
+            for i in ids:
+                self._min_version[i] = version
+                self._since_update[i] = 0
+            if not non_blocking:
+                self._finish_push()
+
+    def _worker_ids(self, worker_ids: Any) -> list[int]:
+        if worker_ids is None:
+            return list(range(self.num_workers))
+        ids = [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
+        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.num_workers]
+        if bad or not ids:
+            raise ValueError(f"worker_ids={worker_ids!r} is invalid; accepted: None or ids in 0..{self.num_workers - 1}")
+        return sorted(set(ids))
+
+    def _finish_push(self) -> None:
+        """Wait until the previous weight push reached its workers."""
+        push, self._push = self._push, []
+        if push:
+            self._wait_all(dict(push))
+            self._sender.wait()
+
+    # ---------------------------------------------------------------- state
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed every worker's env and torch RNG with distinct seeds; returns the next free seed."""
+        for worker_id in range(self.num_workers):
+            seed = self._wait_all({worker_id: self.workers.call_async(worker_id, "set_seed", int(seed))})[0]
+        return seed
+
+    def state_dict(self) -> dict:
+        """Frames, iteration, weights version and every worker's collector state."""
+        state = self._base_state()
+        state["policy_version"] = self.policy_version
+        state["workers"] = self._wait_all({i: self.workers.call_async(i, "state_dict") for i in range(self.num_workers)})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from ``state_dict()``; the workers' envs restart, trajectory ids keep increasing."""
+        if len(state["workers"]) != self.num_workers:
+            raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {self.num_workers}")
+        self._load_base_state(state)
+        self.policy_version = int(state["policy_version"])
+        self._wait_all({i: self.workers.call_async(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
+
+    # ---------------------------------------------------------------- shutdown
+    def _shutdown(self, close_env: bool) -> None:
+        _live.discard(self)
+        try:
+            self.workers.close()
+        finally:
+            if self._sender is not None:
+                self._sender.close()
+
+
+class MultiCollector(RPCCollector):
+    """N worker processes on this host (``RPCCollector`` with ``launcher="local"``).
+
+    ``create_env_fn`` is a list with one env factory per worker; ``sync`` chooses between
+    round-based batches of all workers and first-ready batches of one.
+    """
+
+    def __init__(self, create_env_fn: Any, policy: Any = None, *, sync: bool = True, **kwargs: Any) -> None:
+        if kwargs.get("launcher", "local") not in ("local", "debug"):
+            raise ValueError(f"launcher={kwargs['launcher']!r} is invalid for MultiCollector; accepted: 'local' or 'debug'")
+        kwargs.setdefault("launcher", "local")
+        super().__init__(create_env_fn, policy, sync=sync, **kwargs)
+
+
+class MultiSyncCollector(MultiCollector):
+    """``MultiCollector`` with ``sync=True`` (TorchRL's name)."""
+
+    def __init__(self, create_env_fn: Any, policy: Any = None, **kwargs: Any) -> None:
+        super().__init__(create_env_fn, policy, sync=True, **kwargs)
+
+
+class MultiAsyncCollector(MultiCollector):
+    """``MultiCollector`` with ``sync=False`` (TorchRL's name)."""
+
+    def __init__(self, create_env_fn: Any, policy: Any = None, **kwargs: Any) -> None:
+        super().__init__(create_env_fn, policy, sync=False, **kwargs)

@@ -1,0 +1,131 @@
+"""The collector server: what runs on ranks 1..N, and the RPC calls the trainer makes to it.
+
+A server holds one :class:`WorkerState` (a single-process :class:`Collector` and its
+:class:`WeightReceiver`). The trainer drives it through :func:`call`, which dispatches to
+the state's methods; the same methods run in-process in the debug launcher.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.distributed.rpc as rpc
+from tensordict import TensorDictBase
+
+from .collector import Collector
+from .rendezvous import Rendezvous, host_id, socket_interface
+from .weight_sync import TransportSpec, WeightReceiver
+from .weights import FlatWeights
+
+TRAINER = "trainer"
+PING_EVERY = 5.0  # seconds between a server's checks that its trainer is still there
+
+
+def worker_name(rank: int) -> str:
+    return f"collector{rank}"
+
+
+class WorkerState:
+    """One collector server: its collector, its weights, its identity."""
+
+    def __init__(self, spec: bytes, worker_id: int, num_workers: int, rank: int) -> None:
+        create_env_fn, policy, kwargs = cloudpickle.loads(spec)
+        self.rank = rank
+        self.collector = Collector(
+            create_env_fn, policy, traj_id_start=worker_id, traj_id_stride=num_workers, **kwargs
+        )
+        self.receiver: WeightReceiver | None = None
+        self.timeout = 60.0
+
+    def info(self) -> dict:
+        return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(), "host_id": host_id()}
+
+    def join_weights(self, spec: TransportSpec) -> None:
+        module = self.collector.policy.module if self.collector.policy is not None else None
+        if module is None:
+            raise TypeError("the policy has no weights to update")
+        self.timeout = spec.timeout
+        self.receiver = WeightReceiver(spec, FlatWeights(module), self.rank)
+
+    def receive_weights(self, version: int, mode: str) -> None:
+        self.receiver.receive(version, mode)
+
+    def collect(self, min_version: int) -> TensorDictBase:
+        if self.receiver is not None:
+            self.receiver.apply(self.collector, min_version, self.timeout)
+        return self.collector.next()
+
+    def set_seed(self, seed: int) -> int:
+        torch.manual_seed(seed)
+        return self.collector.set_seed(seed)
+
+    def state_dict(self) -> dict:
+        return self.collector.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.collector.load_state_dict(state)
+
+    def close(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
+        self.collector.shutdown()
+
+
+# ---------------------------------------------------------------- RPC entry points
+_state: WorkerState | None = None
+_stop = threading.Event()
+
+
+def create(spec: bytes, worker_id: int, num_workers: int) -> dict:
+    """RPC: build this server's collector."""
+    global _state
+    _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id)
+    return _state.info()
+
+
+def call(method: str, *args: Any) -> Any:
+    """RPC: run ``WorkerState.<method>(*args)`` on this server."""
+    if _state is None:
+        raise RuntimeError(f"{worker_name(rpc.get_worker_info().id)} has no collector yet")
+    return getattr(_state, method)(*args)
+
+
+def stop() -> None:
+    """RPC: end this server after the reply is sent."""
+    _stop.set()
+
+
+def ping() -> bool:
+    """RPC (served by the trainer): the trainer is alive."""
+    return True
+
+
+def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
+    """Run a collector server until the trainer stops it or goes away; returns an exit code."""
+    options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout)
+    with socket_interface(rdv.interface):
+        rpc.init_rpc(worker_name(rdv.rank), rank=rdv.rank, world_size=rdv.world_size, rpc_backend_options=options)
+    code = 0
+    while not _stop.wait(PING_EVERY):
+        try:
+            rpc.rpc_sync(TRAINER, ping, timeout=max(rpc_timeout, PING_EVERY))
+        except RuntimeError as err:
+            print(f"{worker_name(rdv.rank)}: the trainer is unreachable ({err}); exiting", file=sys.stderr)
+            code = 1
+            break
+    if _state is not None:
+        _state.close()
+    rpc.shutdown(graceful=False)
+    return code
+
+
+def local_main(rank: int, world_size: int, port: int, rpc_timeout: float) -> int:
+    """Entry point of a local worker process started by the spawner."""
+    torch.set_num_threads(1)
+    rdv = Rendezvous("local", rank, world_size, "127.0.0.1", port, "lo")
+    return serve(rdv, rpc_timeout)

@@ -1,0 +1,132 @@
+"""Handles on collector servers, as the trainer sees them: start, call, stop.
+
+:class:`RPCWorkers` reaches servers over ``torch.distributed.rpc`` (local worker processes it
+starts itself, or the other ranks of a torchrun/SLURM run); :class:`InProcessWorkers` runs
+the same server code in the trainer's process (the debug launcher). Both return
+``torch.futures.Future`` objects and report deaths through ``on_death(worker_id, reason)``.
+"""
+from __future__ import annotations
+
+import signal
+import socket
+import os
+from typing import Any, Callable
+
+import torch
+import torch.distributed.rpc as rpc
+
+from . import worker
+from .rendezvous import Rendezvous, free_port, host_id, socket_interface
+from .spawner import Spawner
+
+OnDeath = Callable[[int, str], None]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"died with exit code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+class RPCWorkers:
+    """Collector servers on ranks 1..N of an RPC world where this process is rank 0."""
+
+    def __init__(self, rdv: Rendezvous | None, num_workers: int, rpc_timeout: float, on_death: OnDeath) -> None:
+        """``rdv=None`` starts ``num_workers`` local processes; otherwise join a torchrun/SLURM world."""
+        if rpc.api._is_current_rpc_agent_set():
+            raise RuntimeError(
+                "this process already runs an RPC agent (another RPCCollector?); shut it down first: "
+                "one RPCCollector per process"
+            )
+        self.num_workers, self.rpc_timeout, self.on_death = num_workers, rpc_timeout, on_death
+        self.spawner: Spawner | None = None
+        self.pids: dict[int, int] = {}
+        if rdv is None:
+            port = free_port()
+            rdv = Rendezvous("local", 0, num_workers + 1, "127.0.0.1", port, "lo")
+            self.spawner = Spawner(self._on_exit)
+            for rank in range(1, num_workers + 1):
+                pid = self.spawner.spawn("rpc_collectors.worker:local_main", [rank, num_workers + 1, port, rpc_timeout], rpc_timeout)
+                self.pids[pid] = rank - 1
+        self.rdv = rdv
+        options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout)
+        try:
+            with socket_interface(rdv.interface):
+                rpc.init_rpc(worker.TRAINER, rank=0, world_size=rdv.world_size, rpc_backend_options=options)
+        except BaseException:
+            self.close()
+            raise
+        self._rpc_up = True
+
+    def _on_exit(self, pid: int, code: int) -> None:
+        worker_id = self.pids.pop(pid, None)
+        if worker_id is not None:
+            self.on_death(worker_id, describe_exit(code))
+
+    def call_async(self, worker_id: int, method: str, *args: Any, timeout: float | None = None) -> torch.futures.Future:
+        return rpc.rpc_async(
+            worker.worker_name(worker_id + 1), worker.call, args=(method, *args),
+            timeout=self.rpc_timeout if timeout is None else timeout,
+        )
+
+    def create(self, worker_id: int, spec: bytes) -> torch.futures.Future:
+        return rpc.rpc_async(worker.worker_name(worker_id + 1), worker.create, args=(spec, worker_id, self.num_workers))
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop every server within about ``timeout`` seconds, dead ones included."""
+        if getattr(self, "_rpc_up", False):
+            self._rpc_up = False
+            stops = []
+            for worker_id in range(self.num_workers):
+                try:
+                    stops.append(rpc.rpc_async(worker.worker_name(worker_id + 1), worker.stop, timeout=timeout))
+                except RuntimeError:
+                    pass
+            for fut in stops:
+                try:
+                    fut.wait()
+                except RuntimeError:
+                    pass
+            rpc.shutdown(graceful=False)
+        if self.spawner is not None:
+            self.pids.clear()
+            self.spawner.close(timeout)
+            self.spawner = None
+
+
+class InProcessWorkers:
+    """The debug launcher: every collector server lives in this process, called directly."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.states: dict[int, worker.WorkerState] = {}
+
+    def _done(self, fn: Callable[[], Any]) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        try:
+            fut.set_result(fn())
+        except Exception as err:  # delivered through the future, as over RPC
+            fut.set_exception(err)
+        return fut
+
+    def call_async(self, worker_id: int, method: str, *args: Any, timeout: float | None = None) -> torch.futures.Future:
+        return self._done(lambda: getattr(self.states[worker_id], method)(*args))
+
+    def create(self, worker_id: int, spec: bytes) -> torch.futures.Future:
+        def build() -> dict:
+            self.states[worker_id] = worker.WorkerState(spec, worker_id, self.num_workers, worker_id + 1)
+            return self.states[worker_id].info()
+
+        return self._done(build)
+
+    def close(self, timeout: float = 2.0) -> None:
+        for state in self.states.values():
+            state.close()
+        self.states.clear()
+
+
+def this_host() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "host_id": host_id()}
