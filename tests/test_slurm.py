@@ -129,6 +129,58 @@ def allreduce_task() -> dict:
     return {"sum": value.item(), "world": world, "master": addr, "addresses": addrs}
 
 
+def rpc_collect_task(frames_per_batch: int, total_frames: int, probe_ifname: str | None) -> dict:
+    """Trainer on task 0, collector servers elsewhere: collect, update weights once, summarise."""
+    import torch
+    from torch import nn
+    from torch.distributed import rpc
+
+    from rpc_collectors import GymEnv, RPCCollector
+    from rpc_collectors.rendezvous import interface_address
+
+    class ArgmaxPolicy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 2)
+
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            return self.linear(obs).argmax(-1)
+
+    policy = ArgmaxPolicy()
+    collector = RPCCollector(lambda: GymEnv("CartPole-v1"), policy, frames_per_batch=frames_per_batch,
+                             total_frames=total_frames, launcher="slurm", rpc_timeout=60)
+    # Only task 0 gets here: the other tasks serve collectors and exit when it shuts down.
+    frames, versions, traj_ids = 0, [], {}
+    try:
+        for i, batch in enumerate(collector):
+            frames += batch.numel()
+            versions.append(sorted(set(batch["collector", "policy_version"].flatten().tolist())))
+            workers = batch["collector", "worker_id"].flatten().tolist()
+            for worker, traj in zip(workers, batch["collector", "traj_ids"].flatten().tolist()):
+                traj_ids.setdefault(worker, set()).add(traj)
+            if i == 0:
+                with torch.no_grad():
+                    policy.linear.weight.add_(1.0)
+                collector.update_policy_weights_(policy)
+        workers_at = {}
+        if probe_ifname is not None:
+            workers_at = {rank: rpc.rpc_sync(f"collector{rank}", interface_address, args=(probe_ifname,))
+                          for rank in range(1, int(os.environ["WORLD_SIZE"]))}
+    finally:
+        collector.shutdown()
+    return {"frames": frames, "versions": versions, "traj_ids": traj_ids, "workers_at": workers_at,
+            "trainer_at": os.environ["MASTER_ADDR"]}
+
+
+def _check_rpc_summary(out: dict, total_frames: int, workers: int) -> None:
+    assert out["frames"] == total_frames
+    assert set(out["traj_ids"]) == set(range(workers)), "every collector server delivered frames"
+    all_ids = [i for ids in out["traj_ids"].values() for i in ids]
+    assert len(all_ids) == len(set(all_ids)), "trajectory ids are unique across workers"
+    assert out["versions"][0] == [0]
+    assert out["versions"][-1] == [1], "the weight update reached the workers"
+
+
 def failing_task() -> None:
     raise ValueError("deliberate failure in task")
 
@@ -150,6 +202,14 @@ def test_allreduce_three_tasks_one_node(one_node, log_dir):
     assert out["world"] == 3
     assert out["sum"] == 1 + 2 + 3
     assert out["master"] == "127.0.0.1"
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(240)
+def test_rpc_collector_one_trainer_two_collectors_one_node(one_node, log_dir):
+    job = slurm.submit(rpc_collect_task, 200, 1000, None, log_dir=log_dir, tasks_per_node=3, time_min=5)
+    out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S * 2)
+    _check_rpc_summary(out, 1000, workers=2)
 
 
 @pytest.mark.slurm
@@ -279,6 +339,19 @@ def test_allreduce_across_two_namespace_nodes(two_nodes, log_dir):
     assert out["sum"] == 1 + 2 + 3 + 4
     assert out["master"] == two_nodes.nodes["n1"]
     assert out["addresses"] == ["10.77.0.1", "10.77.0.1", "10.77.0.2", "10.77.0.2"]
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_rpc_collector_across_two_namespace_nodes(two_nodes, log_dir):
+    # n1: the trainer and collector 1; n2: collectors 2 and 3
+    job = slurm.submit(rpc_collect_task, 300, 1200, "veth0", log_dir=log_dir, nodes=2, tasks_per_node=2,
+                       time_min=5)
+    out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S * 2)
+    _check_rpc_summary(out, 1200, workers=3)
+    assert out["trainer_at"] == "10.77.0.1"
+    assert out["workers_at"] == {1: "10.77.0.1", 2: "10.77.0.2", 3: "10.77.0.2"}
 
 
 @pytest.mark.slurm
