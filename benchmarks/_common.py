@@ -1,0 +1,150 @@
+"""Helpers shared by the benchmarks: a latency-bound env, quiet logs, process bookkeeping.
+
+Not a benchmark itself. Worker processes are forked from the trainer, so they import this
+module the same way the benchmark script did (``benchmarks/`` is on ``sys.path``).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import warnings
+
+import gymnasium as gym
+import numpy as np
+
+from rpc_collectors import GymEnv
+
+
+class SleepEnv(gym.Env):
+    """An env whose every step sleeps ``step_s`` seconds (a simulator or a remote game server).
+
+    Observations are 4 zeros, actions Discrete(2), an episode lasts ``episode_len`` steps. The
+    sleep makes it latency-bound: N copies in N processes should deliver about N times the
+    frames/s of one, whatever the number of cores.
+    """
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, step_s: float = 0.005, episode_len: int = 200) -> None:
+        self.step_s, self.episode_len = step_s, episode_len
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._obs = np.zeros(4, np.float32)
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs.copy(), {}
+
+    def step(self, action):
+        time.sleep(self.step_s)
+        self._t += 1
+        return self._obs.copy(), 1.0, False, self._t >= self.episode_len, {}
+
+
+def make_sleep_env(step_s: float = 0.005) -> GymEnv:
+    return GymEnv(SleepEnv(step_s))
+
+
+def quiet() -> None:
+    """Silence the C++ (TensorPipe/gloo) warnings that shutdown prints; keep errors."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    warnings.filterwarnings("ignore", message=".*as a ProcessGroup.*")
+
+
+def children_of(pid: int | None = None) -> list[int]:
+    """Pids of the living (non-zombie) descendants of ``pid`` (default: this process)."""
+    pid = os.getpid() if pid is None else pid
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z":
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def rss_mib(pids: list[int]) -> float:
+    """Sum of the private (unshared) memory of ``pids`` in MiB (PSS: shared pages split)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def steady_rate(collector, seconds: float, warmup_batches: int = 1) -> float:
+    """Frames/s of ``collector`` over about ``seconds`` after ``warmup_batches`` batches."""
+    it = iter(collector)
+    for _ in range(warmup_batches):
+        next(it)
+    frames, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        frames += next(it).numel()
+    return frames / (time.perf_counter() - start)
+
+
+def run_case(script: str, case: dict, timeout: float = 240.0) -> dict:
+    """Run one case of ``script`` in a fresh Python process; return the JSON it prints last.
+
+    One collector per process: a process that has run an RPC agent cannot fork RPC workers
+    again (see benchmarks/README.md), and a fresh process keeps cases from disturbing each other.
+    The child is killed (its workers die with it) if it runs past ``timeout``.
+    """
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen(
+        [sys.executable, script, "--case", json.dumps(case)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise RuntimeError(f"case {case} ran past {timeout} s; stderr tail:\n{err[-2000:]}")
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"case {case} failed (exit code {proc.returncode}); stderr tail:\n{err[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def emit(result: dict) -> None:
+    """Print a case's result as the JSON line ``run_case`` reads."""
+    import json
+
+    print(json.dumps(result), flush=True)
