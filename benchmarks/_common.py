@@ -12,6 +12,8 @@ import warnings
 
 import gymnasium as gym
 import numpy as np
+import torch
+from torch import nn
 
 from rpc_collectors import GymEnv
 
@@ -148,3 +150,14 @@ def emit(result: dict) -> None:
     import json
 
     print(json.dumps(result), flush=True)
+
+
+class ArgmaxLinear(nn.Module):
+    """CartPole policy: ``argmax(Linear(4, 2)(observation))``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.linear(obs).argmax(-1)
