@@ -102,6 +102,19 @@ def rss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by ``pids`` (living ones)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / tick
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -53,8 +53,8 @@ def single_collector(seconds: float, steps: int) -> float:
         collector.shutdown()
 
 
-def multi(num_workers: int, sync: bool, seconds: float, steps: int) -> tuple[float, float, float]:
-    """(frames/s, seconds to the first batch, workers' memory in MiB) of ``num_workers`` local workers."""
+def multi(num_workers: int, sync: bool, seconds: float, steps: int) -> tuple[float, float, float, float]:
+    """frames/s, seconds to the first batch, workers' memory (MiB) and CPU (cores) of ``num_workers`` workers."""
     start = time.perf_counter()
     collector = RPCCollector(
         make_sleep_env, None, num_collectors=num_workers, sync=sync, launcher="local",
@@ -64,11 +64,17 @@ def multi(num_workers: int, sync: bool, seconds: float, steps: int) -> tuple[flo
         it = iter(collector)
         next(it)
         first = time.perf_counter() - start
-        mem = _common.rss_mib(_common.children_of())
-        frames, t0 = 0, time.perf_counter()
+        # reach the steady state first: async workers all start together, so right after the
+        # first batch the other N-1 are nearly done, which would inflate a short measurement
+        for _ in range(1 if sync else 2 * num_workers):
+            next(it)
+        children = _common.children_of()
+        mem = _common.rss_mib(children)
+        frames, t0, c0 = 0, time.perf_counter(), _common.cpu_seconds(children)
         while time.perf_counter() - t0 < seconds:
             frames += next(it).numel()
-        return frames / (time.perf_counter() - t0), first, mem
+        wall = time.perf_counter() - t0
+        return frames / wall, first, mem, (_common.cpu_seconds(children) - c0) / wall
     finally:
         collector.shutdown()
 
@@ -81,8 +87,8 @@ def run(case: dict) -> dict:
         return {"rate": hand_loop(case["seconds"])}
     if case["kind"] == "single":
         return {"rate": single_collector(case["seconds"], case["steps"])}
-    rate, first, mem = multi(case["workers"], case["sync"], case["seconds"], case["steps"])
-    return {"rate": rate, "first": first, "mem": mem}
+    rate, first, mem, cores = multi(case["workers"], case["sync"], case["seconds"], case["steps"])
+    return {"rate": rate, "first": first, "mem": mem, "cores": cores}
 
 
 def main() -> None:
@@ -105,7 +111,7 @@ def main() -> None:
     for n in args.workers:
         for sync in (True, False):
             r = case(kind="multi", workers=n, sync=sync)
-            rows.append((n, "sync" if sync else "async", r["rate"], r["first"], r["mem"]))
+            rows.append((n, "sync" if sync else "async", r["rate"], r["first"], r["mem"], r["cores"]))
     # the single-process rate again, after the multi-process runs: the denominator is their mean
     singles.append(case(kind="single", seconds=args.seconds / 2)["rate"])
     single = sum(singles) / len(singles)
@@ -113,16 +119,16 @@ def main() -> None:
     print(f"env step sleeps 5 ms; {args.steps} steps per worker per batch; {args.seconds:.0f} s per case")
     print(f"one process: hand-written loop {hand:,.1f} frames/s, Collector {single:,.1f} frames/s "
           f"({', '.join(f'{s:,.1f}' for s in singles)})")
-    print(f"{'N':>3} {'mode':<6} {'frames/s':>10} {'N x single':>11} {'ratio':>6} {'vs hand':>8} {'goal':>7} {'1st batch s':>12} {'workers MiB':>12}")
-    for n, mode, rate, first, mem in rows:
+    print(f"{'N':>3} {'mode':<6} {'frames/s':>10} {'N x single':>11} {'ratio':>6} {'vs hand':>8} {'goal':>7} {'1st batch s':>12} {'workers MiB':>12} {'workers CPU':>12}")
+    for n, mode, rate, first, mem, cores in rows:
         ratio = rate / (n * single)
         goal = GOALS.get(n)
         mark = "" if goal is None else ("  met" if ratio >= goal else "  MISSED")
         print(
             f"{n:>3} {mode:<6} {rate:>10,.0f} {n * single:>11,.0f} {ratio:>6.3f} {rate / (n * hand):>8.3f} "
-            f"{'>= ' + str(goal) if goal else '':>7} {first:>12.2f} {mem:>12,.0f}{mark}"
+            f"{'>= ' + str(goal) if goal else '':>7} {first:>12.2f} {mem:>12,.0f} {cores:>12.2f}{mark}"
         )
-    print("workers MiB: proportional set size (shared pages split) of every child process after the first batch")
+    print("workers MiB: proportional set size (shared pages split) of every child process; workers CPU: cores they used while measured")
     print("ratio = frames/s / (N x single-process Collector); 'vs hand' divides by N x the hand-written loop")
     print("TorchRL's RPCCollector: about 0.72 at N=8")
 
