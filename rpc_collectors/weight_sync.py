@@ -2,14 +2,24 @@
 
 Two transports, both separate from the default process group:
 
-* ``"shm"``: a shared-memory file that workers on the trainer's host map; an update is one
-  copy in on the trainer and one copy out on each worker.
+* ``"shm"``: a shared-memory file of two slots that workers on the trainer's host map. An
+  update is one copy into a slot on the trainer; a worker told about it copies the slot
+  straight into its policy when it next applies weights (between batches), so a push costs
+  the trainer one copy and one small RPC per worker, however large the policy.
 * ``"broadcast"``: a process group of its own (gloo for CPU, NCCL for CUDA tensors) among the
   trainer and all workers, built from a prefixed store; all workers get one ``broadcast``,
   a subset gets point-to-point sends.
 
 The trainer side is :class:`WeightSender`; each worker holds a :class:`WeightReceiver` that
 stages incoming weights and applies them to its collector between batches.
+
+Shared-memory slots: the trainer packs every version into the slot that the latest push to
+*all* workers did not use, and only after the previous push was acknowledged. A push to all
+workers (mode ``"shm:<slot>"``) is read lazily by each worker from its slot; a push to a
+subset (``"shm-copy:<slot>"``) is copied into the worker's staging buffer on receipt. So the
+only slot a worker may still read later is the slot of the latest all-workers push, which the
+trainer never writes next; and a worker applying weights holds its lock, which the receipt of
+the next version waits for, so no worker ever reads a slot while the trainer writes it.
 """
 from __future__ import annotations
 
@@ -43,13 +53,33 @@ class TransportSpec:
     timeout: float = 60.0
 
 
+SHM_SLOTS = 2
+
+
+def map_slots(path: str, nbytes: int) -> list[torch.Tensor]:
+    """Map the shared-memory file at ``path``: its ``SHM_SLOTS`` slots of ``nbytes`` each."""
+    whole = torch.from_file(path, shared=True, size=max(SHM_SLOTS * nbytes, 1), dtype=torch.uint8)
+    return [whole[i * nbytes:(i + 1) * nbytes] for i in range(SHM_SLOTS)]
+
+
 def shm_file(nbytes: int) -> tuple[str, torch.Tensor]:
-    """Create a shared-memory file of ``nbytes`` and map it; returns its path and the mapping."""
+    """Create a shared-memory file for weights of ``nbytes`` (two slots); returns its path and slot 0.
+
+    The pages are touched here, so the first update does not pay the page faults.
+    """
     directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     fd, path = tempfile.mkstemp(prefix="rpc_collectors_weights_", dir=directory)
-    os.ftruncate(fd, max(nbytes, 1))
+    os.ftruncate(fd, max(SHM_SLOTS * nbytes, 1))
     os.close(fd)
-    return path, torch.from_file(path, shared=True, size=max(nbytes, 1), dtype=torch.uint8)[:nbytes]
+    slots = map_slots(path, nbytes)
+    for slot in slots:
+        slot.zero_()
+    return path, slots[0]
+
+
+def _parse_mode(mode: str) -> tuple[str, int]:
+    kind, _, slot = mode.partition(":")
+    return kind, int(slot or 0)
 
 
 def process_group(spec: TransportSpec, rank: int) -> dist.ProcessGroup:
@@ -66,26 +96,44 @@ def process_group(spec: TransportSpec, rank: int) -> dist.ProcessGroup:
 
 
 class WeightReceiver:
-    """Worker side: receive flat weights into a staging buffer; apply them between batches."""
+    """Worker side: receive flat weights (or where they lie in shared memory); apply them between batches."""
 
     def __init__(self, spec: TransportSpec, flat: FlatWeights, rank: int) -> None:
         self.spec, self.flat = spec, flat
         device = torch.device("cuda", torch.cuda.current_device()) if spec.backend == "nccl" else flat.device
-        self.staging = flat.new_buffer(device)
-        self.shm = torch.from_file(spec.path, shared=True, size=max(spec.nbytes, 1), dtype=torch.uint8)[: spec.nbytes] if spec.kind == "shm" else None
+        self._device = device
+        self._staging: torch.Tensor | None = None  # allocated on first use (shm rarely needs it)
+        self.slots = map_slots(spec.path, spec.nbytes) if spec.kind == "shm" else None
         self.group = process_group(spec, rank) if spec.kind == "broadcast" else None
         self.version = 0
+        self.source: torch.Tensor | None = None  # where the newest received version lies
         self._cond = threading.Condition()
 
+    @property
+    def staging(self) -> torch.Tensor:
+        if self._staging is None:
+            self._staging = self.flat.new_buffer(self._device)
+        return self._staging
+
     def receive(self, version: int, mode: str) -> None:
-        """Take version ``version``: from shared memory, the broadcast, or a point-to-point send."""
-        with self._cond:
-            if mode == "shm":
-                self.staging.copy_(self.shm)
-            elif mode == "broadcast":
-                self.group.broadcast([self.staging], 0).wait()
+        """Take version ``version``: from shared memory, the broadcast, or a point-to-point send.
+
+        Modes: ``"shm:<slot>"`` (read the slot when applying), ``"shm-copy:<slot>"`` (copy the
+        slot now), ``"broadcast"``, ``"p2p"``.
+        """
+        kind, slot = _parse_mode(mode)
+        with self._cond:  # an apply in progress finishes first
+            if kind == "shm":
+                self.source = self.slots[slot]
+            elif kind == "shm-copy":
+                self.staging.copy_(self.slots[slot])
+                self.source = self.staging
+            elif kind == "broadcast":
+                self.group.broadcast(self.staging, 0).wait()
+                self.source = self.staging
             else:
                 self.group.recv([self.staging], 0, version).wait()
+                self.source = self.staging
             self.version = version
             self._cond.notify_all()
 
@@ -95,7 +143,7 @@ class WeightReceiver:
             if not self._cond.wait_for(lambda: self.version >= min_version, timeout):
                 raise TimeoutError(f"weights version {min_version} did not arrive within {timeout} s")
             if self.version > collector.policy_version:
-                self.flat.unpack(self.staging)
+                self.flat.unpack(self.source)
                 collector.policy_version = self.version
 
     def close(self) -> None:
@@ -108,9 +156,16 @@ class WeightSender:
     """Trainer side: pack the policy into the flat buffer and push it to workers."""
 
     def __init__(self, flat: FlatWeights, spec: TransportSpec, buffer: torch.Tensor) -> None:
-        self.flat, self.spec, self.buffer = flat, spec, buffer
+        self.flat, self.spec = flat, spec
+        self.slots = map_slots(spec.path, spec.nbytes) if spec.kind == "shm" else [buffer]
+        self._next = 0  # the slot the next version is packed into
         self.group: dist.ProcessGroup | None = None
         self.work: list = []
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """Where to pack the next version (call only after the previous push was acknowledged)."""
+        return self.slots[self._next]
 
     def connect(self) -> None:
         """Join the process group (broadcast transport); workers join it at the same time."""
@@ -120,9 +175,13 @@ class WeightSender:
     def push(self, worker_ranks: list[int], version: int, all_workers: bool) -> str:
         """Start sending the packed buffer; returns the mode the workers must receive with."""
         if self.spec.kind == "shm":
-            return "shm"
+            slot = self._next
+            if all_workers:  # workers read this slot lazily: the next version goes to the other
+                self._next = (slot + 1) % SHM_SLOTS
+                return f"shm:{slot}"
+            return f"shm-copy:{slot}"  # the workers copy it now; the slot is free once they answered
         if all_workers:
-            self.work = [self.group.broadcast([self.buffer], 0)]
+            self.work = [self.group.broadcast(self.buffer, 0)]
             return "broadcast"
         self.work = [self.group.send([self.buffer], rank, version) for rank in worker_ranks]
         return "p2p"
