@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import fcntl
 import os
 import socket
 import struct
+import urllib.parse
 from dataclasses import dataclass
 from typing import Iterator
+
+import torch.distributed as dist
 
 LAUNCHERS = ("auto", "local", "torchrun", "slurm", "debug")
 SIOCGIFADDR = 0x8915
@@ -25,10 +29,11 @@ class Rendezvous:
     master_port: int
     interface: str | None  # network interface for TensorPipe and gloo
     agent_store: bool = False  # torchrun's agent already serves the store on master_port
+    session: str = ""  # tells apart the worker names of successive collectors in one trainer
 
     @property
     def init_method(self) -> str:
-        return "env://" if self.agent_store else f"tcp://{self.master_addr}:{self.master_port}"
+        return "env://" if self.agent_store else f"{SCHEME}://{self.master_addr}:{self.master_port}"
 
 
 def detect_launcher(launcher: str) -> str:
@@ -51,16 +56,47 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def check_port_free(host: str, port: int, argument: str = "MASTER_PORT") -> None:
-    """Raise a clear error if ``host:port`` is already taken."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+SCHEME = "rpc-collectors"
+_served: dict[int, dist.TCPStore] = {}  # port -> store served by this process
+
+
+def serve_store(host: str, port: int, timeout: float, argument: str = "MASTER_PORT") -> tuple[dist.TCPStore, int]:
+    """Serve the rendezvous store on ``host:port`` only (``port=0``: any free port).
+
+    ``init_rpc`` in this process then uses this store through the ``rpc-collectors://``
+    rendezvous, so nothing listens beyond ``host``. Returns the store and its port; the
+    listening socket belongs to the store and closes with it.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
                 raise ValueError(f"{argument}={port} is already in use on {host}; choose a free port") from err
             raise
+        sock.listen(1024)
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(
+            host, port, None, True, datetime.timedelta(seconds=timeout),
+            wait_for_workers=False, master_listen_fd=os.dup(sock.fileno()),
+        )
+    _served[port] = store
+    return store, port
+
+
+def _rendezvous_handler(url: str, timeout: datetime.timedelta = datetime.timedelta(seconds=300), **kwargs: object) -> Iterator:
+    """``rpc-collectors://host:port?rank=R&world_size=W``: the store served here, or a client of it."""
+    parsed = urllib.parse.urlparse(url)
+    query = dict(urllib.parse.parse_qsl(parsed.query))
+    rank, world_size = int(query["rank"]), int(query["world_size"])
+    store = _served.pop(parsed.port, None) if rank == 0 else None
+    if store is None:
+        store = dist.TCPStore(parsed.hostname, parsed.port, None, False, timeout)
+    yield store, rank, world_size
+    raise RuntimeError("the rpc-collectors rendezvous cannot be retried")
+
+
+dist.register_rendezvous_handler(SCHEME, _rendezvous_handler)
 
 
 def interface_address(name: str) -> str:

@@ -432,6 +432,8 @@ class RPCCollector(BaseCollector):
 
     def state_dict(self) -> dict:
         """Frames, iteration, weights version and every worker's collector state."""
+        with self._lock:
+            self._finish_push()
         state = self._base_state()
         state["policy_version"] = self.policy_version
         state["workers"] = self._wait_all({i: self.workers.call_async(i, "state_dict") for i in range(self.num_workers)})

@@ -14,6 +14,7 @@ the spawner kills its children and exits; each child also dies with the spawner
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib
 import json
@@ -39,13 +40,17 @@ def _die_with_parent() -> None:
 
 
 class Spawner:
-    """Parent-side handle of a spawner process; ``on_exit(pid, code)`` is called from a thread."""
+    """Parent-side handle of a spawner process.
 
-    def __init__(self, on_exit: Callable[[int, int], None]) -> None:
-        self.on_exit = on_exit
+    Args:
+        fresh_interpreter: start the spawner with a new interpreter instead of forking this
+            process (needed once CUDA or an RPC agent was initialised here).
+    """
+
+    def __init__(self, fresh_interpreter: bool) -> None:
         requests_r, requests_w = os.pipe()
         replies_r, replies_w = os.pipe()
-        if torch.cuda.is_initialized():  # a fork could not use CUDA: start a fresh interpreter
+        if fresh_interpreter:
             self.proc: subprocess.Popen | None = subprocess.Popen(
                 [sys.executable, "-c", f"from rpc_collectors.spawner import serve; serve({requests_r}, {replies_w})"],
                 pass_fds=(requests_r, replies_w),
@@ -66,33 +71,59 @@ class Spawner:
         self.requests = os.fdopen(requests_w, "w", buffering=1)
         self.replies = os.fdopen(replies_r, "r")
         self._replies: "list[int]" = []
+        self._live: dict[int, Callable[[int, int], None]] = {}  # pid -> on_exit
         self._exited = False
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, name="spawner-reader", daemon=True)
         self._reader.start()
 
+    @property
+    def alive(self) -> bool:
+        return not self._exited
+
     def _read(self) -> None:
         for line in self.replies:
             msg = json.loads(line)
-            if "pid" in msg:
-                with self._cond:
+            with self._cond:
+                if "pid" in msg:
                     self._replies.append(msg["pid"])
-                    self._cond.notify_all()
-            else:
-                self.on_exit(msg["exit"], msg["code"])
+                    on_exit = None
+                else:
+                    on_exit = self._live.pop(msg["exit"], None)
+                self._cond.notify_all()
+            if on_exit is not None:
+                on_exit(msg["exit"], msg["code"])
         with self._cond:
             self._exited = True
             self._cond.notify_all()
 
-    def spawn(self, target: str, args: list, timeout: float) -> int:
-        """Fork a child running ``target(*args)`` (``"module:function"``); return its pid."""
+    def spawn(self, target: str, args: list, timeout: float, on_exit: Callable[[int, int], None]) -> int:
+        """Fork a child running ``target(*args)`` (``"module:function"``); return its pid.
+
+        ``on_exit(pid, exit_code)`` is called from a thread when the child exits.
+        """
         with self._cond:
             self.requests.write(json.dumps({"target": target, "args": args}) + "\n")
             if not self._cond.wait_for(lambda: self._replies or self._exited, timeout):
                 raise TimeoutError(f"the worker spawner did not start a process within {timeout} s")
             if not self._replies:
                 raise RuntimeError("the worker spawner exited")
-            return self._replies.pop(0)
+            pid = self._replies.pop(0)
+            self._live[pid] = on_exit
+            return pid
+
+    def reap(self, pids: list[int], timeout: float) -> None:
+        """Wait up to ``timeout`` for ``pids`` to exit, then kill the rest and wait for them."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._exited or not set(pids) & set(self._live), timeout)
+            for pid in set(pids) & set(self._live):
+                self._live[pid] = lambda *_: None  # killed on purpose: not a failure
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if not self._cond.wait_for(lambda: self._exited or not set(pids) & set(self._live), timeout):
+                raise TimeoutError(f"worker processes {sorted(set(pids) & set(self._live))} did not exit")
 
     def close(self, timeout: float = 5.0) -> None:
         """Kill every child and the spawner (closing its requests tells it to); reap it."""
@@ -108,6 +139,36 @@ class Spawner:
         else:
             os.waitpid(self.pid, 0)
         self.replies.close()
+
+
+_shared: Spawner | None = None
+_forked_safely = True  # False once this process started an RPC agent: forks would inherit it
+
+
+def shared_spawner() -> Spawner:
+    """This process's spawner, started on first use and kept for later collectors."""
+    global _shared
+    if _shared is None or not _shared.alive:
+        _shared = Spawner(fresh_interpreter=torch.cuda.is_initialized() or not _forked_safely)
+    return _shared
+
+
+def shared_pid() -> int | None:
+    """The pid of this process's spawner, if one runs (it outlives collectors, not workers)."""
+    return _shared.pid if _shared is not None and _shared.alive else None
+
+
+def rpc_starts_here() -> None:
+    """Note that this process starts an RPC agent: from now on the spawner cannot be forked from it."""
+    global _forked_safely
+    shared_spawner()
+    _forked_safely = False
+
+
+@atexit.register
+def _close_shared() -> None:
+    if _shared is not None:
+        _shared.close()
 
 
 def serve(requests_fd: int, replies_fd: int) -> None:
@@ -129,6 +190,7 @@ def serve(requests_fd: int, replies_fd: int) -> None:
             out.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
 
     signal.signal(signal.SIGCHLD, reap)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops us
     for line in os.fdopen(requests_fd, "r"):
         request = json.loads(line)
         module, func = request["target"].split(":")

@@ -26,8 +26,9 @@ TRAINER = "trainer"
 PING_EVERY = 5.0  # seconds between a server's checks that its trainer is still there
 
 
-def worker_name(rank: int) -> str:
-    return f"collector{rank}"
+def worker_name(rank: int, session: str = "") -> str:
+    """RPC name of the server on ``rank``; ``session`` keeps names unique per collector."""
+    return f"collector{rank}-{session}" if session else f"collector{rank}"
 
 
 class WorkerState:
@@ -65,6 +66,8 @@ class WorkerState:
         return self.collector.set_seed(seed)
 
     def state_dict(self) -> dict:
+        if self.receiver is not None:  # the state holds the newest weights pushed to this worker
+            self.receiver.apply(self.collector, 0, self.timeout)
         return self.collector.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
@@ -91,7 +94,7 @@ def create(spec: bytes, worker_id: int, num_workers: int) -> dict:
 def call(method: str, *args: Any) -> Any:
     """RPC: run ``WorkerState.<method>(*args)`` on this server."""
     if _state is None:
-        raise RuntimeError(f"{worker_name(rpc.get_worker_info().id)} has no collector yet")
+        raise RuntimeError(f"{rpc.get_worker_info().name} has no collector yet")
     return getattr(_state, method)(*args)
 
 
@@ -109,13 +112,13 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     """Run a collector server until the trainer stops it or goes away; returns an exit code."""
     options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout)
     with socket_interface(rdv.interface):
-        rpc.init_rpc(worker_name(rdv.rank), rank=rdv.rank, world_size=rdv.world_size, rpc_backend_options=options)
+        rpc.init_rpc(worker_name(rdv.rank, rdv.session), rank=rdv.rank, world_size=rdv.world_size, rpc_backend_options=options)
     code = 0
     while not _stop.wait(PING_EVERY):
         try:
             rpc.rpc_sync(TRAINER, ping, timeout=max(rpc_timeout, PING_EVERY))
         except RuntimeError as err:
-            print(f"{worker_name(rdv.rank)}: the trainer is unreachable ({err}); exiting", file=sys.stderr)
+            print(f"{worker_name(rdv.rank, rdv.session)}: the trainer is unreachable ({err}); exiting", file=sys.stderr)
             code = 1
             break
     if _state is not None:
@@ -124,8 +127,9 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     return code
 
 
-def local_main(rank: int, world_size: int, port: int, rpc_timeout: float) -> int:
+def local_main(rank: int, world_size: int, port: int, rpc_timeout: float, generation: int) -> int:
     """Entry point of a local worker process started by the spawner."""
     torch.set_num_threads(1)
-    rdv = Rendezvous("local", rank, world_size, "127.0.0.1", port, "lo")
+    rpc._init_counter = generation  # match the trainer's store prefix (see workers.rpc_api_generation)
+    rdv = Rendezvous("local", rank, world_size, "127.0.0.1", port, "lo", session=str(port))
     return serve(rdv, rpc_timeout)

@@ -8,15 +8,14 @@ the same server code in the trainer's process (the debug launcher). Both return
 from __future__ import annotations
 
 import signal
-import socket
-import os
 from typing import Any, Callable
 
 import torch
 import torch.distributed.rpc as rpc
 
 from . import worker
-from .rendezvous import Rendezvous, free_port, host_id, socket_interface
+from .rendezvous import Rendezvous, interface_address, serve_store, socket_interface
+from . import spawner
 from .spawner import Spawner
 
 OnDeath = Callable[[int, str], None]
@@ -44,13 +43,21 @@ class RPCWorkers:
         self.num_workers, self.rpc_timeout, self.on_death = num_workers, rpc_timeout, on_death
         self.spawner: Spawner | None = None
         self.pids: dict[int, int] = {}
+        spawner.rpc_starts_here()
+        self._store = None
         if rdv is None:
-            port = free_port()
-            rdv = Rendezvous("local", 0, num_workers + 1, "127.0.0.1", port, "lo")
-            self.spawner = Spawner(self._on_exit)
+            self._store, port = serve_store("127.0.0.1", 0, rpc_timeout)
+            rdv = Rendezvous("local", 0, num_workers + 1, "127.0.0.1", port, "lo", session=str(port))
+            self.spawner = spawner.shared_spawner()
             for rank in range(1, num_workers + 1):
-                pid = self.spawner.spawn("rpc_collectors.worker:local_main", [rank, num_workers + 1, port, rpc_timeout], rpc_timeout)
+                pid = self.spawner.spawn(
+                    "rpc_collectors.worker:local_main",
+                    [rank, num_workers + 1, port, rpc_timeout, rpc_api_generation()], rpc_timeout, self._on_exit,
+                )
                 self.pids[pid] = rank - 1
+        elif not rdv.agent_store:
+            host = interface_address(rdv.interface) if rdv.interface else rdv.master_addr
+            self._store, _ = serve_store(host, rdv.master_port, rpc_timeout)
         self.rdv = rdv
         options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout)
         try:
@@ -61,6 +68,9 @@ class RPCWorkers:
             raise
         self._rpc_up = True
 
+    def _name(self, worker_id: int) -> str:
+        return worker.worker_name(worker_id + 1, self.rdv.session)
+
     def _on_exit(self, pid: int, code: int) -> None:
         worker_id = self.pids.pop(pid, None)
         if worker_id is not None:
@@ -68,12 +78,12 @@ class RPCWorkers:
 
     def call_async(self, worker_id: int, method: str, *args: Any, timeout: float | None = None) -> torch.futures.Future:
         return rpc.rpc_async(
-            worker.worker_name(worker_id + 1), worker.call, args=(method, *args),
+            self._name(worker_id), worker.call, args=(method, *args),
             timeout=self.rpc_timeout if timeout is None else timeout,
         )
 
     def create(self, worker_id: int, spec: bytes) -> torch.futures.Future:
-        return rpc.rpc_async(worker.worker_name(worker_id + 1), worker.create, args=(spec, worker_id, self.num_workers))
+        return rpc.rpc_async(self._name(worker_id), worker.create, args=(spec, worker_id, self.num_workers))
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop every server within about ``timeout`` seconds, dead ones included."""
@@ -82,7 +92,7 @@ class RPCWorkers:
             stops = []
             for worker_id in range(self.num_workers):
                 try:
-                    stops.append(rpc.rpc_async(worker.worker_name(worker_id + 1), worker.stop, timeout=timeout))
+                    stops.append(rpc.rpc_async(self._name(worker_id), worker.stop, timeout=timeout))
                 except RuntimeError:
                     pass
             for fut in stops:
@@ -92,9 +102,10 @@ class RPCWorkers:
                     pass
             rpc.shutdown(graceful=False)
         if self.spawner is not None:
-            self.pids.clear()
-            self.spawner.close(timeout)
+            pids, self.pids = list(self.pids), {}
+            self.spawner.reap(pids, timeout)
             self.spawner = None
+        self._store = None
 
 
 class InProcessWorkers:
@@ -128,5 +139,10 @@ class InProcessWorkers:
         self.states.clear()
 
 
-def this_host() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "host_id": host_id()}
+def rpc_api_generation() -> int:
+    """How many RPC agents this process started before: ``init_rpc`` prefixes its store keys with it.
+
+    Local workers are fresh processes; they must use the trainer's prefix to meet it.
+    """
+    return rpc._init_counter
+

@@ -1,0 +1,67 @@
+"""Process helpers for multi-process tests: who descends from whom, who is alive, who listens."""
+from __future__ import annotations
+
+import os
+import time
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] != "Z":  # zombies are dead
+                parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int | None = None) -> set[int]:
+    """Live processes below ``pid`` (default: this process)."""
+    root = os.getpid() if pid is None else pid
+    parents, found, frontier = _parents(), set(), {root}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    return pid in _parents()
+
+
+def wait_gone(pids: set[int], timeout: float = 10.0) -> set[int]:
+    """Wait until none of ``pids`` is alive; return those still alive at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {p for p in pids if alive(p)}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def listening_addresses(pid: int) -> set[str]:
+    """IPv4/IPv6 addresses (hex, as in /proc/net/tcp) that ``pid`` listens on over TCP."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    addresses = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in list(f)[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    addresses.add(cols[1].split(":")[0])
+    return addresses
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
