@@ -268,9 +268,10 @@ class RPCCollector(BaseCollector):
         self._events.put(("died", worker_id, reason))
 
     def _worker_error(self, worker_id: int, reason: str, remote: str = "") -> WorkerError:
-        info = self.infos[worker_id] if hasattr(self, "infos") else {"host": "?", "pid": None}
+        info = self.infos[worker_id] if hasattr(self, "infos") else {}
+        host = info.get("host", "?") + (f" ({info['address']})" if info.get("address") else "")
         reason = self._dead.get(worker_id, reason)
-        return WorkerError(worker_id, worker_id + 1, info["host"], info.get("pid"), reason, remote)
+        return WorkerError(worker_id, worker_id + 1, host, info.get("pid"), reason, remote)
 
     def _fail(self, error: BaseException) -> BaseException:
         """Shut every worker down, then hand back ``error`` for the caller to raise."""

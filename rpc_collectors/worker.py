@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import threading
+import warnings
 from typing import Any
 
 import cloudpickle
@@ -18,7 +19,7 @@ import torch.distributed.rpc as rpc
 from tensordict import TensorDictBase
 
 from .collector import Collector
-from .rendezvous import Rendezvous, host_id, socket_interface
+from .rendezvous import Rendezvous, host_id, interface_address, socket_interface
 from .weight_sync import TransportSpec, WeightReceiver
 from .weights import FlatWeights
 
@@ -44,7 +45,9 @@ class WorkerState:
         self.timeout = 60.0
 
     def info(self) -> dict:
-        return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(), "host_id": host_id()}
+        """Who serves this collector: rank, host name, address, pid, machine id."""
+        address = interface_address(_rdv.interface) if _rdv is not None and _rdv.interface else None
+        return {"rank": self.rank, "host": socket.gethostname(), "address": address, "pid": os.getpid(), "host_id": host_id()}
 
     def join_weights(self, spec: TransportSpec) -> None:
         module = self.collector.policy.module if self.collector.policy is not None else None
@@ -81,6 +84,7 @@ class WorkerState:
 
 # ---------------------------------------------------------------- RPC entry points
 _state: WorkerState | None = None
+_rdv: Rendezvous | None = None
 _stop = threading.Event()
 
 
@@ -108,11 +112,20 @@ def ping() -> bool:
     return True
 
 
+def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
+    """Start this process's RPC agent as ``name``, bound to the rendezvous's interface."""
+    options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout)
+    with socket_interface(rdv.interface), warnings.catch_warnings():
+        # init_rpc's own gloo group trips a deprecation warning inside torch
+        warnings.filterwarnings("ignore", message="You are using a Backend")
+        rpc.init_rpc(name, rank=rdv.rank, world_size=rdv.world_size, rpc_backend_options=options)
+
+
 def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     """Run a collector server until the trainer stops it or goes away; returns an exit code."""
-    options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout)
-    with socket_interface(rdv.interface):
-        rpc.init_rpc(worker_name(rdv.rank, rdv.session), rank=rdv.rank, world_size=rdv.world_size, rpc_backend_options=options)
+    global _rdv
+    _rdv = rdv
+    start_agent(worker_name(rdv.rank, rdv.session), rdv, rpc_timeout)
     code = 0
     while not _stop.wait(PING_EVERY):
         try:

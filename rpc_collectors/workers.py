@@ -14,7 +14,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 from . import worker
-from .rendezvous import Rendezvous, interface_address, serve_store, socket_interface
+from .rendezvous import Rendezvous, interface_address, serve_store
 from . import spawner
 from .spawner import Spawner
 
@@ -59,10 +59,8 @@ class RPCWorkers:
             host = interface_address(rdv.interface) if rdv.interface else rdv.master_addr
             self._store, _ = serve_store(host, rdv.master_port, rpc_timeout)
         self.rdv = rdv
-        options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout)
         try:
-            with socket_interface(rdv.interface):
-                rpc.init_rpc(worker.TRAINER, rank=0, world_size=rdv.world_size, rpc_backend_options=options)
+            worker.start_agent(worker.TRAINER, rdv, rpc_timeout)
         except BaseException:
             self.close()
             raise
