@@ -172,9 +172,23 @@ class WeightSender:
         if self.spec.kind == "broadcast" and self.group is None:
             self.group = process_group(self.spec, 0)
 
+    def joined(self) -> None:
+        """Every worker has joined: remove the shared-memory file's name (the mappings stay).
+
+        Once unlinked, the memory goes away with the last process that maps it, so even a
+        trainer killed with SIGKILL leaves nothing in /dev/shm. Called by the first push too.
+        """
+        path = self.spec.path if self.spec.kind == "shm" else None
+        if path and os.path.exists(path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
     def push(self, worker_ranks: list[int], version: int, all_workers: bool) -> str:
         """Start sending the packed buffer; returns the mode the workers must receive with."""
         if self.spec.kind == "shm":
+            self.joined()
             slot = self._next
             if all_workers:  # workers read this slot lazily: the next version goes to the other
                 self._next = (slot + 1) % SHM_SLOTS
@@ -193,8 +207,7 @@ class WeightSender:
             w.wait()
 
     def close(self) -> None:
-        if self.spec.kind == "shm" and self.spec.path and os.path.exists(self.spec.path):
-            os.unlink(self.spec.path)
+        self.joined()
         if self.group is not None:
             if hasattr(self.group, "shutdown"):
                 self.group.shutdown()
