@@ -114,7 +114,8 @@ def ping() -> bool:
 
 def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
     """Start this process's RPC agent as ``name``, bound to the rendezvous's interface."""
-    options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout)
+    # TCP ("uv") only: TensorPipe's shared-memory transport busy-polls a core in every process
+    options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout, _transports=["uv"])
     with socket_interface(rdv.interface), warnings.catch_warnings():
         # init_rpc's own gloo group trips a deprecation warning inside torch
         warnings.filterwarnings("ignore", message="You are using a Backend")
