@@ -363,7 +363,7 @@ class RPCCollector(BaseCollector):
             if worker_id not in self._outstanding and worker_id != self._last_async:
                 self._request(worker_id)
         self._last_async, batch = self._next_event(deadline)
-        if not self.update_after_each_batch and self.max_weight_update_interval < 0:
+        if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
             self._last_async = None
         return batch
