@@ -110,7 +110,6 @@ class RPCCollector(BaseCollector):
         env_device: Any = None,
         policy_device: Any = None,
         replay_buffer: Any = None,
-        slurm_kwargs: dict | None = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
@@ -164,7 +163,6 @@ class RPCCollector(BaseCollector):
         checks.devices(device, storing_device, env_device, policy_device)
         self.policy = policy
         self.policy_version = 0
-        self.slurm_kwargs = slurm_kwargs
 
         self._events: queue.Queue = queue.Queue()
         self._dead: dict[int, str] = {}
