@@ -259,6 +259,7 @@ class RPCCollector(BaseCollector):
         joins = {i: self.workers.call_async(i, "join_weights", spec) for i in range(self.num_workers)}
         self._sender.connect()
         self._wait_all(joins)
+        self._sender.joined()
 
     # ---------------------------------------------------------------- faults
     def _on_death(self, worker_id: int, reason: str) -> None:

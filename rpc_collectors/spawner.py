@@ -19,6 +19,7 @@ import ctypes
 import importlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -172,53 +173,80 @@ def _close_shared() -> None:
 
 
 def serve(requests_fd: int, replies_fd: int) -> None:
-    """The spawner process: fork a child per request line until the requests pipe closes."""
+    """The spawner process: fork a child per request line until the requests pipe closes.
+
+    Child exits arrive as SIGCHLD through a wake-up pipe and are reaped in the main loop, so
+    replies are only ever written from one place.
+    """
     for name in PRELOAD:
         importlib.import_module(name)
     out = os.fdopen(replies_fd, "w", buffering=1)
-    children: set[int] = set()
-
-    def reap(*_: object) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            children.discard(pid)
-            out.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
-
-    signal.signal(signal.SIGCHLD, reap)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up byte is written
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops us
-    for line in os.fdopen(requests_fd, "r"):
-        request = json.loads(line)
-        module, func = request["target"].split(":")
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                _die_with_parent()
-                os.close(requests_fd)
-                out.close()
-                code = getattr(importlib.import_module(module), func)(*request["args"]) or 0
-            except BaseException:  # report and exit: the child must never return into the loop
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        children.add(pid)
-        out.write(json.dumps({"pid": pid}) + "\n")
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for pid in list(children):
+    children: set[int] = set()
+    pending = b""
+    while True:
+        ready, _, _ = select.select([requests_fd, wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _reap(children, out)
+        if requests_fd not in ready:
+            continue
+        chunk = os.read(requests_fd, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            pid = _fork_child(json.loads(line), (requests_fd, replies_fd, wake_r, wake_w))
+            children.add(pid)
+            out.write(json.dumps({"pid": pid}) + "\n")
+    signal.set_wakeup_fd(-1)
+    for pid in children:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    for pid in list(children):
+    for pid in children:
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
+
+
+def _reap(children: set[int], out: "object") -> None:
+    """Collect every exited child and report it."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        out.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+def _fork_child(request: dict, spawner_fds: tuple[int, ...]) -> int:
+    """Fork a child that runs ``request["target"](*request["args"])`` and exits with its result."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _die_with_parent()
+        for fd in spawner_fds:
+            os.close(fd)
+        module, func = request["target"].split(":")
+        code = getattr(importlib.import_module(module), func)(*request["args"]) or 0
+    except BaseException:  # report and exit: the child must never return into the spawner's loop
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

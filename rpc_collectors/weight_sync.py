@@ -148,7 +148,7 @@ class WeightReceiver:
 
     def close(self) -> None:
         if self.group is not None:
-            self.group.shutdown() if hasattr(self.group, "shutdown") else None
+            self.group.shutdown()
             self.group = None
 
 
@@ -209,6 +209,5 @@ class WeightSender:
     def close(self) -> None:
         self.joined()
         if self.group is not None:
-            if hasattr(self.group, "shutdown"):
-                self.group.shutdown()
+            self.group.shutdown()
             self.group = None

@@ -6,6 +6,7 @@ the state's methods; the same methods run in-process in the debug launcher.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 import cloudpickle
 import torch
 import torch.distributed.rpc as rpc
+import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
 from .collector import Collector
@@ -116,10 +118,16 @@ def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
     """Start this process's RPC agent as ``name``, bound to the rendezvous's interface."""
     # TCP ("uv") only: TensorPipe's shared-memory transport busy-polls a core in every process
     options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout, _transports=["uv"])
-    with socket_interface(rdv.interface), warnings.catch_warnings():
-        # init_rpc's own gloo group trips a deprecation warning inside torch
-        warnings.filterwarnings("ignore", message="You are using a Backend")
-        rpc.init_rpc(name, rank=rdv.rank, world_size=rdv.world_size, rpc_backend_options=options)
+    # init_rpc builds a gloo group of its own with a 24-day timeout: bound it by rpc_timeout
+    default_timeout = rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT
+    rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = datetime.timedelta(seconds=rpc_timeout)
+    try:
+        with socket_interface(rdv.interface), warnings.catch_warnings():
+            # that group also trips a deprecation warning inside torch
+            warnings.filterwarnings("ignore", message="You are using a Backend")
+            rpc.init_rpc(name, rank=rdv.rank, world_size=rdv.world_size, rpc_backend_options=options)
+    finally:
+        rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = default_timeout
 
 
 def serve(rdv: Rendezvous, rpc_timeout: float) -> int:

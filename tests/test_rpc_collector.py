@@ -249,7 +249,9 @@ def test_state_dict_resume_keeps_ids_increasing():
         c.load_state_dict(state)
         assert c.frames == 200 and c.policy_version == 1
         after = next(iter(c))
-    assert after[TRAJ].min() > max(b[TRAJ].max() for b in before)
+    for w in (0, 1):  # each worker's ids keep increasing; no id of the first run comes back
+        assert after[w][TRAJ].min() > max(b[w][TRAJ].max() for b in before)
+    assert not set(after[TRAJ].flatten().tolist()) & set(torch.cat([b[TRAJ].flatten() for b in before]).tolist())
     assert (after["action"] == 1).all() and (after[VERSION] == 1).all()
 
 
