@@ -24,6 +24,18 @@ def total_frames(value: Any) -> int:
     return int(value)
 
 
+def choice(name: str, value: Any, accepted: tuple) -> Any:
+    if isinstance(value, bool) or value not in accepted:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {', '.join(map(repr, accepted))}")
+    return value
+
+
+def positive_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: a number > 0")
+    return float(value)
+
+
 def optional_positive_int(name: str, value: Any) -> int | None:
     return None if value is None else positive_int(name, value)
 

@@ -128,23 +128,17 @@ class RPCCollector(BaseCollector):
         env_fns = self._env_fns(create_env_fn, num_collectors, rdv)
         self.num_workers = len(env_fns)
         self.sync = checks.boolean("sync", sync)
-        if cat_results not in CAT_RESULTS:
-            raise ValueError(f"cat_results={cat_results!r} is invalid; accepted: 'stack', 0 or -1")
-        self.cat_results = cat_results
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend={backend!r} is invalid; accepted: 'gloo' or 'nccl'")
+        self.cat_results = checks.choice("cat_results", cat_results, CAT_RESULTS)
+        self.backend = checks.choice("backend", backend, ("gloo", "nccl"))
         if backend == "nccl" and not torch.cuda.is_available():
             raise ValueError("backend='nccl' needs CUDA, which this machine does not have; accepted here: 'gloo'")
-        self.backend = backend
-        if isinstance(rpc_timeout, bool) or not isinstance(rpc_timeout, (int, float)) or rpc_timeout <= 0:
-            raise ValueError(f"rpc_timeout={rpc_timeout!r} is invalid; accepted: a number of seconds > 0")
-        self.rpc_timeout = float(rpc_timeout)
+        self.rpc_timeout = checks.positive_number("rpc_timeout", rpc_timeout)
         self.update_after_each_batch = checks.boolean("update_after_each_batch", update_after_each_batch)
-        if isinstance(max_weight_update_interval, bool) or not isinstance(max_weight_update_interval, int) or max_weight_update_interval < -1:
-            raise ValueError(f"max_weight_update_interval={max_weight_update_interval!r} is invalid; accepted: -1 or an int >= 0")
-        self.max_weight_update_interval = max_weight_update_interval
-        if weight_transport not in TRANSPORTS:
-            raise ValueError(f"weight_transport={weight_transport!r} is invalid; accepted: {', '.join(map(repr, TRANSPORTS))}")
+        interval = max_weight_update_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
+            raise ValueError(f"max_weight_update_interval={interval!r} is invalid; accepted: -1 (never) or an int >= 0")
+        self.max_weight_update_interval = interval
+        checks.choice("weight_transport", weight_transport, TRANSPORTS)
         if self.sync:
             per_worker = checks.frames_per_batch_fits(self.frames_per_batch, self.num_workers, "frames_per_batch (sync mode, per worker)")
         else:
@@ -166,6 +160,7 @@ class RPCCollector(BaseCollector):
 
         self._events: queue.Queue = queue.Queue()
         self._dead: dict[int, str] = {}
+        self._deaths = [threading.Event() for _ in range(self.num_workers)]
         self._min_version = [0] * self.num_workers
         self._since_update = [0] * self.num_workers
         self._outstanding: set[int] = set()
@@ -264,6 +259,7 @@ class RPCCollector(BaseCollector):
     # ---------------------------------------------------------------- faults
     def _on_death(self, worker_id: int, reason: str) -> None:
         self._dead[worker_id] = reason
+        self._deaths[worker_id].set()
         self._events.put(("died", worker_id, reason))
 
     def _worker_error(self, worker_id: int, reason: str, remote: str = "") -> WorkerError:
@@ -281,6 +277,8 @@ class RPCCollector(BaseCollector):
         try:
             return fut.wait()
         except Exception as err:
+            if getattr(self.workers, "spawner", None) is not None:  # a dead local worker's exit code
+                self._deaths[worker_id].wait(1.0)  # follows its reset connection within milliseconds
             text = str(err)
             remote = text if "Traceback" in text else ""
             reason = "raised an error" if remote else f"is unreachable: {text.splitlines()[0] if text else type(err).__name__}"
