@@ -13,9 +13,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed.rpc as rpc
 
-from . import worker
+from . import spawner, worker
 from .rendezvous import Rendezvous, interface_address, serve_store
-from . import spawner
 from .spawner import Spawner
 
 OnDeath = Callable[[int, str], None]
@@ -42,24 +41,25 @@ class RPCWorkers:
             )
         self.num_workers, self.rpc_timeout, self.on_death = num_workers, rpc_timeout, on_death
         self.spawner: Spawner | None = None
-        self.pids: dict[int, int] = {}
-        spawner.rpc_starts_here()
+        self.pids: dict[int, int] = {}  # local worker pid -> worker id
         self._store = None
-        if rdv is None:
-            self._store, port = serve_store("127.0.0.1", 0, rpc_timeout)
-            rdv = Rendezvous("local", 0, num_workers + 1, "127.0.0.1", port, "lo", session=str(port))
-            self.spawner = spawner.shared_spawner()
-            for rank in range(1, num_workers + 1):
-                pid = self.spawner.spawn(
-                    "rpc_collectors.worker:local_main",
-                    [rank, num_workers + 1, port, rpc_timeout, rpc_api_generation()], rpc_timeout, self._on_exit,
-                )
-                self.pids[pid] = rank - 1
-        elif not rdv.agent_store:
-            host = interface_address(rdv.interface) if rdv.interface else rdv.master_addr
-            self._store, _ = serve_store(host, rdv.master_port, rpc_timeout)
-        self.rdv = rdv
+        self._rpc_up = False
+        spawner.rpc_starts_here()
         try:
+            if rdv is None:
+                self._store, port = serve_store("127.0.0.1", 0, rpc_timeout)
+                rdv = Rendezvous("local", 0, num_workers + 1, "127.0.0.1", port, "lo", session=str(port))
+                self.spawner = spawner.shared_spawner()
+                for rank in range(1, num_workers + 1):
+                    pid = self.spawner.spawn(
+                        "rpc_collectors.worker:local_main",
+                        [rank, num_workers + 1, port, rpc_timeout, rpc_api_generation()], rpc_timeout, self._on_exit,
+                    )
+                    self.pids[pid] = rank - 1
+            elif not rdv.agent_store:
+                host = interface_address(rdv.interface) if rdv.interface else rdv.master_addr
+                self._store, _ = serve_store(host, rdv.master_port, rpc_timeout)
+            self.rdv = rdv
             worker.start_agent(worker.TRAINER, rdv, rpc_timeout)
         except BaseException:
             self.close()
@@ -85,7 +85,7 @@ class RPCWorkers:
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop every server within about ``timeout`` seconds, dead ones included."""
-        if getattr(self, "_rpc_up", False):
+        if self._rpc_up:
             self._rpc_up = False
             stops = []
             for worker_id in range(self.num_workers):
