@@ -13,20 +13,11 @@ import statistics
 import time
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 
+from _common import ArgmaxLinear
 from rpc_collectors import Collector, GymEnv
-
-
-class ArgmaxLinear(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.linear(obs).argmax(-1)
 
 
 def hand_loop(policy: nn.Module, frames: int) -> float:

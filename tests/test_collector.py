@@ -8,7 +8,6 @@ action]``, so the checks below read the truth from the batch itself.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from functools import partial
 

@@ -10,7 +10,6 @@ Needs root (CI runs as root): without it the tests fail rather than skip.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import queue
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+import devcluster_module
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "multihost_trainer.py"
@@ -39,15 +40,7 @@ WORKER_EXIT_MARGIN_S = 10.0
 pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess]
 
 
-def _load_devcluster():
-    spec = importlib.util.spec_from_file_location("devcluster", REPO / "slurm" / "devcluster.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["devcluster"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-devcluster = sys.modules.get("devcluster") or _load_devcluster()
+devcluster = devcluster_module.load()
 
 
 def namespace_pids(net) -> dict[str, list[int]]:

@@ -7,7 +7,6 @@ time; the 1-node tests come first, then the 2-node ones, so each is started once
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import os
 import shutil
 import socket
@@ -22,6 +21,7 @@ import pytest
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
+import devcluster_module
 from rpc_collectors import slurm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,15 +31,7 @@ RESULT_TIMEOUT_S = 90
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def _load_devcluster():
-    spec = importlib.util.spec_from_file_location("devcluster", REPO / "slurm" / "devcluster.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["devcluster"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-devcluster = _load_devcluster()
+devcluster = devcluster_module.load()
 
 
 class ClusterPool:

@@ -6,7 +6,6 @@ import traceback
 
 import pytest
 import torch
-from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
 
