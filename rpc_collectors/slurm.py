@@ -7,14 +7,12 @@ finds its rendezvous. ``result(job)`` returns task 0's value or raises the first
 """
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import os
 import re
 import runpy
 import shlex
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -27,13 +25,13 @@ from submitit.helpers import TorchDistributedEnvironment
 from submitit.slurm.slurm import _make_sbatch_string
 
 from . import checks
+from .rendezvous import interface_towards
 
 __all__ = ["SlurmConfig", "submit", "result", "run_script", "sbatch_script", "setup_distributed_env",
-           "master_address", "interface_to"]
+           "master_address"]
 
 _MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
 _FLAG_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
-_SIOCGIFADDR = 0x8915
 # A task that exits non-zero ends the whole job, so no rank waits forever for a dead peer.
 _SRUN_ARGS = ("--kill-on-bad-exit=1",)
 
@@ -191,7 +189,7 @@ def setup_distributed_env(interface: str | None = None,
     if dist_env.rank == 0:
         _check_port_free(dist_env.master_port)
     interface = interface or os.environ.get("GLOO_SOCKET_IFNAME")
-    ifname = _check_interface(interface) if interface else interface_to(dist_env.master_addr)
+    ifname = _check_interface(interface) if interface else interface_towards(dist_env.master_addr)
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = ifname
     return dist_env.export(set_cuda_visible_devices=set_cuda_visible_devices, overwrite=True)
 
@@ -251,24 +249,3 @@ def _check_interface(name: str) -> str:
         raise ValueError(f"interface={name!r} does not exist on {socket.gethostname()}; "
                          f"accepted here: {names}")
     return name
-
-
-def _ipv4_of(ifname: str) -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", ifname[:15].encode()))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
-def interface_to(address: str) -> str:
-    """The local interface whose address routes to ``address`` (nothing is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((address, 9))
-        local = sock.getsockname()[0]
-    for name in _interface_names():
-        if _ipv4_of(name) == local:
-            return name
-    raise RuntimeError(f"no interface holds {local}, the route to MASTER_ADDR {address}; pass "
-                       f"interface= one of {_interface_names()}")

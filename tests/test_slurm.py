@@ -23,6 +23,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import devcluster_module
 from rpc_collectors import slurm
+from rpc_collectors.rendezvous import interface_address
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_TIMEOUT_S = 90
@@ -113,7 +114,7 @@ def allreduce_task() -> dict:
         value = torch.tensor([float(rank + 1)])
         dist.all_reduce(value)
         ifname = os.environ["GLOO_SOCKET_IFNAME"]
-        my_addr = slurm._ipv4_of(ifname)
+        my_addr = interface_address(ifname)
         addrs = [None] * world
         dist.all_gather_object(addrs, my_addr)
     finally:
