@@ -8,6 +8,7 @@ batch alone whether final observations, resets, truncation and trajectory ids ar
 from __future__ import annotations
 
 import gymnasium as gym
+import pytest
 import numpy as np
 import torch
 from tensordict import TensorDict
@@ -124,3 +125,14 @@ class TDCountEnv:
 if "CountEnv-v0" not in gym.registry:
     gym.register("CountEnv-v0", entry_point=CountEnv)
 
+
+
+@pytest.fixture
+def no_leftover_processes():
+    """Fail the test if a process it started outlives it (the shared spawner excepted)."""
+    from procs import descendants, wait_gone
+    from rpc_collectors.spawner import shared_pid
+
+    before = descendants()
+    yield
+    assert not wait_gone(descendants() - before - {shared_pid()}, 10), "worker processes were left behind"

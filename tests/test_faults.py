@@ -16,14 +16,7 @@ from procs import descendants, wait_gone
 from rpc_collectors import RPCCollector, WorkerError
 from rpc_collectors.spawner import shared_pid
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    before = descendants()
-    yield
-    assert not wait_gone(descendants() - before - {shared_pid()}, 10), "worker processes were left behind"
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(60)]
 
 
 class FailingEnv(gym.Env):

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from procs import LOOPBACK, descendants, listening_addresses, wait_gone
+from procs import LOOPBACK, descendants, listening_addresses
 from rpc_collectors import (
     MultiAsyncCollector,
     MultiCollector,
@@ -19,9 +19,8 @@ from rpc_collectors import (
     RPCCollector,
     split_trajectories,
 )
-from rpc_collectors.spawner import shared_pid
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
 
 TRAJ, VERSION, WORKER = ("collector", "traj_ids"), ("collector", "policy_version"), ("collector", "worker_id")
 
@@ -49,13 +48,6 @@ def rpc(policy=None, **kwargs) -> RPCCollector:
     kwargs.setdefault("launcher", "local")
     kwargs.setdefault("rpc_timeout", 30)
     return RPCCollector("CartPole-v1", policy, **kwargs)
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    before = descendants()
-    yield
-    assert not wait_gone(descendants() - before - {shared_pid()}, 10), "worker processes were left behind"
 
 
 # ------------------------------------------------------------------ layout
