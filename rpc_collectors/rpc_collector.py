@@ -161,6 +161,7 @@ class RPCCollector(BaseCollector):
         self._events: queue.Queue = queue.Queue()
         self._dead: dict[int, str] = {}
         self._deaths = [threading.Event() for _ in range(self.num_workers)]
+        self._waiters: set[queue.Queue] = set()  # queues of _wait_all calls in progress
         self._min_version = [0] * self.num_workers
         self._since_update = [0] * self.num_workers
         self._outstanding: set[int] = set()
@@ -261,6 +262,8 @@ class RPCCollector(BaseCollector):
         self._dead[worker_id] = reason
         self._deaths[worker_id].set()
         self._events.put(("died", worker_id, reason))
+        for waiter in list(self._waiters):
+            waiter.put(None)
 
     def _worker_error(self, worker_id: int, reason: str, remote: str = "") -> WorkerError:
         info = self.infos[worker_id] if hasattr(self, "infos") else {}
@@ -286,22 +289,25 @@ class RPCCollector(BaseCollector):
 
     def _wait_all(self, futures: dict[int, torch.futures.Future]) -> list:
         """Results of ``{worker_id: future}`` in worker order; the first failure raises."""
-        done: "queue.Queue[int]" = queue.Queue()
-        for worker_id, fut in futures.items():
-            fut.add_done_callback(lambda _f, i=worker_id: done.put(i))
-        results: dict[int, Any] = {}
-        deadline = time.monotonic() + self.rpc_timeout + 5.0
-        while len(results) < len(futures):
-            self._raise_if_dead()
-            try:
-                worker_id = done.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() >= deadline:
+        done: "queue.Queue[int | None]" = queue.Queue()  # None: a worker died
+        self._waiters.add(done)
+        try:
+            for worker_id, fut in futures.items():
+                fut.add_done_callback(lambda _f, i=worker_id: done.put(i))
+            results: dict[int, Any] = {}
+            deadline = time.monotonic() + self.rpc_timeout + 5.0
+            while len(results) < len(futures):
+                self._raise_if_dead()
+                try:
+                    worker_id = done.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
                     late = sorted(set(futures) - set(results))
                     raise self._fail(self._worker_error(late[0], f"did not answer within {self.rpc_timeout} s"))
-                continue
-            results[worker_id] = self._result(worker_id, futures[worker_id])
-        return [results[i] for i in sorted(results)]
+                if worker_id is not None:
+                    results[worker_id] = self._result(worker_id, futures[worker_id])
+            return [results[i] for i in sorted(results)]
+        finally:
+            self._waiters.discard(done)
 
     def _raise_if_dead(self) -> None:
         if self._dead:

@@ -85,6 +85,7 @@ class RPCWorkers:
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop every server within about ``timeout`` seconds, dead ones included."""
+        pids, self.pids = list(self.pids), {}  # exits from here on are expected, not failures
         if self._rpc_up:
             self._rpc_up = False
             stops = []
@@ -100,7 +101,6 @@ class RPCWorkers:
                     pass
             rpc.shutdown(graceful=False)
         if self.spawner is not None:
-            pids, self.pids = list(self.pids), {}
             self.spawner.reap(pids, timeout)
             self.spawner = None
         self._store = None
