@@ -31,9 +31,9 @@ class Rendezvous:
     agent_store: bool = False  # torchrun's agent already serves the store on master_port
     session: str = ""  # tells apart the worker names of successive collectors in one trainer
 
-    @property
-    def init_method(self) -> str:
-        return "env://" if self.agent_store else f"{SCHEME}://{self.master_addr}:{self.master_port}"
+    def init_method(self, timeout: float) -> str:
+        """``init_rpc``'s URL: the store on master_addr:master_port, reached within ``timeout`` s."""
+        return f"{SCHEME}://{self.master_addr}:{self.master_port}?timeout={timeout}"
 
 
 def detect_launcher(launcher: str) -> str:
@@ -84,13 +84,18 @@ def serve_store(host: str, port: int, timeout: float, argument: str = "MASTER_PO
     return store, port
 
 
-def _rendezvous_handler(url: str, timeout: datetime.timedelta = datetime.timedelta(seconds=300), **kwargs: object) -> Iterator:
-    """``rpc-collectors://host:port?rank=R&world_size=W``: the store served here, or a client of it."""
+def _rendezvous_handler(url: str, **kwargs: object) -> Iterator:
+    """``rpc-collectors://host:port?timeout=T&rank=R&world_size=W``.
+
+    The store this process serves on that port (rank 0), or a client of the store there:
+    the trainer's, or torchrun's agent store.
+    """
     parsed = urllib.parse.urlparse(url)
     query = dict(urllib.parse.parse_qsl(parsed.query))
     rank, world_size = int(query["rank"]), int(query["world_size"])
     store = _served.pop(parsed.port, None) if rank == 0 else None
     if store is None:
+        timeout = datetime.timedelta(seconds=float(query["timeout"]))
         store = dist.TCPStore(parsed.hostname, parsed.port, None, False, timeout)
     yield store, rank, world_size
     raise RuntimeError("the rpc-collectors rendezvous cannot be retried")
@@ -132,7 +137,9 @@ def from_environment(launcher: str) -> Rendezvous:
             f"launcher={launcher!r} needs the environment variables {', '.join(missing)}; run under "
             "torchrun, or submit with rpc_collectors.slurm, or use launcher='local'"
         )
-    addr = os.environ["MASTER_ADDR"]
+    addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"MASTER_PORT={port!r} is invalid; accepted: a port number in 1..65535")
     interface = os.environ.get("TP_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME")
     if interface:
         interface_address(interface)  # a wrong name fails here, not as a hang
@@ -140,7 +147,7 @@ def from_environment(launcher: str) -> Rendezvous:
         interface = interface_towards(addr)
     return Rendezvous(
         launcher=launcher, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-        master_addr=addr, master_port=int(os.environ["MASTER_PORT"]), interface=interface,
+        master_addr=addr, master_port=int(port), interface=interface,
         agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
 

@@ -117,7 +117,9 @@ def ping() -> bool:
 def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
     """Start this process's RPC agent as ``name``, bound to the rendezvous's interface."""
     # TCP ("uv") only: TensorPipe's shared-memory transport busy-polls a core in every process
-    options = rpc.TensorPipeRpcBackendOptions(init_method=rdv.init_method, rpc_timeout=rpc_timeout, _transports=["uv"])
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method=rdv.init_method(rpc_timeout), rpc_timeout=rpc_timeout, _transports=["uv"]
+    )
     # init_rpc builds a gloo group of its own with a 24-day timeout: bound it by rpc_timeout
     default_timeout = rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT
     rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = datetime.timedelta(seconds=rpc_timeout)

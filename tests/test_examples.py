@@ -6,6 +6,7 @@ a user would, in a subprocess with a timeout, and check exit codes, output and t
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -30,11 +31,22 @@ TIMEOUT = 100  # seconds for one subprocess; the pytest timeout is 120
 
 
 def run(args: list[str], cwd: Path = ROOT, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run a command to completion, or fail the test (and kill it) after ``timeout`` seconds."""
+    """Run a command to completion, or fail the test after ``timeout`` seconds.
+
+    The command runs in a session of its own, killed whole afterwards: no process it started
+    (torchrun's ranks, say) outlives the test.
+    """
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"{args} did not finish within {timeout} s:\n{err.stdout}\n{err.stderr}")
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{args} did not finish within {timeout} s")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
 def demo_command(*args: str) -> list[str]:

@@ -1,8 +1,10 @@
 """A real torchrun run of the launch script: trainer on rank 0, collector servers on ranks 1 and 2."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -24,13 +26,19 @@ def test_torchrun_three_ranks_collect_update_and_exit_zero():
         "--frames", "1200", "--frames-per-batch", "200",
     ]
     before = descendants()
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=100)
+    finally:  # torchrun's ranks too, even when it hangs or the test fails
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    summaries = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     assert len(summaries) == 1, "only the trainer (rank 0) prints a summary"
     summary = summaries[0]
     assert summary["launcher"] == "torchrun" and summary["workers"] == 2
     assert summary["frames"] == 1200
     assert summary["policy_versions"] == [0, 1]
-    assert "exitcode" not in result.stderr  # torchrun reports no failed rank
+    assert "exitcode" not in stderr  # torchrun reports no failed rank
     assert not wait_gone(descendants() - before, 10)
