@@ -14,6 +14,7 @@ import queue
 import sys
 import threading
 import time
+import uuid
 import weakref
 from typing import Any
 
@@ -27,7 +28,7 @@ from .base import BaseCollector
 from .collector import Collector
 from .errors import WorkerError
 from .policies import StepPolicy
-from .rendezvous import detect_launcher, from_environment, free_port, host_id
+from .rendezvous import detect_launcher, from_environment, host_id
 from .weight_sync import TRANSPORTS, TransportSpec, WeightSender, shm_file
 from .weights import FlatWeights, weights_of
 from .worker import serve
@@ -247,7 +248,7 @@ class RPCCollector(BaseCollector):
             rdv = self.workers.rdv
             spec = TransportSpec(
                 "broadcast", flat.nbytes, addr=rdv.master_addr, port=rdv.master_port,
-                prefix=f"rpc_collectors/weights/{free_port()}", world_size=self.num_workers + 1,
+                prefix=f"rpc_collectors/weights/{uuid.uuid4().hex}", world_size=self.num_workers + 1,
                 backend=self.backend, interface=rdv.interface, timeout=self.rpc_timeout,
             )
             buffer = flat.new_buffer(torch.device("cuda") if self.backend == "nccl" else None)
