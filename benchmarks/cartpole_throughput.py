@@ -27,7 +27,7 @@ import gymnasium as gym
 import torch
 
 import _common
-from _common import ArgmaxLinear, emit, run_case
+from _common import ArgmaxLinear, emit, run_case, steady_rate
 from rpc_collectors import Collector, MultiCollector
 
 
@@ -43,16 +43,6 @@ def hand_loop(seconds: float) -> float:
                 if term or trunc:
                     obs, _ = env.reset()
             frames += 1000
-    return frames / (time.perf_counter() - start)
-
-
-def measure(collector, seconds: float, warmup: int) -> float:
-    it = iter(collector)
-    for _ in range(warmup):
-        next(it)
-    frames, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        frames += next(it).numel()
     return frames / (time.perf_counter() - start)
 
 
@@ -73,7 +63,7 @@ def run(case: dict) -> dict:
         )
         warmup = 2 if sync else 4
     try:
-        return {"rate": measure(collector, seconds, warmup)}
+        return {"rate": steady_rate(collector, seconds, warmup)}
     finally:
         collector.shutdown()
 
