@@ -34,7 +34,7 @@ def run(case: dict) -> dict:
     t0 = time.perf_counter()
     collector = RPCCollector(
         "CartPole-v1", policy, num_collectors=n, frames_per_batch=50 * n, launcher="local",
-        weight_transport=case["transport"],
+        weight_transport=case["transport"], cat_results="stack",
     )
     t_built = time.perf_counter() - t0
     batch = collector.next()

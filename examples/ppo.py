@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     collector = RPCCollector(
         partial(GymEnv, args.env, num_envs=ENVS_PER_WORKER), policy,
         frames_per_batch=workers * ENVS_PER_WORKER * STEPS_PER_BATCH, total_frames=args.total_frames,
-        num_collectors=None if distributed else workers, sync=True, launcher=args.launcher,
+        num_collectors=None if distributed else workers, sync=True, launcher=args.launcher, cat_results="stack",
     )
     try:
         collector.set_seed(args.seed)

@@ -126,8 +126,12 @@ class BaseCollector:
         return self._thread is not None and self._thread.is_alive()
 
     # ------------------------------------------------------------------ lifecycle
-    def init_updater(self) -> None:
-        """Prepare weight updates ahead of the first ``update_policy_weights_`` call."""
+    def init_updater(self, *args: Any, **kwargs: Any) -> None:
+        """Prepare weight updates ahead of the first ``update_policy_weights_`` call.
+
+        Nothing is left to prepare here; the arguments of TorchRL's weight updaters are accepted
+        and ignored, as TorchRL does when a collector has no updater.
+        """
 
     def shutdown(self, close_env: bool = True) -> None:
         """Release workers and envs; bounded in time and safe to call more than once."""

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import Any
 
 import torch
+from tensordict.nn import InteractionType
 
 
 def _is_int(value: Any) -> bool:
@@ -103,10 +105,48 @@ def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: A
     }
 
 
-def frames_per_batch_fits(frames_per_batch: int, envs: int, what: str = "frames_per_batch") -> int:
-    """Steps per batch for ``envs`` parallel envs; ``frames_per_batch`` must divide evenly."""
-    if frames_per_batch % envs:
-        raise ValueError(
-            f"{what}={frames_per_batch} does not divide evenly over {envs} envs; accepted: a multiple of {envs}"
+def exploration_type(value: Any) -> InteractionType:
+    """TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) or its name; None: RANDOM."""
+    if value is None:
+        return InteractionType.RANDOM
+    if isinstance(value, InteractionType):
+        return value
+    names = [t.name for t in InteractionType]
+    if isinstance(value, str) and value.upper() in names:
+        return InteractionType[value.upper()]
+    if type(value).__name__ in ("InteractionType", "ExplorationType") and getattr(value, "name", None) in names:
+        return InteractionType[value.name]  # the same enum from another tensordict version
+    raise ValueError(
+        f"exploration_type={value!r} is invalid; accepted: None (RANDOM), an ExplorationType "
+        f"(tensordict.nn.InteractionType) or one of the names {names}"
+    )
+
+
+def frames_per_batch_fits(frames_per_batch: int, parts: int, what: str = "envs") -> int:
+    """Frames for each of ``parts`` envs or workers: ``frames_per_batch`` divided, rounded up.
+
+    As TorchRL does, a ``frames_per_batch`` that does not divide evenly is rounded up with a warning.
+    """
+    per_part = -(-frames_per_batch // parts)
+    if frames_per_batch % parts:
+        warnings.warn(
+            f"frames_per_batch={frames_per_batch} does not divide evenly over {parts} {what}: each batch "
+            f"holds {per_part * parts} frames ({per_part} per {what[:-1]}); pass a multiple of {parts} "
+            "to get exactly frames_per_batch",
+            UserWarning, stacklevel=3,
         )
-    return frames_per_batch // envs
+    return per_part
+
+
+def _canonical(d: torch.device) -> torch.device:
+    return torch.device(d.type, 0) if d.type == "cuda" and d.index is None else d
+
+
+def worker_devices(worker_ids: Any, devices: list[torch.device]) -> list[int] | None:
+    """TorchRL's device form of ``worker_ids`` (a ``torch.device`` or a list of them): the ids
+    of the workers whose policy runs on one of them; None when ``worker_ids`` is not in that form."""
+    items = list(worker_ids) if isinstance(worker_ids, (list, tuple)) else [worker_ids]
+    if not items or not all(isinstance(d, torch.device) for d in items):
+        return None
+    wanted = {_canonical(d) for d in items}
+    return [i for i, d in enumerate(devices) if _canonical(d) in wanted]

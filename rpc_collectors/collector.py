@@ -6,11 +6,12 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.nn import set_interaction_type
 
 from . import checks
 from .base import BaseCollector
 from .envs import GymEnv, make_env
-from .policies import RandomPolicy, StepPolicy
+from .policies import RandomPolicy, StepPolicy, run_device
 from .rollout import ArrayRollout, TensorDictRollout
 from .trajectories import TrajectoryIds
 from .weights import load_weights, weights_of
@@ -26,7 +27,8 @@ class Collector(BaseCollector):
             callable returning one.
         policy: a ``TensorDictModule``, an ``nn.Module`` (reads ``"observation"``, writes
             ``"action"``), a callable on TensorDicts, or None for random actions.
-        frames_per_batch: frames per batch, a multiple of the env's batch size.
+        frames_per_batch: frames per batch; rounded up to a multiple of the env's batch size,
+            with a warning, as TorchRL does.
         total_frames: frames in the whole run, -1 for endless.
         max_frames_per_traj: truncate trajectories at this many steps (adds ``"step_count"``);
             None or -1 for no limit.
@@ -37,6 +39,8 @@ class Collector(BaseCollector):
         device, storing_device, env_device, policy_device: where batches are stored, the env
             runs and the policy runs (``device`` is the default of the other three).
         replay_buffer: an object with ``.extend(td)``; batches go there and iteration yields None.
+        exploration_type: TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) set
+            around every policy call; default ``RANDOM``, so probabilistic policies sample.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
 
@@ -60,6 +64,7 @@ class Collector(BaseCollector):
         env_device: Any = None,
         policy_device: Any = None,
         replay_buffer: Any = None,
+        exploration_type: Any = None,
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
     ) -> None:
@@ -71,11 +76,13 @@ class Collector(BaseCollector):
         self.init_random_frames = checks.non_negative_int("init_random_frames", init_random_frames)
         self.reset_at_each_iter = checks.boolean("reset_at_each_iter", reset_at_each_iter)
         self.devices = checks.devices(device, storing_device, env_device, policy_device)
+        self.exploration_type = checks.exploration_type(exploration_type)
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
         self.env = make_env(create_env_fn)
         envs = int(torch.Size(self.env.batch_size).numel())
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
+        self.frames_per_batch = self.steps_per_batch * envs
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(policy, self.devices["policy_device"])
         if (self.policy is None or self.init_random_frames) and not callable(getattr(self.env, "rand_action", None)):
             raise TypeError(
@@ -97,7 +104,7 @@ class Collector(BaseCollector):
 
         The env is not stepped; the first batch starts from this reset (and its seed, if any).
         """
-        with torch.no_grad():
+        with torch.no_grad(), set_interaction_type(self.exploration_type):
             self.rollout.probe(self.policy)
 
     # ------------------------------------------------------------------ collection
@@ -106,7 +113,7 @@ class Collector(BaseCollector):
         if self.reset_at_each_iter and not self.rollout.fresh:
             self.rollout.invalidate()
         random = self._frames < self.init_random_frames
-        with torch.no_grad():
+        with torch.no_grad(), set_interaction_type(self.exploration_type):
             batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy)
         batch.set(POLICY_VERSION, torch.full(batch.shape, self.policy_version, dtype=torch.int64))
         if self.devices["storing_device"] is not None:
@@ -119,10 +126,15 @@ class Collector(BaseCollector):
 
         ``policy_or_weights`` may be an ``nn.Module``, a TensorDict of weights or a state dict;
         None re-reads the policy given to the constructor (needed when the collector runs a copy
-        of it on another device). ``worker_ids`` must be None or 0 for a single-process collector.
+        of it on another device). ``worker_ids`` must be None, 0 or the policy's device for a
+        single-process collector.
         """
-        if worker_ids not in (None, 0, [0], (0,)):
-            raise ValueError(f"worker_ids={worker_ids!r} is invalid for a single-process Collector; accepted: None or 0")
+        device = run_device(self.policy.module if self.policy else None, self.devices["policy_device"])
+        if worker_ids not in (None, 0, [0], (0,)) and checks.worker_devices(worker_ids, [device]) != [0]:
+            raise ValueError(
+                f"worker_ids={worker_ids!r} is invalid for a single-process Collector; accepted: None, 0 "
+                f"or its policy device {device}"
+            )
         weights = None
         if policy_or_weights is not None:
             weights = weights_of(policy_or_weights).clone()

@@ -59,7 +59,7 @@ def make_collector(
     return RPCCollector(
         partial(GymEnv, env_id, num_envs=envs_per_worker), policy,
         frames_per_batch=frames_per_batch, total_frames=total_frames,
-        num_collectors=workers, sync=sync, launcher="local",
+        num_collectors=workers, sync=sync, launcher="local", cat_results="stack",
     )
 
 

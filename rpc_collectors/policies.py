@@ -37,9 +37,12 @@ class RandomPolicy:
 
 
 def _fast_module(policy: Any) -> TensorDictModule | None:
-    """The policy as a TensorDictModule whose inner module takes tensors, if it is one."""
+    """The policy as a TensorDictModule whose inner module takes tensors, if it is one.
+
+    A TensorDictModule with hooks of its own is called as a whole, so the hooks run.
+    """
     if type(policy) is TensorDictModule:
-        return policy
+        return None if policy._forward_hooks or policy._forward_pre_hooks else policy
     if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
         return TensorDictModule(policy, in_keys=["observation"], out_keys=["action"])
     return None
@@ -72,7 +75,11 @@ class StepPolicy:
                     "write the 'action' key"
                 )
             self.in_keys = list(self.td_module.in_keys)
-            self.inner = self.td_module.module
+            module, method = self.td_module.module, self.td_module.method
+            self.inner = module if method is None else getattr(module, method)
+            self.method_kwargs = dict(self.td_module.method_kwargs or {})
+            # in_keys given as {kwarg: key}: each tensor goes to its keyword, as TensorDictModule does
+            self.kwarg_names = getattr(self.td_module, "_kwargs", None)
 
     @property
     def module(self) -> nn.Module | None:
@@ -84,7 +91,10 @@ class StepPolicy:
             args = [inputs[k] for k in self.in_keys]
             if self.device is not None:
                 args = [a.to(self.device, non_blocking=True) for a in args]
-            out = self.inner(*args)
+            if self.kwarg_names is not None:
+                out = self.inner(**dict(zip(self.kwarg_names, args)), **self.method_kwargs)
+            else:
+                out = self.inner(*args, **self.method_kwargs)
             if not isinstance(out, tuple):
                 out = (out,)
             return dict(zip(self.out_keys, out))
@@ -112,3 +122,11 @@ def _to_device(policy: Any, device: torch.device | None) -> Any:
         return policy
     return copy.deepcopy(policy).to(device)
 
+
+
+def run_device(policy: Any, policy_device: torch.device | None) -> torch.device:
+    """Where a policy runs: ``policy_device`` if given, else where its weights are, else the CPU."""
+    if policy_device is not None:
+        return policy_device
+    tensor = next(iter(policy.parameters()), None) if isinstance(policy, nn.Module) else None
+    return tensor.device if tensor is not None else torch.device("cpu")

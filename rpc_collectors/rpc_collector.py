@@ -27,8 +27,9 @@ from . import checks
 from .base import BaseCollector
 from .collector import Collector
 from .errors import WorkerError
-from .policies import StepPolicy
+from .policies import StepPolicy, run_device
 from .rendezvous import detect_launcher, from_environment, host_id
+from .threads import TrainerThreads
 from .weight_sync import TRANSPORTS, TransportSpec, WeightSender, shm_file
 from .weights import FlatWeights, weights_of
 from .worker import serve
@@ -56,14 +57,17 @@ class RPCCollector(BaseCollector):
         create_env_fn: an env or env factory for every worker, or a list of them, one per worker.
         policy: as for :class:`~rpc_collectors.Collector`; each worker gets a copy, and
             ``update_policy_weights_`` pushes the trainer's current weights to them.
-        frames_per_batch: frames per yielded batch; in sync mode split evenly over the workers.
+        frames_per_batch: frames per batch; in sync mode split over the workers, rounded
+            up with a warning when it does not divide evenly (as TorchRL does).
         total_frames: frames in the whole run, -1 for endless.
         num_collectors: number of workers when ``create_env_fn`` is not a list (local and debug
             launchers); under torchrun/SLURM it must be None or ``WORLD_SIZE - 1``.
         sync: True: every batch holds all workers' frames of one round, in worker order.
             False: each batch is one worker's, first ready first served, and workers keep going.
         cat_results: sync batches stacked (``"stack"``: ``[N, (B,) T]``) or concatenated along
-            dim 0 (``0``) or the time dim (``-1``).
+            dim 0 (``0``: ``[N*T]`` or ``[N*B, T]``) or the time dim (``-1``). None: the layout
+            of TorchRL's class of the same name, ``0`` for ``RPCCollector`` (TorchRL's
+            concatenates its workers' batches) and ``"stack"`` for the ``Multi*`` classes.
         launcher: ``"auto"`` (torchrun or SLURM if their variables are set, else local),
             ``"local"`` (spawn N processes on this host), ``"torchrun"``, ``"slurm"`` or
             ``"debug"`` (workers in this process, no RPC). Under torchrun/SLURM the constructor
@@ -72,6 +76,11 @@ class RPCCollector(BaseCollector):
         backend: weight process group backend, ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
         rpc_timeout: seconds any single wait on a worker may take.
         collector_kwargs: extra keyword arguments for every worker's :class:`Collector`.
+        exploration_type: TorchRL's ``ExplorationType`` the workers set around every policy
+            call; default ``RANDOM``, as TorchRL's collectors.
+        num_threads: torch threads of the trainer process while the collector runs (restored at
+            shutdown); None: as TorchRL, the threads it had less one per worker on its host,
+            at least 1, so the trainer does not compete with its own workers for cores.
         update_after_each_batch: push the trainer's weights before each worker's next batch.
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
@@ -84,6 +93,8 @@ class RPCCollector(BaseCollector):
     Sync batches and async batches carry ``("collector", "worker_id")``.
     """
 
+    _default_cat_results: str | int = 0  # TorchRL's RPCCollector: torch.cat of the workers' batches
+
     def __init__(
         self,
         create_env_fn: Any,
@@ -93,11 +104,13 @@ class RPCCollector(BaseCollector):
         total_frames: int = -1,
         num_collectors: int | None = None,
         sync: bool = True,
-        cat_results: str | int = "stack",
+        cat_results: str | int | None = None,
         launcher: str = "auto",
         backend: str = "gloo",
         rpc_timeout: float = 60.0,
         collector_kwargs: dict | None = None,
+        exploration_type: Any = None,
+        num_threads: int | None = None,
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         weight_transport: str = "auto",
@@ -129,7 +142,10 @@ class RPCCollector(BaseCollector):
         env_fns = self._env_fns(create_env_fn, num_collectors, rdv)
         self.num_workers = len(env_fns)
         self.sync = checks.boolean("sync", sync)
-        self.cat_results = checks.choice("cat_results", cat_results, CAT_RESULTS)
+        self.cat_results = checks.choice(
+            "cat_results", self._default_cat_results if cat_results is None else cat_results, CAT_RESULTS
+        )
+        num_threads = checks.optional_positive_int("num_threads", num_threads)
         self.backend = checks.choice("backend", backend, ("gloo", "nccl"))
         if backend == "nccl" and not torch.cuda.is_available():
             raise ValueError("backend='nccl' needs CUDA, which this machine does not have; accepted here: 'gloo'")
@@ -141,7 +157,8 @@ class RPCCollector(BaseCollector):
         self.max_weight_update_interval = interval
         checks.choice("weight_transport", weight_transport, TRANSPORTS)
         if self.sync:
-            per_worker = checks.frames_per_batch_fits(self.frames_per_batch, self.num_workers, "frames_per_batch (sync mode, per worker)")
+            per_worker = checks.frames_per_batch_fits(self.frames_per_batch, self.num_workers, "workers")
+            self.frames_per_batch = per_worker * self.num_workers
         else:
             per_worker = self.frames_per_batch
         if policy is not None and not callable(policy):
@@ -150,12 +167,16 @@ class RPCCollector(BaseCollector):
             frames_per_batch=per_worker, max_frames_per_traj=max_frames_per_traj,
             init_random_frames=-(-checks.non_negative_int("init_random_frames", init_random_frames) // self.num_workers),
             reset_at_each_iter=reset_at_each_iter, device=device, storing_device=storing_device,
-            env_device=env_device, policy_device=policy_device,
+            env_device=env_device, policy_device=policy_device, exploration_type=exploration_type,
         )
         kwargs.update(self._collector_kwargs(collector_kwargs))
         checks.max_frames_per_traj(kwargs["max_frames_per_traj"])
         checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
-        checks.devices(device, storing_device, env_device, policy_device)
+        kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
+        self.exploration_type = kwargs["exploration_type"]
+        self._policy_device = checks.devices(
+            kwargs["device"], kwargs["storing_device"], kwargs["env_device"], kwargs["policy_device"]
+        )["policy_device"]
         self.policy = policy
         self.policy_version = 0
 
@@ -169,6 +190,7 @@ class RPCCollector(BaseCollector):
         self._last_async: int | None = None
         self._push: list = []
         self._sender: WeightSender | None = None
+        self._threads: TrainerThreads | None = None
         self._lock = threading.RLock()
         if self.launcher == "debug":
             self.workers: Any = InProcessWorkers(self.num_workers)
@@ -180,6 +202,8 @@ class RPCCollector(BaseCollector):
             specs = [cloudpickle.dumps((fn, policy, kwargs)) for fn in env_fns]
             self.infos = self._wait_all({i: self.workers.create(i, specs[i]) for i in range(self.num_workers)})
             self._init_weights(weight_transport)
+            local = 0 if self.launcher == "debug" else sum(info["host_id"] == host_id() for info in self.infos)
+            self._threads = TrainerThreads(num_threads, local)
         except BaseException:
             self.shutdown()
             raise
@@ -381,8 +405,8 @@ class RPCCollector(BaseCollector):
         return out
 
     # ---------------------------------------------------------------- weights
-    def init_updater(self) -> None:
-        """The weight plane is set up by the constructor; nothing is left to prepare."""
+    def init_updater(self, *args: Any, **kwargs: Any) -> None:
+        """The weight plane is set up by the constructor; nothing is left to prepare (arguments ignored)."""
 
     def update_policy_weights_(
         self, policy_or_weights: Any = None, *, worker_ids: Any = None, non_blocking: bool = False
@@ -415,6 +439,14 @@ class RPCCollector(BaseCollector):
     def _worker_ids(self, worker_ids: Any) -> list[int]:
         if worker_ids is None:
             return list(range(self.num_workers))
+        on_device = checks.worker_devices(worker_ids, [run_device(self.policy, self._policy_device)] * self.num_workers)
+        if on_device is not None:
+            if not on_device:
+                raise ValueError(
+                    f"worker_ids={worker_ids!r}: no worker runs its policy there; the workers' policy device is "
+                    f"{run_device(self.policy, self._policy_device)}"
+                )
+            return on_device
         ids = [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
         bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.num_workers]
         if bad or not ids:
@@ -455,6 +487,8 @@ class RPCCollector(BaseCollector):
     # ---------------------------------------------------------------- shutdown
     def _shutdown(self, close_env: bool) -> None:
         _live.discard(self)
+        if self._threads is not None:
+            self._threads.restore()
         try:
             self.workers.close()
         finally:
@@ -466,8 +500,11 @@ class MultiCollector(RPCCollector):
     """N worker processes on this host (``RPCCollector`` with ``launcher="local"``).
 
     ``create_env_fn`` is a list with one env factory per worker; ``sync`` chooses between
-    round-based batches of all workers and first-ready batches of one.
+    round-based batches of all workers and first-ready batches of one. Sync batches are
+    stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
     """
+
+    _default_cat_results: str | int = "stack"
 
     def __init__(self, create_env_fn: Any, policy: Any = None, *, sync: bool = True, **kwargs: Any) -> None:
         if kwargs.get("launcher", "local") not in ("local", "debug"):

@@ -26,13 +26,16 @@ class TrajectoryIds:
 
 
 def split_trajectories(td: TensorDictBase) -> TensorDictBase:
-    """Split a ``[T]`` or ``[B, T]`` batch into ``[n_traj, T_max]`` trajectories, zero padded.
+    """Split a ``[T]``, ``[B, T]`` or ``[N, B, T]`` batch into ``[n_traj, T_max]`` trajectories, zero padded.
 
-    Trajectories are the runs of equal ``("collector", "traj_ids")`` along the time dim of each
-    env; ``("collector", "mask")`` is True on real steps and False on padding.
+    Time is the last dim. Trajectories are the runs of equal ``("collector", "traj_ids")`` along
+    it, in each env's row; ``("collector", "mask")`` is True on real steps and False on padding.
     """
-    if td.batch_dims not in (1, 2):
-        raise ValueError(f"split_trajectories: td has batch size {list(td.batch_size)}; accepted: [T] or [B, T]")
+    if td.batch_dims < 1:
+        raise ValueError(
+            f"split_trajectories: td has batch size {list(td.batch_size)}; accepted: [T], [B, T], [N, B, T] "
+            "(time last)"
+        )
     if TRAJ_IDS not in td.keys(include_nested=True):
         raise KeyError(f"split_trajectories: td has no {TRAJ_IDS} entry")
     rows = td.reshape(-1, td.shape[-1])

@@ -38,19 +38,24 @@ def load_weights(module: nn.Module, weights: TensorDictBase) -> None:
 
 
 class FlatWeights:
-    """A fixed layout of a module's parameters and buffers inside one flat ``uint8`` buffer."""
+    """A fixed layout of a module's parameters and buffers inside one flat ``uint8`` buffer.
+
+    The module's tensors are looked up at every ``pack``/``unpack``, so parameters replaced
+    after construction (``TensorDict.from_module(new).data.to_module(module)``,
+    ``load_state_dict(..., assign=True)``) are the ones read and written.
+    """
 
     def __init__(self, module: nn.Module) -> None:
+        self.module = module
         td = TensorDict.from_module(module).data
         self.keys = list(td.keys(include_nested=True, leaves_only=True))
-        self.tensors = [td.get(k) for k in self.keys]
         self.layout, offset = [], 0
-        for t in self.tensors:
+        for t in (td.get(k) for k in self.keys):
             nbytes = t.numel() * t.element_size()
             self.layout.append((offset, nbytes, t.dtype, t.shape))
             offset += -(-nbytes // ALIGN) * ALIGN
         self.nbytes = offset
-        self.device = self.tensors[0].device if self.tensors else torch.device("cpu")
+        self.device = td.get(self.keys[0]).device if self.keys else torch.device("cpu")
 
     def new_buffer(self, device: torch.device | None = None) -> torch.Tensor:
         return torch.empty(self.nbytes, dtype=torch.uint8, device=device or self.device)
@@ -58,13 +63,24 @@ class FlatWeights:
     def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         return [buffer[o:o + n].view(dtype).view(shape) for o, n, dtype, shape in self.layout]
 
+    def tensors(self, source: TensorDictBase | None = None) -> list[torch.Tensor]:
+        """The module's current tensors (or ``source``'s), checked against the layout."""
+        td = TensorDict.from_module(self.module).data if source is None else source
+        tensors = [td.get(k) for k in self.keys]
+        for key, t, (_, _, dtype, shape) in zip(self.keys, tensors, self.layout):
+            if t.dtype != dtype or t.shape != shape:
+                raise ValueError(
+                    f"weight {key!r} is now {t.dtype} {list(t.shape)}; the collector's workers hold "
+                    f"{dtype} {list(shape)}: a policy's weights may change values, not shapes or dtypes"
+                )
+        return tensors
+
     def pack(self, buffer: torch.Tensor, source: TensorDictBase | None = None) -> None:
         """Copy the module's current weights (or ``source``'s) into ``buffer``."""
-        tensors = self.tensors if source is None else [source.get(k) for k in self.keys]
-        if tensors:
-            torch._foreach_copy_(self.views(buffer), tensors)
+        if self.keys:
+            torch._foreach_copy_(self.views(buffer), self.tensors(source))
 
     def unpack(self, buffer: torch.Tensor) -> None:
-        """Copy weights from ``buffer`` into the module, in place."""
-        if self.tensors:
-            torch._foreach_copy_(self.tensors, self.views(buffer))
+        """Copy weights from ``buffer`` into the module's current tensors, in place."""
+        if self.keys:
+            torch._foreach_copy_(self.tensors(), self.views(buffer))

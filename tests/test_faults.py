@@ -116,7 +116,9 @@ def test_interrupted_or_killed_trainer_leaves_no_worker(sig, tmp_path):
 @pytest.mark.parametrize(
     "kwargs, error, words",
     [
-        (dict(frames_per_batch=101), ValueError, ["frames_per_batch", "101", "multiple of 2"]),
+        (dict(num_threads=0), ValueError, ["num_threads", "0"]),
+        (dict(exploration_type="greedy"), ValueError, ["exploration_type", "'greedy'", "RANDOM"]),
+        (dict(collector_kwargs={"exploration_type": "greedy"}), ValueError, ["exploration_type", "'greedy'"]),
         (dict(launcher="mpi"), ValueError, ["launcher", "'mpi'", "'local'"]),
         (dict(backend="mpi"), ValueError, ["backend", "'mpi'", "'gloo'"]),
         (dict(backend="nccl"), ValueError, ["nccl", "CUDA"]),
@@ -174,7 +176,7 @@ def test_one_rpc_collector_per_process():
     with RPCCollector("CartPole-v1", None, num_collectors=1, frames_per_batch=50, launcher="local") as c:
         with pytest.raises(RuntimeError, match="one RPCCollector per process"):
             RPCCollector("CartPole-v1", None, num_collectors=1, frames_per_batch=50, launcher="local")
-        assert next(iter(c)).shape == torch.Size([1, 50])
+        assert next(iter(c)).shape == torch.Size([50])
 
 
 def test_update_weights_without_module_policy_is_a_type_error():

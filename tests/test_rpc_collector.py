@@ -51,8 +51,9 @@ def rpc(policy=None, **kwargs) -> RPCCollector:
 
 
 # ------------------------------------------------------------------ layout
-@pytest.mark.parametrize("cat_results, shape", [("stack", [2, 50]), (0, [100]), (-1, [100])])
+@pytest.mark.parametrize("cat_results, shape", [(None, [100]), ("stack", [2, 50]), (0, [100]), (-1, [100])])
 def test_sync_batches_in_worker_order(cat_results, shape):
+    """RPCCollector's default (None) is TorchRL's RPCCollector layout: the workers' [T] concatenated."""
     with rpc(BiasPolicy(), cat_results=cat_results, total_frames=200) as c:
         batches = list(c)
     assert len(batches) == 2
@@ -64,13 +65,24 @@ def test_sync_batches_in_worker_order(cat_results, shape):
         assert batch["next", "reward"].shape == torch.Size(shape + [1])
 
 
-def test_sync_vector_envs_stack_to_worker_env_time():
+@pytest.mark.parametrize("cat_results, shape", [(None, [4, 50]), ("stack", [2, 2, 50])])
+def test_sync_vector_envs_stack_to_worker_env_time(cat_results, shape):
     from rpc_collectors import GymEnv
 
     make = lambda: GymEnv("CartPole-v1", num_envs=2)  # noqa: E731 (a lambda travels with cloudpickle)
-    with RPCCollector(make, BiasPolicy(), num_collectors=2, frames_per_batch=200, total_frames=200, launcher="local") as c:
+    with RPCCollector(make, BiasPolicy(), num_collectors=2, frames_per_batch=200, total_frames=200, launcher="local",
+                      cat_results=cat_results) as c:
         batch = next(iter(c))
-    assert list(batch.shape) == [2, 2, 50]
+    assert list(batch.shape) == shape
+
+
+def test_multi_sync_default_stacks_and_rounds_up_over_workers():
+    """MultiSyncCollector stacks [N, T] (TorchRL's default); 101 frames over 2 workers: 51 each, with a warning."""
+    with pytest.warns(UserWarning, match="does not divide evenly over 2 workers"):
+        c = MultiSyncCollector(["CartPole-v1"] * 2, BiasPolicy(), frames_per_batch=101, total_frames=204)
+    with c:
+        batches = list(c)
+    assert [list(b.shape) for b in batches] == [[2, 51], [2, 51]]
 
 
 def test_async_yields_one_worker_batch_first_ready():
@@ -84,7 +96,7 @@ def test_async_yields_one_worker_batch_first_ready():
 
 
 def test_trajectory_ids_unique_across_workers_and_kept_across_batches():
-    with rpc(None, total_frames=-1, frames_per_batch=40) as c:
+    with rpc(None, total_frames=-1, frames_per_batch=40, cat_results="stack") as c:
         batches = list(itertools.islice(c, 6))  # endless run: total_frames=-1 yields
         assert c.frames == 240
     per_worker = {0: [], 1: []}
@@ -140,7 +152,7 @@ def test_update_weights_versions_every_frame(transport):
 @pytest.mark.parametrize("transport", ["shm", "broadcast"])
 def test_update_a_subset_of_workers(transport):
     policy = BiasPolicy(0)
-    with rpc(policy, total_frames=-1, weight_transport=transport) as c:
+    with rpc(policy, total_frames=-1, weight_transport=transport, cat_results="stack") as c:
         it = iter(c)
         next(it)
         policy.set_action(1)
@@ -217,7 +229,7 @@ def test_trainer_keeps_its_default_process_group_and_environment():
 # ------------------------------------------------------------------ state
 def test_set_seed_reproducible_and_distinct_per_worker():
     def run(seed):
-        with rpc(None, total_frames=200) as c:
+        with rpc(None, total_frames=200, cat_results="stack") as c:
             next_seed = c.set_seed(seed)
             return next_seed, list(c)
 
@@ -231,13 +243,13 @@ def test_set_seed_reproducible_and_distinct_per_worker():
 
 def test_state_dict_resume_keeps_ids_increasing():
     policy = BiasPolicy(0)
-    with rpc(policy, total_frames=-1) as c:
+    with rpc(policy, total_frames=-1, cat_results="stack") as c:
         it = iter(c)
         before = [next(it) for _ in range(2)]
         policy.set_action(1)
         c.update_policy_weights_()
         state = c.state_dict()
-    with rpc(BiasPolicy(0), total_frames=-1) as c:
+    with rpc(BiasPolicy(0), total_frames=-1, cat_results="stack") as c:
         c.load_state_dict(state)
         assert c.frames == 200 and c.policy_version == 1
         after = next(iter(c))

@@ -47,9 +47,19 @@ def test_split_vector_env():
     assert sorted(obs.tolist()) == list(range(1, 13))
 
 
+def test_split_three_dims_as_rows_of_envs():
+    """[N, B, T] (a sync batch of vector envs): every env row split on its own, time last."""
+    ids = torch.tensor([[[0, 0, 1], [2, 2, 2]], [[3, 4, 4], [5, 5, 6]]])
+    td = TensorDict({"collector": {"traj_ids": ids}, "x": torch.arange(12.0).reshape(2, 2, 3)}, batch_size=[2, 2, 3])
+    out = split_trajectories(td)
+    assert out.batch_size == torch.Size([7, 3])
+    assert out["collector", "mask"].sum(-1).tolist() == [2, 1, 3, 1, 2, 2, 1]
+    assert out["x"][out["collector", "mask"]].tolist() == list(range(12))
+
+
 def test_split_rejects_bad_input():
     with pytest.raises(ValueError, match="batch size"):
-        split_trajectories(TensorDict({"collector": {"traj_ids": torch.zeros(2, 2, 2)}}, batch_size=[2, 2, 2]))
+        split_trajectories(TensorDict({"collector": {"traj_ids": torch.zeros(())}}, batch_size=[]))
     with pytest.raises(KeyError, match="traj_ids"):
         split_trajectories(TensorDict({"a": torch.zeros(3)}, batch_size=[3]))
 

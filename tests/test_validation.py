@@ -51,9 +51,24 @@ def test_total_frames(value):
     assert "-1" in message  # says what is accepted
 
 
-def test_frames_per_batch_must_divide_over_envs():
-    _, message = refused(ValueError, "frames_per_batch", "10", create_env_fn=EnvFactory(num_envs=3))
-    assert "3" in message
+def test_frames_per_batch_rounded_up_over_envs_with_a_warning():
+    """As TorchRL: 10 frames over 3 envs become batches of 12, and the user is told so."""
+    with pytest.warns(UserWarning, match=r"frames_per_batch=10 does not divide evenly over 3 envs.*12 frames"):
+        collector = Collector(EnvFactory(num_envs=3), None, frames_per_batch=10, total_frames=24)
+    assert [b.shape for b in collector] == [torch.Size([3, 4])] * 2
+    assert collector.frames_per_batch == 12 and len(collector) == 2
+
+
+@pytest.mark.parametrize("value", ["sample", 3])
+def test_exploration_type(value):
+    refused(ValueError, "exploration_type", repr(value), exploration_type=value)
+
+
+def test_exploration_type_by_name():
+    from tensordict.nn import InteractionType
+
+    assert Collector(EnvFactory(), None, frames_per_batch=10, exploration_type="mode").exploration_type is InteractionType.MODE
+    assert Collector(EnvFactory(), None, frames_per_batch=10).exploration_type is InteractionType.RANDOM
 
 
 def test_numpy_ints_accepted():
