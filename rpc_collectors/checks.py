@@ -51,6 +51,15 @@ def max_frames_per_traj(value: Any) -> int | None:
     return int(value)
 
 
+def init_random_frames(value: Any) -> int:
+    """None or -1 (TorchRL's spelling) for no random frames, else an int >= 0."""
+    if value is None or (_is_int(value) and value == -1):
+        return 0
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"init_random_frames={value!r} is invalid; accepted: None or -1 (none), or an int >= 0")
+    return int(value)
+
+
 def non_negative_int(name: str, value: Any) -> int:
     value = 0 if value is None else value
     if not _is_int(value) or value < 0:

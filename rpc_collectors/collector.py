@@ -73,7 +73,7 @@ class Collector(BaseCollector):
             postproc=postproc, replay_buffer=replay_buffer,
         )
         self.max_frames_per_traj = checks.max_frames_per_traj(max_frames_per_traj)
-        self.init_random_frames = checks.non_negative_int("init_random_frames", init_random_frames)
+        self.init_random_frames = checks.init_random_frames(init_random_frames)
         self.reset_at_each_iter = checks.boolean("reset_at_each_iter", reset_at_each_iter)
         self.devices = checks.devices(device, storing_device, env_device, policy_device)
         self.exploration_type = checks.exploration_type(exploration_type)

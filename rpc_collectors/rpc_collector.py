@@ -165,7 +165,7 @@ class RPCCollector(BaseCollector):
             StepPolicy(policy)  # raises the TypeError naming the argument
         kwargs = dict(
             frames_per_batch=per_worker, max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=-(-checks.non_negative_int("init_random_frames", init_random_frames) // self.num_workers),
+            init_random_frames=-(-checks.init_random_frames(init_random_frames) // self.num_workers),
             reset_at_each_iter=reset_at_each_iter, device=device, storing_device=storing_device,
             env_device=env_device, policy_device=policy_device, exploration_type=exploration_type,
         )

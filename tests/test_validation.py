@@ -83,7 +83,7 @@ def test_max_frames_per_traj(value):
     refused(ValueError, "max_frames_per_traj", repr(value), max_frames_per_traj=value)
 
 
-@pytest.mark.parametrize("value", [-1, 1.5])
+@pytest.mark.parametrize("value", [-2, 1.5])
 def test_init_random_frames(value):
     refused(ValueError, "init_random_frames", repr(value), init_random_frames=value)
 

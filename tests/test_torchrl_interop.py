@@ -1,0 +1,386 @@
+"""rpc_collectors as a drop-in for TorchRL 0.14.1's collectors, tested against the real torchrl.
+
+TorchRL's envs (Pendulum-v1: no MuJoCo needed), transforms, batched envs, modules, losses and
+replay buffers on our batches; TorchRL's own collectors where a shape is compared. Runs in an
+environment with ``torchrl`` installed (``.ci/run`` makes one); elsewhere the module is skipped,
+unless ``RPC_COLLECTORS_REQUIRE_TORCHRL=1`` says it must run, which turns the skip into a failure.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+if os.environ.get("RPC_COLLECTORS_REQUIRE_TORCHRL"):
+    import torchrl  # noqa: F401  (must be importable: CI runs this module for real)
+else:
+    pytest.importorskip("torchrl")
+
+from tensordict.nn import NormalParamExtractor, TensorDictModule  # noqa: E402
+
+with warnings.catch_warnings():  # torchrl 0.14.1 deprecates some of its own classes as it imports them
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from torchrl import collectors as trl_collectors
+    from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
+    from torchrl.envs import ParallelEnv, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.envs.libs.gym import GymEnv
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+    from torchrl.modules import Actor, ProbabilisticActor, TanhNormal, ValueOperator
+    from torchrl.objectives import ClipPPOLoss
+    from torchrl.objectives.value import GAE
+
+import rpc_collectors  # noqa: E402
+from rpc_collectors import Collector, MultiAsyncCollector, MultiSyncCollector, RPCCollector  # noqa: E402
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAJ, VERSION, STEP = ("collector", "traj_ids"), ("collector", "policy_version"), ("next", "step_count")
+
+
+# ------------------------------------------------------------------ envs and policies (module level: they travel by pickle)
+def pendulum():
+    return TransformedEnv(GymEnv("Pendulum-v1"), StepCounter())
+
+
+def serial_pendulum():
+    return SerialEnv(2, pendulum)
+
+
+def parallel_pendulum():
+    return ParallelEnv(2, pendulum)
+
+
+def env_maker():
+    """The env of TorchRL's collector docs."""
+    return GymEnv("Pendulum-v1", device="cpu")
+
+
+def tanh_actor() -> ProbabilisticActor:
+    """TorchRL's usual stochastic actor, built without ``default_interaction_type``."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 2), NormalParamExtractor())
+    return ProbabilisticActor(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"]), in_keys=["loc", "scale"],
+        distribution_class=TanhNormal, distribution_kwargs={"low": -2.0, "high": 2.0}, return_log_prob=True,
+    )
+
+
+def constant_actor(value: float) -> Actor:
+    """A TorchRL ``Actor`` whose action is ``value`` whatever the observation."""
+    actor = Actor(nn.Linear(3, 1), in_keys=["observation"])
+    set_constant(actor, value)
+    return actor
+
+
+def set_constant(actor: nn.Module, value: float) -> None:
+    with torch.no_grad():
+        actor.module.weight.zero_()
+        actor.module.bias.fill_(value)
+
+
+def deterministic_actions(actor: ProbabilisticActor, batch) -> torch.Tensor:
+    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+        return actor(batch.select("observation").clone())["action"]
+
+
+def multi_sync(**kwargs) -> MultiSyncCollector:
+    kwargs.setdefault("frames_per_batch", 100)
+    return MultiSyncCollector([pendulum] * 2, kwargs.pop("policy", None), **kwargs)
+
+
+# ------------------------------------------------------------------ 1. exploration
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("kind", ["Collector", "MultiSyncCollector", "MultiAsyncCollector", "RPCCollector"])
+def test_probabilistic_actor_samples_by_default_and_follows_exploration_type(kind):
+    """Default RANDOM (as TorchRL): sampled actions. DETERMINISTIC: the distribution's deterministic action."""
+    actor = tanh_actor()
+
+    def collect(**kwargs):
+        if kind == "Collector":
+            c = Collector(pendulum, actor, frames_per_batch=100, **kwargs)
+        elif kind == "RPCCollector":  # the keyword through collector_kwargs, as TorchRL's RPCCollector takes it
+            kwargs = {"collector_kwargs": kwargs} if kwargs else {}
+            c = RPCCollector(pendulum, actor, num_collectors=2, frames_per_batch=100, launcher="local", **kwargs)
+        else:
+            c = getattr(rpc_collectors, kind)([pendulum] * 2, actor, frames_per_batch=100, **kwargs)
+        with c:
+            return c.next()
+
+    sampled = collect()
+    assert not torch.isclose(sampled["action"], deterministic_actions(actor, sampled), atol=1e-4).any()
+    det = collect(exploration_type=ExplorationType.DETERMINISTIC)
+    assert torch.allclose(det["action"], deterministic_actions(actor, det), atol=1e-5)
+
+
+# ------------------------------------------------------------------ 2. dict in_keys
+class Difference(nn.Module):
+    def forward(self, observation: torch.Tensor, step_count: torch.Tensor) -> torch.Tensor:
+        return step_count.float() / 100 - observation[..., :1] * 0  # depends on which tensor is which
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("multi", [False, True])
+def test_dict_in_keys_go_to_their_keywords(multi):
+    """``in_keys={kwarg: key}`` in another order than forward's arguments: each tensor reaches its keyword."""
+    policy = TensorDictModule(Difference(), in_keys={"step_count": "step_count", "observation": "observation"},
+                              out_keys=["action"])
+    c = multi_sync(policy=policy) if multi else Collector(pendulum, policy, frames_per_batch=100)
+    with c:
+        batch = c.next()
+    assert torch.equal(batch["action"], batch["step_count"].float() / 100)
+
+
+# ------------------------------------------------------------------ 3. weights replaced, not written in place
+def replace_by_to_module(actor: nn.Module, value: float) -> None:
+    TensorDict.from_module(constant_actor(value)).data.to_module(actor)
+
+
+def replace_by_assign(actor: nn.Module, value: float) -> None:
+    actor.load_state_dict(constant_actor(value).state_dict(), assign=True)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("replace", [replace_by_to_module, replace_by_assign])
+@pytest.mark.parametrize("kind", ["MultiSyncCollector", "MultiAsyncCollector", "RPCCollector"])
+def test_update_without_argument_pushes_replaced_parameters(kind, replace):
+    actor = constant_actor(0.5)
+    if kind == "RPCCollector":
+        c = RPCCollector(pendulum, actor, num_collectors=2, frames_per_batch=100, launcher="local")
+    else:
+        c = getattr(rpc_collectors, kind)([pendulum] * 2, actor, frames_per_batch=100)
+    with c:
+        it = iter(c)
+        assert (next(it)["action"] == 0.5).all()
+        replace(actor, 1.5)
+        c.update_policy_weights_()
+        deadline = time.monotonic() + 60
+        while True:  # async: batches already on their way may hold version 0
+            batch = next(it)
+            if (batch[VERSION] == 1).all() or time.monotonic() > deadline:
+                break
+    assert (batch[VERSION] == 1).all() and (batch["action"] == 1.5).all()
+
+
+# ------------------------------------------------------------------ 4. default layouts, against TorchRL's own
+def torchrl_shape(cls_name: str, make_env, **kwargs) -> torch.Size:
+    c = getattr(trl_collectors, cls_name)([make_env] * 2, None, frames_per_batch=100, total_frames=100, **kwargs)
+    try:
+        return next(iter(c)).shape
+    finally:
+        c.shutdown()
+
+
+@pytest.mark.parametrize("make_env", [pendulum, serial_pendulum])
+def test_multi_sync_default_layout_is_torchrls(make_env):
+    with MultiSyncCollector([make_env] * 2, None, frames_per_batch=100, total_frames=100) as c:
+        ours = c.next().shape
+    assert ours == torchrl_shape("MultiSyncCollector", make_env)
+    assert ours[0] == 2 and ours.numel() == 100
+
+
+def test_multi_async_layout_is_torchrls():
+    with MultiAsyncCollector([pendulum] * 2, None, frames_per_batch=100, total_frames=100) as c:
+        ours = c.next().shape
+    assert ours == torchrl_shape("MultiAsyncCollector", pendulum) == torch.Size([100])
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_rpc_collector_default_is_one_flat_batch_as_torchrls():
+    """TorchRL 0.14.1's RPCCollector (sync) ``torch.cat``s its workers' [T] batches into [N*T]
+    (read from its source; starting one takes 6-25 s, so the shape is not compared live)."""
+    with RPCCollector(pendulum, None, num_collectors=2, frames_per_batch=100, launcher="local") as c:
+        batch = c.next()
+    assert batch.shape == torch.Size([100]) and batch.names == ["time"]
+    assert batch["collector", "worker_id"].tolist() == [0] * 50 + [1] * 50
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+    rb.extend(batch)  # TorchRL code extending a 1-d buffer stores frames, not rows
+    assert len(rb) == 100 and rb.storage._storage.shape == torch.Size([1000])
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_other_layouts_by_argument():
+    with RPCCollector(pendulum, None, num_collectors=2, frames_per_batch=100, launcher="local", cat_results="stack") as c:
+        assert c.next().shape == torch.Size([2, 50])
+    with multi_sync(cat_results=0) as c:
+        assert c.next().shape == torch.Size([100])
+
+
+# ------------------------------------------------------------------ 5. smaller gaps
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_split_trajs_on_batched_envs_in_workers():
+    """MultiSync of SerialEnv: [N, B, T]; split_trajs gives [n_traj, T_max] as TorchRL does."""
+    with MultiSyncCollector([serial_pendulum] * 2, None, frames_per_batch=1000, total_frames=1000,
+                            max_frames_per_traj=60, split_trajs=True) as c:
+        batch = c.next()
+    mask = batch["collector", "mask"]
+    assert batch.batch_dims == 2 and mask.sum() == 1000
+    for row, valid in zip(batch[TRAJ], mask):
+        assert row[valid].unique().numel() == 1  # one trajectory per row
+    assert batch["step_count"][mask].max() <= 59
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_worker_ids_as_devices_and_init_updater_arguments():
+    actor = constant_actor(0.5)
+    with multi_sync(policy=actor) as c:
+        c.init_updater("ignored", option=1)  # TorchRL: a no-op without a weight updater
+        set_constant(actor, 1.0)
+        c.update_policy_weights_(worker_ids=torch.device("cpu"))
+        assert (c.next()["action"] == 1.0).all()
+        c.update_policy_weights_(actor, worker_ids=[torch.device("cpu")])
+        with pytest.raises(ValueError, match="worker_ids"):
+            c.update_policy_weights_(worker_ids=torch.device("meta"))
+    single = Collector(pendulum, actor, frames_per_batch=10)
+    single.update_policy_weights_(worker_ids=torch.device("cpu"))
+    single.init_updater(1, 2, x=3)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_frames_per_batch_rounded_up_over_workers_with_a_warning():
+    with pytest.warns(UserWarning, match="does not divide evenly over 3 workers"):
+        c = MultiSyncCollector([pendulum] * 3, None, frames_per_batch=100, total_frames=102)
+    with c:
+        batches = list(c)
+    assert [b.shape for b in batches] == [torch.Size([3, 34])]  # TorchRL: 34 per worker
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_trainer_threads_lowered_while_workers_run():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        with multi_sync() as c:
+            assert torch.get_num_threads() == 2  # as TorchRL: its threads less one per local worker
+            c.next()
+        assert torch.get_num_threads() == 4
+        with multi_sync(num_threads=3):
+            assert torch.get_num_threads() == 3
+        assert torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------ what already works and must keep working
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector", "MultiAsyncCollector"])
+def test_docs_examples_with_the_import_swapped(cls):
+    """The Examples of TorchRL's Collector / MultiSyncCollector / MultiAsyncCollector docstrings."""
+    policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+    kwargs = dict(policy=policy, total_frames=2000, max_frames_per_traj=50, frames_per_batch=200,
+                  init_random_frames=-1, reset_at_each_iter=False, device="cpu", storing_device="cpu")
+    if cls == "Collector":
+        collector = Collector(create_env_fn=env_maker, **kwargs)
+    else:
+        collector = getattr(rpc_collectors, cls)(create_env_fn=[env_maker, env_maker], cat_results="stack", **kwargs)
+    for i, data in enumerate(collector):
+        if i == 2:
+            break
+    collector.shutdown()
+    del collector
+    assert data.names[-1] == "time"
+    assert data.numel() == 200 and data["action"].shape[-1] == 1
+    assert data["next", "step_count"].max() <= 50
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_multicollector_docs_example():
+    """TorchRL's MultiCollector example: CartPole-v1, 4 workers, sync and async."""
+    def make_env():
+        return GymEnv("CartPole-v1")
+
+    for sync in (True, False):
+        collector = rpc_collectors.MultiCollector(create_env_fn=[make_env] * 4, policy=None, frames_per_batch=1000,
+                                                  total_frames=2000, sync=sync)
+        frames = sum(data.numel() for data in collector)
+        collector.shutdown()
+        assert frames == 2000
+
+
+def slices(sample, slice_len: int):
+    return sample[TRAJ].reshape(-1, slice_len), sample[STEP].reshape(-1, slice_len)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_slice_sampler_never_crosses_trajectories(ndim):
+    """SliceSampler on ("collector", "traj_ids") over 1-, 2- and 3-d storages of our batches
+    (0.14.1 names the argument ``traj_key``; its docs say ``trajectory_key``)."""
+    make_env = serial_pendulum if ndim == 3 else pendulum
+    with MultiSyncCollector([make_env] * 2, None, frames_per_batch=800, total_frames=3200, max_frames_per_traj=37,
+                            cat_results=0 if ndim == 1 else "stack") as c:
+        rb = ReplayBuffer(storage=LazyTensorStorage(6400, ndim=ndim),
+                          sampler=SliceSampler(slice_len=8, traj_key=TRAJ), batch_size=1000)
+        for batch in c:
+            assert batch.batch_dims == ndim
+            rb.extend(batch)
+    for _ in range(5):
+        ids, steps = slices(rb.sample(), 8)
+        assert (ids == ids[:, :1]).all(), "a slice mixes trajectories"
+        assert (steps.diff(dim=-1) == 1).all(), "a slice is not consecutive in time"
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_gae_and_clip_ppo_loss_on_our_batches():
+    actor, value = tanh_actor(), ValueOperator(nn.Linear(3, 1), in_keys=["observation"])
+    gae = GAE(gamma=0.99, lmbda=0.95, value_network=value)
+    loss = ClipPPOLoss(actor, value)
+    for cat_results in ("stack", 0):
+        with MultiSyncCollector([pendulum] * 2, actor, frames_per_batch=200, cat_results=cat_results) as c:
+            batch = c.next()
+        with torch.no_grad():
+            gae(batch)
+        assert batch["advantage"].shape == (*batch.shape, 1) and batch["advantage"].isfinite().all()
+        out = loss(batch.reshape(-1))
+        total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+        total.backward()
+        assert all(p.grad is not None and p.grad.isfinite().all() for p in actor.parameters())
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_parallel_env_and_transformed_env_inside_workers():
+    with MultiSyncCollector([parallel_pendulum] * 2, None, frames_per_batch=400, total_frames=400,
+                            max_frames_per_traj=30) as c:
+        batch = c.next()
+    assert batch.shape == torch.Size([2, 2, 100])
+    assert batch[STEP].max() <= 30 and (batch["step_count"] + 1 == batch[STEP]).all()  # the StepCounter transform ran
+    ids = batch[TRAJ]
+    assert not set(ids[0].flatten().tolist()) & set(ids[1].flatten().tolist())
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("sync", [True, False])
+def test_start_into_a_torchrl_replay_buffer(sync):
+    """``start()`` into a TorchRL ReplayBuffer (TorchRL's own MultiSync start() into an ndim=2 buffer fails)."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(10_000, ndim=2 if sync else 1))
+    c = MultiSyncCollector([pendulum] * 2, None, frames_per_batch=200, replay_buffer=rb) if sync else \
+        MultiAsyncCollector([pendulum] * 2, None, frames_per_batch=100, replay_buffer=rb)
+    c.start()
+    deadline = time.monotonic() + 60
+    while len(rb) < 1000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.async_shutdown(timeout=30, close_env=True)
+    sample = rb.sample(64)
+    assert len(rb) >= 1000 and sample[TRAJ].shape[0] == 64
+
+
+# ------------------------------------------------------------------ the PPO example
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_torchrl_ppo_example_short_mode():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "torchrl_ppo.py"), "--total-frames", "2000", "--frames-per-batch", "1000",
+         "--workers", "2", "--epochs", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("frames")]
+    assert len(lines) == 2, proc.stdout
+    assert "Traceback" not in proc.stderr
