@@ -376,7 +376,7 @@ def test_start_into_a_torchrl_replay_buffer(sync):
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_torchrl_ppo_example_short_mode():
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "torchrl_ppo.py"), "--total-frames", "2000", "--frames-per-batch", "1000",
+        [sys.executable, str(ROOT / "examples" / "torchrl_ppo.py"), "--env", "Pendulum-v1", "--total-frames", "2000", "--frames-per-batch", "1000",
          "--workers", "2", "--epochs", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=150,
     )
