@@ -123,8 +123,6 @@ def exploration_type(value: Any) -> InteractionType:
     names = [t.name for t in InteractionType]
     if isinstance(value, str) and value.upper() in names:
         return InteractionType[value.upper()]
-    if type(value).__name__ in ("InteractionType", "ExplorationType") and getattr(value, "name", None) in names:
-        return InteractionType[value.name]  # the same enum from another tensordict version
     raise ValueError(
         f"exploration_type={value!r} is invalid; accepted: None (RANDOM), an ExplorationType "
         f"(tensordict.nn.InteractionType) or one of the names {names}"

@@ -123,7 +123,6 @@ def _to_device(policy: Any, device: torch.device | None) -> Any:
     return copy.deepcopy(policy).to(device)
 
 
-
 def run_device(policy: Any, policy_device: torch.device | None) -> torch.device:
     """Where a policy runs: ``policy_device`` if given, else where its weights are, else the CPU."""
     if policy_device is not None:

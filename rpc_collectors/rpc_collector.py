@@ -439,13 +439,11 @@ class RPCCollector(BaseCollector):
     def _worker_ids(self, worker_ids: Any) -> list[int]:
         if worker_ids is None:
             return list(range(self.num_workers))
-        on_device = checks.worker_devices(worker_ids, [run_device(self.policy, self._policy_device)] * self.num_workers)
+        device = run_device(self.policy, self._policy_device)  # every worker runs its policy there
+        on_device = checks.worker_devices(worker_ids, [device] * self.num_workers)
         if on_device is not None:
             if not on_device:
-                raise ValueError(
-                    f"worker_ids={worker_ids!r}: no worker runs its policy there; the workers' policy device is "
-                    f"{run_device(self.policy, self._policy_device)}"
-                )
+                raise ValueError(f"worker_ids={worker_ids!r}: no worker runs its policy there; the workers' policy device is {device}")
             return on_device
         ids = [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
         bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.num_workers]

@@ -162,6 +162,22 @@ def test_update_a_subset_of_workers(transport):
     assert (batch[1][VERSION] == 1).all() and (batch[1]["action"] == 1).all()
 
 
+@pytest.mark.parametrize("launcher", ["debug", "local"])
+def test_update_reads_parameters_replaced_after_construction(launcher):
+    """No argument: the policy's tensors at the call, also after ``to_module`` swapped them for new ones."""
+    policy = BiasPolicy(0)
+    with rpc(policy, total_frames=-1, launcher=launcher) as c:
+        it = iter(c)
+        next(it)
+        TensorDict.from_module(BiasPolicy(1)).data.to_module(policy)
+        c.update_policy_weights_()
+        batch = next(it)
+        policy.linear.weight = nn.Parameter(torch.zeros(3, 4))  # a new shape cannot reach the workers
+        with pytest.raises(ValueError, match=r"'linear', 'weight'.*\[3, 4\].*\[2, 4\]"):
+            c.update_policy_weights_()
+    assert (batch[VERSION] == 1).all() and (batch["action"] == 1).all()
+
+
 def test_non_blocking_update_lands_before_next_batch():
     policy = BiasPolicy(0)
     with rpc(policy, total_frames=-1, weight_transport="broadcast") as c:
