@@ -14,7 +14,7 @@ from .envs import GymEnv, make_env
 from .policies import RandomPolicy, StepPolicy, run_device
 from .rollout import ArrayRollout, TensorDictRollout
 from .trajectories import TrajectoryIds
-from .weights import load_weights, weights_of
+from .weights import load_weights, one_source, weights_of
 
 POLICY_VERSION = ("collector", "policy_version")
 
@@ -121,14 +121,17 @@ class Collector(BaseCollector):
         return batch
 
     # ------------------------------------------------------------------ weights
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None) -> None:
+    def update_policy_weights_(
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None, policy: Any = None
+    ) -> None:
         """Use new policy weights from the next batch on, and bump ``policy_version``.
 
-        ``policy_or_weights`` may be an ``nn.Module``, a TensorDict of weights or a state dict;
-        None re-reads the policy given to the constructor (needed when the collector runs a copy
-        of it on another device). ``worker_ids`` must be None, 0 or the policy's device for a
-        single-process collector.
+        ``policy_or_weights`` (or TorchRL's ``weights=``/``policy=``) may be an ``nn.Module``, a
+        TensorDict of weights or a state dict; None re-reads the policy given to the constructor
+        (needed when the collector runs a copy of it on another device). ``worker_ids`` must be
+        None, 0 or the policy's device for a single-process collector.
         """
+        policy_or_weights = one_source(policy_or_weights, weights, policy)
         device = run_device(self.policy.module if self.policy else None, self.devices["policy_device"])
         if worker_ids not in (None, 0, [0], (0,)) and checks.worker_devices(worker_ids, [device]) != [0]:
             raise ValueError(

@@ -31,7 +31,7 @@ from .policies import StepPolicy, run_device
 from .rendezvous import detect_launcher, from_environment, host_id
 from .threads import TrainerThreads
 from .weight_sync import TRANSPORTS, TransportSpec, WeightSender, shm_file
-from .weights import FlatWeights, weights_of
+from .weights import FlatWeights, one_source, weights_of
 from .worker import serve
 from .workers import InProcessWorkers, RPCWorkers
 
@@ -409,16 +409,20 @@ class RPCCollector(BaseCollector):
         """The weight plane is set up by the constructor; nothing is left to prepare (arguments ignored)."""
 
     def update_policy_weights_(
-        self, policy_or_weights: Any = None, *, worker_ids: Any = None, non_blocking: bool = False
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, non_blocking: bool = False,
+        weights: Any = None, policy: Any = None,
     ) -> None:
-        """Push new weights to all workers (one broadcast) or to ``worker_ids`` (0-based).
+        """Push new weights to all workers (one broadcast) or to ``worker_ids`` (0-based ids, or
+        TorchRL's form: the ``torch.device`` the workers' policy runs on).
 
-        ``policy_or_weights``: an ``nn.Module``, a TensorDict of weights or a state dict; None
-        pushes the current weights of the policy given to the constructor. The trainer's
+        ``policy_or_weights`` (or TorchRL's ``weights=``/``policy=``): an ``nn.Module``, a
+        TensorDict of weights or a state dict; None pushes the tensors the policy given to the
+        constructor holds at this call (also after its parameters were replaced). The trainer's
         ``policy_version`` goes up by one; each worker applies the weights before its next batch,
         never in the middle of one. With ``non_blocking=True`` this returns once the weights
         are copied out of the policy, and the transfer completes in the background.
         """
+        policy_or_weights = one_source(policy_or_weights, weights, policy)
         ids = self._worker_ids(worker_ids)
         if self._sender is None:
             raise TypeError("update_policy_weights_: the policy is not an nn.Module, so it has no weights to push")

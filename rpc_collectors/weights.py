@@ -28,6 +28,14 @@ def weights_of(source: Any, argument: str = "policy_or_weights") -> TensorDictBa
     )
 
 
+def one_source(policy_or_weights: Any, weights: Any, policy: Any) -> Any:
+    """The one of TorchRL's three spellings (positional, ``weights=``, ``policy=``) that was given, or None."""
+    given = [x for x in (policy_or_weights, weights, policy) if x is not None]
+    if len(given) > 1:
+        raise TypeError("update_policy_weights_: give the new weights once: positionally, as weights= or as policy=")
+    return given[0] if given else None
+
+
 def load_weights(module: nn.Module, weights: TensorDictBase) -> None:
     """Copy ``weights`` into ``module``'s parameters and buffers, in place."""
     target = TensorDict.from_module(module).data

@@ -229,7 +229,7 @@ def test_split_trajs_on_batched_envs_in_workers():
 
 
 @pytest.mark.usefixtures("no_leftover_processes")
-def test_worker_ids_as_devices_and_init_updater_arguments():
+def test_update_policy_weights_in_torchrls_forms_and_init_updater_arguments():
     actor = constant_actor(0.5)
     with multi_sync(policy=actor) as c:
         c.init_updater("ignored", option=1)  # TorchRL: a no-op without a weight updater
@@ -237,10 +237,18 @@ def test_worker_ids_as_devices_and_init_updater_arguments():
         c.update_policy_weights_(worker_ids=torch.device("cpu"))
         assert (c.next()["action"] == 1.0).all()
         c.update_policy_weights_(actor, worker_ids=[torch.device("cpu")])
+        set_constant(actor, -1.0)
+        c.update_policy_weights_(weights=TensorDict.from_module(actor))  # TorchRL's keyword spellings
+        assert (c.next()["action"] == -1.0).all()
+        c.update_policy_weights_(policy=actor)
+        with pytest.raises(TypeError, match="once"):
+            c.update_policy_weights_(actor, policy=actor)
         with pytest.raises(ValueError, match="worker_ids"):
             c.update_policy_weights_(worker_ids=torch.device("meta"))
     single = Collector(pendulum, actor, frames_per_batch=10)
     single.update_policy_weights_(worker_ids=torch.device("cpu"))
+    single.update_policy_weights_(policy=constant_actor(0.25))
+    assert (single.next()["action"] == 0.25).all()
     single.init_updater(1, 2, x=3)
 
 
