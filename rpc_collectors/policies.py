@@ -100,7 +100,7 @@ class StepPolicy:
             return dict(zip(self.out_keys, out))
         td = inputs if isinstance(inputs, TensorDictBase) else TensorDict(dict(inputs), batch_size=batch_size)
         td_in = td.to(self.device) if self.device is not None else td
-        in_keys = set(td_in.keys(include_nested=True, leaves_only=True))
+        in_keys = set(td_in.keys(include_nested=True, leaves_only=True)) if self.out_keys is None else None
         result = self.policy(td_in)
         result = td_in if result is None else result
         if self.out_keys is None:
