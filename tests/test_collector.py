@@ -612,3 +612,57 @@ def test_shutdown_idempotent_and_context_manager():
     collector = Collector(td_env, None, frames_per_batch=4)
     collector.shutdown(close_env=False)
     assert not td_env.closed
+
+
+# ------------------------------------------------------------------ exploration and dict in_keys
+def gaussian_policy() -> nn.Module:
+    """A tensordict probabilistic policy without default_interaction_type (TorchRL's usual pattern)."""
+    from tensordict.nn import ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential
+
+    torch.manual_seed(0)
+    params = TensorDictModule(lambda obs: (obs[..., :1] * 0 + 0.5, torch.ones_like(obs[..., :1])),
+                              in_keys=["observation"], out_keys=["loc", "scale"])
+    return ProbabilisticTensorDictSequential(
+        params, ProbabilisticTensorDictModule(in_keys=["loc", "scale"], out_keys=["action"],
+                                              distribution_class=torch.distributions.Normal))
+
+
+@pytest.mark.parametrize("exploration_type, sampled", [(None, True), ("random", True), ("deterministic", False)])
+def test_exploration_type_set_around_the_policy(exploration_type, sampled):
+    """Default RANDOM, as TorchRL's collectors: a probabilistic policy samples; DETERMINISTIC: its mean."""
+    collector = Collector(TDCountEnv(), gaussian_policy(), frames_per_batch=50, exploration_type=exploration_type)
+    actions = collector.next()["action"]
+    assert (actions != 0.5).all() if sampled else (actions == 0.5).all()
+
+
+def test_dict_in_keys_reach_their_keywords():
+    """``in_keys={kwarg: key}``: the fast path passes each tensor by keyword, not by position."""
+    class Signed(nn.Module):
+        def forward(self, step, episode):
+            return (step - episode > 0).long()
+
+    env = TDCountEnv(num_envs=2)
+    policy = TensorDictModule(Signed(), in_keys={"episode": ("obs", "episode"), "step": ("obs", "step")},
+                              out_keys=["action"])
+
+    def split(td):  # the observation's t and episode columns under keys of their own
+        td.set(("obs", "step"), td["observation"][..., 0])
+        td.set(("obs", "episode"), td["observation"][..., 1])
+        return td
+
+    class SplitEnv:
+        batch_size = env.batch_size
+
+        def reset(self, td=None):
+            return split(env.reset(td))
+
+        def step(self, td):
+            out = env.step(td)
+            split(out["next"])
+            return out
+
+        def rand_action(self, td=None):
+            return env.rand_action(td)
+
+    batch = Collector(SplitEnv(), policy, frames_per_batch=40).next()
+    assert torch.equal(batch["action"], (batch["obs", "step"] > batch["obs", "episode"]).long())
