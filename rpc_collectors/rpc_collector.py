@@ -26,6 +26,7 @@ from torch import nn
 from . import checks
 from .base import BaseCollector
 from .collector import Collector
+from .data_plane import BatchPlane
 from .errors import WorkerError
 from .policies import StepPolicy, run_device
 from .rendezvous import detect_launcher, from_environment, host_id
@@ -191,6 +192,7 @@ class RPCCollector(BaseCollector):
         self._push: list = []
         self._sender: WeightSender | None = None
         self._threads: TrainerThreads | None = None
+        self._batches: BatchPlane | None = None
         self._lock = threading.RLock()
         if self.launcher == "debug":
             self.workers: Any = InProcessWorkers(self.num_workers)
@@ -204,6 +206,9 @@ class RPCCollector(BaseCollector):
             self._init_weights(weight_transport)
             local = 0 if self.launcher == "debug" else sum(info["host_id"] == host_id() for info in self.infos)
             self._threads = TrainerThreads(num_threads, local)
+            self._batches = BatchPlane(
+                [self.launcher != "debug" and info["host_id"] == host_id() for info in self.infos], self._join_batches,
+            )
         except BaseException:
             self.shutdown()
             raise
@@ -282,6 +287,9 @@ class RPCCollector(BaseCollector):
         self._wait_all(joins)
         self._sender.joined()
 
+    def _join_batches(self, worker_id: int, spec: Any) -> bool:
+        return self._wait_all({worker_id: self.workers.call_async(worker_id, "join_batches", spec)})[0]
+
     # ---------------------------------------------------------------- faults
     def _on_death(self, worker_id: int, reason: str) -> None:
         self._dead[worker_id] = reason
@@ -344,7 +352,8 @@ class RPCCollector(BaseCollector):
         """Ask ``worker_id`` for its next batch; its result arrives in the event queue."""
         if self._needs_update(worker_id):
             self.update_policy_weights_(worker_ids=None if self.sync else [worker_id])
-        fut = self.workers.call_async(worker_id, "collect", self._min_version[worker_id])
+        slot = self._batches.slot_for(worker_id)
+        fut = self.workers.call_async(worker_id, "collect", self._min_version[worker_id], slot)
         self._outstanding.add(worker_id)
         fut.add_done_callback(lambda f, i=worker_id: self._events.put(("batch", i, f)))
 
@@ -355,8 +364,8 @@ class RPCCollector(BaseCollector):
             return self._since_update[worker_id] > 0
         return 0 <= self.max_weight_update_interval < self._since_update[worker_id]
 
-    def _next_event(self, deadline: float) -> tuple[int, TensorDictBase]:
-        """The next finished batch (worker id, batch); deaths and timeouts raise WorkerError."""
+    def _next_event(self, deadline: float) -> tuple[int, Any]:
+        """The next worker's answer (worker id, batch or ``Ready``); deaths and timeouts raise WorkerError."""
         while True:
             self._raise_if_dead()
             remaining = deadline - time.monotonic()
@@ -370,37 +379,59 @@ class RPCCollector(BaseCollector):
             if kind == "died":
                 continue  # _raise_if_dead reports it
             self._outstanding.discard(worker_id)
-            batch = self._result(worker_id, payload)
+            result = self._result(worker_id, payload)
             self._since_update[worker_id] += 1
-            batch.set(WORKER_ID, torch.full(batch.shape, worker_id, dtype=torch.int64))
-            return worker_id, batch
+            return worker_id, result
+
+    def _receive(self, worker_id: int, result: Any) -> TensorDictBase:
+        """The batch of a worker's answer, labelled with its worker id."""
+        try:
+            batch = self._batches.receive(worker_id, result)
+        except OSError as err:  # no room for the worker's shared-memory buffer
+            raise self._fail(err) from None
+        batch.set(WORKER_ID, torch.full(batch.shape, worker_id, dtype=torch.int64))
+        return batch
 
     def _collect_batch(self) -> TensorDictBase:
         deadline = time.monotonic() + self.rpc_timeout + 5.0
         if self.sync:
             for worker_id in range(self.num_workers):
                 self._request(worker_id)
-            batches: dict[int, TensorDictBase] = {}
-            while len(batches) < self.num_workers:
-                worker_id, batch = self._next_event(deadline)
-                batches[worker_id] = batch
-            return self._combine([batches[i] for i in range(self.num_workers)])
+            results: dict[int, Any] = {}
+            while len(results) < self.num_workers:
+                worker_id, result = self._next_event(deadline)
+                results[worker_id] = result
+            return self._combine([results[i] for i in range(self.num_workers)])
         if self._last_async is not None:
             self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
         for worker_id in range(self.num_workers):
             if worker_id not in self._outstanding and worker_id != self._last_async:
                 self._request(worker_id)
-        self._last_async, batch = self._next_event(deadline)
+        self._last_async, result = self._next_event(deadline)
+        worker_id = self._last_async
         if not self.update_after_each_batch:
-            self._request(self._last_async)  # keep the worker busy while the trainer works
+            self._request(worker_id)  # keep the worker busy (in its other slot) while the trainer works
             self._last_async = None
-        return batch
+        return self._receive(worker_id, result)
 
-    def _combine(self, batches: list[TensorDictBase]) -> TensorDictBase:
-        if self.cat_results == "stack":
-            out = torch.stack(batches, 0)
+    def _combine(self, results: list) -> TensorDictBase:
+        stacked = self._batches.stack(results)  # slots copied straight into their rows
+        if stacked is None:
+            batches = [self._receive(i, r) for i, r in enumerate(results)]
+            if self.cat_results == "stack":
+                out = torch.stack(batches, 0)
+            else:
+                out = torch.cat(batches, 0 if self.cat_results == 0 else batches[0].batch_dims - 1)
         else:
-            out = torch.cat(batches, 0 if self.cat_results == 0 else batches[0].batch_dims - 1)
+            shape = stacked.shape
+            ids = torch.arange(self.num_workers).reshape(-1, *[1] * (len(shape) - 1))
+            stacked.set(WORKER_ID, ids.expand(shape).clone())
+            if self.cat_results == "stack":
+                out = stacked
+            elif self.cat_results == 0 or len(shape) == 2:  # [N, T] or [N, B, T] -> [N*B, T]
+                out = stacked.reshape(-1, *shape[2:])
+            else:  # [N, B, T] along time -> [B, N*T]
+                out = torch.cat(stacked.unbind(0), -1)
         out.names = [None] * (out.batch_dims - 1) + ["time"]
         return out
 
@@ -494,6 +525,8 @@ class RPCCollector(BaseCollector):
         try:
             self.workers.close()
         finally:
+            if self._batches is not None:
+                self._batches.close()
             if self._sender is not None:
                 self._sender.close()
 

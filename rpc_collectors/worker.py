@@ -21,6 +21,7 @@ import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
 from .collector import Collector
+from .data_plane import Ready, SlotSpec, SlotWriter
 from .rendezvous import Rendezvous, host_id, interface_address, socket_interface
 from .weight_sync import TransportSpec, WeightReceiver
 from .weights import FlatWeights
@@ -44,6 +45,7 @@ class WorkerState:
             create_env_fn, policy, traj_id_start=worker_id, traj_id_stride=num_workers, **kwargs
         )
         self.receiver: WeightReceiver | None = None
+        self.writer: SlotWriter | None = None
         self.timeout = 60.0
 
     def info(self) -> dict:
@@ -61,10 +63,22 @@ class WorkerState:
     def receive_weights(self, version: int, mode: str) -> None:
         self.receiver.receive(version, mode)
 
-    def collect(self, min_version: int) -> TensorDictBase:
+    def join_batches(self, spec: SlotSpec) -> bool:
+        """Map the trainer's shared batch buffer; False if this process cannot open it."""
+        try:
+            self.writer = SlotWriter(spec)
+        except (OSError, RuntimeError):
+            return False
+        return True
+
+    def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready:
+        """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned."""
         if self.receiver is not None:
             self.receiver.apply(self.collector, min_version, self.timeout)
-        return self.collector.next()
+        batch = self.collector.next()
+        if slot is not None and self.writer is not None and self.writer.write(slot, batch):
+            return Ready(slot)
+        return batch
 
     def set_seed(self, seed: int) -> int:
         torch.manual_seed(seed)

@@ -1,0 +1,274 @@
+"""The shared-memory data plane with real worker processes: contents, ownership, faults, memory.
+
+``PixelEnv`` writes into every observation who made it (worker id, env index) and its step
+counter, and fills the rest of the image with a byte derived from the counter, so a test can
+tell from a batch alone whether any frame is missing, repeated, torn or from the wrong worker.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from procs import wait_gone
+from rpc_collectors import GymEnv, MultiCollector, WorkerError
+from rpc_collectors.data_plane import SLOTS
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(90)]
+
+SHAPE = (3, 32, 32)  # 3 KiB per observation: batches of 50+ frames go through shared memory
+
+
+class PixelEnv(gym.Env):
+    """uint8 image observations: bytes 0-3 the step counter, 4 the worker, 5 the env index, rest a fill byte."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, worker: int, index: int = 0, shape: tuple = SHAPE) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.worker, self.index, self.counter = worker, index, 0
+        self._obs = np.zeros(shape, np.uint8)
+
+    def _render(self) -> np.ndarray:
+        obs = self._obs
+        obs.fill(fill_byte(self.counter))
+        flat = obs.reshape(-1)
+        flat[:4] = np.frombuffer(np.uint32(self.counter).tobytes(), np.uint8)
+        flat[4], flat[5] = self.worker, self.index
+        return obs.copy()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._render(), {}
+
+    def step(self, action):
+        self.counter += 1
+        return self._render(), 0.0, False, self.counter % 37 == 0, {}
+
+
+def fill_byte(counter: int) -> int:
+    return (counter * 7 + 1) % 251
+
+
+def decode(obs: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(counter, worker, env index, intact) of every frame of ``obs`` [..., *SHAPE]."""
+    flat = obs.reshape(-1, int(np.prod(obs.shape[-3:]))).numpy()
+    counter = flat[:, :4].copy().view(np.uint32)[:, 0].astype(np.int64)
+    intact = (flat[:, 6:] == ((counter * 7 + 1) % 251)[:, None].astype(np.uint8)).all(1)
+    return counter, flat[:, 4].astype(np.int64), flat[:, 5].astype(np.int64), intact
+
+
+def make_env(worker: int, num_envs: int | None, shape: tuple = SHAPE) -> GymEnv:
+    if num_envs is None:
+        return GymEnv(PixelEnv(worker, 0, shape))
+    fns = [functools.partial(PixelEnv, worker, i, shape) for i in range(num_envs)]
+    return GymEnv(gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+
+
+class Checker:
+    """Follows every (worker, env) stream: counters must continue exactly where the last batch ended."""
+
+    def __init__(self) -> None:
+        self.next: dict[tuple[int, int], int] = {}
+
+    def check(self, batch) -> None:
+        obs, nxt = batch["observation"], batch["next", "observation"]
+        c, w, e, ok = decode(obs)
+        c2, w2, e2, ok2 = decode(nxt)
+        assert ok.all() and ok2.all(), "a frame's pixels do not match its counter (torn or overwritten)"
+        assert (c2 == c + 1).all() and (w2 == w).all() and (e2 == e).all()
+        ids = batch["collector", "worker_id"].reshape(-1).numpy()
+        assert (ids == w).all(), "worker_id does not name the worker whose env made the frame"
+        streams: dict[tuple[int, int], list[int]] = {}
+        for ci, wi, ei in zip(c, w, e):
+            streams.setdefault((int(wi), int(ei)), []).append(int(ci))
+        for key, counters in streams.items():
+            start = self.next.get(key, counters[0])
+            assert counters == list(range(start, start + len(counters))), f"frames of {key} missing or repeated"
+            self.next[key] = start + len(counters)
+
+
+def collector(num_envs: int | None, sync: bool, frames_per_worker: int = 60, shape: tuple = SHAPE, **kwargs):
+    envs = [functools.partial(make_env, w, num_envs, shape) for w in range(2)]
+    fpb = frames_per_worker * (2 if sync else 1)
+    return MultiCollector(envs, None, sync=sync, frames_per_batch=fpb, total_frames=-1, **kwargs)
+
+
+@pytest.mark.parametrize("num_envs", [None, 3], ids=["single", "vector"])
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_batches_hold_exactly_what_each_env_produced(sync, num_envs):
+    with collector(num_envs, sync, frames_per_worker=60 if num_envs is None else 90) as c:
+        checker, seen = Checker(), set()
+        for i, batch in enumerate(c):
+            checker.check(batch)
+            seen.update(batch["collector", "worker_id"].unique().tolist())
+            if i == 7:
+                break
+        assert seen == {0, 1}
+        assert [c._batches.path_of(w) for w in range(2)] == ["shm", "shm"]  # the path under test
+
+
+@pytest.mark.parametrize("cat_results", ["stack", 0, -1])
+def test_sync_layouts_from_shared_memory(cat_results):
+    with collector(2, True, frames_per_worker=60, cat_results=cat_results) as c:
+        it = iter(c)
+        for _ in range(3):
+            batch = next(it)
+            Checker().check(batch)
+        assert c._batches.path_of(0) == "shm"
+    expected = {"stack": (2, 2, 30), 0: (4, 30), -1: (2, 60)}[cat_results]
+    assert tuple(batch.shape) == expected and batch.names[-1] == "time"
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_a_user_keeping_every_batch_finds_them_intact(sync):
+    with collector(None, sync) as c:
+        kept = []
+        for batch in c:
+            kept.append(batch)
+            if len(kept) == 20:
+                break
+        snapshots = [b.clone() for b in kept[-3:]]
+        for _ in range(4):  # the workers go on writing their slots
+            next(iter(c))
+    checker = Checker()
+    for batch in kept:
+        checker.check(batch)
+    assert all((a == b).all() for a, b in zip(kept[-3:], snapshots))
+
+
+def test_shared_buffers_are_bounded_by_slots_times_workers_times_batch_bytes():
+    with collector(3, False) as c:
+        it = iter(c)
+        batches = [next(it) for _ in range(6)]
+        shared = c._batches.shared_bytes
+    leaves = [v for k, v in batches[0].items(True, True) if k != ("collector", "worker_id")]
+    batch_bytes = sum(v.numel() * v.element_size() for v in leaves)
+    padding = 64 * len(leaves)  # each tensor starts on a cache line
+    assert 2 * SLOTS * batch_bytes <= shared <= 2 * SLOTS * (batch_bytes + padding)
+
+
+def shm_files() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+@pytest.mark.timeout(60)
+def test_worker_killed_while_writing_its_slot_gives_one_error_and_no_torn_batch():
+    """A watcher kills worker 1 as soon as its next slot starts changing, i.e. mid-copy."""
+    before = shm_files()
+    big = (3, 128, 128)  # 48 KiB per observation, 3 MiB per tensor per batch: a copy of milliseconds
+    c = collector(None, False, frames_per_worker=64, shape=big)
+    it = iter(c)
+    checker = Checker()
+    while c._batches.path_of(1) != "shm":
+        checker.check(next(it))
+    for _ in range(2):
+        checker.check(next(it))
+    buffers = c._batches.buffers[1]
+    victim = c.infos[1]["pid"]
+    views = [buffers.slots[s] for s in range(SLOTS)]
+    marks = [(v["observation"][0, 0, 0, 0].item(), v["next", "observation"][0, 0, 0, 0].item()) for v in views]
+    torn: list = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            for s, v in enumerate(views):
+                now = (v["observation"][0, 0, 0, 0].item(), v["next", "observation"][0, 0, 0, 0].item())
+                if now != marks[s]:
+                    os.kill(victim, signal.SIGKILL)
+                    torn.append(s)
+                    return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with pytest.raises(WorkerError) as info:
+        for batch in it:
+            checker.check(batch)  # every batch yielded before the error is whole
+    watcher.join(5)
+    assert info.value.worker_id == 1 and "SIGKILL" in str(info.value)
+    assert torn, "the worker was not caught writing"
+    c.shutdown()
+    assert not wait_gone({victim}, 5)
+    assert shm_files() <= before, "a file was left in /dev/shm"
+
+
+KILLED_TRAINER = textwrap.dedent("""
+    import functools, sys
+    sys.path.insert(0, {tests!r})
+    from test_data_plane import make_env
+    from rpc_collectors import MultiCollector
+    envs = [functools.partial(make_env, w, 2) for w in range(2)]
+    c = MultiCollector(envs, None, sync={sync}, frames_per_batch=120, total_frames=-1)
+    print(" ".join(str(i["pid"]) for i in c.infos), flush=True)
+    for i, batch in enumerate(c):
+        if i == 2:
+            print("shm" if c._batches.path_of(0) == "shm" else "rpc", flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_trainer_sigkilled_leaves_nothing_in_dev_shm(sync, tmp_path):
+    before = shm_files()
+    script = tmp_path / "trainer.py"
+    script.write_text(KILLED_TRAINER.format(tests=os.path.dirname(__file__), sync=sync))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        pids = {int(p) for p in proc.stdout.readline().split()}
+        assert proc.stdout.readline().strip() == "shm"  # collecting through shared memory now
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert not wait_gone(pids, 20), "workers outlived their trainer"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert shm_files() <= before, "a file was left in /dev/shm"
+
+
+TOO_LARGE = textwrap.dedent("""
+    import functools, json, sys
+    sys.path.insert(0, {tests!r})
+    from test_data_plane import make_env
+    from rpc_collectors import MultiCollector
+    envs = [functools.partial(make_env, w, None, (3, 64, 64)) for w in range(2)]
+    c = MultiCollector(envs, None, sync=True, frames_per_batch=400, total_frames=-1)
+    try:
+        batch = next(iter(c))
+        print(json.dumps({{"yielded": list(batch.shape)}}))
+    except OSError as err:
+        print(json.dumps({{"error": str(err), "closed": c._closed}}))
+""")
+
+
+def test_a_batch_larger_than_free_shared_memory_is_a_clear_error(tmp_path):
+    """The trainer runs in its own mount namespace with a 4 MiB /dev/shm (needs root, as CI runs)."""
+    script = tmp_path / "trainer.py"
+    script.write_text(TOO_LARGE.format(tests=os.path.dirname(__file__)))
+    shell = f"mount -t tmpfs -o size=4m tmpfs /dev/shm && exec {sys.executable} {script}"
+    out = subprocess.run(["unshare", "--mount", "sh", "-c", shell], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "error" in result, f"a batch was yielded: {result}"
+    message = result["error"]
+    batch_bytes = 200 * 2 * 3 * 64 * 64  # 200 frames of observation + next observation, at least
+    assert "/dev/shm" in message and "4.0 MiB" in message, message
+    needed = int(message.split("(")[1].split(" bytes")[0])
+    assert needed >= SLOTS * batch_bytes
+    assert result["closed"], "the collector was not shut down"
