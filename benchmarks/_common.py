@@ -50,6 +50,37 @@ def make_sleep_env(step_s: float = 0.005) -> GymEnv:
     return GymEnv(SleepEnv(step_s))
 
 
+class NoWorkEnv(gym.Env):
+    """An env that does no work: every step returns the same preallocated observation.
+
+    ``shape``/``dtype`` choose the observation (4 floats, an Atari stack, a camera image), so
+    what a collector costs per frame and per byte is all that is measured. Episodes last
+    ``episode_len`` steps; actions are Discrete(2).
+    """
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, shape: tuple = (4,), dtype: str = "float32", episode_len: int = 1000) -> None:
+        high = 255 if dtype == "uint8" else 1.0
+        self.observation_space = gym.spaces.Box(0, high, tuple(shape), np.dtype(dtype))
+        self.action_space = gym.spaces.Discrete(2)
+        self._obs = np.zeros(shape, dtype)
+        self.episode_len, self._t = episode_len, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs, {}
+
+    def step(self, action):
+        self._t += 1
+        return self._obs, 0.0, False, self._t >= self.episode_len, {}
+
+
+def make_no_work_env(shape: tuple = (4,), dtype: str = "float32") -> GymEnv:
+    return GymEnv(NoWorkEnv(shape, dtype))
+
+
 def quiet() -> None:
     """Silence the C++ (TensorPipe/gloo) warnings that shutdown prints; keep errors."""
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -1,18 +1,28 @@
 """The data plane: how a batch gets from a collector server on the trainer's host to the trainer.
 
 A worker's first batch travels as an RPC result. From its layout (keys, shapes, dtypes) the
-trainer then allocates that worker's shared-memory buffer of ``SLOTS`` slots, each one batch,
-and the worker maps it. From then on the trainer asks for "your next batch, into slot s"; the
-worker collects, copies the batch into the slot and answers with a small :class:`Ready`, and
-only then does the trainer read the slot. A worker that dies while writing never answers, so
-a partly written slot is never read. A batch that does not fit the layout (an env whose keys
-change, tensors on a GPU) travels as an RPC result, as do all batches of workers on other hosts.
+trainer allocates a shared-memory buffer of ``SLOTS`` slots and the worker maps it. From then
+on the trainer asks for "your next batch, into slot s"; the worker collects, copies the batch
+into the slot and answers with a small :class:`Ready`, and only then does the trainer read the
+slot. A worker that dies while writing never answers, so a partly written slot is never read.
+A batch that does not fit the layout (an env whose keys change, tensors on a GPU) travels as
+an RPC result, as do all batches of workers on other hosts.
 
-Ownership: the trainer copies a slot into fresh tensors (one copy at memory speed; a sync
-``stack`` copies every worker's slot straight into its row of the stacked batch) before it
-asks the worker for anything that could overwrite it. So a yielded batch belongs to the user:
-kept in a list or a replay buffer, it is never written behind their back. Two slots per worker
-let a worker write its next batch while the trainer still copies the previous one.
+Sync collectors whose workers all share the trainer's host and one layout get one buffer
+whose slots hold a whole round: worker i writes row i of every tensor, so the ``[N, (B,) T]``
+batch is assembled where the workers wrote it. Otherwise each worker has its own buffer.
+
+Ownership. A yielded batch belongs to the user and is never written behind their back:
+
+* the trainer hands out the slot itself (no copy) only while another slot of the same buffer
+  is free for the worker's next batch; a slot is free when nothing references its memory any
+  more (the storage's use count is back to the trainer's own), so a batch the user still
+  holds, or any view of it, keeps its slot out of use;
+* otherwise (the user keeps their batches: a list, a replay buffer storing references) it
+  copies the slot into fresh tensors, at memory speed, and the slot is free at once.
+
+So a loop that drops each batch before the next gets every batch without a copy, one that
+keeps them gets copies, and the memory stays ``SLOTS`` x batch bytes per buffer either way.
 
 The buffer is a file in /dev/shm whose name is removed right after it is created: workers map
 it through ``/proc/<trainer pid>/fd/<fd>`` while the trainer holds it open, and the memory goes
@@ -23,6 +33,7 @@ space of /dev/shm is an ``OSError`` naming both sizes, never a SIGBUS in a worke
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import tempfile
 from dataclasses import dataclass
@@ -31,9 +42,13 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-SLOTS = 2
-ALIGN = 64  # bytes; every leaf starts on a cache line (and on its dtype's alignment)
+SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
+ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
 MIN_BYTES = 64 * 1024  # smaller batches go as RPC results: a slot saves nothing at that size
+
+
+def _aligned(nbytes: int, to: int = ALIGN) -> int:
+    return -(-nbytes // to) * to
 
 
 @dataclass(frozen=True)
@@ -48,47 +63,54 @@ class Leaf:
     key: tuple
     shape: tuple
     dtype: torch.dtype
-    offset: int
     nbytes: int
 
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """Where every tensor of a batch lies in one slot of a flat byte buffer."""
+    """The tensors of one batch (keys, shapes, dtypes), and how ``rows`` batches lie in a flat buffer."""
 
     batch_size: tuple
     names: tuple
     leaves: tuple
-    nbytes: int
 
     @classmethod
     def of(cls, batch: TensorDictBase) -> "BatchLayout | None":
         """The layout of ``batch``; None if it cannot go through shared memory."""
-        leaves, offset = [], 0
+        leaves = []
         for key, value in batch.items(include_nested=True, leaves_only=True):
             if type(value) is not torch.Tensor or value.device.type != "cpu":
                 return None
             key = key if isinstance(key, tuple) else (key,)
-            parent = batch.get(key[:-1]) if len(key) > 1 else batch
-            if parent.batch_size != batch.batch_size:
+            if len(key) > 1 and batch.get(key[:-1]).batch_size != batch.batch_size:
                 return None
-            nbytes = value.numel() * value.element_size()
-            leaves.append(Leaf(key, tuple(value.shape), value.dtype, offset, nbytes))
-            offset += -(-nbytes // ALIGN) * ALIGN
+            leaves.append(Leaf(key, tuple(value.shape), value.dtype, value.numel() * value.element_size()))
         names = tuple(batch.names) if batch._has_names() else ()
-        return cls(tuple(batch.batch_size), names, tuple(leaves), offset)
+        return cls(tuple(batch.batch_size), names, tuple(leaves))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one batch's tensors."""
+        return sum(leaf.nbytes for leaf in self.leaves)
+
+    def size(self, rows: int) -> int:
+        """Bytes of a slot holding ``rows`` batches (each tensor's rows contiguous, aligned)."""
+        return sum(_aligned(leaf.nbytes * rows) for leaf in self.leaves)
 
     def signature(self) -> dict:
         return {leaf.key: (leaf.shape, leaf.dtype) for leaf in self.leaves}
 
-    def view(self, slot: torch.Tensor) -> TensorDict:
-        """A TensorDict whose tensors are views into ``slot`` (a flat uint8 tensor)."""
-        td = TensorDict(batch_size=self.batch_size)
+    def view(self, slot: torch.Tensor, rows: int | None) -> TensorDict:
+        """A TensorDict of views into ``slot`` (flat uint8): ``[rows, *batch_size]``, or one batch if rows is None."""
+        lead = () if rows is None else (rows,)
+        td = TensorDict(batch_size=(*lead, *self.batch_size))
+        offset = 0
         for leaf in self.leaves:
-            flat = slot[leaf.offset:leaf.offset + leaf.nbytes]
-            td.set(leaf.key, flat.view(leaf.dtype).view(leaf.shape))
+            nbytes = leaf.nbytes * (rows or 1)
+            td.set(leaf.key, slot[offset:offset + nbytes].view(leaf.dtype).view(*lead, *leaf.shape))
+            offset += _aligned(nbytes)
         if self.names:
-            td.names = list(self.names)
+            td.names = [None] * len(lead) + list(self.names)
         return td
 
 
@@ -103,88 +125,44 @@ def signature_of(batch: TensorDictBase) -> dict:
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """What a worker needs to map its buffer: the trainer's pid and fd, and the layout."""
+    """What a worker needs to map its buffer and find its row in every slot."""
 
     pid: int
     fd: int
     layout: BatchLayout
+    rows: int
+    row: int
+    slot_bytes: int
 
     @property
     def path(self) -> str:
         return f"/proc/{self.pid}/fd/{self.fd}"
 
 
-def shm_directory() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
-
-
-def _map(path: str, layout: BatchLayout) -> list[TensorDict]:
-    whole = torch.from_file(path, shared=True, size=SLOTS * layout.nbytes, dtype=torch.uint8)
-    return [layout.view(whole[i * layout.nbytes:(i + 1) * layout.nbytes]) for i in range(SLOTS)]
-
-
 class SlotWriter:
-    """Worker side: copy each batch into the slot the trainer named."""
+    """Worker side: copy each batch into its row of the slot the trainer named."""
 
     def __init__(self, spec: SlotSpec) -> None:
-        self.slots = _map(spec.path, spec.layout)
+        size = SLOTS * spec.slot_bytes
+        whole = torch.from_file(spec.path, shared=True, size=size, dtype=torch.uint8)
+        self.targets = [
+            spec.layout.view(whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes], spec.rows)[spec.row]
+            for i in range(SLOTS)
+        ]
         self.signature = spec.layout.signature()
 
     def write(self, slot: int, batch: TensorDictBase) -> bool:
         """Copy ``batch`` into ``slot``; False (nothing written) if it does not fit the layout."""
         if signature_of(batch) != self.signature:
             return False
-        target = self.slots[slot]
+        target = self.targets[slot]
         for key, value in batch.items(include_nested=True, leaves_only=True):
             target.get(key).copy_(value)
         return True
 
 
-class WorkerSlots:
-    """Trainer side, one worker: its mapped buffer and the next slot to ask for."""
-
-    def __init__(self, layout: BatchLayout, directory: str) -> None:
-        need = SLOTS * layout.nbytes
-        free = _free_bytes(directory)
-        if need > free:
-            raise _no_space(need, free, layout, directory)
-        fd, path = tempfile.mkstemp(prefix="rpc_collectors_batches_", dir=directory)
-        os.unlink(path)  # the memory lives on through the fd and the mappings
-        try:
-            try:
-                os.posix_fallocate(fd, 0, need)
-            except OSError as err:
-                if err.errno != errno.ENOSPC:
-                    raise
-                raise _no_space(need, _free_bytes(directory), layout, directory) from err
-            self.fd: int | None = fd
-            self.layout = layout
-            self.nbytes = need
-            self.slots = _map(f"/proc/self/fd/{fd}", layout)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.spec = SlotSpec(os.getpid(), fd, layout)
-        self.next = 0
-
-    def take(self) -> int:
-        """The slot for the next request (alternating, so the previous one can still be read)."""
-        slot, self.next = self.next, (self.next + 1) % SLOTS
-        return slot
-
-    def read(self, slot: int) -> TensorDict:
-        """A copy of the batch in ``slot``: fresh tensors the user owns."""
-        return self.slots[slot].clone()
-
-    def release_fd(self) -> None:
-        """The worker has mapped the buffer: the trainer's fd is no longer needed."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+def shm_directory() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 def _free_bytes(directory: str) -> int:
@@ -192,71 +170,164 @@ def _free_bytes(directory: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _no_space(need: int, free: int, layout: BatchLayout, directory: str) -> OSError:
-    return OSError(
-        errno.ENOSPC,
-        f"the shared-memory batch buffer of one worker needs {_mib(need)} ({need} bytes: {SLOTS} slots x "
-        f"{layout.nbytes} bytes per batch) but {directory} has only {_mib(free)} ({free} bytes) free; "
-        "lower frames_per_batch, or give the machine more shared memory (docker: --shm-size)",
-    )
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def _use_count(tensor: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+class SlotPool:
+    """Trainer side of one shared buffer: ``SLOTS`` slots of ``rows`` batches each."""
+
+    def __init__(self, layout: BatchLayout, rows: int, directory: str) -> None:
+        self.layout, self.rows = layout, rows
+        self.slot_bytes = _aligned(layout.size(rows), mmap.PAGESIZE)
+        self.nbytes = SLOTS * self.slot_bytes
+        free = _free_bytes(directory)
+        if self.nbytes > free:
+            raise self._no_space(free, directory)
+        fd, path = tempfile.mkstemp(prefix="rpc_collectors_batches_", dir=directory)
+        os.unlink(path)  # the memory lives on through the fd and the mappings
+        try:
+            try:
+                os.posix_fallocate(fd, 0, self.nbytes)
+            except OSError as err:
+                if err.errno != errno.ENOSPC:
+                    raise
+                raise self._no_space(_free_bytes(directory), directory) from err
+            # one mapping (one torch storage) per slot, so each slot's users can be counted
+            self.slots = [
+                torch.frombuffer(mmap.mmap(fd, self.slot_bytes, offset=i * self.slot_bytes), dtype=torch.uint8)
+                for i in range(SLOTS)
+            ]
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd: int | None = fd
+        self._idle = [_use_count(slot) for slot in self.slots]  # the trainer's own references
+        self._written: set[int] = set()  # asked for or written, not handed out yet
+        self._round: set[int] = set()  # workers asked in the current round (rows > 1)
+        self._slot: int | None = None
+
+    def _no_space(self, free: int, directory: str) -> OSError:
+        per = f"{self.rows} x {self.layout.nbytes} bytes" if self.rows > 1 else f"{self.layout.nbytes} bytes"
+        return OSError(
+            errno.ENOSPC,
+            f"the shared-memory batch buffer needs {_mib(self.nbytes)} ({self.nbytes} bytes: {SLOTS} slots of "
+            f"{per}) but {directory} has only {_mib(free)} ({free} bytes) free; lower frames_per_batch, "
+            "or give the machine more shared memory (docker: --shm-size)",
+        )
+
+    def spec(self, row: int) -> SlotSpec:
+        return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes)
+
+    def release_fd(self) -> None:
+        """Every worker has mapped the buffer: the trainer's fd is no longer needed."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _free(self, slot: int) -> bool:
+        return slot not in self._written and _use_count(self.slots[slot]) == self._idle[slot]
+
+    def slot_for(self, worker_id: int) -> int | None:
+        """The slot ``worker_id`` writes its next batch into; a round's workers share one.
+
+        ``hand_out`` always leaves a slot free; None (the batch comes as an RPC result) only if
+        something took a slot's memory some other way.
+        """
+        if self.rows == 1 or worker_id in self._round or not self._round:
+            self._round.clear()
+            self._slot = next((s for s in range(SLOTS) if self._free(s)), None)
+            if self._slot is not None:
+                self._written.add(self._slot)
+        self._round.add(worker_id)
+        return self._slot
+
+    def hand_out(self, slot: int) -> TensorDict:
+        """The batch in ``slot`` for the user: the slot itself while another one stays free, else a copy."""
+        self._written.discard(slot)
+        batch = self.layout.view(self.slots[slot], None if self.rows == 1 else self.rows)
+        if any(self._free(s) for s in range(SLOTS) if s != slot):
+            return batch
+        return batch.clone()
 
 
 class BatchPlane:
-    """Trainer side, all workers: which path each worker's batches take, and reading them back.
+    """Trainer side, all workers: which path each worker's batches take, and handing them out.
 
     ``local[i]`` says whether worker i shares the trainer's host; ``join(i, spec)`` asks worker
-    i to map its buffer and returns whether it could.
+    i to map its buffer and returns whether it could. ``sync`` collectors get one round buffer
+    when every worker is local and their batches share one layout.
     """
 
-    def __init__(self, local: list[bool], join: Callable[[int, SlotSpec], bool]) -> None:
+    def __init__(self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool) -> None:
         self.local = list(local)
         self._join = join
-        self.buffers: dict[int, WorkerSlots] = {}
+        self._sync = sync
+        self.pools: dict[int, SlotPool] = {}
+        self._round: SlotPool | None = None
+        self._rows: dict[int, int] = {}
         self.directory = shm_directory()
 
     @property
     def shared_bytes(self) -> int:
-        """Total size of the shared-memory buffers (slots x workers x batch bytes at most)."""
-        return sum(b.nbytes for b in self.buffers.values())
+        """Total size of the shared-memory buffers (slots x workers x batch bytes, page-rounded)."""
+        return sum(pool.nbytes for pool in {id(p): p for p in self.pools.values()}.values())
 
     def path_of(self, worker_id: int) -> str:
         """``"shm"`` or ``"rpc"``: how worker ``worker_id``'s batches reach the trainer now."""
-        return "shm" if worker_id in self.buffers else "rpc"
+        return "shm" if worker_id in self.pools else "rpc"
 
     def slot_for(self, worker_id: int) -> int | None:
-        """The slot to ask worker ``worker_id`` to write its next batch into (None: as an RPC result)."""
-        buffers = self.buffers.get(worker_id)
-        return None if buffers is None else buffers.take()
+        """The slot to ask ``worker_id`` to write its next batch into (None: as an RPC result)."""
+        pool = self.pools.get(worker_id)
+        return None if pool is None else pool.slot_for(worker_id)
 
     def receive(self, worker_id: int, result: Any) -> TensorDictBase:
-        """The batch a worker's answer stands for; a first local batch sets the worker's buffer up."""
+        """The batch a worker's answer stands for; a first local batch sets up the worker's buffer."""
         if isinstance(result, Ready):
-            return self.buffers[worker_id].read(result.slot)
+            pool = self.pools[worker_id]
+            if pool is self._round:  # a round with a batch that did not fit: this worker's row
+                return pool.hand_out(result.slot)[self._rows[worker_id]]
+            return pool.hand_out(result.slot)
         if self.local[worker_id]:
             self.local[worker_id] = False  # one attempt per worker
-            self._set_up(worker_id, result)
+            layout = BatchLayout.of(result)
+            if layout is not None and layout.nbytes >= MIN_BYTES:
+                self._set_up(SlotPool(layout, 1, self.directory), [worker_id])
         return result
 
-    def stack(self, results: list) -> TensorDict | None:
-        """Every worker's slot copied straight into its row of one stacked batch, or None if
-        the results are not all in shared memory with one layout."""
-        if not all(isinstance(r, Ready) for r in results):
-            return None
-        buffers = [self.buffers[i] for i in range(len(results))]
-        if any(b.layout != buffers[0].layout for b in buffers[1:]):
-            return None
-        return torch.stack([b.slots[r.slot] for b, r in zip(buffers, results)], 0)
+    def round(self, results: list) -> TensorDict | None:
+        """A sync round ``[N, (B,) T]`` where the workers wrote it, or None if it is not in one buffer.
 
-    def _set_up(self, worker_id: int, batch: TensorDictBase) -> None:
-        layout = BatchLayout.of(batch)
-        if layout is None or layout.nbytes < MIN_BYTES:
-            return
-        buffers = WorkerSlots(layout, self.directory)
+        The first round (RPC results) sets the round buffer up when it can.
+        """
+        if self._round is not None and all(isinstance(r, Ready) for r in results):
+            return self._round.hand_out(results[0].slot)
+        if self._sync and self._round is None and all(self.local):
+            layouts = {BatchLayout.of(r) if isinstance(r, TensorDictBase) else None for r in results}
+            layout = layouts.pop() if len(layouts) == 1 else None
+            if layout is not None and layout.nbytes >= MIN_BYTES:
+                self.local = [False] * len(results)
+                self._round = SlotPool(layout, len(results), self.directory)
+                self._set_up(self._round, list(range(len(results))))
+        return None
+
+    def _set_up(self, pool: SlotPool, worker_ids: list[int]) -> None:
         try:
-            if self._join(worker_id, buffers.spec):
-                self.buffers[worker_id] = buffers
+            joined = [self._join(i, pool.spec(row)) for row, i in enumerate(worker_ids)]
         finally:
-            buffers.release_fd()
+            pool.release_fd()
+        if all(joined):
+            self.pools.update({i: pool for i in worker_ids})
+            self._rows.update({i: row for row, i in enumerate(worker_ids)})
+        elif pool is self._round:
+            self._round = None
 
     def close(self) -> None:
-        self.buffers.clear()
+        """Forget the buffers; their memory goes with the last batch or view that uses it."""
+        self.pools.clear()
+        self._round = None

@@ -208,6 +208,7 @@ class RPCCollector(BaseCollector):
             self._threads = TrainerThreads(num_threads, local)
             self._batches = BatchPlane(
                 [self.launcher != "debug" and info["host_id"] == host_id() for info in self.infos], self._join_batches,
+                sync=self.sync,
             )
         except BaseException:
             self.shutdown()
@@ -385,10 +386,7 @@ class RPCCollector(BaseCollector):
 
     def _receive(self, worker_id: int, result: Any) -> TensorDictBase:
         """The batch of a worker's answer, labelled with its worker id."""
-        try:
-            batch = self._batches.receive(worker_id, result)
-        except OSError as err:  # no room for the worker's shared-memory buffer
-            raise self._fail(err) from None
+        batch = self._shared(self._batches.receive, worker_id, result)
         batch.set(WORKER_ID, torch.full(batch.shape, worker_id, dtype=torch.int64))
         return batch
 
@@ -408,14 +406,21 @@ class RPCCollector(BaseCollector):
             if worker_id not in self._outstanding and worker_id != self._last_async:
                 self._request(worker_id)
         self._last_async, result = self._next_event(deadline)
-        worker_id = self._last_async
+        batch = self._receive(self._last_async, result)
         if not self.update_after_each_batch:
-            self._request(worker_id)  # keep the worker busy (in its other slot) while the trainer works
+            self._request(self._last_async)  # keep the worker busy while the trainer works
             self._last_async = None
-        return self._receive(worker_id, result)
+        return batch
+
+    def _shared(self, method: Any, *args: Any) -> Any:
+        """Call a data-plane method; no room for a shared-memory buffer ends the run."""
+        try:
+            return method(*args)
+        except OSError as err:
+            raise self._fail(err) from None
 
     def _combine(self, results: list) -> TensorDictBase:
-        stacked = self._batches.stack(results)  # slots copied straight into their rows
+        stacked = self._shared(self._batches.round, results)  # the round where the workers wrote it
         if stacked is None:
             batches = [self._receive(i, r) for i, r in enumerate(results)]
             if self.cat_results == "stack":

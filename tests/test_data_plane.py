@@ -6,7 +6,9 @@ tell from a batch alone whether any frame is missing, repeated, torn or from the
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import mmap
 import json
 import os
 import signal
@@ -149,15 +151,34 @@ def test_a_user_keeping_every_batch_finds_them_intact(sync):
     assert all((a == b).all() for a, b in zip(kept[-3:], snapshots))
 
 
-def test_shared_buffers_are_bounded_by_slots_times_workers_times_batch_bytes():
-    with collector(3, False) as c:
+def in_slot(tensor: torch.Tensor, pool) -> bool:
+    return any(slot.data_ptr() <= tensor.data_ptr() < slot.data_ptr() + slot.numel() for slot in pool.slots)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_a_loop_that_drops_each_batch_gets_it_where_the_worker_wrote_it(sync):
+    """No copy on the trainer while the user lets go of each batch before the next one."""
+    with collector(None, sync) as c:
+        checker, lent = Checker(), 0
+        for i, batch in enumerate(c):
+            checker.check(batch)
+            if i >= 4:
+                lent += in_slot(batch["observation"], c._batches.pools[0 if sync else int(batch["collector", "worker_id"][0])])
+            if i == 12:
+                break
+    assert lent == 9
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_shared_buffers_are_bounded_by_slots_times_workers_times_batch_bytes(sync):
+    with collector(3, sync) as c:
         it = iter(c)
         batches = [next(it) for _ in range(6)]
         shared = c._batches.shared_bytes
     leaves = [v for k, v in batches[0].items(True, True) if k != ("collector", "worker_id")]
-    batch_bytes = sum(v.numel() * v.element_size() for v in leaves)
-    padding = 64 * len(leaves)  # each tensor starts on a cache line
-    assert 2 * SLOTS * batch_bytes <= shared <= 2 * SLOTS * (batch_bytes + padding)
+    batch_bytes = sum(v.numel() * v.element_size() for v in leaves) // (2 if sync else 1)  # one worker's
+    padding = 64 * len(leaves) + mmap.PAGESIZE  # each tensor starts on a cache line, each slot on a page
+    assert SLOTS * 2 * batch_bytes <= shared <= SLOTS * 2 * (batch_bytes + padding)
 
 
 def shm_files() -> set[str]:
@@ -176,18 +197,25 @@ def test_worker_killed_while_writing_its_slot_gives_one_error_and_no_torn_batch(
         checker.check(next(it))
     for _ in range(2):
         checker.check(next(it))
-    buffers = c._batches.buffers[1]
+    pool = c._batches.pools[1]
     victim = c.infos[1]["pid"]
-    views = [buffers.slots[s] for s in range(SLOTS)]
-    marks = [(v["observation"][0, 0, 0, 0].item(), v["next", "observation"][0, 0, 0, 0].item()) for v in views]
+    addresses = []  # first byte of both observation tensors in each slot (read without holding the slot)
+    for slot in range(SLOTS):
+        view = pool.layout.view(pool.slots[slot], None)
+        addresses.append([view["observation"].data_ptr(), view["next", "observation"].data_ptr()])
+    del view
+
+    def read(slot: int) -> list[int]:
+        return [ctypes.c_uint8.from_address(a).value for a in addresses[slot]]
+
+    marks = [read(s) for s in range(SLOTS)]
     torn: list = []
 
     def watch() -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            for s, v in enumerate(views):
-                now = (v["observation"][0, 0, 0, 0].item(), v["next", "observation"][0, 0, 0, 0].item())
-                if now != marks[s]:
+            for s in range(SLOTS):
+                if read(s) != marks[s]:
                     os.kill(victim, signal.SIGKILL)
                     torn.append(s)
                     return
