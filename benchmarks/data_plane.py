@@ -12,9 +12,11 @@ the same frames for the single process. Workers on this host deliver through sha
 (``rpc_collectors/data_plane.py``); ``--rpc`` forces every batch through RPC results
 (TensorPipe over TCP) instead, the path of workers on other hosts.
 
-"receive" is the trainer's own rate: bytes of the N=2 async run divided by the time the
-trainer spent turning workers' answers into batches (copy out of the slot, TensorDict), i.e.
-what it could take in if workers were never late. "shared" is the total size of the
+"receive" is the trainer's own rate: bytes delivered divided by the time the trainer spent
+turning workers' answers into batches (handing out a slot, or copying it out, and building
+the TensorDict), i.e. what it could take in if workers were never late. The "keep" cases
+keep the last 4 batches alive (as a replay buffer holding references would), so the trainer
+copies each slot out instead of handing it over. "shared" is the total size of the
 shared-memory buffers (2 slots x workers x batch bytes).
 
     python benchmarks/data_plane.py [--seconds 4] [--obs 4f,84,256] [--rpc]
@@ -47,7 +49,7 @@ def instrument(collector: MultiCollector) -> list[float]:
     """Accumulate the trainer's time spent turning answers into batches (receive and stack)."""
     spent = [0.0]
     plane = collector._batches
-    for name in ("receive", "stack"):
+    for name in ("receive", "round"):
         inner = getattr(plane, name)
 
         def timed(*args, _inner=inner):
@@ -86,6 +88,15 @@ def run(case: dict) -> dict:
                           if k != ("collector", "worker_id")) / batch.numel()
         spent = instrument(collector) if case["kind"] != "single" else [0.0]
         start, frames0 = time.perf_counter(), collector.frames
+        if case.get("keep"):  # the user keeps the last few batches: the trainer must copy
+            kept: list = []
+
+            def keep(batch):
+                kept.append(batch)
+                del kept[:-case["keep"]]
+                return batch
+
+            collector.postproc = keep
         rate = steady_rate(collector, case["seconds"], warmup)
         wall_bytes = (collector.frames - frames0) * frame_bytes
         out = {"rate": rate, "frame_bytes": frame_bytes, "wall": time.perf_counter() - start}
@@ -109,8 +120,8 @@ def main() -> None:
         emit(run(json.loads(args.case)))
         return
 
-    def case(obs: str, kind: str, n: int = 1) -> dict:
-        return run_case(__file__, {"obs": obs, "kind": kind, "n": n, "seconds": args.seconds, "rpc": args.rpc})
+    def case(obs: str, kind: str, n: int = 1, keep: int = 0) -> dict:
+        return run_case(__file__, {"obs": obs, "kind": kind, "n": n, "keep": keep, "seconds": args.seconds, "rpc": args.rpc})
 
     path = "RPC results (--rpc)" if args.rpc else "shared memory"
     print(f"no-work env, batches through {path}, {args.seconds:.0f} s per case, "
@@ -119,6 +130,7 @@ def main() -> None:
     for obs in args.obs.split(","):
         singles = [case(obs, "single")]
         runs = [(f"N=2 {kind}", case(obs, kind, 2)) for kind in ("sync", "async")]
+        runs += [(f"N=2 {kind} keep", case(obs, kind, 2, keep=4)) for kind in ("sync", "async")]
         if args.n8:
             runs += [(f"N=8 {kind}", case(obs, kind, 8)) for kind in ("sync", "async")]
         singles.append(case(obs, "single"))

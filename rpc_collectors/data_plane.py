@@ -157,7 +157,9 @@ class SlotWriter:
             return False
         target = self.targets[slot]
         for key, value in batch.items(include_nested=True, leaves_only=True):
-            target.get(key).copy_(value)
+            dest = target.get(key)
+            if dest.data_ptr() != value.data_ptr():  # not already written there by the rollout
+                dest.copy_(value)
         return True
 
 

@@ -24,12 +24,17 @@ def _time_names(batch_dims: int) -> list:
 
 
 class ArrayRollout:
-    """Fast rollout of a GymEnv: per step only numpy work and the policy call."""
+    """Fast rollout of a GymEnv: per step only numpy work and the policy call.
+
+    ``out``, if set, is a TensorDict of the batch's layout (a shared-memory slot): the
+    observations are stacked straight into it instead of into new tensors.
+    """
 
     def __init__(self, env: GymEnv, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.obs: dict | None = None
         self.traj: Any = None
+        self.out: TensorDictBase | None = None
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -108,10 +113,19 @@ class ArrayRollout:
         def flag(values: list) -> torch.Tensor:
             return stack(values, np.bool_).reshape(*shape, 1)
 
+        def stack_obs(key: Any, values: list) -> torch.Tensor:
+            target = self.out.get(key, None) if self.out is not None else None
+            first = values[0]
+            if target is None or target.shape != (*shape, *first.shape) or target.numpy().dtype != first.dtype:
+                return stack(values)
+            np.stack(values, axis=axis, out=target.numpy())
+            return target
+
         td = TensorDict(batch_size=shape)
         for key in obs_rec[0]:
-            td.set(key, stack([o[key] for o in obs_rec]))
-            td.set(("next", key) if isinstance(key, str) else ("next", *key), stack([o[key] for o in next_rec]))
+            next_key = ("next", key) if isinstance(key, str) else ("next", *key)
+            td.set(key, stack_obs(key, [o[key] for o in obs_rec]))
+            td.set(next_key, stack_obs(next_key, [o[key] for o in next_rec]))
         for key in out_rec[0]:
             td.set(key, torch.stack([o[key] for o in out_rec], dim=axis).cpu())
         terminated, truncated = flag(terms), flag(truncs)

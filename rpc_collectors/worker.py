@@ -75,6 +75,8 @@ class WorkerState:
         """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned."""
         if self.receiver is not None:
             self.receiver.apply(self.collector, min_version, self.timeout)
+        if self.writer is not None:  # observations go straight into the slot where the rollout can
+            self.collector.rollout.out = None if slot is None else self.writer.targets[slot]
         batch = self.collector.next()
         if slot is not None and self.writer is not None and self.writer.write(slot, batch):
             return Ready(slot)
