@@ -81,6 +81,16 @@ def make_no_work_env(shape: tuple = (4,), dtype: str = "float32") -> GymEnv:
     return GymEnv(NoWorkEnv(shape, dtype))
 
 
+def make_pong() -> GymEnv:
+    """Pong as Atari agents see it: gymnasium's AtariPreprocessing and a 4-frame stack, 4x84x84 uint8 (needs ale-py)."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+    env = gym.make("ALE/Pong-v5", frameskip=1)
+    env = gym.wrappers.AtariPreprocessing(env)
+    return GymEnv(gym.wrappers.FrameStackObservation(env, 4))
+
+
 def quiet() -> None:
     """Silence the C++ (TensorPipe/gloo) warnings that shutdown prints; keep errors."""
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

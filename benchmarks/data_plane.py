@@ -16,10 +16,17 @@ the same frames for the single process. Workers on this host deliver through sha
 turning workers' answers into batches (handing out a slot, or copying it out, and building
 the TensorDict), i.e. what it could take in if workers were never late. The "keep" cases
 keep the last 4 batches alive (as a replay buffer holding references would), so the trainer
-copies each slot out instead of handing it over. "shared" is the total size of the
+copies each slot out instead of handing it over.
+
+The machine is shared, so frames/s depend on what else runs. "CPU us/frame" (all processes
+of the case: trainer and workers) does not; "2 idle cores" = min(2, N) x the single process's
+CPU per frame / the case's, i.e. the ratio to expect when the case has both cores to itself
+and the workers are never starved (an estimate; it ignores waiting in sync rounds). "shared" is the total size of the
 shared-memory buffers (2 slots x workers x batch bytes).
 
-    python benchmarks/data_plane.py [--seconds 4] [--obs 4f,84,256] [--rpc]
+    python benchmarks/data_plane.py [--seconds 4] [--obs 4f,84,256,pong] [--no-n8] [--rpc]
+
+``pong`` needs ale-py (``pip install ale-py``): a real Atari env, for a report.
 
 Goals (2 cores): 4x84x84 sync and async >= 1.2x one process; 3x256x256 >= 1.0x; 4 floats
 no slower than RPC results (0.54-0.57x); receive >= 2 GB/s.
@@ -29,6 +36,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 
 import torch
@@ -41,8 +49,9 @@ OBS = {
     "4f": ((4,), "float32", 1000),
     "84": ((4, 84, 84), "uint8", 224),
     "256": ((3, 256, 256), "uint8", 32),
+    "pong": (None, None, 224),  # real Atari (ale-py): Pong, AtariPreprocessing, 4-frame stack
 }
-LABEL = {"4f": "4 floats", "84": "4x84x84 uint8", "256": "3x256x256 uint8"}
+LABEL = {"4f": "4 floats", "84": "4x84x84 uint8", "256": "3x256x256 uint8", "pong": "Pong 4x84x84"}
 
 
 def instrument(collector: MultiCollector) -> list[float]:
@@ -71,7 +80,7 @@ def run(case: dict) -> dict:
         import rpc_collectors.data_plane as data_plane
 
         data_plane.MIN_BYTES = 1 << 62  # no batch is worth a slot: all go as RPC results
-    make = functools.partial(_common.make_no_work_env, shape, dtype)
+    make = _common.make_pong if shape is None else functools.partial(_common.make_no_work_env, shape, dtype)
     if case["kind"] == "single":
         collector = Collector(make, None, frames_per_batch=per_worker)
         warmup = 3
@@ -87,7 +96,6 @@ def run(case: dict) -> dict:
         frame_bytes = sum(v.numel() * v.element_size() for k, v in batch.items(True, True)
                           if k != ("collector", "worker_id")) / batch.numel()
         spent = instrument(collector) if case["kind"] != "single" else [0.0]
-        start, frames0 = time.perf_counter(), collector.frames
         if case.get("keep"):  # the user keeps the last few batches: the trainer must copy
             kept: list = []
 
@@ -97,9 +105,15 @@ def run(case: dict) -> dict:
                 return batch
 
             collector.postproc = keep
-        rate = steady_rate(collector, case["seconds"], warmup)
-        wall_bytes = (collector.frames - frames0) * frame_bytes
-        out = {"rate": rate, "frame_bytes": frame_bytes, "wall": time.perf_counter() - start}
+        for _ in range(warmup):
+            next(it)
+        spent[0] = 0.0
+        pids = [os.getpid()] + ([info["pid"] for info in collector.infos] if case["kind"] != "single" else [])
+        cpu0, frames0 = _common.cpu_seconds(pids), collector.frames
+        rate = steady_rate(collector, case["seconds"], 0)
+        frames = collector.frames - frames0
+        out = {"rate": rate, "frame_bytes": frame_bytes, "cpu_us": (_common.cpu_seconds(pids) - cpu0) / frames * 1e6}
+        wall_bytes = frames * frame_bytes
         if case["kind"] != "single":
             out["shared"] = collector._batches.shared_bytes
             out["receive"] = wall_bytes / spent[0] if spent[0] else 0.0
@@ -126,7 +140,8 @@ def main() -> None:
     path = "RPC results (--rpc)" if args.rpc else "shared memory"
     print(f"no-work env, batches through {path}, {args.seconds:.0f} s per case, "
           f"{torch.get_num_threads()} threads, load average {open('/proc/loadavg').read().split()[0]}")
-    print(f"{'observation':<16} {'case':<14} {'frames/s':>10} {'x 1 proc':>9} {'MB/s':>8} {'receive MB/s':>13} {'shared MB':>10}")
+    print(f"{'observation':<16} {'case':<14} {'frames/s':>10} {'x 1 proc':>9} {'MB/s':>8} {'receive MB/s':>13} "
+          f"{'shared MB':>10} {'CPU us/frame':>13} {'2 idle cores':>13}")
     for obs in args.obs.split(","):
         singles = [case(obs, "single")]
         runs = [(f"N=2 {kind}", case(obs, kind, 2)) for kind in ("sync", "async")]
@@ -136,11 +151,13 @@ def main() -> None:
         singles.append(case(obs, "single"))
         single = sum(s["rate"] for s in singles) / 2
         fb = singles[0]["frame_bytes"]
+        single_cpu = min(s["cpu_us"] for s in singles)
         print(f"{LABEL[obs]:<16} {'1 process':<14} {single:>10,.0f} {1:>9.2f} {single * fb / 1e6:>8,.0f} "
-              f"{'':>13} {'':>10}   runs: {singles[0]['rate']:,.0f}, {singles[1]['rate']:,.0f}")
+              f"{'':>13} {'':>10} {single_cpu:>13.1f} {1:>13.2f}   runs: {singles[0]['rate']:,.0f}, {singles[1]['rate']:,.0f}")
         for name, r in runs:
             print(f"{'':<16} {name:<14} {r['rate']:>10,.0f} {r['rate'] / single:>9.2f} {r['rate'] * fb / 1e6:>8,.0f} "
-                  f"{r['receive'] / 1e6:>13,.0f} {r['shared'] / 1e6:>10,.1f}")
+                  f"{r['receive'] / 1e6:>13,.0f} {r['shared'] / 1e6:>10,.1f} {r['cpu_us']:>13.1f} "
+                  f"{min(2, int(name[2])) * single_cpu / r['cpu_us']:>13.2f}")
     print(f"load average after: {open('/proc/loadavg').read().split()[0]}")
 
 
