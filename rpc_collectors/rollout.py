@@ -116,7 +116,8 @@ class ArrayRollout:
         def stack_obs(key: Any, values: list) -> torch.Tensor:
             target = self.out.get(key, None) if self.out is not None else None
             first = values[0]
-            if target is None or target.shape != (*shape, *first.shape) or target.numpy().dtype != first.dtype:
+            stacked = (*first.shape[:axis], len(values), *first.shape[axis:])
+            if target is None or tuple(target.shape) != stacked or target.numpy().dtype != first.dtype:
                 return stack(values)
             np.stack(values, axis=axis, out=target.numpy())
             return target

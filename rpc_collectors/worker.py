@@ -78,8 +78,10 @@ class WorkerState:
         if self.writer is not None:  # observations go straight into the slot where the rollout can
             self.collector.rollout.out = None if slot is None else self.writer.targets[slot]
         batch = self.collector.next()
-        if slot is not None and self.writer is not None and self.writer.write(slot, batch):
-            return Ready(slot)
+        if slot is not None and self.writer is not None:
+            if self.writer.write(slot, batch):
+                return Ready(slot)
+            return batch.clone()  # does not fit the slot; its observations may lie there already
         return batch
 
     def set_seed(self, seed: int) -> int:
