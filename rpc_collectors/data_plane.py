@@ -309,7 +309,8 @@ class BatchPlane:
         """
         if self._round is not None and all(isinstance(r, Ready) for r in results):
             return self._round.hand_out(results[0].slot)
-        if self._sync and self._round is None and all(self.local):
+        if self._sync and all(self.local):
+            self._sync = False  # one attempt
             layouts = {BatchLayout.of(r) if isinstance(r, TensorDictBase) else None for r in results}
             layout = layouts.pop() if len(layouts) == 1 else None
             if layout is not None and layout.nbytes >= MIN_BYTES:

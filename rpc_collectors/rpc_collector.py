@@ -2,8 +2,10 @@
 
 The trainer (rank 0) asks each collector server for batches, combines them (sync) or hands
 them out first-ready-first-served (async), and pushes policy weights through the weight
-plane. Every wait is event-driven (future callbacks feed one queue) and bounded by
-``rpc_timeout``; a failing worker stops the whole collector with one :class:`WorkerError`.
+plane. Batches of workers on the trainer's host arrive through shared memory, the others'
+as RPC results (:mod:`rpc_collectors.data_plane`). Every wait is event-driven (future
+callbacks feed one queue) and bounded by ``rpc_timeout``; a failing worker stops the whole
+collector with one :class:`WorkerError`.
 """
 from __future__ import annotations
 
