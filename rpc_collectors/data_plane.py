@@ -60,6 +60,8 @@ class Ready:
 
 @dataclass(frozen=True)
 class Leaf:
+    """One tensor of a batch: its key, shape, dtype and size in bytes."""
+
     key: tuple
     shape: tuple
     dtype: torch.dtype
@@ -98,6 +100,7 @@ class BatchLayout:
         return sum(_aligned(leaf.nbytes * rows) for leaf in self.leaves)
 
     def signature(self) -> dict:
+        """``{key: (shape, dtype)}``, as :func:`signature_of` gives for a batch of this layout."""
         return {leaf.key: (leaf.shape, leaf.dtype) for leaf in self.leaves}
 
     def view(self, slot: torch.Tensor, rows: int | None) -> TensorDict:
@@ -115,6 +118,7 @@ class BatchLayout:
 
 
 def signature_of(batch: TensorDictBase) -> dict:
+    """``{key: (shape, dtype)}`` of every tensor of ``batch`` (empty if it holds non-tensors)."""
     out = {}
     for key, value in batch.items(include_nested=True, leaves_only=True):
         if type(value) is not torch.Tensor:
@@ -164,6 +168,7 @@ class SlotWriter:
 
 
 def shm_directory() -> str:
+    """Where shared-memory buffers are made: /dev/shm (tmpfs), else the temp directory."""
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
