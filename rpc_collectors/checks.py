@@ -4,7 +4,10 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+import cloudpickle
 import torch
+
+MAX_TIMEOUT = 1e6  # seconds (11.6 days): what every timer below the RPC layer can hold
 
 
 def _is_int(value: Any) -> bool:
@@ -36,16 +39,40 @@ def positive_number(name: str, value: Any) -> float:
     return float(value)
 
 
+def timeout(name: str, value: Any) -> float:
+    """A finite number of seconds, > 0 and at most ``MAX_TIMEOUT``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= MAX_TIMEOUT:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: a number of seconds > 0 and <= {MAX_TIMEOUT:.0f}")
+    return float(value)
+
+
+def seed(value: Any) -> int:
+    if not _is_int(value):
+        raise TypeError(f"seed={value!r} is invalid; accepted: an int")
+    return int(value)
+
+
+def picklable(name: str, value: Any) -> None:
+    """``value`` must survive the trip to a worker process (cloudpickle)."""
+    try:
+        cloudpickle.dumps(value)
+    except Exception as err:
+        raise TypeError(
+            f"{name}={value!r} cannot be sent to the worker processes ({type(err).__name__}: {err}); accepted: "
+            "an object cloudpickle can pickle: build locks, sockets, open files and the like inside the env factory"
+        ) from err
+
+
 def optional_positive_int(name: str, value: Any) -> int | None:
     return None if value is None else positive_int(name, value)
 
 
-def max_frames_per_traj(value: Any) -> int | None:
+def max_frames_per_traj(value: Any, name: str = "max_frames_per_traj") -> int | None:
     """None or -1 (TorchRL's spelling) for no limit, else an int > 0."""
     if value is None or (_is_int(value) and value == -1):
         return None
     if not _is_int(value) or value <= 0:
-        raise ValueError(f"max_frames_per_traj={value!r} is invalid; accepted: None or -1 (no limit), or an int > 0")
+        raise ValueError(f"{name}={value!r} is invalid; accepted: None or -1 (no limit), or an int > 0")
     return int(value)
 
 
@@ -88,8 +115,8 @@ def device(name: str, value: Any) -> torch.device | None:
         raise ValueError(f"{name}={value!r} asks for CUDA, which this machine does not have; accepted here: None or 'cpu'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ValueError(f"{name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if dev.type not in ("cpu", "cuda", "mps", "meta") and not hasattr(torch, dev.type):
-        raise ValueError(f"{name}={value!r} is not a known device type; accepted: None, 'cpu' or 'cuda'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}={value!r} is not supported; accepted: None, 'cpu', 'cuda' or 'cuda:N'")
     return dev
 
 
@@ -110,3 +137,22 @@ def frames_per_batch_fits(frames_per_batch: int, envs: int, what: str = "frames_
             f"{what}={frames_per_batch} does not divide evenly over {envs} envs; accepted: a multiple of {envs}"
         )
     return frames_per_batch // envs
+
+
+_COLLECTOR_KWARG_CHECKS = {
+    "init_random_frames": non_negative_int,
+    "max_frames_per_traj": lambda name, value: max_frames_per_traj(value, name),
+    "reset_at_each_iter": boolean,
+    "device": device,
+    "storing_device": device,
+    "env_device": device,
+    "policy_device": device,
+}
+
+
+def collector_kwargs(kwargs: dict) -> None:
+    """Check the values of a multi-worker collector's ``collector_kwargs`` here, before any worker starts."""
+    for key, value in kwargs.items():
+        check = _COLLECTOR_KWARG_CHECKS.get(key)
+        if check is not None:
+            check(f"collector_kwargs[{key!r}]", value)

@@ -60,9 +60,24 @@ class FlatWeights:
 
     def pack(self, buffer: torch.Tensor, source: TensorDictBase | None = None) -> None:
         """Copy the module's current weights (or ``source``'s) into ``buffer``."""
-        tensors = self.tensors if source is None else [source.get(k) for k in self.keys]
+        tensors = self.tensors if source is None else self._matching(source)
         if tensors:
             torch._foreach_copy_(self.views(buffer), tensors)
+
+    def _matching(self, source: TensorDictBase, argument: str = "policy_or_weights") -> list[torch.Tensor]:
+        """``source``'s tensors in this layout; a ValueError naming what differs from the policy."""
+        tensors = []
+        for key, (_, _, dtype, shape) in zip(self.keys, self.layout):
+            tensor = source.get(key, None)
+            if tensor is None:
+                raise ValueError(f"{argument} has no {key!r}, which the policy has; accepted: weights of the same architecture")
+            if tensor.shape != shape:
+                raise ValueError(
+                    f"{argument}[{key!r}] has shape {list(tensor.shape)}, the policy's is {list(shape)}; "
+                    "accepted: weights of the same architecture"
+                )
+            tensors.append(tensor)
+        return tensors
 
     def unpack(self, buffer: torch.Tensor) -> None:
         """Copy weights from ``buffer`` into the module, in place."""
