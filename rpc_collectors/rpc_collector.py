@@ -284,6 +284,8 @@ class RPCCollector(BaseCollector):
         """Shut every worker down, then hand back ``error`` for the caller to raise."""
         if self._closing:  # the workers failed because shutdown() stopped them
             return RuntimeError(f"{type(self).__name__} was shut down")
+        if isinstance(error, WorkerError):  # a hung worker would hold up the shutdown
+            self.workers.kill(error.worker_id)
         self.shutdown()
         return error
 

@@ -120,6 +120,12 @@ class RPCWorkers:
         pid = self.worker_pids.get(worker_id)
         return {"host": socket.gethostname(), "address": "127.0.0.1", "pid": pid} if pid else {}
 
+    def kill(self, worker_id: int) -> None:
+        """Kill a failed local worker at once (a remote one is left to :meth:`close`)."""
+        pid = self.worker_pids.get(worker_id)
+        if pid in self.pids:  # not reaped yet: close() will
+            os.kill(pid, signal.SIGKILL)
+
     def _name(self, worker_id: int) -> str:
         return worker.worker_name(worker_id + 1, self.rdv.session)
 
@@ -198,6 +204,9 @@ class InProcessWorkers:
         except Exception:  # delivered through the future with its traceback, as over RPC
             fut.set_exception(RuntimeError(traceback.format_exc()))
         return fut
+
+    def kill(self, worker_id: int) -> None:
+        """Nothing to kill: the workers live in this process."""
 
     def identity(self, worker_id: int) -> dict:
         return {"host": f"{socket.gethostname()}, in the trainer process (debug launcher)", "pid": os.getpid()}
