@@ -65,7 +65,7 @@ class RPCCollector(BaseCollector):
             serves collectors on every rank but 0 and exits those processes with code 0 when
             the trainer shuts down.
         backend: weight process group backend, ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
-        rpc_timeout: seconds any single wait on a worker may take.
+        rpc_timeout: seconds any single wait on a worker may take (at most 10^6).
         collector_kwargs: extra keyword arguments for every worker's :class:`Collector`.
         update_after_each_batch: push the trainer's weights before each worker's next batch.
         max_weight_update_interval: push weights to a worker after it delivered more than this

@@ -181,6 +181,12 @@ class Spawner:
             on_exit(pid, code)
         return pid
 
+    def kill(self, pid: int) -> None:
+        """Kill child ``pid`` if it still runs (a pid that exited may name another process by now)."""
+        with self._cond:
+            if pid in self._live:
+                _kill(pid)
+
     def reap(self, pids: list[int], timeout: float) -> None:
         """Wait up to ``timeout`` for ``pids`` to exit, then kill the rest and wait for them."""
         with self._cond:

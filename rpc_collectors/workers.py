@@ -90,6 +90,7 @@ class RPCWorkers:
             raise
 
     def _start_agent(self) -> None:
+        """Start this process's RPC agent in a thread; raise a start-up death or Ctrl-C at once."""
         errors: list[BaseException] = []
 
         def start() -> None:
@@ -123,8 +124,8 @@ class RPCWorkers:
     def kill(self, worker_id: int) -> None:
         """Kill a failed local worker at once (a remote one is left to :meth:`close`)."""
         pid = self.worker_pids.get(worker_id)
-        if pid in self.pids:  # not reaped yet: close() will
-            os.kill(pid, signal.SIGKILL)
+        if self.spawner is not None and pid is not None:
+            self.spawner.kill(pid)
 
     def _name(self, worker_id: int) -> str:
         return worker.worker_name(worker_id + 1, self.rdv.session)
@@ -162,7 +163,7 @@ class RPCWorkers:
         self.pids = {}
         self._client = self._store = None  # the store stops listening; a pending agent start fails
         if self._agent is not None:
-            self._agent.join(timeout + self.rpc_timeout if self.spawner is None else timeout)
+            self._agent.join(timeout)  # the store is gone: a local start fails at once
             if rpc.api._is_current_rpc_agent_set():  # the start completed after all
                 rpc.shutdown(graceful=False)
             self._agent = None

@@ -23,7 +23,7 @@ import torch
 import torch.distributed.rpc as rpc
 from torch import nn
 
-from procs import descendants, listening_addresses, wait_gone
+from procs import descendants, wait_gone
 from rpc_collectors import GymEnv, RPCCollector, WorkerError, spawner
 from rpc_collectors.spawner import Spawner, shared_pid
 
