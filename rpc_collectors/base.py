@@ -39,7 +39,8 @@ class BaseCollector:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread_error: BaseException | None = None
-        self._closed = False
+        self._closed = False  # shutdown() completed
+        self._closing = False  # shutdown() began: no new work, waits end
 
     # ------------------------------------------------------------------ iteration
     @property
@@ -61,7 +62,7 @@ class BaseCollector:
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yield batches until ``total_frames`` frames were collected."""
         while not self._finished():
-            if self._closed:
+            if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
             batch = self._collect_batch()
             self._frames += batch.numel()
@@ -134,12 +135,16 @@ class BaseCollector:
         """
 
     def shutdown(self, close_env: bool = True) -> None:
-        """Release workers and envs; bounded in time and safe to call more than once."""
+        """Release workers and envs; bounded in time and safe to call more than once.
+
+        A call interrupted (Ctrl-C) leaves the rest of the work to the next call.
+        """
         if self._closed:
             return
-        self._closed = True
+        self._closing = True
         self._stop.set()
         self._shutdown(close_env)
+        self._closed = True
 
     def _shutdown(self, close_env: bool) -> None:
         raise NotImplementedError

@@ -5,8 +5,11 @@ import numbers
 import warnings
 from typing import Any
 
+import cloudpickle
 import torch
 from tensordict.nn import InteractionType
+
+MAX_TIMEOUT = 1e6  # seconds (11.6 days): what every timer below the RPC layer can hold
 
 
 def _is_int(value: Any) -> bool:
@@ -38,25 +41,49 @@ def positive_number(name: str, value: Any) -> float:
     return float(value)
 
 
+def timeout(name: str, value: Any) -> float:
+    """A finite number of seconds, > 0 and at most ``MAX_TIMEOUT``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= MAX_TIMEOUT:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: a number of seconds > 0 and <= {MAX_TIMEOUT:.0f}")
+    return float(value)
+
+
+def seed(value: Any) -> int:
+    if not _is_int(value):
+        raise TypeError(f"seed={value!r} is invalid; accepted: an int")
+    return int(value)
+
+
+def picklable(name: str, value: Any) -> None:
+    """``value`` must survive the trip to a worker process (cloudpickle)."""
+    try:
+        cloudpickle.dumps(value)
+    except Exception as err:
+        raise TypeError(
+            f"{name}={value!r} cannot be sent to the worker processes ({type(err).__name__}: {err}); accepted: "
+            "an object cloudpickle can pickle: build locks, sockets, open files and the like inside the env factory"
+        ) from err
+
+
 def optional_positive_int(name: str, value: Any) -> int | None:
     return None if value is None else positive_int(name, value)
 
 
-def max_frames_per_traj(value: Any) -> int | None:
+def max_frames_per_traj(value: Any, name: str = "max_frames_per_traj") -> int | None:
     """None or -1 (TorchRL's spelling) for no limit, else an int > 0."""
     if value is None or (_is_int(value) and value == -1):
         return None
     if not _is_int(value) or value <= 0:
-        raise ValueError(f"max_frames_per_traj={value!r} is invalid; accepted: None or -1 (no limit), or an int > 0")
+        raise ValueError(f"{name}={value!r} is invalid; accepted: None or -1 (no limit), or an int > 0")
     return int(value)
 
 
-def init_random_frames(value: Any) -> int:
+def init_random_frames(value: Any, name: str = "init_random_frames") -> int:
     """None or -1 (TorchRL's spelling) for no random frames, else an int >= 0."""
     if value is None or (_is_int(value) and value == -1):
         return 0
     if not _is_int(value) or value < 0:
-        raise ValueError(f"init_random_frames={value!r} is invalid; accepted: None or -1 (none), or an int >= 0")
+        raise ValueError(f"{name}={value!r} is invalid; accepted: None or -1 (none), or an int >= 0")
     return int(value)
 
 
@@ -99,8 +126,8 @@ def device(name: str, value: Any) -> torch.device | None:
         raise ValueError(f"{name}={value!r} asks for CUDA, which this machine does not have; accepted here: None or 'cpu'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ValueError(f"{name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if dev.type not in ("cpu", "cuda", "mps", "meta") and not hasattr(torch, dev.type):
-        raise ValueError(f"{name}={value!r} is not a known device type; accepted: None, 'cpu' or 'cuda'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}={value!r} is not supported; accepted: None, 'cpu', 'cuda' or 'cuda:N'")
     return dev
 
 
@@ -114,7 +141,7 @@ def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: A
     }
 
 
-def exploration_type(value: Any) -> InteractionType:
+def exploration_type(value: Any, name: str = "exploration_type") -> InteractionType:
     """TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) or its name; None: RANDOM."""
     if value is None:
         return InteractionType.RANDOM
@@ -124,7 +151,7 @@ def exploration_type(value: Any) -> InteractionType:
     if isinstance(value, str) and value.upper() in names:
         return InteractionType[value.upper()]
     raise ValueError(
-        f"exploration_type={value!r} is invalid; accepted: None (RANDOM), an ExplorationType "
+        f"{name}={value!r} is invalid; accepted: None (RANDOM), an ExplorationType "
         f"(tensordict.nn.InteractionType) or one of the names {names}"
     )
 
@@ -157,3 +184,23 @@ def worker_devices(worker_ids: Any, devices: list[torch.device]) -> list[int] | 
         return None
     wanted = {_canonical(d) for d in items}
     return [i for i, d in enumerate(devices) if _canonical(d) in wanted]
+
+
+_COLLECTOR_KWARG_CHECKS = {
+    "init_random_frames": lambda name, value: init_random_frames(value, name),
+    "exploration_type": lambda name, value: exploration_type(value, name),
+    "max_frames_per_traj": lambda name, value: max_frames_per_traj(value, name),
+    "reset_at_each_iter": boolean,
+    "device": device,
+    "storing_device": device,
+    "env_device": device,
+    "policy_device": device,
+}
+
+
+def collector_kwargs(kwargs: dict) -> None:
+    """Check the values of a multi-worker collector's ``collector_kwargs`` here, before any worker starts."""
+    for key, value in kwargs.items():
+        check = _COLLECTOR_KWARG_CHECKS.get(key)
+        if check is not None:
+            check(f"collector_kwargs[{key!r}]", value)

@@ -36,6 +36,17 @@ def _check_space(space: gym.Space, what: str) -> None:
         )
 
 
+def check_env_id(env_id: str, argument: str) -> None:
+    """A gymnasium id that does not exist (or whose module does not import) is a ValueError naming it."""
+    try:
+        gym.spec(env_id)
+    except (gym.error.Error, ImportError) as err:
+        raise ValueError(
+            f"{argument}={env_id!r} is not a registered gymnasium env id ({err}); accepted: an id in "
+            "gymnasium.registry such as 'CartPole-v1', or 'module:EnvId-v0' for an env registered on import"
+        ) from err
+
+
 def _where(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Rows of ``a`` where ``mask`` (one entry per env) is True, else rows of ``b``."""
     return np.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
@@ -67,6 +78,7 @@ class GymEnv:
         if num_envs is not None and (not isinstance(num_envs, int) or num_envs < 1):
             raise ValueError(f"GymEnv: num_envs={num_envs!r} is invalid; accepted: None or an int >= 1")
         if isinstance(env, str):
+            check_env_id(env, "GymEnv: env")
             if num_envs is None:
                 env = gym.make(env, **make_kwargs)
             else:

@@ -17,3 +17,9 @@ class WorkerError(RuntimeError):
         if remote_traceback:
             message += f"\n--- remote traceback ---\n{remote_traceback}"
         super().__init__(message)
+
+    @classmethod
+    def from_info(cls, worker_id: int, info: dict, reason: str, remote_traceback: str = "") -> "WorkerError":
+        """From what the worker reported of itself (``host``, ``address``, ``pid``), or what is known of it."""
+        host = info.get("host", "?") + (f" ({info['address']})" if info.get("address") else "")
+        return cls(worker_id, worker_id + 1, host, info.get("pid"), reason, remote_traceback)

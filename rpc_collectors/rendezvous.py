@@ -57,17 +57,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 SCHEME = "rpc-collectors"
-_served: dict[int, dist.TCPStore] = {}  # port -> store served by this process
 
 
 def serve_store(host: str, port: int, timeout: float, argument: str = "MASTER_PORT") -> tuple[dist.TCPStore, int]:
     """Serve the rendezvous store on ``host:port`` only (``port=0``: any free port).
 
-    ``init_rpc`` in this process then uses this store through the ``rpc-collectors://``
-    rendezvous, so nothing listens beyond ``host``. Returns the store and its port; the
-    listening socket belongs to the store and closes with it.
+    Every process, this one included, reaches it as a client through the ``rpc-collectors://``
+    rendezvous, so nothing listens beyond ``host``, and dropping the returned store stops the
+    server: its socket closes and every wait on it fails at once. The port is bound with
+    ``SO_REUSEADDR``, as TCPStore binds its own, so a port whose last connections linger in
+    TIME_WAIT is free. Returns the store and its port.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as err:
@@ -80,23 +82,26 @@ def serve_store(host: str, port: int, timeout: float, argument: str = "MASTER_PO
             host, port, None, True, datetime.timedelta(seconds=timeout),
             wait_for_workers=False, master_listen_fd=os.dup(sock.fileno()),
         )
-    _served[port] = store
     return store, port
 
 
-def _rendezvous_handler(url: str, **kwargs: object) -> Iterator:
-    """``rpc-collectors://host:port?timeout=T&rank=R&world_size=W``.
+def store_client(rdv: Rendezvous, timeout: float) -> dist.TCPStore:
+    """A client of the rendezvous store of ``rdv`` (the trainer's, or torchrun's agent store)."""
+    return dist.TCPStore(rdv.master_addr, rdv.master_port, None, False, datetime.timedelta(seconds=timeout))
 
-    The store this process serves on that port (rank 0), or a client of the store there:
-    the trainer's, or torchrun's agent store.
-    """
+
+def stopped_key(rdv: Rendezvous) -> str:
+    """Store key the trainer sets once its RPC agent stopped: the servers stop theirs after it."""
+    return f"rpc_collectors/stopped/{rdv.session}"
+
+
+def _rendezvous_handler(url: str, **kwargs: object) -> Iterator:
+    """``rpc-collectors://host:port?timeout=T&rank=R&world_size=W``: a client of the store there."""
     parsed = urllib.parse.urlparse(url)
     query = dict(urllib.parse.parse_qsl(parsed.query))
     rank, world_size = int(query["rank"]), int(query["world_size"])
-    store = _served.pop(parsed.port, None) if rank == 0 else None
-    if store is None:
-        timeout = datetime.timedelta(seconds=float(query["timeout"]))
-        store = dist.TCPStore(parsed.hostname, parsed.port, None, False, timeout)
+    timeout = datetime.timedelta(seconds=float(query["timeout"]))
+    store = dist.TCPStore(parsed.hostname, parsed.port, None, False, timeout)
     yield store, rank, world_size
     raise RuntimeError("the rpc-collectors rendezvous cannot be retried")
 

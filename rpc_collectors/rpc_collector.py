@@ -9,7 +9,6 @@ collector with one :class:`WorkerError`.
 """
 from __future__ import annotations
 
-import atexit
 import inspect
 import os
 import queue
@@ -17,7 +16,6 @@ import sys
 import threading
 import time
 import uuid
-import weakref
 from typing import Any
 
 import cloudpickle
@@ -29,7 +27,9 @@ from . import checks
 from .base import BaseCollector
 from .collector import Collector
 from .data_plane import BatchPlane
+from .envs import check_env_id
 from .errors import WorkerError
+from .lifetime import Resources, release_with, weak_method
 from .policies import StepPolicy, run_device
 from .rendezvous import detect_launcher, from_environment, host_id
 from .threads import TrainerThreads
@@ -39,18 +39,13 @@ from .worker import serve
 from .workers import InProcessWorkers, RPCWorkers
 
 WORKER_ID = ("collector", "worker_id")
+TIMEOUT_MARGIN = 1.0  # seconds past rpc_timeout before a wait gives up (the RPC's own timeout comes first)
+RPC_TIMED_OUT = "ran for more than set timeout"  # torch's message for an RPC past its timeout
 CAT_RESULTS = ("stack", 0, -1)
 _COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
     "split_trajs", "postproc", "replay_buffer",
 }
-_live: "weakref.WeakSet[RPCCollector]" = weakref.WeakSet()
-
-
-@atexit.register
-def _shutdown_live_collectors() -> None:
-    for collector in list(_live):
-        collector.shutdown()
 
 
 class RPCCollector(BaseCollector):
@@ -77,7 +72,7 @@ class RPCCollector(BaseCollector):
             serves collectors on every rank but 0 and exits those processes with code 0 when
             the trainer shuts down.
         backend: weight process group backend, ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
-        rpc_timeout: seconds any single wait on a worker may take.
+        rpc_timeout: seconds any single wait on a worker may take (at most 10^6).
         collector_kwargs: extra keyword arguments for every worker's :class:`Collector`.
         exploration_type: TorchRL's ``ExplorationType`` the workers set around every policy
             call; default ``RANDOM``, as TorchRL's collectors.
@@ -132,7 +127,7 @@ class RPCCollector(BaseCollector):
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer,
         )
-        self._closed = True  # until the workers are up
+        self._closed = self._closing = True  # until the workers are up
         self.launcher = detect_launcher(launcher)
         if self.launcher in ("torchrun", "slurm"):
             rdv = from_environment(self.launcher)
@@ -152,7 +147,7 @@ class RPCCollector(BaseCollector):
         self.backend = checks.choice("backend", backend, ("gloo", "nccl"))
         if backend == "nccl" and not torch.cuda.is_available():
             raise ValueError("backend='nccl' needs CUDA, which this machine does not have; accepted here: 'gloo'")
-        self.rpc_timeout = checks.positive_number("rpc_timeout", rpc_timeout)
+        self.rpc_timeout = checks.timeout("rpc_timeout", rpc_timeout)
         self.update_after_each_batch = checks.boolean("update_after_each_batch", update_after_each_batch)
         interval = max_weight_update_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
@@ -180,6 +175,7 @@ class RPCCollector(BaseCollector):
         self._policy_device = checks.devices(
             kwargs["device"], kwargs["storing_device"], kwargs["env_device"], kwargs["policy_device"]
         )["policy_device"]
+        specs = self._specs(env_fns, policy, kwargs)
         self.policy = policy
         self.policy_version = 0
 
@@ -193,24 +189,24 @@ class RPCCollector(BaseCollector):
         self._last_async: int | None = None
         self._push: list = []
         self._sender: WeightSender | None = None
-        self._threads: TrainerThreads | None = None
         self._batches: BatchPlane | None = None
         self._lock = threading.RLock()
+        self._resources = Resources()
         if self.launcher == "debug":
             self.workers: Any = InProcessWorkers(self.num_workers)
         else:
-            self.workers = RPCWorkers(rdv, self.num_workers, self.rpc_timeout, self._on_death)
-        self._closed = False
-        _live.add(self)
+            self.workers = RPCWorkers(rdv, self.num_workers, self.rpc_timeout, weak_method(self._on_death))
+        self._resources.workers = self.workers
+        self._release = release_with(self, self._resources)
+        self._closed = self._closing = False
         try:
-            specs = [cloudpickle.dumps((fn, policy, kwargs)) for fn in env_fns]
             self.infos = self._wait_all({i: self.workers.create(i, specs[i]) for i in range(self.num_workers)})
             self._init_weights(weight_transport)
             local = 0 if self.launcher == "debug" else sum(info["host_id"] == host_id() for info in self.infos)
-            self._threads = TrainerThreads(num_threads, local)
-            self._batches = BatchPlane(
-                [self.launcher != "debug" and info["host_id"] == host_id() for info in self.infos], self._join_batches,
-                sync=self.sync,
+            self._resources.threads = TrainerThreads(num_threads, local)
+            local_hosts = [self.launcher != "debug" and info["host_id"] == host_id() for info in self.infos]
+            self._batches = self._resources.batches = BatchPlane(
+                local_hosts, weak_method(self._join_batches), sync=self.sync
             )
         except BaseException:
             self.shutdown()
@@ -238,6 +234,8 @@ class RPCCollector(BaseCollector):
         for i, fn in enumerate(fns):
             if fn is None or not (callable(fn) or isinstance(fn, str) or hasattr(fn, "step")):
                 raise TypeError(f"create_env_fn[{i}]={fn!r} is not an env or env factory")
+            if isinstance(fn, str):
+                check_env_id(fn, "create_env_fn")
         if rdv is not None and rdv.world_size - 1 != len(fns):
             raise ValueError(
                 f"{len(fns)} collectors were asked for, but the {rdv.launcher} world has WORLD_SIZE="
@@ -256,7 +254,18 @@ class RPCCollector(BaseCollector):
             raise ValueError(
                 f"collector_kwargs has unknown keys {sorted(unknown)}; accepted: {sorted(_COLLECTOR_KWARGS)}"
             )
+        checks.collector_kwargs(collector_kwargs)
         return dict(collector_kwargs)
+
+    @staticmethod
+    def _specs(env_fns: list, policy: Any, kwargs: dict) -> list[bytes]:
+        """What each worker builds its collector from, pickled here so that failures name the argument."""
+        try:
+            return [cloudpickle.dumps((fn, policy, kwargs)) for fn in env_fns]
+        except Exception as err:
+            for name, value in [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]:
+                checks.picklable(name, value)
+            raise
 
     def _trainer_module(self) -> nn.Module | None:
         policy = self.policy
@@ -272,7 +281,7 @@ class RPCCollector(BaseCollector):
         if kind == "shm":
             if not same_host:
                 raise ValueError("weight_transport='shm' needs every worker on the trainer's host")
-            path, buffer = shm_file(flat.nbytes)
+            path, fd, buffer = shm_file(flat.nbytes)
             spec = TransportSpec("shm", flat.nbytes, path=path, timeout=self.rpc_timeout)
         else:
             if self.launcher == "debug":
@@ -283,8 +292,8 @@ class RPCCollector(BaseCollector):
                 prefix=f"rpc_collectors/weights/{uuid.uuid4().hex}", world_size=self.num_workers + 1,
                 backend=self.backend, interface=rdv.interface, timeout=self.rpc_timeout,
             )
-            buffer = flat.new_buffer(torch.device("cuda") if self.backend == "nccl" else None)
-        self._sender = WeightSender(flat, spec, buffer)
+            buffer, fd = flat.new_buffer(torch.device("cuda") if self.backend == "nccl" else None), None
+        self._sender = self._resources.sender = WeightSender(flat, spec, buffer, fd)
         joins = {i: self.workers.call_async(i, "join_weights", spec) for i in range(self.num_workers)}
         self._sender.connect()
         self._wait_all(joins)
@@ -302,13 +311,15 @@ class RPCCollector(BaseCollector):
             waiter.put(None)
 
     def _worker_error(self, worker_id: int, reason: str, remote: str = "") -> WorkerError:
-        info = self.infos[worker_id] if hasattr(self, "infos") else {}
-        host = info.get("host", "?") + (f" ({info['address']})" if info.get("address") else "")
-        reason = self._dead.get(worker_id, reason)
-        return WorkerError(worker_id, worker_id + 1, host, info.get("pid"), reason, remote)
+        info = self.infos[worker_id] if hasattr(self, "infos") else self.workers.identity(worker_id)
+        return WorkerError.from_info(worker_id, info, self._dead.get(worker_id, reason), remote)
 
     def _fail(self, error: BaseException) -> BaseException:
         """Shut every worker down, then hand back ``error`` for the caller to raise."""
+        if self._closing:  # the workers failed because shutdown() stopped them
+            return RuntimeError(f"{type(self).__name__} was shut down")
+        if isinstance(error, WorkerError):  # a hung worker would hold up the shutdown
+            self.workers.kill(error.worker_id)
         self.shutdown()
         return error
 
@@ -316,11 +327,16 @@ class RPCCollector(BaseCollector):
         try:
             return fut.wait()
         except Exception as err:
-            if getattr(self.workers, "spawner", None) is not None:  # a dead local worker's exit code
-                self._deaths[worker_id].wait(1.0)  # follows its reset connection within milliseconds
+            if getattr(self.workers, "spawner", None) is not None and not self._closing:
+                self._deaths[worker_id].wait(1.0)  # a dead local worker's exit code follows its reset connection
             text = str(err)
             remote = text if "Traceback" in text else ""
-            reason = "raised an error" if remote else f"is unreachable: {text.splitlines()[0] if text else type(err).__name__}"
+            if remote:
+                reason = "raised an error"
+            elif RPC_TIMED_OUT in text:
+                reason = f"did not answer within rpc_timeout={self.rpc_timeout} s"
+            else:
+                reason = f"is unreachable: {text.splitlines()[0] if text else type(err).__name__}"
             raise self._fail(self._worker_error(worker_id, reason, remote)) from err
 
     def _wait_all(self, futures: dict[int, torch.futures.Future]) -> list:
@@ -331,14 +347,14 @@ class RPCCollector(BaseCollector):
             for worker_id, fut in futures.items():
                 fut.add_done_callback(lambda _f, i=worker_id: done.put(i))
             results: dict[int, Any] = {}
-            deadline = time.monotonic() + self.rpc_timeout + 5.0
+            deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
             while len(results) < len(futures):
                 self._raise_if_dead()
                 try:
                     worker_id = done.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     late = sorted(set(futures) - set(results))
-                    raise self._fail(self._worker_error(late[0], f"did not answer within {self.rpc_timeout} s"))
+                    raise self._fail(self._worker_error(late[0], f"did not answer within rpc_timeout={self.rpc_timeout} s"))
                 if worker_id is not None:
                     results[worker_id] = self._result(worker_id, futures[worker_id])
             return [results[i] for i in sorted(results)]
@@ -346,6 +362,8 @@ class RPCCollector(BaseCollector):
             self._waiters.discard(done)
 
     def _raise_if_dead(self) -> None:
+        if self._closing:
+            raise RuntimeError(f"{type(self).__name__} was shut down")
         if self._dead:
             worker_id = min(self._dead)
             raise self._fail(self._worker_error(worker_id, self._dead[worker_id]))
@@ -358,7 +376,8 @@ class RPCCollector(BaseCollector):
         slot = self._batches.slot_for(worker_id)
         fut = self.workers.call_async(worker_id, "collect", self._min_version[worker_id], slot)
         self._outstanding.add(worker_id)
-        fut.add_done_callback(lambda f, i=worker_id: self._events.put(("batch", i, f)))
+        events = self._events  # not self: a pending future must not keep the collector alive
+        fut.add_done_callback(lambda f, i=worker_id: events.put(("batch", i, f)))
 
     def _needs_update(self, worker_id: int) -> bool:
         if self._sender is None:
@@ -374,12 +393,12 @@ class RPCCollector(BaseCollector):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 late = min(self._outstanding)
-                raise self._fail(self._worker_error(late, f"did not deliver a batch within {self.rpc_timeout} s"))
+                raise self._fail(self._worker_error(late, f"did not answer within rpc_timeout={self.rpc_timeout} s"))
             try:
                 kind, worker_id, payload = self._events.get(timeout=remaining)
             except queue.Empty:
                 continue
-            if kind == "died":
+            if kind in ("died", "closed"):
                 continue  # _raise_if_dead reports it
             self._outstanding.discard(worker_id)
             result = self._result(worker_id, payload)
@@ -393,7 +412,7 @@ class RPCCollector(BaseCollector):
         return batch
 
     def _collect_batch(self) -> TensorDictBase:
-        deadline = time.monotonic() + self.rpc_timeout + 5.0
+        deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
         if self.sync:
             for worker_id in range(self.num_workers):
                 self._request(worker_id)
@@ -461,6 +480,7 @@ class RPCCollector(BaseCollector):
         are copied out of the policy, and the transfer completes in the background.
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
+        self._require_open()
         ids = self._worker_ids(worker_ids)
         if self._sender is None:
             raise TypeError("update_policy_weights_: the policy is not an nn.Module, so it has no weights to push")
@@ -488,7 +508,7 @@ class RPCCollector(BaseCollector):
                 raise ValueError(f"worker_ids={worker_ids!r}: no worker runs its policy there; the workers' policy device is {device}")
             return on_device
         ids = [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
-        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.num_workers]
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_workers]
         if bad or not ids:
             raise ValueError(f"worker_ids={worker_ids!r} is invalid; accepted: None or ids in 0..{self.num_workers - 1}")
         return sorted(set(ids))
@@ -503,12 +523,15 @@ class RPCCollector(BaseCollector):
     # ---------------------------------------------------------------- state
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every worker's env and torch RNG with distinct seeds; returns the next free seed."""
+        self._require_open()
+        seed = checks.seed(seed)
         for worker_id in range(self.num_workers):
             seed = self._wait_all({worker_id: self.workers.call_async(worker_id, "set_seed", int(seed))})[0]
         return seed
 
     def state_dict(self) -> dict:
         """Frames, iteration, weights version and every worker's collector state."""
+        self._require_open()
         with self._lock:
             self._finish_push()
         state = self._base_state()
@@ -518,6 +541,7 @@ class RPCCollector(BaseCollector):
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state_dict()``; the workers' envs restart, trajectory ids keep increasing."""
+        self._require_open()
         if len(state["workers"]) != self.num_workers:
             raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {self.num_workers}")
         self._load_base_state(state)
@@ -525,17 +549,16 @@ class RPCCollector(BaseCollector):
         self._wait_all({i: self.workers.call_async(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
 
     # ---------------------------------------------------------------- shutdown
+    def _require_open(self) -> None:
+        if self._closing:
+            raise RuntimeError(f"{type(self).__name__} was shut down; build a new collector to go on")
+
     def _shutdown(self, close_env: bool) -> None:
-        _live.discard(self)
-        if self._threads is not None:
-            self._threads.restore()
-        try:
-            self.workers.close()
-        finally:
-            if self._batches is not None:
-                self._batches.close()
-            if self._sender is not None:
-                self._sender.close()
+        self._events.put(("closed", -1, None))  # wakes a next() waiting in another thread
+        for waiter in list(self._waiters):
+            waiter.put(None)
+        self._resources.close()
+        self._release.detach()
 
 
 class MultiCollector(RPCCollector):

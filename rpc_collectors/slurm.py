@@ -228,7 +228,9 @@ def _scontrol_node_addr(node: str) -> str | None:
 
 
 def _check_port_free(port: int) -> None:
+    """Refuse a port that is taken, binding as the rendezvous store will (a TIME_WAIT port is free)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("", port))
         except OSError as err:

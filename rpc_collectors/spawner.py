@@ -6,11 +6,14 @@ request: eight workers start in well under a second instead of each paying the i
 Unlike ``multiprocessing``'s spawn and forkserver, it never re-imports the user's
 ``__main__``, so scripts need no ``if __name__ == "__main__"`` guard.
 
-Protocol over two pipes (JSON lines): the parent writes ``{"target": "module:function",
-"args": [...]}`` and reads back ``{"pid": N}``; whenever a child exits the spawner writes
-``{"exit": N, "code": C}``. When the parent goes away (its end of the requests pipe closes),
-the spawner kills its children and exits; each child also dies with the spawner
-(``PR_SET_PDEATHSIG``).
+Protocol over two pipes (JSON lines): the parent writes ``{"id": R, "target":
+"module:function", "args": [...]}`` and reads back ``{"id": R, "pid": N}``; whenever a child
+exits the spawner writes ``{"exit": N, "code": C}``. A reply to a request the parent gave up
+on (a timeout, Ctrl-C) is never handed to a later request: its child is killed. When the
+parent goes away (its end of the requests pipe closes), the spawner kills its children and
+exits; each child also dies with the spawner (``PR_SET_PDEATHSIG``). The spawner keeps none
+of the parent's descriptors (sockets, files) but its two pipes and the standard streams, and
+calls itself ``rpc-spawner`` in ``ps``/``top``.
 """
 from __future__ import annotations
 
@@ -31,13 +34,54 @@ import torch
 
 PRELOAD = ("torch", "tensordict", "gymnasium", "numpy", "cloudpickle", "rpc_collectors.worker")
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+SPAWNER_NAME = "rpc-spawner"
+
+
+def _prctl(option: int, arg: object) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg)
+    except (OSError, AttributeError):  # not Linux: the stdin EOF path still cleans up
+        pass
 
 
 def _die_with_parent() -> None:
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def name_process(name: str) -> None:
+    """Show this process as ``name`` (at most 15 bytes) in ``ps -o comm``, ``top`` and /proc/<pid>/comm."""
+    _prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
+
+
+def drop_inherited_fds(keep: tuple[int, ...]) -> None:
+    """Let go of every descriptor this process inherited but the standard streams and ``keep``.
+
+    They are pointed at /dev/null rather than closed: Python objects of the parent (a logging
+    handler, a test runner's capture file) may still write to their numbers, which must not
+    come to name a socket this process opens later. ``sys.stdout``/``sys.stderr`` are
+    rebound to descriptors 1 and 2.
+    """
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the stdin EOF path still cleans up
-        pass
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: the usual range
+        fds = list(range(3, 1024))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in fds:
+        if fd > 2 and fd != devnull and fd not in keep:
+            try:
+                os.dup2(devnull, fd)
+            except OSError:  # not open (any more)
+                pass
+    os.close(devnull)
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        try:
+            same = stream.fileno() == fd
+        except (AttributeError, OSError, ValueError):
+            same = False
+        if not same:
+            setattr(sys, name, open(fd, "w", buffering=1, closefd=False))
 
 
 class Spawner:
@@ -62,8 +106,7 @@ class Spawner:
             self.pid = os.fork()
             if self.pid == 0:
                 try:
-                    os.close(requests_w)
-                    os.close(replies_r)
+                    drop_inherited_fds((requests_r, replies_w))
                     serve(requests_r, replies_w)
                 finally:
                     os._exit(0)
@@ -71,8 +114,11 @@ class Spawner:
         os.close(replies_w)
         self.requests = os.fdopen(requests_w, "w", buffering=1)
         self.replies = os.fdopen(replies_r, "r")
-        self._replies: "list[int]" = []
+        self._requests = 0  # ids of requests sent so far
+        self._replies: dict[int, int] = {}  # request id -> pid, until spawn() takes it
+        self._abandoned: set[int] = set()  # ids of requests whose spawn() gave up waiting
         self._live: dict[int, Callable[[int, int], None]] = {}  # pid -> on_exit
+        self._early: dict[int, int] = {}  # pid -> exit code of a child that exited before spawn() returned
         self._exited = False
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, name="spawner-reader", daemon=True)
@@ -87,10 +133,16 @@ class Spawner:
             msg = json.loads(line)
             with self._cond:
                 if "pid" in msg:
-                    self._replies.append(msg["pid"])
+                    if msg["id"] in self._abandoned:
+                        self._abandoned.discard(msg["id"])
+                        _kill(msg["pid"])  # nobody waits for it: its exit is reported and ignored
+                    else:
+                        self._replies[msg["id"]] = msg["pid"]
                     on_exit = None
                 else:
                     on_exit = self._live.pop(msg["exit"], None)
+                    if on_exit is None and msg["exit"] in self._replies.values():
+                        self._early[msg["exit"]] = msg["code"]
                 self._cond.notify_all()
             if on_exit is not None:
                 on_exit(msg["exit"], msg["code"])
@@ -104,14 +156,36 @@ class Spawner:
         ``on_exit(pid, exit_code)`` is called from a thread when the child exits.
         """
         with self._cond:
-            self.requests.write(json.dumps({"target": target, "args": args}) + "\n")
-            if not self._cond.wait_for(lambda: self._replies or self._exited, timeout):
-                raise TimeoutError(f"the worker spawner did not start a process within {timeout} s")
-            if not self._replies:
-                raise RuntimeError("the worker spawner exited")
-            pid = self._replies.pop(0)
-            self._live[pid] = on_exit
-            return pid
+            self._requests += 1
+            request = self._requests
+            self.requests.write(json.dumps({"id": request, "target": target, "args": args}) + "\n")
+            try:
+                if not self._cond.wait_for(lambda: request in self._replies or self._exited, timeout):
+                    raise TimeoutError(f"the worker spawner did not start a process within {timeout} s")
+                if request not in self._replies:
+                    raise RuntimeError("the worker spawner exited")
+                pid = self._replies[request]
+                code = self._early.pop(pid, None)
+                if code is None:
+                    self._live[pid] = on_exit
+                del self._replies[request]
+            except BaseException:  # a timeout or Ctrl-C: the child is killed, now or when it comes
+                pid = self._replies.pop(request, None)
+                if pid is None:
+                    self._abandoned.add(request)
+                else:
+                    self._live.pop(pid, None)
+                    _kill(pid)
+                raise
+        if code is not None:
+            on_exit(pid, code)
+        return pid
+
+    def kill(self, pid: int) -> None:
+        """Kill child ``pid`` if it still runs (a pid that exited may name another process by now)."""
+        with self._cond:
+            if pid in self._live:
+                _kill(pid)
 
     def reap(self, pids: list[int], timeout: float) -> None:
         """Wait up to ``timeout`` for ``pids`` to exit, then kill the rest and wait for them."""
@@ -119,10 +193,7 @@ class Spawner:
             self._cond.wait_for(lambda: self._exited or not set(pids) & set(self._live), timeout)
             for pid in set(pids) & set(self._live):
                 self._live[pid] = lambda *_: None  # killed on purpose: not a failure
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill(pid)
             if not self._cond.wait_for(lambda: self._exited or not set(pids) & set(self._live), timeout):
                 raise TimeoutError(f"worker processes {sorted(set(pids) & set(self._live))} did not exit")
 
@@ -140,6 +211,13 @@ class Spawner:
         else:
             os.waitpid(self.pid, 0)
         self.replies.close()
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 _shared: Spawner | None = None
@@ -178,6 +256,7 @@ def serve(requests_fd: int, replies_fd: int) -> None:
     Child exits arrive as SIGCHLD through a wake-up pipe and are reaped in the main loop, so
     replies are only ever written from one place.
     """
+    name_process(SPAWNER_NAME)
     for name in PRELOAD:
         importlib.import_module(name)
     out = os.fdopen(replies_fd, "w", buffering=1)
@@ -201,15 +280,13 @@ def serve(requests_fd: int, replies_fd: int) -> None:
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
-            pid = _fork_child(json.loads(line), (requests_fd, replies_fd, wake_r, wake_w))
+            request = json.loads(line)
+            pid = _fork_child(request, (requests_fd, replies_fd, wake_r, wake_w))
             children.add(pid)
-            out.write(json.dumps({"pid": pid}) + "\n")
+            out.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
     signal.set_wakeup_fd(-1)
     for pid in children:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill(pid)
     for pid in children:
         try:
             os.waitpid(pid, 0)

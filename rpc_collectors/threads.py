@@ -18,7 +18,7 @@ class TrainerThreads:
         self.threads = num_threads if num_threads is not None else max(1, self.saved - local_workers)
         torch.set_num_threads(self.threads)
 
-    def restore(self) -> None:
+    def close(self) -> None:
         """Back to the count the trainer had before, unless something else changed it since."""
         if torch.get_num_threads() == self.threads:
             torch.set_num_threads(self.saved)

@@ -62,19 +62,23 @@ def map_slots(path: str, nbytes: int) -> list[torch.Tensor]:
     return [whole[i * nbytes:(i + 1) * nbytes] for i in range(SHM_SLOTS)]
 
 
-def shm_file(nbytes: int) -> tuple[str, torch.Tensor]:
-    """Create a shared-memory file for weights of ``nbytes`` (two slots); returns its path and slot 0.
+def shm_file(nbytes: int) -> tuple[str, int, torch.Tensor]:
+    """Create a shared-memory file for weights of ``nbytes`` (two slots); returns its path, descriptor and slot 0.
 
-    The pages are touched here, so the first update does not pay the page faults.
+    The file has no name from the start: it is unlinked at once and reached, by processes on
+    this host, through this process's open descriptor (``/proc/<pid>/fd/<fd>``), so even a
+    trainer killed with SIGKILL leaves nothing in /dev/shm. Close the descriptor once every
+    worker mapped it. The pages are touched here, so the first update does not pay the page faults.
     """
     directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    fd, path = tempfile.mkstemp(prefix="rpc_collectors_weights_", dir=directory)
+    fd, name = tempfile.mkstemp(prefix=f"rpc_collectors_weights_{os.getpid()}_", dir=directory)
+    os.unlink(name)
     os.ftruncate(fd, max(SHM_SLOTS * nbytes, 1))
-    os.close(fd)
+    path = f"/proc/{os.getpid()}/fd/{fd}"
     slots = map_slots(path, nbytes)
     for slot in slots:
         slot.zero_()
-    return path, slots[0]
+    return path, fd, slots[0]
 
 
 def _parse_mode(mode: str) -> tuple[str, int]:
@@ -155,8 +159,10 @@ class WeightReceiver:
 class WeightSender:
     """Trainer side: pack the policy into the flat buffer and push it to workers."""
 
-    def __init__(self, flat: FlatWeights, spec: TransportSpec, buffer: torch.Tensor) -> None:
+    def __init__(self, flat: FlatWeights, spec: TransportSpec, buffer: torch.Tensor, fd: int | None = None) -> None:
+        """``fd``: the shared-memory file's descriptor (see :func:`shm_file`), closed by :meth:`joined`."""
         self.flat, self.spec = flat, spec
+        self.fd = fd
         self.slots = map_slots(spec.path, spec.nbytes) if spec.kind == "shm" else [buffer]
         self._next = 0  # the slot the next version is packed into
         self.group: dist.ProcessGroup | None = None
@@ -173,17 +179,13 @@ class WeightSender:
             self.group = process_group(self.spec, 0)
 
     def joined(self) -> None:
-        """Every worker has joined: remove the shared-memory file's name (the mappings stay).
+        """Every worker has mapped the shared-memory file: close its descriptor (the mappings stay).
 
-        Once unlinked, the memory goes away with the last process that maps it, so even a
-        trainer killed with SIGKILL leaves nothing in /dev/shm. Called by the first push too.
+        The memory then goes away with the last process that maps it. Called by the first push too.
         """
-        path = self.spec.path if self.spec.kind == "shm" else None
-        if path and os.path.exists(path):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
     def push(self, worker_ranks: list[int], version: int, all_workers: bool) -> str:
         """Start sending the packed buffer; returns the mode the workers must receive with."""

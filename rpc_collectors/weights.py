@@ -71,9 +71,9 @@ class FlatWeights:
     def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         return [buffer[o:o + n].view(dtype).view(shape) for o, n, dtype, shape in self.layout]
 
-    def tensors(self, source: TensorDictBase | None = None) -> list[torch.Tensor]:
-        """The module's current tensors (or ``source``'s), checked against the layout."""
-        td = TensorDict.from_module(self.module).data if source is None else source
+    def tensors(self) -> list[torch.Tensor]:
+        """The module's current tensors, checked against the layout."""
+        td = TensorDict.from_module(self.module).data
         tensors = [td.get(k) for k in self.keys]
         for key, t, (_, _, dtype, shape) in zip(self.keys, tensors, self.layout):
             if t.dtype != dtype or t.shape != shape:
@@ -86,7 +86,22 @@ class FlatWeights:
     def pack(self, buffer: torch.Tensor, source: TensorDictBase | None = None) -> None:
         """Copy the module's current weights (or ``source``'s) into ``buffer``."""
         if self.keys:
-            torch._foreach_copy_(self.views(buffer), self.tensors(source))
+            torch._foreach_copy_(self.views(buffer), self.tensors() if source is None else self._matching(source))
+
+    def _matching(self, source: TensorDictBase, argument: str = "policy_or_weights") -> list[torch.Tensor]:
+        """``source``'s tensors in this layout; a ValueError naming what differs from the policy."""
+        tensors = []
+        for key, (_, _, dtype, shape) in zip(self.keys, self.layout):
+            tensor = source.get(key, None)
+            if tensor is None:
+                raise ValueError(f"{argument} has no {key!r}, which the policy has; accepted: weights of the same architecture")
+            if tensor.shape != shape:
+                raise ValueError(
+                    f"{argument}[{key!r}] has shape {list(tensor.shape)}, the policy's is {list(shape)}; "
+                    "accepted: weights of the same architecture"
+                )
+            tensors.append(tensor)
+        return tensors
 
     def unpack(self, buffer: torch.Tensor) -> None:
         """Copy weights from ``buffer`` into the module's current tensors, in place."""

@@ -6,13 +6,15 @@ the state's methods; the same methods run in-process in the debug launcher.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime
 import os
 import socket
 import sys
 import threading
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import cloudpickle
 import torch
@@ -22,12 +24,14 @@ from tensordict import TensorDictBase
 
 from .collector import Collector
 from .data_plane import Ready, SlotSpec, SlotWriter
-from .rendezvous import Rendezvous, host_id, interface_address, socket_interface
+from .rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
+from .spawner import name_process
 from .weight_sync import TransportSpec, WeightReceiver
 from .weights import FlatWeights
 
 TRAINER = "trainer"
 PING_EVERY = 5.0  # seconds between a server's checks that its trainer is still there
+STOP_GRACE = 5.0  # at most this many seconds from stop() to the end of the server
 
 
 def worker_name(rank: int, session: str = "") -> str:
@@ -123,8 +127,38 @@ def call(method: str, *args: Any) -> Any:
 
 
 def stop() -> None:
-    """RPC: end this server after the reply is sent."""
+    """RPC: close this server's collector, then end the server once the trainer's agent stopped.
+
+    From here on the server drops torch's C++ warnings: its agent would otherwise log every
+    connection that its peers close as they stop, though nothing went wrong.
+    """
+    global _state
+    state, _state = _state, None
+    if state is not None:
+        state.close()
+    _cpp_log_level().value = CPP_ERROR
     _stop.set()
+
+
+CPP_ERROR = 2  # c10's log level that drops warnings
+
+
+def _cpp_log_level() -> ctypes.c_int:
+    """torch's C++ log threshold (``TORCH_CPP_LOG_LEVEL``, read only at start-up), settable here."""
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+    return ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level")
+
+
+@contextlib.contextmanager
+def cpp_warnings_off() -> Iterator[None]:
+    """Drop torch's C++ warnings meanwhile: a stopping RPC agent warns of every pipe it closes."""
+    level = _cpp_log_level()
+    saved = level.value
+    level.value = max(saved, CPP_ERROR)
+    try:
+        yield
+    finally:
+        level.value = saved
 
 
 def ping() -> bool:
@@ -154,7 +188,9 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     """Run a collector server until the trainer stops it or goes away; returns an exit code."""
     global _rdv
     _rdv = rdv
+    name_process(f"rpc-worker{rdv.rank - 1}")
     start_agent(worker_name(rdv.rank, rdv.session), rdv, rpc_timeout)
+    store = store_client(rdv, rpc_timeout)
     code = 0
     while not _stop.wait(PING_EVERY):
         try:
@@ -163,6 +199,9 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
             print(f"{worker_name(rdv.rank, rdv.session)}: the trainer is unreachable ({err}); exiting", file=sys.stderr)
             code = 1
             break
+    if _stop.is_set():  # stopped by the trainer: let its agent stop first (see stop())
+        with contextlib.suppress(RuntimeError):
+            store.wait([stopped_key(rdv)], datetime.timedelta(seconds=min(rpc_timeout, STOP_GRACE)))
     if _state is not None:
         _state.close()
     rpc.shutdown(graceful=False)

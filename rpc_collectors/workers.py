@@ -7,17 +7,25 @@ the same server code in the trainer's process (the debug launcher). Both return
 """
 from __future__ import annotations
 
+import functools
+import os
 import signal
+import socket
+import threading
+import traceback
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
 from . import spawner, worker
-from .rendezvous import Rendezvous, interface_address, serve_store
+from .errors import WorkerError
+from .rendezvous import Rendezvous, interface_address, serve_store, stopped_key, store_client
 from .spawner import Spawner
 
 OnDeath = Callable[[int, str], None]
+_starting = threading.Lock()  # held while an RPC agent of this process starts
 
 
 def describe_exit(code: int) -> str:
@@ -30,49 +38,106 @@ def describe_exit(code: int) -> str:
 
 
 class RPCWorkers:
-    """Collector servers on ranks 1..N of an RPC world where this process is rank 0."""
+    """Collector servers on ranks 1..N of an RPC world where this process is rank 0.
+
+    Start-up is interruptible and bounded: the RPC agent starts in a thread while this one
+    waits for it, for a local worker's exit (reported by the spawner at once) or for Ctrl-C;
+    on either of the last two the rendezvous store is closed, which ends the agent's start.
+    :meth:`close` is idempotent and, when interrupted, a second call finishes it.
+    """
 
     def __init__(self, rdv: Rendezvous | None, num_workers: int, rpc_timeout: float, on_death: OnDeath) -> None:
         """``rdv=None`` starts ``num_workers`` local processes; otherwise join a torchrun/SLURM world."""
-        if rpc.api._is_current_rpc_agent_set():
+        if rpc.api._is_current_rpc_agent_set() or _starting.locked():
             raise RuntimeError(
                 "this process already runs an RPC agent (another RPCCollector?); shut it down first: "
                 "one RPCCollector per process"
             )
         self.num_workers, self.rpc_timeout, self.on_death = num_workers, rpc_timeout, on_death
         self.spawner: Spawner | None = None
-        self.pids: dict[int, int] = {}  # local worker pid -> worker id
-        self._store = None
+        self.pids: dict[int, int] = {}  # local worker pid -> worker id, until reaped
+        self.worker_pids: dict[int, int] = {}  # worker id -> pid of a local worker (for error messages)
+        self.rdv = rdv
+        self._store: dist.TCPStore | None = None  # served here: closing it ends every wait on it
+        self._client: dist.TCPStore | None = None
+        self._agent: threading.Thread | None = None
         self._rpc_up = False
+        self._closing = False
+        self._wake = threading.Event()  # the agent started, or a worker exited during start-up
+        self._exited = threading.Event()  # a worker exited during start-up
+        self._start_exits: dict[int, str] = {}  # worker id -> exit reason, during start-up
         spawner.rpc_starts_here()
         try:
             if rdv is None:
                 self._store, port = serve_store("127.0.0.1", 0, rpc_timeout)
-                rdv = Rendezvous("local", 0, num_workers + 1, "127.0.0.1", port, "lo", session=str(port))
+                self.rdv = Rendezvous("local", 0, num_workers + 1, "127.0.0.1", port, "lo", session=str(port))
                 self.spawner = spawner.shared_spawner()
                 for rank in range(1, num_workers + 1):
                     pid = self.spawner.spawn(
                         "rpc_collectors.worker:local_main",
-                        [rank, num_workers + 1, port, rpc_timeout, rpc_api_generation()], rpc_timeout, self._on_exit,
+                        [rank, num_workers + 1, port, rpc_timeout, rpc_api_generation()], rpc_timeout,
+                        functools.partial(self._on_exit, rank - 1),
                     )
                     self.pids[pid] = rank - 1
+                    self.worker_pids[rank - 1] = pid
             elif not rdv.agent_store:
                 host = interface_address(rdv.interface) if rdv.interface else rdv.master_addr
                 self._store, _ = serve_store(host, rdv.master_port, rpc_timeout)
-            self.rdv = rdv
-            worker.start_agent(worker.TRAINER, rdv, rpc_timeout)
+            self._client = store_client(self.rdv, rpc_timeout)
+            self._start_agent()
         except BaseException:
             self.close()
             raise
-        self._rpc_up = True
+
+    def _start_agent(self) -> None:
+        """Start this process's RPC agent in a thread; raise a start-up death or Ctrl-C at once."""
+        errors: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                worker.start_agent(worker.TRAINER, self.rdv, self.rpc_timeout)
+            except BaseException as err:
+                errors.append(err)
+            finally:
+                self._wake.set()
+
+        with _starting:
+            self._agent = threading.Thread(target=start, name="rpc-agent-start", daemon=True)
+            self._agent.start()
+            self._wake.wait()  # Ctrl-C interrupts this wait
+            if errors and self.spawner is not None:  # a failed start may precede the exit report
+                self._exited.wait(1.0)
+            if self._start_exits:
+                worker_id = min(self._start_exits)
+                reason = f"{self._start_exits[worker_id]} during start-up, before the RPC rendezvous completed"
+                raise WorkerError.from_info(worker_id, self.identity(worker_id), reason)
+            self._agent.join()
+            if errors:
+                raise errors[0]
+            self._rpc_up = True
+
+    def identity(self, worker_id: int) -> dict:
+        """What is known of ``worker_id`` before it answered: host, address and pid of a local worker."""
+        pid = self.worker_pids.get(worker_id)
+        return {"host": socket.gethostname(), "address": "127.0.0.1", "pid": pid} if pid else {}
+
+    def kill(self, worker_id: int) -> None:
+        """Kill a failed local worker at once (a remote one is left to :meth:`close`)."""
+        pid = self.worker_pids.get(worker_id)
+        if self.spawner is not None and pid is not None:
+            self.spawner.kill(pid)
 
     def _name(self, worker_id: int) -> str:
         return worker.worker_name(worker_id + 1, self.rdv.session)
 
-    def _on_exit(self, pid: int, code: int) -> None:
-        worker_id = self.pids.pop(pid, None)
-        if worker_id is not None:
-            self.on_death(worker_id, describe_exit(code))
+    def _on_exit(self, worker_id: int, pid: int, code: int) -> None:
+        if self._closing:  # exits during close() are expected, not failures
+            return
+        if not self._rpc_up:
+            self._start_exits[worker_id] = describe_exit(code)
+            self._exited.set()
+            self._wake.set()
+        self.on_death(worker_id, describe_exit(code))
 
     def call_async(self, worker_id: int, method: str, *args: Any, timeout: float | None = None) -> torch.futures.Future:
         return rpc.rpc_async(
@@ -84,26 +149,46 @@ class RPCWorkers:
         return rpc.rpc_async(self._name(worker_id), worker.create, args=(spec, worker_id, self.num_workers))
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop every server within about ``timeout`` seconds, dead ones included."""
-        pids, self.pids = list(self.pids), {}  # exits from here on are expected, not failures
+        """Stop every server within about ``timeout`` seconds, dead ones included.
+
+        Each step is forgotten only once done, so a call interrupted by Ctrl-C leaves the rest
+        to the next call.
+        """
+        self._closing = True
         if self._rpc_up:
+            self._stop_servers(timeout)
             self._rpc_up = False
-            stops = []
-            for worker_id in range(self.num_workers):
-                try:
-                    stops.append(rpc.rpc_async(self._name(worker_id), worker.stop, timeout=timeout))
-                except RuntimeError:
-                    pass
-            for fut in stops:
-                try:
-                    fut.wait()
-                except RuntimeError:
-                    pass
+        if self.spawner is not None and self.pids:
+            self.spawner.reap(list(self.pids), timeout)
+        self.pids = {}
+        self._client = self._store = None  # the store stops listening; a pending agent start fails
+        if self._agent is not None:
+            self._agent.join(timeout)  # the store is gone: a local start fails at once
+            if rpc.api._is_current_rpc_agent_set():  # the start completed after all
+                rpc.shutdown(graceful=False)
+            self._agent = None
+        self.spawner = None
+
+    def _stop_servers(self, timeout: float) -> None:
+        """Stop the servers, then this agent, then let them stop theirs (see ``worker.stop``)."""
+        stops = []
+        for worker_id in range(self.num_workers):
+            try:
+                stops.append(rpc.rpc_async(self._name(worker_id), worker.stop, timeout=timeout))
+            except RuntimeError:
+                pass
+        for fut in stops:
+            try:
+                fut.wait()
+            except RuntimeError:
+                pass
+        with worker.cpp_warnings_off():
             rpc.shutdown(graceful=False)
-        if self.spawner is not None:
-            self.spawner.reap(pids, timeout)
-            self.spawner = None
-        self._store = None
+        if self._client is not None:
+            try:
+                self._client.set(stopped_key(self.rdv), b"1")
+            except RuntimeError:
+                pass
 
 
 class InProcessWorkers:
@@ -117,9 +202,15 @@ class InProcessWorkers:
         fut: torch.futures.Future = torch.futures.Future()
         try:
             fut.set_result(fn())
-        except Exception as err:  # delivered through the future, as over RPC
-            fut.set_exception(err)
+        except Exception:  # delivered through the future with its traceback, as over RPC
+            fut.set_exception(RuntimeError(traceback.format_exc()))
         return fut
+
+    def kill(self, worker_id: int) -> None:
+        """Nothing to kill: the workers live in this process."""
+
+    def identity(self, worker_id: int) -> dict:
+        return {"host": f"{socket.gethostname()}, in the trainer process (debug launcher)", "pid": os.getpid()}
 
     def call_async(self, worker_id: int, method: str, *args: Any, timeout: float | None = None) -> torch.futures.Future:
         return self._done(lambda: getattr(self.states[worker_id], method)(*args))

@@ -226,6 +226,7 @@ def test_trainer_keeps_its_default_process_group_and_environment():
 
     env_before = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    model = work = None
     try:
         model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
         policy = BiasPolicy(0)
@@ -235,10 +236,16 @@ def test_trainer_keeps_its_default_process_group_and_environment():
                 loss.backward()  # DDP all-reduces on the default group while the collector runs
                 c.update_policy_weights_()
         t = torch.ones(1)
-        dist.all_reduce(t)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
         assert t.item() == 1.0 and dist.is_initialized()
     finally:
         dist.destroy_process_group()
+        # Free DDP (and with it the group, whose destructor joins gloo's threads) while `work` still
+        # holds the all-reduce's tensors: a gloo thread releasing them then would need the GIL
+        # that this thread holds while it joins (a deadlock inside torch).
+        del model
+        del work
     assert {k: os.environ.get(k) for k in env_before} == env_before
 
 

@@ -1,0 +1,55 @@
+"""What a multi-worker collector owns outside its own object, and when that is released.
+
+A collector's worker processes, RPC agent and weight plane are held by a :class:`Resources`
+object that does not refer back to the collector. It is released by ``shutdown()``, at
+interpreter exit, or when the collector is garbage-collected without a shutdown; callbacks
+that outlive a call (worker deaths reported by the spawner's thread, RPC futures) reach the
+collector only through weak references, so dropping the last reference to a collector is
+enough to free it and its workers.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+
+class Resources:
+    """The trainer's thread setting, workers, batch buffers and weight sender of one collector.
+
+    :meth:`close` closes them in that order. It is idempotent, and resumable: each part is
+    forgotten only once closed, so a call interrupted by Ctrl-C leaves the rest to the next one.
+    """
+
+    PARTS = ("threads", "workers", "batches", "sender")
+
+    def __init__(self) -> None:
+        self.threads: Any = None
+        self.workers: Any = None
+        self.batches: Any = None
+        self.sender: Any = None
+
+    def close(self) -> None:
+        for name in self.PARTS:
+            part = getattr(self, name)
+            if part is not None:
+                part.close()
+                setattr(self, name, None)
+
+
+def release_with(owner: object, resources: Resources) -> weakref.finalize:
+    """Close ``resources`` when ``owner`` is garbage-collected or at interpreter exit, whichever is first."""
+    return weakref.finalize(owner, resources.close)
+
+
+def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of an object, called only while that object is alive (and never keeping it alive).
+
+    Returns the method's result, or None once the object is gone.
+    """
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        return None if bound is None else bound(*args)
+
+    return call
