@@ -32,15 +32,15 @@ space of /dev/shm is an ``OSError`` naming both sizes, never a SIGBUS in a worke
 """
 from __future__ import annotations
 
-import errno
 import mmap
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+
+from . import shm
 
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
 ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
@@ -167,20 +167,6 @@ class SlotWriter:
         return True
 
 
-def shm_directory() -> str:
-    """Where shared-memory buffers are made: /dev/shm (tmpfs), else the temp directory."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-
-def _free_bytes(directory: str) -> int:
-    st = os.statvfs(directory)
-    return st.f_bavail * st.f_frsize
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
-
-
 def _use_count(tensor: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
 
@@ -188,22 +174,16 @@ def _use_count(tensor: torch.Tensor) -> int:
 class SlotPool:
     """Trainer side of one shared buffer: ``SLOTS`` slots of ``rows`` batches each."""
 
-    def __init__(self, layout: BatchLayout, rows: int, directory: str) -> None:
+    def __init__(self, layout: BatchLayout, rows: int) -> None:
         self.layout, self.rows = layout, rows
         self.slot_bytes = _aligned(layout.size(rows), mmap.PAGESIZE)
         self.nbytes = SLOTS * self.slot_bytes
-        free = _free_bytes(directory)
-        if self.nbytes > free:
-            raise self._no_space(free, directory)
-        fd, path = tempfile.mkstemp(prefix="rpc_collectors_batches_", dir=directory)
-        os.unlink(path)  # the memory lives on through the fd and the mappings
+        per = f"{rows} x {layout.nbytes} bytes" if rows > 1 else f"{layout.nbytes} bytes"
+        fd, _ = shm.nameless_file(
+            "batches", self.nbytes, "the shared-memory batch buffer", f": {SLOTS} slots of {per}",
+            "lower frames_per_batch",
+        )
         try:
-            try:
-                os.posix_fallocate(fd, 0, self.nbytes)
-            except OSError as err:
-                if err.errno != errno.ENOSPC:
-                    raise
-                raise self._no_space(_free_bytes(directory), directory) from err
             # one mapping (one torch storage) per slot, so each slot's users can be counted
             self.slots = [
                 torch.frombuffer(mmap.mmap(fd, self.slot_bytes, offset=i * self.slot_bytes), dtype=torch.uint8)
@@ -217,15 +197,6 @@ class SlotPool:
         self._written: set[int] = set()  # asked for or written, not handed out yet
         self._round: set[int] = set()  # workers asked in the current round (rows > 1)
         self._slot: int | None = None
-
-    def _no_space(self, free: int, directory: str) -> OSError:
-        per = f"{self.rows} x {self.layout.nbytes} bytes" if self.rows > 1 else f"{self.layout.nbytes} bytes"
-        return OSError(
-            errno.ENOSPC,
-            f"the shared-memory batch buffer needs {_mib(self.nbytes)} ({self.nbytes} bytes: {SLOTS} slots of "
-            f"{per}) but {directory} has only {_mib(free)} ({free} bytes) free; lower frames_per_batch, "
-            "or give the machine more shared memory (docker: --shm-size)",
-        )
 
     def spec(self, row: int) -> SlotSpec:
         return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes)
@@ -277,7 +248,6 @@ class BatchPlane:
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
-        self.directory = shm_directory()
 
     @property
     def shared_bytes(self) -> int:
@@ -304,7 +274,7 @@ class BatchPlane:
             self.local[worker_id] = False  # one attempt per worker
             layout = BatchLayout.of(result)
             if layout is not None and layout.nbytes >= MIN_BYTES:
-                self._set_up(SlotPool(layout, 1, self.directory), [worker_id])
+                self._set_up(SlotPool(layout, 1), [worker_id])
         return result
 
     def round(self, results: list) -> TensorDict | None:
@@ -320,7 +290,7 @@ class BatchPlane:
             layout = layouts.pop() if len(layouts) == 1 else None
             if layout is not None and layout.nbytes >= MIN_BYTES:
                 self.local = [False] * len(results)
-                self._round = SlotPool(layout, len(results), self.directory)
+                self._round = SlotPool(layout, len(results))
                 self._set_up(self._round, list(range(len(results))))
         return None
 

@@ -262,7 +262,7 @@ class RPCCollector(BaseCollector):
         """What each worker builds its collector from, pickled here so that failures name the argument."""
         try:
             return [cloudpickle.dumps((fn, policy, kwargs)) for fn in env_fns]
-        except Exception as err:
+        except Exception:
             for name, value in [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]:
                 checks.picklable(name, value)
             raise

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from . import shm
 from .weights import FlatWeights
 
 TRANSPORTS = ("auto", "shm", "broadcast")
@@ -63,18 +63,16 @@ def map_slots(path: str, nbytes: int) -> list[torch.Tensor]:
 
 
 def shm_file(nbytes: int) -> tuple[str, int, torch.Tensor]:
-    """Create a shared-memory file for weights of ``nbytes`` (two slots); returns its path, descriptor and slot 0.
+    """Create a nameless shared-memory file for weights of ``nbytes`` (two slots); returns the path
+    to open it by, its descriptor and slot 0 (see :mod:`rpc_collectors.shm`).
 
-    The file has no name from the start: it is unlinked at once and reached, by processes on
-    this host, through this process's open descriptor (``/proc/<pid>/fd/<fd>``), so even a
-    trainer killed with SIGKILL leaves nothing in /dev/shm. Close the descriptor once every
-    worker mapped it. The pages are touched here, so the first update does not pay the page faults.
+    Close the descriptor once every worker mapped it. The pages are touched here, so the first
+    update does not pay the page faults.
     """
-    directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    fd, name = tempfile.mkstemp(prefix=f"rpc_collectors_weights_{os.getpid()}_", dir=directory)
-    os.unlink(name)
-    os.ftruncate(fd, max(SHM_SLOTS * nbytes, 1))
-    path = f"/proc/{os.getpid()}/fd/{fd}"
+    fd, path = shm.nameless_file(
+        "weights", SHM_SLOTS * nbytes, "the shared-memory weights file",
+        f": {SHM_SLOTS} copies of the policy's {nbytes} bytes", "use weight_transport='broadcast'",
+    )
     slots = map_slots(path, nbytes)
     for slot in slots:
         slot.zero_()
