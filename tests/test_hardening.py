@@ -85,16 +85,22 @@ def run_script(tmp_path, body: str, **popen) -> subprocess.Popen:
 
 
 # ------------------------------------------------------------------ 1. deaths during start-up
+def signal_when_spawned(monkeypatch, rank: int, sig: int) -> list:
+    """Send ``sig`` to the worker of ``rank`` as soon as the spawner reports its pid; returns [pid]."""
+    signalled = []
+
+    def send(spawned_rank, pid):
+        if spawned_rank == rank:
+            os.kill(pid, sig)
+            signalled.append(pid)
+
+    after_spawning(monkeypatch, send)
+    return signalled
+
+
 @pytest.mark.timeout(20)  # the store would time out after rpc_timeout=60 s
 def test_worker_dying_during_start_up_is_a_worker_error_naming_it(monkeypatch):
-    killed = []
-
-    def kill_second(rank, pid):
-        if rank == 2:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-
-    after_spawning(monkeypatch, kill_second)
+    killed = signal_when_spawned(monkeypatch, 2, signal.SIGKILL)
     with pytest.raises(WorkerError) as info:
         collector(rpc_timeout=60)
     err = info.value
@@ -106,14 +112,7 @@ def test_worker_dying_during_start_up_is_a_worker_error_naming_it(monkeypatch):
 
 @pytest.mark.timeout(20)
 def test_ctrl_c_while_a_stopped_worker_holds_up_the_rendezvous(monkeypatch):
-    stopped = []
-
-    def stop_second(rank, pid):
-        if rank == 2:
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
-
-    after_spawning(monkeypatch, stop_second)
+    stopped = signal_when_spawned(monkeypatch, 2, signal.SIGSTOP)
     interrupt_when(lambda: stopped and time.sleep(0.3) is None)
     with pytest.raises(KeyboardInterrupt):
         collector(rpc_timeout=60)
