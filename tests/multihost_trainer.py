@@ -49,6 +49,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     policy = ArgmaxPolicy()
+    with torch.no_grad():  # always push left: episodes end within a few dozen steps, so a run holds many
+        policy.linear.weight.zero_()
     collector = RPCCollector(
         "CartPole-v1", policy, frames_per_batch=args.frames_per_batch,
         total_frames=-1 if args.endless else args.frames, launcher="torchrun", rpc_timeout=args.rpc_timeout,

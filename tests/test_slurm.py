@@ -23,7 +23,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import devcluster_module
 from rpc_collectors import slurm
-from rpc_collectors.rendezvous import interface_address
+from rpc_collectors.rendezvous import free_port, interface_address
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_TIMEOUT_S = 90
@@ -261,7 +261,11 @@ def test_submit_script_runs_training_script_in_every_task(one_node, log_dir, tmp
     )
     cmd = [sys.executable, str(REPO / "slurm" / "submit.py"), str(script), "--out", str(tmp_path),
            "--tasks-per-node", "2", "--log-dir", str(log_dir), "--wait", "--timeout", "90"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=one_node.env)
+    # The port submitit derives from the job id lies among the ephemeral ports, and the local
+    # cluster's job ids repeat from 1, so now and then it is taken by an unrelated connection
+    # (test_taken_master_port_is_a_clear_error covers that error): this test pins a free one.
+    env = dict(one_node.env, MASTER_PORT=str(free_port()))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "submitted SLURM job" in proc.stdout and str(log_dir) in proc.stdout
     assert (tmp_path / "0").read_text() == "2 __main__"
