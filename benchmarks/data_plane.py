@@ -22,7 +22,7 @@ The machine is shared, so frames/s depend on what else runs. "CPU us/frame" (all
 of the case: trainer and workers) does not; "2 idle cores" = min(2, N) x the single process's
 CPU per frame / the case's, i.e. the ratio to expect when the case has both cores to itself
 and the workers are never starved (an estimate; it ignores waiting in sync rounds). "shared" is the total size of the
-shared-memory buffers (2 slots x workers x batch bytes).
+shared-memory buffers (3 slots x workers x batch bytes).
 
     python benchmarks/data_plane.py [--seconds 4] [--obs 4f,84,256,pong] [--no-n8] [--rpc]
 
