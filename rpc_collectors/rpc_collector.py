@@ -202,9 +202,8 @@ class RPCCollector(BaseCollector):
         try:
             self.infos = self._wait_all({i: self.workers.create(i, specs[i]) for i in range(self.num_workers)})
             self._init_weights(weight_transport)
-            local = 0 if self.launcher == "debug" else sum(info["host_id"] == host_id() for info in self.infos)
-            self._resources.threads = TrainerThreads(num_threads, local)
             local_hosts = [self.launcher != "debug" and info["host_id"] == host_id() for info in self.infos]
+            self._resources.threads = TrainerThreads(num_threads, sum(local_hosts))
             self._batches = self._resources.batches = BatchPlane(
                 local_hosts, weak_method(self._join_batches), sync=self.sync
             )
