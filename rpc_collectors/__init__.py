@@ -8,6 +8,7 @@ from .base import BaseCollector
 from .collector import Collector
 from .envs import GymEnv
 from .errors import WorkerError
+from .membership import WorkerRestartWarning
 from .policies import RandomPolicy
 from .rpc_collector import MultiAsyncCollector, MultiCollector, MultiSyncCollector, RPCCollector
 from .trajectories import split_trajectories
@@ -32,5 +33,6 @@ __all__ = [
     "RandomPolicy",
     "SyncDataCollector",
     "WorkerError",
+    "WorkerRestartWarning",
     "split_trajectories",
 ]

@@ -204,3 +204,20 @@ def collector_kwargs(kwargs: dict) -> None:
         check = _COLLECTOR_KWARG_CHECKS.get(key)
         if check is not None:
             check(f"collector_kwargs[{key!r}]", value)
+
+
+def max_worker_restarts(value: Any, launcher: str, weight_transport: str, backend: str) -> int:
+    """A restart budget >= 0; above 0 only where the collector starts its workers itself and
+    a newcomer can get the weights (shared memory; the broadcast group is fixed)."""
+    count = non_negative_int("max_worker_restarts", value)
+    if count and launcher not in ("local", "debug"):
+        raise ValueError(
+            f"max_worker_restarts={value!r} needs a launcher that starts the workers itself; accepted with "
+            f"launcher={launcher!r}: 0 (launchers that restart workers: 'local', 'debug')"
+        )
+    if count and (weight_transport == "broadcast" or backend == "nccl"):
+        raise ValueError(
+            f"max_worker_restarts={value!r} needs the shared-memory weight transport; accepted with "
+            f"weight_transport={weight_transport!r}, backend={backend!r}: 0"
+        )
+    return count

@@ -197,6 +197,7 @@ class SlotPool:
         self._written: set[int] = set()  # asked for or written, not handed out yet
         self._round: set[int] = set()  # workers asked in the current round (rows > 1)
         self._slot: int | None = None
+        self._last: dict[int, int | None] = {}  # worker id -> the slot it was last asked to write
 
     def spec(self, row: int) -> SlotSpec:
         return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes)
@@ -210,18 +211,22 @@ class SlotPool:
     def _free(self, slot: int) -> bool:
         return slot not in self._written and _use_count(self.slots[slot]) == self._idle[slot]
 
-    def slot_for(self, worker_id: int) -> int | None:
+    def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot ``worker_id`` writes its next batch into; a round's workers share one.
 
         ``hand_out`` always leaves a slot free; None (the batch comes as an RPC result) only if
-        something took a slot's memory some other way.
+        something took a slot's memory some other way. ``again``: the slot of the last request,
+        for a replacement that redoes the batch of a worker that failed.
         """
+        if again and worker_id in self._last:
+            return self._last[worker_id]
         if self.rows == 1 or worker_id in self._round or not self._round:
             self._round.clear()
             self._slot = next((s for s in range(SLOTS) if self._free(s)), None)
             if self._slot is not None:
                 self._written.add(self._slot)
         self._round.add(worker_id)
+        self._last[worker_id] = self._slot
         return self._slot
 
     def hand_out(self, slot: int) -> TensorDict:
@@ -241,10 +246,14 @@ class BatchPlane:
     when every worker is local and their batches share one layout.
     """
 
-    def __init__(self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool) -> None:
+    def __init__(
+        self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool, keep_fds: bool = False
+    ) -> None:
+        """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it (:meth:`rejoin`)."""
         self.local = list(local)
         self._join = join
         self._sync = sync
+        self._keep_fds = keep_fds
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
@@ -258,10 +267,16 @@ class BatchPlane:
         """``"shm"`` or ``"rpc"``: how worker ``worker_id``'s batches reach the trainer now."""
         return "shm" if worker_id in self.pools else "rpc"
 
-    def slot_for(self, worker_id: int) -> int | None:
+    def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot to ask ``worker_id`` to write its next batch into (None: as an RPC result)."""
         pool = self.pools.get(worker_id)
-        return None if pool is None else pool.slot_for(worker_id)
+        return None if pool is None else pool.slot_for(worker_id, again)
+
+    def rejoin(self, worker_id: int) -> None:
+        """Map ``worker_id``'s buffer in the process that replaced it."""
+        pool = self.pools.get(worker_id)
+        if pool is not None and not self._join(worker_id, pool.spec(self._rows.get(worker_id, 0))):
+            raise RuntimeError(f"the replacement of collector worker {worker_id} cannot map the shared batch buffer")
 
     def receive(self, worker_id: int, result: Any) -> TensorDictBase:
         """The batch a worker's answer stands for; a first local batch sets up the worker's buffer."""
@@ -295,10 +310,12 @@ class BatchPlane:
         return None
 
     def _set_up(self, pool: SlotPool, worker_ids: list[int]) -> None:
+        joined = [False]  # until every worker answered
         try:
             joined = [self._join(i, pool.spec(row)) for row, i in enumerate(worker_ids)]
         finally:
-            pool.release_fd()
+            if not (self._keep_fds and all(joined)):
+                pool.release_fd()
         if all(joined):
             self.pools.update({i: pool for i in worker_ids})
             self._rows.update({i: row for row, i in enumerate(worker_ids)})
@@ -307,5 +324,7 @@ class BatchPlane:
 
     def close(self) -> None:
         """Forget the buffers; their memory goes with the last batch or view that uses it."""
+        for pool in self.pools.values():
+            pool.release_fd()
         self.pools.clear()
         self._round = None

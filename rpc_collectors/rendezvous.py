@@ -30,6 +30,7 @@ class Rendezvous:
     interface: str | None  # network interface for TensorPipe and gloo
     agent_store: bool = False  # torchrun's agent already serves the store on master_port
     session: str = ""  # tells apart the worker names of successive collectors in one trainer
+    dynamic: bool = False  # members join and leave a running group (world_size is not fixed)
 
     def init_method(self, timeout: float) -> str:
         """``init_rpc``'s URL: the store on master_addr:master_port, reached within ``timeout`` s."""

@@ -9,6 +9,7 @@ collector with one :class:`WorkerError`.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import queue
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import cloudpickle
 import torch
@@ -30,6 +31,7 @@ from .data_plane import BatchPlane
 from .envs import check_env_id
 from .errors import WorkerError
 from .lifetime import Resources, release_with, weak_method
+from .membership import Restarts
 from .policies import StepPolicy, run_device
 from .rendezvous import detect_launcher, from_environment, host_id
 from .threads import TrainerThreads
@@ -42,6 +44,25 @@ WORKER_ID = ("collector", "worker_id")
 TIMEOUT_MARGIN = 1.0  # seconds past rpc_timeout before a wait gives up (the RPC's own timeout comes first)
 RPC_TIMED_OUT = "ran for more than set timeout"  # torch's message for an RPC past its timeout
 CAT_RESULTS = ("stack", 0, -1)
+Call = Callable[[], torch.futures.Future]  # a request to one worker, that can be sent again
+
+
+class _Failed(Exception):
+    """A worker failed: it is replaced while the restart budget lasts, else this becomes a WorkerError."""
+
+    def __init__(self, worker_id: int, reason: str, remote: str = "") -> None:
+        super().__init__(worker_id, reason)
+        self.worker_id, self.reason, self.remote = worker_id, reason, remote
+
+
+def _remote_summary(remote: str) -> str:
+    """The exception line of a remote traceback (after its frames), for a one-line warning."""
+    lines = remote.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    after = lines[starts[-1] + 1:] if starts else []
+    return next((f": {line.strip()}" for line in after if line.strip() and not line[0].isspace()), "")
+
+
 _COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
     "split_trajs", "postproc", "replay_buffer",
@@ -79,6 +100,10 @@ class RPCCollector(BaseCollector):
         num_threads: torch threads of the trainer process while the collector runs (restored at
             shutdown); None: as TorchRL, the threads it had less one per worker on its host,
             at least 1, so the trainer does not compete with its own workers for cores.
+        max_worker_restarts: how many times in the run a failed local or debug worker (it died,
+            did not answer within ``rpc_timeout``, or its env or policy raised) is replaced by a
+            fresh one, with the same worker id, the current weights and new trajectory ids; a
+            warning names each. 0: the first failure raises :class:`WorkerError`.
         update_after_each_batch: push the trainer's weights before each worker's next batch.
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
@@ -109,6 +134,7 @@ class RPCCollector(BaseCollector):
         collector_kwargs: dict | None = None,
         exploration_type: Any = None,
         num_threads: int | None = None,
+        max_worker_restarts: int = 0,
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         weight_transport: str = "auto",
@@ -154,6 +180,7 @@ class RPCCollector(BaseCollector):
             raise ValueError(f"max_weight_update_interval={interval!r} is invalid; accepted: -1 (never) or an int >= 0")
         self.max_weight_update_interval = interval
         checks.choice("weight_transport", weight_transport, TRANSPORTS)
+        restarts = checks.max_worker_restarts(max_worker_restarts, self.launcher, weight_transport, self.backend)
         if self.sync:
             per_worker = checks.frames_per_batch_fits(self.frames_per_batch, self.num_workers, "workers")
             self.frames_per_batch = per_worker * self.num_workers
@@ -180,6 +207,11 @@ class RPCCollector(BaseCollector):
         self.policy_version = 0
 
         self._events: queue.Queue = queue.Queue()
+        self.restarts = Restarts(restarts, self.num_workers)
+        self._running = False  # failures are replaced only once the collector is up
+        self._specs = specs
+        self._worker_frames = per_worker
+        self._generation = [0] * self.num_workers  # which process serves a worker id: answers of old ones are dropped
         self._dead: dict[int, str] = {}
         self._deaths = [threading.Event() for _ in range(self.num_workers)]
         self._waiters: set[queue.Queue] = set()  # queues of _wait_all calls in progress
@@ -187,7 +219,8 @@ class RPCCollector(BaseCollector):
         self._since_update = [0] * self.num_workers
         self._outstanding: set[int] = set()
         self._last_async: int | None = None
-        self._push: list = []
+        self._push: dict[int, Call] = {}  # the weight push in progress: its calls and their futures
+        self._pushed: dict[int, torch.futures.Future] = {}
         self._sender: WeightSender | None = None
         self._batches: BatchPlane | None = None
         self._lock = threading.RLock()
@@ -195,18 +228,23 @@ class RPCCollector(BaseCollector):
         if self.launcher == "debug":
             self.workers: Any = InProcessWorkers(self.num_workers)
         else:
-            self.workers = RPCWorkers(rdv, self.num_workers, self.rpc_timeout, weak_method(self._on_death))
+            self.workers = RPCWorkers(
+                rdv, self.num_workers, self.rpc_timeout, weak_method(self._on_death), replaceable=restarts > 0
+            )
         self._resources.workers = self.workers
         self._release = release_with(self, self._resources)
         self._closed = self._closing = False
         try:
-            self.infos = self._wait_all({i: self.workers.create(i, specs[i]) for i in range(self.num_workers)})
+            self.infos = self._wait_all({i: functools.partial(self.workers.create, i, specs[i]) for i in range(self.num_workers)})
+            for i, info in enumerate(self.infos):
+                self.restarts.started(i, info["envs"])
             self._init_weights(weight_transport)
             local_hosts = [self.launcher != "debug" and info["host_id"] == host_id() for info in self.infos]
             self._resources.threads = TrainerThreads(num_threads, sum(local_hosts))
             self._batches = self._resources.batches = BatchPlane(
-                local_hosts, weak_method(self._join_batches), sync=self.sync
+                local_hosts, weak_method(self._join_batches), sync=self.sync, keep_fds=restarts > 0
             )
+            self._running = True
         except BaseException:
             self.shutdown()
             raise
@@ -292,14 +330,67 @@ class RPCCollector(BaseCollector):
                 backend=self.backend, interface=rdv.interface, timeout=self.rpc_timeout,
             )
             buffer, fd = flat.new_buffer(torch.device("cuda") if self.backend == "nccl" else None), None
-        self._sender = self._resources.sender = WeightSender(flat, spec, buffer, fd)
-        joins = {i: self.workers.call_async(i, "join_weights", spec) for i in range(self.num_workers)}
+        self._sender = self._resources.sender = WeightSender(flat, spec, buffer, fd, keep_fd=self.restarts.budget > 0)
+        joins = {i: self._call(i, "join_weights", spec) for i in range(self.num_workers)}
+        futures = {i: call() for i, call in joins.items()}
         self._sender.connect()
-        self._wait_all(joins)
+        self._wait_all(joins, futures)
         self._sender.joined()
 
     def _join_batches(self, worker_id: int, spec: Any) -> bool:
-        return self._wait_all({worker_id: self.workers.call_async(worker_id, "join_batches", spec)})[0]
+        return self._wait_all({worker_id: self._call(worker_id, "join_batches", spec)}, recover=False)[0]
+
+    def _call(self, worker_id: int, method: str, *args: Any) -> Call:
+        return functools.partial(self.workers.call_async, worker_id, method, *args)
+
+    # ---------------------------------------------------------------- restarts
+    @property
+    def worker_restarts(self) -> list[int]:
+        """How many times each worker was replaced (see ``max_worker_restarts``)."""
+        return list(self.restarts.counts)
+
+    def _recover(self, failed: _Failed) -> None:
+        """Replace a failed worker while the budget lasts (a replacement that fails too costs
+        another restart); else shut down and raise its WorkerError."""
+        while True:
+            if self._closing:
+                raise RuntimeError(f"{type(self).__name__} was shut down")
+            worker_id = failed.worker_id
+            reason = self._dead.get(worker_id, failed.reason)
+            if not self._running or not self.restarts.take(worker_id, reason + _remote_summary(failed.remote)):
+                raise self._fail(self._worker_error(worker_id, failed.reason, failed.remote)) from failed.__cause__
+            try:
+                self._replace(worker_id)
+                return
+            except _Failed as again:
+                failed = again
+            except WorkerError as err:  # the replacement did not start
+                failed = _Failed(worker_id, err.reason)
+
+    def _replace(self, worker_id: int) -> None:
+        """A fresh process (or in-process collector) for ``worker_id``, set up as the others are:
+        new trajectory ids and seed, the latest weights, the shared batch buffer."""
+        self._generation[worker_id] += 1
+        self._outstanding.discard(worker_id)
+        self.workers.replace(worker_id)
+        self._dead.pop(worker_id, None)
+        self._deaths[worker_id].clear()
+        start = self.restarts.traj_id_start(worker_id)
+        create = functools.partial(self.workers.create, worker_id, self._specs[worker_id], start)
+        self.infos[worker_id] = info = self._wait_all({worker_id: create}, recover=False)[0]
+        self.restarts.started(worker_id, info["envs"])
+        steps = []
+        seed = self.restarts.seed(worker_id)
+        if seed is not None:
+            steps.append(self._call(worker_id, "set_seed", seed))
+        if self._sender is not None:
+            steps.append(self._call(worker_id, "join_weights", self._sender.spec))
+            if self._sender.latest is not None:
+                steps.append(self._call(worker_id, "receive_weights", self.policy_version, self._sender.latest))
+            self._min_version[worker_id] = self.policy_version
+        for step in steps:
+            self._wait_all({worker_id: step}, recover=False)
+        self._shared(self._batches.rejoin, worker_id)
 
     # ---------------------------------------------------------------- faults
     def _on_death(self, worker_id: int, reason: str) -> None:
@@ -323,6 +414,7 @@ class RPCCollector(BaseCollector):
         return error
 
     def _result(self, worker_id: int, fut: torch.futures.Future) -> Any:
+        """The answer in ``fut``; a failed call raises :class:`_Failed` with what went wrong."""
         try:
             return fut.wait()
         except Exception as err:
@@ -336,26 +428,47 @@ class RPCCollector(BaseCollector):
                 reason = f"did not answer within rpc_timeout={self.rpc_timeout} s"
             else:
                 reason = f"is unreachable: {text.splitlines()[0] if text else type(err).__name__}"
-            raise self._fail(self._worker_error(worker_id, reason, remote)) from err
+            raise _Failed(worker_id, reason, remote) from err
 
-    def _wait_all(self, futures: dict[int, torch.futures.Future]) -> list:
-        """Results of ``{worker_id: future}`` in worker order; the first failure raises."""
-        done: "queue.Queue[int | None]" = queue.Queue()  # None: a worker died
+    def _wait_all(
+        self, calls: dict[int, Call], futures: dict[int, torch.futures.Future] | None = None, recover: bool = True,
+    ) -> list:
+        """Results of ``{worker_id: call}`` in worker order (``futures``: the calls already sent).
+
+        A failed worker is replaced and asked again while the restart budget lasts (with
+        ``recover=False`` its failure propagates as :class:`_Failed`); then it raises WorkerError.
+        """
+        futures = dict(futures) if futures is not None else {i: call() for i, call in calls.items()}
+        done: "queue.Queue[tuple | None]" = queue.Queue()  # None: a worker died
+
+        def watch(worker_id: int) -> None:
+            fut = futures[worker_id]
+            fut.add_done_callback(lambda _f: done.put((worker_id, fut)))
+
         self._waiters.add(done)
         try:
-            for worker_id, fut in futures.items():
-                fut.add_done_callback(lambda _f, i=worker_id: done.put(i))
+            for worker_id in futures:
+                watch(worker_id)
             results: dict[int, Any] = {}
             deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
-            while len(results) < len(futures):
-                self._raise_if_dead()
+            while len(results) < len(calls):
                 try:
-                    worker_id = done.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    late = sorted(set(futures) - set(results))
-                    raise self._fail(self._worker_error(late[0], f"did not answer within rpc_timeout={self.rpc_timeout} s"))
-                if worker_id is not None:
-                    results[worker_id] = self._result(worker_id, futures[worker_id])
+                    self._raise_if_dead()
+                    try:
+                        item = done.get(timeout=max(0.0, deadline - time.monotonic()))
+                    except queue.Empty:
+                        late = min(set(calls) - set(results))
+                        raise _Failed(late, f"did not answer within rpc_timeout={self.rpc_timeout} s") from None
+                    if item is not None and item[1] is futures[item[0]]:  # not an answer of a replaced worker
+                        results[item[0]] = self._result(*item)
+                except _Failed as failed:
+                    if not recover:
+                        raise
+                    self._recover(failed)
+                    if failed.worker_id in calls and failed.worker_id not in results:
+                        futures[failed.worker_id] = calls[failed.worker_id]()
+                        watch(failed.worker_id)
+                    deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
             return [results[i] for i in sorted(results)]
         finally:
             self._waiters.discard(done)
@@ -365,18 +478,19 @@ class RPCCollector(BaseCollector):
             raise RuntimeError(f"{type(self).__name__} was shut down")
         if self._dead:
             worker_id = min(self._dead)
-            raise self._fail(self._worker_error(worker_id, self._dead[worker_id]))
+            raise _Failed(worker_id, self._dead[worker_id])
 
     # ---------------------------------------------------------------- collection
-    def _request(self, worker_id: int) -> None:
-        """Ask ``worker_id`` for its next batch; its result arrives in the event queue."""
-        if self._needs_update(worker_id):
+    def _request(self, worker_id: int, again: bool = False) -> None:
+        """Ask ``worker_id`` for its next batch (``again``: a replacement redoes the failed one's)."""
+        if not again and self._needs_update(worker_id):
             self.update_policy_weights_(worker_ids=None if self.sync else [worker_id])
-        slot = self._batches.slot_for(worker_id)
+        slot = self._batches.slot_for(worker_id, again)
         fut = self.workers.call_async(worker_id, "collect", self._min_version[worker_id], slot)
         self._outstanding.add(worker_id)
-        events = self._events  # not self: a pending future must not keep the collector alive
-        fut.add_done_callback(lambda f, i=worker_id: events.put(("batch", i, f)))
+        self.restarts.asked(worker_id, self._worker_frames, self.infos[worker_id]["envs"])
+        events, generation = self._events, self._generation[worker_id]  # not self: a pending future must not keep the collector alive
+        fut.add_done_callback(lambda f, i=worker_id: events.put(("batch", i, (generation, f))))
 
     def _needs_update(self, worker_id: int) -> bool:
         if self._sender is None:
@@ -386,23 +500,39 @@ class RPCCollector(BaseCollector):
         return 0 <= self.max_weight_update_interval < self._since_update[worker_id]
 
     def _next_event(self, deadline: float) -> tuple[int, Any]:
-        """The next worker's answer (worker id, batch or ``Ready``); deaths and timeouts raise WorkerError."""
+        """The next worker's answer (worker id, batch or ``Ready``); deaths and timeouts raise _Failed."""
         while True:
             self._raise_if_dead()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 late = min(self._outstanding)
-                raise self._fail(self._worker_error(late, f"did not answer within rpc_timeout={self.rpc_timeout} s"))
+                raise _Failed(late, f"did not answer within rpc_timeout={self.rpc_timeout} s")
             try:
                 kind, worker_id, payload = self._events.get(timeout=remaining)
             except queue.Empty:
                 continue
             if kind in ("died", "closed"):
                 continue  # _raise_if_dead reports it
+            generation, fut = payload
+            if generation != self._generation[worker_id]:
+                continue  # the answer of a replaced worker
             self._outstanding.discard(worker_id)
-            result = self._result(worker_id, payload)
+            result = self._result(worker_id, fut)
             self._since_update[worker_id] += 1
             return worker_id, result
+
+    def _next_answer(self, pending: set[int]) -> tuple[int, Any]:
+        """:meth:`_next_event`, replacing failed workers while the budget lasts; a replaced
+        worker in ``pending`` (asked, not answered yet) is asked again."""
+        deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
+        while True:
+            try:
+                return self._next_event(deadline)
+            except _Failed as failed:
+                self._recover(failed)
+                if failed.worker_id in pending:
+                    self._request(failed.worker_id, again=True)
+                deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
 
     def _receive(self, worker_id: int, result: Any) -> TensorDictBase:
         """The batch of a worker's answer, labelled with its worker id."""
@@ -411,13 +541,12 @@ class RPCCollector(BaseCollector):
         return batch
 
     def _collect_batch(self) -> TensorDictBase:
-        deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
         if self.sync:
             for worker_id in range(self.num_workers):
                 self._request(worker_id)
             results: dict[int, Any] = {}
             while len(results) < self.num_workers:
-                worker_id, result = self._next_event(deadline)
+                worker_id, result = self._next_answer(set(range(self.num_workers)) - set(results))
                 results[worker_id] = result
             return self._combine([results[i] for i in range(self.num_workers)])
         if self._last_async is not None:
@@ -425,7 +554,7 @@ class RPCCollector(BaseCollector):
         for worker_id in range(self.num_workers):
             if worker_id not in self._outstanding and worker_id != self._last_async:
                 self._request(worker_id)
-        self._last_async, result = self._next_event(deadline)
+        self._last_async, result = self._next_answer(set(range(self.num_workers)))
         batch = self._receive(self._last_async, result)
         if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
@@ -490,7 +619,8 @@ class RPCCollector(BaseCollector):
             self.policy_version += 1
             version = self.policy_version
             mode = self._sender.push([i + 1 for i in ids], version, all_workers=len(ids) == self.num_workers)
-            self._push = [(i, self.workers.call_async(i, "receive_weights", version, mode)) for i in ids]
+            self._push = {i: self._call(i, "receive_weights", version, mode) for i in ids}
+            self._pushed = {i: call() for i, call in self._push.items()}
             for i in ids:
                 self._min_version[i] = version
                 self._since_update[i] = 0
@@ -514,9 +644,9 @@ class RPCCollector(BaseCollector):
 
     def _finish_push(self) -> None:
         """Wait until the previous weight push reached its workers."""
-        push, self._push = self._push, []
+        push, self._push = self._push, {}
         if push:
-            self._wait_all(dict(push))
+            self._wait_all(push, self._pushed)
             self._sender.wait()
 
     # ---------------------------------------------------------------- state
@@ -525,7 +655,8 @@ class RPCCollector(BaseCollector):
         self._require_open()
         seed = checks.seed(seed)
         for worker_id in range(self.num_workers):
-            seed = self._wait_all({worker_id: self.workers.call_async(worker_id, "set_seed", int(seed))})[0]
+            self.restarts.seeds[worker_id] = int(seed)
+            seed = self._wait_all({worker_id: self._call(worker_id, "set_seed", int(seed))})[0]
         return seed
 
     def state_dict(self) -> dict:
@@ -535,7 +666,7 @@ class RPCCollector(BaseCollector):
             self._finish_push()
         state = self._base_state()
         state["policy_version"] = self.policy_version
-        state["workers"] = self._wait_all({i: self.workers.call_async(i, "state_dict") for i in range(self.num_workers)})
+        state["workers"] = self._wait_all({i: self._call(i, "state_dict") for i in range(self.num_workers)})
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -545,7 +676,9 @@ class RPCCollector(BaseCollector):
             raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {self.num_workers}")
         self._load_base_state(state)
         self.policy_version = int(state["policy_version"])
-        self._wait_all({i: self.workers.call_async(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
+        self._wait_all({i: self._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
+        for i, worker_state in enumerate(state["workers"]):
+            self.restarts.loaded(i, int(worker_state["traj_count"]))
 
     # ---------------------------------------------------------------- shutdown
     def _require_open(self) -> None:

@@ -157,10 +157,14 @@ class WeightReceiver:
 class WeightSender:
     """Trainer side: pack the policy into the flat buffer and push it to workers."""
 
-    def __init__(self, flat: FlatWeights, spec: TransportSpec, buffer: torch.Tensor, fd: int | None = None) -> None:
-        """``fd``: the shared-memory file's descriptor (see :func:`shm_file`), closed by :meth:`joined`."""
+    def __init__(
+        self, flat: FlatWeights, spec: TransportSpec, buffer: torch.Tensor, fd: int | None = None, keep_fd: bool = False
+    ) -> None:
+        """``fd``: the shared-memory file's descriptor (see :func:`shm_file`), closed by :meth:`joined`,
+        or only by :meth:`close` with ``keep_fd`` (workers that join later open the file through it)."""
         self.flat, self.spec = flat, spec
-        self.fd = fd
+        self.fd, self.keep_fd = fd, keep_fd
+        self.latest: str | None = None  # how a worker that joins now receives the latest version
         self.slots = map_slots(spec.path, spec.nbytes) if spec.kind == "shm" else [buffer]
         self._next = 0  # the slot the next version is packed into
         self.group: dist.ProcessGroup | None = None
@@ -181,6 +185,8 @@ class WeightSender:
 
         The memory then goes away with the last process that maps it. Called by the first push too.
         """
+        if self.keep_fd:
+            return
         fd, self.fd = self.fd, None
         if fd is not None:
             os.close(fd)
@@ -190,6 +196,7 @@ class WeightSender:
         if self.spec.kind == "shm":
             self.joined()
             slot = self._next
+            self.latest = f"shm-copy:{slot}"  # the slot holds this version until the next pack
             if all_workers:  # workers read this slot lazily: the next version goes to the other
                 self._next = (slot + 1) % SHM_SLOTS
                 return f"shm:{slot}"
@@ -207,6 +214,7 @@ class WeightSender:
             w.wait()
 
     def close(self) -> None:
+        self.keep_fd = False
         self.joined()
         if self.group is not None:
             self.group.shutdown()

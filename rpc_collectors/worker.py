@@ -22,6 +22,7 @@ import torch.distributed.rpc as rpc
 import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
+from . import membership
 from .collector import Collector
 from .data_plane import Ready, SlotSpec, SlotWriter
 from .rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
@@ -35,27 +36,34 @@ STOP_GRACE = 5.0  # at most this many seconds from stop() to the end of the serv
 
 
 def worker_name(rank: int, session: str = "") -> str:
-    """RPC name of the server on ``rank``; ``session`` keeps names unique per collector."""
-    return f"collector{rank}-{session}" if session else f"collector{rank}"
+    """RPC name of the server on ``rank``; ``session`` keeps names unique per collector.
+
+    No ``-``: a dynamic RPC group lists its members as ``name-rank`` (see :mod:`membership`).
+    """
+    return f"collector{rank}_{session}" if session else f"collector{rank}"
 
 
 class WorkerState:
     """One collector server: its collector, its weights, its identity."""
 
-    def __init__(self, spec: bytes, worker_id: int, num_workers: int, rank: int) -> None:
+    def __init__(self, spec: bytes, worker_id: int, num_workers: int, rank: int, traj_id_start: int | None = None) -> None:
+        """Trajectory ids are ``traj_id_start + k * num_workers`` (default start: ``worker_id``)."""
         create_env_fn, policy, kwargs = cloudpickle.loads(spec)
         self.rank = rank
-        self.collector = Collector(
-            create_env_fn, policy, traj_id_start=worker_id, traj_id_stride=num_workers, **kwargs
-        )
+        start = worker_id if traj_id_start is None else traj_id_start
+        self.collector = Collector(create_env_fn, policy, traj_id_start=start, traj_id_stride=num_workers, **kwargs)
         self.receiver: WeightReceiver | None = None
         self.writer: SlotWriter | None = None
         self.timeout = 60.0
 
     def info(self) -> dict:
-        """Who serves this collector: rank, host name, address, pid, machine id."""
+        """Who serves this collector: rank, host name, address, pid, machine id; its number of envs."""
         address = interface_address(_rdv.interface) if _rdv is not None and _rdv.interface else None
-        return {"rank": self.rank, "host": socket.gethostname(), "address": address, "pid": os.getpid(), "host_id": host_id()}
+        envs = int(torch.Size(self.collector.env.batch_size).numel())
+        return {
+            "rank": self.rank, "host": socket.gethostname(), "address": address, "pid": os.getpid(),
+            "host_id": host_id(), "envs": envs,
+        }
 
     def join_weights(self, spec: TransportSpec) -> None:
         module = self.collector.policy.module if self.collector.policy is not None else None
@@ -112,10 +120,10 @@ _rdv: Rendezvous | None = None
 _stop = threading.Event()
 
 
-def create(spec: bytes, worker_id: int, num_workers: int) -> dict:
+def create(spec: bytes, worker_id: int, num_workers: int, traj_id_start: int | None = None) -> dict:
     """RPC: build this server's collector."""
     global _state
-    _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id)
+    _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id, traj_id_start)
     return _state.info()
 
 
@@ -179,7 +187,8 @@ def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
         with socket_interface(rdv.interface), warnings.catch_warnings():
             # that group also trips a deprecation warning inside torch
             warnings.filterwarnings("ignore", message="You are using a Backend")
-            rpc.init_rpc(name, rank=rdv.rank, world_size=rdv.world_size, rpc_backend_options=options)
+            world_size = None if rdv.dynamic else rdv.world_size  # None: members may join and leave
+            rpc.init_rpc(name, rank=rdv.rank, world_size=world_size, rpc_backend_options=options)
     finally:
         rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = default_timeout
 
@@ -189,7 +198,11 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     global _rdv
     _rdv = rdv
     name_process(f"rpc-worker{rdv.rank - 1}")
+    if rdv.dynamic:  # its peers may die and be replaced: TensorPipe would log each of their connections
+        _cpp_log_level().value = CPP_ERROR
     start_agent(worker_name(rdv.rank, rdv.session), rdv, rpc_timeout)
+    if rdv.dynamic:
+        rpc.rpc_sync(TRAINER, membership.arrive, args=(rdv.rank,), timeout=rpc_timeout)
     store = store_client(rdv, rpc_timeout)
     code = 0
     while not _stop.wait(PING_EVERY):
@@ -208,9 +221,9 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     return code
 
 
-def local_main(rank: int, world_size: int, port: int, rpc_timeout: float, generation: int) -> int:
+def local_main(rank: int, world_size: int, port: int, rpc_timeout: float, generation: int, dynamic: bool = False) -> int:
     """Entry point of a local worker process started by the spawner."""
     torch.set_num_threads(1)
     rpc._init_counter = generation  # match the trainer's store prefix (see workers.rpc_api_generation)
-    rdv = Rendezvous("local", rank, world_size, "127.0.0.1", port, "lo", session=str(port))
+    rdv = Rendezvous("local", rank, world_size, "127.0.0.1", port, "lo", session=str(port), dynamic=dynamic)
     return serve(rdv, rpc_timeout)

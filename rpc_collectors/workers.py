@@ -10,8 +10,11 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import contextlib
+import queue
 import socket
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
@@ -19,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
-from . import spawner, worker
+from . import membership, spawner, worker
 from .errors import WorkerError
 from .rendezvous import Rendezvous, interface_address, serve_store, stopped_key, store_client
 from .spawner import Spawner
@@ -44,9 +47,16 @@ class RPCWorkers:
     waits for it, for a local worker's exit (reported by the spawner at once) or for Ctrl-C;
     on either of the last two the rendezvous store is closed, which ends the agent's start.
     :meth:`close` is idempotent and, when interrupted, a second call finishes it.
+
+    With ``replaceable=True`` (local workers only) the group is dynamic: the trainer's agent
+    starts first, each worker joins it and announces itself (:mod:`rpc_collectors.membership`),
+    and :meth:`replace` puts a fresh process, under a new rank, in a failed worker's place.
     """
 
-    def __init__(self, rdv: Rendezvous | None, num_workers: int, rpc_timeout: float, on_death: OnDeath) -> None:
+    def __init__(
+        self, rdv: Rendezvous | None, num_workers: int, rpc_timeout: float, on_death: OnDeath,
+        replaceable: bool = False,
+    ) -> None:
         """``rdv=None`` starts ``num_workers`` local processes; otherwise join a torchrun/SLURM world."""
         if rpc.api._is_current_rpc_agent_set() or _starting.locked():
             raise RuntimeError(
@@ -57,6 +67,7 @@ class RPCWorkers:
         self.spawner: Spawner | None = None
         self.pids: dict[int, int] = {}  # local worker pid -> worker id, until reaped
         self.worker_pids: dict[int, int] = {}  # worker id -> pid of a local worker (for error messages)
+        self.ranks = list(range(1, num_workers + 1))  # worker id -> rank of the process serving it now
         self.rdv = rdv
         self._store: dist.TCPStore | None = None  # served here: closing it ends every wait on it
         self._client: dist.TCPStore | None = None
@@ -66,28 +77,78 @@ class RPCWorkers:
         self._wake = threading.Event()  # the agent started, or a worker exited during start-up
         self._exited = threading.Event()  # a worker exited during start-up
         self._start_exits: dict[int, str] = {}  # worker id -> exit reason, during start-up
+        self._joining: set[int] = set()  # worker ids whose replacement has not arrived yet
+        self._quiet: Any = None  # torch's C++ warnings, dropped while replaceable workers run
+        self._generation = rpc_api_generation()  # before this process's agent starts
         spawner.rpc_starts_here()
         try:
             if rdv is None:
                 self._store, port = serve_store("127.0.0.1", 0, rpc_timeout)
-                self.rdv = Rendezvous("local", 0, num_workers + 1, "127.0.0.1", port, "lo", session=str(port))
+                self.rdv = Rendezvous(
+                    "local", 0, num_workers + 1, "127.0.0.1", port, "lo", session=str(port), dynamic=replaceable
+                )
                 self.spawner = spawner.shared_spawner()
-                for rank in range(1, num_workers + 1):
-                    pid = self.spawner.spawn(
-                        "rpc_collectors.worker:local_main",
-                        [rank, num_workers + 1, port, rpc_timeout, rpc_api_generation()], rpc_timeout,
-                        functools.partial(self._on_exit, rank - 1),
-                    )
-                    self.pids[pid] = rank - 1
-                    self.worker_pids[rank - 1] = pid
+                if not replaceable:
+                    for worker_id in range(num_workers):
+                        self._spawn(worker_id)
             elif not rdv.agent_store:
                 host = interface_address(rdv.interface) if rdv.interface else rdv.master_addr
                 self._store, _ = serve_store(host, rdv.master_port, rpc_timeout)
             self._client = store_client(self.rdv, rpc_timeout)
             self._start_agent()
+            if self.rdv.dynamic:  # the trainer's agent first: the workers join it
+                self._quiet = worker.cpp_warnings_off()  # a death makes TensorPipe log each connection it had
+                self._quiet.__enter__()
+                membership.forget_arrivals()
+                for worker_id in range(num_workers):
+                    self._spawn(worker_id)
+                self._await(set(range(num_workers)))
         except BaseException:
             self.close()
             raise
+
+    def _spawn(self, worker_id: int) -> None:
+        """Start a local process serving ``worker_id`` under rank ``self.ranks[worker_id]``."""
+        rdv = self.rdv
+        args = [self.ranks[worker_id], 0 if rdv.dynamic else rdv.world_size, rdv.master_port, self.rpc_timeout,
+                self._generation, rdv.dynamic]
+        if rdv.dynamic:
+            self._joining.add(worker_id)
+        pid = self.spawner.spawn(
+            "rpc_collectors.worker:local_main", args, self.rpc_timeout, functools.partial(self._on_exit, worker_id)
+        )
+        self.pids[pid] = worker_id
+        self.worker_pids[worker_id] = pid
+
+    def _await(self, worker_ids: set[int]) -> None:
+        """Wait until the servers of ``worker_ids`` joined the dynamic group; a death meanwhile raises."""
+        waiting = {self.ranks[i]: i for i in worker_ids}
+        deadline = time.monotonic() + self.rpc_timeout
+        while waiting:
+            dead = sorted(set(self._start_exits) & set(waiting.values()))
+            if dead:
+                reason = f"{self._start_exits.pop(dead[0])} during start-up, before it joined the trainer"
+                raise WorkerError.from_info(dead[0], self.identity(dead[0]), reason)
+            try:
+                rank = membership.arrivals().get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                late = min(waiting.values())
+                raise WorkerError.from_info(
+                    late, self.identity(late), f"did not join the trainer within rpc_timeout={self.rpc_timeout} s"
+                ) from None
+            self._joining.discard(waiting.pop(rank, -1))
+
+    def replace(self, worker_id: int) -> None:
+        """Put a fresh local process in place of failed ``worker_id``, under a new rank; wait until it joined."""
+        if self.spawner is None or not self.rdv.dynamic:
+            raise RuntimeError("only a collector's own local workers can be replaced")
+        self.kill(worker_id)
+        membership.evict(self._name(worker_id))
+        self._start_exits.pop(worker_id, None)
+        self.ranks[worker_id] = max(self.ranks) + 1
+        membership.forget_arrivals()
+        self._spawn(worker_id)
+        self._await({worker_id})
 
     def _start_agent(self) -> None:
         """Start this process's RPC agent in a thread; raise a start-up death or Ctrl-C at once."""
@@ -119,7 +180,8 @@ class RPCWorkers:
     def identity(self, worker_id: int) -> dict:
         """What is known of ``worker_id`` before it answered: host, address and pid of a local worker."""
         pid = self.worker_pids.get(worker_id)
-        return {"host": socket.gethostname(), "address": "127.0.0.1", "pid": pid} if pid else {}
+        rank = {"rank": self.ranks[worker_id]}
+        return {**rank, "host": socket.gethostname(), "address": "127.0.0.1", "pid": pid} if pid else rank
 
     def kill(self, worker_id: int) -> None:
         """Kill a failed local worker at once (a remote one is left to :meth:`close`)."""
@@ -128,12 +190,16 @@ class RPCWorkers:
             self.spawner.kill(pid)
 
     def _name(self, worker_id: int) -> str:
-        return worker.worker_name(worker_id + 1, self.rdv.session)
+        return worker.worker_name(self.ranks[worker_id], self.rdv.session)
 
     def _on_exit(self, worker_id: int, pid: int, code: int) -> None:
-        if self._closing:  # exits during close() are expected, not failures
+        self.pids.pop(pid, None)
+        if self._closing or self.worker_pids.get(worker_id) != pid:  # expected: closing, or a replaced worker
             return
-        if not self._rpc_up:
+        if worker_id in self._joining:
+            self._start_exits[worker_id] = describe_exit(code)
+            membership.arrivals().put(-1)  # wakes _await
+        elif not self._rpc_up:
             self._start_exits[worker_id] = describe_exit(code)
             self._exited.set()
             self._wake.set()
@@ -145,8 +211,11 @@ class RPCWorkers:
             timeout=self.rpc_timeout if timeout is None else timeout,
         )
 
-    def create(self, worker_id: int, spec: bytes) -> torch.futures.Future:
-        return rpc.rpc_async(self._name(worker_id), worker.create, args=(spec, worker_id, self.num_workers))
+    def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
+        return rpc.rpc_async(
+            self._name(worker_id), worker.create, args=(spec, worker_id, self.num_workers, traj_id_start),
+            timeout=self.rpc_timeout,
+        )
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop every server within about ``timeout`` seconds, dead ones included.
@@ -168,6 +237,9 @@ class RPCWorkers:
                 rpc.shutdown(graceful=False)
             self._agent = None
         self.spawner = None
+        if self._quiet is not None:
+            self._quiet.__exit__(None, None, None)
+            self._quiet = None
 
     def _stop_servers(self, timeout: float) -> None:
         """Stop the servers, then this agent, then let them stop theirs (see ``worker.stop``)."""
@@ -209,15 +281,22 @@ class InProcessWorkers:
     def kill(self, worker_id: int) -> None:
         """Nothing to kill: the workers live in this process."""
 
+    def replace(self, worker_id: int) -> None:
+        """Drop ``worker_id``'s collector (its env may be broken); :meth:`create` builds a fresh one."""
+        state = self.states.pop(worker_id, None)
+        if state is not None:
+            with contextlib.suppress(Exception):
+                state.close()
+
     def identity(self, worker_id: int) -> dict:
         return {"host": f"{socket.gethostname()}, in the trainer process (debug launcher)", "pid": os.getpid()}
 
     def call_async(self, worker_id: int, method: str, *args: Any, timeout: float | None = None) -> torch.futures.Future:
         return self._done(lambda: getattr(self.states[worker_id], method)(*args))
 
-    def create(self, worker_id: int, spec: bytes) -> torch.futures.Future:
+    def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
         def build() -> dict:
-            self.states[worker_id] = worker.WorkerState(spec, worker_id, self.num_workers, worker_id + 1)
+            self.states[worker_id] = worker.WorkerState(spec, worker_id, self.num_workers, worker_id + 1, traj_id_start)
             return self.states[worker_id].info()
 
         return self._done(build)
@@ -234,4 +313,5 @@ def rpc_api_generation() -> int:
     Local workers are fresh processes; they must use the trainer's prefix to meet it.
     """
     return rpc._init_counter
+
 

@@ -1,0 +1,122 @@
+"""Who serves each collector slot, and how servers enter and leave a running RPC group.
+
+Collectors that can replace failed workers run a *dynamic* RPC group (``init_rpc`` with
+``world_size=None``): the trainer starts it, and each server joins it, then announces itself
+with :func:`arrive`. A server that died is evicted from the group by the trainer (see
+:func:`evict`) before anyone else joins, because a joining server calls every member it finds.
+
+:class:`Restarts` is the trainer's budget of replacements and the count per worker.
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import warnings
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+import torch.distributed.rpc as rpc
+
+_arrivals: "queue.Queue[int]" = queue.Queue()  # ranks that joined this trainer's group
+
+
+class WorkerRestartWarning(RuntimeWarning):
+    """A collector worker failed and is being replaced (``max_worker_restarts``)."""
+
+
+def arrive(rank: int) -> None:
+    """RPC (served by the trainer): the server of ``rank`` joined the group and is ready."""
+    _arrivals.put(rank)
+
+
+def arrivals() -> "queue.Queue[int]":
+    """The trainer's queue of ranks that announced themselves with :func:`arrive`."""
+    return _arrivals
+
+
+def forget_arrivals() -> None:
+    """Drop stale arrivals (a worker of an abandoned start): call before starting servers to wait for."""
+    with contextlib.suppress(queue.Empty):
+        while True:
+            _arrivals.get_nowait()
+
+
+# Private torch details: TensorPipe's dynamic group lists its members in the store key
+# "names/_ALL_WORKER_INFOS" ("name-rank," entries; agent_utils.cpp) and updates an agent's
+# member map with _update_group_membership (what a graceful leave calls on every member).
+_MEMBERS_KEY = "_ALL_WORKER_INFOS"
+
+
+def evict(name: str) -> None:
+    """Remove the dead server ``name`` from this trainer's dynamic RPC group.
+
+    A server that leaves without ``rpc.shutdown`` stays listed; a later joiner would then wait
+    for it until its join times out. Evicting it from the member list and from this agent's
+    map lets the group go on without it.
+    """
+    agent = rpc.api._get_current_rpc_agent()
+    try:
+        info = agent.get_worker_info(name)
+    except RuntimeError:  # never joined, or already evicted
+        return
+    names = dist.PrefixStore("names", agent.store)
+    members = names.get(_MEMBERS_KEY).decode()
+    names.set(_MEMBERS_KEY, members.replace(f"{name}-{info.id},", ""))
+    agent._update_group_membership(info, [], {}, False)
+
+
+class Restarts:
+    """The run's budget of worker replacements (``budget`` in total, over all workers) and what a
+    replacement must continue from.
+
+    :meth:`take` spends one, warning with the worker, the reason and what is left, or says the
+    budget is spent; ``counts[i]`` is how often worker i was replaced. A replacement gets
+    trajectory ids above any its predecessors could have used (:meth:`traj_id_start`) and a
+    seed from its worker's seed sequence (:meth:`seed`).
+    """
+
+    def __init__(self, budget: int, num_workers: int) -> None:
+        self.budget, self.num_workers = budget, num_workers
+        self.counts = [0] * num_workers
+        self.seeds: list[int | None] = [None] * num_workers  # the seed each worker was last given
+        self._ids = [0] * num_workers  # bound on the id counts worker i's incarnations may have used
+
+    @property
+    def left(self) -> int:
+        return self.budget - sum(self.counts)
+
+    def take(self, worker_id: int, reason: str) -> bool:
+        if self.left <= 0:
+            return False
+        self.counts[worker_id] += 1
+        warnings.warn(
+            f"collector worker {worker_id} {reason}; replacing it ({self.left} of "
+            f"max_worker_restarts={self.budget} restarts left)",
+            WorkerRestartWarning, stacklevel=5,
+        )
+        return True
+
+    def started(self, worker_id: int, envs: int) -> None:
+        """Worker ``worker_id`` started its envs: one new trajectory each."""
+        self._ids[worker_id] += envs
+
+    def asked(self, worker_id: int, frames: int, envs: int) -> None:
+        """Worker ``worker_id`` was asked for ``frames``: each may end a trajectory, each env may reset."""
+        self._ids[worker_id] += frames + envs
+
+    def loaded(self, worker_id: int, traj_count: int) -> None:
+        """Worker ``worker_id`` resumed from a state that had started ``traj_count`` trajectories."""
+        self._ids[worker_id] += traj_count
+
+    def traj_id_start(self, worker_id: int) -> int:
+        """First trajectory id of a replacement of ``worker_id``: ids ``start + k * num_workers``
+        never meet those of its predecessors (same residue, higher counts)."""
+        return worker_id + self.num_workers * self._ids[worker_id]
+
+    def seed(self, worker_id: int) -> int | None:
+        """The seed of ``worker_id``'s current replacement, drawn from its seed's sequence."""
+        seed = self.seeds[worker_id]
+        if seed is None:
+            return None
+        return int(np.random.SeedSequence(seed, spawn_key=(self.counts[worker_id],)).generate_state(1)[0])

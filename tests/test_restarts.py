@@ -1,0 +1,237 @@
+"""Replacing failed workers (``max_worker_restarts``) with real processes: SIGKILLs mid-batch,
+envs that raise, a worker that hangs; the budget; what the yielded data looks like meanwhile.
+
+``StampEnv`` writes into every observation the pid of the process that stepped it, the
+worker id and a per-process step counter, so a test can tell from the batches alone whether
+a batch mixes processes, misses frames or comes from the wrong worker.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from procs import descendants, wait_gone
+from rpc_collectors import GymEnv, MultiCollector, RPCCollector, WorkerError, WorkerRestartWarning
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
+
+WORKERS, RESTARTS = 4, 3
+
+
+class StampEnv(gym.Env):
+    """Observation ``[pid, step counter, worker, 0...]`` (``size`` floats); episodes of 9 steps.
+
+    ``raise_at``: raise at that step of every process; ``hang_at``: the first process to
+    reach that step (``marker`` file) sleeps forever; ``step_s``: seconds per step.
+    """
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, worker: int, size: int = 3, step_s: float = 0.0, raise_at: int = 0,
+                 hang_at: int = 0, marker: str = "") -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float64)
+        self.action_space = gym.spaces.Discrete(2)
+        self.worker, self.size, self.step_s = worker, size, step_s
+        self.raise_at, self.hang_at, self.marker = raise_at, hang_at, marker
+        self.counter = self.t = 0
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(self.size)
+        obs[:3] = os.getpid(), self.counter, self.worker
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.counter += 1
+        self.t += 1
+        if self.step_s:
+            time.sleep(self.step_s)
+        if self.counter == self.raise_at:
+            raise RuntimeError(f"simulator crashed at step {self.counter}")
+        if self.counter == self.hang_at and self.marker:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+                time.sleep(3600)
+            except FileExistsError:
+                pass
+        return self._obs(), 1.0, False, self.t == 9, {}
+
+
+class Policy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.linear(observation[..., :3].float() * 0).argmax(-1)
+
+
+def env_fns(**kwargs) -> list:
+    return [lambda i=i: GymEnv(StampEnv(i, **kwargs)) for i in range(WORKERS)]
+
+
+def rows(batch) -> list:
+    """Each worker's frames of a batch: ``[N, T]`` sync batches give N, an async batch 1."""
+    return list(batch.unbind(0)) if batch.batch_dims == 2 else [batch]
+
+
+def check_whole(batch, frames: int) -> set[int]:
+    """Every row is one process's consecutive steps for the worker it claims; returns the pids."""
+    pids = set()
+    for row in rows(batch):
+        assert row.shape == (frames,)
+        obs = row["observation"]
+        worker = int(row["collector", "worker_id"][0])
+        assert (row["collector", "worker_id"] == worker).all()
+        assert (obs[:, 2] == worker).all(), "a row holds another worker's frames"
+        assert (obs[:, 0] == obs[0, 0]).all(), "a row mixes the frames of two processes"
+        assert (obs[:, 1].diff() == 1).all(), "a row misses or repeats steps"
+        assert (row["next", "observation"][:, 1] == obs[:, 1] + 1).all()
+        pids.add(int(obs[0, 0]))
+    return pids
+
+
+class TrajectoryOwners:
+    """Checks that no trajectory id is ever used by two workers or two processes."""
+
+    def __init__(self) -> None:
+        self.owner: dict[int, tuple[int, int]] = {}
+
+    def add(self, batch) -> None:
+        for row in rows(batch):
+            key = (int(row["collector", "worker_id"][0]), int(row["observation"][0, 0]))
+            for traj in row["collector", "traj_ids"].unique().tolist():
+                assert self.owner.setdefault(traj, key) == key, f"trajectory id {traj} reused"
+
+
+def kill_soon(pid: int, delay: float) -> threading.Timer:
+    timer = threading.Timer(delay, os.kill, (pid, 9))
+    timer.start()
+    return timer
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+@pytest.mark.parametrize("size", [3, 400], ids=["rpc-batches", "shm-batches"])
+def test_killed_workers_are_replaced_until_the_budget_is_spent(sync, size):
+    frames = 40  # per worker and batch; 400 floats x 2 x 40 frames go through shared memory
+    collector = MultiCollector(
+        env_fns(size=size, step_s=0.004), Policy(), frames_per_batch=frames * (WORKERS if sync else 1),
+        sync=sync, max_worker_restarts=RESTARTS, rpc_timeout=30,
+    )
+    owners, versions, kills = TrajectoryOwners(), [], 0
+    try:
+        with pytest.warns(WorkerRestartWarning) as record:
+            batches = iter(collector)
+            for k in range(40):
+                if k % 3 == 2:  # kill worker 1 while the trainer waits for a batch
+                    if kills == RESTARTS:
+                        break
+                    kills += 1
+                    kill_soon(collector.infos[1]["pid"], 0.05).join()
+                batch = next(batches)
+                check_whole(batch, frames)
+                owners.add(batch)
+                version = batch["collector", "policy_version"]
+                if sync:
+                    assert (version == collector.policy_version).all(), "a batch was collected with old weights"
+                assert (version == version.reshape(-1)[0]).all() and int(version.reshape(-1)[0]) <= collector.policy_version
+                versions.append(collector.policy_version)
+                collector.update_policy_weights_()
+        assert collector.worker_restarts == [0, RESTARTS, 0, 0]
+        assert len(record) == RESTARTS
+        for i, warning in enumerate(record):
+            assert f"collector worker 1 died with exit code -9 (SIGKILL); replacing it ({RESTARTS - 1 - i} of " \
+                   f"max_worker_restarts={RESTARTS} restarts left)" in str(warning.message)
+        pid = collector.infos[1]["pid"]
+        # the budget is spent: the next death is the usual WorkerError, and everything is shut down
+        kill_soon(pid, 0.05).join()
+        with pytest.raises(WorkerError, match=r"collector worker 1 \(rank \d+ on host .*died with exit code -9"):
+            for _ in range(5):
+                check_whole(next(batches), frames)
+    finally:
+        collector.shutdown()
+    assert len(versions) >= 2 * RESTARTS
+
+
+def test_an_env_that_raises_is_replaced_with_its_traceback_in_the_warning():
+    collector = MultiCollector(
+        env_fns(raise_at=130), Policy(), frames_per_batch=WORKERS * 50, max_worker_restarts=RESTARTS, rpc_timeout=30,
+    )
+    owners, yielded = TrajectoryOwners(), 0
+    try:
+        with pytest.warns(WorkerRestartWarning) as record, \
+                pytest.raises(WorkerError, match="raised an error") as failure:
+            for batch in collector:
+                check_whole(batch, 50)
+                owners.add(batch)
+                yielded += 1
+        assert "simulator crashed at step 130" in failure.value.remote_traceback
+    finally:
+        collector.shutdown()
+    # every worker's env raises in its third batch: the first three failures are replaced
+    assert len(record) == RESTARTS
+    assert all("raised an error: RuntimeError: simulator crashed at step 130" in str(w.message) for w in record), [str(w.message) for w in record]
+    assert sum(collector.worker_restarts) == RESTARTS
+    assert yielded == 2  # rounds 0-1 whole; round 2 fails on all four workers, one more than the budget
+
+
+def test_a_hung_worker_is_killed_and_replaced(tmp_path):
+    marker = str(tmp_path / "hung")
+    collector = MultiCollector(
+        env_fns(hang_at=30, marker=marker), Policy(), frames_per_batch=WORKERS * 20, max_worker_restarts=1,
+        rpc_timeout=3,
+    )
+    try:
+        with pytest.warns(WorkerRestartWarning, match=r"did not answer within rpc_timeout=3.0 s; replacing it"):
+            batches = iter(collector)
+            pids = [check_whole(next(batches), 20) for _ in range(4)]
+        assert os.path.exists(marker) and sum(collector.worker_restarts) == 1
+        hung = [i for i, n in enumerate(collector.worker_restarts) if n]
+        assert len(pids) == 4 and len(hung) == 1 and collector.infos[hung[0]]["pid"] in pids[-1]
+    finally:
+        collector.shutdown()
+
+
+def test_debug_launcher_replaces_a_raising_collector():
+    collector = RPCCollector(
+        env_fns(raise_at=70), Policy(), frames_per_batch=WORKERS * 30, launcher="debug", max_worker_restarts=WORKERS,
+        cat_results="stack",
+    )
+    try:
+        with pytest.warns(WorkerRestartWarning):
+            batches = iter(collector)
+            for _ in range(4):  # the third batch of every env raises
+                batch = next(batches)
+                assert batch.shape == (WORKERS, 30)
+                assert (batch["observation"][..., 2] == torch.arange(WORKERS)[:, None]).all()
+        assert collector.worker_restarts == [1] * WORKERS
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_worker_restarts=-1), "max_worker_restarts=-1 is invalid; accepted: an int >= 0"),
+    (dict(max_worker_restarts=1.5), "max_worker_restarts=1.5 is invalid"),
+    (dict(max_worker_restarts=2, launcher="torchrun"), "max_worker_restarts=2 needs a launcher that starts the workers"),
+    (dict(max_worker_restarts=2, weight_transport="broadcast"), "needs the shared-memory weight transport"),
+])
+def test_bad_restart_arguments_are_refused_before_any_process_starts(kwargs, message, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    before = descendants()
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        RPCCollector("CartPole-v1", None, num_collectors=2, frames_per_batch=20, launcher=kwargs.pop("launcher", "local"), **kwargs)
+    assert descendants() <= before
