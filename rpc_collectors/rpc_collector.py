@@ -5,7 +5,8 @@ them out first-ready-first-served (async), and pushes policy weights through the
 plane. Batches of workers on the trainer's host arrive through shared memory, the others'
 as RPC results (:mod:`rpc_collectors.data_plane`). Every wait is event-driven (future
 callbacks feed one queue) and bounded by ``rpc_timeout``; a failing worker stops the whole
-collector with one :class:`WorkerError`.
+collector with one :class:`WorkerError`, unless ``max_worker_restarts`` lets it be replaced
+(the budget and bookkeeping live in :mod:`rpc_collectors.membership`).
 """
 from __future__ import annotations
 
@@ -338,7 +339,11 @@ class RPCCollector(BaseCollector):
         self._sender.joined()
 
     def _join_batches(self, worker_id: int, spec: Any) -> bool:
-        return self._wait_all({worker_id: self._call(worker_id, "join_batches", spec)}, recover=False)[0]
+        """Ask a worker to map a shared batch buffer; False if it cannot (a failure shows at its next request)."""
+        try:  # without restarts a failure raises its WorkerError here
+            return self._wait_all({worker_id: self._call(worker_id, "join_batches", spec)}, recover=not self.restarts.budget)[0]
+        except _Failed:
+            return False
 
     def _call(self, worker_id: int, method: str, *args: Any) -> Call:
         return functools.partial(self.workers.call_async, worker_id, method, *args)
@@ -516,21 +521,22 @@ class RPCCollector(BaseCollector):
             generation, fut = payload
             if generation != self._generation[worker_id]:
                 continue  # the answer of a replaced worker
+            result = self._result(worker_id, fut)  # a failure leaves the worker asked: its replacement is asked again
             self._outstanding.discard(worker_id)
-            result = self._result(worker_id, fut)
             self._since_update[worker_id] += 1
             return worker_id, result
 
-    def _next_answer(self, pending: set[int]) -> tuple[int, Any]:
+    def _next_answer(self) -> tuple[int, Any]:
         """:meth:`_next_event`, replacing failed workers while the budget lasts; a replaced
-        worker in ``pending`` (asked, not answered yet) is asked again."""
+        worker that had been asked for a batch is asked again."""
         deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
         while True:
             try:
                 return self._next_event(deadline)
             except _Failed as failed:
+                asked = failed.worker_id in self._outstanding
                 self._recover(failed)
-                if failed.worker_id in pending:
+                if asked:
                     self._request(failed.worker_id, again=True)
                 deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
 
@@ -546,7 +552,7 @@ class RPCCollector(BaseCollector):
                 self._request(worker_id)
             results: dict[int, Any] = {}
             while len(results) < self.num_workers:
-                worker_id, result = self._next_answer(set(range(self.num_workers)) - set(results))
+                worker_id, result = self._next_answer()
                 results[worker_id] = result
             return self._combine([results[i] for i in range(self.num_workers)])
         if self._last_async is not None:
@@ -554,7 +560,7 @@ class RPCCollector(BaseCollector):
         for worker_id in range(self.num_workers):
             if worker_id not in self._outstanding and worker_id != self._last_async:
                 self._request(worker_id)
-        self._last_async, result = self._next_answer(set(range(self.num_workers)))
+        self._last_async, result = self._next_answer()
         batch = self._receive(self._last_async, result)
         if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
