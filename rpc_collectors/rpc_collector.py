@@ -361,7 +361,7 @@ class RPCCollector(BaseCollector):
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
             worker_id = failed.worker_id
-            reason = self._dead.get(worker_id, failed.reason)
+            reason = failed.reason if failed.remote else self._dead.get(worker_id, failed.reason)  # a raise comes first
             if not self._running or not self.restarts.take(worker_id, reason + _remote_summary(failed.remote)):
                 raise self._fail(self._worker_error(worker_id, failed.reason, failed.remote)) from failed.__cause__
             try:

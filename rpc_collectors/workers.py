@@ -77,8 +77,8 @@ class RPCWorkers:
         self._wake = threading.Event()  # the agent started, or a worker exited during start-up
         self._exited = threading.Event()  # a worker exited during start-up
         self._start_exits: dict[int, str] = {}  # worker id -> exit reason, during start-up
-        self._joining: set[int] = set()  # worker ids whose replacement has not arrived yet
-        self._quiet: Any = None  # torch's C++ warnings, dropped while replaceable workers run
+        self._joining: set[int] = set()  # worker ids whose process has not joined the dynamic group yet
+        self._quiet = contextlib.ExitStack()  # drops torch's C++ warnings while replaceable workers run
         self._generation = rpc_api_generation()  # before this process's agent starts
         spawner.rpc_starts_here()
         try:
@@ -97,8 +97,7 @@ class RPCWorkers:
             self._client = store_client(self.rdv, rpc_timeout)
             self._start_agent()
             if self.rdv.dynamic:  # the trainer's agent first: the workers join it
-                self._quiet = worker.cpp_warnings_off()  # a death makes TensorPipe log each connection it had
-                self._quiet.__enter__()
+                self._quiet.enter_context(worker.cpp_warnings_off())  # a death makes TensorPipe log each connection it had
                 membership.forget_arrivals()
                 for worker_id in range(num_workers):
                     self._spawn(worker_id)
@@ -142,7 +141,9 @@ class RPCWorkers:
         """Put a fresh local process in place of failed ``worker_id``, under a new rank; wait until it joined."""
         if self.spawner is None or not self.rdv.dynamic:
             raise RuntimeError("only a collector's own local workers can be replaced")
-        self.kill(worker_id)
+        pid = self.worker_pids.pop(worker_id, None)  # first: its exit, reported from another thread, is no failure
+        if pid is not None:
+            self.spawner.kill(pid)
         membership.evict(self._name(worker_id))
         self._start_exits.pop(worker_id, None)
         self.ranks[worker_id] = max(self.ranks) + 1
@@ -237,9 +238,7 @@ class RPCWorkers:
                 rpc.shutdown(graceful=False)
             self._agent = None
         self.spawner = None
-        if self._quiet is not None:
-            self._quiet.__exit__(None, None, None)
-            self._quiet = None
+        self._quiet.close()
 
     def _stop_servers(self, timeout: float) -> None:
         """Stop the servers, then this agent, then let them stop theirs (see ``worker.stop``)."""
