@@ -8,7 +8,7 @@ from .base import BaseCollector
 from .collector import Collector
 from .envs import GymEnv
 from .errors import WorkerError
-from .membership import WorkerRestartWarning
+from .membership import WorkerLeftWarning, WorkerRestartWarning
 from .policies import RandomPolicy
 from .rpc_collector import MultiAsyncCollector, MultiCollector, MultiSyncCollector, RPCCollector
 from .trajectories import split_trajectories
@@ -33,6 +33,7 @@ __all__ = [
     "RandomPolicy",
     "SyncDataCollector",
     "WorkerError",
+    "WorkerLeftWarning",
     "WorkerRestartWarning",
     "split_trajectories",
 ]

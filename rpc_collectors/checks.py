@@ -221,3 +221,14 @@ def max_worker_restarts(value: Any, launcher: str, weight_transport: str, backen
             f"weight_transport={weight_transport!r}, backend={backend!r}: 0"
         )
     return count
+
+
+def elastic(weight_transport: str, backend: str) -> None:
+    """Elastic membership moves weights as RPC arguments: no fixed group, no shared file."""
+    if weight_transport not in ("auto", "rpc"):
+        raise ValueError(
+            f"weight_transport={weight_transport!r} does not work with elastic=True (collectors join and leave); "
+            "accepted: 'auto' or 'rpc'"
+        )
+    if backend != "gloo":
+        raise ValueError(f"backend={backend!r} does not work with elastic=True (no fixed weight group); accepted: 'gloo'")

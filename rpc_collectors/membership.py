@@ -11,23 +11,39 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import time
 import warnings
-from typing import Any
+from typing import Callable, Iterator
 
 import numpy as np
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
 _arrivals: "queue.Queue[int]" = queue.Queue()  # ranks that joined this trainer's group
+_listener: Callable[[int], None] | None = None  # an elastic trainer's: gets arrivals instead of the queue
 
 
 class WorkerRestartWarning(RuntimeWarning):
     """A collector worker failed and is being replaced (``max_worker_restarts``)."""
 
 
+class WorkerLeftWarning(RuntimeWarning):
+    """A collector of an elastic trainer left (died, became unreachable or raised); its slot is vacant."""
+
+
 def arrive(rank: int) -> None:
     """RPC (served by the trainer): the server of ``rank`` joined the group and is ready."""
-    _arrivals.put(rank)
+    listener = _listener
+    if listener is not None:
+        listener(rank)
+    else:
+        _arrivals.put(rank)
+
+
+def listen(callback: Callable[[int], None] | None) -> None:
+    """Hand every arrival to ``callback(rank)`` (an elastic trainer) instead of the queue; None: the queue again."""
+    global _listener
+    _listener = callback
 
 
 def arrivals() -> "queue.Queue[int]":
@@ -48,22 +64,53 @@ def forget_arrivals() -> None:
 _MEMBERS_KEY = "_ALL_WORKER_INFOS"
 
 
-def evict(name: str) -> None:
+def evict(name: str, store: dist.Store, timeout: float) -> None:
     """Remove the dead server ``name`` from this trainer's dynamic RPC group.
 
     A server that leaves without ``rpc.shutdown`` stays listed; a later joiner would then wait
     for it until its join times out. Evicting it from the member list and from this agent's
-    map lets the group go on without it.
+    map lets the group go on without it. Joins and evictions take turns (:func:`membership_lock`
+    on the rendezvous ``store``): both rewrite the member list.
     """
     agent = rpc.api._get_current_rpc_agent()
     try:
         info = agent.get_worker_info(name)
     except RuntimeError:  # never joined, or already evicted
         return
-    names = dist.PrefixStore("names", agent.store)
-    members = names.get(_MEMBERS_KEY).decode()
-    names.set(_MEMBERS_KEY, members.replace(f"{name}-{info.id},", ""))
-    agent._update_group_membership(info, [], {}, False)
+    with membership_lock(store, "trainer", timeout):
+        names = dist.PrefixStore("names", agent.store)
+        members = names.get(_MEMBERS_KEY).decode()
+        names.set(_MEMBERS_KEY, members.replace(f"{name}-{info.id},", ""))
+        agent._update_group_membership(info, [], {}, False)
+
+
+_LOCK_KEY = "rpc_collectors/membership_lock"
+_LOCK_POLL = 0.005  # seconds between tries
+
+
+@contextlib.contextmanager
+def membership_lock(store: dist.Store, owner: str, timeout: float) -> Iterator[None]:
+    """Hold the group's membership lock (in the rendezvous ``store``) for at most ``timeout`` s.
+
+    torch's join reads, extends and writes the member list without a lock of its own, so
+    concurrent joins (or a join and an eviction) can lose an entry. The lock is a lease: a
+    holder that died is overtaken once ``timeout`` passed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        mine = f"{owner}@{time.time() + timeout}"
+        held = store.compare_set(_LOCK_KEY, "", mine).decode()
+        if held != mine and held and float(held.rpartition("@")[2]) < time.time():  # an expired lease
+            held = store.compare_set(_LOCK_KEY, held, mine).decode()
+        if held == mine:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the RPC group's membership lock stayed held by {held} for {timeout} s")
+        time.sleep(_LOCK_POLL)
+    try:
+        yield
+    finally:
+        store.compare_set(_LOCK_KEY, mine, "")
 
 
 class Restarts:
@@ -96,6 +143,17 @@ class Restarts:
             WorkerRestartWarning, stacklevel=5,
         )
         return True
+
+    def vacated(self, worker_id: int) -> None:
+        """The collector serving ``worker_id`` left an elastic trainer (no budget: a newcomer takes the slot)."""
+        self.counts[worker_id] += 1
+
+    def bounds(self) -> list[int]:
+        """What :meth:`traj_id_start` continues from, to save with the trainer's state."""
+        return list(self._ids)
+
+    def restore(self, bounds: list[int]) -> None:
+        self._ids = [int(b) for b in bounds]
 
     def started(self, worker_id: int, envs: int) -> None:
         """Worker ``worker_id`` started its envs: one new trajectory each."""

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from typing import Any, Callable
 
 import cloudpickle
@@ -32,7 +33,8 @@ from .data_plane import BatchPlane
 from .envs import check_env_id
 from .errors import WorkerError
 from .lifetime import Resources, release_with, weak_method
-from .membership import Restarts
+from .elastic import JOIN_VARIABLE, ElasticWorkers, join_rendezvous, member_rendezvous
+from .membership import Restarts, WorkerLeftWarning
 from .policies import StepPolicy, run_device
 from .rendezvous import detect_launcher, from_environment, host_id
 from .threads import TrainerThreads
@@ -105,11 +107,22 @@ class RPCCollector(BaseCollector):
             did not answer within ``rpc_timeout``, or its env or policy raised) is replaced by a
             fresh one, with the same worker id, the current weights and new trajectory ids; a
             warning names each. 0: the first failure raises :class:`WorkerError`.
+        elastic: torchrun/SLURM only. Collector processes may join the running trainer (any
+            process that runs this script with ``RPC_COLLECTORS_JOIN=<host>:<port>`` of the
+            trainer's rendezvous set) and leave it. ``num_collectors`` is then the number of
+            slots (worker ids), each held by one collector at a time; a failed collector leaves
+            its slot vacant (:class:`WorkerLeftWarning`) for the next to join, and collectors
+            beyond the slots wait as spares. Weights travel as RPC arguments
+            (``weight_transport="rpc"``) and batches as RPC results. See README "Elastic runs".
+        join_timeout: with ``elastic``, seconds a sync round waits for a vacant slot to be taken
+            (async: for any collector at all) before raising ``TimeoutError``; also how long a
+            collector waits for its trainer to come up.
         update_after_each_batch: push the trainer's weights before each worker's next batch.
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
-            else ``"broadcast"`` over the weight process group), ``"shm"`` or ``"broadcast"``.
+            else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
+            ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
         max_frames_per_traj, init_random_frames, reset_at_each_iter, split_trajs, postproc,
         device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``
             (``init_random_frames`` is shared out over the workers).
@@ -136,6 +149,8 @@ class RPCCollector(BaseCollector):
         exploration_type: Any = None,
         num_threads: int | None = None,
         max_worker_restarts: int = 0,
+        elastic: bool = False,
+        join_timeout: float = 300.0,
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         weight_transport: str = "auto",
@@ -156,14 +171,23 @@ class RPCCollector(BaseCollector):
         )
         self._closed = self._closing = True  # until the workers are up
         self.launcher = detect_launcher(launcher)
+        self.elastic = checks.boolean("elastic", elastic)
+        self.join_timeout = checks.timeout("join_timeout", join_timeout)
+        joining = join_rendezvous()
+        if joining is not None:  # a collector process started to join a running trainer
+            if not self.elastic:
+                raise ValueError(f"{JOIN_VARIABLE} is set, so this process joins a trainer as a collector; that needs elastic=True")
+            self._serve(member_rendezvous(joining, self.join_timeout), rpc_timeout)
+        rdv = None
         if self.launcher in ("torchrun", "slurm"):
             rdv = from_environment(self.launcher)
             if rdv.rank != 0:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(serve(rdv, float(rpc_timeout)))
-        else:
-            rdv = None
+                self._serve(member_rendezvous(rdv, self.join_timeout) if self.elastic else rdv, rpc_timeout)
+        elif self.elastic:
+            raise ValueError(
+                f"elastic=True needs a trainer that collectors can join over the network; accepted with "
+                f"launcher={launcher!r} (resolved to {self.launcher!r}): False (elastic launchers: 'torchrun', 'slurm')"
+            )
         env_fns = self._env_fns(create_env_fn, num_collectors, rdv)
         self.num_workers = len(env_fns)
         self.sync = checks.boolean("sync", sync)
@@ -181,6 +205,8 @@ class RPCCollector(BaseCollector):
             raise ValueError(f"max_weight_update_interval={interval!r} is invalid; accepted: -1 (never) or an int >= 0")
         self.max_weight_update_interval = interval
         checks.choice("weight_transport", weight_transport, TRANSPORTS)
+        if self.elastic:
+            checks.elastic(weight_transport, self.backend)
         restarts = checks.max_worker_restarts(max_worker_restarts, self.launcher, weight_transport, self.backend)
         if self.sync:
             per_worker = checks.frames_per_batch_fits(self.frames_per_batch, self.num_workers, "workers")
@@ -228,6 +254,8 @@ class RPCCollector(BaseCollector):
         self._resources = Resources()
         if self.launcher == "debug":
             self.workers: Any = InProcessWorkers(self.num_workers)
+        elif self.elastic:  # collectors are admitted as they join, while collecting (see _admit)
+            self.workers = ElasticWorkers(rdv, self.num_workers, self.rpc_timeout, weak_method(self._on_arrival))
         else:
             self.workers = RPCWorkers(
                 rdv, self.num_workers, self.rpc_timeout, weak_method(self._on_death), replaceable=restarts > 0
@@ -235,12 +263,17 @@ class RPCCollector(BaseCollector):
         self._resources.workers = self.workers
         self._release = release_with(self, self._resources)
         self._closed = self._closing = False
+        self._round: dict[int, Any] | None = None  # the answers of a sync round in progress
         try:
-            self.infos = self._wait_all({i: functools.partial(self.workers.create, i, specs[i]) for i in range(self.num_workers)})
+            if self.elastic:
+                self.infos: list = [None] * self.num_workers
+            else:
+                self.infos = self._wait_all({i: functools.partial(self.workers.create, i, specs[i]) for i in range(self.num_workers)})
             for i, info in enumerate(self.infos):
-                self.restarts.started(i, info["envs"])
+                if info is not None:
+                    self.restarts.started(i, info["envs"])
             self._init_weights(weight_transport)
-            local_hosts = [self.launcher != "debug" and info["host_id"] == host_id() for info in self.infos]
+            local_hosts = [self.launcher != "debug" and info is not None and info["host_id"] == host_id() for info in self.infos]
             self._resources.threads = TrainerThreads(num_threads, sum(local_hosts))
             self._batches = self._resources.batches = BatchPlane(
                 local_hosts, weak_method(self._join_batches), sync=self.sync, keep_fds=restarts > 0
@@ -251,6 +284,13 @@ class RPCCollector(BaseCollector):
             raise
 
     # ---------------------------------------------------------------- set-up
+    @staticmethod
+    def _serve(rdv: Any, rpc_timeout: float) -> None:
+        """Serve a collector in this process until the trainer stops it, then exit the process."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(serve(rdv, float(rpc_timeout)))
+
     def _env_fns(self, create_env_fn: Any, num_collectors: int | None, rdv: Any) -> list:
         if num_collectors is not None:
             checks.positive_int("num_collectors", num_collectors)
@@ -264,9 +304,10 @@ class RPCCollector(BaseCollector):
             fns = list(create_env_fn)
         else:
             n = num_collectors if num_collectors is not None else (rdv.world_size - 1 if rdv else None)
-            if n is None:
+            if not n:
                 raise ValueError(
-                    "num_collectors=None: give the number of workers, or a list of env factories as create_env_fn"
+                    "num_collectors=None: give the number of workers (with elastic=True: of collector slots), "
+                    "or a list of env factories as create_env_fn"
                 )
             fns = [create_env_fn] * n
         for i, fn in enumerate(fns):
@@ -274,7 +315,7 @@ class RPCCollector(BaseCollector):
                 raise TypeError(f"create_env_fn[{i}]={fn!r} is not an env or env factory")
             if isinstance(fn, str):
                 check_env_id(fn, "create_env_fn")
-        if rdv is not None and rdv.world_size - 1 != len(fns):
+        if rdv is not None and not self.elastic and rdv.world_size - 1 != len(fns):
             raise ValueError(
                 f"{len(fns)} collectors were asked for, but the {rdv.launcher} world has WORLD_SIZE="
                 f"{rdv.world_size} (one trainer + {rdv.world_size - 1} collector ranks)"
@@ -314,9 +355,14 @@ class RPCCollector(BaseCollector):
         if module is None:
             return
         flat = FlatWeights(module)
-        same_host = all(info["host_id"] == host_id() for info in self.infos)
+        same_host = all(info is not None and info["host_id"] == host_id() for info in self.infos)
         kind = transport if transport != "auto" else ("shm" if same_host and self.backend == "gloo" else "broadcast")
-        if kind == "shm":
+        if self.elastic:
+            kind = "rpc"
+        if kind == "rpc":
+            buffer, fd = flat.new_buffer(None), None
+            spec = TransportSpec("rpc", flat.nbytes, timeout=self.rpc_timeout)
+        elif kind == "shm":
             if not same_host:
                 raise ValueError("weight_transport='shm' needs every worker on the trainer's host")
             path, fd, buffer = shm_file(flat.nbytes)
@@ -332,7 +378,7 @@ class RPCCollector(BaseCollector):
             )
             buffer, fd = flat.new_buffer(torch.device("cuda") if self.backend == "nccl" else None), None
         self._sender = self._resources.sender = WeightSender(flat, spec, buffer, fd, keep_fd=self.restarts.budget > 0)
-        joins = {i: self._call(i, "join_weights", spec) for i in range(self.num_workers)}
+        joins = {i: self._call(i, "join_weights", spec) for i in range(self.num_workers) if self.infos[i] is not None}
         futures = {i: call() for i, call in joins.items()}
         self._sender.connect()
         self._wait_all(joins, futures)
@@ -354,9 +400,13 @@ class RPCCollector(BaseCollector):
         """How many times each worker was replaced (see ``max_worker_restarts``)."""
         return list(self.restarts.counts)
 
-    def _recover(self, failed: _Failed) -> None:
+    def _recover(self, failed: _Failed) -> bool:
         """Replace a failed worker while the budget lasts (a replacement that fails too costs
-        another restart); else shut down and raise its WorkerError."""
+        another restart); else shut down and raise its WorkerError. Elastic: the worker's slot
+        falls vacant (returns False) for the next collector to join."""
+        if self.elastic:
+            self._leave(failed.worker_id, failed.reason + _remote_summary(failed.remote))
+            return False
         while True:
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
@@ -366,7 +416,7 @@ class RPCCollector(BaseCollector):
                 raise self._fail(self._worker_error(worker_id, failed.reason, failed.remote)) from failed.__cause__
             try:
                 self._replace(worker_id)
-                return
+                return True
             except _Failed as again:
                 failed = again
             except WorkerError as err:  # the replacement did not start
@@ -380,6 +430,10 @@ class RPCCollector(BaseCollector):
         self.workers.replace(worker_id)
         self._dead.pop(worker_id, None)
         self._deaths[worker_id].clear()
+        self._set_up(worker_id)
+
+    def _set_up(self, worker_id: int) -> None:
+        """Build the collector of the process that now serves ``worker_id`` (replaced or newly joined)."""
         start = self.restarts.traj_id_start(worker_id)
         create = functools.partial(self.workers.create, worker_id, self._specs[worker_id], start)
         self.infos[worker_id] = info = self._wait_all({worker_id: create}, recover=False)[0]
@@ -391,11 +445,66 @@ class RPCCollector(BaseCollector):
         if self._sender is not None:
             steps.append(self._call(worker_id, "join_weights", self._sender.spec))
             if self._sender.latest is not None:
-                steps.append(self._call(worker_id, "receive_weights", self.policy_version, self._sender.latest))
+                steps.append(self._weights_call(worker_id, self.policy_version, self._sender.latest))
             self._min_version[worker_id] = self.policy_version
+            self._since_update[worker_id] = 0
         for step in steps:
             self._wait_all({worker_id: step}, recover=False)
         self._shared(self._batches.rejoin, worker_id)
+
+    # ---------------------------------------------------------------- elastic membership
+    def _on_arrival(self, rank: int) -> None:
+        """A collector joined (elastic; called from an RPC thread): the collecting thread admits it."""
+        self._events.put(("joined", rank, None))
+
+    def _admit(self, rank: int) -> None:
+        """Give collector ``rank`` a vacant slot (or keep it as a spare) and set it up; one that
+        fails meanwhile leaves the slot vacant again. A slot the trainer waits for is asked at once."""
+        worker_id = self.workers.assign(rank)
+        if worker_id is None:
+            return
+        self._generation[worker_id] += 1
+        try:
+            self._set_up(worker_id)
+        except _Failed as failed:
+            self._leave(worker_id, f"failed while it joined: {failed.reason}{_remote_summary(failed.remote)}")
+            return
+        if self._round is not None and worker_id not in self._round:  # a sync round waits for this slot
+            self._request(worker_id, again=True)
+        elif self._round is None and not self.sync:
+            self._request(worker_id)
+
+    def _leave(self, worker_id: int, reason: str) -> None:
+        """The collector in ``worker_id``'s slot failed: evict it; a spare, if any, takes the slot."""
+        if self._closing:
+            raise RuntimeError(f"{type(self).__name__} was shut down")
+        rank = self.workers.ranks[worker_id]
+        self._generation[worker_id] += 1
+        self._outstanding.discard(worker_id)
+        if self._last_async == worker_id:
+            self._last_async = None
+        self.workers.vacate(worker_id)
+        self.infos[worker_id] = None
+        self.restarts.vacated(worker_id)
+        warnings.warn(
+            f"collector worker {worker_id} (rank {rank}) {reason}; its slot is vacant until a collector joins "
+            f"(join_timeout={self.join_timeout} s)",
+            WorkerLeftWarning, stacklevel=4,
+        )
+        spare = self.workers.spare()
+        if spare is not None:
+            self._admit(spare)
+
+    def _serving(self) -> list[int]:
+        return [i for i in range(self.num_workers) if self.workers.serves(i)]
+
+    def _no_collector(self) -> BaseException:
+        vacant = [i for i in range(self.num_workers) if not self.workers.serves(i)]
+        return self._fail(TimeoutError(
+            f"no collector joined within join_timeout={self.join_timeout} s while the trainer waited "
+            f"(vacant collector slots: {vacant}); start collectors with {JOIN_VARIABLE}="
+            f"{self.workers.rdv.master_addr}:{self.workers.rdv.master_port} (slurm/submit.py --join JOBID)"
+        ))
 
     # ---------------------------------------------------------------- faults
     def _on_death(self, worker_id: int, reason: str) -> None:
@@ -443,6 +552,7 @@ class RPCCollector(BaseCollector):
         A failed worker is replaced and asked again while the restart budget lasts (with
         ``recover=False`` its failure propagates as :class:`_Failed`); then it raises WorkerError.
         """
+        calls = dict(calls)
         futures = dict(futures) if futures is not None else {i: call() for i, call in calls.items()}
         done: "queue.Queue[tuple | None]" = queue.Queue()  # None: a worker died
 
@@ -469,8 +579,9 @@ class RPCCollector(BaseCollector):
                 except _Failed as failed:
                     if not recover:
                         raise
-                    self._recover(failed)
-                    if failed.worker_id in calls and failed.worker_id not in results:
+                    if not self._recover(failed):  # an elastic collector left: its slot has no answer
+                        calls.pop(failed.worker_id, None)
+                    elif failed.worker_id in calls and failed.worker_id not in results:
                         futures[failed.worker_id] = calls[failed.worker_id]()
                         watch(failed.worker_id)
                     deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
@@ -487,7 +598,10 @@ class RPCCollector(BaseCollector):
 
     # ---------------------------------------------------------------- collection
     def _request(self, worker_id: int, again: bool = False) -> None:
-        """Ask ``worker_id`` for its next batch (``again``: a replacement redoes the failed one's)."""
+        """Ask ``worker_id`` for its next batch (``again``: a replacement redoes the failed one's);
+        a vacant elastic slot is asked once a collector takes it (:meth:`_admit`)."""
+        if not self.workers.serves(worker_id):
+            return
         if not again and self._needs_update(worker_id):
             self.update_policy_weights_(worker_ids=None if self.sync else [worker_id])
         slot = self._batches.slot_for(worker_id, again)
@@ -504,17 +618,32 @@ class RPCCollector(BaseCollector):
             return self._since_update[worker_id] > 0
         return 0 <= self.max_weight_update_interval < self._since_update[worker_id]
 
-    def _next_event(self, deadline: float) -> tuple[int, Any]:
-        """The next worker's answer (worker id, batch or ``Ready``); deaths and timeouts raise _Failed."""
+    def _deadline(self) -> float:
+        """Until when to wait for the next event: an answer to an outstanding request within
+        rpc_timeout; with none outstanding (elastic, vacant slots), a collector within join_timeout."""
+        wait = self.rpc_timeout + TIMEOUT_MARGIN if self._outstanding or not self.elastic else self.join_timeout
+        return time.monotonic() + wait
+
+    def _next_event(self) -> tuple[int, Any]:
+        """The next worker's answer (worker id, batch or ``Ready``); deaths and timeouts raise _Failed.
+
+        Collectors that join meanwhile (elastic) are admitted here."""
+        deadline = self._deadline()
         while True:
             self._raise_if_dead()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if not self._outstanding:
+                    raise self._no_collector()
                 late = min(self._outstanding)
                 raise _Failed(late, f"did not answer within rpc_timeout={self.rpc_timeout} s")
             try:
                 kind, worker_id, payload = self._events.get(timeout=remaining)
             except queue.Empty:
+                continue
+            if kind == "joined":
+                self._admit(worker_id)
+                deadline = self._deadline()
                 continue
             if kind in ("died", "closed"):
                 continue  # _raise_if_dead reports it
@@ -529,16 +658,13 @@ class RPCCollector(BaseCollector):
     def _next_answer(self) -> tuple[int, Any]:
         """:meth:`_next_event`, replacing failed workers while the budget lasts; a replaced
         worker that had been asked for a batch is asked again."""
-        deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
         while True:
             try:
-                return self._next_event(deadline)
+                return self._next_event()
             except _Failed as failed:
                 asked = failed.worker_id in self._outstanding
-                self._recover(failed)
-                if asked:
+                if self._recover(failed) and asked:
                     self._request(failed.worker_id, again=True)
-                deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
 
     def _receive(self, worker_id: int, result: Any) -> TensorDictBase:
         """The batch of a worker's answer, labelled with its worker id."""
@@ -550,10 +676,13 @@ class RPCCollector(BaseCollector):
         if self.sync:
             for worker_id in range(self.num_workers):
                 self._request(worker_id)
-            results: dict[int, Any] = {}
-            while len(results) < self.num_workers:
-                worker_id, result = self._next_answer()
-                results[worker_id] = result
+            self._round = results = {}
+            try:
+                while len(results) < self.num_workers:
+                    worker_id, result = self._next_answer()
+                    results[worker_id] = result
+            finally:
+                self._round = None
             return self._combine([results[i] for i in range(self.num_workers)])
         if self._last_async is not None:
             self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
@@ -615,7 +744,7 @@ class RPCCollector(BaseCollector):
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
         self._require_open()
-        ids = self._worker_ids(worker_ids)
+        ids = [i for i in self._worker_ids(worker_ids) if self.workers.serves(i)]  # elastic: a newcomer catches up
         if self._sender is None:
             raise TypeError("update_policy_weights_: the policy is not an nn.Module, so it has no weights to push")
         source = None if policy_or_weights is None else weights_of(policy_or_weights)
@@ -625,13 +754,18 @@ class RPCCollector(BaseCollector):
             self.policy_version += 1
             version = self.policy_version
             mode = self._sender.push([i + 1 for i in ids], version, all_workers=len(ids) == self.num_workers)
-            self._push = {i: self._call(i, "receive_weights", version, mode) for i in ids}
+            self._push = {i: self._weights_call(i, version, mode) for i in ids}
             self._pushed = {i: call() for i, call in self._push.items()}
             for i in ids:
                 self._min_version[i] = version
                 self._since_update[i] = 0
             if not non_blocking:
                 self._finish_push()
+
+    def _weights_call(self, worker_id: int, version: int, mode: str) -> Call:
+        """``receive_weights`` on ``worker_id``; the "rpc" transport sends the packed buffer with it."""
+        payload = (self._sender.buffer,) if mode == "rpc" else ()
+        return self._call(worker_id, "receive_weights", version, mode, *payload)
 
     def _worker_ids(self, worker_ids: Any) -> list[int]:
         if worker_ids is None:
@@ -660,6 +794,11 @@ class RPCCollector(BaseCollector):
         """Seed every worker's env and torch RNG with distinct seeds; returns the next free seed."""
         self._require_open()
         seed = checks.seed(seed)
+        if self.elastic:  # slot i gets seed + i; each collector in it one drawn from that seed's sequence
+            for worker_id in range(self.num_workers):
+                self.restarts.seeds[worker_id] = seed + worker_id
+            self._wait_all({i: self._call(i, "set_seed", self.restarts.seed(i)) for i in self._serving()})
+            return seed + self.num_workers
         for worker_id in range(self.num_workers):
             self.restarts.seeds[worker_id] = int(seed)
             seed = self._wait_all({worker_id: self._call(worker_id, "set_seed", int(seed))})[0]
@@ -672,12 +811,20 @@ class RPCCollector(BaseCollector):
             self._finish_push()
         state = self._base_state()
         state["policy_version"] = self.policy_version
+        if self.elastic:  # collectors come and go: keep where their trajectory ids continue from
+            state["workers"], state["traj_id_bounds"] = None, self.restarts.bounds()
+            return state
         state["workers"] = self._wait_all({i: self._call(i, "state_dict") for i in range(self.num_workers)})
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state_dict()``; the workers' envs restart, trajectory ids keep increasing."""
         self._require_open()
+        if self.elastic:
+            self._load_elastic_state(state)
+            return
+        if state["workers"] is None:
+            raise ValueError("the state is an elastic collector's; load it into a collector with elastic=True")
         if len(state["workers"]) != self.num_workers:
             raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {self.num_workers}")
         self._load_base_state(state)
@@ -685,6 +832,15 @@ class RPCCollector(BaseCollector):
         self._wait_all({i: self._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
         for i, worker_state in enumerate(state["workers"]):
             self.restarts.loaded(i, int(worker_state["traj_count"]))
+
+    def _load_elastic_state(self, state: dict) -> None:
+        if state.get("traj_id_bounds") is None or len(state["traj_id_bounds"]) != self.num_workers:
+            raise ValueError(f"the state is not that of an elastic collector with {self.num_workers} slots")
+        if self._serving():
+            raise RuntimeError("load_state_dict on an elastic collector must come before its first batch")
+        self._load_base_state(state)
+        self.policy_version = int(state["policy_version"])
+        self.restarts.restore(state["traj_id_bounds"])
 
     # ---------------------------------------------------------------- shutdown
     def _require_open(self) -> None:

@@ -1,6 +1,6 @@
 """The weight plane: moving a flat weight buffer from the trainer to collector servers.
 
-Two transports, both separate from the default process group:
+Three transports, all separate from the default process group:
 
 * ``"shm"``: a shared-memory file of two slots that workers on the trainer's host map. An
   update is one copy into a slot on the trainer; a worker told about it copies the slot
@@ -9,6 +9,9 @@ Two transports, both separate from the default process group:
 * ``"broadcast"``: a process group of its own (gloo for CPU, NCCL for CUDA tensors) among the
   trainer and all workers, built from a prefixed store; all workers get one ``broadcast``,
   a subset gets point-to-point sends.
+* ``"rpc"``: the flat buffer travels as the argument of each worker's ``receive_weights`` call.
+  It needs no group, so it is what elastic collectors use: their members change while the
+  trainer runs, and a newcomer gets the latest version the same way.
 
 The trainer side is :class:`WeightSender`; each worker holds a :class:`WeightReceiver` that
 stages incoming weights and applies them to its collector between batches.
@@ -34,14 +37,14 @@ import torch.distributed as dist
 from . import shm
 from .weights import FlatWeights
 
-TRANSPORTS = ("auto", "shm", "broadcast")
+TRANSPORTS = ("auto", "shm", "broadcast", "rpc")
 
 
 @dataclass(frozen=True)
 class TransportSpec:
     """What a worker needs to join the weight plane."""
 
-    kind: str  # "shm" or "broadcast"
+    kind: str  # "shm", "broadcast" or "rpc"
     nbytes: int
     path: str | None = None  # shm file
     addr: str | None = None  # broadcast: store address, port and key prefix
@@ -117,15 +120,17 @@ class WeightReceiver:
             self._staging = self.flat.new_buffer(self._device)
         return self._staging
 
-    def receive(self, version: int, mode: str) -> None:
-        """Take version ``version``: from shared memory, the broadcast, or a point-to-point send.
+    def receive(self, version: int, mode: str, payload: torch.Tensor | None = None) -> None:
+        """Take version ``version``: from shared memory, the broadcast, a point-to-point send or ``payload``.
 
         Modes: ``"shm:<slot>"`` (read the slot when applying), ``"shm-copy:<slot>"`` (copy the
-        slot now), ``"broadcast"``, ``"p2p"``.
+        slot now), ``"broadcast"``, ``"p2p"``, ``"rpc"`` (``payload``, a copy this worker owns).
         """
         kind, slot = _parse_mode(mode)
         with self._cond:  # an apply in progress finishes first
-            if kind == "shm":
+            if kind == "rpc":
+                self.source = payload
+            elif kind == "shm":
                 self.source = self.slots[slot]
             elif kind == "shm-copy":
                 self.staging.copy_(self.slots[slot])
@@ -201,6 +206,9 @@ class WeightSender:
                 self._next = (slot + 1) % SHM_SLOTS
                 return f"shm:{slot}"
             return f"shm-copy:{slot}"  # the workers copy it now; the slot is free once they answered
+        if self.spec.kind == "rpc":
+            self.latest = "rpc"
+            return "rpc"  # the caller sends the buffer with each worker's call
         if all_workers:
             self.work = [self.group.broadcast(self.buffer, 0)]
             return "broadcast"

@@ -72,8 +72,8 @@ class WorkerState:
         self.timeout = spec.timeout
         self.receiver = WeightReceiver(spec, FlatWeights(module), self.rank)
 
-    def receive_weights(self, version: int, mode: str) -> None:
-        self.receiver.receive(version, mode)
+    def receive_weights(self, version: int, mode: str, payload: torch.Tensor | None = None) -> None:
+        self.receiver.receive(version, mode, payload)
 
     def join_batches(self, spec: SlotSpec) -> bool:
         """Map the trainer's shared batch buffer; False if this process cannot open it."""
@@ -200,10 +200,14 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     name_process(f"rpc-worker{rdv.rank - 1}")
     if rdv.dynamic:  # its peers may die and be replaced: TensorPipe would log each of their connections
         _cpp_log_level().value = CPP_ERROR
-    start_agent(worker_name(rdv.rank, rdv.session), rdv, rpc_timeout)
-    if rdv.dynamic:
-        rpc.rpc_sync(TRAINER, membership.arrive, args=(rdv.rank,), timeout=rpc_timeout)
+    name = worker_name(rdv.rank, rdv.session)
     store = store_client(rdv, rpc_timeout)
+    if rdv.dynamic:  # one join at a time (see membership.membership_lock)
+        with membership.membership_lock(store, name, rpc_timeout):
+            start_agent(name, rdv, rpc_timeout)
+            rpc.rpc_sync(TRAINER, membership.arrive, args=(rdv.rank,), timeout=rpc_timeout)
+    else:
+        start_agent(name, rdv, rpc_timeout)
     code = 0
     while not _stop.wait(PING_EVERY):
         try:

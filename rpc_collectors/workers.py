@@ -96,8 +96,9 @@ class RPCWorkers:
                 self._store, _ = serve_store(host, rdv.master_port, rpc_timeout)
             self._client = store_client(self.rdv, rpc_timeout)
             self._start_agent()
-            if self.rdv.dynamic:  # the trainer's agent first: the workers join it
-                self._quiet.enter_context(worker.cpp_warnings_off())  # a death makes TensorPipe log each connection it had
+            if self.rdv.dynamic:  # a death makes TensorPipe log each connection it had
+                self._quiet.enter_context(worker.cpp_warnings_off())
+            if self.rdv.dynamic and self.spawner is not None:  # the trainer's agent first: the workers join it
                 membership.forget_arrivals()
                 for worker_id in range(num_workers):
                     self._spawn(worker_id)
@@ -144,7 +145,7 @@ class RPCWorkers:
         pid = self.worker_pids.pop(worker_id, None)  # first: its exit, reported from another thread, is no failure
         if pid is not None:
             self.spawner.kill(pid)
-        membership.evict(self._name(worker_id))
+        membership.evict(self._name(worker_id), self._client, self.rpc_timeout)
         self._start_exits.pop(worker_id, None)
         self.ranks[worker_id] = max(self.ranks) + 1
         membership.forget_arrivals()
@@ -192,6 +193,14 @@ class RPCWorkers:
 
     def _name(self, worker_id: int) -> str:
         return worker.worker_name(self.ranks[worker_id], self.rdv.session)
+
+    def serves(self, worker_id: int) -> bool:
+        """Whether a server holds ``worker_id`` now (always, unless membership is elastic)."""
+        return True
+
+    def _server_names(self) -> list[str]:
+        """Every server to stop at :meth:`close`."""
+        return [self._name(i) for i in range(self.num_workers)]
 
     def _on_exit(self, worker_id: int, pid: int, code: int) -> None:
         self.pids.pop(pid, None)
@@ -243,9 +252,9 @@ class RPCWorkers:
     def _stop_servers(self, timeout: float) -> None:
         """Stop the servers, then this agent, then let them stop theirs (see ``worker.stop``)."""
         stops = []
-        for worker_id in range(self.num_workers):
+        for name in self._server_names():
             try:
-                stops.append(rpc.rpc_async(self._name(worker_id), worker.stop, timeout=timeout))
+                stops.append(rpc.rpc_async(name, worker.stop, timeout=timeout))
             except RuntimeError:
                 pass
         for fut in stops:
@@ -279,6 +288,9 @@ class InProcessWorkers:
 
     def kill(self, worker_id: int) -> None:
         """Nothing to kill: the workers live in this process."""
+
+    def serves(self, worker_id: int) -> bool:
+        return True
 
     def replace(self, worker_id: int) -> None:
         """Drop ``worker_id``'s collector (its env may be broken); :meth:`create` builds a fresh one."""

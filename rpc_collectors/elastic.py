@@ -1,0 +1,124 @@
+"""Elastic membership: collector processes join and leave a running trainer (``elastic=True``).
+
+The trainer serves a fixed number of collector *slots* (worker ids). Every collector process,
+whether one of the trainer's own torchrun/SLURM ranks or one started later with
+``RPC_COLLECTORS_JOIN=<host>:<port>`` set (a SLURM job of ``slurm/submit.py --join JOBID``),
+draws a unique rank from a counter in the trainer's rendezvous store, joins the trainer's
+dynamic RPC group and announces itself (:func:`membership.arrive`). The trainer gives it a
+vacant slot, or keeps it as a spare until one falls vacant. A collector that dies, becomes
+unreachable or raises is evicted from the group and its slot falls vacant.
+
+:class:`ElasticWorkers` is the trainer's handle on those slots; :func:`member_rendezvous` and
+:func:`join_rendezvous` are the collector's side of the rendezvous.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import threading
+from typing import Callable
+
+import torch.distributed.rpc as rpc
+
+from . import membership, worker
+from .rendezvous import Rendezvous, interface_address, interface_towards, store_client
+from .workers import RPCWorkers
+
+JOIN_VARIABLE = "RPC_COLLECTORS_JOIN"  # <host>:<port> of a running elastic trainer's rendezvous store
+TRAINER_KEY = "rpc_collectors/elastic/trainer"  # set once the trainer's agent runs: its RPC generation
+RANKS_KEY = "rpc_collectors/elastic/ranks"  # counter: each collector process draws its rank from it
+
+
+def join_rendezvous() -> Rendezvous | None:
+    """The rendezvous of a process started to join a running trainer (``RPC_COLLECTORS_JOIN`` set), else None."""
+    address = os.environ.get(JOIN_VARIABLE)
+    if address is None:
+        return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{JOIN_VARIABLE}={address!r} is invalid; accepted: <host>:<port> of the trainer's rendezvous")
+    interface = os.environ.get("TP_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME")
+    if interface:
+        interface_address(interface)  # a wrong name fails here, not as a hang
+    else:
+        interface = interface_towards(host)
+    return Rendezvous("join", -1, 0, host, int(port), interface, dynamic=True)
+
+
+def member_rendezvous(rdv: Rendezvous, timeout: float) -> Rendezvous:
+    """Wait up to ``timeout`` s for the trainer's group, then draw this collector's unique rank in it."""
+    store = store_client(rdv, timeout)
+    try:
+        store.wait([TRAINER_KEY], datetime.timedelta(seconds=timeout))
+    except RuntimeError as err:
+        raise TimeoutError(
+            f"no elastic trainer came up at {rdv.master_addr}:{rdv.master_port} within join_timeout={timeout} s"
+        ) from err
+    rpc._init_counter = int(store.get(TRAINER_KEY))  # the trainer's store prefix (workers.rpc_api_generation)
+    return dataclasses.replace(rdv, rank=int(store.add(RANKS_KEY, 1)), dynamic=True)
+
+
+class ElasticWorkers(RPCWorkers):
+    """The trainer's slots, each held by whichever collector process serves it now, or vacant.
+
+    ``on_arrival(rank)`` is called (from an RPC thread) for every collector that joins;
+    :meth:`assign` gives it a slot or keeps it as a spare, :meth:`vacate` evicts the one
+    in a slot. :meth:`close` stops every collector that joined, spares included.
+    """
+
+    def __init__(self, rdv: Rendezvous, num_workers: int, rpc_timeout: float, on_arrival: Callable[[int], None]) -> None:
+        self.members: set[int] = set()  # ranks that joined and were not evicted
+        self.spares: list[int] = []
+        self._on_arrival = on_arrival
+        self._members_lock = threading.Lock()
+        membership.listen(self._arrived)
+        try:
+            super().__init__(dataclasses.replace(rdv, dynamic=True), num_workers, rpc_timeout, lambda *_: None)
+            self.ranks: list[int | None] = [None] * num_workers  # type: ignore[assignment]
+            self._client.set(TRAINER_KEY, str(self._generation))  # collectors may join from here on
+        except BaseException:
+            membership.listen(None)
+            raise
+
+    def _arrived(self, rank: int) -> None:
+        with self._members_lock:
+            self.members.add(rank)
+        self._on_arrival(rank)
+
+    def serves(self, worker_id: int) -> bool:
+        return self.ranks[worker_id] is not None
+
+    def assign(self, rank: int) -> int | None:
+        """Put collector ``rank`` in the first vacant slot and return it; None: no slot is vacant, it waits as a spare."""
+        vacant = [i for i, r in enumerate(self.ranks) if r is None]
+        if not vacant:
+            self.spares.append(rank)
+            return None
+        self.ranks[vacant[0]] = rank
+        return vacant[0]
+
+    def vacate(self, worker_id: int) -> None:
+        """Evict the collector serving ``worker_id`` from the group; the slot is vacant."""
+        rank = self.ranks[worker_id]
+        if rank is None:
+            return
+        membership.evict(self._name(worker_id), self._client, self.rpc_timeout)
+        with self._members_lock:
+            self.members.discard(rank)
+        self.ranks[worker_id] = None
+
+    def spare(self) -> int | None:
+        """A spare collector's rank, to fill a vacant slot (None: there is none)."""
+        return self.spares.pop(0) if self.spares else None
+
+    def identity(self, worker_id: int) -> dict:
+        return {"rank": self.ranks[worker_id] if self.ranks[worker_id] is not None else "(vacant)"}
+
+    def _server_names(self) -> list[str]:
+        with self._members_lock:
+            return [worker.worker_name(rank, self.rdv.session) for rank in sorted(self.members)]
+
+    def close(self, timeout: float = 2.0) -> None:
+        membership.listen(None)
+        super().close(timeout)
