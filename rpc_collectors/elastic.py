@@ -103,7 +103,7 @@ class ElasticWorkers(RPCWorkers):
         rank = self.ranks[worker_id]
         if rank is None:
             return
-        membership.evict(self._name(worker_id), self._client, self.rpc_timeout)
+        membership.evict(self._name(worker_id))
         with self._members_lock:
             self.members.discard(rank)
         self.ranks[worker_id] = None

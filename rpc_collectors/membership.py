@@ -2,8 +2,9 @@
 
 Collectors that can replace failed workers run a *dynamic* RPC group (``init_rpc`` with
 ``world_size=None``): the trainer starts it, and each server joins it, then announces itself
-with :func:`arrive`. A server that died is evicted from the group by the trainer (see
-:func:`evict`) before anyone else joins, because a joining server calls every member it finds.
+with :func:`arrive`. Joins take turns (:func:`membership_lock`), and a joiner sees only the
+trainer as a member (:func:`clear_for_join`), so servers that died or became unreachable never
+hold a join up; the trainer forgets them (:func:`evict`).
 
 :class:`Restarts` is the trainer's budget of replacements and the count per worker.
 """
@@ -59,29 +60,39 @@ def forget_arrivals() -> None:
 
 
 # Private torch details: TensorPipe's dynamic group lists its members in the store key
-# "names/_ALL_WORKER_INFOS" ("name-rank," entries; agent_utils.cpp) and updates an agent's
-# member map with _update_group_membership (what a graceful leave calls on every member).
+# "names/_ALL_WORKER_INFOS" ("name-rank," entries; agent_utils.cpp) under the prefix
+# "rpc_prefix_<generation>" that init_rpc gives its store; a joiner calls every member listed
+# there, under the token "RpcGroupManagementToken" (rpc/_utils.py), which a failed join never
+# releases. _update_group_membership updates an agent's member map (what a graceful leave calls).
 _MEMBERS_KEY = "_ALL_WORKER_INFOS"
+_TOKEN_KEY = "RpcGroupManagementToken"
 
 
-def evict(name: str, store: dist.Store, timeout: float) -> None:
-    """Remove the dead server ``name`` from this trainer's dynamic RPC group.
+def clear_for_join(store: dist.Store, generation: int, trainer: str) -> None:
+    """Before this server joins (holding :func:`membership_lock`): list only the trainer as a member.
 
-    A server that leaves without ``rpc.shutdown`` stays listed; a later joiner would then wait
-    for it until its join times out. Evicting it from the member list and from this agent's
-    map lets the group go on without it. Joins and evictions take turns (:func:`membership_lock`
-    on the rendezvous ``store``): both rewrite the member list.
+    Servers only talk to the trainer, so a joiner needs no other member, and one that died or
+    became unreachable (and is still listed) would fail the join and leave torch's token held.
+    """
+    rpc_store = dist.PrefixStore(f"rpc_prefix_{generation}", store)
+    names = dist.PrefixStore("names", rpc_store)
+    listed = names.get(_MEMBERS_KEY).decode() if names.check([_MEMBERS_KEY]) else ""
+    names.set(_MEMBERS_KEY, "".join(f"{entry}," for entry in listed.split(",") if entry.startswith(f"{trainer}-")))
+    rpc_store.set(_TOKEN_KEY, "")
+
+
+def evict(name: str) -> None:
+    """Remove the dead server ``name`` from this trainer's map of its dynamic RPC group.
+
+    Joiners no longer see it (:func:`clear_for_join`); the trainer forgets it here, as a
+    graceful leave would have told it to.
     """
     agent = rpc.api._get_current_rpc_agent()
     try:
         info = agent.get_worker_info(name)
     except RuntimeError:  # never joined, or already evicted
         return
-    with membership_lock(store, "trainer", timeout):
-        names = dist.PrefixStore("names", agent.store)
-        members = names.get(_MEMBERS_KEY).decode()
-        names.set(_MEMBERS_KEY, members.replace(f"{name}-{info.id},", ""))
-        agent._update_group_membership(info, [], {}, False)
+    agent._update_group_membership(info, [], {}, False)
 
 
 _LOCK_KEY = "rpc_collectors/membership_lock"
@@ -93,8 +104,8 @@ def membership_lock(store: dist.Store, owner: str, timeout: float) -> Iterator[N
     """Hold the group's membership lock (in the rendezvous ``store``) for at most ``timeout`` s.
 
     torch's join reads, extends and writes the member list without a lock of its own, so
-    concurrent joins (or a join and an eviction) can lose an entry. The lock is a lease: a
-    holder that died is overtaken once ``timeout`` passed.
+    concurrent joins can lose an entry. The lock is a lease: a holder that died is overtaken
+    once ``timeout`` passed.
     """
     deadline = time.monotonic() + timeout
     while True:

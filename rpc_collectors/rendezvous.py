@@ -37,15 +37,17 @@ class Rendezvous:
         return f"{SCHEME}://{self.master_addr}:{self.master_port}?timeout={timeout}"
 
 
-def detect_launcher(launcher: str) -> str:
-    """Resolve ``launcher="auto"``: torchrun or SLURM when their variables are set, else local."""
+def detect_launcher(launcher: str, elastic: bool = False) -> str:
+    """Resolve ``launcher="auto"``: torchrun or SLURM when their variables are set, else local.
+
+    A SLURM job of one task runs local workers, unless ``elastic`` (its collectors join later)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r} is not known; accepted: {', '.join(map(repr, LAUNCHERS))}")
     if launcher != "auto":
         return launcher
     if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ and "SLURM_JOB_ID" not in os.environ):
         return "torchrun"
-    if "SLURM_JOB_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+    if "SLURM_JOB_ID" in os.environ and (int(os.environ.get("SLURM_NTASKS", "1")) > 1 or elastic):
         return "slurm"
     return "local"
 

@@ -170,8 +170,8 @@ class RPCCollector(BaseCollector):
             postproc=postproc, replay_buffer=replay_buffer,
         )
         self._closed = self._closing = True  # until the workers are up
-        self.launcher = detect_launcher(launcher)
         self.elastic = checks.boolean("elastic", elastic)
+        self.launcher = detect_launcher(launcher, self.elastic)
         self.join_timeout = checks.timeout("join_timeout", join_timeout)
         joining = join_rendezvous()
         if joining is not None:  # a collector process started to join a running trainer

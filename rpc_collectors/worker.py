@@ -204,6 +204,7 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     store = store_client(rdv, rpc_timeout)
     if rdv.dynamic:  # one join at a time (see membership.membership_lock)
         with membership.membership_lock(store, name, rpc_timeout):
+            membership.clear_for_join(store, rpc._init_counter, TRAINER)
             start_agent(name, rdv, rpc_timeout)
             rpc.rpc_sync(TRAINER, membership.arrive, args=(rdv.rank,), timeout=rpc_timeout)
     else:

@@ -145,7 +145,7 @@ class RPCWorkers:
         pid = self.worker_pids.pop(worker_id, None)  # first: its exit, reported from another thread, is no failure
         if pid is not None:
             self.spawner.kill(pid)
-        membership.evict(self._name(worker_id), self._client, self.rpc_timeout)
+        membership.evict(self._name(worker_id))
         self._start_exits.pop(worker_id, None)
         self.ranks[worker_id] = max(self.ranks) + 1
         membership.forget_arrivals()

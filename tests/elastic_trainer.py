@@ -1,0 +1,93 @@
+"""An elastic run for tests/test_elastic.py and tests/test_slurm.py: the trainer, and its collectors.
+
+Rank 0 (torchrun-style or SLURM variables) trains; any process with ``RPC_COLLECTORS_JOIN`` set,
+or on another rank, serves a collector inside the RPCCollector constructor and exits there.
+
+    --slots N            collector slots (num_collectors)
+    --async              async batches (default: sync rounds over all slots)
+    --frames N           frames to collect (-1: until killed)
+    --batch-sleep S      the trainer's "training step": seconds to sleep after each batch
+
+The trainer pushes new weights after every batch and prints JSON lines: one per batch (its
+shape, the trainer's weights version, the versions in each slot's rows, and which collector
+process -- rank, address, pid -- served each slot), one per WorkerLeftWarning, and a summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+
+import torch
+from torch import nn
+
+from rpc_collectors import RPCCollector, WorkerLeftWarning
+
+WORKER_ID, VERSION, TRAJ_IDS = ("collector", "worker_id"), ("collector", "policy_version"), ("collector", "traj_ids")
+
+
+class ArgmaxPolicy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.linear(observation).argmax(-1)
+
+
+def emit(record: dict) -> None:
+    print(json.dumps({"time": time.time(), **record}), flush=True)
+
+
+def report_warning(message, category, *args, **kwargs) -> None:
+    if issubclass(category, WorkerLeftWarning):
+        emit({"event": "left", "message": str(message)})
+    else:
+        print(f"{category.__name__}: {message}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--async", dest="sync", action="store_false")
+    parser.add_argument("--frames", type=int, default=-1)
+    parser.add_argument("--frames-per-batch", type=int, default=100)
+    parser.add_argument("--batch-sleep", type=float, default=0.0)
+    parser.add_argument("--rpc-timeout", type=float, default=5.0)
+    parser.add_argument("--join-timeout", type=float, default=60.0)
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    warnings.showwarning = report_warning
+    collector = RPCCollector(
+        "CartPole-v1", ArgmaxPolicy(), frames_per_batch=args.frames_per_batch, total_frames=args.frames,
+        num_collectors=args.slots, sync=args.sync, elastic=True, rpc_timeout=args.rpc_timeout,
+        join_timeout=args.join_timeout,
+    )
+    # Only the trainer gets here.
+    emit({"event": "start", "address": f"{collector.workers.rdv.master_addr}:{collector.workers.rdv.master_port}"})
+    traj_owner: dict[int, int] = {}  # trajectory id -> pid of the collector that produced it
+    with collector:
+        for index, batch in enumerate(collector):
+            slots = [None if info is None else {k: info[k] for k in ("rank", "address", "pid")} for info in collector.infos]
+            versions = {}
+            for worker_id in batch[WORKER_ID].unique().tolist():
+                rows = batch[WORKER_ID] == worker_id
+                versions[worker_id] = batch[VERSION][rows].unique().tolist()
+                pid = slots[worker_id]["pid"] if slots[worker_id] else -1
+                for traj in batch[TRAJ_IDS][rows].unique().tolist():
+                    if traj_owner.setdefault(traj, pid) != pid:
+                        emit({"event": "error", "message": f"trajectory id {traj} came from pids {traj_owner[traj]} and {pid}"})
+            emit({
+                "event": "batch", "index": index, "shape": list(batch.shape), "frames": collector.frames,
+                "policy_version": collector.policy_version, "versions": versions, "slots": slots,
+            })
+            collector.update_policy_weights_()
+            time.sleep(args.batch_sleep)
+        emit({"event": "summary", "frames": collector.frames, "worker_restarts": collector.worker_restarts})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Elastic runs (``elastic=True``): collector processes join a running trainer and leave it.
+
+Every process runs tests/elastic_trainer.py: the trainer with torchrun-style variables (RANK=0,
+WORLD_SIZE=1: no collector ranks of its own), collectors with ``RPC_COLLECTORS_JOIN`` set. The
+loopback tests run them all on 127.0.0.1; the namespace test puts the trainer and each collector
+on its own "host" (slurm/devcluster.py's HostNetwork) and cuts one host's link.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import devcluster_module
+from rpc_collectors import RPCCollector
+from rpc_collectors.rendezvous import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tests" / "elastic_trainer.py"
+RPC_TIMEOUT_S = 5.0
+
+
+class Run:
+    """A trainer and the collectors started for it; the trainer's JSON lines read as they come."""
+
+    def __init__(self, tmp_path: Path, args: list[str], net=None, trainer_host: int = 1) -> None:
+        self.tmp_path, self.args, self.net = tmp_path, args, net
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.records: list[dict] = []
+        self._lines: queue.Queue = queue.Queue()
+        host = net.host(trainer_host).address if net else "127.0.0.1"
+        self.port = 29590 if net else free_port()
+        self.join = f"{host}:{self.port}"
+        env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": host, "MASTER_PORT": str(self.port)}
+        trainer = self._start("trainer", env, trainer_host, stdout=subprocess.PIPE)
+        threading.Thread(target=self._read, args=(trainer,), daemon=True).start()
+
+    def _start(self, name: str, env: dict, host: int | None, **kwargs) -> subprocess.Popen:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+        for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RPC_COLLECTORS_JOIN"):
+            base.pop(key, None)
+        argv = [sys.executable, str(SCRIPT), *self.args]
+        with open(self.tmp_path / f"{name}.stderr", "wb") as err:
+            options = dict(env={**base, **env, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL, stderr=err,
+                           cwd=REPO, start_new_session=True, text=True, **{"stdout": subprocess.DEVNULL, **kwargs})
+            proc = self.net.popen(host, argv, **options) if self.net else subprocess.Popen(argv, **options)
+        self.procs[name] = proc
+        return proc
+
+    def collector(self, name: str, host: int | None = None) -> subprocess.Popen:
+        return self._start(name, {"RPC_COLLECTORS_JOIN": self.join}, host)
+
+    def _read(self, trainer: subprocess.Popen) -> None:
+        for line in trainer.stdout:
+            if line.startswith("{"):
+                record = json.loads(line)
+                self.records.append(record)
+                self._lines.put(record)
+        self._lines.put(None)
+
+    def until(self, condition, timeout: float, what: str) -> dict:
+        """The trainer's first next record that meets ``condition``; fails after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                record = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no {what} within {timeout:.0f} s\n{self.report()}")
+            if record is None:
+                pytest.fail(f"the trainer ended before {what}\n{self.report()}")
+            if condition(record):
+                return record
+
+    def wait(self, name: str, timeout: float) -> int:
+        try:
+            return self.procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} still ran after {timeout:.0f} s\n{self.report()}")
+
+    def batches(self) -> list[dict]:
+        return [r for r in self.records if r["event"] == "batch"]
+
+    def report(self) -> str:
+        parts = [f"exit codes: { {n: p.poll() for n, p in self.procs.items()} }", "--- trainer records (tail)"]
+        parts += [json.dumps(r) for r in self.records[-10:]]
+        for name in self.procs:
+            text = (self.tmp_path / f"{name}.stderr").read_text(errors="replace")
+            parts += [f"--- {name} stderr (tail)", "\n".join(text.splitlines()[-25:])]
+        return "\n".join(parts)
+
+    def kill(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Starts runs through ``runs(args, net=None)``; kills whatever is left of them, even after a failure."""
+    started: list[Run] = []
+
+    def start(args: list[str], net=None) -> Run:
+        run = Run(tmp_path, args, net)
+        started.append(run)
+        return run
+
+    try:
+        yield start
+    finally:
+        for run in started:
+            run.kill()
+
+
+def served_by(record: dict, pid: int) -> list[int]:
+    """The slots that the collector with ``pid`` served in a batch record."""
+    return [i for i, slot in enumerate(record["slots"]) if slot and slot["pid"] == pid]
+
+
+def check_batches(run: Run, sync: bool, frames_per_batch: int) -> None:
+    """Every batch has the asked shape; sync rounds are whole and carry the trainer's current weights."""
+    errors = [r for r in run.records if r["event"] == "error"]
+    assert not errors, errors
+    for record in run.batches():
+        assert record["shape"] == [frames_per_batch], record
+        if sync:
+            assert sorted(map(int, record["versions"])) == [0, 1], record
+            assert all(v == [record["policy_version"]] for v in record["versions"].values()), record
+
+
+# --------------------------------------------------------------------------- loopback
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_async_collector_dies_the_other_goes_on_and_a_newcomer_joins(runs):
+    run = runs(["--slots", "2", "--async", "--batch-sleep", "0.02", "--rpc-timeout", str(RPC_TIMEOUT_S)])
+    first, second = run.collector("c1"), run.collector("c2")
+    run.until(lambda r: r["event"] == "batch" and all(r["slots"]), 60, "batch with both collectors in")
+    for pid in (first.pid, second.pid):
+        run.until(lambda r: served_by(r, pid) and r["versions"], 30, f"batch from pid {pid}")
+
+    os.kill(first.pid, signal.SIGKILL)
+    left = run.until(lambda r: r["event"] == "left", 30, "WorkerLeftWarning")
+    assert "is unreachable" in left["message"], left
+    # The trainer goes on with the survivor alone.
+    for _ in range(5):
+        record = run.until(lambda r: r["event"] == "batch", 30, "batch after the death")
+        assert [s for s in record["slots"] if s] and all(s["pid"] == second.pid for s in record["slots"] if s), record
+
+    version_at_start = run.batches()[-1]["policy_version"]
+    newcomer = run.collector("c3")
+    joined = run.until(lambda r: r["event"] == "batch" and served_by(r, newcomer.pid)
+                       and str(served_by(r, newcomer.pid)[0]) in r["versions"], 60, "batch from the newcomer")
+    slot = str(served_by(joined, newcomer.pid)[0])
+    assert joined["versions"][slot][0] >= version_at_start > 0, joined  # it collected with current weights
+    check_batches(run, sync=False, frames_per_batch=100)
+
+    run.procs["trainer"].send_signal(signal.SIGINT)
+    assert run.wait("trainer", 30) != 0  # KeyboardInterrupt
+    for name in ("c2", "c3"):
+        assert run.wait(name, 30) == 0, run.report()  # stopped by the trainer's shutdown
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_sync_spare_takes_a_dead_collectors_slot_and_the_run_finishes(runs):
+    run = runs(["--slots", "2", "--frames", "6000", "--batch-sleep", "0.05", "--rpc-timeout", str(RPC_TIMEOUT_S)])
+    collectors = [run.collector(f"c{i}") for i in range(3)]
+    record = run.until(lambda r: r["event"] == "batch", 60, "first batch")
+    serving = {s["pid"] for s in record["slots"]}
+    spare = next(p for p in collectors if p.pid not in serving)
+    victim = next(p for p in collectors if p.pid in serving)
+    os.kill(victim.pid, signal.SIGKILL)
+    run.until(lambda r: r["event"] == "left", 30, "WorkerLeftWarning")
+    run.until(lambda r: r["event"] == "batch" and served_by(r, spare.pid), 30, "batch from the spare")
+    summary = run.until(lambda r: r["event"] == "summary", 90, "summary")
+    assert run.wait("trainer", 30) == 0, run.report()
+    assert summary["frames"] == 6000
+    assert sorted(summary["worker_restarts"]) == [0, 1], summary
+    check_batches(run, sync=True, frames_per_batch=100)
+    survivors = [p for p in collectors if p is not victim]
+    assert all(p.wait(timeout=30) == 0 for p in survivors), run.report()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_no_collector_within_join_timeout_is_a_clear_error(runs, tmp_path):
+    run = runs(["--slots", "2", "--join-timeout", "3"])
+    assert run.wait("trainer", 30) == 1, run.report()
+    err = (tmp_path / "trainer.stderr").read_text()
+    assert "TimeoutError: no collector joined within join_timeout=3.0 s" in err, err
+    assert f"RPC_COLLECTORS_JOIN={run.join}" in err, err
+
+
+def test_bad_elastic_arguments_are_refused_before_any_process_starts(monkeypatch):
+    with pytest.raises(ValueError, match=r"elastic=True needs .*accepted with launcher='local'"):
+        RPCCollector("CartPole-v1", frames_per_batch=10, num_collectors=2, launcher="local", elastic=True)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match=r"weight_transport='shm' does not work with elastic=True.*'auto' or 'rpc'"):
+        RPCCollector("CartPole-v1", frames_per_batch=10, num_collectors=2, launcher="torchrun", elastic=True,
+                     weight_transport="shm")
+    with pytest.raises(ValueError, match=r"num_collectors=None: give the number .*collector slots"):
+        RPCCollector("CartPole-v1", frames_per_batch=10, launcher="torchrun", elastic=True)
+    with pytest.raises(ValueError, match="join_timeout=0 is invalid"):
+        RPCCollector("CartPole-v1", frames_per_batch=10, num_collectors=2, launcher="torchrun", elastic=True,
+                     join_timeout=0)
+    monkeypatch.setenv("RPC_COLLECTORS_JOIN", "127.0.0.1:1")
+    with pytest.raises(ValueError, match="RPC_COLLECTORS_JOIN is set.*needs elastic=True"):
+        RPCCollector("CartPole-v1", frames_per_batch=10, num_collectors=2)
+    monkeypatch.setenv("RPC_COLLECTORS_JOIN", "no-port")
+    with pytest.raises(ValueError, match="RPC_COLLECTORS_JOIN='no-port' is invalid; accepted: <host>:<port>"):
+        RPCCollector("CartPole-v1", frames_per_batch=10, num_collectors=2, elastic=True)
+
+
+# --------------------------------------------------------------------------- namespace hosts
+
+devcluster = devcluster_module.load()
+
+
+@pytest.fixture
+def hosts():
+    """Four namespace hosts: the trainer on 1, collectors on 2 and 3, a newcomer on 4."""
+    if os.geteuid() != 0:
+        pytest.fail("the namespace test needs root (network namespaces); CI runs it as root")
+    network = devcluster.HostNetwork(4, prefix="rpcc-el", subnet="10.82.0")
+    network.create()
+    try:
+        yield network
+    finally:
+        network.teardown()
+
+
+@pytest.mark.cluster
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_cut_host_leaves_and_a_collector_on_a_third_host_joins(hosts, runs):
+    run = runs(["--slots", "2", "--frames", "8000", "--batch-sleep", "0.05", "--rpc-timeout", str(RPC_TIMEOUT_S)],
+               net=hosts)
+    run.collector("h2", host=2)
+    run.collector("h3", host=3)
+    record = run.until(lambda r: r["event"] == "batch", 60, "first batch")
+    addresses = [s["address"] for s in record["slots"]]
+    assert sorted(addresses) == [hosts.host(2).address, hosts.host(3).address], record
+    cut_slot = addresses.index(hosts.host(3).address)
+    cut_rank = record["slots"][cut_slot]["rank"]
+
+    hosts.cut(3)
+    left = run.until(lambda r: r["event"] == "left", RPC_TIMEOUT_S + 20, "WorkerLeftWarning after the cut")
+    assert f"collector worker {cut_slot} (rank {cut_rank}) did not answer within rpc_timeout=5.0 s" in left["message"], left
+    version_at_join = max(r["policy_version"] for r in run.batches())
+
+    run.collector("h4", host=4)
+    joined = run.until(lambda r: r["event"] == "batch" and r["slots"][cut_slot]["address"] == hosts.host(4).address,
+                       60, "batch from the collector on host 4")
+    assert joined["slots"][1 - cut_slot]["address"] == hosts.host(2).address, joined
+    assert joined["versions"][str(cut_slot)] == [joined["policy_version"]], joined  # the current weights
+    assert joined["policy_version"] > version_at_join, joined
+    summary = run.until(lambda r: r["event"] == "summary", 120, "summary")
+    assert run.wait("trainer", 30) == 0, run.report()
+    assert summary["frames"] == 8000 and summary["worker_restarts"][cut_slot] == 1 == sum(summary["worker_restarts"]), summary
+    check_batches(run, sync=True, frames_per_batch=100)
+    assert run.wait("h2", 30) == 0 and run.wait("h4", 30) == 0, run.report()
+    # The cut collector finds its trainer unreachable and exits on its own.
+    assert run.wait("h3", 3 * RPC_TIMEOUT_S + 15) == 1, run.report()
