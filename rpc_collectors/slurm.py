@@ -4,10 +4,16 @@
 of one SLURM job after exporting RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
 (submitit's ``TorchDistributedEnvironment``), so ``RPCCollector`` (or any ``env://`` init)
 finds its rendezvous. ``result(job)`` returns task 0's value or raises the first task failure.
+
+Elastic runs (``RPCCollector(elastic=True)``): a trainer job submitted with ``elastic=True``
+writes its rendezvous address to ``<log_dir>/<job id>_rendezvous.json``; a job submitted with
+``join=<that job id>`` and the same ``log_dir`` runs collectors only, which join that trainer.
+In both, a task that fails no longer ends the job's other tasks.
 """
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import runpy
@@ -28,12 +34,16 @@ from . import checks
 from .rendezvous import interface_towards
 
 __all__ = ["SlurmConfig", "submit", "result", "run_script", "sbatch_script", "setup_distributed_env",
-           "master_address"]
+           "master_address", "rendezvous_file"]
 
 _MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
 _FLAG_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
-# A task that exits non-zero ends the whole job, so no rank waits forever for a dead peer.
+_JOB_ID_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
+# A task that exits non-zero ends the whole job, so no rank waits forever for a dead peer;
+# elastic jobs keep going: a failed collector's slot is taken by another.
 _SRUN_ARGS = ("--kill-on-bad-exit=1",)
+_ELASTIC_SRUN_ARGS = ("--kill-on-bad-exit=0",)
+JOIN_WAIT_S = 600.0  # how long a joining task waits for its trainer's rendezvous file
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,8 @@ class SlurmConfig:
     sbatch_flags: Mapping[str, str | int | bool] = field(default_factory=dict)
     interface: str | None = None
     job_name: str = "rpc_collectors"
+    elastic: bool = False  # a trainer that collector jobs may join (writes its rendezvous file)
+    join: str | None = None  # job id of an elastic trainer: this job runs collectors that join it
 
     def __post_init__(self) -> None:
         if not isinstance(self.log_dir, (str, os.PathLike)) or not str(self.log_dir):
@@ -66,6 +78,13 @@ class SlurmConfig:
             raise ValueError(f"mem={self.mem!r} is invalid; accepted: None or sbatch's --mem "
                              "format, e.g. '16G', '500M'")
         _check_sbatch_flags(self.sbatch_flags)
+        checks.boolean("elastic", self.elastic)
+        if self.join is not None and not (isinstance(self.join, str) and _JOB_ID_RE.match(self.join)):
+            raise ValueError(f"join={self.join!r} is invalid; accepted: None or the SLURM job id of an "
+                             "elastic trainer job, e.g. '1234'")
+        if self.join is not None and self.elastic:
+            raise ValueError(f"elastic=True and join={self.join!r}: a job either trains (elastic) or runs "
+                             "collectors that join a trainer (join); accepted: one of them")
 
     def sbatch_parameters(self) -> dict[str, Any]:
         """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``."""
@@ -75,7 +94,7 @@ class SlurmConfig:
             "ntasks_per_node": self.tasks_per_node,
             "cpus_per_task": self.cpus_per_task,
             "time": self.time_min,
-            "srun_args": list(_SRUN_ARGS),
+            "srun_args": list(_ELASTIC_SRUN_ARGS if self.elastic or self.join else _SRUN_ARGS),
         }
         optional = {"gpus_per_node": self.gpus_per_node or None, "partition": self.partition,
                     "mem": self.mem, "additional_parameters": dict(self.sbatch_flags) or None}
@@ -119,7 +138,8 @@ def submit(fn: Callable[..., Any], *args: Any, **options: Any) -> submitit.Job:
     config = SlurmConfig(**options)
     executor = submitit.SlurmExecutor(folder=config.log_dir)
     executor.update_parameters(**config.sbatch_parameters())
-    return executor.submit(_run_task, fn, args, config.interface, config.gpus_per_node > 0)
+    return executor.submit(_run_task, fn, args, config.interface, config.gpus_per_node > 0,
+                           config.elastic, config.join, str(config.log_dir))
 
 
 def sbatch_script(config: SlurmConfig) -> str:
@@ -130,7 +150,7 @@ def sbatch_script(config: SlurmConfig) -> str:
 
 
 def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.0) -> Any:
-    """Wait for every task of ``job``; return task 0's value.
+    """Wait for every task of ``job``; return task 0's value (None if it served a collector).
 
     Raises ``submitit.core.utils.FailedJobError`` (with the task's traceback) if a task raised,
     ``UncompletedJobError`` naming the SLURM state if the job was cancelled, timed out or killed,
@@ -149,7 +169,9 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
             if error is not None:
                 raise submitit.core.utils.FailedJobError(
                     f"SLURM job {job.job_id}, task {task.task_id} raised:\n{error}") from error
-    if not tasks[0].paths.result_pickle.exists() and not job.state.startswith("COMPLETED"):
+    if not tasks[0].paths.result_pickle.exists():
+        if job.state.startswith("COMPLETED"):  # collector servers end with exit code 0 and no result
+            return None
         raise submitit.core.utils.UncompletedJobError(
             f"SLURM job {job.job_id} ended as {job.state} without a result (cancelled, out of "
             f"time or killed); its log: {tasks[0].paths.stderr}\n{tasks[0].stderr() or ''}")
@@ -169,9 +191,45 @@ def run_script(path: str | os.PathLike, argv: Sequence[str] = ()) -> None:
 # --------------------------------------------------------------------------- inside a task
 
 
-def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: bool) -> Any:
-    setup_distributed_env(interface, set_cuda_visible_devices=gpus)
+def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: bool, elastic: bool = False,
+              join: str | None = None, log_dir: str = "") -> Any:
+    if join is not None:
+        setup_join_env(rendezvous_file(log_dir, join), interface)
+    else:
+        dist_env = setup_distributed_env(interface, set_cuda_visible_devices=gpus)
+        if elastic and dist_env.rank == 0:
+            _write_json(rendezvous_file(log_dir, os.environ["SLURM_JOB_ID"]),
+                        {"master_addr": dist_env.master_addr, "master_port": dist_env.master_port})
     return fn(*args)
+
+
+def rendezvous_file(log_dir: str | os.PathLike, job_id: str) -> Path:
+    """Where elastic trainer job ``job_id`` leaves its rendezvous address for collector jobs."""
+    return Path(log_dir) / f"{job_id}_rendezvous.json"
+
+
+def _write_json(path: Path, record: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)  # readers never see half a file
+
+
+def setup_join_env(path: Path, interface: str | None = None, wait_s: float = JOIN_WAIT_S) -> str:
+    """Export ``RPC_COLLECTORS_JOIN`` from an elastic trainer's rendezvous file (waiting up to
+    ``wait_s`` for the trainer to write it) and pick the network interface towards it."""
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no elastic trainer wrote {path} within {wait_s:.0f} s: is the trainer job running, "
+                               "submitted with elastic=True (submit.py --elastic), with this log_dir?")
+        time.sleep(1.0)
+    record = json.loads(path.read_text())
+    address = record["master_addr"]
+    interface = interface or os.environ.get("GLOO_SOCKET_IFNAME")
+    ifname = _check_interface(interface) if interface else interface_towards(address)
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = ifname
+    os.environ["RPC_COLLECTORS_JOIN"] = f"{address}:{record['master_port']}"
+    return os.environ["RPC_COLLECTORS_JOIN"]
 
 
 def setup_distributed_env(interface: str | None = None,

@@ -6,6 +6,13 @@
 Options this script knows are taken wherever they appear; everything else is passed to the
 training script. Task 0 (RANK=0) trains, the other tasks serve collectors. ``--dry-run``
 prints the sbatch script without submitting.
+
+Elastic runs (the script builds its collector with ``elastic=True``): submit the trainer with
+``--elastic``, then any number of collector-only jobs with ``--join JOBID`` and the same
+``--log-dir``; they join the running trainer, and may be cancelled or preempted:
+
+    python slurm/submit.py train.py --elastic --partition gpu --gpus-per-node 1 --log-dir ~/jobs/ppo
+    python slurm/submit.py train.py --join 1234 --partition cpu-preempt --tasks-per-node 32 --log-dir ~/jobs/ppo
 """
 from __future__ import annotations
 
@@ -51,6 +58,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--wait", action="store_true", help="wait and print the job's outcome")
     parser.add_argument("--timeout", type=float, help="with --wait: give up waiting after SECONDS")
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch script only")
+    parser.add_argument("--elastic", action="store_true", help="a trainer that collector jobs may join "
+                        "(--join); a failed task does not end the job")
+    parser.add_argument("--join", metavar="JOBID", help="run collectors only, joining the elastic trainer "
+                        "of job JOBID (same --log-dir)")
     return parser.parse_known_args(argv)
 
 
@@ -63,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_dir=args.log_dir.expanduser().resolve(), nodes=args.nodes, tasks_per_node=args.tasks_per_node,
         gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task, partition=args.partition,
         time_min=args.time, mem=args.mem, sbatch_flags=dict(args.sbatch_flag), interface=args.interface,
-        job_name=args.job_name,
+        job_name=args.job_name, elastic=args.elastic, join=args.join,
     )
     if args.dry_run:
         print(slurm.sbatch_script(slurm.SlurmConfig(**options)))

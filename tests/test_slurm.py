@@ -7,6 +7,7 @@ time; the 1-node tests come first, then the 2-node ones, so each is started once
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shutil
 import socket
@@ -287,6 +288,26 @@ def test_dry_run_prints_sbatch_options(tmp_path):
         assert line in out, f"{line!r} missing from:\n{out}"
 
 
+@pytest.mark.parametrize("flag", [["--elastic"], ["--join", "1234"]])
+def test_elastic_jobs_keep_going_when_a_task_fails(tmp_path, flag):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    cmd = [sys.executable, str(REPO / "slurm" / "submit.py"), str(tmp_path / "train.py"), *flag,
+           "--log-dir", str(tmp_path / "logs"), "--dry-run"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=50, check=True).stdout
+    assert "--kill-on-bad-exit=0" in out and "--kill-on-bad-exit=1" not in out, out
+
+
+def test_join_env_comes_from_the_trainers_rendezvous_file(tmp_path, monkeypatch):
+    for key in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "RPC_COLLECTORS_JOIN"):
+        monkeypatch.delenv(key, raising=False)
+    path = slurm.rendezvous_file(tmp_path, "77")
+    with pytest.raises(TimeoutError, match=r"no elastic trainer wrote .*77_rendezvous.json within 0 s"):
+        slurm.setup_join_env(path, wait_s=0)
+    slurm._write_json(path, {"master_addr": "127.0.0.1", "master_port": 29123})
+    assert slurm.setup_join_env(path, wait_s=0) == "127.0.0.1:29123"
+    assert os.environ["RPC_COLLECTORS_JOIN"] == "127.0.0.1:29123" and os.environ["TP_SOCKET_IFNAME"] == "lo"
+
+
 @pytest.mark.slurm
 @pytest.mark.parametrize(
     "options, error, words",
@@ -301,6 +322,9 @@ def test_dry_run_prints_sbatch_options(tmp_path):
         ({"sbatch_flags": ["account=x"]}, TypeError, ["sbatch_flags=", "dict"]),
         ({"log_dir": None}, TypeError, ["log_dir=None", "folder path"]),
         ({"frobnicate": 1}, TypeError, ["frobnicate", "tasks_per_node"]),
+        ({"join": "latest"}, ValueError, ["join='latest'", "job id of an elastic trainer"]),
+        ({"join": "12", "elastic": True}, ValueError, ["join='12'", "either trains"]),
+        ({"elastic": 1}, TypeError, ["elastic=1"]),
     ],
 )
 def test_bad_arguments_rejected_before_submission(tmp_path, options, error, words):
@@ -388,3 +412,64 @@ def test_host_network_addresses_cut_and_teardown():
     assert server.wait(timeout=10) is not None, "teardown ends the namespace's processes"
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "rpcc-t-" not in listed
+
+
+# --------------------------------------------------------------------------- elastic
+
+
+def _trainer_records(job: submitit.Job) -> list[dict]:
+    text = job.task(0).stdout() or ""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def _wait_for_record(job: submitit.Job, condition, timeout_s: float, what: str) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [r for r in _trainer_records(job) if condition(r)]
+        if found:
+            return found[-1]
+        if job.done():
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"no {what} from trainer job {job.job_id} within {timeout_s:.0f} s (state {job.state})\n"
+                         f"{job.task(0).stdout()}\n{job.task(0).stderr()}")
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_elastic_trainer_job_outlives_a_cancelled_collectors_job(two_nodes, log_dir, monkeypatch):
+    """n1: an elastic trainer job (one task); n2: a collectors-only job that joins it, is
+    cancelled mid-run, and another that joins in its place; the trainer finishes its frames."""
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))  # job ids repeat across clusters: pin a free port
+    script = str(REPO / "tests" / "elastic_trainer.py")
+    frames = 15000
+    trainer = slurm.submit(
+        slurm.run_script, script, ["--slots", "2", "--frames", str(frames), "--batch-sleep", "0.05",
+                                   "--rpc-timeout", "10", "--join-timeout", "120"],
+        log_dir=log_dir, elastic=True, sbatch_flags={"nodelist": "n1"}, time_min=5, job_name="trainer",
+    )
+    collectors = dict(log_dir=log_dir, join=trainer.job_id, tasks_per_node=2, sbatch_flags={"nodelist": "n2"},
+                      time_min=5, job_name="collectors")
+    first = slurm.submit(slurm.run_script, script, [], **collectors)
+    record = _wait_for_record(trainer, lambda r: r["event"] == "batch", 90, "batch")
+    first_pids = {s["pid"] for s in record["slots"]}
+    assert {s["address"] for s in record["slots"]} == {"10.77.0.2"}, record
+
+    subprocess.run(["scancel", first.job_id], check=True, timeout=30)
+    _wait_for_record(trainer, lambda r: r["event"] == "left", 60, "WorkerLeftWarning")
+    second = slurm.submit(slurm.run_script, script, [], **collectors)
+    joined = _wait_for_record(trainer, lambda r: r["event"] == "batch" and all(
+        s and s["pid"] not in first_pids for s in r["slots"]), 90, "batch from the second collectors job")
+    assert all(v == [joined["policy_version"]] for v in joined["versions"].values()), joined
+
+    assert slurm.result(trainer, timeout_s=120) is None  # the trainer job completed
+    records = _trainer_records(trainer)
+    summary = next(r for r in records if r["event"] == "summary")
+    assert summary["frames"] == frames, summary
+    assert not [r for r in records if r["event"] == "error"], records
+    assert all(r["shape"] == [100] for r in records if r["event"] == "batch")
+    assert slurm.result(second, timeout_s=60) is None  # its collectors were stopped by the trainer: exit 0
+    assert trainer.state.startswith("COMPLETED") and first.state.startswith("CANCELLED"), (trainer.state, first.state)
