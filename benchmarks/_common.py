@@ -171,8 +171,9 @@ def steady_rate(collector, seconds: float, warmup_batches: int = 1) -> float:
     return frames / (time.perf_counter() - start)
 
 
-def run_case(script: str, case: dict, timeout: float = 240.0) -> dict:
-    """Run one case of ``script`` in a fresh Python process; return the JSON it prints last.
+def run_case(script: str, case: dict, timeout: float = 240.0, flag: str = "--case") -> dict:
+    """Run one case of ``script`` (``script flag <case as JSON>``) in a fresh Python process;
+    return the JSON it prints last.
 
     One collector per process: a process that has run an RPC agent cannot fork RPC workers
     again (see benchmarks/README.md), and a fresh process keeps cases from disturbing each other.
@@ -184,7 +185,7 @@ def run_case(script: str, case: dict, timeout: float = 240.0) -> dict:
 
     env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore")
     proc = subprocess.Popen(
-        [sys.executable, script, "--case", json.dumps(case)],
+        [sys.executable, script, flag, json.dumps(case)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:

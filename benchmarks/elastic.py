@@ -1,5 +1,7 @@
-"""Worker restarts (``max_worker_restarts``): how long a killed worker is missing, and what a
-restart costs the run.
+"""Elastic runs: how long a killed worker is missing, how soon a joining collector delivers,
+and what either costs the run.
+
+Restarts (``max_worker_restarts``):
 
 4 local workers step ``_common.SleepEnv`` (latency-bound: 2 ms per step, so the rate does not
 depend on free cores) with a small policy whose weights are pushed after every batch. Each
@@ -11,10 +13,15 @@ case runs in a fresh process:
    first batch"), and the window's frames/s divided by the steady rate ("dip": 1.0 means the
    restart cost nothing, 0.75 would be a whole worker missing for the whole window).
 
-    python benchmarks/elastic.py [--window 10] [--kills 3]
+Membership (``elastic=True``): a trainer (torchrun variables, no ranks of its own) with 2
+collector slots, filled by 2 collector processes that joined it on this host, same env and
+policy. Then ``--kills`` times, at 20% of a window: SIGKILL one collector and start a new
+process that joins. Recorded: seconds from the new process's start to its first batch
+("start -> first batch": Python, imports, rendezvous, join), from the trainer admitting it to
+its first batch ("admit -> first batch": the membership change itself, with the weights
+catch-up and one 0.1 s batch), and the window's frames/s over the steady rate.
 
-Collector ranks that join a running trainer (torchrun/SLURM membership) are not implemented
-yet, so their time to a first batch is not measured here.
+    python benchmarks/elastic.py [--window 10] [--kills 3]
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import argparse
 import functools
 import os
 import signal
+import subprocess
 import sys
 import time
 import warnings
@@ -73,17 +81,97 @@ def case(sync: bool, window: float, kills: int) -> dict:
     return {"sync": sync, "steady": steady, "dips": dips, "firsts": firsts}
 
 
+def join_case(sync: bool, window: float, kills: int) -> dict:
+    from rpc_collectors import RPCCollector, WorkerLeftWarning
+    from rpc_collectors.rendezvous import free_port
+
+    warnings.simplefilter("ignore", WorkerLeftWarning)
+    port = free_port()
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    collector = RPCCollector(
+        functools.partial(make_sleep_env, STEP_S), ArgmaxLinear(), frames_per_batch=FRAMES * (2 if sync else 1),
+        num_collectors=2, sync=sync, launcher="torchrun", elastic=True, rpc_timeout=10, join_timeout=60,
+    )
+    admitted: dict[int, float] = {}  # rank -> when the trainer admitted it
+    admit = collector._admit
+
+    def timed_admit(rank: int) -> None:
+        admitted[rank] = time.perf_counter()
+        admit(rank)
+
+    collector._admit = timed_admit
+    env = dict(os.environ, RPC_COLLECTORS_JOIN=f"127.0.0.1:{port}", PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
+    procs: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--collector"], env=env))
+        return procs[-1]
+
+    batches = iter(collector)
+
+    def run(seconds: float, kill_at: float | None) -> tuple[float, float | None, float | None]:
+        frames, begin, started, first, admit_first = 0, time.perf_counter(), None, None, None
+        while (now := time.perf_counter()) - begin < seconds:
+            if kill_at is not None and started is None and now - begin >= kill_at:
+                os.kill(collector.infos[1]["pid"], signal.SIGKILL)
+                newcomer, started = start(), time.perf_counter()
+            batch = next(batches)
+            frames += batch.numel()
+            collector.update_policy_weights_()
+            if started is not None and first is None:
+                slots = [i for i, info in enumerate(collector.infos) if info and info["pid"] == newcomer.pid]
+                if slots and (batch["collector", "worker_id"] == slots[0]).any():
+                    first = time.perf_counter() - started
+                    admit_first = time.perf_counter() - admitted[collector.infos[slots[0]]["rank"]]
+        return frames / (time.perf_counter() - begin), first, admit_first
+
+    try:
+        start(), start()
+        run(2.0, None)  # both joined, warm
+        steady, _, _ = run(window, None)
+        dips, firsts, admits = [], [], []
+        for _ in range(kills):
+            while not all(collector.infos):  # the last newcomer is in
+                next(batches)
+            rate, first, admit_first = run(window, 0.2 * window)
+            dips.append(rate / steady)
+            firsts.append(first)
+            admits.append(admit_first)
+    finally:
+        collector.shutdown()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    return {"sync": sync, "steady": steady, "dips": dips, "firsts": firsts, "admits": admits}
+
+
+def collector_main() -> None:
+    """A process that joins the trainer named by RPC_COLLECTORS_JOIN (it never returns)."""
+    from rpc_collectors import RPCCollector
+
+    RPCCollector(None, frames_per_batch=1, elastic=True, rpc_timeout=10, join_timeout=60)
+
+
+def _cells(values: list) -> str:
+    return ", ".join("-" if v is None else f"{v:.2f}" for v in values)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--join-case", help=argparse.SUPPRESS)
+    parser.add_argument("--collector", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     quiet()
-    if args.case:
+    if args.collector:
+        collector_main()
+    if args.case or args.join_case:
         import json
 
-        emit(case(**json.loads(args.case)))
+        emit(case(**json.loads(args.case)) if args.case else join_case(**json.loads(args.join_case)))
         return
     print(f"{WORKERS} local workers, SleepEnv {STEP_S * 1e3:.0f} ms/step, {FRAMES} frames per worker batch, "
           f"weights pushed after every batch; {args.kills} kills of worker 1, {args.window:.0f} s windows")
@@ -97,6 +185,16 @@ def main() -> None:
         done = [f for f in r["firsts"] if f is not None]
         if done:
             print(f"{'':6} {'median':>11} {median(done):26.2f} {median(r['dips']):22.2f}")
+
+    print(f"\nelastic trainer, 2 collector slots; {args.kills} times: one collector SIGKILLed and a new process "
+          f"joins, {args.window:.0f} s windows")
+    print(f"{'mode':6} {'steady f/s':>11} {'start -> first batch (s)':>26} {'admit -> first batch (s)':>26} "
+          f"{'window f/s / steady':>22}")
+    for sync in (True, False):
+        r = run_case(__file__, {"sync": sync, "window": args.window, "kills": args.kills},
+                     timeout=60 + (args.kills + 2) * args.window * 3, flag="--join-case")
+        print(f"{'sync' if sync else 'async':6} {r['steady']:11,.0f} {_cells(r['firsts']):>26} "
+              f"{_cells(r['admits']):>26} {_cells(r['dips']):>22}")
 
 
 if __name__ == "__main__":

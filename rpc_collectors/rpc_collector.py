@@ -397,7 +397,8 @@ class RPCCollector(BaseCollector):
     # ---------------------------------------------------------------- restarts
     @property
     def worker_restarts(self) -> list[int]:
-        """How many times each worker was replaced (see ``max_worker_restarts``)."""
+        """How many times each worker was replaced (``max_worker_restarts``), or how many
+        collectors left each slot (``elastic``)."""
         return list(self.restarts.counts)
 
     def _recover(self, failed: _Failed) -> bool:

@@ -299,7 +299,8 @@ def test_elastic_jobs_keep_going_when_a_task_fails(tmp_path, flag):
 
 def test_join_env_comes_from_the_trainers_rendezvous_file(tmp_path, monkeypatch):
     for key in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "RPC_COLLECTORS_JOIN"):
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv(key, "")  # restored (or removed) after the test, which sets them
+        monkeypatch.delenv(key)
     path = slurm.rendezvous_file(tmp_path, "77")
     with pytest.raises(TimeoutError, match=r"no elastic trainer wrote .*77_rendezvous.json within 0 s"):
         slurm.setup_join_env(path, wait_s=0)
