@@ -15,11 +15,13 @@ case runs in a fresh process:
 
 Membership (``elastic=True``): a trainer (torchrun variables, no ranks of its own) with 2
 collector slots, filled by 2 collector processes that joined it on this host, same env and
-policy. Then ``--kills`` times, at 20% of a window: SIGKILL one collector and start a new
-process that joins. Recorded: seconds from the new process's start to its first batch
+policy. Then ``--kills`` times, at 20% of a window: SIGKILL the collector of slot 1 and start a
+new process that joins. Recorded: seconds from the new process's start to its first batch
 ("start -> first batch": Python, imports, rendezvous, join), from the trainer admitting it to
 its first batch ("admit -> first batch": the membership change itself, with the weights
-catch-up and one 0.1 s batch), and the window's frames/s over the steady rate.
+catch-up and one 0.1 s batch), and the window's frames/s over the steady rate. With a spare
+(a third collector waiting), the spare takes the slot at once and the new process becomes
+the next spare; the times are then from the kill and from the spare's admission to the slot.
 
     python benchmarks/elastic.py [--window 10] [--kills 3]
 """
@@ -81,7 +83,7 @@ def case(sync: bool, window: float, kills: int) -> dict:
     return {"sync": sync, "steady": steady, "dips": dips, "firsts": firsts}
 
 
-def join_case(sync: bool, window: float, kills: int) -> dict:
+def join_case(sync: bool, window: float, kills: int, spare: bool = False) -> dict:
     from rpc_collectors import RPCCollector, WorkerLeftWarning
     from rpc_collectors.rendezvous import free_port
 
@@ -110,24 +112,30 @@ def join_case(sync: bool, window: float, kills: int) -> dict:
     batches = iter(collector)
 
     def run(seconds: float, kill_at: float | None) -> tuple[float, float | None, float | None]:
+        """Frames/s over ``seconds``; with ``kill_at``, seconds from the start of the process that
+        takes slot 1 (the kill, with a spare) to its first batch, and from its admission."""
         frames, begin, started, first, admit_first = 0, time.perf_counter(), None, None, None
         while (now := time.perf_counter()) - begin < seconds:
             if kill_at is not None and started is None and now - begin >= kill_at:
-                os.kill(collector.infos[1]["pid"], signal.SIGKILL)
-                newcomer, started = start(), time.perf_counter()
+                killed = collector.infos[1]["pid"]
+                os.kill(killed, signal.SIGKILL)
+                newcomer, started = start(), time.perf_counter()  # with a spare, the next spare
             batch = next(batches)
             frames += batch.numel()
             collector.update_policy_weights_()
-            if started is not None and first is None:
-                slots = [i for i, info in enumerate(collector.infos) if info and info["pid"] == newcomer.pid]
-                if slots and (batch["collector", "worker_id"] == slots[0]).any():
+            taker = collector.infos[1]
+            if started is not None and first is None and taker and taker["pid"] != killed:
+                if (batch["collector", "worker_id"] == 1).any() and (spare or taker["pid"] == newcomer.pid):
                     first = time.perf_counter() - started
-                    admit_first = time.perf_counter() - admitted[collector.infos[slots[0]]["rank"]]
+                    admit_first = time.perf_counter() - admitted[taker["rank"]]
         return frames / (time.perf_counter() - begin), first, admit_first
 
     try:
-        start(), start()
-        run(2.0, None)  # both joined, warm
+        for _ in range(3 if spare else 2):
+            start()
+        while len(admitted) < len(procs):  # every one joined
+            next(batches)
+        run(2.0, None)  # warm
         steady, _, _ = run(window, None)
         dips, firsts, admits = [], [], []
         for _ in range(kills):
@@ -188,13 +196,13 @@ def main() -> None:
 
     print(f"\nelastic trainer, 2 collector slots; {args.kills} times: one collector SIGKILLed and a new process "
           f"joins, {args.window:.0f} s windows")
-    print(f"{'mode':6} {'steady f/s':>11} {'start -> first batch (s)':>26} {'admit -> first batch (s)':>26} "
+    print(f"{'mode':14} {'steady f/s':>11} {'start -> first batch (s)':>26} {'admit -> first batch (s)':>26} "
           f"{'window f/s / steady':>22}")
-    for sync in (True, False):
-        r = run_case(__file__, {"sync": sync, "window": args.window, "kills": args.kills},
+    for sync, spare in ((True, False), (False, False), (True, True)):
+        r = run_case(__file__, {"sync": sync, "window": args.window, "kills": args.kills, "spare": spare},
                      timeout=60 + (args.kills + 2) * args.window * 3, flag="--join-case")
-        print(f"{'sync' if sync else 'async':6} {r['steady']:11,.0f} {_cells(r['firsts']):>26} "
-              f"{_cells(r['admits']):>26} {_cells(r['dips']):>22}")
+        mode = ("sync" if sync else "async") + (" + spare" if spare else "")
+        print(f"{mode:14} {r['steady']:11,.0f} {_cells(r['firsts']):>26} {_cells(r['admits']):>26} {_cells(r['dips']):>22}")
 
 
 if __name__ == "__main__":
