@@ -1,4 +1,4 @@
-"""The one exception a collector raises when a worker fails."""
+"""The one exception a collector raises when a worker fails, and the internal one it starts from."""
 from __future__ import annotations
 
 
@@ -24,3 +24,20 @@ class WorkerError(RuntimeError):
         """From what the worker reported of itself (``host``, ``address``, ``pid``), or what is known of it."""
         host = info.get("host", "?") + (f" ({info['address']})" if info.get("address") else "")
         return cls(worker_id, info.get("rank", worker_id + 1), host, info.get("pid"), reason, remote_traceback)
+
+
+class Failure(Exception):
+    """Internal: a worker failed. It is replaced while the restart budget lasts (or, elastic,
+    leaves its slot vacant); otherwise the collector raises it as a :class:`WorkerError`."""
+
+    def __init__(self, worker_id: int, reason: str, remote: str = "") -> None:
+        super().__init__(worker_id, reason)
+        self.worker_id, self.reason, self.remote = worker_id, reason, remote
+
+
+def remote_summary(remote: str) -> str:
+    """The exception line of a remote traceback (after its frames), for a one-line warning."""
+    lines = remote.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    after = lines[starts[-1] + 1:] if starts else []
+    return next((f": {line.strip()}" for line in after if line.strip() and not line[0].isspace()), "")

@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 import uuid
-import warnings
 from typing import Any, Callable
 
 import cloudpickle
@@ -31,10 +30,10 @@ from .base import BaseCollector
 from .collector import Collector
 from .data_plane import BatchPlane
 from .envs import check_env_id
-from .errors import WorkerError
+from .errors import Failure, WorkerError, remote_summary
 from .lifetime import Resources, release_with, weak_method
-from .elastic import JOIN_VARIABLE, ElasticWorkers, join_rendezvous, member_rendezvous
-from .membership import Restarts, WorkerLeftWarning
+from .elastic import JOIN_VARIABLE, ElasticSlots, ElasticWorkers, join_rendezvous, member_rendezvous
+from .membership import Restarts
 from .policies import StepPolicy, run_device
 from .rendezvous import detect_launcher, from_environment, host_id
 from .threads import TrainerThreads
@@ -50,29 +49,13 @@ CAT_RESULTS = ("stack", 0, -1)
 Call = Callable[[], torch.futures.Future]  # a request to one worker, that can be sent again
 
 
-class _Failed(Exception):
-    """A worker failed: it is replaced while the restart budget lasts, else this becomes a WorkerError."""
-
-    def __init__(self, worker_id: int, reason: str, remote: str = "") -> None:
-        super().__init__(worker_id, reason)
-        self.worker_id, self.reason, self.remote = worker_id, reason, remote
-
-
-def _remote_summary(remote: str) -> str:
-    """The exception line of a remote traceback (after its frames), for a one-line warning."""
-    lines = remote.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
-    after = lines[starts[-1] + 1:] if starts else []
-    return next((f": {line.strip()}" for line in after if line.strip() and not line[0].isspace()), "")
-
-
 _COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
     "split_trajs", "postproc", "replay_buffer",
 }
 
 
-class RPCCollector(BaseCollector):
+class RPCCollector(ElasticSlots, BaseCollector):
     """Collects with N collector servers on other processes or nodes, over ``torch.distributed.rpc``.
 
     Args:
@@ -388,7 +371,7 @@ class RPCCollector(BaseCollector):
         """Ask a worker to map a shared batch buffer; False if it cannot (a failure shows at its next request)."""
         try:  # without restarts a failure raises its WorkerError here
             return self._wait_all({worker_id: self._call(worker_id, "join_batches", spec)}, recover=not self.restarts.budget)[0]
-        except _Failed:
+        except Failure:
             return False
 
     def _call(self, worker_id: int, method: str, *args: Any) -> Call:
@@ -401,27 +384,27 @@ class RPCCollector(BaseCollector):
         collectors left each slot (``elastic``)."""
         return list(self.restarts.counts)
 
-    def _recover(self, failed: _Failed) -> bool:
+    def _recover(self, failed: Failure) -> bool:
         """Replace a failed worker while the budget lasts (a replacement that fails too costs
         another restart); else shut down and raise its WorkerError. Elastic: the worker's slot
         falls vacant (returns False) for the next collector to join."""
         if self.elastic:
-            self._leave(failed.worker_id, failed.reason + _remote_summary(failed.remote))
+            self._leave(failed.worker_id, failed.reason + remote_summary(failed.remote))
             return False
         while True:
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
             worker_id = failed.worker_id
             reason = failed.reason if failed.remote else self._dead.get(worker_id, failed.reason)  # a raise comes first
-            if not self._running or not self.restarts.take(worker_id, reason + _remote_summary(failed.remote)):
+            if not self._running or not self.restarts.take(worker_id, reason + remote_summary(failed.remote)):
                 raise self._fail(self._worker_error(worker_id, failed.reason, failed.remote)) from failed.__cause__
             try:
                 self._replace(worker_id)
                 return True
-            except _Failed as again:
+            except Failure as again:
                 failed = again
             except WorkerError as err:  # the replacement did not start
-                failed = _Failed(worker_id, err.reason)
+                failed = Failure(worker_id, err.reason)
 
     def _replace(self, worker_id: int) -> None:
         """A fresh process (or in-process collector) for ``worker_id``, set up as the others are:
@@ -453,60 +436,6 @@ class RPCCollector(BaseCollector):
             self._wait_all({worker_id: step}, recover=False)
         self._shared(self._batches.rejoin, worker_id)
 
-    # ---------------------------------------------------------------- elastic membership
-    def _on_arrival(self, rank: int) -> None:
-        """A collector joined (elastic; called from an RPC thread): the collecting thread admits it."""
-        self._events.put(("joined", rank, None))
-
-    def _admit(self, rank: int) -> None:
-        """Give collector ``rank`` a vacant slot (or keep it as a spare) and set it up; one that
-        fails meanwhile leaves the slot vacant again. A slot the trainer waits for is asked at once."""
-        worker_id = self.workers.assign(rank)
-        if worker_id is None:
-            return
-        self._generation[worker_id] += 1
-        try:
-            self._set_up(worker_id)
-        except _Failed as failed:
-            self._leave(worker_id, f"failed while it joined: {failed.reason}{_remote_summary(failed.remote)}")
-            return
-        if self._round is not None and worker_id not in self._round:  # a sync round waits for this slot
-            self._request(worker_id, again=True)
-        elif self._round is None and not self.sync:
-            self._request(worker_id)
-
-    def _leave(self, worker_id: int, reason: str) -> None:
-        """The collector in ``worker_id``'s slot failed: evict it; a spare, if any, takes the slot."""
-        if self._closing:
-            raise RuntimeError(f"{type(self).__name__} was shut down")
-        rank = self.workers.ranks[worker_id]
-        self._generation[worker_id] += 1
-        self._outstanding.discard(worker_id)
-        if self._last_async == worker_id:
-            self._last_async = None
-        self.workers.vacate(worker_id)
-        self.infos[worker_id] = None
-        self.restarts.vacated(worker_id)
-        warnings.warn(
-            f"collector worker {worker_id} (rank {rank}) {reason}; its slot is vacant until a collector joins "
-            f"(join_timeout={self.join_timeout} s)",
-            WorkerLeftWarning, stacklevel=4,
-        )
-        spare = self.workers.spare()
-        if spare is not None:
-            self._admit(spare)
-
-    def _serving(self) -> list[int]:
-        return [i for i in range(self.num_workers) if self.workers.serves(i)]
-
-    def _no_collector(self) -> BaseException:
-        vacant = [i for i in range(self.num_workers) if not self.workers.serves(i)]
-        return self._fail(TimeoutError(
-            f"no collector joined within join_timeout={self.join_timeout} s while the trainer waited "
-            f"(vacant collector slots: {vacant}); start collectors with {JOIN_VARIABLE}="
-            f"{self.workers.rdv.master_addr}:{self.workers.rdv.master_port} (slurm/submit.py --join JOBID)"
-        ))
-
     # ---------------------------------------------------------------- faults
     def _on_death(self, worker_id: int, reason: str) -> None:
         self._dead[worker_id] = reason
@@ -529,7 +458,7 @@ class RPCCollector(BaseCollector):
         return error
 
     def _result(self, worker_id: int, fut: torch.futures.Future) -> Any:
-        """The answer in ``fut``; a failed call raises :class:`_Failed` with what went wrong."""
+        """The answer in ``fut``; a failed call raises :class:`Failure` with what went wrong."""
         try:
             return fut.wait()
         except Exception as err:
@@ -543,7 +472,7 @@ class RPCCollector(BaseCollector):
                 reason = f"did not answer within rpc_timeout={self.rpc_timeout} s"
             else:
                 reason = f"is unreachable: {text.splitlines()[0] if text else type(err).__name__}"
-            raise _Failed(worker_id, reason, remote) from err
+            raise Failure(worker_id, reason, remote) from err
 
     def _wait_all(
         self, calls: dict[int, Call], futures: dict[int, torch.futures.Future] | None = None, recover: bool = True,
@@ -551,7 +480,7 @@ class RPCCollector(BaseCollector):
         """Results of ``{worker_id: call}`` in worker order (``futures``: the calls already sent).
 
         A failed worker is replaced and asked again while the restart budget lasts (with
-        ``recover=False`` its failure propagates as :class:`_Failed`); then it raises WorkerError.
+        ``recover=False`` its failure propagates as :class:`Failure`); then it raises WorkerError.
         """
         calls = dict(calls)
         futures = dict(futures) if futures is not None else {i: call() for i, call in calls.items()}
@@ -574,10 +503,10 @@ class RPCCollector(BaseCollector):
                         item = done.get(timeout=max(0.0, deadline - time.monotonic()))
                     except queue.Empty:
                         late = min(set(calls) - set(results))
-                        raise _Failed(late, f"did not answer within rpc_timeout={self.rpc_timeout} s") from None
+                        raise Failure(late, f"did not answer within rpc_timeout={self.rpc_timeout} s") from None
                     if item is not None and item[1] is futures[item[0]]:  # not an answer of a replaced worker
                         results[item[0]] = self._result(*item)
-                except _Failed as failed:
+                except Failure as failed:
                     if not recover:
                         raise
                     if not self._recover(failed):  # an elastic collector left: its slot has no answer
@@ -595,7 +524,7 @@ class RPCCollector(BaseCollector):
             raise RuntimeError(f"{type(self).__name__} was shut down")
         if self._dead:
             worker_id = min(self._dead)
-            raise _Failed(worker_id, self._dead[worker_id])
+            raise Failure(worker_id, self._dead[worker_id])
 
     # ---------------------------------------------------------------- collection
     def _request(self, worker_id: int, again: bool = False) -> None:
@@ -626,7 +555,7 @@ class RPCCollector(BaseCollector):
         return time.monotonic() + wait
 
     def _next_event(self) -> tuple[int, Any]:
-        """The next worker's answer (worker id, batch or ``Ready``); deaths and timeouts raise _Failed.
+        """The next worker's answer (worker id, batch or ``Ready``); deaths and timeouts raise Failure.
 
         Collectors that join meanwhile (elastic) are admitted here."""
         deadline = self._deadline()
@@ -637,7 +566,7 @@ class RPCCollector(BaseCollector):
                 if not self._outstanding:
                     raise self._no_collector()
                 late = min(self._outstanding)
-                raise _Failed(late, f"did not answer within rpc_timeout={self.rpc_timeout} s")
+                raise Failure(late, f"did not answer within rpc_timeout={self.rpc_timeout} s")
             try:
                 kind, worker_id, payload = self._events.get(timeout=remaining)
             except queue.Empty:
@@ -662,7 +591,7 @@ class RPCCollector(BaseCollector):
         while True:
             try:
                 return self._next_event()
-            except _Failed as failed:
+            except Failure as failed:
                 asked = failed.worker_id in self._outstanding
                 if self._recover(failed) and asked:
                     self._request(failed.worker_id, again=True)
@@ -833,15 +762,6 @@ class RPCCollector(BaseCollector):
         self._wait_all({i: self._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
         for i, worker_state in enumerate(state["workers"]):
             self.restarts.loaded(i, int(worker_state["traj_count"]))
-
-    def _load_elastic_state(self, state: dict) -> None:
-        if state.get("traj_id_bounds") is None or len(state["traj_id_bounds"]) != self.num_workers:
-            raise ValueError(f"the state is not that of an elastic collector with {self.num_workers} slots")
-        if self._serving():
-            raise RuntimeError("load_state_dict on an elastic collector must come before its first batch")
-        self._load_base_state(state)
-        self.policy_version = int(state["policy_version"])
-        self.restarts.restore(state["traj_id_bounds"])
 
     # ---------------------------------------------------------------- shutdown
     def _require_open(self) -> None:
