@@ -26,7 +26,7 @@ import torch.distributed.rpc as rpc
 from . import membership, worker
 from .errors import Failure, remote_summary
 from .membership import WorkerLeftWarning
-from .rendezvous import Rendezvous, interface_address, interface_towards, store_client
+from .rendezvous import Rendezvous, interface_for, store_client
 from .workers import RPCWorkers
 
 JOIN_VARIABLE = "RPC_COLLECTORS_JOIN"  # <host>:<port> of a running elastic trainer's rendezvous store
@@ -42,12 +42,7 @@ def join_rendezvous() -> Rendezvous | None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{JOIN_VARIABLE}={address!r} is invalid; accepted: <host>:<port> of the trainer's rendezvous")
-    interface = os.environ.get("TP_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME")
-    if interface:
-        interface_address(interface)  # a wrong name fails here, not as a hang
-    else:
-        interface = interface_towards(host)
-    return Rendezvous("join", -1, 0, host, int(port), interface, dynamic=True)
+    return Rendezvous("join", -1, 0, host, int(port), interface_for(host), dynamic=True)
 
 
 def member_rendezvous(rdv: Rendezvous, timeout: float) -> Rendezvous:

@@ -148,16 +148,21 @@ def from_environment(launcher: str) -> Rendezvous:
     addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"MASTER_PORT={port!r} is invalid; accepted: a port number in 1..65535")
-    interface = os.environ.get("TP_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME")
-    if interface:
-        interface_address(interface)  # a wrong name fails here, not as a hang
-    else:
-        interface = interface_towards(addr)
+    interface = interface_for(addr)
     return Rendezvous(
         launcher=launcher, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
         master_addr=addr, master_port=int(port), interface=interface,
         agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
+
+
+def interface_for(addr: str) -> str:
+    """``TP_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` when set (checked), else the interface that routes to ``addr``."""
+    interface = os.environ.get("TP_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME")
+    if interface:
+        interface_address(interface)  # a wrong name fails here, not as a hang
+        return interface
+    return interface_towards(addr)
 
 
 @contextlib.contextmanager

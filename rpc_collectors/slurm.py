@@ -179,8 +179,10 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
 
 
 def run_script(path: str | os.PathLike, argv: Sequence[str] = ()) -> None:
-    """Run a Python script as ``__main__`` with ``sys.argv = [path, *argv]`` (in a task)."""
+    """Run a Python script as ``__main__`` with ``sys.argv = [path, *argv]`` (in a task); as under
+    ``python script.py``, its folder comes first on ``sys.path``, so it imports its sibling modules."""
     sys.argv = [str(path), *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
         runpy.run_path(str(path), run_name="__main__")
     except SystemExit as exit_:

@@ -21,20 +21,11 @@ import time
 import warnings
 
 import torch
-from torch import nn
 
+from multihost_trainer import ArgmaxPolicy
 from rpc_collectors import RPCCollector, WorkerLeftWarning
 
 WORKER_ID, VERSION, TRAJ_IDS = ("collector", "worker_id"), ("collector", "policy_version"), ("collector", "traj_ids")
-
-
-class ArgmaxPolicy(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.linear(observation).argmax(-1)
 
 
 def emit(record: dict) -> None:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 
 
@@ -65,3 +67,18 @@ def listening_addresses(pid: int) -> set[str]:
 
 
 LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
+
+
+def kill_sessions(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
+    """SIGKILL the process group of each of ``procs`` still running (started with
+    ``start_new_session=True``) and reap it."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass

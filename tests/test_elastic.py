@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import devcluster_module
+from procs import kill_sessions
 from rpc_collectors import RPCCollector
 from rpc_collectors.rendezvous import free_port
 
@@ -97,16 +98,7 @@ class Run:
         return "\n".join(parts)
 
     def kill(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        kill_sessions(list(self.procs.values()))
 
 
 @pytest.fixture

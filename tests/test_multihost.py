@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from typing import Iterator
 import pytest
 
 import devcluster_module
+from procs import kill_sessions
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "multihost_trainer.py"
@@ -113,16 +113,7 @@ class Ranks:
 
     def kill(self) -> None:
         """SIGKILL every process group still running and reap it."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        kill_sessions(self.procs)
 
 
 @pytest.fixture

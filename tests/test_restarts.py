@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from procs import descendants, wait_gone
+from procs import descendants
 from rpc_collectors import GymEnv, MultiCollector, RPCCollector, WorkerError, WorkerRestartWarning
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
