@@ -58,7 +58,10 @@ def main() -> None:
         join_timeout=args.join_timeout,
     )
     # Only the trainer gets here.
-    emit({"event": "start", "address": f"{collector.workers.rdv.master_addr}:{collector.workers.rdv.master_port}"})
+    state = collector.state_dict()
+    collector.load_state_dict(state)  # before the first batch: no collector has joined yet
+    emit({"event": "start", "address": f"{collector.workers.rdv.master_addr}:{collector.workers.rdv.master_port}",
+          "state_workers": state["workers"], "traj_id_bounds": state["traj_id_bounds"], "next_seed": collector.set_seed(7)})
     traj_owner: dict[int, int] = {}  # trajectory id -> pid of the collector that produced it
     with collector:
         for index, batch in enumerate(collector):
@@ -76,6 +79,11 @@ def main() -> None:
                 "policy_version": collector.policy_version, "versions": versions, "slots": slots,
             })
             collector.update_policy_weights_()
+            if index == 0:
+                try:
+                    collector.load_state_dict(state)
+                except RuntimeError as err:
+                    emit({"event": "late_load", "message": str(err)})
             time.sleep(args.batch_sleep)
         emit({"event": "summary", "frames": collector.frames, "worker_restarts": collector.worker_restarts})
 

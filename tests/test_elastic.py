@@ -181,6 +181,10 @@ def test_sync_spare_takes_a_dead_collectors_slot_and_the_run_finishes(runs):
     run.until(lambda r: r["event"] == "batch" and served_by(r, spare.pid), 30, "batch from the spare")
     summary = run.until(lambda r: r["event"] == "summary", 90, "summary")
     assert run.wait("trainer", 30) == 0, run.report()
+    start = run.records[0]
+    assert start["state_workers"] is None and start["traj_id_bounds"] == [0, 0] and start["next_seed"] == 9, start
+    late = [r["message"] for r in run.records if r["event"] == "late_load"]
+    assert late == ["load_state_dict on an elastic collector must come before its first batch"], run.records[:3]
     assert summary["frames"] == 6000
     assert sorted(summary["worker_restarts"]) == [0, 1], summary
     check_batches(run, sync=True, frames_per_batch=100)
