@@ -143,7 +143,7 @@ def test_async_collector_dies_the_other_goes_on_and_a_newcomer_joins(runs):
     first, second = run.collector("c1"), run.collector("c2")
     run.until(lambda r: r["event"] == "batch" and all(r["slots"]), 60, "batch with both collectors in")
     for pid in (first.pid, second.pid):
-        run.until(lambda r: served_by(r, pid) and r["versions"], 30, f"batch from pid {pid}")
+        run.until(lambda r: r["event"] == "batch" and served_by(r, pid), 30, f"batch from pid {pid}")
 
     os.kill(first.pid, signal.SIGKILL)
     left = run.until(lambda r: r["event"] == "left", 30, "WorkerLeftWarning")
