@@ -342,6 +342,8 @@ class RPCCollector(ElasticSlots, BaseCollector):
         kind = transport if transport != "auto" else ("shm" if same_host and self.backend == "gloo" else "broadcast")
         if self.elastic:
             kind = "rpc"
+        if kind != "shm" and self.launcher == "debug":  # in-process workers would share the trainer's buffer
+            raise ValueError(f"weight_transport={kind!r} needs worker processes; the debug launcher uses 'shm'")
         if kind == "rpc":
             buffer, fd = flat.new_buffer(None), None
             spec = TransportSpec("rpc", flat.nbytes, timeout=self.rpc_timeout)
@@ -351,8 +353,6 @@ class RPCCollector(ElasticSlots, BaseCollector):
             path, fd, buffer = shm_file(flat.nbytes)
             spec = TransportSpec("shm", flat.nbytes, path=path, timeout=self.rpc_timeout)
         else:
-            if self.launcher == "debug":
-                raise ValueError("weight_transport='broadcast' needs worker processes; the debug launcher uses 'shm'")
             rdv = self.workers.rdv
             spec = TransportSpec(
                 "broadcast", flat.nbytes, addr=rdv.master_addr, port=rdv.master_port,

@@ -131,7 +131,7 @@ def test_legacy_names_and_multicollector_list():
 
 
 # ------------------------------------------------------------------ weights
-@pytest.mark.parametrize("transport", ["shm", "broadcast"])
+@pytest.mark.parametrize("transport", ["shm", "broadcast", "rpc"])
 def test_update_weights_versions_every_frame(transport):
     policy = BiasPolicy(0)
     with rpc(policy, total_frames=-1, weight_transport=transport) as c:
@@ -149,7 +149,7 @@ def test_update_weights_versions_every_frame(transport):
         assert (batch["action"] == 1).all() and (batch[VERSION] == 3).all()
 
 
-@pytest.mark.parametrize("transport", ["shm", "broadcast"])
+@pytest.mark.parametrize("transport", ["shm", "broadcast", "rpc"])
 def test_update_a_subset_of_workers(transport):
     policy = BiasPolicy(0)
     with rpc(policy, total_frames=-1, weight_transport=transport, cat_results="stack") as c:
@@ -351,3 +351,9 @@ def test_two_collectors_in_two_processes_do_not_clash(tmp_path):
             p.wait()
     assert [p.returncode for p in procs] == [0, 0]
     assert all('"frames": 800' in out for out in outputs)
+
+
+@pytest.mark.parametrize("transport", ["broadcast", "rpc"])
+def test_debug_launcher_refuses_transports_of_worker_processes(transport):
+    with pytest.raises(ValueError, match=f"weight_transport='{transport}' needs worker processes; the debug launcher uses 'shm'"):
+        rpc(BiasPolicy(0), total_frames=-1, launcher="debug", weight_transport=transport)
