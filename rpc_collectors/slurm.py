@@ -43,6 +43,7 @@ _JOB_ID_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
 # elastic jobs keep going: a failed collector's slot is taken by another.
 _SRUN_ARGS = ("--kill-on-bad-exit=1",)
 _ELASTIC_SRUN_ARGS = ("--kill-on-bad-exit=0",)
+JOB_PORTS = range(20000, 32768)  # a job's MASTER_PORT, below the kernel's ephemeral ports
 JOIN_WAIT_S = 600.0  # how long a joining task waits for its trainer's rendezvous file
 
 
@@ -240,10 +241,12 @@ def setup_distributed_env(interface: str | None = None,
 
     MASTER_ADDR is the first node's address as other nodes reach it (``scontrol``'s NodeAddr
     when its name does not resolve or resolves to loopback); MASTER_PORT is derived from the
-    job id unless already set. GLOO_SOCKET_IFNAME and TP_SOCKET_IFNAME are set to ``interface``
+    job id unless already set (see ``job_port``). GLOO_SOCKET_IFNAME and TP_SOCKET_IFNAME are set to ``interface``
     (default: GLOO_SOCKET_IFNAME if set, else the interface that routes to MASTER_ADDR).
     """
     dist_env = TorchDistributedEnvironment()
+    if "MASTER_PORT" not in os.environ:
+        dist_env.master_port = job_port(os.environ["SLURM_JOB_ID"])
     num_nodes = dist_env.world_size // dist_env.local_world_size
     dist_env.master_addr = master_address(dist_env.master_addr, multi_node=num_nodes > 1)
     if dist_env.rank == 0:
@@ -252,6 +255,12 @@ def setup_distributed_env(interface: str | None = None,
     ifname = _check_interface(interface) if interface else interface_towards(dist_env.master_addr)
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = ifname
     return dist_env.export(set_cuda_visible_devices=set_cuda_visible_devices, overwrite=True)
+
+
+def job_port(job_id: str) -> int:
+    """The rendezvous port of SLURM job ``job_id``: the same on every node, and below Linux's
+    ephemeral range (32768 and up), so no connection a process opens can hold it."""
+    return JOB_PORTS[int(job_id.split("_")[0]) % len(JOB_PORTS)]
 
 
 def master_address(hostname: str, multi_node: bool) -> str:

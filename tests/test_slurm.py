@@ -120,7 +120,7 @@ def allreduce_task() -> dict:
         dist.all_gather_object(addrs, my_addr)
     finally:
         dist.destroy_process_group()
-    return {"sum": value.item(), "world": world, "master": addr, "addresses": addrs}
+    return {"sum": value.item(), "world": world, "master": addr, "port": port, "addresses": addrs}
 
 
 def rpc_collect_task(frames_per_batch: int, total_frames: int, probe_ifname: str | None) -> dict:
@@ -196,6 +196,9 @@ def test_allreduce_three_tasks_one_node(one_node, log_dir):
     assert out["world"] == 3
     assert out["sum"] == 1 + 2 + 3
     assert out["master"] == "127.0.0.1"
+    # the derived port lies below the ephemeral ports, which any connection may hold
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert out["port"] == slurm.job_port(job.job_id) < ephemeral_low
 
 
 @pytest.mark.slurm
