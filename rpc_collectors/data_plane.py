@@ -24,6 +24,12 @@ Ownership. A yielded batch belongs to the user and is never written behind their
 So a loop that drops each batch before the next gets every batch without a copy, one that
 keeps them gets copies, and the memory stays ``SLOTS`` x batch bytes per buffer either way.
 
+Device. Workers hand over batches in host memory; the trainer puts them on its storing device.
+For a CUDA storing device the slots are page-locked (``cudaHostRegister``), so a batch is
+copied from the slot the workers wrote straight into GPU memory by DMA, with no stop in
+pageable memory; that copy is the user's batch, so slots are never lent out to the user. Batches
+from other hosts arrive in TensorPipe's pageable buffers and are copied from there.
+
 The buffer is a file in /dev/shm whose name is removed right after it is created: workers map
 it through ``/proc/<trainer pid>/fd/<fd>`` while the trainer holds it open, and the memory goes
 away with the last process that maps it, so no process killed at any moment leaves a file
@@ -167,6 +173,17 @@ class SlotWriter:
         return True
 
 
+def _pin(slot: torch.Tensor) -> None:
+    """Page-lock ``slot``'s memory for CUDA, so that copies to a GPU read it by DMA."""
+    error = int(torch.cuda.cudart().cudaHostRegister(slot.data_ptr(), slot.numel(), 0))
+    if error != 0:
+        raise RuntimeError(f"cudaHostRegister of a {slot.numel()}-byte batch slot failed with CUDA error {error}")
+
+
+def _unpin(slot: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(slot.data_ptr())
+
+
 def _use_count(tensor: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
 
@@ -174,8 +191,9 @@ def _use_count(tensor: torch.Tensor) -> int:
 class SlotPool:
     """Trainer side of one shared buffer: ``SLOTS`` slots of ``rows`` batches each."""
 
-    def __init__(self, layout: BatchLayout, rows: int) -> None:
-        self.layout, self.rows = layout, rows
+    def __init__(self, layout: BatchLayout, rows: int, pinned: bool = False) -> None:
+        """``pinned``: page-lock the slots for copies to a CUDA device."""
+        self.layout, self.rows, self.pinned = layout, rows, pinned
         self.slot_bytes = _aligned(layout.size(rows), mmap.PAGESIZE)
         self.nbytes = SLOTS * self.slot_bytes
         per = f"{rows} x {layout.nbytes} bytes" if rows > 1 else f"{layout.nbytes} bytes"
@@ -189,6 +207,13 @@ class SlotPool:
                 torch.frombuffer(mmap.mmap(fd, self.slot_bytes, offset=i * self.slot_bytes), dtype=torch.uint8)
                 for i in range(SLOTS)
             ]
+            for i, slot in enumerate(self.slots if pinned else []):
+                try:
+                    _pin(slot)
+                except BaseException:
+                    for done in self.slots[:i]:
+                        _unpin(done)
+                    raise
         except BaseException:
             os.close(fd)
             raise
@@ -207,6 +232,14 @@ class SlotPool:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def close(self) -> None:
+        """Let go of the descriptor and of the page lock; the memory goes with the last view of it."""
+        self.release_fd()
+        if self.pinned:
+            self.pinned = False
+            for slot in self.slots:
+                _unpin(slot)
 
     def _free(self, slot: int) -> bool:
         return slot not in self._written and _use_count(self.slots[slot]) == self._idle[slot]
@@ -243,13 +276,17 @@ class BatchPlane:
 
     ``local[i]`` says whether worker i shares the trainer's host; ``join(i, spec)`` asks worker
     i to map its buffer and returns whether it could. ``sync`` collectors get one round buffer
-    when every worker is local and their batches share one layout.
+    when every worker is local and their batches share one layout. Batches end up on
+    ``device`` (:meth:`place`).
     """
 
     def __init__(
-        self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool, keep_fds: bool = False
+        self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool, keep_fds: bool = False,
+        device: torch.device | None = None,
     ) -> None:
         """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it (:meth:`rejoin`)."""
+        self.device = None if device is None or device.type == "cpu" else device
+        self._pinned = self.device is not None and self.device.type == "cuda"
         self.local = list(local)
         self._join = join
         self._sync = sync
@@ -289,7 +326,7 @@ class BatchPlane:
             self.local[worker_id] = False  # one attempt per worker
             layout = BatchLayout.of(result)
             if layout is not None and layout.nbytes >= MIN_BYTES:
-                self._set_up(SlotPool(layout, 1), [worker_id])
+                self._set_up(SlotPool(layout, 1, self._pinned), [worker_id])
         return result
 
     def round(self, results: list) -> TensorDict | None:
@@ -305,26 +342,37 @@ class BatchPlane:
             layout = layouts.pop() if len(layouts) == 1 else None
             if layout is not None and layout.nbytes >= MIN_BYTES:
                 self.local = [False] * len(results)
-                self._round = SlotPool(layout, len(results))
+                self._round = SlotPool(layout, len(results), self._pinned)
                 self._set_up(self._round, list(range(len(results))))
         return None
+
+    def place(self, batch: TensorDictBase) -> TensorDictBase:
+        """``batch`` on the trainer's storing device (a copy, read from pinned slots by DMA)."""
+        if self.device is None:
+            return batch
+        placed = batch.to(self.device, non_blocking=True)
+        if self.device.type == "cuda":  # the copies must be done before a worker rewrites the slot
+            torch.cuda.current_stream(self.device).synchronize()
+        return placed
 
     def _set_up(self, pool: SlotPool, worker_ids: list[int]) -> None:
         joined = [False]  # until every worker answered
         try:
             joined = [self._join(i, pool.spec(row)) for row, i in enumerate(worker_ids)]
         finally:
-            if not (self._keep_fds and all(joined)):
+            if not all(joined):
+                pool.close()
+                if pool is self._round:
+                    self._round = None
+            elif not self._keep_fds:
                 pool.release_fd()
         if all(joined):
             self.pools.update({i: pool for i in worker_ids})
             self._rows.update({i: row for row, i in enumerate(worker_ids)})
-        elif pool is self._round:
-            self._round = None
 
     def close(self) -> None:
         """Forget the buffers; their memory goes with the last batch or view that uses it."""
-        for pool in self.pools.values():
-            pool.release_fd()
+        for pool in {id(p): p for p in self.pools.values()}.values():
+            pool.close()
         self.pools.clear()
         self._round = None

@@ -108,7 +108,9 @@ class RPCCollector(ElasticSlots, BaseCollector):
             ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
         max_frames_per_traj, init_random_frames, reset_at_each_iter, split_trajs, postproc,
         device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``
-            (``init_random_frames`` is shared out over the workers).
+            (``init_random_frames`` is shared out over the workers). Workers hand batches over in
+            host memory; the trainer puts them on ``storing_device`` (from page-locked shared
+            memory straight to a CUDA device, see :mod:`rpc_collectors.data_plane`).
 
     Sync batches and async batches carry ``("collector", "worker_id")``.
     """
@@ -209,9 +211,9 @@ class RPCCollector(ElasticSlots, BaseCollector):
         checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
         kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
         self.exploration_type = kwargs["exploration_type"]
-        self._policy_device = checks.devices(
-            kwargs["device"], kwargs["storing_device"], kwargs["env_device"], kwargs["policy_device"]
-        )["policy_device"]
+        devices = checks.devices(kwargs["device"], kwargs["storing_device"], kwargs["env_device"], kwargs["policy_device"])
+        self._policy_device, self._storing_device = devices["policy_device"], devices["storing_device"]
+        kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
         specs = self._specs(env_fns, policy, kwargs)
         self.policy = policy
         self.policy_version = 0
@@ -259,7 +261,8 @@ class RPCCollector(ElasticSlots, BaseCollector):
             local_hosts = [self.launcher != "debug" and info is not None and info["host_id"] == host_id() for info in self.infos]
             self._resources.threads = TrainerThreads(num_threads, sum(local_hosts))
             self._batches = self._resources.batches = BatchPlane(
-                local_hosts, weak_method(self._join_batches), sync=self.sync, keep_fds=restarts > 0
+                local_hosts, weak_method(self._join_batches), sync=self.sync, keep_fds=restarts > 0,
+                device=self._storing_device,
             )
             self._running = True
         except BaseException:
@@ -613,7 +616,7 @@ class RPCCollector(ElasticSlots, BaseCollector):
                     results[worker_id] = result
             finally:
                 self._round = None
-            return self._combine([results[i] for i in range(self.num_workers)])
+            return self._batches.place(self._combine([results[i] for i in range(self.num_workers)]))
         if self._last_async is not None:
             self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
         for worker_id in range(self.num_workers):
@@ -624,7 +627,7 @@ class RPCCollector(ElasticSlots, BaseCollector):
         if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
             self._last_async = None
-        return batch
+        return self._batches.place(batch)
 
     def _shared(self, method: Any, *args: Any) -> Any:
         """Call a data-plane method; no room for a shared-memory buffer ends the run."""

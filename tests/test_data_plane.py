@@ -170,6 +170,25 @@ def test_a_loop_that_drops_each_batch_gets_it_where_the_worker_wrote_it(sync):
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_batches_placed_on_another_device_leave_every_slot_free(sync):
+    """With a storing device other than the host, the user's batch is a copy on that device and
+    no slot is lent out: every slot not being written is free again once the batch is placed.
+    ("meta" stands in for a GPU: a device whose tensors live outside host memory; tests/test_cuda.py
+    runs the same on a real one where there is one.)"""
+    with collector(None, sync) as c:
+        c._batches.device = torch.device("meta")
+        for i, batch in enumerate(c):
+            assert all(v.device.type == "meta" for v in batch.values(True, True))
+            assert tuple(batch.shape) == ((2, 60) if sync else (60,))
+            pools = {id(p): p for p in c._batches.pools.values()}.values()
+            assert pools, "no shared-memory buffer: the path under test was not taken"
+            for pool in pools:
+                assert all(pool._free(s) or s in pool._written for s in range(SLOTS)), "a slot is held outside the plane"
+            if i == 8:
+                break
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 def test_shared_buffers_are_bounded_by_slots_times_workers_times_batch_bytes(sync):
     with collector(3, sync) as c:
         it = iter(c)
