@@ -2,11 +2,12 @@
 
 A worker's first batch travels as an RPC result. From its layout (keys, shapes, dtypes) the
 trainer allocates a shared-memory buffer of ``SLOTS`` slots and the worker maps it. From then
-on the trainer asks for "your next batch, into slot s"; the worker collects, copies the batch
-into the slot and answers with a small :class:`Ready`, and only then does the trainer read the
-slot. A worker that dies while writing never answers, so a partly written slot is never read.
-A batch that does not fit the layout (an env whose keys change, tensors on a GPU) travels as
-an RPC result, as do all batches of workers on other hosts.
+on the trainer asks for "your next batch, into slot s" by the worker's doorbell (a pipe, see
+:mod:`rpc_collectors.doorbell`); the worker collects, copies the batch into the slot and
+answers with a small :class:`Ready`, and only then does the trainer read the slot. A worker
+that dies while writing never answers, so a partly written slot is never read. A batch that
+does not fit the layout (an env whose keys change) comes back pickled instead, and all
+batches of workers on other hosts travel as RPC results.
 
 Sync collectors whose workers all share the trainer's host and one layout get one buffer
 whose slots hold a whole round: worker i writes row i of every tensor, so the ``[N, (B,) T]``
@@ -47,6 +48,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from . import shm
+from .doorbell import Doorbell, Ends, Ready
 
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
 ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
@@ -55,13 +57,6 @@ MIN_BYTES = 64 * 1024  # smaller batches go as RPC results: a slot saves nothing
 
 def _aligned(nbytes: int, to: int = ALIGN) -> int:
     return -(-nbytes // to) * to
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A worker's answer: its batch is in ``slot`` of its shared buffer."""
-
-    slot: int
 
 
 @dataclass(frozen=True)
@@ -135,7 +130,7 @@ def signature_of(batch: TensorDictBase) -> dict:
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """What a worker needs to map its buffer and find its row in every slot."""
+    """What a worker needs to map its buffer, find its row in every slot and open its doorbell."""
 
     pid: int
     fd: int
@@ -143,6 +138,7 @@ class SlotSpec:
     rows: int
     row: int
     slot_bytes: int
+    doorbell: Ends
 
     @property
     def path(self) -> str:
@@ -224,8 +220,8 @@ class SlotPool:
         self._slot: int | None = None
         self._last: dict[int, int | None] = {}  # worker id -> the slot it was last asked to write
 
-    def spec(self, row: int) -> SlotSpec:
-        return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes)
+    def spec(self, row: int, doorbell: Ends) -> SlotSpec:
+        return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes, doorbell)
 
     def release_fd(self) -> None:
         """Every worker has mapped the buffer: the trainer's fd is no longer needed."""
@@ -276,8 +272,9 @@ class BatchPlane:
 
     ``local[i]`` says whether worker i shares the trainer's host; ``join(i, spec)`` asks worker
     i to map its buffer and returns whether it could. ``sync`` collectors get one round buffer
-    when every worker is local and their batches share one layout. Batches end up on
-    ``device`` (:meth:`place`).
+    when every worker is local and their batches share one layout. A worker with a buffer is
+    asked for batches through its :class:`~rpc_collectors.doorbell.Doorbell` (:meth:`ring`).
+    Batches end up on ``device`` (:meth:`place`).
     """
 
     def __init__(
@@ -294,6 +291,7 @@ class BatchPlane:
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
+        self._bells: dict[int, Doorbell] = {}
 
     @property
     def shared_bytes(self) -> int:
@@ -309,11 +307,34 @@ class BatchPlane:
         pool = self.pools.get(worker_id)
         return None if pool is None else pool.slot_for(worker_id, again)
 
+    def ring(self, worker_id: int, min_version: int, slot: int | None) -> torch.futures.Future | None:
+        """Ask ``worker_id`` for its next batch in ``slot`` by its doorbell (None: ask by RPC)."""
+        bell = self._bells.get(worker_id)
+        return None if bell is None or slot is None else bell.ring(slot, min_version)
+
     def rejoin(self, worker_id: int) -> None:
         """Map ``worker_id``'s buffer in the process that replaced it."""
         pool = self.pools.get(worker_id)
-        if pool is not None and not self._join(worker_id, pool.spec(self._rows.get(worker_id, 0))):
+        if pool is not None and not self._join_one(worker_id, pool, self._rows.get(worker_id, 0)):
             raise RuntimeError(f"the replacement of collector worker {worker_id} cannot map the shared batch buffer")
+
+    def _join_one(self, worker_id: int, pool: SlotPool, row: int) -> bool:
+        """Ask ``worker_id`` to map ``pool`` and open a new doorbell; whether it could."""
+        bell = Doorbell()
+        try:
+            joined = self._join(worker_id, pool.spec(row, bell.ends))
+        except BaseException:
+            bell.close()
+            raise
+        if not joined:
+            bell.close()
+            return False
+        bell.opened()
+        old = self._bells.pop(worker_id, None)
+        if old is not None:
+            old.close()
+        self._bells[worker_id] = bell
+        return True
 
     def receive(self, worker_id: int, result: Any) -> TensorDictBase:
         """The batch a worker's answer stands for; a first local batch sets up the worker's buffer."""
@@ -358,9 +379,12 @@ class BatchPlane:
     def _set_up(self, pool: SlotPool, worker_ids: list[int]) -> None:
         joined = [False]  # until every worker answered
         try:
-            joined = [self._join(i, pool.spec(row)) for row, i in enumerate(worker_ids)]
+            joined = [self._join_one(i, pool, row) for row, i in enumerate(worker_ids)]
         finally:
             if not all(joined):
+                for i in worker_ids:
+                    if i in self._bells:
+                        self._bells.pop(i).close()
                 pool.close()
                 if pool is self._round:
                     self._round = None
@@ -372,6 +396,9 @@ class BatchPlane:
 
     def close(self) -> None:
         """Forget the buffers; their memory goes with the last batch or view that uses it."""
+        for bell in self._bells.values():
+            bell.close()
+        self._bells.clear()
         for pool in {id(p): p for p in self.pools.values()}.values():
             pool.close()
         self.pools.clear()

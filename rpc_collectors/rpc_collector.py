@@ -538,7 +538,9 @@ class RPCCollector(ElasticSlots, BaseCollector):
         if not again and self._needs_update(worker_id):
             self.update_policy_weights_(worker_ids=None if self.sync else [worker_id])
         slot = self._batches.slot_for(worker_id, again)
-        fut = self.workers.call_async(worker_id, "collect", self._min_version[worker_id], slot)
+        fut = self._batches.ring(worker_id, self._min_version[worker_id], slot)  # a worker on this host
+        if fut is None:
+            fut = self.workers.call_async(worker_id, "collect", self._min_version[worker_id], slot)
         self._outstanding.add(worker_id)
         self.restarts.asked(worker_id, self._worker_frames, self.infos[worker_id]["envs"])
         events, generation = self._events, self._generation[worker_id]  # not self: a pending future must not keep the collector alive

@@ -22,7 +22,7 @@ import torch.distributed.rpc as rpc
 import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
-from . import membership
+from . import doorbell, membership
 from .collector import Collector
 from .data_plane import Ready, SlotSpec, SlotWriter
 from .rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
@@ -76,10 +76,12 @@ class WorkerState:
         self.receiver.receive(version, mode, payload)
 
     def join_batches(self, spec: SlotSpec) -> bool:
-        """Map the trainer's shared batch buffer; False if this process cannot open it."""
+        """Map the trainer's shared batch buffer and answer its doorbell; False if this process cannot open them."""
         try:
             self.writer = SlotWriter(spec)
+            doorbell.answer(spec.doorbell, self.collect)
         except (OSError, RuntimeError):
+            self.writer = None
             return False
         return True
 

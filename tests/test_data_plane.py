@@ -22,6 +22,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from procs import wait_gone
 from rpc_collectors import GymEnv, MultiCollector, WorkerError
@@ -203,6 +204,84 @@ def test_shared_buffers_are_bounded_by_slots_times_workers_times_batch_bytes(syn
 def shm_files() -> set[str]:
     """The data plane's files in /dev/shm (other programs' files come and go meanwhile)."""
     return {name for name in os.listdir("/dev/shm") if name.startswith("rpc_collectors_batches_")}
+
+
+class FailingPixelEnv(PixelEnv):
+    def step(self, action):
+        if self.counter == 150:
+            raise RuntimeError("the renderer lost its GPU context")
+        return super().step(action)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_an_env_error_reaches_the_trainer_with_its_traceback(sync):
+    """Workers on this host are asked for batches through their doorbell pipes: an error comes back that way."""
+    envs = [functools.partial(make_env, 0, None), lambda: GymEnv(FailingPixelEnv(1))]
+    c = MultiCollector(envs, None, sync=sync, frames_per_batch=120 if sync else 60, total_frames=-1)
+    checker, bells = Checker(), set()
+    try:
+        with pytest.raises(WorkerError) as failure:
+            for batch in c:
+                checker.check(batch)
+                bells.update(c._batches._bells)
+    finally:
+        c.shutdown()
+    assert bells == {0, 1}  # both were asked, and answered, through their pipes
+    err = failure.value
+    assert err.worker_id == 1 and "raised an error" in str(err)
+    assert "the renderer lost its GPU context" in err.remote_traceback and "in step" in err.remote_traceback
+
+
+class GrowingEnv:
+    """A TensorDict env (TorchRL's protocol) whose steps carry one more key after its first episode
+    (120 steps): from then on its batches no longer fit the layout of the shared buffer."""
+
+    batch_size = torch.Size([])
+
+    def __init__(self, worker: int) -> None:
+        self.worker, self.t, self.resets = worker, 0, 0
+
+    def _obs(self) -> TensorDict:
+        td = TensorDict({"observation": torch.full(SHAPE, self.worker, dtype=torch.uint8)}, [])
+        if self.resets > 1:
+            td.set("step", torch.tensor([self.t]))
+        return td
+
+    def reset(self, td=None) -> TensorDict:
+        self.resets += 1
+        flags = {k: torch.zeros(1, dtype=torch.bool) for k in ("done", "terminated", "truncated")}
+        return self._obs().update(flags)
+
+    def rand_action(self, td: TensorDict) -> TensorDict:
+        return td.set("action", torch.zeros((), dtype=torch.int64))
+
+    def step(self, td: TensorDict) -> TensorDict:
+        self.t += 1
+        end = torch.tensor([self.t == 120])
+        nxt = self._obs().update({"reward": torch.zeros(1), "done": end, "terminated": end, "truncated": torch.zeros(1, dtype=torch.bool)})
+        return td.set("next", nxt)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_batches_that_stop_fitting_their_slots_arrive_whole(sync):
+    """A batch whose keys differ from the first one's is sent back pickled through the doorbell pipe."""
+    envs = [functools.partial(GrowingEnv, w) for w in range(2)]
+    with MultiCollector(envs, None, sync=sync, frames_per_batch=120 if sync else 60, total_frames=-1) as c:
+        per_worker: dict[int, list] = {0: [], 1: []}
+        for batch in c:
+            for w in (0, 1):
+                part = batch[batch["collector", "worker_id"] == w]
+                if part.batch_size[0]:
+                    per_worker[w].append(part)
+            if min(len(v) for v in per_worker.values()) == 4:
+                break
+        assert [c._batches.path_of(w) for w in range(2)] == ["shm", "shm"]
+    for w, parts in per_worker.items():
+        parts = parts[:4]  # async: the other worker may have delivered more meanwhile
+        assert [("step" in p.keys()) for p in parts] == [False, False, True, True]
+        assert all((p["observation"] == w).all() for p in parts)
+        steps = torch.cat([p["step"].reshape(-1) for p in parts[2:]]).tolist()
+        assert steps == list(range(120, 240)), "frames of the grown batches are missing, repeated or torn"
 
 
 @pytest.mark.timeout(60)
