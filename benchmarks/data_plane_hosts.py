@@ -8,7 +8,9 @@ Host 1 (10.83.0.1) receives, host 2 (10.83.0.2) sends, over a veth pair through 
   what ``RPCCollector`` uses for a worker on another host);
 * gloo: ``send`` / ``recv`` of a 12 MB uint8 tensor into a preallocated tensor (a process group);
 * RPCCollector: trainer in host 1, one worker in host 2 (its own hostname, so a remote host to the
-  collector), async, the no-work env with 4x84x84 uint8 observations (224 frames = 12.6 MB per batch).
+  collector), async, the no-work env with 4x84x84 uint8 observations (224 frames = 12.6 MB per
+  batch) and with 3x256x256 ones (32 frames = 12.6 MB), each beside what one process makes of
+  the same env on host 2 without any transfer (the most one worker can deliver).
 
 Needs root; run under the cluster lock, as the namespace tests do:
 
@@ -32,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 PREFIX, SUBNET, PORT = "rpcc-dp", "10.83.0", 29683
 NBYTES = 224 * 2 * 4 * 84 * 84  # one worker's 4x84x84 batch: observation + next observation
+OBS = {"84": ((4, 84, 84), 224), "256": ((3, 256, 256), 32)}  # observation shape, frames per batch (12.6 MB)
 GLOO_BATCHES = 100
 
 
@@ -106,7 +109,7 @@ def make_batch():
     return TensorDict({"observation": obs, ("next", "observation"): obs.clone()}, batch_size=[224])
 
 
-def collector_rank(seconds: float, single: bool) -> dict:
+def collector_rank(seconds: float, single: bool, obs: str) -> dict:
     """RPCCollector in torchrun mode (rank 0 reports MB/s of the remote worker's batches), or
     with ``single`` the same env in one process: what one worker can produce at most."""
     import functools
@@ -117,17 +120,17 @@ def collector_rank(seconds: float, single: bool) -> dict:
 
     _common.quiet()
     torch.set_num_threads(1)
-    make = functools.partial(_common.make_no_work_env, (4, 84, 84), "uint8")
+    shape, frames = OBS[obs]
+    make = functools.partial(_common.make_no_work_env, shape, "uint8")
+    frame_bytes = 2 * int(torch.Size(shape).numel())  # observation + next observation
     if single:
-        c = Collector(make, None, frames_per_batch=224)
+        c = Collector(make, None, frames_per_batch=frames)
         rate = _common.steady_rate(c, seconds, 3)
-        return {"MBps": rate * 224 * 2 * 4 * 84 * 84 / 224 / 1e6, "rate": rate}
-    c = RPCCollector(make, None, frames_per_batch=224, sync=False, launcher="torchrun", rpc_timeout=60)
+        return {"MBps": rate * frame_bytes / 1e6, "rate": rate}
+    c = RPCCollector(make, None, frames_per_batch=frames, sync=False, launcher="torchrun", rpc_timeout=60)
     try:
         path = c._batches.path_of(0)
         rate = _common.steady_rate(c, seconds, 3)
-        batch = next(iter(c))
-        frame_bytes = sum(v.numel() * v.element_size() for v in batch.values(True, True)) / batch.numel()
         return {"MBps": rate * frame_bytes / 1e6, "rate": rate, "path": path}
     finally:
         c.shutdown()
@@ -163,9 +166,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--obs", default="84", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer in ("collector", "single"):
-        out = collector_rank(args.seconds, args.peer == "single")  # ranks != 0 serve inside the constructor and exit there
+        out = collector_rank(args.seconds, args.peer == "single", args.obs)  # ranks != 0 serve inside the constructor and exit there
         print(json.dumps(out), flush=True)
         return
     if args.peer:
@@ -181,22 +185,25 @@ def main() -> None:
         for i, kind in enumerate(("tcp", "tensorpipe", "gloo")):
             argv = [*me, "--peer", kind, "--seconds", str(args.seconds)]
             results[kind] = run_pair(net, lambda r: [*argv, "--rank", str(r)], PORT + i)
-        argv = [*me, "--peer", "collector", "--seconds", str(args.seconds)]
-        results["collector"] = run_pair(net, lambda r: argv, PORT + 3)
-        single = net.popen(2, [*me, "--peer", "single", "--seconds", str(args.seconds)], stdout=subprocess.PIPE, text=True)
-        results["single"] = json.loads(single.communicate(timeout=120)[0].strip().splitlines()[-1])
+        for i, obs in enumerate(OBS):
+            argv = [*me, "--peer", "collector", "--seconds", str(args.seconds), "--obs", obs]
+            results[f"collector{obs}"] = run_pair(net, lambda r, argv=argv: argv, PORT + 3 + i)
+            argv = [*me, "--peer", "single", "--seconds", str(args.seconds), "--obs", obs]
+            single = net.popen(2, argv, stdout=subprocess.PIPE, text=True)
+            results[f"single{obs}"] = json.loads(single.communicate(timeout=120)[0].strip().splitlines()[-1])
     tcp = results["tcp"]["MBps"]
     print(f"two namespace hosts, one veth link, 12.6 MB batches, {args.seconds:.0f} s per way, "
           f"load average {open('/proc/loadavg').read().split()[0]}")
-    print(f"{'way':<44} {'MB/s':>8} {'x raw TCP':>10}")
+    print(f"{'way':<54} {'MB/s':>8} {'x raw TCP':>10}")
     for kind, label in (("tcp", "raw TCP stream (recv_into)"), ("tensorpipe", "TensorPipe rpc_sync returning a TensorDict"),
                         ("gloo", "gloo send/recv into a preallocated tensor")):
-        print(f"{label:<44} {results[kind]['MBps']:>8,.0f} {results[kind]['MBps'] / tcp:>10.2f}")
-    c, one = results["collector"], results["single"]
-    print(f"{'RPCCollector, remote worker (' + c['path'] + '), async':<44} {c['MBps']:>8,.0f} {c['MBps'] / tcp:>10.2f}"
-          f"   {c['rate']:,.0f} frames/s = {c['rate'] / one['rate']:.2f}x what one process makes of this env on host 2:")
-    print(f"{'Collector, one process on host 2 (no transfer)':<44} {one['MBps']:>8,.0f} {one['MBps'] / tcp:>10.2f}"
-          f"   {one['rate']:,.0f} frames/s")
+        print(f"{label:<54} {results[kind]['MBps']:>8,.0f} {results[kind]['MBps'] / tcp:>10.2f}")
+    for obs, label in (("84", "4x84x84"), ("256", "3x256x256")):
+        c, one = results[f"collector{obs}"], results[f"single{obs}"]
+        print(f"{'RPCCollector, remote worker (' + c['path'] + '), async, ' + label:<54} {c['MBps']:>8,.0f} {c['MBps'] / tcp:>10.2f}"
+              f"   {c['rate']:,.0f} frames/s = {c['rate'] / one['rate']:.2f}x one process on host 2:")
+        print(f"{'Collector, one process on host 2, ' + label:<54} {one['MBps']:>8,.0f} {one['MBps'] / tcp:>10.2f}"
+              f"   {one['rate']:,.0f} frames/s (no transfer)")
 
 
 if __name__ == "__main__":
