@@ -93,21 +93,31 @@ class Doorbell:
     def ring(self, slot: int, min_version: int) -> torch.futures.Future:
         """Ask for the next batch in ``slot``, collected with weights of at least ``min_version``."""
         fut: torch.futures.Future = torch.futures.Future()
-        with self._lock:
+        failed: OSError | None = None
+        with self._lock:  # not while close() runs: the descriptor could already name another file
             self._pending.append(fut)
-        try:
-            os.write(self._request_w, REQUEST.pack(slot, min_version))  # 16 bytes: one atomic write
-        except OSError as err:
-            self._fail_pending(err)
+            try:
+                if self._request_w < 0:
+                    raise OSError("the doorbell is closed")
+                os.write(self._request_w, REQUEST.pack(slot, min_version))  # 16 bytes: one atomic write
+            except OSError as err:
+                failed = err
+        if failed is not None:
+            self._fail_pending(failed)
         return fut
 
     def _read(self) -> None:
         try:
             while True:
                 kind, value = ANSWER.unpack(_read_exactly(self._answer_r, ANSWER.size))
-                result = Ready(value) if kind == READY else pickle.loads(_read_exactly(self._answer_r, value))
+                payload = b"" if kind == READY else _read_exactly(self._answer_r, value)
                 with self._lock:
                     fut = self._pending.popleft()
+                try:
+                    result = Ready(value) if kind == READY else pickle.loads(payload)
+                except Exception as err:  # e.g. a class this process cannot import
+                    fut.set_exception(RuntimeError(f"the worker's answer could not be read: {err!r}"))
+                    continue
                 if kind == ERROR:
                     fut.set_exception(RuntimeError(result))
                 else:
@@ -126,13 +136,19 @@ class Doorbell:
 
     def close(self) -> None:
         """Close the request pipe: the worker's doorbell thread ends, then the reader here."""
-        if self._request_w < 0:
-            return
-        os.close(self._request_w)
-        self._request_w = -1
+        with self._lock:
+            if self._request_w < 0:
+                return
+            os.close(self._request_w)
+            self._request_w = -1
         if not self._open:  # never handed over: the trainer holds every end
             for fd in (self._request_r, self._answer_r, self._answer_w):
                 os.close(fd)
+
+
+def _pickled(kind: int, value: Any) -> bytes:
+    payload = pickle.dumps(value)
+    return ANSWER.pack(kind, len(payload)) + payload
 
 
 def answer(ends: Ends, collect: Callable[[int, int], Any]) -> None:
@@ -146,15 +162,10 @@ def answer(ends: Ends, collect: Callable[[int, int], Any]) -> None:
                 slot, min_version = REQUEST.unpack(_read_exactly(request, REQUEST.size))
                 try:
                     result = collect(min_version, slot)
+                    message = ANSWER.pack(READY, result.slot) if isinstance(result, Ready) else _pickled(BATCH, result)
                 except Exception:
-                    payload = pickle.dumps(traceback.format_exc())
-                    _write_all(reply, ANSWER.pack(ERROR, len(payload)) + payload)
-                    continue
-                if isinstance(result, Ready):
-                    _write_all(reply, ANSWER.pack(READY, result.slot))
-                else:
-                    payload = pickle.dumps(result)
-                    _write_all(reply, ANSWER.pack(BATCH, len(payload)) + payload)
+                    message = _pickled(ERROR, traceback.format_exc())
+                _write_all(reply, message)
         except (EOFError, OSError):
             pass  # the trainer closed the request pipe, or went away
         finally:
