@@ -241,8 +241,9 @@ def setup_distributed_env(interface: str | None = None,
 
     MASTER_ADDR is the first node's address as other nodes reach it (``scontrol``'s NodeAddr
     when its name does not resolve or resolves to loopback); MASTER_PORT is derived from the
-    job id unless already set (see ``job_port``). GLOO_SOCKET_IFNAME and TP_SOCKET_IFNAME are set to ``interface``
-    (default: GLOO_SOCKET_IFNAME if set, else the interface that routes to MASTER_ADDR).
+    job id unless already set (:func:`job_port`). GLOO_SOCKET_IFNAME and TP_SOCKET_IFNAME are
+    set to ``interface`` (default: GLOO_SOCKET_IFNAME if set, else the interface that routes
+    to MASTER_ADDR).
     """
     dist_env = TorchDistributedEnvironment()
     if "MASTER_PORT" not in os.environ:
