@@ -96,6 +96,7 @@ class Collector(BaseCollector):
         self.policy_version = 0
         self._pending: tuple[Any, int] | None = None
         self._lock = threading.Lock()
+        self._busy = threading.Lock()  # held by a batch in progress: state changes wait for its end
         if self.policy is not None:
             self._check_policy()
 
@@ -109,6 +110,10 @@ class Collector(BaseCollector):
 
     # ------------------------------------------------------------------ collection
     def _collect_batch(self) -> TensorDictBase:
+        with self._busy:
+            return self._collect_locked()
+
+    def _collect_locked(self) -> TensorDictBase:
         self._apply_pending_weights()
         if self.reset_at_each_iter and not self.rollout.fresh:
             self.rollout.invalidate()
@@ -164,30 +169,35 @@ class Collector(BaseCollector):
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the env (and its random actions); the next batch starts from a fresh reset.
 
-        Returns the next free seed, to seed another collector with.
+        Returns the next free seed, to seed another collector with. A batch in progress in
+        another thread is finished first.
         """
         if not hasattr(self.env, "set_seed"):
             raise TypeError(f"set_seed: the env {self.env!r} has no set_seed method")
-        next_seed = self.env.set_seed(int(seed))
-        self.rollout.invalidate()
+        with self._busy:
+            next_seed = self.env.set_seed(int(seed))
+            self.rollout.invalidate()
         return int(next_seed) if next_seed is not None else int(seed) + 1
 
     def state_dict(self) -> dict:
-        """Frames, iteration, trajectory counter, policy weights and version: enough to resume."""
-        state = self._base_state()
-        state.update(traj_count=self.traj_ids.count, policy_version=self.policy_version)
-        if self.policy is not None and self.policy.module is not None:
-            state["policy_state_dict"] = {k: v.clone() for k, v in self.policy.module.state_dict().items()}
+        """Frames, iteration, trajectory counter, policy weights and version: enough to resume
+        (between batches: a batch in progress in another thread is finished first)."""
+        with self._busy:
+            state = self._base_state()
+            state.update(traj_count=self.traj_ids.count, policy_version=self.policy_version)
+            if self.policy is not None and self.policy.module is not None:
+                state["policy_state_dict"] = {k: v.clone() for k, v in self.policy.module.state_dict().items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state_dict()``: envs restart, trajectory ids keep increasing."""
-        self._load_base_state(state)
-        self.traj_ids.count = int(state["traj_count"])
-        self.policy_version = int(state["policy_version"])
-        if "policy_state_dict" in state and self.policy is not None and self.policy.module is not None:
-            self.policy.module.load_state_dict(state["policy_state_dict"])
-        self.rollout.invalidate()
+        with self._busy:
+            self._load_base_state(state)
+            self.traj_ids.count = int(state["traj_count"])
+            self.policy_version = int(state["policy_version"])
+            if "policy_state_dict" in state and self.policy is not None and self.policy.module is not None:
+                self.policy.module.load_state_dict(state["policy_state_dict"])
+            self.rollout.invalidate()
 
     def _shutdown(self, close_env: bool) -> None:
         if close_env and hasattr(self.env, "close"):

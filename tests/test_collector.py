@@ -8,6 +8,7 @@ action]``, so the checks below read the truth from the batch itself.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from functools import partial
 
@@ -496,6 +497,30 @@ def test_set_seed_reproducible(num_envs):
     assert isinstance(seed_a, int) and seed_a == seed_b == 3 + (num_envs or 1)  # seeds 3.. are taken
     assert all(equal(x, y) for x, y in zip(a, b))
     assert not equal(a[0], c[0])
+
+
+def test_set_seed_during_a_batch_takes_effect_from_the_next_one():
+    """A batch in progress in another thread (a worker, a background collection) is not cut
+    into: set_seed waits for it, and the next batch starts from the seeded reset."""
+    frames = 10_000
+
+    def fresh_seeded() -> TensorDict:
+        collector = Collector(GymEnv("CartPole-v1"), None, frames_per_batch=frames)
+        collector.set_seed(3)
+        return collector.next()
+
+    collector = Collector(GymEnv("CartPole-v1"), None, frames_per_batch=frames)
+    collector.next()
+    in_flight = threading.Thread(target=collector.next)
+    in_flight.start()
+    deadline = time.monotonic() + 30
+    while not collector._busy.locked():  # until the batch is under way
+        assert time.monotonic() < deadline, "the batch did not start"
+        time.sleep(0.001)
+    collector.set_seed(3)
+    in_flight.join(timeout=60)
+    ids = ("collector", "traj_ids")  # the first collector has numbered more trajectories
+    assert equal(collector.next().exclude(ids), fresh_seeded().exclude(ids))
 
 
 def test_set_seed_td_env_returns_next_seed():
