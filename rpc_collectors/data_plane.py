@@ -294,9 +294,14 @@ class BatchPlane:
         self._bells: dict[int, Doorbell] = {}
 
     @property
+    def buffers(self) -> list[SlotPool]:
+        """Each shared-memory buffer once (a sync round buffer serves every worker)."""
+        return list({id(pool): pool for pool in self.pools.values()}.values())
+
+    @property
     def shared_bytes(self) -> int:
         """Total size of the shared-memory buffers (slots x workers x batch bytes, page-rounded)."""
-        return sum(pool.nbytes for pool in {id(p): p for p in self.pools.values()}.values())
+        return sum(pool.nbytes for pool in self.buffers)
 
     def path_of(self, worker_id: int) -> str:
         """``"shm"`` or ``"rpc"``: how worker ``worker_id``'s batches reach the trainer now."""
@@ -399,7 +404,7 @@ class BatchPlane:
         for bell in self._bells.values():
             bell.close()
         self._bells.clear()
-        for pool in {id(p): p for p in self.pools.values()}.values():
+        for pool in self.buffers:
             pool.close()
         self.pools.clear()
         self._round = None

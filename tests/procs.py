@@ -1,10 +1,12 @@
 """Process helpers for multi-process tests: who descends from whom, who is alive, who listens."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from typing import Any, Callable, Iterator
 
 
 def _parents() -> dict[int, int]:
@@ -82,3 +84,21 @@ def kill_sessions(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
+
+
+@contextlib.contextmanager
+def killed_at_exit(start: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """``start`` wrapped so that every run it starts (anything with ``kill()``) is killed at exit,
+    also after a failure: the body of a test fixture that starts runs."""
+    started: list[Any] = []
+
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        run = start(*args, **kwargs)
+        started.append(run)
+        return run
+
+    try:
+        yield tracked
+    finally:
+        for run in started:
+            run.kill()

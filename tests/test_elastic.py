@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import devcluster_module
-from procs import kill_sessions
+from procs import kill_sessions, killed_at_exit
 from rpc_collectors import RPCCollector
 from rpc_collectors.rendezvous import free_port
 
@@ -104,18 +104,8 @@ class Run:
 @pytest.fixture
 def runs(tmp_path):
     """Starts runs through ``runs(args, net=None)``; kills whatever is left of them, even after a failure."""
-    started: list[Run] = []
-
-    def start(args: list[str], net=None) -> Run:
-        run = Run(tmp_path, args, net)
-        started.append(run)
-        return run
-
-    try:
+    with killed_at_exit(lambda args, net=None: Run(tmp_path, args, net)) as start:
         yield start
-    finally:
-        for run in started:
-            run.kill()
 
 
 def served_by(record: dict, pid: int) -> list[int]:

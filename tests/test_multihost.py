@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 
 import devcluster_module
-from procs import kill_sessions
+from procs import kill_sessions, killed_at_exit
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "multihost_trainer.py"
@@ -132,18 +132,8 @@ def net() -> Iterator:
 @pytest.fixture
 def ranks(net, tmp_path) -> Iterator:
     """Starts runs through ``ranks(*args)``; kills whatever of them is left, even after a failure."""
-    started: list[Ranks] = []
-
-    def start(*args: str) -> Ranks:
-        run = Ranks(net, tmp_path, *args)
-        started.append(run)
-        return run
-
-    try:
+    with killed_at_exit(lambda *args: Ranks(net, tmp_path, *args)) as start:
         yield start
-    finally:
-        for run in started:
-            run.kill()
 
 
 @pytest.mark.timeout(180)
