@@ -1,13 +1,18 @@
-"""The data plane: how a batch gets from a collector server on the trainer's host to the trainer.
+"""The data plane: how a batch gets from a collector server to the trainer's memory.
 
 A worker's first batch travels as an RPC result. From its layout (keys, shapes, dtypes) the
-trainer allocates a shared-memory buffer of ``SLOTS`` slots and the worker maps it. From then
-on the trainer asks for "your next batch, into slot s" by the worker's doorbell (a pipe, see
-:mod:`rpc_collectors.doorbell`); the worker collects, copies the batch into the slot and
-answers with a small :class:`Ready`, and only then does the trainer read the slot. A worker
-that dies while writing never answers, so a partly written slot is never read. A batch that
-does not fit the layout (an env whose keys change) comes back pickled instead, and all
-batches of workers on other hosts travel as RPC results.
+trainer allocates a buffer of ``SLOTS`` slots for it. From then on the trainer asks for "your
+next batch, into slot s" by the worker's doorbell (:mod:`rpc_collectors.doorbell`); the worker
+collects, and only once the batch is in slot s does the trainer's request complete:
+
+* a worker on the trainer's host maps the buffer (shared memory), writes the batch there and
+  answers with a small :class:`Ready` through a pipe;
+* a worker on another host writes into slots of its own and sends the slot's bytes after its
+  "ready" over a TCP connection to the trainer, whose reader receives them straight into slot s.
+
+A worker that dies while writing or sending never completes its request, so a partly written
+slot is never read. A batch that does not fit the layout (an env whose keys change) comes back
+pickled instead, and batches under ``MIN_BYTES`` stay RPC results.
 
 Sync collectors whose workers all share the trainer's host and one layout get one buffer
 whose slots hold a whole round: worker i writes row i of every tensor, so the ``[N, (B,) T]``
@@ -26,14 +31,14 @@ So a loop that drops each batch before the next gets every batch without a copy,
 keeps them gets copies, and the memory stays ``SLOTS`` x batch bytes per buffer either way.
 
 Device. Workers hand over batches in host memory; the trainer puts them on its storing device.
-For a CUDA storing device the slots are page-locked (``cudaHostRegister``), so a batch is
-copied from the slot the workers wrote straight into GPU memory by DMA, with no stop in
-pageable memory; that copy is the user's batch, so slots are never lent out to the user. Batches
-from other hosts arrive in TensorPipe's pageable buffers and are copied from there.
+For a CUDA storing device the slots are page-locked (``cudaHostRegister`` for shared memory,
+pinned allocations for slots that receive from the network), so a batch is copied from the
+slot straight into GPU memory by DMA, with no stop in pageable memory; that copy is the user's
+batch, so slots are never lent out to the user.
 
-The buffer is a file in /dev/shm whose name is removed right after it is created: workers map
-it through ``/proc/<trainer pid>/fd/<fd>`` while the trainer holds it open, and the memory goes
-away with the last process that maps it, so no process killed at any moment leaves a file
+A shared buffer is a file in /dev/shm whose name is removed right after it is created: workers
+map it through ``/proc/<trainer pid>/fd/<fd>`` while the trainer holds it open, and the memory
+goes away with the last process that maps it, so no process killed at any moment leaves a file
 behind. Its space is reserved up front (``posix_fallocate``): a batch larger than the free
 space of /dev/shm is an ``OSError`` naming both sizes, never a SIGBUS in a worker later.
 """
@@ -48,7 +53,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from . import shm
-from .doorbell import Doorbell, Ends, Ready
+from .doorbell import Dial, Doorbell, Ends, Ready, SocketDoorbell
 
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
 ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
@@ -130,15 +135,16 @@ def signature_of(batch: TensorDictBase) -> dict:
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """What a worker needs to map its buffer, find its row in every slot and open its doorbell."""
+    """What a worker needs to map its buffer (or make its own), find its row in every slot and
+    open its doorbell. ``fd`` None: a worker on another host, whose slots are its own memory."""
 
     pid: int
-    fd: int
+    fd: int | None
     layout: BatchLayout
     rows: int
     row: int
     slot_bytes: int
-    doorbell: Ends
+    doorbell: Ends | Dial
 
     @property
     def path(self) -> str:
@@ -150,12 +156,17 @@ class SlotWriter:
 
     def __init__(self, spec: SlotSpec) -> None:
         size = SLOTS * spec.slot_bytes
-        whole = torch.from_file(spec.path, shared=True, size=size, dtype=torch.uint8)
-        self.targets = [
-            spec.layout.view(whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes], spec.rows)[spec.row]
-            for i in range(SLOTS)
-        ]
+        if spec.fd is None:
+            whole = torch.empty(size, dtype=torch.uint8)
+        else:
+            whole = torch.from_file(spec.path, shared=True, size=size, dtype=torch.uint8)
+        self.slots = [whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes] for i in range(SLOTS)]
+        self.targets = [spec.layout.view(slot, spec.rows)[spec.row] for slot in self.slots]
         self.signature = spec.layout.signature()
+
+    def memory(self, slot: int) -> memoryview:
+        """The bytes of ``slot``, as sent to a trainer on another host."""
+        return memoryview(self.slots[slot].numpy())
 
     def write(self, slot: int, batch: TensorDictBase) -> bool:
         """Copy ``batch`` into ``slot``; False (nothing written) if it does not fit the layout."""
@@ -185,13 +196,29 @@ def _use_count(tensor: torch.Tensor) -> int:
 
 
 class SlotPool:
-    """Trainer side of one shared buffer: ``SLOTS`` slots of ``rows`` batches each."""
+    """Trainer side of one buffer: ``SLOTS`` slots of ``rows`` batches each."""
 
-    def __init__(self, layout: BatchLayout, rows: int, pinned: bool = False) -> None:
-        """``pinned``: page-lock the slots for copies to a CUDA device."""
-        self.layout, self.rows, self.pinned = layout, rows, pinned
+    def __init__(self, layout: BatchLayout, rows: int, pinned: bool = False, shared: bool = True) -> None:
+        """``pinned``: page-lock the slots for copies to a CUDA device. ``shared``: in shared
+        memory, for workers on this host; else this process's own, filled from the network."""
+        self.layout, self.rows, self.shared = layout, rows, shared
         self.slot_bytes = _aligned(layout.size(rows), mmap.PAGESIZE)
         self.nbytes = SLOTS * self.slot_bytes
+        self.fd: int | None = None
+        self._registered = False  # page-locked with cudaHostRegister by this pool
+        if not shared:
+            self.slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(SLOTS)]
+        else:
+            self._map(pinned)
+        self._idle = [_use_count(slot) for slot in self.slots]  # the trainer's own references
+        self._written: set[int] = set()  # asked for or written, not handed out yet
+        self._round: set[int] = set()  # workers asked in the current round (rows > 1)
+        self._slot: int | None = None
+        self._last: dict[int, int | None] = {}  # worker id -> the slot it was last asked to write
+
+    def _map(self, pinned: bool) -> None:
+        """Make the shared-memory file and map each slot of it."""
+        rows, layout = self.rows, self.layout
         per = f"{rows} x {layout.nbytes} bytes" if rows > 1 else f"{layout.nbytes} bytes"
         fd, _ = shm.nameless_file(
             "batches", self.nbytes, "the shared-memory batch buffer", f": {SLOTS} slots of {per}",
@@ -213,15 +240,14 @@ class SlotPool:
         except BaseException:
             os.close(fd)
             raise
-        self.fd: int | None = fd
-        self._idle = [_use_count(slot) for slot in self.slots]  # the trainer's own references
-        self._written: set[int] = set()  # asked for or written, not handed out yet
-        self._round: set[int] = set()  # workers asked in the current round (rows > 1)
-        self._slot: int | None = None
-        self._last: dict[int, int | None] = {}  # worker id -> the slot it was last asked to write
+        self.fd, self._registered = fd, pinned
 
-    def spec(self, row: int, doorbell: Ends) -> SlotSpec:
+    def spec(self, row: int, doorbell: Ends | Dial) -> SlotSpec:
         return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes, doorbell)
+
+    def memory(self, slot: int) -> memoryview:
+        """The bytes of ``slot``, where a batch from another host is received."""
+        return memoryview(self.slots[slot].numpy())
 
     def release_fd(self) -> None:
         """Every worker has mapped the buffer: the trainer's fd is no longer needed."""
@@ -232,8 +258,8 @@ class SlotPool:
     def close(self) -> None:
         """Let go of the descriptor and of the page lock; the memory goes with the last view of it."""
         self.release_fd()
-        if self.pinned:
-            self.pinned = False
+        if self._registered:
+            self._registered = False
             for slot in self.slots:
                 _unpin(slot)
 
@@ -270,24 +296,28 @@ class SlotPool:
 class BatchPlane:
     """Trainer side, all workers: which path each worker's batches take, and handing them out.
 
-    ``local[i]`` says whether worker i shares the trainer's host; ``join(i, spec)`` asks worker
-    i to map its buffer and returns whether it could. ``sync`` collectors get one round buffer
-    when every worker is local and their batches share one layout. A worker with a buffer is
-    asked for batches through its :class:`~rpc_collectors.doorbell.Doorbell` (:meth:`ring`).
-    Batches end up on ``device`` (:meth:`place`).
+    ``local[i]`` says whether worker i shares the trainer's host; the others send their batches
+    over TCP to ``address`` (the trainer's interface; None: as RPC results). ``join(i, spec)``
+    asks worker i to map (or make) its slots and open its doorbell, and returns whether it
+    could. ``sync`` collectors get one round buffer when every worker is local and their
+    batches share one layout. A worker with slots is asked for batches through its doorbell
+    (:meth:`ring`). Batches end up on ``device`` (:meth:`place`).
     """
 
     def __init__(
         self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool, keep_fds: bool = False,
-        device: torch.device | None = None,
+        device: torch.device | None = None, address: str | None = None, timeout: float = 60.0,
     ) -> None:
-        """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it (:meth:`rejoin`)."""
+        """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it
+        (:meth:`rejoin`). ``timeout``: seconds a worker on another host has to connect."""
         self.device = None if device is None or device.type == "cpu" else device
         self._pinned = self.device is not None and self.device.type == "cuda"
-        self.local = list(local)
+        # the path each worker's first batch sets up
+        self._pending = {i: "shm" if here else "tcp" for i, here in enumerate(local) if here or address is not None}
         self._join = join
         self._sync = sync
         self._keep_fds = keep_fds
+        self._address, self._timeout = address, timeout
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
@@ -295,17 +325,18 @@ class BatchPlane:
 
     @property
     def buffers(self) -> list[SlotPool]:
-        """Each shared-memory buffer once (a sync round buffer serves every worker)."""
+        """Each buffer once (a sync round buffer serves every worker)."""
         return list({id(pool): pool for pool in self.pools.values()}.values())
 
     @property
     def shared_bytes(self) -> int:
         """Total size of the shared-memory buffers (slots x workers x batch bytes, page-rounded)."""
-        return sum(pool.nbytes for pool in self.buffers)
+        return sum(pool.nbytes for pool in self.buffers if pool.shared)
 
     def path_of(self, worker_id: int) -> str:
-        """``"shm"`` or ``"rpc"``: how worker ``worker_id``'s batches reach the trainer now."""
-        return "shm" if worker_id in self.pools else "rpc"
+        """``"shm"``, ``"tcp"`` or ``"rpc"``: how worker ``worker_id``'s batches reach the trainer now."""
+        pool = self.pools.get(worker_id)
+        return "rpc" if pool is None else "shm" if pool.shared else "tcp"
 
     def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot to ask ``worker_id`` to write its next batch into (None: as an RPC result)."""
@@ -318,23 +349,26 @@ class BatchPlane:
         return None if bell is None or slot is None else bell.ring(slot, min_version)
 
     def rejoin(self, worker_id: int) -> None:
-        """Map ``worker_id``'s buffer in the process that replaced it."""
+        """Set up ``worker_id``'s slots in the process that replaced it."""
         pool = self.pools.get(worker_id)
         if pool is not None and not self._join_one(worker_id, pool, self._rows.get(worker_id, 0)):
-            raise RuntimeError(f"the replacement of collector worker {worker_id} cannot map the shared batch buffer")
+            raise RuntimeError(f"the replacement of collector worker {worker_id} cannot take its batch slots")
 
     def _join_one(self, worker_id: int, pool: SlotPool, row: int) -> bool:
-        """Ask ``worker_id`` to map ``pool`` and open a new doorbell; whether it could."""
-        bell = Doorbell()
+        """Ask ``worker_id`` to take its slots in ``pool`` and open a new doorbell; whether it could."""
+        bell = Doorbell() if pool.shared else SocketDoorbell(self._address, pool.memory, self._timeout)
         try:
             joined = self._join(worker_id, pool.spec(row, bell.ends))
-        except BaseException:
+            if joined:
+                bell.opened()
+        except BaseException as err:
             bell.close()
+            if isinstance(err, OSError):  # the worker's connection never came
+                return False
             raise
         if not joined:
             bell.close()
             return False
-        bell.opened()
         old = self._bells.pop(worker_id, None)
         if old is not None:
             old.close()
@@ -348,11 +382,11 @@ class BatchPlane:
             if pool is self._round:  # a round with a batch that did not fit: this worker's row
                 return pool.hand_out(result.slot)[self._rows[worker_id]]
             return pool.hand_out(result.slot)
-        if self.local[worker_id]:
-            self.local[worker_id] = False  # one attempt per worker
+        path = self._pending.pop(worker_id, None)  # one attempt per worker
+        if path is not None:
             layout = BatchLayout.of(result)
             if layout is not None and layout.nbytes >= MIN_BYTES:
-                self._set_up(SlotPool(layout, 1, self._pinned), [worker_id])
+                self._set_up(SlotPool(layout, 1, self._pinned, shared=path == "shm"), [worker_id])
         return result
 
     def round(self, results: list) -> TensorDict | None:
@@ -362,12 +396,12 @@ class BatchPlane:
         """
         if self._round is not None and all(isinstance(r, Ready) for r in results):
             return self._round.hand_out(results[0].slot)
-        if self._sync and all(self.local):
+        if self._sync and [self._pending.get(i) for i in range(len(results))] == ["shm"] * len(results):
             self._sync = False  # one attempt
             layouts = {BatchLayout.of(r) if isinstance(r, TensorDictBase) else None for r in results}
             layout = layouts.pop() if len(layouts) == 1 else None
             if layout is not None and layout.nbytes >= MIN_BYTES:
-                self.local = [False] * len(results)
+                self._pending.clear()
                 self._round = SlotPool(layout, len(results), self._pinned)
                 self._set_up(self._round, list(range(len(results))))
         return None

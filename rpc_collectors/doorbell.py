@@ -1,5 +1,6 @@
-"""The doorbell of a worker on the trainer's host: "write your next batch into slot s" and "it
-is there", over a pair of pipes instead of an RPC round trip each.
+"""A worker's doorbell: "write your next batch into slot s" and "it is there", over a pair of
+pipes (a worker on the trainer's host) or one TCP connection (a worker on another host) instead
+of an RPC round trip each.
 
 A batch request and its answer cost about 20 us through pipes on one host, against about a
 millisecond through TensorPipe's RPC, and a sync round waits for both. The trainer makes the
@@ -8,14 +9,22 @@ batch buffer (:mod:`rpc_collectors.data_plane`), and from then on the trainer ho
 own ends. So a worker that dies shows as the end of the answer pipe, and a trainer that goes
 away as the end of the request pipe: neither side ever waits on a peer that is gone.
 
+Across hosts the connection also carries the batch: "ready in slot s" is followed by the
+slot's bytes, which the trainer's reader receives straight into slot s of its own buffer
+(:class:`SocketDoorbell`). The worker dials the trainer's address with a one-time token; a
+worker that dies, or a link that breaks, ends the connection, and so fails its request.
+
 Answers that are not "ready in slot s" (a batch that did not fit its slot, an error with its
 traceback) travel pickled after a small header.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import pickle
+import secrets
+import socket
 import struct
 import threading
 import traceback
@@ -54,6 +63,30 @@ class Ends:
             raise
 
 
+@dataclass(frozen=True)
+class Dial:
+    """Where a worker on another host connects its doorbell: the trainer's address, a port open
+    for this worker only, and the token that proves the connection is the worker's."""
+
+    address: str
+    port: int
+    token: bytes
+    timeout: float
+
+    def open(self) -> tuple[int, int]:
+        """The worker's descriptors: one connected socket, read and written."""
+        sock = socket.create_connection((self.address, self.port), timeout=self.timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # requests and headers are small
+            sock.sendall(self.token)
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        fd = sock.detach()
+        return fd, fd
+
+
 def _read_exactly(fd: int, n: int) -> bytes:
     parts, got = [], 0
     while got < n:
@@ -65,7 +98,15 @@ def _read_exactly(fd: int, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _read_into(fd: int, view: memoryview) -> None:
+    while view:
+        got = os.readv(fd, [view])
+        if not got:
+            raise EOFError("the connection was closed")
+        view = view[got:]
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -78,7 +119,11 @@ class Doorbell:
     def __init__(self) -> None:
         self._request_r, self._request_w = os.pipe()
         self._answer_r, self._answer_w = os.pipe()
-        self.ends = Ends(os.getpid(), self._request_r, self._answer_w)
+        self.ends: Ends | Dial = Ends(os.getpid(), self._request_r, self._answer_w)
+        self._waiting()
+
+    def _waiting(self) -> None:
+        """Not open yet, nothing asked."""
         self._pending: collections.deque[torch.futures.Future] = collections.deque()
         self._lock = threading.Lock()
         self._open = False
@@ -87,6 +132,9 @@ class Doorbell:
         """The worker holds its ends now: close the trainer's copies and start reading answers."""
         os.close(self._request_r)
         os.close(self._answer_w)
+        self._start_reading()
+
+    def _start_reading(self) -> None:
         self._open = True
         threading.Thread(target=self._read, name="rpc-collectors-doorbell", daemon=True).start()
 
@@ -99,7 +147,7 @@ class Doorbell:
             try:
                 if self._request_w < 0:
                     raise OSError("the doorbell is closed")
-                os.write(self._request_w, REQUEST.pack(slot, min_version))  # 16 bytes: one atomic write
+                _write_all(self._request_w, REQUEST.pack(slot, min_version))  # 16 bytes: one write in practice
             except OSError as err:
                 failed = err
         if failed is not None:
@@ -111,6 +159,8 @@ class Doorbell:
             while True:
                 kind, value = ANSWER.unpack(_read_exactly(self._answer_r, ANSWER.size))
                 payload = b"" if kind == READY else _read_exactly(self._answer_r, value)
+                if kind == READY:
+                    self._land(value)
                 with self._lock:
                     fut = self._pending.popleft()
                 try:
@@ -125,14 +175,20 @@ class Doorbell:
         except (EOFError, OSError) as err:
             self._fail_pending(err)
         finally:
-            os.close(self._answer_r)
+            self._release()
+
+    def _land(self, slot: int) -> None:
+        """The batch announced in ``slot`` is there already (shared memory)."""
+
+    def _release(self) -> None:
+        os.close(self._answer_r)
 
     def _fail_pending(self, err: BaseException) -> None:
         with self._lock:
             pending, self._pending = list(self._pending), collections.deque()
         for fut in pending:
             if not fut.done():
-                fut.set_exception(RuntimeError(f"the worker's doorbell pipe closed ({err})"))
+                fut.set_exception(RuntimeError(f"the worker's doorbell closed ({err})"))
 
     def close(self) -> None:
         """Close the request pipe: the worker's doorbell thread ends, then the reader here."""
@@ -146,14 +202,69 @@ class Doorbell:
                 os.close(fd)
 
 
+class SocketDoorbell(Doorbell):
+    """Trainer side of a worker on another host: one TCP connection, and each batch's bytes
+    received straight into ``slots(s)``, the memory of slot s, before its request completes."""
+
+    def __init__(self, address: str, slots: Callable[[int], memoryview], timeout: float) -> None:
+        """Listen on ``address`` (the trainer's interface) for this worker's connection within ``timeout`` s."""
+        self._listener = socket.create_server((address, 0))
+        self.ends = Dial(address, self._listener.getsockname()[1], secrets.token_bytes(16), timeout)
+        self._slots, self._timeout = slots, timeout
+        self._sock: socket.socket | None = None
+        self._waiting()
+        self._request_w = self._answer_r = -1  # the socket's descriptor, once connected
+
+    def opened(self) -> None:
+        """The worker said it connected: take its connection (its token checked), start reading answers."""
+        try:
+            self._listener.settimeout(self._timeout)
+            while self._sock is None:  # anything else that connects is turned away
+                conn, _ = self._listener.accept()
+                conn.settimeout(self._timeout)
+                try:
+                    token = conn.recv(len(self.ends.token), socket.MSG_WAITALL)
+                except OSError:
+                    token = b""
+                if token != self.ends.token:
+                    conn.close()
+                    continue
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._sock = conn
+        finally:
+            self._listener.close()
+        self._request_w = self._answer_r = self._sock.fileno()
+        self._start_reading()
+
+    def _land(self, slot: int) -> None:
+        _read_into(self._answer_r, self._slots(slot))
+
+    def _release(self) -> None:
+        with self._lock:
+            self._request_w = -1
+            self._sock.close()
+
+    def close(self) -> None:
+        """End the connection: the worker's doorbell thread ends, then the reader here."""
+        with self._lock:
+            if not self._open:
+                self._listener.close()
+            elif self._request_w >= 0:
+                self._request_w = -1
+                with contextlib.suppress(OSError):  # the worker may have reset it already
+                    self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader, which closes the socket
+
+
 def _pickled(kind: int, value: Any) -> bytes:
     payload = pickle.dumps(value)
     return ANSWER.pack(kind, len(payload)) + payload
 
 
-def answer(ends: Ends, collect: Callable[[int, int], Any]) -> None:
+def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callable[[int], memoryview] | None = None) -> None:
     """Worker side: open ``ends`` and answer each request with ``collect(min_version, slot)`` in a
-    thread, until the trainer closes the request pipe."""
+    thread, until the trainer closes its end. With ``slots`` (a :class:`Dial`), each "ready in
+    slot s" is followed by ``slots(s)``, the batch's bytes."""
     request, reply = ends.open()
 
     def serve() -> None:
@@ -162,14 +273,18 @@ def answer(ends: Ends, collect: Callable[[int, int], Any]) -> None:
                 slot, min_version = REQUEST.unpack(_read_exactly(request, REQUEST.size))
                 try:
                     result = collect(min_version, slot)
-                    message = ANSWER.pack(READY, result.slot) if isinstance(result, Ready) else _pickled(BATCH, result)
+                    ready = isinstance(result, Ready)
+                    message = ANSWER.pack(READY, result.slot) if ready else _pickled(BATCH, result)
                 except Exception:
-                    message = _pickled(ERROR, traceback.format_exc())
+                    ready, message = False, _pickled(ERROR, traceback.format_exc())
                 _write_all(reply, message)
+                if ready and slots is not None:
+                    _write_all(reply, slots(result.slot))
         except (EOFError, OSError):
-            pass  # the trainer closed the request pipe, or went away
+            pass  # the trainer closed its end, or went away
         finally:
             os.close(request)
-            os.close(reply)
+            if reply != request:
+                os.close(reply)
 
     threading.Thread(target=serve, name="rpc-collectors-doorbell", daemon=True).start()

@@ -32,6 +32,10 @@ class Rendezvous:
     session: str = ""  # tells apart the worker names of successive collectors in one trainer
     dynamic: bool = False  # members join and leave a running group (world_size is not fixed)
 
+    def address(self) -> str:
+        """This process's address on the rendezvous's interface (without one, ``master_addr``)."""
+        return interface_address(self.interface) if self.interface else self.master_addr
+
     def init_method(self, timeout: float) -> str:
         """``init_rpc``'s URL: the store on master_addr:master_port, reached within ``timeout`` s."""
         return f"{SCHEME}://{self.master_addr}:{self.master_port}?timeout={timeout}"

@@ -260,9 +260,11 @@ class RPCCollector(ElasticSlots, BaseCollector):
             self._init_weights(weight_transport)
             local_hosts = [self.launcher != "debug" and info is not None and info["host_id"] == host_id() for info in self.infos]
             self._resources.threads = TrainerThreads(num_threads, sum(local_hosts))
+            rdv = getattr(self.workers, "rdv", None)  # other hosts send their batches to its address
+            address = rdv.address() if rdv is not None and not self.elastic else None
             self._batches = self._resources.batches = BatchPlane(
                 local_hosts, weak_method(self._join_batches), sync=self.sync, keep_fds=restarts > 0,
-                device=self._storing_device,
+                device=self._storing_device, address=address, timeout=self.rpc_timeout,
             )
             self._running = True
         except BaseException:

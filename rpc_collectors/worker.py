@@ -76,10 +76,11 @@ class WorkerState:
         self.receiver.receive(version, mode, payload)
 
     def join_batches(self, spec: SlotSpec) -> bool:
-        """Map the trainer's shared batch buffer and answer its doorbell; False if this process cannot open them."""
+        """Map the trainer's shared batch buffer (or, from another host, make slots of its own)
+        and answer its doorbell; False if this process cannot open them."""
         try:
             self.writer = SlotWriter(spec)
-            doorbell.answer(spec.doorbell, self.collect)
+            doorbell.answer(spec.doorbell, self.collect, self.writer.memory if spec.fd is None else None)
         except (OSError, RuntimeError):
             self.writer = None
             return False

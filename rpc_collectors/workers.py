@@ -24,7 +24,7 @@ import torch.distributed.rpc as rpc
 
 from . import membership, spawner, worker
 from .errors import WorkerError
-from .rendezvous import Rendezvous, interface_address, serve_store, stopped_key, store_client
+from .rendezvous import Rendezvous, serve_store, stopped_key, store_client
 from .spawner import Spawner
 
 OnDeath = Callable[[int, str], None]
@@ -92,8 +92,7 @@ class RPCWorkers:
                     for worker_id in range(num_workers):
                         self._spawn(worker_id)
             elif not rdv.agent_store:
-                host = interface_address(rdv.interface) if rdv.interface else rdv.master_addr
-                self._store, _ = serve_store(host, rdv.master_port, rpc_timeout)
+                self._store, _ = serve_store(rdv.address(), rdv.master_port, rpc_timeout)
             self._client = store_client(self.rdv, rpc_timeout)
             self._start_agent()
             if self.rdv.dynamic:  # a death makes TensorPipe log each connection it had

@@ -1,0 +1,112 @@
+"""The TCP doorbell of a worker on another host, on loopback: the trainer side
+(:class:`SocketDoorbell` into a :class:`SlotPool`) against the worker side (:func:`answer`
+from a :class:`SlotWriter`), or against a hand-made peer that misbehaves."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rpc_collectors.data_plane import BatchLayout, Ready, SlotPool, SlotWriter
+from rpc_collectors.doorbell import ANSWER, READY, REQUEST, SocketDoorbell, answer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def batch(mark: int) -> TensorDict:
+    obs = torch.full((50, 3, 32, 32), mark % 256, dtype=torch.uint8)
+    return TensorDict({"observation": obs, ("next", "observation"): obs + 1, "reward": torch.full((50, 1), float(mark))}, [50])
+
+
+@pytest.fixture
+def pool():
+    pool = SlotPool(BatchLayout.of(batch(0)), 1, shared=False)
+    yield pool
+    pool.close()
+
+
+def test_each_batch_lands_in_the_slot_it_was_asked_for(pool):
+    bell = SocketDoorbell("127.0.0.1", pool.memory, 5.0)
+    writer = SlotWriter(pool.spec(0, bell.ends))
+    asked = []
+
+    def collect(min_version: int, slot: int) -> Ready:
+        asked.append((min_version, slot))
+        assert writer.write(slot, batch(len(asked)))
+        return Ready(slot)
+
+    answer(bell.ends, collect, writer.memory)
+    bell.opened()
+    try:
+        for i in range(1, 8):
+            slot = pool.slot_for(0)
+            assert bell.ring(slot, i).wait() == Ready(slot)
+            got = pool.hand_out(slot)
+            assert (got == batch(i)).all(), f"batch {i} differs from what the worker wrote"
+        assert [v for v, _ in asked] == list(range(1, 8))  # each request's weights version reached the worker
+    finally:
+        bell.close()
+
+
+def fake_worker(bell: SocketDoorbell, token: bytes | None = None) -> socket.socket:
+    sock = socket.create_connection((bell.ends.address, bell.ends.port), timeout=5)
+    sock.sendall(bell.ends.token if token is None else token)
+    return sock
+
+
+def test_a_worker_gone_halfway_through_a_batch_fails_its_request_and_the_slot_stays_out(pool):
+    bell = SocketDoorbell("127.0.0.1", pool.memory, 5.0)
+    peer = fake_worker(bell)
+    bell.opened()
+    try:
+        slot = pool.slot_for(0)
+        fut = bell.ring(slot, 0)
+        assert REQUEST.unpack(peer.recv(REQUEST.size, socket.MSG_WAITALL)) == (slot, 0)
+        peer.sendall(ANSWER.pack(READY, slot) + bytes(pool.slot_bytes // 2))  # dies with half a batch sent
+        peer.close()
+        with pytest.raises(RuntimeError, match="doorbell closed"):
+            fut.wait()
+        assert slot in pool._written  # never handed out: nothing reads a half-received slot
+        with pytest.raises(RuntimeError, match="doorbell closed"):  # later requests fail at once
+            bell.ring(pool.slot_for(0), 0).wait()
+    finally:
+        bell.close()
+
+
+def test_a_connection_without_the_token_is_turned_away(pool):
+    bell = SocketDoorbell("127.0.0.1", pool.memory, 5.0)
+    stranger = fake_worker(bell, token=b"x" * len(bell.ends.token))
+    worker = fake_worker(bell)
+    bell.opened()
+    try:
+        assert stranger.recv(1) == b""  # closed by the trainer
+        bell.ring(0, 3)
+        assert REQUEST.unpack(worker.recv(REQUEST.size, socket.MSG_WAITALL)) == (0, 3)
+    finally:
+        bell.close()
+        stranger.close()
+        worker.close()
+
+
+def test_a_worker_that_never_connects_fails_the_set_up_within_its_timeout(pool):
+    bell = SocketDoorbell("127.0.0.1", pool.memory, 0.5)
+    with pytest.raises(OSError):
+        bell.opened()
+    bell.close()
+
+
+def test_close_ends_the_workers_doorbell_thread(pool):
+    bell = SocketDoorbell("127.0.0.1", pool.memory, 5.0)
+    writer = SlotWriter(pool.spec(0, bell.ends))
+    before = set(threading.enumerate())
+    answer(bell.ends, lambda v, s: Ready(s), writer.memory)
+    bell.opened()
+    started = set(threading.enumerate()) - before
+    assert len(started) == 2  # the worker's doorbell thread and the trainer's reader
+    bell.close()
+    for thread in started:
+        thread.join(5)
+    assert not any(t.is_alive() for t in started)
