@@ -1,4 +1,4 @@
-"""Batches across hosts: two network-namespace hosts, one link, four ways to move 12 MB batches.
+"""Batches across hosts: two network-namespace hosts, one link, five ways to move 12 MB batches.
 
 Host 1 (10.83.0.1) receives, host 2 (10.83.0.2) sends, over a veth pair through a bridge
 (``slurm/devcluster.py``'s ``HostNetwork``). Each way runs for about ``--seconds``:
@@ -7,6 +7,10 @@ Host 1 (10.83.0.1) receives, host 2 (10.83.0.2) sends, over a veth pair through 
 * TensorPipe: ``rpc_sync`` returning a TensorDict of 12 MB (RPC over TensorPipe's TCP "uv" transport,
   what ``RPCCollector`` uses for a worker on another host);
 * gloo: ``send`` / ``recv`` of a 12 MB uint8 tensor into a preallocated tensor (a process group);
+* the data plane: the TCP doorbell of ``rpc_collectors.doorbell`` with batches ready in the
+  worker's slots: per batch a request, a "ready" and the slot's bytes received into the trainer's
+  slot, then handed out, two requests in flight (what an async ``RPCCollector`` does for a
+  worker on another host, minus the env);
 * RPCCollector: trainer in host 1, one worker in host 2 (its own hostname, so a remote host to the
   collector), async, the no-work env with 4x84x84 uint8 observations (224 frames = 12.6 MB per
   batch) and with 3x256x256 ones (32 frames = 12.6 MB), each beside what one process makes of
@@ -19,6 +23,7 @@ Needs root; run under the cluster lock, as the namespace tests do:
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -36,6 +41,7 @@ PREFIX, SUBNET, PORT = "rpcc-dp", "10.83.0", 29683
 NBYTES = 224 * 2 * 4 * 84 * 84  # one worker's 4x84x84 batch: observation + next observation
 OBS = {"84": ((4, 84, 84), 224), "256": ((3, 256, 256), 32)}  # observation shape, frames per batch (12.6 MB)
 GLOO_BATCHES = 100
+WAYS = ("tcp", "tensorpipe", "gloo", "doorbell", "collector")
 
 
 def peer(kind: str, rank: int, seconds: float) -> dict:
@@ -83,6 +89,37 @@ def peer(kind: str, rank: int, seconds: float) -> dict:
         out = {"MBps": n * NBYTES / (time.perf_counter() - start) / 1e6} if rank == 0 else {}
         group.barrier().wait()
         return out
+    if kind == "doorbell":
+        import pickle
+
+        from rpc_collectors.data_plane import IN_FLIGHT, SLOTS, BatchLayout, Ready, SlotPool, SlotWriter
+        from rpc_collectors.doorbell import SocketDoorbell, answer
+
+        store = torch.distributed.TCPStore(master, port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
+        if rank == 1:
+            spec = pickle.loads(store.get("spec"))
+            writer = SlotWriter(spec)
+            for target in writer.targets:
+                target.update_(make_batch())
+            answer(spec.doorbell, lambda _version, slot: Ready(slot), writer.memory)
+            store.set("joined", b"1")
+            store.wait(["done"])
+            return {}
+        pool = SlotPool(BatchLayout.of(make_batch()), 1, shared=False, slots=SLOTS + IN_FLIGHT - 1)
+        bell = SocketDoorbell(master, pool.memory, 60)
+        store.set("spec", pickle.dumps(pool.spec(0, bell.ends)))
+        store.wait(["joined"])
+        bell.opened()
+        asked = collections.deque(bell.ring(pool.slot_for(0), 0) for _ in range(IN_FLIGHT))
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:  # as an async RPCCollector does: IN_FLIGHT requests at once
+            batch = pool.hand_out(asked.popleft().wait().slot)
+            asked.append(bell.ring(pool.slot_for(0), 0))
+            n += 1
+        out = {"MBps": n * batch.bytes() / (time.perf_counter() - start) / 1e6}
+        bell.close()
+        store.set("done", b"1")
+        return out
     if kind == "tensorpipe":
         import torch.distributed.rpc as rpc
 
@@ -129,9 +166,8 @@ def collector_rank(seconds: float, single: bool, obs: str) -> dict:
         return {"MBps": rate * frame_bytes / 1e6, "rate": rate}
     c = RPCCollector(make, None, frames_per_batch=frames, sync=False, launcher="torchrun", rpc_timeout=60)
     try:
-        path = c._batches.path_of(0)
         rate = _common.steady_rate(c, seconds, 3)
-        return {"MBps": rate * frame_bytes / 1e6, "rate": rate, "path": path}
+        return {"MBps": rate * frame_bytes / 1e6, "rate": rate, "path": c._batches.path_of(0)}
     finally:
         c.shutdown()
 
@@ -164,6 +200,7 @@ def run_pair(net, argv_of, port: int, timeout: float = 120) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated subset of {','.join(WAYS)} (tcp always runs)")
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--obs", default="84", help=argparse.SUPPRESS)
@@ -180,14 +217,16 @@ def main() -> None:
 
     devcluster = devcluster_module.load()
     me = [sys.executable, str(Path(__file__).resolve())]
+    ways = {"tcp", *args.ways.split(",")}
     results = {}
     with devcluster.HostNetwork(2, prefix=PREFIX, subnet=SUBNET) as net:
-        for i, kind in enumerate(("tcp", "tensorpipe", "gloo")):
-            argv = [*me, "--peer", kind, "--seconds", str(args.seconds)]
-            results[kind] = run_pair(net, lambda r: [*argv, "--rank", str(r)], PORT + i)
-        for i, obs in enumerate(OBS):
+        for i, kind in enumerate(WAYS[:-1]):
+            if kind in ways:
+                argv = [*me, "--peer", kind, "--seconds", str(args.seconds)]
+                results[kind] = run_pair(net, lambda r: [*argv, "--rank", str(r)], PORT + i)
+        for i, obs in enumerate(OBS if "collector" in ways else ()):
             argv = [*me, "--peer", "collector", "--seconds", str(args.seconds), "--obs", obs]
-            results[f"collector{obs}"] = run_pair(net, lambda r, argv=argv: argv, PORT + 3 + i)
+            results[f"collector{obs}"] = run_pair(net, lambda r, argv=argv: argv, PORT + 4 + i)
             argv = [*me, "--peer", "single", "--seconds", str(args.seconds), "--obs", obs]
             single = net.popen(2, argv, stdout=subprocess.PIPE, text=True)
             results[f"single{obs}"] = json.loads(single.communicate(timeout=120)[0].strip().splitlines()[-1])
@@ -196,9 +235,11 @@ def main() -> None:
           f"load average {open('/proc/loadavg').read().split()[0]}")
     print(f"{'way':<54} {'MB/s':>8} {'x raw TCP':>10}")
     for kind, label in (("tcp", "raw TCP stream (recv_into)"), ("tensorpipe", "TensorPipe rpc_sync returning a TensorDict"),
-                        ("gloo", "gloo send/recv into a preallocated tensor")):
-        print(f"{label:<54} {results[kind]['MBps']:>8,.0f} {results[kind]['MBps'] / tcp:>10.2f}")
-    for obs, label in (("84", "4x84x84"), ("256", "3x256x256")):
+                        ("gloo", "gloo send/recv into a preallocated tensor"),
+                        ("doorbell", "data plane: TCP doorbell, batches ready in the slots")):
+        if kind in results:
+            print(f"{label:<54} {results[kind]['MBps']:>8,.0f} {results[kind]['MBps'] / tcp:>10.2f}")
+    for obs, label in (("84", "4x84x84"), ("256", "3x256x256")) if "collector" in ways else ():
         c, one = results[f"collector{obs}"], results[f"single{obs}"]
         print(f"{'RPCCollector, remote worker (' + c['path'] + '), async, ' + label:<54} {c['MBps']:>8,.0f} {c['MBps'] / tcp:>10.2f}"
               f"   {c['rate']:,.0f} frames/s = {c['rate'] / one['rate']:.2f}x one process on host 2:")

@@ -56,6 +56,7 @@ from . import shm
 from .doorbell import Dial, Doorbell, Ends, Ready, SocketDoorbell
 
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
+IN_FLIGHT = 2  # requests a pipelined worker on another host has at once: it collects one while it sends the other
 ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
 MIN_BYTES = 64 * 1024  # smaller batches go as RPC results: a slot saves nothing at that size
 
@@ -145,6 +146,7 @@ class SlotSpec:
     row: int
     slot_bytes: int
     doorbell: Ends | Dial
+    slots: int = SLOTS
 
     @property
     def path(self) -> str:
@@ -155,12 +157,12 @@ class SlotWriter:
     """Worker side: copy each batch into its row of the slot the trainer named."""
 
     def __init__(self, spec: SlotSpec) -> None:
-        size = SLOTS * spec.slot_bytes
+        size = spec.slots * spec.slot_bytes
         if spec.fd is None:
             whole = torch.empty(size, dtype=torch.uint8)
         else:
             whole = torch.from_file(spec.path, shared=True, size=size, dtype=torch.uint8)
-        self.slots = [whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes] for i in range(SLOTS)]
+        self.slots = [whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes] for i in range(spec.slots)]
         self.targets = [spec.layout.view(slot, spec.rows)[spec.row] for slot in self.slots]
         self.signature = spec.layout.signature()
 
@@ -196,18 +198,21 @@ def _use_count(tensor: torch.Tensor) -> int:
 
 
 class SlotPool:
-    """Trainer side of one buffer: ``SLOTS`` slots of ``rows`` batches each."""
+    """Trainer side of one buffer: ``slots`` slots of ``rows`` batches each."""
 
-    def __init__(self, layout: BatchLayout, rows: int, pinned: bool = False, shared: bool = True) -> None:
+    def __init__(
+        self, layout: BatchLayout, rows: int, pinned: bool = False, shared: bool = True, slots: int = SLOTS,
+    ) -> None:
         """``pinned``: page-lock the slots for copies to a CUDA device. ``shared``: in shared
-        memory, for workers on this host; else this process's own, filled from the network."""
-        self.layout, self.rows, self.shared = layout, rows, shared
+        memory, for workers on this host; else this process's own, filled from the network.
+        ``slots``: one more than ``SLOTS`` for each extra request in flight."""
+        self.layout, self.rows, self.shared, self.num_slots = layout, rows, shared, slots
         self.slot_bytes = _aligned(layout.size(rows), mmap.PAGESIZE)
-        self.nbytes = SLOTS * self.slot_bytes
+        self.nbytes = slots * self.slot_bytes
         self.fd: int | None = None
         self._registered = False  # page-locked with cudaHostRegister by this pool
         if not shared:
-            self.slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(SLOTS)]
+            self.slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(slots)]
         else:
             self._map(pinned)
         self._idle = [_use_count(slot) for slot in self.slots]  # the trainer's own references
@@ -221,14 +226,14 @@ class SlotPool:
         rows, layout = self.rows, self.layout
         per = f"{rows} x {layout.nbytes} bytes" if rows > 1 else f"{layout.nbytes} bytes"
         fd, _ = shm.nameless_file(
-            "batches", self.nbytes, "the shared-memory batch buffer", f": {SLOTS} slots of {per}",
+            "batches", self.nbytes, "the shared-memory batch buffer", f": {self.num_slots} slots of {per}",
             "lower frames_per_batch",
         )
         try:
             # one mapping (one torch storage) per slot, so each slot's users can be counted
             self.slots = [
                 torch.frombuffer(mmap.mmap(fd, self.slot_bytes, offset=i * self.slot_bytes), dtype=torch.uint8)
-                for i in range(SLOTS)
+                for i in range(self.num_slots)
             ]
             for i, slot in enumerate(self.slots if pinned else []):
                 try:
@@ -243,7 +248,7 @@ class SlotPool:
         self.fd, self._registered = fd, pinned
 
     def spec(self, row: int, doorbell: Ends | Dial) -> SlotSpec:
-        return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes, doorbell)
+        return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes, doorbell, self.num_slots)
 
     def memory(self, slot: int) -> memoryview:
         """The bytes of ``slot``, where a batch from another host is received."""
@@ -277,7 +282,7 @@ class SlotPool:
             return self._last[worker_id]
         if self.rows == 1 or worker_id in self._round or not self._round:
             self._round.clear()
-            self._slot = next((s for s in range(SLOTS) if self._free(s)), None)
+            self._slot = next((s for s in range(self.num_slots) if self._free(s)), None)
             if self._slot is not None:
                 self._written.add(self._slot)
         self._round.add(worker_id)
@@ -288,7 +293,7 @@ class SlotPool:
         """The batch in ``slot`` for the user: the slot itself while another one stays free, else a copy."""
         self._written.discard(slot)
         batch = self.layout.view(self.slots[slot], None if self.rows == 1 else self.rows)
-        if any(self._free(s) for s in range(SLOTS) if s != slot):
+        if any(self._free(s) for s in range(self.num_slots) if s != slot):
             return batch
         return batch.clone()
 
@@ -302,11 +307,16 @@ class BatchPlane:
     could. ``sync`` collectors get one round buffer when every worker is local and their
     batches share one layout. A worker with slots is asked for batches through its doorbell
     (:meth:`ring`). Batches end up on ``device`` (:meth:`place`).
+
+    ``pipelined`` (async collectors that do not wait for the trainer's weights after each batch):
+    a worker on another host may have ``IN_FLIGHT`` requests at once (:meth:`depth`), so that it
+    collects its next batch while the last one crosses the network.
     """
 
     def __init__(
         self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool, keep_fds: bool = False,
         device: torch.device | None = None, address: str | None = None, timeout: float = 60.0,
+        pipelined: bool = False,
     ) -> None:
         """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it
         (:meth:`rejoin`). ``timeout``: seconds a worker on another host has to connect."""
@@ -318,6 +328,7 @@ class BatchPlane:
         self._sync = sync
         self._keep_fds = keep_fds
         self._address, self._timeout = address, timeout
+        self._in_flight = IN_FLIGHT if pipelined else 1  # per worker on another host
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
@@ -337,6 +348,10 @@ class BatchPlane:
         """``"shm"``, ``"tcp"`` or ``"rpc"``: how worker ``worker_id``'s batches reach the trainer now."""
         pool = self.pools.get(worker_id)
         return "rpc" if pool is None else "shm" if pool.shared else "tcp"
+
+    def depth(self, worker_id: int) -> int:
+        """How many requests ``worker_id`` may have in flight."""
+        return self._in_flight if self.path_of(worker_id) == "tcp" else 1
 
     def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot to ask ``worker_id`` to write its next batch into (None: as an RPC result)."""
@@ -386,7 +401,8 @@ class BatchPlane:
         if path is not None:
             layout = BatchLayout.of(result)
             if layout is not None and layout.nbytes >= MIN_BYTES:
-                self._set_up(SlotPool(layout, 1, self._pinned, shared=path == "shm"), [worker_id])
+                slots = SLOTS if path == "shm" else SLOTS + self._in_flight - 1
+                self._set_up(SlotPool(layout, 1, self._pinned, shared=path == "shm", slots=slots), [worker_id])
         return result
 
     def round(self, results: list) -> TensorDict | None:

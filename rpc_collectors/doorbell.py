@@ -23,6 +23,7 @@ import collections
 import contextlib
 import os
 import pickle
+import queue
 import secrets
 import socket
 import struct
@@ -36,6 +37,7 @@ import torch
 REQUEST = struct.Struct("<qq")  # slot, the weights version to collect with (at least)
 ANSWER = struct.Struct("<Bq")  # kind, then the slot (READY) or the pickled payload's length
 READY, BATCH, ERROR = 0, 1, 2
+CLOSE_WAIT = 5.0  # seconds close() waits for the reader of a closed connection to end
 
 
 @dataclass(frozen=True)
@@ -98,14 +100,6 @@ def _read_exactly(fd: int, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_into(fd: int, view: memoryview) -> None:
-    while view:
-        got = os.readv(fd, [view])
-        if not got:
-            raise EOFError("the connection was closed")
-        view = view[got:]
-
-
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
@@ -136,7 +130,8 @@ class Doorbell:
 
     def _start_reading(self) -> None:
         self._open = True
-        threading.Thread(target=self._read, name="rpc-collectors-doorbell", daemon=True).start()
+        self._reader = threading.Thread(target=self._read, name="rpc-collectors-doorbell", daemon=True)
+        self._reader.start()
 
     def ring(self, slot: int, min_version: int) -> torch.futures.Future:
         """Ask for the next batch in ``slot``, collected with weights of at least ``min_version``."""
@@ -238,7 +233,12 @@ class SocketDoorbell(Doorbell):
         self._start_reading()
 
     def _land(self, slot: int) -> None:
-        _read_into(self._answer_r, self._slots(slot))
+        view = self._slots(slot)
+        while view:  # MSG_WAITALL: the kernel fills the slot in one call, barring a signal or the end
+            got = self._sock.recv_into(view, 0, socket.MSG_WAITALL)
+            if not got:
+                raise EOFError("the connection was closed")
+            view = view[got:]
 
     def _release(self) -> None:
         with self._lock:
@@ -254,6 +254,8 @@ class SocketDoorbell(Doorbell):
                 self._request_w = -1
                 with contextlib.suppress(OSError):  # the worker may have reset it already
                     self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader, which closes the socket
+        if self._open and self._reader is not threading.current_thread():
+            self._reader.join(CLOSE_WAIT)  # not left running into the interpreter's exit
 
 
 def _pickled(kind: int, value: Any) -> bytes:
@@ -263,11 +265,32 @@ def _pickled(kind: int, value: Any) -> bytes:
 
 def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callable[[int], memoryview] | None = None) -> None:
     """Worker side: open ``ends`` and answer each request with ``collect(min_version, slot)`` in a
-    thread, until the trainer closes its end. With ``slots`` (a :class:`Dial`), each "ready in
-    slot s" is followed by ``slots(s)``, the batch's bytes."""
+    thread, until the trainer closes its end.
+
+    With ``slots`` (a :class:`Dial`), each "ready in slot s" is followed by ``slots(s)``, the
+    batch's bytes, sent by a second thread in order while the next request is collected: the
+    trainer may keep two requests in flight, so that collection and the transfer overlap.
+    """
     request, reply = ends.open()
+    outbox: queue.Queue = queue.Queue()  # (answer, slot whose bytes follow or None); None: the end
+
+    def send() -> None:
+        broken = False
+        while (item := outbox.get()) is not None:
+            message, slot = item
+            if broken:
+                continue  # the trainer went away: serve() ends at its next read
+            try:
+                _write_all(reply, message)
+                if slot is not None:
+                    _write_all(reply, slots(slot))
+            except OSError:
+                broken = True
 
     def serve() -> None:
+        sender = threading.Thread(target=send, name="rpc-collectors-doorbell-send", daemon=True)
+        if slots is not None:
+            sender.start()
         try:
             while True:
                 slot, min_version = REQUEST.unpack(_read_exactly(request, REQUEST.size))
@@ -277,12 +300,16 @@ def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callabl
                     message = ANSWER.pack(READY, result.slot) if ready else _pickled(BATCH, result)
                 except Exception:
                     ready, message = False, _pickled(ERROR, traceback.format_exc())
-                _write_all(reply, message)
-                if ready and slots is not None:
-                    _write_all(reply, slots(result.slot))
+                if slots is None:  # shared memory: the answer alone, at once
+                    _write_all(reply, message)
+                else:
+                    outbox.put((message, result.slot if ready else None))
         except (EOFError, OSError):
             pass  # the trainer closed its end, or went away
         finally:
+            if slots is not None:
+                outbox.put(None)
+                sender.join()
             os.close(request)
             if reply != request:
                 os.close(reply)

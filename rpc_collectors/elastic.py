@@ -157,7 +157,7 @@ class ElasticSlots:
             raise RuntimeError(f"{type(self).__name__} was shut down")
         rank = self.workers.ranks[worker_id]
         self._generation[worker_id] += 1
-        self._outstanding.discard(worker_id)
+        del self._outstanding[worker_id]
         if self._last_async == worker_id:
             self._last_async = None
         self.workers.vacate(worker_id)

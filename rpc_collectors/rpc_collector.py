@@ -10,6 +10,7 @@ collector with one :class:`WorkerError`, unless ``max_worker_restarts`` lets it 
 """
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import os
@@ -229,7 +230,7 @@ class RPCCollector(ElasticSlots, BaseCollector):
         self._waiters: set[queue.Queue] = set()  # queues of _wait_all calls in progress
         self._min_version = [0] * self.num_workers
         self._since_update = [0] * self.num_workers
-        self._outstanding: set[int] = set()
+        self._outstanding: collections.Counter[int] = collections.Counter()  # requests in flight per worker
         self._last_async: int | None = None
         self._push: dict[int, Call] = {}  # the weight push in progress: its calls and their futures
         self._pushed: dict[int, torch.futures.Future] = {}
@@ -265,6 +266,7 @@ class RPCCollector(ElasticSlots, BaseCollector):
             self._batches = self._resources.batches = BatchPlane(
                 local_hosts, weak_method(self._join_batches), sync=self.sync, keep_fds=restarts > 0,
                 device=self._storing_device, address=address, timeout=self.rpc_timeout,
+                pipelined=not self.sync and not self.update_after_each_batch,
             )
             self._running = True
         except BaseException:
@@ -415,7 +417,7 @@ class RPCCollector(ElasticSlots, BaseCollector):
         """A fresh process (or in-process collector) for ``worker_id``, set up as the others are:
         new trajectory ids and seed, the latest weights, the shared batch buffer."""
         self._generation[worker_id] += 1
-        self._outstanding.discard(worker_id)
+        del self._outstanding[worker_id]
         self.workers.replace(worker_id)
         self._dead.pop(worker_id, None)
         self._deaths[worker_id].clear()
@@ -543,7 +545,7 @@ class RPCCollector(ElasticSlots, BaseCollector):
         fut = self._batches.ring(worker_id, self._min_version[worker_id], slot)  # a worker on this host
         if fut is None:
             fut = self.workers.call_async(worker_id, "collect", self._min_version[worker_id], slot)
-        self._outstanding.add(worker_id)
+        self._outstanding[worker_id] += 1
         self.restarts.asked(worker_id, self._worker_frames, self.infos[worker_id]["envs"])
         events, generation = self._events, self._generation[worker_id]  # not self: a pending future must not keep the collector alive
         fut.add_done_callback(lambda f, i=worker_id: events.put(("batch", i, (generation, f))))
@@ -588,7 +590,9 @@ class RPCCollector(ElasticSlots, BaseCollector):
             if generation != self._generation[worker_id]:
                 continue  # the answer of a replaced worker
             result = self._result(worker_id, fut)  # a failure leaves the worker asked: its replacement is asked again
-            self._outstanding.discard(worker_id)
+            self._outstanding[worker_id] -= 1
+            if not self._outstanding[worker_id]:
+                del self._outstanding[worker_id]
             self._since_update[worker_id] += 1
             return worker_id, result
 
@@ -624,8 +628,9 @@ class RPCCollector(ElasticSlots, BaseCollector):
         if self._last_async is not None:
             self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
         for worker_id in range(self.num_workers):
-            if worker_id not in self._outstanding and worker_id != self._last_async:
-                self._request(worker_id)
+            if worker_id != self._last_async:
+                for _ in range(self._batches.depth(worker_id) - self._outstanding[worker_id]):
+                    self._request(worker_id)
         self._last_async, result = self._next_answer()
         batch = self._receive(self._last_async, result)
         if not self.update_after_each_batch:

@@ -105,7 +105,7 @@ def test_close_ends_the_workers_doorbell_thread(pool):
     answer(bell.ends, lambda v, s: Ready(s), writer.memory)
     bell.opened()
     started = set(threading.enumerate()) - before
-    assert len(started) == 2  # the worker's doorbell thread and the trainer's reader
+    assert len(started) == 3  # the worker's two doorbell threads (requests, sending) and the trainer's reader
     bell.close()
     for thread in started:
         thread.join(5)
