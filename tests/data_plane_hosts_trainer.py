@@ -50,6 +50,7 @@ def main() -> None:
             for i, batch in enumerate(collector):
                 if i == 1:  # the first batches set the paths up
                     emit({"event": "start", "paths": [collector._batches.path_of(w) for w in range(2)],
+                          "in_flight": [collector._batches.depth(w) for w in range(2)],
                           "pids": [info["pid"] for info in collector.infos],
                           "hosts": [info["host"] for info in collector.infos]})
                 if args.endless or i < args.batches:

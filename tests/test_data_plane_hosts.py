@@ -124,6 +124,8 @@ def test_batches_from_other_hosts_hold_what_their_envs_made_kept_or_not(net, run
     start, end = r.record("start", 1), r.record("end", 1)
     assert start["hosts"] == ["dh-host2", "dh-host3"]
     assert start["paths"] == ["tcp", "tcp"], start  # each worker's batches came over its own connection
+    # async: each worker collects its next batch while the last one crosses (two requests in flight)
+    assert start["in_flight"] == ([1, 1] if mode == "--sync" else [2, 2]), start
     # every frame checked: 6 batches as they came, then 20 kept in a list and checked at the end
     assert end == {"event": "end", "checked": 6, "kept": 20, "streams": 2 * (num_envs or 1)}
     assert not namespace_pids(net)

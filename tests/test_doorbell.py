@@ -51,6 +51,34 @@ def test_each_batch_lands_in_the_slot_it_was_asked_for(pool):
         bell.close()
 
 
+def test_two_requests_in_flight_are_answered_in_order_each_in_its_slot():
+    pool = SlotPool(BatchLayout.of(batch(0)), 1, shared=False, slots=4)
+    bell = SocketDoorbell("127.0.0.1", pool.memory, 5.0)
+    writer = SlotWriter(pool.spec(0, bell.ends))
+    count = [0]
+
+    def collect(min_version: int, slot: int) -> Ready:
+        count[0] += 1
+        assert writer.write(slot, batch(count[0]))
+        return Ready(slot)
+
+    answer(bell.ends, collect, writer.memory)
+    bell.opened()
+    try:
+        asked = [(pool.slot_for(0), i) for i in range(1, 3)]
+        futures = [bell.ring(slot, 0) for slot, _ in asked]
+        for i in range(3, 12):  # as an async collector does: hand one out, ask again, two in flight
+            (slot, mark), fut = asked.pop(0), futures.pop(0)
+            assert fut.wait() == Ready(slot)
+            assert (pool.hand_out(slot) == batch(mark)).all(), f"batch {mark} differs from what the worker wrote"
+            asked.append((pool.slot_for(0), i))
+            futures.append(bell.ring(asked[-1][0], 0))
+        assert len({slot for slot, _ in asked}) == 2  # the two in flight never share a slot
+    finally:
+        bell.close()
+        pool.close()
+
+
 def fake_worker(bell: SocketDoorbell, token: bytes | None = None) -> socket.socket:
     sock = socket.create_connection((bell.ends.address, bell.ends.port), timeout=5)
     sock.sendall(bell.ends.token if token is None else token)
