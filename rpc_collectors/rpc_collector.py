@@ -542,7 +542,7 @@ class RPCCollector(ElasticSlots, BaseCollector):
         if not again and self._needs_update(worker_id):
             self.update_policy_weights_(worker_ids=None if self.sync else [worker_id])
         slot = self._batches.slot_for(worker_id, again)
-        fut = self._batches.ring(worker_id, self._min_version[worker_id], slot)  # a worker on this host
+        fut = self._batches.ring(worker_id, self._min_version[worker_id], slot)  # a worker with slots
         if fut is None:
             fut = self.workers.call_async(worker_id, "collect", self._min_version[worker_id], slot)
         self._outstanding[worker_id] += 1

@@ -1,10 +1,16 @@
 """``slurm/devcluster.py`` (a script, not a package) loaded as the module ``devcluster``."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
+
+import pytest
 
 PATH = Path(__file__).resolve().parents[1] / "slurm" / "devcluster.py"
 
@@ -17,3 +23,29 @@ def load() -> ModuleType:
         sys.modules["devcluster"] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
     return sys.modules["devcluster"]
+
+
+@contextlib.contextmanager
+def host_network(hosts: int, prefix: str, subnet: str) -> Iterator:
+    """``hosts`` namespace hosts for one test, deleted afterwards with every process in them.
+
+    Without root the test fails rather than skips (CI runs as root); a namespace that cannot be
+    made raises, so the test errors."""
+    if os.geteuid() != 0:
+        pytest.fail("namespace hosts need root (network namespaces); CI runs the tests as root")
+    network = load().HostNetwork(hosts, prefix=prefix, subnet=subnet)
+    network.create()
+    try:
+        yield network
+    finally:
+        network.teardown()
+
+
+def namespace_pids(net) -> dict[str, list[int]]:
+    """Pids of every process in each of ``net``'s namespaces (bridge included)."""
+    names = [host.netns for host in net.hosts] + [net.bridge_netns]
+    return {
+        name: [int(p) for p in subprocess.run(["ip", "netns", "pids", name], capture_output=True,
+                                              text=True).stdout.split()]
+        for name in names
+    }

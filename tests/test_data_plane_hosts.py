@@ -22,6 +22,7 @@ from typing import Iterator
 import pytest
 
 import devcluster_module
+from devcluster_module import namespace_pids
 from procs import kill_sessions, killed_at_exit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +32,6 @@ MASTER_PORT = 29584
 RUN_TIMEOUT_S = 120
 
 pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess, pytest.mark.timeout(240)]
-
-devcluster = devcluster_module.load()
 
 
 class Run:
@@ -93,26 +92,14 @@ class Run:
 
 @pytest.fixture
 def net() -> Iterator:
-    if os.geteuid() != 0:
-        pytest.fail("tests/test_data_plane_hosts.py needs root (network namespaces); CI runs it as root")
-    network = devcluster.HostNetwork(3, prefix=PREFIX, subnet=SUBNET)
-    network.create()
-    try:
+    with devcluster_module.host_network(3, PREFIX, SUBNET) as network:
         yield network
-    finally:
-        network.teardown()
 
 
 @pytest.fixture
 def run(net, tmp_path) -> Iterator:
     with killed_at_exit(lambda *args: Run(net, tmp_path, *args)) as start:
         yield start
-
-
-def namespace_pids(net) -> list[int]:
-    names = [host.netns for host in net.hosts] + [net.bridge_netns]
-    out = [subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split() for n in names]
-    return [int(p) for pids in out for p in pids]
 
 
 @pytest.mark.parametrize(("mode", "num_envs"), [("--sync", None), ("--no-sync", 3)], ids=["sync-single", "async-vector"])
@@ -128,7 +115,7 @@ def test_batches_from_other_hosts_hold_what_their_envs_made_kept_or_not(net, run
     assert start["in_flight"] == ([1, 1] if mode == "--sync" else [2, 2]), start
     # every frame checked: 6 batches as they came, then 20 kept in a list and checked at the end
     assert end == {"event": "end", "checked": 6, "kept": 20, "streams": 2 * (num_envs or 1)}
-    assert not namespace_pids(net)
+    assert not any(namespace_pids(net).values())
 
 
 def test_worker_killed_on_another_host_gives_one_error_and_no_torn_batch(net, run):
@@ -143,4 +130,4 @@ def test_worker_killed_on_another_host_gives_one_error_and_no_torn_batch(net, ru
     assert error["worker_id"] == 1 and "unreachable" in error["reason"], error
     assert error["checked"] > 2, error
     assert codes[0] == 0, r.report()
-    assert not namespace_pids(net), "a process outlived the run"
+    assert not any(namespace_pids(net).values()), "a process outlived the run"

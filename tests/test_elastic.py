@@ -215,20 +215,11 @@ def test_bad_elastic_arguments_are_refused_before_any_process_starts(monkeypatch
 
 # --------------------------------------------------------------------------- namespace hosts
 
-devcluster = devcluster_module.load()
-
-
 @pytest.fixture
 def hosts():
     """Four namespace hosts: the trainer on 1, collectors on 2 and 3, a newcomer on 4."""
-    if os.geteuid() != 0:
-        pytest.fail("the namespace test needs root (network namespaces); CI runs it as root")
-    network = devcluster.HostNetwork(4, prefix="rpcc-el", subnet="10.82.0")
-    network.create()
-    try:
+    with devcluster_module.host_network(4, "rpcc-el", "10.82.0") as network:
         yield network
-    finally:
-        network.teardown()
 
 
 @pytest.mark.cluster

@@ -23,6 +23,7 @@ from typing import Iterator
 import pytest
 
 import devcluster_module
+from devcluster_module import namespace_pids
 from procs import kill_sessions, killed_at_exit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,19 +39,6 @@ PING_EVERY_S = 5.0  # rpc_collectors.worker.PING_EVERY: a server checks its trai
 WORKER_EXIT_MARGIN_S = 10.0
 
 pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess]
-
-
-devcluster = devcluster_module.load()
-
-
-def namespace_pids(net) -> dict[str, list[int]]:
-    """Pids of every process in each of the test's namespaces (bridge included)."""
-    names = [host.netns for host in net.hosts] + [net.bridge_netns]
-    return {
-        name: [int(p) for p in subprocess.run(["ip", "netns", "pids", name], capture_output=True,
-                                              text=True).stdout.split()]
-        for name in names
-    }
 
 
 class Ranks:
@@ -119,14 +107,8 @@ class Ranks:
 @pytest.fixture
 def net() -> Iterator:
     """Three namespace hosts; afterwards every process in them is ended and they are deleted."""
-    if os.geteuid() != 0:
-        pytest.fail("tests/test_multihost.py needs root (network namespaces); CI runs it as root")
-    network = devcluster.HostNetwork(3, prefix=PREFIX, subnet=SUBNET)
-    network.create()  # raises (the test errors, it is not skipped) if namespaces cannot be made
-    try:
+    with devcluster_module.host_network(3, PREFIX, SUBNET) as network:
         yield network
-    finally:
-        network.teardown()
 
 
 @pytest.fixture
