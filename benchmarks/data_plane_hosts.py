@@ -5,7 +5,7 @@ Host 1 (10.83.0.1) receives, host 2 (10.83.0.2) sends, over a veth pair through 
 
 * raw TCP: one socket, ``sendall`` of a 12 MB buffer, ``recv_into`` a preallocated one (the link's ceiling);
 * TensorPipe: ``rpc_sync`` returning a TensorDict of 12 MB (RPC over TensorPipe's TCP "uv" transport,
-  what ``RPCCollector`` uses for a worker on another host);
+  what ``RPCCollector`` used for a worker on another host before the data plane's own connection);
 * gloo: ``send`` / ``recv`` of a 12 MB uint8 tensor into a preallocated tensor (a process group);
 * the data plane: the TCP doorbell of ``rpc_collectors.doorbell`` with batches ready in the
   worker's slots: per batch a request, a "ready" and the slot's bytes received into the trainer's
@@ -15,6 +15,8 @@ Host 1 (10.83.0.1) receives, host 2 (10.83.0.2) sends, over a veth pair through 
   collector), async, the no-work env with 4x84x84 uint8 observations (224 frames = 12.6 MB per
   batch) and with 3x256x256 ones (32 frames = 12.6 MB), each beside what one process makes of
   the same env on host 2 without any transfer (the most one worker can deliver).
+
+The first four ways take ``--repeat`` turns, one after the other, and their median is printed.
 
 Needs root; run under the cluster lock, as the namespace tests do:
 
@@ -28,6 +30,7 @@ import datetime
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -200,6 +203,7 @@ def run_pair(net, argv_of, port: int, timeout: float = 120) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--repeat", type=int, default=3, help="turns of each transport way (the median is printed)")
     parser.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated subset of {','.join(WAYS)} (tcp always runs)")
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -218,12 +222,14 @@ def main() -> None:
     devcluster = devcluster_module.load()
     me = [sys.executable, str(Path(__file__).resolve())]
     ways = {"tcp", *args.ways.split(",")}
-    results = {}
     with devcluster.HostNetwork(2, prefix=PREFIX, subnet=SUBNET) as net:
-        for i, kind in enumerate(WAYS[:-1]):
-            if kind in ways:
-                argv = [*me, "--peer", kind, "--seconds", str(args.seconds)]
-                results[kind] = run_pair(net, lambda r: [*argv, "--rank", str(r)], PORT + i)
+        rates: dict[str, list[float]] = {}
+        for _ in range(args.repeat):  # the ways take turns, so a slow spell of the machine hits them all
+            for i, kind in enumerate(WAYS[:-1]):
+                if kind in ways:
+                    argv = [*me, "--peer", kind, "--seconds", str(args.seconds)]
+                    rates.setdefault(kind, []).append(run_pair(net, lambda r: [*argv, "--rank", str(r)], PORT + i)["MBps"])
+        results = {kind: {"MBps": statistics.median(r), "runs": r} for kind, r in rates.items()}
         for i, obs in enumerate(OBS if "collector" in ways else ()):
             argv = [*me, "--peer", "collector", "--seconds", str(args.seconds), "--obs", obs]
             results[f"collector{obs}"] = run_pair(net, lambda r, argv=argv: argv, PORT + 4 + i)
@@ -232,13 +238,14 @@ def main() -> None:
             results[f"single{obs}"] = json.loads(single.communicate(timeout=120)[0].strip().splitlines()[-1])
     tcp = results["tcp"]["MBps"]
     print(f"two namespace hosts, one veth link, 12.6 MB batches, {args.seconds:.0f} s per way, "
-          f"load average {open('/proc/loadavg').read().split()[0]}")
+          f"median of {args.repeat} turns, load average {open('/proc/loadavg').read().split()[0]}")
     print(f"{'way':<54} {'MB/s':>8} {'x raw TCP':>10}")
     for kind, label in (("tcp", "raw TCP stream (recv_into)"), ("tensorpipe", "TensorPipe rpc_sync returning a TensorDict"),
                         ("gloo", "gloo send/recv into a preallocated tensor"),
                         ("doorbell", "data plane: TCP doorbell, batches ready in the slots")):
         if kind in results:
-            print(f"{label:<54} {results[kind]['MBps']:>8,.0f} {results[kind]['MBps'] / tcp:>10.2f}")
+            turns = ", ".join(f"{r:,.0f}" for r in results[kind]["runs"])
+            print(f"{label:<54} {results[kind]['MBps']:>8,.0f} {results[kind]['MBps'] / tcp:>10.2f}   turns: {turns}")
     for obs, label in (("84", "4x84x84"), ("256", "3x256x256")) if "collector" in ways else ():
         c, one = results[f"collector{obs}"], results[f"single{obs}"]
         print(f"{'RPCCollector, remote worker (' + c['path'] + '), async, ' + label:<54} {c['MBps']:>8,.0f} {c['MBps'] / tcp:>10.2f}"
