@@ -58,6 +58,7 @@ from .doorbell import Dial, Doorbell, Ends, Ready, SocketDoorbell
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
 IN_FLIGHT = 2  # requests a pipelined worker on another host has at once: it collects one while it sends the other
 ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
+CONNECT_TIMEOUT = 10.0  # seconds at most for a worker on another host to connect its doorbell
 MIN_BYTES = 64 * 1024  # smaller batches go as RPC results: a slot saves nothing at that size
 
 
@@ -319,7 +320,7 @@ class BatchPlane:
         pipelined: bool = False,
     ) -> None:
         """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it
-        (:meth:`rejoin`). ``timeout``: seconds a worker on another host has to connect."""
+        (:meth:`rejoin`). ``timeout``: the RPC timeout, within which a worker on another host connects."""
         self.device = None if device is None or device.type == "cpu" else device
         self._pinned = self.device is not None and self.device.type == "cuda"
         # the path each worker's first batch sets up
@@ -327,7 +328,9 @@ class BatchPlane:
         self._join = join
         self._sync = sync
         self._keep_fds = keep_fds
-        self._address, self._timeout = address, timeout
+        # a worker that cannot reach the trainer's port gives up well within its join call's
+        # timeout, and its batches keep coming as RPC results
+        self._address, self._connect_timeout = address, min(CONNECT_TIMEOUT, timeout / 2)
         self._in_flight = IN_FLIGHT if pipelined else 1  # per worker on another host
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
@@ -371,7 +374,7 @@ class BatchPlane:
 
     def _join_one(self, worker_id: int, pool: SlotPool, row: int) -> bool:
         """Ask ``worker_id`` to take its slots in ``pool`` and open a new doorbell; whether it could."""
-        bell = Doorbell() if pool.shared else SocketDoorbell(self._address, pool.memory, self._timeout)
+        bell = Doorbell() if pool.shared else SocketDoorbell(self._address, pool.memory, self._connect_timeout)
         try:
             joined = self._join(worker_id, pool.spec(row, bell.ends))
             if joined:

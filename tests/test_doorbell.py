@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rpc_collectors.data_plane import BatchLayout, Ready, SlotPool, SlotWriter
+from rpc_collectors.data_plane import BatchLayout, BatchPlane, Ready, SlotPool, SlotWriter
 from rpc_collectors.doorbell import ANSWER, READY, REQUEST, SocketDoorbell, answer
 
 pytestmark = pytest.mark.timeout(30)
@@ -138,3 +138,22 @@ def test_close_ends_the_workers_doorbell_thread(pool):
     for thread in started:
         thread.join(5)
     assert not any(t.is_alive() for t in started)
+
+
+@pytest.mark.parametrize("joined", [False, True], ids=["worker-says-no", "worker-never-connects"])
+def test_a_worker_on_another_host_without_a_connection_keeps_sending_rpc_results(joined):
+    specs = []
+
+    def join(worker_id, spec):
+        specs.append(spec)
+        return joined
+
+    plane = BatchPlane([False], join, sync=False, address="127.0.0.1", timeout=1.0, pipelined=True)
+    first = batch(1)
+    assert plane.receive(0, first) is first
+    assert plane.path_of(0) == "rpc" and plane.depth(0) == 1
+    assert plane.ring(0, 0, plane.slot_for(0)) is None  # the next request goes by RPC
+    assert len(specs) == 1 and specs[0].fd is None
+    with pytest.raises(ConnectionRefusedError):  # the port opened for the worker is closed again
+        socket.create_connection((specs[0].doorbell.address, specs[0].doorbell.port), timeout=1).close()
+    plane.close()
