@@ -42,7 +42,7 @@ CLOSE_WAIT = 5.0  # seconds close() waits for the reader of a closed connection 
 
 @dataclass(frozen=True)
 class Ready:
-    """A worker's answer: its batch is in ``slot`` of its shared buffer."""
+    """A worker's answer: its batch is in ``slot`` (shared memory, or its bytes follow this answer)."""
 
     slot: int
 
