@@ -49,3 +49,15 @@ def namespace_pids(net) -> dict[str, list[int]]:
                                               text=True).stdout.split()]
         for name in names
     }
+
+
+def torchrun_env(world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """This environment as torchrun would set it for the ranks of one run (each adds its RANK),
+    without the variables of a torchrun or SLURM job the tests themselves may run in."""
+    env = {
+        **os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port), "PYTHONUNBUFFERED": "1",
+    }
+    for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_JOB_ID", "SLURM_NTASKS"):
+        env.pop(name, None)
+    return env

@@ -39,12 +39,8 @@ class Run:
 
     def __init__(self, net, logdir: Path, *args: str) -> None:
         self.logdir, self.procs = logdir, []
-        env = {
-            **os.environ, "WORLD_SIZE": "3", "MASTER_ADDR": net.host(1).address, "MASTER_PORT": str(MASTER_PORT),
-            "PYTHONPATH": f"{REPO / 'tests'}:{os.environ.get('PYTHONPATH', '')}", "PYTHONUNBUFFERED": "1",
-        }
-        for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_JOB_ID", "SLURM_NTASKS"):
-            env.pop(name, None)
+        env = devcluster_module.torchrun_env(3, net.host(1).address, MASTER_PORT)
+        env["PYTHONPATH"] = f"{REPO / 'tests'}:{os.environ.get('PYTHONPATH', '')}"
         for rank in range(3):
             argv = [sys.executable, str(SCRIPT), *args]
             if rank > 0:  # a machine of its own name: the collector must not take it for the trainer's

@@ -49,12 +49,7 @@ class Ranks:
         self.procs: list[subprocess.Popen] = []
         self.lines: queue.Queue = queue.Queue()
         self.stdout: list[str] = []
-        env = {
-            **os.environ, "WORLD_SIZE": str(WORLD_SIZE), "MASTER_ADDR": net.host(TRAINER_HOST).address,
-            "MASTER_PORT": str(MASTER_PORT), "PYTHONUNBUFFERED": "1",
-        }
-        for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_JOB_ID", "SLURM_NTASKS"):
-            env.pop(name, None)
+        env = devcluster_module.torchrun_env(WORLD_SIZE, net.host(TRAINER_HOST).address, MASTER_PORT)
         for rank in range(WORLD_SIZE):
             with open(self.stderr_path(rank), "wb") as err:
                 self.procs.append(net.popen(
