@@ -309,7 +309,7 @@ def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callabl
         finally:
             if slots is not None:
                 outbox.put(None)
-                sender.join()
+                sender.join()  # prompt: the connection has ended, so its writes fail at once
             os.close(request)
             if reply != request:
                 os.close(reply)
