@@ -28,7 +28,8 @@ Ownership. A yielded batch belongs to the user and is never written behind their
   copies the slot into fresh tensors, at memory speed, and the slot is free at once.
 
 So a loop that drops each batch before the next gets every batch without a copy, one that
-keeps them gets copies, and the memory stays ``SLOTS`` x batch bytes per buffer either way.
+keeps them gets copies, and the memory stays ``SLOTS`` x batch bytes per buffer either way
+(one slot more for each extra request in flight, see :class:`BatchPlane`).
 
 Device. Workers hand over batches in host memory; the trainer puts them on its storing device.
 For a CUDA storing device the slots are page-locked (``cudaHostRegister`` for shared memory,

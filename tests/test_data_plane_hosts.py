@@ -59,10 +59,11 @@ class Run:
         """The trainer's first ``event`` record; fails after ``timeout`` s without one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            ended = self.procs[0].poll() is not None  # before reading: a record printed at its end is read
             found = [r for r in self.records() if r["event"] == event]
             if found:
                 return found[0]
-            if self.procs[0].poll() is not None and not found:
+            if ended:
                 break
             time.sleep(0.1)
         pytest.fail(f"the trainer printed no {event!r} record\n{self.report()}")
