@@ -151,7 +151,7 @@ def ours(transport: str, hidden: int, repeats: int) -> dict:
             "weights_ok": weights_ok,
             "blocking": statistics.median(blocking[1:]), "blocking_runs": blocking[1:],
             "returns": statistics.median(returns[1:]), "returns_max": max(returns[1:]),
-            "versions_ok": all(versions_ok), "nbytes": collector._sender.flat.nbytes,
+            "versions_ok": all(versions_ok), "nbytes": collector.weights.sender.flat.nbytes,
         }
     finally:
         collector.shutdown()

@@ -8,26 +8,19 @@ dynamic RPC group and announces itself (:func:`membership.arrive`). The trainer 
 vacant slot, or keeps it as a spare until one falls vacant. A collector that dies, becomes
 unreachable or raises is evicted from the group and its slot falls vacant.
 
-:class:`ElasticWorkers` is the trainer's handle on those slots, :class:`ElasticSlots` what the
-collector does as collectors come and go; :func:`member_rendezvous` and :func:`join_rendezvous`
-are the collector process's side of the rendezvous.
+:class:`~rpc_collectors.pools.elastic.ElasticPool` is the trainer's handle on those slots and
+:mod:`rpc_collectors.recovery` what the collector does as collectors come and go; this module
+is the collector process's side of the rendezvous (:func:`join_rendezvous`, :func:`member_rendezvous`).
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import os
-import threading
-import warnings
-from typing import Callable
 
 import torch.distributed.rpc as rpc
 
-from . import membership, worker
-from .errors import Failure, remote_summary
-from .membership import WorkerLeftWarning
 from .rendezvous import Rendezvous, interface_for, store_client
-from .workers import RPCWorkers
 
 JOIN_VARIABLE = "RPC_COLLECTORS_JOIN"  # <host>:<port> of a running elastic trainer's rendezvous store
 TRAINER_KEY = "rpc_collectors/elastic/trainer"  # set once the trainer's agent runs: its RPC generation
@@ -54,140 +47,5 @@ def member_rendezvous(rdv: Rendezvous, timeout: float) -> Rendezvous:
         raise TimeoutError(
             f"no elastic trainer came up at {rdv.master_addr}:{rdv.master_port} within join_timeout={timeout} s"
         ) from err
-    rpc._init_counter = int(store.get(TRAINER_KEY))  # the trainer's store prefix (workers.rpc_api_generation)
+    rpc._init_counter = int(store.get(TRAINER_KEY))  # the trainer's store prefix (init_rpc's counter, see pools.ranks)
     return dataclasses.replace(rdv, rank=int(store.add(RANKS_KEY, 1)), dynamic=True)
-
-
-class ElasticWorkers(RPCWorkers):
-    """The trainer's slots, each held by whichever collector process serves it now, or vacant.
-
-    ``on_arrival(rank)`` is called (from an RPC thread) for every collector that joins;
-    :meth:`assign` gives it a slot or keeps it as a spare, :meth:`vacate` evicts the one
-    in a slot. :meth:`close` stops every collector that joined, spares included.
-    """
-
-    def __init__(self, rdv: Rendezvous, num_workers: int, rpc_timeout: float, on_arrival: Callable[[int], None]) -> None:
-        self.members: set[int] = set()  # ranks that joined and were not evicted
-        self.spares: list[int] = []
-        self._on_arrival = on_arrival
-        self._members_lock = threading.Lock()
-        membership.listen(self._arrived)
-        try:
-            super().__init__(dataclasses.replace(rdv, dynamic=True), num_workers, rpc_timeout, lambda *_: None)
-            self.ranks: list[int | None] = [None] * num_workers  # type: ignore[assignment]
-            self._client.set(TRAINER_KEY, str(self._generation))  # collectors may join from here on
-        except BaseException:
-            membership.listen(None)
-            raise
-
-    def _arrived(self, rank: int) -> None:
-        with self._members_lock:
-            self.members.add(rank)
-        self._on_arrival(rank)
-
-    def serves(self, worker_id: int) -> bool:
-        return self.ranks[worker_id] is not None
-
-    def assign(self, rank: int) -> int | None:
-        """Put collector ``rank`` in the first vacant slot and return it; None: no slot is vacant, it waits as a spare."""
-        vacant = [i for i, r in enumerate(self.ranks) if r is None]
-        if not vacant:
-            self.spares.append(rank)
-            return None
-        self.ranks[vacant[0]] = rank
-        return vacant[0]
-
-    def vacate(self, worker_id: int) -> None:
-        """Evict the collector serving ``worker_id`` from the group; the slot is vacant."""
-        rank = self.ranks[worker_id]
-        if rank is None:
-            return
-        membership.evict(self._name(worker_id))
-        with self._members_lock:
-            self.members.discard(rank)
-        self.ranks[worker_id] = None
-
-    def spare(self) -> int | None:
-        """A spare collector's rank, to fill a vacant slot (None: there is none)."""
-        return self.spares.pop(0) if self.spares else None
-
-    def identity(self, worker_id: int) -> dict:
-        return {"rank": self.ranks[worker_id] if self.ranks[worker_id] is not None else "(vacant)"}
-
-    def _server_names(self) -> list[str]:
-        with self._members_lock:
-            return [worker.worker_name(rank, self.rdv.session) for rank in sorted(self.members)]
-
-    def close(self, timeout: float = 2.0) -> None:
-        membership.listen(None)
-        super().close(timeout)
-
-
-class ElasticSlots:
-    """``RPCCollector``'s side of elastic membership: collectors that join are admitted to vacant
-    slots (or kept as spares) by the collecting thread, and one that fails leaves its slot vacant.
-
-    Mixed into ``RPCCollector``; it uses the collector's requests, set-up and waits.
-    """
-
-    def _on_arrival(self, rank: int) -> None:
-        """A collector joined (elastic; called from an RPC thread): the collecting thread admits it."""
-        self._events.put(("joined", rank, None))
-
-    def _admit(self, rank: int) -> None:
-        """Give collector ``rank`` a vacant slot (or keep it as a spare) and set it up; one that
-        fails meanwhile leaves the slot vacant again. A slot the trainer waits for is asked at once."""
-        worker_id = self.workers.assign(rank)
-        if worker_id is None:
-            return
-        self._generation[worker_id] += 1
-        try:
-            self._set_up(worker_id)
-        except Failure as failed:
-            self._leave(worker_id, f"failed while it joined: {failed.reason}{remote_summary(failed.remote)}")
-            return
-        if self._round is not None and worker_id not in self._round:  # a sync round waits for this slot
-            self._request(worker_id, again=True)
-        elif self._round is None and not self.sync:
-            self._request(worker_id)
-
-    def _leave(self, worker_id: int, reason: str) -> None:
-        """The collector in ``worker_id``'s slot failed: evict it; a spare, if any, takes the slot."""
-        if self._closing:
-            raise RuntimeError(f"{type(self).__name__} was shut down")
-        rank = self.workers.ranks[worker_id]
-        self._generation[worker_id] += 1
-        del self._outstanding[worker_id]
-        if self._last_async == worker_id:
-            self._last_async = None
-        self.workers.vacate(worker_id)
-        self.infos[worker_id] = None
-        self.restarts.vacated(worker_id)
-        warnings.warn(
-            f"collector worker {worker_id} (rank {rank}) {reason}; its slot is vacant until a collector joins "
-            f"(join_timeout={self.join_timeout} s)",
-            WorkerLeftWarning, stacklevel=4,
-        )
-        spare = self.workers.spare()
-        if spare is not None:
-            self._admit(spare)
-
-    def _serving(self) -> list[int]:
-        return [i for i in range(self.num_workers) if self.workers.serves(i)]
-
-    def _no_collector(self) -> BaseException:
-        vacant = [i for i in range(self.num_workers) if not self.workers.serves(i)]
-        return self._fail(TimeoutError(
-            f"no collector joined within join_timeout={self.join_timeout} s while the trainer waited "
-            f"(vacant collector slots: {vacant}); start collectors with {JOIN_VARIABLE}="
-            f"{self.workers.rdv.master_addr}:{self.workers.rdv.master_port} (slurm/submit.py --join JOBID)"
-        ))
-
-    def _load_elastic_state(self, state: dict) -> None:
-        if state.get("traj_id_bounds") is None or len(state["traj_id_bounds"]) != self.num_workers:
-            raise ValueError(f"the state is not that of an elastic collector with {self.num_workers} slots")
-        if self._serving():
-            raise RuntimeError("load_state_dict on an elastic collector must come before its first batch")
-        self._load_base_state(state)
-        self.policy_version = int(state["policy_version"])
-        self.restarts.restore(state["traj_id_bounds"])

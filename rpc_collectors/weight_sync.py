@@ -13,7 +13,8 @@ Three transports, all separate from the default process group:
   It needs no group, so it is what elastic collectors use: their members change while the
   trainer runs, and a newcomer gets the latest version the same way.
 
-The trainer side is :class:`WeightSender`; each worker holds a :class:`WeightReceiver` that
+The trainer side is :class:`WeightPlane` (which transport, each push, how far behind each
+worker is) over a :class:`WeightSender`; each worker holds a :class:`WeightReceiver` that
 stages incoming weights and applies them to its collector between batches.
 
 Shared-memory slots: the trainer packs every version into the slot that the latest push to
@@ -29,6 +30,7 @@ from __future__ import annotations
 import datetime
 import os
 import threading
+import uuid
 from dataclasses import dataclass
 
 import torch
@@ -227,3 +229,86 @@ class WeightSender:
         if self.group is not None:
             self.group.shutdown()
             self.group = None
+
+
+def choose_transport(requested: str, same_host: bool, backend: str, elastic: bool, in_process: bool) -> str:
+    """The transport a collector's weights take: ``"auto"`` is shared memory when every worker
+    shares the trainer's host (gloo), else the broadcast group; elastic collectors use ``"rpc"``."""
+    kind = requested if requested != "auto" else ("shm" if same_host and backend == "gloo" else "broadcast")
+    if elastic:
+        kind = "rpc"
+    if kind != "shm" and in_process:  # in-process workers would share the trainer's buffer
+        raise ValueError(f"weight_transport={kind!r} needs worker processes; the debug launcher uses 'shm'")
+    if kind == "shm" and not same_host:
+        raise ValueError("weight_transport='shm' needs every worker on the trainer's host")
+    return kind
+
+
+class WeightPlane:
+    """Trainer side of the weight plane for one collector: its transport, each push, and how far
+    behind each worker's weights are (the version it must collect with, batches since its last push).
+
+    ``rdv`` (broadcast only): where the weight process group meets.
+    """
+
+    def __init__(
+        self, module: torch.nn.Module, kind: str, num_workers: int, timeout: float, keep_fd: bool,
+        backend: str = "gloo", rdv: "object | None" = None,
+    ) -> None:
+        flat = FlatWeights(module)
+        fd = None
+        if kind == "rpc":
+            buffer = flat.new_buffer(None)
+            spec = TransportSpec("rpc", flat.nbytes, timeout=timeout)
+        elif kind == "shm":
+            path, fd, buffer = shm_file(flat.nbytes)
+            spec = TransportSpec("shm", flat.nbytes, path=path, timeout=timeout)
+        else:
+            spec = TransportSpec(
+                "broadcast", flat.nbytes, addr=rdv.master_addr, port=rdv.master_port,
+                prefix=f"rpc_collectors/weights/{uuid.uuid4().hex}", world_size=num_workers + 1,
+                backend=backend, interface=rdv.interface, timeout=timeout,
+            )
+            buffer = flat.new_buffer(torch.device("cuda") if backend == "nccl" else None)
+        self.num_workers = num_workers
+        self.sender = WeightSender(flat, spec, buffer, fd, keep_fd=keep_fd)
+        self.min_version = [0] * num_workers  # the version worker i's next batch must be collected with
+        self.since_update = [0] * num_workers  # batches worker i delivered since its last push
+
+    @property
+    def spec(self) -> TransportSpec:
+        return self.sender.spec
+
+    def push(self, worker_ids: list[int], source: "object | None", version: int) -> dict[int, tuple]:
+        """Pack ``source`` (None: the module's tensors now) as ``version`` and start sending it to
+        ``worker_ids``; returns the arguments of each one's ``receive_weights`` call."""
+        self.sender.flat.pack(self.sender.buffer, source)
+        mode = self.sender.push([i + 1 for i in worker_ids], version, all_workers=len(worker_ids) == self.num_workers)
+        for worker_id in worker_ids:
+            self.caught_up(worker_id, version)
+        return {worker_id: self._receive_args(version, mode) for worker_id in worker_ids}
+
+    def _receive_args(self, version: int, mode: str) -> tuple:
+        return (version, mode, self.sender.buffer) if mode == "rpc" else (version, mode)
+
+    def latest(self, version: int) -> tuple | None:
+        """``receive_weights`` arguments that bring a newcomer to ``version`` (None: nothing was pushed yet)."""
+        return None if self.sender.latest is None else self._receive_args(version, self.sender.latest)
+
+    def caught_up(self, worker_id: int, version: int) -> None:
+        """Worker ``worker_id`` was sent ``version``: its next batch is collected with it."""
+        self.min_version[worker_id] = version
+        self.since_update[worker_id] = 0
+
+    def delivered(self, worker_id: int) -> None:
+        self.since_update[worker_id] += 1
+
+    def needs_update(self, worker_id: int, after_each_batch: bool, interval: int) -> bool:
+        """Whether ``worker_id`` gets the trainer's weights before its next batch
+        (``update_after_each_batch``, or ``max_weight_update_interval`` batches with the same weights)."""
+        if after_each_batch:
+            return self.since_update[worker_id] > 0
+        return 0 <= interval < self.since_update[worker_id]
+
+    def close(self) -> None:
+        self.sender.close()

@@ -1,8 +1,9 @@
-"""The collector server: what runs on ranks 1..N, and the RPC calls the trainer makes to it.
+"""The collector server: what runs in a worker process, and the calls the trainer makes to it.
 
 A server holds one :class:`WorkerState` (a single-process :class:`Collector` and its
-:class:`WeightReceiver`). The trainer drives it through :func:`call`, which dispatches to
-the state's methods; the same methods run in-process in the debug launcher.
+:class:`WeightReceiver`). The trainer drives it by name: over RPC on torchrun/SLURM ranks
+(:func:`create`, :func:`call`), over the pipes of a :mod:`~rpc_collectors.channel` in a local
+worker process (:func:`local_main`), or directly in the debug launcher.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch.distributed.rpc as rpc
 import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
-from . import doorbell, membership
+from . import channel, doorbell, membership
 from .collector import Collector
 from .data_plane import Ready, SlotSpec, SlotWriter
 from .rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
@@ -46,10 +47,14 @@ def worker_name(rank: int, session: str = "") -> str:
 class WorkerState:
     """One collector server: its collector, its weights, its identity."""
 
-    def __init__(self, spec: bytes, worker_id: int, num_workers: int, rank: int, traj_id_start: int | None = None) -> None:
-        """Trajectory ids are ``traj_id_start + k * num_workers`` (default start: ``worker_id``)."""
+    def __init__(
+        self, spec: bytes, worker_id: int, num_workers: int, rank: int, traj_id_start: int | None = None,
+        address: str | None = None,
+    ) -> None:
+        """Trajectory ids are ``traj_id_start + k * num_workers`` (default start: ``worker_id``);
+        ``address``: where the trainer reaches this process, for error messages."""
         create_env_fn, policy, kwargs = cloudpickle.loads(spec)
-        self.rank = rank
+        self.rank, self.address = rank, address
         start = worker_id if traj_id_start is None else traj_id_start
         self.collector = Collector(create_env_fn, policy, traj_id_start=start, traj_id_stride=num_workers, **kwargs)
         self.receiver: WeightReceiver | None = None
@@ -58,10 +63,9 @@ class WorkerState:
 
     def info(self) -> dict:
         """Who serves this collector: rank, host name, address, pid, machine id; its number of envs."""
-        address = interface_address(_rdv.interface) if _rdv is not None and _rdv.interface else None
         envs = int(torch.Size(self.collector.env.batch_size).numel())
         return {
-            "rank": self.rank, "host": socket.gethostname(), "address": address, "pid": os.getpid(),
+            "rank": self.rank, "host": socket.gethostname(), "address": self.address, "pid": os.getpid(),
             "host_id": host_id(), "envs": envs,
         }
 
@@ -126,7 +130,8 @@ _stop = threading.Event()
 def create(spec: bytes, worker_id: int, num_workers: int, traj_id_start: int | None = None) -> dict:
     """RPC: build this server's collector."""
     global _state
-    _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id, traj_id_start)
+    address = interface_address(_rdv.interface) if _rdv is not None and _rdv.interface else None
+    _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id, traj_id_start, address)
     return _state.info()
 
 
@@ -229,9 +234,32 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     return code
 
 
-def local_main(rank: int, world_size: int, port: int, rpc_timeout: float, generation: int, dynamic: bool = False) -> int:
-    """Entry point of a local worker process started by the spawner."""
+class LocalServer:
+    """A local worker process's calls, as its channel delivers them: ``create`` builds its state."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.state: WorkerState | None = None
+
+    def handle(self, method: str, args: tuple) -> Any:
+        if method == "create":
+            spec, worker_id, num_workers, traj_id_start = args
+            self.state = WorkerState(spec, worker_id, num_workers, self.rank, traj_id_start, "127.0.0.1")
+            return self.state.info()
+        if self.state is None:
+            raise RuntimeError(f"collector worker {self.rank - 1} has no collector yet")
+        return getattr(self.state, method)(*args)
+
+    def close(self) -> None:
+        if self.state is not None:
+            self.state.close()
+
+
+def local_main(rank: int, trainer_pid: int, request_fd: int, answer_fd: int) -> int:
+    """Entry point of a local worker process started by the spawner: serve the trainer's channel
+    (its ends are the trainer's descriptors ``request_fd``/``answer_fd``) until it closes."""
     torch.set_num_threads(1)
-    rpc._init_counter = generation  # match the trainer's store prefix (see workers.rpc_api_generation)
-    rdv = Rendezvous("local", rank, world_size, "127.0.0.1", port, "lo", session=str(port), dynamic=dynamic)
-    return serve(rdv, rpc_timeout)
+    name_process(f"rpc-worker{rank - 1}")
+    server = LocalServer(rank)
+    channel.serve(doorbell.Ends(trainer_pid, request_fd, answer_fd), server.handle, server.close)
+    return 0

@@ -63,7 +63,7 @@ def main() -> None:
             workers.append({**info, **probe})
         start = {
             "event": "start", "trainer": multihost_probe.where(), "workers": workers,
-            "weight_transport": collector._sender.spec.kind if collector._sender is not None else None,
+            "weight_transport": collector.weights.spec.kind if collector.weights is not None else None,
         }
         emit(start)
         if args.endless:

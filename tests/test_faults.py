@@ -9,7 +9,6 @@ import textwrap
 
 import gymnasium as gym
 import pytest
-import torch
 from torch import nn
 
 from procs import descendants, wait_gone
@@ -170,13 +169,6 @@ def test_port_in_use_is_a_clear_error(monkeypatch):
             monkeypatch.setenv(key, value)
         with pytest.raises(ValueError, match=f"MASTER_PORT={port} is already in use"):
             RPCCollector("CartPole-v1", None, frames_per_batch=100, launcher="torchrun")
-
-
-def test_one_rpc_collector_per_process():
-    with RPCCollector("CartPole-v1", None, num_collectors=1, frames_per_batch=50, launcher="local") as c:
-        with pytest.raises(RuntimeError, match="one RPCCollector per process"):
-            RPCCollector("CartPole-v1", None, num_collectors=1, frames_per_batch=50, launcher="local")
-        assert next(iter(c)).shape == torch.Size([50])
 
 
 def test_update_weights_without_module_policy_is_a_type_error():

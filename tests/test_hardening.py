@@ -20,7 +20,6 @@ import time
 
 import pytest
 import torch
-import torch.distributed.rpc as rpc
 from torch import nn
 
 from procs import descendants, wait_gone
@@ -146,11 +145,14 @@ def slow_env():
     return GymEnv("CartPole-v1")
 
 
-def test_ctrl_c_once_the_rpc_agent_runs_leaves_no_agent():
-    interrupt_when(rpc.api._is_current_rpc_agent_set)
+def test_ctrl_c_while_the_workers_build_their_collectors_leaves_no_worker(monkeypatch):
+    pids = after_spawning(monkeypatch, lambda rank, pid: None)
+    spawned = []
+    interrupt_when(lambda: len(pids) == 2 and (spawned.append(time.monotonic()) or time.monotonic() - spawned[0] > 0.3))
     with pytest.raises(KeyboardInterrupt):
         collector(create_env_fn=slow_env)
-    assert not rpc.api._is_current_rpc_agent_set(), "an RPC agent was left running"
+    assert len(pids) == 2 and not wait_gone(set(pids), 10), "a worker outlived the interrupted constructor"
+    monkeypatch.undo()
     works_again()
 
 
@@ -215,14 +217,14 @@ def test_trainer_killed_while_workers_join_leaves_no_weights_file(tmp_path):
         import os, signal
         from torch import nn
         from rpc_collectors import RPCCollector
-        from rpc_collectors.workers import RPCWorkers
+        from rpc_collectors.pools.local import LocalPool
 
-        call_async = RPCWorkers.call_async
-        def die_on_join(self, worker_id, method, *args, **kwargs):
+        call = LocalPool.call
+        def die_on_join(self, worker_id, method, *args):
             if method == "join_weights":  # the window: the file exists, no worker mapped it yet
                 os.kill(os.getpid(), signal.SIGKILL)
-            return call_async(self, worker_id, method, *args, **kwargs)
-        RPCWorkers.call_async = die_on_join
+            return call(self, worker_id, method, *args)
+        LocalPool.call = die_on_join
         RPCCollector("CartPole-v1", nn.Linear(4, 2), num_collectors=2, frames_per_batch=100, launcher="local")
     """)
     try:

@@ -323,14 +323,18 @@ def test_debug_launcher_runs_in_process():
 
 
 # ------------------------------------------------------------------ network
-def test_local_workers_listen_on_loopback_only():
-    with rpc(BiasPolicy(), total_frames=-1) as c:
-        next(iter(c))
-        pids = [info["pid"] for info in c.infos] + [os.getpid()]
-        for pid in pids:
-            addresses = listening_addresses(pid)
-            assert addresses, f"process {pid} listens on nothing"
-            assert addresses <= LOOPBACK, f"process {pid} listens on {addresses}"
+def test_local_workers_listen_on_no_port_and_the_trainer_on_loopback_only():
+    """Local workers are driven over pipes: they open no port; the broadcast weight group's store is on loopback."""
+    for transport in ("shm", "broadcast"):
+        with rpc(BiasPolicy(), total_frames=-1, weight_transport=transport) as c:
+            next(iter(c))
+            c.update_policy_weights_()
+            for info in c.infos:
+                assert not listening_addresses(info["pid"]) - LOOPBACK, f"worker {info['pid']} listens outside loopback"
+            if transport == "shm":
+                assert all(not listening_addresses(info["pid"]) for info in c.infos), "a local worker opened a port"
+            trainer = listening_addresses(os.getpid())
+            assert trainer <= LOOPBACK, f"the trainer listens on {trainer}"
 
 
 def test_two_collectors_in_two_processes_do_not_clash(tmp_path):

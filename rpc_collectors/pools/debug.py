@@ -1,0 +1,62 @@
+"""The debug launcher's pool: every collector lives in the trainer's process, called directly,
+so a debugger steps from the trainer's loop into an env's ``step``."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from .. import worker
+from . import WorkerPool, traceback_failure
+
+
+class DebugPool(WorkerPool):
+    """``num_workers`` collectors in this process; a call runs at once and returns a done future."""
+
+    replaceable = True
+    in_process = True
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.states: dict[int, worker.WorkerState] = {}
+
+    @staticmethod
+    def _done(fn: Callable[[], Any]) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        try:
+            fut.set_result(fn())
+        except Exception:  # delivered through the future with its traceback, as from a process
+            fut.set_exception(RuntimeError(traceback.format_exc()))
+        return fut
+
+    def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
+        def build() -> dict:
+            self.states[worker_id] = worker.WorkerState(spec, worker_id, self.num_workers, worker_id + 1, traj_id_start)
+            return self.states[worker_id].info()
+
+        return self._done(build)
+
+    def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
+        return self._done(lambda: getattr(self.states[worker_id], method)(*args))
+
+    def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
+        return traceback_failure(err) or (f"raised an error: {err}", "")
+
+    def replace(self, worker_id: int) -> None:
+        """Drop ``worker_id``'s collector (its env may be broken); :meth:`create` builds a fresh one."""
+        state = self.states.pop(worker_id, None)
+        if state is not None:
+            with contextlib.suppress(Exception):
+                state.close()
+
+    def identity(self, worker_id: int) -> dict:
+        return {"host": f"{socket.gethostname()}, in the trainer process (debug launcher)", "pid": os.getpid()}
+
+    def close(self, timeout: float = 2.0) -> None:
+        for state in self.states.values():
+            state.close()
+        self.states.clear()

@@ -1,0 +1,162 @@
+"""Worker processes on the trainer's host, started by the spawner and driven over pipes.
+
+No RPC agent and no port: each worker is called through its :class:`~rpc_collectors.channel.Channel`,
+so any number of collectors can run local workers in one process. The spawner reports each
+exit at once; a worker that dies fails the calls it had in flight with its exit status.
+"""
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import torch
+
+from .. import spawner
+from ..channel import Channel
+from ..rendezvous import Rendezvous, serve_store
+from . import OnDeath, WorkerPool, traceback_failure
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"died with exit code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+class LocalPool(WorkerPool):
+    """``num_workers`` processes on this host; worker i runs as rank i + 1.
+
+    Start-up is bounded by ``rpc_timeout`` and interruptible: it waits for every worker's hello,
+    a worker's exit (reported by the spawner at once) or Ctrl-C. :meth:`close` is idempotent
+    and, when interrupted, a second call finishes it.
+    """
+
+    replaceable = True
+
+    def __init__(self, num_workers: int, rpc_timeout: float, on_death: OnDeath) -> None:
+        self.num_workers, self.rpc_timeout, self.on_death = num_workers, rpc_timeout, on_death
+        self.spawner = spawner.shared_spawner()
+        self.channels: dict[int, Channel] = {}
+        self.pids: dict[int, int] = {}  # local worker pid -> worker id, until reaped
+        self.worker_pids: dict[int, int] = {}  # worker id -> pid of the process serving it now
+        self._closing = False
+        self._store: Any = None  # served on first use: the weight process group meets there
+        self._changed = threading.Condition()  # a hello or an exit during start-up
+        self._start_exits: dict[int, str] = {}  # worker id -> exit reason, before it said hello
+        self._joined: set[int] = set()  # worker ids whose current process said hello
+        try:
+            for worker_id in range(num_workers):
+                self._spawn(worker_id)
+            self._await(set(range(num_workers)))
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, worker_id: int) -> None:
+        bell = self.channels[worker_id] = Channel()
+        bell.hello.add_done_callback(lambda _f: self._notify())
+        ends = bell.ends
+        pid = self.spawner.spawn(
+            "rpc_collectors.worker:local_main", [worker_id + 1, ends.pid, ends.request, ends.answer],
+            self.rpc_timeout, lambda pid, code, i=worker_id: self._on_exit(i, pid, code),
+        )
+        self.pids[pid] = worker_id
+        self.worker_pids[worker_id] = pid
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _await(self, worker_ids: set[int]) -> None:
+        """Wait until ``worker_ids`` said hello; an exit meanwhile raises its WorkerError."""
+        deadline = time.monotonic() + self.rpc_timeout
+        waiting = set(worker_ids)
+        with self._changed:
+            while waiting:
+                dead = sorted(set(self._start_exits) & waiting)
+                if dead:
+                    reason = f"{self._start_exits.pop(dead[0])} during start-up, before it joined the trainer"
+                    raise self.error(dead[0], reason)
+                for worker_id in [i for i in waiting if self.channels[i].hello.done()]:
+                    self.channels[worker_id].hello.wait()  # raises if it failed
+                    self.channels[worker_id].opened()
+                    self._joined.add(worker_id)
+                    waiting.discard(worker_id)
+                remaining = deadline - time.monotonic()
+                if waiting and remaining <= 0:
+                    late = min(waiting)
+                    raise self.error(late, f"did not join the trainer within rpc_timeout={self.rpc_timeout} s")
+                if waiting:
+                    self._changed.wait(remaining)  # Ctrl-C interrupts this wait
+
+    def _on_exit(self, worker_id: int, pid: int, code: int) -> None:
+        self.pids.pop(pid, None)
+        if self.worker_pids.get(worker_id) != pid:  # a replaced worker: its exit is no failure
+            return
+        reason = describe_exit(code)
+        if not self._closing:  # first: a failure its calls raise finds the death reported
+            self.on_death(worker_id, reason)
+        with self._changed:
+            if worker_id not in self._joined:  # before the hello: _await reports it
+                self._start_exits[worker_id] = reason
+            self.channels[worker_id].exited(reason)
+            self._changed.notify_all()
+
+    def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
+        return self.channels[worker_id].call("create", spec, worker_id, self.num_workers, traj_id_start)
+
+    def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
+        return self.channels[worker_id].call(method, *args)
+
+    def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
+        """A traceback: it raised. Otherwise its pipes closed: its exit status follows at once."""
+        raised = traceback_failure(err)
+        if raised is not None:
+            return raised
+        exit_reason = self.channels[worker_id].exit_reason()
+        return (exit_reason or f"is unreachable: {err}"), ""
+
+    def replace(self, worker_id: int) -> None:
+        """Put a fresh process in place of failed ``worker_id``; wait until it said hello."""
+        pid = self.worker_pids.pop(worker_id, None)  # first: its exit, reported from another thread, is no failure
+        if pid is not None:
+            self.spawner.kill(pid)
+        self.channels.pop(worker_id).close()
+        self._start_exits.pop(worker_id, None)
+        self._joined.discard(worker_id)
+        self._spawn(worker_id)
+        self._await({worker_id})
+
+    def kill(self, worker_id: int) -> None:
+        pid = self.worker_pids.get(worker_id)
+        if pid is not None:
+            self.spawner.kill(pid)
+
+    def identity(self, worker_id: int) -> dict:
+        pid = self.worker_pids.get(worker_id)
+        return {"rank": worker_id + 1, "host": socket.gethostname(), "address": "127.0.0.1", "pid": pid}
+
+    def weight_rendezvous(self) -> Rendezvous:
+        """Where the weight process group meets (``weight_transport="broadcast"``): a store on loopback."""
+        if self._store is None:
+            self._store, port = serve_store("127.0.0.1", 0, self.rpc_timeout)
+            self.rdv = Rendezvous("local", 0, self.num_workers + 1, "127.0.0.1", port, "lo")
+        return self.rdv
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Close every channel (each worker closes its collector and exits), then reap the processes
+        within about ``timeout`` seconds, killing those still there. Each step is forgotten only
+        once done, so a call interrupted by Ctrl-C leaves the rest to the next call."""
+        self._closing = True
+        for bell in self.channels.values():
+            bell.close()
+        if self.pids:
+            self.spawner.reap(list(self.pids), timeout)
+        self.pids = {}
+        self._store = None
