@@ -373,6 +373,19 @@ class BatchPlane:
         if pool is not None and not self._join_one(worker_id, pool, self._rows.get(worker_id, 0)):
             raise RuntimeError(f"the replacement of collector worker {worker_id} cannot take its batch slots")
 
+    def admit(self, worker_id: int, local: bool) -> None:
+        """A new process serves ``worker_id`` (an elastic newcomer, on any host): its predecessor's
+        slots are let go, and its own first batch sets up slots for it, as for any worker."""
+        bell = self._bells.pop(worker_id, None)
+        if bell is not None:
+            bell.close()
+        pool = self.pools.pop(worker_id, None)
+        if pool is not None:
+            pool.close()
+        self._pending.pop(worker_id, None)
+        if local or self._address is not None:
+            self._pending[worker_id] = "shm" if local else "tcp"
+
     def _join_one(self, worker_id: int, pool: SlotPool, row: int) -> bool:
         """Ask ``worker_id`` to take its slots in ``pool`` and open a new doorbell; whether it could."""
         bell = Doorbell() if pool.shared else SocketDoorbell(self._address, pool.memory, self._connect_timeout)

@@ -23,7 +23,7 @@ from torch import nn
 
 from . import checks, layouts
 from .base import BaseCollector
-from .data_plane import BatchPlane
+from .data_plane import BatchPlane, signature_of
 from .errors import Failure, WorkerError
 from .events import BATCH, Answer, Events, Joined
 from .lifetime import Resources, release_with, weak_method
@@ -68,6 +68,7 @@ class CollectorFront(BaseCollector):
         self.ready = False  # failures are recovered only once the collector is up
         self.weights: WeightPlane | None = None
         self._batches: BatchPlane | None = None
+        self._layout: dict | None = None  # elastic: keys, shapes and dtypes of the run's first batch
         self._last_async: int | None = None
         self._round: dict[int, Any] | None = None  # the answers of a sync round in progress
         self._push: dict[int, Call] = {}  # the weight push in progress: its calls and their futures
@@ -88,9 +89,9 @@ class CollectorFront(BaseCollector):
             local = [not self.workers.in_process and info is not None and info["host_id"] == host_id() for info in infos]
             self._resources.threads = TrainerThreads(s.num_threads, sum(local))
             rdv = self.workers.rdv  # other hosts send their batches to its address
-            address = rdv.address() if rdv is not None and not self.elastic else None
-            self._batches = self._resources.batches = BatchPlane(
-                local, weak_method(self._join_batches), sync=self.sync, keep_fds=self.restarts.budget > 0,
+            address = rdv.address() if rdv is not None else None
+            self._batches = self._resources.batches = BatchPlane(  # elastic: a buffer per member, who may be anywhere
+                local, weak_method(self._join_batches), sync=self.sync and not self.elastic, keep_fds=self.restarts.budget > 0,
                 device=s.storing_device, address=address, timeout=self.rpc_timeout,
                 pipelined=not self.sync and not self.update_after_each_batch,
             )
@@ -118,14 +119,20 @@ class CollectorFront(BaseCollector):
 
     def _join_batches(self, worker_id: int, spec: Any) -> bool:
         """Ask a worker to map a shared batch buffer; False if it cannot (a failure shows at its next request)."""
-        try:  # without restarts a failure raises its WorkerError here
-            return self.gather({worker_id: self._call(worker_id, "join_batches", spec)}, recover=not self.restarts.budget)[0]
+        recover = not self.restarts.budget and not self.elastic  # without restarts a failure raises its WorkerError here
+        try:
+            return self.gather({worker_id: self._call(worker_id, "join_batches", spec)}, recover=recover)[0]
         except Failure:
             return False
 
     def rejoin_batches(self, worker_id: int) -> None:
-        """Give the process now serving ``worker_id`` its batch slots."""
-        if self._batches is not None:
+        """Give the process now serving ``worker_id`` its batch slots: a replacement maps its
+        predecessor's, an elastic newcomer gets its own with its first batch."""
+        if self._batches is None:
+            return
+        if self.elastic:
+            self._batches.admit(worker_id, self.roster[worker_id].info["host_id"] == host_id())
+        else:
             self.shared(self._batches.rejoin, worker_id)
 
     def _call(self, worker_id: int, method: str, *args: Any) -> Call:
@@ -276,7 +283,21 @@ class CollectorFront(BaseCollector):
             record.answered()
             if self.weights is not None:
                 self.weights.delivered(item.worker_id)
+            if self.elastic:
+                self._same_layout(item.worker_id, result)
             return item.worker_id, result
+
+    def _same_layout(self, worker_id: int, result: Any) -> None:
+        """Elastic: a member whose batch does not match the run's first one (keys, shapes,
+        dtypes) fails, so its slot falls vacant, instead of mixing layouts in the run."""
+        if not isinstance(result, TensorDictBase):  # in its own slots, laid out from its first batch
+            return
+        signature = signature_of(result)
+        if self._layout is None:
+            self._layout = signature
+        differs = layouts.difference(signature, self._layout) if signature and self._layout else ""
+        if differs:
+            raise Failure(worker_id, f"delivered a batch unlike the run's: {differs}")
 
     def _next_answer(self) -> tuple[int, Any]:
         """:meth:`_next_batch`, recovering failed workers; a replacement is asked what its

@@ -37,3 +37,17 @@ def lay_out(stacked: TensorDictBase, cat_results: str | int) -> TensorDictBase:
 def _named(batch: TensorDictBase) -> TensorDictBase:
     batch.names = [None] * (batch.batch_dims - 1) + ["time"]
     return batch
+
+
+def difference(signature: dict, expected: dict) -> str:
+    """What differs between two batches' ``{key: (shape, dtype)}`` (see ``data_plane.signature_of``); '' if nothing."""
+    name = ".".join
+    parts = [f"no {name(key)}" for key in sorted(set(expected) - set(signature))]
+    parts += [f"an extra {name(key)}" for key in sorted(set(signature) - set(expected))]
+    for key in sorted(set(signature) & set(expected)):
+        (shape, dtype), (want_shape, want_dtype) = signature[key], expected[key]
+        if shape != want_shape:
+            parts.append(f"{name(key)} of shape {list(shape)} instead of {list(want_shape)}")
+        if dtype != want_dtype:
+            parts.append(f"{name(key)} of dtype {dtype} instead of {want_dtype}")
+    return ", ".join(parts)

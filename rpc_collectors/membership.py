@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
 _arrivals: "queue.Queue[int]" = queue.Queue()  # ranks that joined this trainer's group
+_evicted: set[int] = set()  # ranks this trainer removed from its group
 _listener: Callable[[int], None] | None = None  # an elastic trainer's: gets arrivals instead of the queue
 
 
@@ -92,7 +93,13 @@ def evict(name: str) -> None:
         info = agent.get_worker_info(name)
     except RuntimeError:  # never joined, or already evicted
         return
+    _evicted.add(info.id)
     agent._update_group_membership(info, [], {}, False)
+
+
+def is_member(rank: int) -> bool:
+    """Whether the server of ``rank`` still belongs to this trainer's group (it was not evicted)."""
+    return rank not in _evicted
 
 
 _LOCK_KEY = "rpc_collectors/membership_lock"

@@ -177,9 +177,9 @@ def cpp_warnings_off() -> Iterator[None]:
         level.value = saved
 
 
-def ping() -> bool:
-    """RPC (served by the trainer): the trainer is alive."""
-    return True
+def ping(rank: int) -> bool:
+    """RPC (served by the trainer): the trainer is alive; False if it evicted the server of ``rank``."""
+    return membership.is_member(rank)
 
 
 def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
@@ -218,11 +218,16 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     else:
         start_agent(name, rdv, rpc_timeout)
     code = 0
-    while not _stop.wait(PING_EVERY):
+    while not _stop.wait(min(PING_EVERY, rpc_timeout)):
         try:
-            rpc.rpc_sync(TRAINER, ping, timeout=max(rpc_timeout, PING_EVERY))
+            member = rpc.rpc_sync(TRAINER, ping, args=(rdv.rank,), timeout=max(rpc_timeout, PING_EVERY))
         except RuntimeError as err:
-            print(f"{worker_name(rdv.rank, rdv.session)}: the trainer is unreachable ({err}); exiting", file=sys.stderr)
+            print(f"{name}: the trainer is unreachable ({err}); exiting", file=sys.stderr)
+            code = 1
+            break
+        if not member:  # it stopped answering for a while (a stopped process, a cut link): its slot went on
+            print(f"{name}: the trainer evicted this collector (it did not answer within rpc_timeout={rpc_timeout} s); "
+                  "exiting", file=sys.stderr)
             code = 1
             break
     if _stop.is_set():  # stopped by the trainer: let its agent stop first (see stop())

@@ -7,25 +7,84 @@ or on another rank, serves a collector inside the RPCCollector constructor and e
     --async              async batches (default: sync rounds over all slots)
     --frames N           frames to collect (-1: until killed)
     --batch-sleep S      the trainer's "training step": seconds to sleep after each batch
+    --obs-size N         collect from ``CounterEnv`` with N floats per observation (a collector
+                         process started with ELASTIC_OBS_SIZE set uses that size instead)
 
 The trainer pushes new weights after every batch and prints JSON lines: one per batch (its
-shape, the trainer's weights version, the versions in each slot's rows, and which collector
-process -- rank, address, pid -- served each slot), one per WorkerLeftWarning, and a summary.
+shape, the trainer's weights version, the versions in each slot's rows, which collector
+process -- rank, address, pid -- served each slot, and how each slot's batches travel), one
+per WorkerLeftWarning, and a summary. With ``--obs-size`` it checks every frame: each slot's
+rows come from the process serving it, in consecutive steps; an "error" line says otherwise.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 from multihost_trainer import ArgmaxPolicy
-from rpc_collectors import RPCCollector, WorkerLeftWarning
+from rpc_collectors import GymEnv, RPCCollector, WorkerLeftWarning
 
 WORKER_ID, VERSION, TRAJ_IDS = ("collector", "worker_id"), ("collector", "policy_version"), ("collector", "traj_ids")
+
+
+class CounterEnv(gym.Env):
+    """Observation ``[pid, step counter, 0 ...]`` (``size`` floats); episodes of 20 steps."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, size: int) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.size, self.counter, self.t = size, 0, 0
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(self.size, np.float32)
+        obs[:2] = os.getpid(), self.counter
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.counter += 1
+        self.t += 1
+        return self._obs(), 1.0, False, self.t == 20, {}
+
+
+class CounterPolicy(ArgmaxPolicy):
+    """``ArgmaxPolicy`` on the first 4 floats of a ``CounterEnv`` observation, zeroed (they hold a pid and a step)."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return super().forward(observation[..., :4] * 0)
+
+
+def counter_env(size: int):
+    """A factory run in the collector process: ``ELASTIC_OBS_SIZE`` there overrides ``size``."""
+    def make() -> GymEnv:
+        return GymEnv(CounterEnv(int(os.environ.get("ELASTIC_OBS_SIZE", size))))
+    return make
+
+
+def frame_errors(batch, worker_id: int, pid: int) -> list[str]:
+    """What is wrong with the frames of ``worker_id`` in ``batch`` (``CounterEnv``), served by ``pid``."""
+    rows = batch[WORKER_ID] == worker_id
+    obs, nxt = batch["observation"][rows], batch["next", "observation"][rows]
+    errors = []
+    if not (obs[:, 0] == pid).all():
+        errors.append(f"slot {worker_id} holds frames of pids {obs[:, 0].unique().tolist()}, not its collector's {pid}")
+    if not ((obs[:, 1].diff() == 1).all() and (nxt[:, 1] == obs[:, 1] + 1).all()):
+        errors.append(f"slot {worker_id}'s frames are not consecutive steps")
+    return errors
 
 
 def emit(record: dict) -> None:
@@ -48,12 +107,14 @@ def main() -> None:
     parser.add_argument("--batch-sleep", type=float, default=0.0)
     parser.add_argument("--rpc-timeout", type=float, default=5.0)
     parser.add_argument("--join-timeout", type=float, default=60.0)
+    parser.add_argument("--obs-size", type=int, default=0)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     warnings.showwarning = report_warning
+    env, policy = (counter_env(args.obs_size), CounterPolicy()) if args.obs_size else ("CartPole-v1", ArgmaxPolicy())
     collector = RPCCollector(
-        "CartPole-v1", ArgmaxPolicy(), frames_per_batch=args.frames_per_batch, total_frames=args.frames,
+        env, policy, frames_per_batch=args.frames_per_batch, total_frames=args.frames,
         num_collectors=args.slots, sync=args.sync, elastic=True, rpc_timeout=args.rpc_timeout,
         join_timeout=args.join_timeout,
     )
@@ -74,9 +135,12 @@ def main() -> None:
                 for traj in batch[TRAJ_IDS][rows].unique().tolist():
                     if traj_owner.setdefault(traj, pid) != pid:
                         emit({"event": "error", "message": f"trajectory id {traj} came from pids {traj_owner[traj]} and {pid}"})
+                for error in frame_errors(batch, worker_id, pid) if args.obs_size else []:
+                    emit({"event": "error", "message": error})
             emit({
                 "event": "batch", "index": index, "shape": list(batch.shape), "frames": collector.frames,
                 "policy_version": collector.policy_version, "versions": versions, "slots": slots,
+                "paths": [collector._batches.path_of(w) for w in range(args.slots)],
             })
             collector.update_policy_weights_()
             if index == 0:

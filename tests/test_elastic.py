@@ -56,8 +56,8 @@ class Run:
         self.procs[name] = proc
         return proc
 
-    def collector(self, name: str, host: int | None = None) -> subprocess.Popen:
-        return self._start(name, {"RPC_COLLECTORS_JOIN": self.join}, host)
+    def collector(self, name: str, host: int | None = None, **env: str) -> subprocess.Popen:
+        return self._start(name, {"RPC_COLLECTORS_JOIN": self.join, **env}, host)
 
     def _read(self, trainer: subprocess.Popen) -> None:
         for line in trainer.stdout:
@@ -180,6 +180,69 @@ def test_sync_spare_takes_a_dead_collectors_slot_and_the_run_finishes(runs):
     check_batches(run, sync=True, frames_per_batch=100)
     survivors = [p for p in collectors if p is not victim]
     assert all(p.wait(timeout=30) == 0 for p in survivors), run.report()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_elastic_batches_come_through_shared_memory_whole_also_from_a_newcomer(runs, sync):
+    """Collectors on the trainer's host send their batches through shared-memory slots, checked
+    frame by frame by the trainer; a newcomer in a dead collector's slot gets slots of its own."""
+    args = ["--slots", "2", "--obs-size", "500", "--frames-per-batch", "200", "--rpc-timeout", str(RPC_TIMEOUT_S)]
+    run = runs(args + ([] if sync else ["--async"]))
+    first, second = run.collector("c1"), run.collector("c2")
+    both_shm = lambda r, pids: (r["event"] == "batch" and r["paths"] == ["shm", "shm"]  # noqa: E731
+                                and {s["pid"] for s in r["slots"] if s} == pids)
+    run.until(lambda r: both_shm(r, {first.pid, second.pid}), 60, "batches from both through shared memory")
+    os.kill(first.pid, signal.SIGKILL)
+    run.until(lambda r: r["event"] == "left", 30, "WorkerLeftWarning")
+    newcomer = run.collector("c3")
+    run.until(lambda r: both_shm(r, {second.pid, newcomer.pid}), 60, "the newcomer's batches through shared memory")
+    for _ in range(3):
+        run.until(lambda r: both_shm(r, {second.pid, newcomer.pid}), 30, "more batches")
+    errors = [r for r in run.records if r["event"] == "error"]
+    assert not errors, errors
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_joiner_whose_batches_differ_is_refused_and_the_run_goes_on(runs):
+    """A collector whose env gives 5 floats instead of 4 leaves its slot with a warning naming
+    what differs; the batches the trainer yields keep the run's layout."""
+    run = runs(["--slots", "2", "--obs-size", "4", "--batch-sleep", "0.02", "--rpc-timeout", str(RPC_TIMEOUT_S)])
+    first, second = run.collector("c1"), run.collector("c2")
+    run.until(lambda r: r["event"] == "batch" and all(r["slots"]), 60, "batch with both collectors in")
+    wrong = run.collector("c3", ELASTIC_OBS_SIZE="5")  # a spare, until a slot falls vacant
+    time.sleep(2)  # let it join as a spare
+    os.kill(first.pid, signal.SIGKILL)
+    lefts = [run.until(lambda r: r["event"] == "left", 30, "WorkerLeftWarning") for _ in range(2)]
+    assert "is unreachable" in lefts[0]["message"], lefts
+    assert "delivered a batch unlike the run's: " in lefts[1]["message"], lefts
+    assert "observation of shape [50, 5] instead of [50, 4]" in lefts[1]["message"], lefts
+    newcomer = run.collector("c4")
+    run.until(lambda r: r["event"] == "batch" and served_by(r, newcomer.pid), 60, "batch from a good newcomer")
+    assert wrong.wait(timeout=30) is not None, "the refused collector kept running"
+    check_batches(run, sync=True, frames_per_batch=100)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_an_evicted_collector_exits_once_it_runs_again(runs, tmp_path):
+    """SIGSTOPped past rpc_timeout, a collector loses its slot to the spare; continued, it finds
+    itself evicted and exits within rpc_timeout (and a ping), saying so."""
+    run = runs(["--slots", "1", "--batch-sleep", "0.02", "--rpc-timeout", str(RPC_TIMEOUT_S)])
+    first = run.collector("c1")
+    run.until(lambda r: r["event"] == "batch" and served_by(r, first.pid), 60, "batch from the first collector")
+    spare = run.collector("c2")
+    time.sleep(2)  # let it join as a spare
+    os.kill(first.pid, signal.SIGSTOP)
+    run.until(lambda r: r["event"] == "left", 30, "WorkerLeftWarning")
+    run.until(lambda r: r["event"] == "batch" and served_by(r, spare.pid), 30, "batch from the spare")
+    os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(timeout=RPC_TIMEOUT_S + 10) == 1, run.report()
+    err = (tmp_path / "c1.stderr").read_text()
+    assert "the trainer evicted this collector" in err, err
+    run.until(lambda r: r["event"] == "batch" and served_by(r, spare.pid), 30, "batches go on")
 
 
 @pytest.mark.multiprocess
