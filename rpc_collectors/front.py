@@ -35,10 +35,9 @@ from .roster import WorkerRecord
 from .settings import Settings
 from .threads import TrainerThreads
 from .weight_sync import WeightPlane, choose_transport
+from .waits import Call, Waits
 from .weights import one_source, weights_of
 
-TIMEOUT_MARGIN = 1.0  # seconds past rpc_timeout before a wait gives up (a pool's own timeout comes first)
-Call = Callable[[], torch.futures.Future]  # a request to one worker, that can be sent again
 
 
 class CollectorFront(BaseCollector):
@@ -76,6 +75,9 @@ class CollectorFront(BaseCollector):
         self._lock = threading.RLock()
         self._resources = Resources()
         self.workers = self._resources.workers = make_pool(weak_method(self._on_death), weak_method(self._on_arrival))
+        self.waits = Waits(self.events, self.roster, self.workers, self.rpc_timeout, self.require_running,
+                           self.recovery.recover)
+        self.gather = self.waits.gather
         self._release = release_with(self, self._resources)
         self._closed = self._closing = False
         try:
@@ -197,68 +199,11 @@ class CollectorFront(BaseCollector):
         if self._closing:
             raise RuntimeError(f"{type(self).__name__} was shut down")
 
-    def _check(self, worker_ids: set[int] | None = None) -> None:
-        """Raise shutdown, or the failure of a dead worker among ``worker_ids`` (None: any)."""
-        self.require_running()
-        dead = [i for i, r in enumerate(self.roster) if r.dead is not None and (worker_ids is None or i in worker_ids)]
-        if dead:
-            raise Failure(dead[0], self.roster[dead[0]].dead)
-
-    def _result(self, worker_id: int, fut: torch.futures.Future) -> Any:
-        """The answer in ``fut``; a failed call raises :class:`Failure` with what went wrong."""
-        try:
-            return fut.wait()
-        except Exception as err:
-            reason, remote = self.workers.failure(worker_id, err)
-            raise Failure(worker_id, reason, remote) from err
-
-    def _late(self, worker_id: int) -> Failure:
-        return Failure(worker_id, f"did not answer within rpc_timeout={self.rpc_timeout} s")
-
-    def gather(
-        self, calls: dict[int, Call], futures: dict[int, torch.futures.Future] | None = None, recover: bool = True,
-    ) -> list:
-        """Results of ``{worker_id: call}`` in worker order (``futures``: the calls already sent).
-
-        Only these workers' failures interrupt it. A failed worker is replaced and asked again
-        while the restart budget lasts (with ``recover=False`` its failure propagates as
-        :class:`Failure`); then it raises WorkerError.
-        """
-        tag = object()
-        calls = dict(calls)
-        futures = dict(futures) if futures is not None else {i: call() for i, call in calls.items()}
-        for worker_id, fut in futures.items():
-            self.events.watch(worker_id, self.roster[worker_id].generation, tag, fut)
-        results: dict[int, Any] = {}
-        deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
-        try:
-            while len(results) < len(calls):
-                waiting = set(calls) - set(results)
-                try:
-                    item = self.events.take(lambda e: isinstance(e, Answer) and e.tag is tag, deadline,
-                                            functools.partial(self._check, waiting))
-                    if item is None:
-                        raise self._late(min(waiting))
-                    if item.fut is futures.get(item.worker_id):  # not an answer of a replaced worker
-                        results[item.worker_id] = self._result(item.worker_id, item.fut)
-                except Failure as failed:
-                    if not recover:
-                        raise
-                    if not self.recovery.recover(failed):  # an elastic collector left: its slot has no answer
-                        calls.pop(failed.worker_id, None)
-                    elif failed.worker_id in calls and failed.worker_id not in results:
-                        futures[failed.worker_id] = fut = calls[failed.worker_id]()
-                        self.events.watch(failed.worker_id, self.roster[failed.worker_id].generation, tag, fut)
-                    deadline = time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
-            return [results[i] for i in sorted(results)]
-        finally:
-            self.events.drop(lambda e: isinstance(e, Answer) and e.tag is tag)
-
     def _deadline(self) -> float:
         """Until when to wait for the next batch: an answer to an outstanding request within
         rpc_timeout; with none outstanding (elastic, vacant slots), a collector within join_timeout."""
         outstanding = any(r.outstanding for r in self.roster)
-        return time.monotonic() + (self.rpc_timeout + TIMEOUT_MARGIN if outstanding or not self.elastic else self.join_timeout)
+        return self.waits.deadline() if outstanding or not self.elastic else time.monotonic() + self.join_timeout
 
     def _next_batch(self) -> tuple[int, Any]:
         """The next worker's batch answer (worker id, batch or ``Ready``); collectors that join
@@ -266,12 +211,12 @@ class CollectorFront(BaseCollector):
         deadline = self._deadline()
         while True:
             item = self.events.take(lambda e: isinstance(e, Joined) or (isinstance(e, Answer) and e.tag == BATCH),
-                                    deadline, self._check)
+                                    deadline, self.waits.check)
             if item is None:
                 late = [i for i, r in enumerate(self.roster) if r.outstanding]
                 if not late:
                     raise self.recovery.no_collector()
-                raise self._late(late[0])
+                raise self.waits.late(late[0])
             if isinstance(item, Joined):
                 self.recovery.admit(item.rank)
                 deadline = self._deadline()
@@ -279,7 +224,7 @@ class CollectorFront(BaseCollector):
             record = self.roster[item.worker_id]
             if item.generation != record.generation:
                 continue  # the answer of a replaced worker
-            result = self._result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
+            result = self.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
             record.answered()
             if self.weights is not None:
                 self.weights.delivered(item.worker_id)
