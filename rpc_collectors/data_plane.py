@@ -20,10 +20,12 @@ batch is assembled where the workers wrote it. Otherwise each worker has its own
 
 Ownership. A yielded batch belongs to the user and is never written behind their back:
 
-* the trainer hands out the slot itself (no copy) only while another slot of the same buffer
-  is free for the worker's next batch; a slot is free when nothing references its memory any
-  more (the storage's use count is back to the trainer's own), so a batch the user still
-  holds, or any view of it, keeps its slot out of use;
+* the trainer hands out the slot's memory (no copy) only while another slot of the same buffer
+  is free for the worker's next batch. Each hand-out is a torch storage of its own over the
+  slot, so what the user does to it (``share_memory_()`` moves it to new memory) never moves the
+  trainer's view of the slot. A slot is free again when nothing references that storage any
+  more (its use count is back to the trainer's own), or when it no longer uses the slot's
+  memory; so a batch the user still holds, or any view of it, keeps its slot out of use;
 * otherwise (the user keeps their batches: a list, a replay buffer storing references) it
   copies the slot into fresh tensors, at memory speed, and the slot is free at once.
 
@@ -217,7 +219,7 @@ class SlotPool:
             self.slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(slots)]
         else:
             self._map(pinned)
-        self._idle = [_use_count(slot) for slot in self.slots]  # the trainer's own references
+        self._lent: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> storage handed out, its idle use count
         self._written: set[int] = set()  # asked for or written, not handed out yet
         self._round: set[int] = set()  # workers asked in the current round (rows > 1)
         self._slot: int | None = None
@@ -271,7 +273,17 @@ class SlotPool:
                 _unpin(slot)
 
     def _free(self, slot: int) -> bool:
-        return slot not in self._written and _use_count(self.slots[slot]) == self._idle[slot]
+        return slot not in self._written and not self._in_use(slot)
+
+    def _in_use(self, slot: int) -> bool:
+        """Whether the batch last handed out from ``slot`` is still referenced and still in its memory."""
+        if slot not in self._lent:
+            return False
+        lent, idle = self._lent[slot]
+        if lent.data_ptr() == self.slots[slot].data_ptr() and _use_count(lent) > idle:
+            return True
+        del self._lent[slot]
+        return False
 
     def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot ``worker_id`` writes its next batch into; a round's workers share one.
@@ -292,12 +304,16 @@ class SlotPool:
         return self._slot
 
     def hand_out(self, slot: int) -> TensorDict:
-        """The batch in ``slot`` for the user: the slot itself while another one stays free, else a copy."""
+        """The batch in ``slot`` for the user: the slot's memory, under a storage of the user's
+        own, while another slot stays free; else a copy."""
         self._written.discard(slot)
-        batch = self.layout.view(self.slots[slot], None if self.rows == 1 else self.rows)
-        if any(self._free(s) for s in range(self.num_slots) if s != slot):
-            return batch
-        return batch.clone()
+        rows = None if self.rows == 1 else self.rows
+        if not any(self._free(s) for s in range(self.num_slots) if s != slot):
+            return self.layout.view(self.slots[slot], rows).clone()
+        if not self._in_use(slot):  # else a round's rows, handed out one by one from one storage
+            lent = torch.frombuffer(self.slots[slot].numpy(), dtype=torch.uint8)  # same memory, new storage
+            self._lent[slot] = (lent, _use_count(lent))
+        return self.layout.view(self._lent[slot][0], rows)
 
 
 class BatchPlane:

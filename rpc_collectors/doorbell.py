@@ -25,9 +25,11 @@ import os
 import pickle
 import queue
 import secrets
+import selectors
 import socket
 import struct
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -211,24 +213,56 @@ class SocketDoorbell(Doorbell):
         self._request_w = self._answer_r = -1  # the socket's descriptor, once connected
 
     def opened(self) -> None:
-        """The worker said it connected: take its connection (its token checked), start reading answers."""
+        """The worker said it connected: take its connection (its token checked), start reading answers.
+
+        Other connections (silent, or with a wrong token) are read side by side with it and turned
+        away; all of them together hold the trainer at most ``timeout`` s, then ``TimeoutError``.
+        """
+        token, deadline = self.ends.token, time.monotonic() + self._timeout
+        pending: dict[socket.socket, bytes] = {}  # accepted, their token not all there yet
         try:
-            self._listener.settimeout(self._timeout)
-            while self._sock is None:  # anything else that connects is turned away
-                conn, _ = self._listener.accept()
-                conn.settimeout(self._timeout)
-                try:
-                    token = conn.recv(len(self.ends.token), socket.MSG_WAITALL)
-                except OSError:
-                    token = b""
-                if token != self.ends.token:
-                    conn.close()
-                    continue
-                conn.settimeout(None)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._sock = conn
+            with selectors.DefaultSelector() as selector:
+                self._listener.setblocking(False)
+                selector.register(self._listener, selectors.EVENT_READ)
+                while self._sock is None:
+                    left = deadline - time.monotonic()
+                    ready = selector.select(left) if left > 0 else []
+                    if not ready:
+                        raise TimeoutError(
+                            f"no connection to port {self.ends.port} presented this worker's token "
+                            f"within {self._timeout:g} s"
+                        )
+                    for key, _ in ready:
+                        if key.fileobj is self._listener:
+                            with contextlib.suppress(BlockingIOError):
+                                conn, _ = self._listener.accept()
+                                conn.setblocking(False)
+                                pending[conn] = b""
+                                selector.register(conn, selectors.EVENT_READ)
+                            continue
+                        conn = key.fileobj
+                        try:
+                            part = conn.recv(len(token) - len(pending[conn]))
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            part = b""
+                        got = pending[conn] + part
+                        if part and len(got) < len(token):
+                            pending[conn] = got
+                            continue
+                        selector.unregister(conn)
+                        del pending[conn]
+                        if part and secrets.compare_digest(got, token):
+                            self._sock = conn
+                            break
+                        conn.close()  # closed early, or a wrong token
         finally:
             self._listener.close()
+            for conn in pending:
+                conn.close()
+        self._sock.setblocking(True)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._request_w = self._answer_r = self._sock.fileno()
         self._start_reading()
 

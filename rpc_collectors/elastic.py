@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import time
 
 import torch.distributed.rpc as rpc
 
@@ -40,12 +41,27 @@ def join_rendezvous() -> Rendezvous | None:
 
 def member_rendezvous(rdv: Rendezvous, timeout: float) -> Rendezvous:
     """Wait up to ``timeout`` s for the trainer's group, then draw this collector's unique rank in it."""
-    store = store_client(rdv, timeout)
+    deadline = time.monotonic() + timeout
     try:
-        store.wait([TRAINER_KEY], datetime.timedelta(seconds=timeout))
+        store = store_client(rdv, timeout)
+    except ConnectionError as err:
+        raise _no_trainer(rdv, timeout, "nothing there answered as a rendezvous store") from err
+    try:
+        store.wait([TRAINER_KEY], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
     except RuntimeError as err:
-        raise TimeoutError(
-            f"no elastic trainer came up at {rdv.master_addr}:{rdv.master_port} within join_timeout={timeout} s"
-        ) from err
+        raise _no_trainer(rdv, timeout, "a rendezvous store answered, but no elastic trainer started in it") from err
     rpc._init_counter = int(store.get(TRAINER_KEY))  # the trainer's store prefix (init_rpc's counter, see pools.ranks)
     return dataclasses.replace(rdv, rank=int(store.add(RANKS_KEY, 1)), dynamic=True)
+
+
+def _no_trainer(rdv: Rendezvous, timeout: float, what: str) -> TimeoutError:
+    """The error of a collector that found no elastic trainer at ``rdv``'s address within ``timeout`` s."""
+    address = f"{rdv.master_addr}:{rdv.master_port}"
+    source = f"{JOIN_VARIABLE}={address}" if rdv.launcher == "join" else f"MASTER_ADDR:MASTER_PORT={address}"
+    return TimeoutError(
+        f"this collector found no elastic trainer at {source} within join_timeout={timeout:g} s: {what}. "
+        f"Check that the trainer runs, with RPCCollector(..., elastic=True); that {address} is its rendezvous "
+        f"address, the MASTER_ADDR:MASTER_PORT of the trainer (a SLURM trainer job writes it to "
+        f"<log-dir>/<job id>_rendezvous.json), not another of its ports; and that this host can reach that "
+        f"port (a firewall, the network interface)"
+    )

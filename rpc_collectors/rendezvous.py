@@ -8,6 +8,7 @@ import fcntl
 import os
 import socket
 import struct
+import threading
 import urllib.parse
 from dataclasses import dataclass
 from typing import Iterator
@@ -93,8 +94,27 @@ def serve_store(host: str, port: int, timeout: float, argument: str = "MASTER_PO
 
 
 def store_client(rdv: Rendezvous, timeout: float) -> dist.TCPStore:
-    """A client of the rendezvous store of ``rdv`` (the trainer's, or torchrun's agent store)."""
-    return dist.TCPStore(rdv.master_addr, rdv.master_port, None, False, datetime.timedelta(seconds=timeout))
+    """A client of the rendezvous store of ``rdv`` (the trainer's, or torchrun's agent store).
+
+    ``ConnectionError`` when no store answers there within ``timeout`` s. torch's client would
+    wait forever on a server that accepts and never answers, so it connects in a daemon thread
+    of its own, left to end with that connection.
+    """
+    outcome: list = []
+
+    def connect() -> None:
+        try:
+            outcome.append(dist.TCPStore(rdv.master_addr, rdv.master_port, None, False, datetime.timedelta(seconds=timeout)))
+        except Exception as err:  # torch's DistNetworkError and kin
+            outcome.append(err)
+
+    thread = threading.Thread(target=connect, name="rpc-collectors-store-client", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if outcome and not isinstance(outcome[0], Exception):
+        return outcome[0]
+    reason = f": {str(outcome[0]).splitlines()[0]}" if outcome else ""
+    raise ConnectionError(f"no rendezvous store answered at {rdv.master_addr}:{rdv.master_port} within {timeout:g} s{reason}")
 
 
 def stopped_key(rdv: Rendezvous) -> str:

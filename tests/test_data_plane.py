@@ -171,6 +171,26 @@ def test_a_loop_that_drops_each_batch_gets_it_where_the_worker_wrote_it(sync):
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_share_memory_on_a_batch_leaves_its_slot_to_the_workers(sync):
+    """``share_memory_()`` moves the user's batch to memory of its own; later batches from the
+    same slot still hold what the workers wrote there, and the moved batches keep their frames."""
+    with collector(None, sync) as c:
+        checker, moved = Checker(), []
+        for i, batch in enumerate(c):
+            checker.check(batch)  # fails on frames repeated from a slot the trainer no longer reads
+            if i % 2 == 0:  # kept half the time, dropped the other half
+                batch.share_memory_()
+                moved.append((batch, batch.clone()))
+            else:
+                batch.share_memory_()
+            if i == 15:
+                break
+        assert c._batches.path_of(0) == "shm"  # the path under test
+    assert all(batch["observation"].is_shared() for batch, _ in moved)
+    assert all((batch == snapshot).all() for batch, snapshot in moved)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 def test_batches_placed_on_another_device_leave_every_slot_free(sync):
     """With a storing device other than the host, the user's batch is a copy on that device and
     no slot is lent out: every slot not being written is free again once the batch is placed.

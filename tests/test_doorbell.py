@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -117,6 +118,48 @@ def test_a_connection_without_the_token_is_turned_away(pool):
         bell.close()
         stranger.close()
         worker.close()
+
+
+def strangers(bell: SocketDoorbell, silent: int) -> list[socket.socket]:
+    """``silent`` connections that never send a byte, and one that sends a wrong token."""
+    socks = [socket.create_connection((bell.ends.address, bell.ends.port), timeout=5) for _ in range(silent)]
+    return socks + [fake_worker(bell, token=b"x" * len(bell.ends.token))]
+
+
+def test_silent_connections_before_the_worker_do_not_keep_it_out(pool):
+    """Strangers share the one deadline: each does not cost a timeout of its own."""
+    timeout = 2.0
+    bell = SocketDoorbell("127.0.0.1", pool.memory, timeout)
+    others = strangers(bell, silent=6)
+    worker = fake_worker(bell)
+    try:
+        start = time.monotonic()
+        bell.opened()
+        assert time.monotonic() - start < 5 * timeout, "the trainer waited out the strangers one by one"
+        bell.ring(0, 3)
+        assert REQUEST.unpack(worker.recv(REQUEST.size, socket.MSG_WAITALL)) == (0, 3)
+        assert all(other.recv(1) == b"" for other in others)  # every stranger closed by the trainer
+    finally:
+        bell.close()
+        worker.close()
+        for other in others:
+            other.close()
+
+
+def test_strangers_alone_hold_the_trainer_no_longer_than_the_timeout(pool):
+    timeout = 0.5
+    bell = SocketDoorbell("127.0.0.1", pool.memory, timeout)
+    others = strangers(bell, silent=5)
+    try:
+        start = time.monotonic()
+        with pytest.raises(OSError, match="token"):  # as when the worker's connection never came
+            bell.opened()
+        assert time.monotonic() - start < 5 * timeout, "the wait was not bounded by one deadline"
+        assert all(other.recv(1) == b"" for other in others)
+    finally:
+        bell.close()
+        for other in others:
+            other.close()
 
 
 def test_a_worker_that_never_connects_fails_the_set_up_within_its_timeout(pool):
