@@ -53,14 +53,15 @@ def main() -> None:
     collector = MultiCollector([env, env], FirstPixel(), frames_per_batch=64, sync=False,
                                max_worker_restarts=args.restarts, rpc_timeout=30)
     started = time.monotonic()
+    marks: dict[int, dict] = {}
     with collector:
         batches = iter(collector)
         for k in range(args.restarts):
             next(batches)
             os.kill(collector.infos[k % 2]["pid"], signal.SIGKILL)
             collector.update_policy_weights_()
-            if k == 9:
-                early = snapshot()
+            if k + 1 in (10, args.restarts // 2):
+                marks[k + 1] = snapshot()
         for _ in range(20):
             next(batches)
         late = snapshot()
@@ -68,8 +69,9 @@ def main() -> None:
         paths = [plane.path_of(w) for w in range(2)]
         lost = [len(plane.pools[w]._written) - collector.roster[w].outstanding for w in range(2)]
         print(f"restarts: {sum(collector.worker_restarts)} in {time.monotonic() - started:.1f} s")
-        print(f"after 10 restarts:  {early}")
-        print(f"after {args.restarts} restarts: {late}")
+        marks[args.restarts] = late
+        for count, mark in marks.items():
+            print(f"after {count:4d} restarts: {mark}")
         print(f"batch paths at the end: {paths}; slots held beyond requests in flight: {lost}")
 
 

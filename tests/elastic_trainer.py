@@ -7,7 +7,7 @@ or on another rank, serves a collector inside the RPCCollector constructor and e
     --async              async batches (default: sync rounds over all slots)
     --frames N           frames to collect (-1: until killed)
     --batch-sleep S      the trainer's "training step": seconds to sleep after each batch
-    --obs-size N         collect from ``CounterEnv`` with N floats per observation (a collector
+    --obs-size N         collect from ``test_restarts.StampEnv`` with N floats per observation (a collector
                          process started with ELASTIC_OBS_SIZE set uses that size instead)
 
 The trainer pushes new weights after every batch and prints JSON lines: one per batch (its
@@ -25,58 +25,24 @@ import sys
 import time
 import warnings
 
-import gymnasium as gym
-import numpy as np
 import torch
 
 from multihost_trainer import ArgmaxPolicy
+from test_restarts import Policy as StampPolicy, StampEnv
 from rpc_collectors import GymEnv, RPCCollector, WorkerLeftWarning
 
 WORKER_ID, VERSION, TRAJ_IDS = ("collector", "worker_id"), ("collector", "policy_version"), ("collector", "traj_ids")
 
 
-class CounterEnv(gym.Env):
-    """Observation ``[pid, step counter, 0 ...]`` (``size`` floats); episodes of 20 steps."""
-
-    metadata: dict = {"render_modes": []}
-
-    def __init__(self, size: int) -> None:
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self.size, self.counter, self.t = size, 0, 0
-
-    def _obs(self) -> np.ndarray:
-        obs = np.zeros(self.size, np.float32)
-        obs[:2] = os.getpid(), self.counter
-        return obs
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, action):
-        self.counter += 1
-        self.t += 1
-        return self._obs(), 1.0, False, self.t == 20, {}
-
-
-class CounterPolicy(ArgmaxPolicy):
-    """``ArgmaxPolicy`` on the first 4 floats of a ``CounterEnv`` observation, zeroed (they hold a pid and a step)."""
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return super().forward(observation[..., :4] * 0)
-
-
-def counter_env(size: int):
-    """A factory run in the collector process: ``ELASTIC_OBS_SIZE`` there overrides ``size``."""
+def stamp_env(size: int):
+    """A ``StampEnv`` factory, run in the collector process: ``ELASTIC_OBS_SIZE`` there overrides ``size``."""
     def make() -> GymEnv:
-        return GymEnv(CounterEnv(int(os.environ.get("ELASTIC_OBS_SIZE", size))))
+        return GymEnv(StampEnv(0, size=int(os.environ.get("ELASTIC_OBS_SIZE", size))))
     return make
 
 
 def frame_errors(batch, worker_id: int, pid: int) -> list[str]:
-    """What is wrong with the frames of ``worker_id`` in ``batch`` (``CounterEnv``), served by ``pid``."""
+    """What is wrong with the frames of ``worker_id`` in ``batch`` (``StampEnv``), served by ``pid``."""
     rows = batch[WORKER_ID] == worker_id
     obs, nxt = batch["observation"][rows], batch["next", "observation"][rows]
     errors = []
@@ -112,7 +78,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     warnings.showwarning = report_warning
-    env, policy = (counter_env(args.obs_size), CounterPolicy()) if args.obs_size else ("CartPole-v1", ArgmaxPolicy())
+    env, policy = (stamp_env(args.obs_size), StampPolicy()) if args.obs_size else ("CartPole-v1", ArgmaxPolicy())
     collector = RPCCollector(
         env, policy, frames_per_batch=args.frames_per_batch, total_frames=args.frames,
         num_collectors=args.slots, sync=args.sync, elastic=True, rpc_timeout=args.rpc_timeout,

@@ -26,11 +26,11 @@ TRAJ, VERSION, WORKER = ("collector", "traj_ids"), ("collector", "policy_version
 
 
 class BiasPolicy(nn.Module):
-    """Action = argmax(W obs + b): with W = 0 the bias alone decides the action."""
+    """Action = argmax(W obs + b) on ``size`` floats: with W = 0 the bias alone decides the action."""
 
-    def __init__(self, action: int = 0) -> None:
+    def __init__(self, action: int = 0, size: int = 4) -> None:
         super().__init__()
-        self.linear = nn.Linear(4, 2)
+        self.linear = nn.Linear(size, 2)
         self.set_action(action)
 
     def set_action(self, action: int) -> None:
@@ -39,7 +39,7 @@ class BiasPolicy(nn.Module):
             self.linear.bias.copy_(torch.tensor([1.0, 0.0]) if action == 0 else torch.tensor([0.0, 1.0]))
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.linear(observation).argmax(-1)
+        return self.linear(observation.float()).argmax(-1)
 
 
 def rpc(policy=None, **kwargs) -> RPCCollector:
