@@ -95,13 +95,13 @@ def join_case(sync: bool, window: float, kills: int, spare: bool = False) -> dic
         num_collectors=2, sync=sync, launcher="torchrun", elastic=True, rpc_timeout=10, join_timeout=60,
     )
     admitted: dict[int, float] = {}  # rank -> when the trainer admitted it
-    admit = collector._admit
+    admit = collector.recovery.admit
 
     def timed_admit(rank: int) -> None:
         admitted[rank] = time.perf_counter()
         admit(rank)
 
-    collector._admit = timed_admit
+    collector.recovery.admit = timed_admit
     env = dict(os.environ, RPC_COLLECTORS_JOIN=f"127.0.0.1:{port}", PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
     procs: list[subprocess.Popen] = []
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import copyreg
+import io
 import os
 import pickle
 import select
@@ -34,6 +36,29 @@ OK, ERROR = 0, 1
 HELLO = 0  # the id of the worker's first answer: it holds its ends now
 EXIT_WAIT = 1.0  # seconds the reader waits, after the answer pipe ended, for the worker's exit status
 CALL_THREADS = 4  # worker threads running calls at once
+
+
+def _reduce_tensor(tensor: torch.Tensor) -> tuple:
+    """A plain CPU tensor travels as a numpy array, pickled at memory speed (torch's own
+    reduction serializes each storage with ``torch.save``: 5-20x slower on small batches)."""
+    if type(tensor) is torch.Tensor and tensor.device.type == "cpu" and not tensor.requires_grad:
+        try:
+            return torch.from_numpy, (tensor.numpy(),)
+        except (TypeError, RuntimeError):  # what numpy cannot hold (bfloat16, sparse, conjugate bits ...)
+            pass
+    return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+class _Pickler(pickle.Pickler):
+    dispatch_table = copyreg.dispatch_table.copy()
+    dispatch_table[torch.Tensor] = _reduce_tensor
+
+
+def dumps(value: Any) -> bytes:
+    """``value`` pickled for the other end of a channel (tensors as numpy arrays)."""
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return out.getvalue()
 
 
 class RemoteError(RuntimeError):
@@ -76,7 +101,7 @@ class Channel:
         """Run ``method(*args)`` on the worker; the future holds its result, or fails with
         :class:`RemoteError` (it raised) or :class:`ChannelClosed` (it went away)."""
         fut: torch.futures.Future = torch.futures.Future()
-        payload = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = dumps((method, args))
         with self._lock:
             if self._failure is not None:
                 fut.set_exception(ChannelClosed(self._failure))
@@ -195,7 +220,7 @@ def serve(ends: Ends, handle: Callable[[str, tuple], Any], on_end: Callable[[], 
     lock = threading.Lock()
 
     def answer(call_id: int, kind: int, value: Any) -> None:
-        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = dumps(value)
         with lock:
             try:
                 _write_all(reply, ANSWER.pack(call_id, kind, len(payload)) + payload)
