@@ -691,3 +691,25 @@ def test_dict_in_keys_reach_their_keywords():
 
     batch = Collector(SplitEnv(), policy, frames_per_batch=40).next()
     assert torch.equal(batch["action"], (batch["obs", "step"] > batch["obs", "episode"]).long())
+
+
+# ------------------------------------------------------------- env classes as create_env_fn
+class PropertyBatchEnv(TDCountEnv):
+    """TDCountEnv whose ``batch_size`` is a property, as on TorchRL's ``EnvBase``."""
+
+    @property
+    def batch_size(self) -> torch.Size:
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: torch.Size) -> None:
+        self._batch_size = value
+
+
+def test_env_class_as_create_env_fn_is_called():
+    """A class is a factory (called), not an env, although it has reset/step/batch_size attributes."""
+    with Collector(PropertyBatchEnv, None, frames_per_batch=6) as c:
+        assert c.next().batch_size == torch.Size([6])
+    from rpc_collectors import MultiSyncCollector
+    with MultiSyncCollector([PropertyBatchEnv] * 2, None, frames_per_batch=8, launcher="debug") as c:
+        assert c.next().batch_size == torch.Size([2, 4])
