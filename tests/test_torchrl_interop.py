@@ -24,16 +24,16 @@ if os.environ.get("RPC_COLLECTORS_REQUIRE_TORCHRL"):
 else:
     pytest.importorskip("torchrl")
 
-from tensordict.nn import NormalParamExtractor, TensorDictModule  # noqa: E402
+from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential  # noqa: E402
 
 with warnings.catch_warnings():  # torchrl 0.14.1 deprecates some of its own classes as it imports them
     warnings.simplefilter("ignore", DeprecationWarning)
     from torchrl import collectors as trl_collectors
     from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
-    from torchrl.envs import ParallelEnv, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.envs import Compose, InitTracker, ParallelEnv, SerialEnv, StepCounter, TransformedEnv
     from torchrl.envs.libs.gym import GymEnv
     from torchrl.envs.utils import ExplorationType, set_exploration_type
-    from torchrl.modules import Actor, ProbabilisticActor, TanhNormal, ValueOperator
+    from torchrl.modules import Actor, OrnsteinUhlenbeckProcessModule, ProbabilisticActor, TanhNormal, ValueOperator
     from torchrl.objectives import ClipPPOLoss
     from torchrl.objectives.value import GAE
 
@@ -275,6 +275,30 @@ def test_trainer_threads_lowered_while_workers_run():
         assert torch.get_num_threads() == 4
     finally:
         torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------ 6. issue 18: TorchRL's own collector tests
+def tracked_pendulum():
+    return TransformedEnv(GymEnv("Pendulum-v1"), Compose(StepCounter(), InitTracker()))
+
+
+def ou_actor() -> TensorDictSequential:
+    """An actor with TorchRL's Ornstein-Uhlenbeck exploration, which writes ``_ou_prev_noise`` and ``_ou_steps``."""
+    return TensorDictSequential(constant_actor(0.0), OrnsteinUhlenbeckProcessModule(spec=tracked_pendulum().action_spec))
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_private_keys_are_dropped_from_batches_and_replay_buffers():
+    """As TorchRL's collectors: entries named ``_...`` stay out of batches and replay buffers."""
+    private = ("_ou_prev_noise", "_ou_steps")
+    with Collector(tracked_pendulum, ou_actor(), frames_per_batch=20) as c:
+        batch = c.next()
+    assert "action" in batch.keys() and not set(private) & set(batch.keys(True, True))
+    rb = ReplayBuffer(storage=LazyTensorStorage(100))
+    with MultiSyncCollector([tracked_pendulum] * 2, ou_actor(), frames_per_batch=20, total_frames=20,
+                            replay_buffer=rb) as c:
+        list(c)
+    assert len(rb) > 0 and not set(private) & set(rb.sample(4).keys(True, True))
 
 
 # ------------------------------------------------------------------ what already works and must keep working
