@@ -80,6 +80,8 @@ class Collector(BaseCollector):
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
         self.env = make_env(create_env_fn)
+        if self.max_frames_per_traj is not None:
+            checks.no_step_counter(self.env, max_frames_per_traj)
         envs = int(torch.Size(self.env.batch_size).numel())
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
         self.frames_per_batch = self.steps_per_batch * envs

@@ -55,8 +55,17 @@ def serial_pendulum():
     return SerialEnv(2, pendulum)
 
 
-def parallel_pendulum():
-    return ParallelEnv(2, pendulum)
+def plain_pendulum():
+    """No StepCounter: for ``max_frames_per_traj``, which TorchRL refuses on an env that counts steps."""
+    return GymEnv("Pendulum-v1")
+
+
+def serial_plain_pendulum():
+    return SerialEnv(2, plain_pendulum)
+
+
+def parallel_capped_pendulum():
+    return ParallelEnv(2, lambda: TransformedEnv(GymEnv("Pendulum-v1"), StepCounter(max_steps=30)))
 
 
 def env_maker():
@@ -218,7 +227,7 @@ def test_other_layouts_by_argument():
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_split_trajs_on_batched_envs_in_workers():
     """MultiSync of SerialEnv: [N, B, T]; split_trajs gives [n_traj, T_max] as TorchRL does."""
-    with MultiSyncCollector([serial_pendulum] * 2, None, frames_per_batch=1000, total_frames=1000,
+    with MultiSyncCollector([serial_plain_pendulum] * 2, None, frames_per_batch=1000, total_frames=1000,
                             max_frames_per_traj=60, split_trajs=True) as c:
         batch = c.next()
     mask = batch["collector", "mask"]
@@ -301,6 +310,15 @@ def test_private_keys_are_dropped_from_batches_and_replay_buffers():
     assert len(rb) > 0 and not set(private) & set(rb.sample(4).keys(True, True))
 
 
+def test_max_frames_per_traj_on_an_env_with_a_step_counter_is_refused():
+    """As TorchRL: the env counts its steps already, so max_frames_per_traj is a ValueError."""
+    with pytest.raises(ValueError, match="max_frames_per_traj=30 conflicts with the env's own step counter"):
+        Collector(pendulum, None, frames_per_batch=20, max_frames_per_traj=30)
+    with pytest.raises(ValueError, match="step_count"):
+        trl_collectors.Collector(pendulum, None, frames_per_batch=20, total_frames=20, max_frames_per_traj=30)
+    Collector(lambda: GymEnv("Pendulum-v1"), None, frames_per_batch=20, max_frames_per_traj=30).shutdown()
+
+
 # ------------------------------------------------------------------ what already works and must keep working
 @pytest.mark.usefixtures("no_leftover_processes")
 @pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector", "MultiAsyncCollector"])
@@ -346,7 +364,7 @@ def slices(sample, slice_len: int):
 def test_slice_sampler_never_crosses_trajectories(ndim):
     """SliceSampler on ("collector", "traj_ids") over 1-, 2- and 3-d storages of our batches
     (0.14.1 names the argument ``traj_key``; its docs say ``trajectory_key``)."""
-    make_env = serial_pendulum if ndim == 3 else pendulum
+    make_env = serial_plain_pendulum if ndim == 3 else plain_pendulum
     with MultiSyncCollector([make_env] * 2, None, frames_per_batch=800, total_frames=3200, max_frames_per_traj=37,
                             cat_results=0 if ndim == 1 else "stack") as c:
         rb = ReplayBuffer(storage=LazyTensorStorage(6400, ndim=ndim),
@@ -379,8 +397,7 @@ def test_gae_and_clip_ppo_loss_on_our_batches():
 
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_parallel_env_and_transformed_env_inside_workers():
-    with MultiSyncCollector([parallel_pendulum] * 2, None, frames_per_batch=400, total_frames=400,
-                            max_frames_per_traj=30) as c:
+    with MultiSyncCollector([parallel_capped_pendulum] * 2, None, frames_per_batch=400, total_frames=400) as c:
         batch = c.next()
     assert batch.shape == torch.Size([2, 2, 100])
     assert batch[STEP].max() <= 30 and (batch["step_count"] + 1 == batch[STEP]).all()  # the StepCounter transform ran
