@@ -222,6 +222,7 @@ _COLLECTOR_KWARG_CHECKS = {
     "exploration_type": lambda name, value: exploration_type(value, name),
     "max_frames_per_traj": lambda name, value: max_frames_per_traj(value, name),
     "reset_at_each_iter": boolean,
+    "track_policy_version": boolean,
     "device": device,
     "storing_device": device,
     "env_device": device,

@@ -45,6 +45,11 @@ class ArrayRollout:
         """True until the first step after a reset (or before any reset)."""
         return self.obs is None or self.traj is None
 
+    @property
+    def needs_reset(self) -> bool:
+        """The next batch starts from a reset."""
+        return self.obs is None
+
     def reset(self) -> None:
         self.obs = self.env.reset_arrays()
         self.traj = None  # ids are handed out at the first step: a reset never stepped costs none
@@ -161,6 +166,11 @@ class TensorDictRollout:
     def fresh(self) -> bool:
         """True until the first step after a reset (or before any reset)."""
         return self.td is None or not self.stepped
+
+    @property
+    def needs_reset(self) -> bool:
+        """The next batch starts from a reset."""
+        return self.td is None
 
     def reset(self) -> None:
         self.td = self.env.reset()

@@ -713,3 +713,32 @@ def test_env_class_as_create_env_fn_is_called():
     from rpc_collectors import MultiSyncCollector
     with MultiSyncCollector([PropertyBatchEnv] * 2, None, frames_per_batch=8, launcher="debug") as c:
         assert c.next().batch_size == torch.Size([2, 4])
+
+
+# ------------------------------------------------------------- track_policy_version
+@pytest.mark.parametrize("kind", ["gym", "td-batched"])
+def test_track_policy_version_writes_torchrls_keys(kind):
+    """TorchRL's "policy_version" (root: the version the observation came with) and ("next", "policy_version")."""
+    c = Collector(make_env(kind), ArgmaxLinear(), frames_per_batch=4 * n_envs(kind), track_policy_version=True)
+    first = c.next()
+    c.update_policy_weights_()
+    second = c.next()
+    for batch in (first, second):
+        assert batch["policy_version"].dtype == torch.int64 and batch["policy_version"].shape == batch.shape
+    assert (first["policy_version"] == 0).all() and (first["next", "policy_version"] == 0).all()
+    assert (second["policy_version"][..., 0] == 0).all() and (second["policy_version"][..., 1:] == 1).all()
+    assert (second["next", "policy_version"] == 1).all()
+    assert "policy_version" not in Collector(make_env(kind), None, frames_per_batch=n_envs(kind)).next().keys()
+    with pytest.raises(TypeError, match="track_policy_version='yes'"):
+        Collector(make_env(kind), None, frames_per_batch=4, track_policy_version="yes")
+
+
+def test_track_policy_version_in_workers():
+    from rpc_collectors import MultiSyncCollector
+    for kwargs in ({"track_policy_version": True}, {"collector_kwargs": {"track_policy_version": True}}):
+        with MultiSyncCollector([partial(make_env, "td")] * 2, ArgmaxLinear(), frames_per_batch=8, launcher="debug",
+                                **kwargs) as c:
+            c.next()
+            c.update_policy_weights_()
+            batch = c.next()
+        assert (batch["next", "policy_version"] == 1).all() and batch["policy_version"][:, 0].tolist() == [0, 0]
