@@ -83,10 +83,14 @@ class BaseCollector:
                 batch = self.postproc(batch)
             batch = drop_private_keys(batch)
             if self.replay_buffer is not None:
-                self.replay_buffer.extend(batch)
+                self._extend(batch)
                 yield None
             else:
                 yield batch
+
+    def _extend(self, batch: TensorDictBase) -> None:
+        """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is)."""
+        self.replay_buffer.extend(batch)
 
     def next(self) -> TensorDictBase | None:
         """The next batch (None with a replay buffer); StopIteration when the run is complete."""

@@ -319,6 +319,18 @@ def test_max_frames_per_traj_on_an_env_with_a_step_counter_is_refused():
     Collector(lambda: GymEnv("Pendulum-v1"), None, frames_per_batch=20, max_frames_per_traj=30).shutdown()
 
 
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_replay_buffer_filled_as_torchrls_workers_fill_it(ndim):
+    """A 1-d storage gets frames (TorchRL's workers each extend their [T] batch: len grows by
+    frames_per_batch); a 2-d one the [N, T] batch as it is, a lane per worker."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(256, ndim=ndim))
+    with MultiSyncCollector([plain_pendulum] * 2, None, frames_per_batch=32, total_frames=64, replay_buffer=rb) as c:
+        list(c)
+    assert rb.storage._storage.shape == ((256,) if ndim == 1 else (128, 2))
+    assert len(rb) == 64
+
+
 # ------------------------------------------------------------------ what already works and must keep working
 @pytest.mark.usefixtures("no_leftover_processes")
 @pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector", "MultiAsyncCollector"])
