@@ -10,13 +10,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from .envs import GymEnv, _where
 from .policies import StepPolicy
 from .trajectories import TRAJ_IDS, TrajectoryIds
 
 FLAGS = ("done", "terminated", "truncated")
+
+
+def _dense(td: TensorDictBase) -> TensorDictBase:
+    """A batched env's lazy stack of its envs' own TensorDicts (``share_individual_td=True``), which
+    it writes again at its next step or reset, as a TensorDict of its own; anything else as it is."""
+    return td.contiguous() if isinstance(td, LazyStackedTensorDict) else td
 
 
 def _time_names(batch_dims: int) -> list:
@@ -173,7 +179,7 @@ class TensorDictRollout:
         return self.td is None
 
     def reset(self) -> None:
-        self.td = self.env.reset()
+        self.td = _dense(self.env.reset())
         self.stepped = False  # ids are handed out at the first step: a reset never stepped costs none
         if self.max_steps is not None:
             self.td.set("step_count", torch.zeros(*self.env.batch_size, 1, dtype=torch.int64))
@@ -199,7 +205,8 @@ class TensorDictRollout:
             else:
                 td.update(policy(td, batch))
             td = env.step(td)
-            nxt = td.get("next")
+            nxt = _dense(td.get("next"))
+            td.set("next", nxt)
             if self.max_steps is not None:
                 count = td.get("step_count") + 1
                 nxt.set("step_count", count)
@@ -224,9 +231,14 @@ class TensorDictRollout:
             mask = torch.ones((), dtype=torch.bool)
         else:
             mask = done.reshape(self.env.batch_size)
-            fresh = self.env.reset(TensorDict({"_reset": done.clone()}, batch_size=self.env.batch_size))
-        ids = root.get(TRAJ_IDS)
+            # the whole state with "_reset", as TorchRL's collectors pass it: a batched env of individual
+            # TensorDicts (share_individual_td=True) reads its device and keys from it
+            request = root.exclude(TRAJ_IDS)
+            request.set("_reset", done.clone())
+            fresh = self.env.reset(request)
+        ids = root.get(TRAJ_IDS).clone()  # set, not written in place: a lazy stack's get() is a copy
         ids[mask] = torch.as_tensor(self.traj_ids.new(int(mask.sum())))
+        root.set(TRAJ_IDS, ids)
         for key in FLAGS:  # a fresh episode is not done, whether or not reset() says so
             if key in root.keys():
                 flag = root.get(key)

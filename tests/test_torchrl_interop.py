@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -329,6 +330,22 @@ def test_replay_buffer_filled_as_torchrls_workers_fill_it(ndim):
         list(c)
     assert rb.storage._storage.shape == ((256,) if ndim == 1 else (128, 2))
     assert len(rb) == 64
+
+
+def capped_pendulum(max_steps: int):
+    return TransformedEnv(GymEnv("Pendulum-v1"), StepCounter(max_steps=max_steps))
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_batched_env_of_individual_tds_resets_part_of_its_envs(device):
+    """SerialEnv(share_individual_td=True): the "_reset" TensorDict is on the env's device, and
+    the envs that ended get new trajectory ids although the env's TensorDicts are a lazy stack."""
+    make = partial(SerialEnv, 2, [partial(capped_pendulum, 3), partial(capped_pendulum, 5)],
+                   share_individual_td=True, device=device)
+    with Collector(make, None, frames_per_batch=2 * 15) as c:
+        batch = c.next()
+    assert batch[TRAJ].tolist() == [[0, 0, 0, 2, 2, 2, 4, 4, 4, 5, 5, 5, 7, 7, 7],
+                                    [1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 6, 6, 6, 6, 6]]
 
 
 # ------------------------------------------------------------------ what already works and must keep working
