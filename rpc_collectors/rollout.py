@@ -157,12 +157,20 @@ class ArrayRollout:
 
 
 class TensorDictRollout:
-    """Rollout of any env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``)."""
+    """Rollout of any env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``).
+
+    The next step's root is built as TorchRL's ``step_mdp`` builds it: this step's root without
+    ``"next"``, actions and rewards (policy outputs and other entries are carried), updated with
+    the state entries of ``"next"``: those the env's reset gives (observations, done flags, and the
+    ``"step_count"``/``"truncated"`` of ``max_frames_per_traj``). So every step has the same keys.
+    """
 
     def __init__(self, env: Any, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.td: TensorDictBase | None = None
         self.stepped = False
+        self.state_keys: list = []  # what the root takes from "next" (the keys of a reset)
+        self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *getattr(env, "reward_keys", ["reward"])]
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -181,8 +189,11 @@ class TensorDictRollout:
     def reset(self) -> None:
         self.td = _dense(self.env.reset())
         self.stepped = False  # ids are handed out at the first step: a reset never stepped costs none
-        if self.max_steps is not None:
+        if self.max_steps is not None:  # as a StepCounter's reset: a count, and a truncated flag
             self.td.set("step_count", torch.zeros(*self.env.batch_size, 1, dtype=torch.int64))
+            if "truncated" not in self.td.keys():
+                self.td.set("truncated", torch.zeros_like(self.td.get("done")))
+        self.state_keys = [key for key in self.td.keys(include_nested=True, leaves_only=True) if key != "_reset"]
 
     def probe(self, policy: StepPolicy) -> dict:
         """Call ``policy`` on a copy of the current state without stepping (checks a new policy)."""
@@ -221,8 +232,8 @@ class TensorDictRollout:
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The root of the next step: the next state, with finished envs reset."""
-        root = nxt.exclude("reward").clone(False)
-        root.set(TRAJ_IDS, td.get(TRAJ_IDS).clone())
+        root = td.exclude(*self.dropped).clone(False)  # its own nested TensorDicts: setting in them leaves td's
+        root.update(nxt.select(*self.state_keys, strict=False))
         done = nxt.get("done")
         if not done.any():
             return root

@@ -742,3 +742,35 @@ def test_track_policy_version_in_workers():
             c.update_policy_weights_()
             batch = c.next()
         assert (batch["next", "policy_version"] == 1).all() and batch["policy_version"][:, 0].tolist() == [0, 0]
+
+
+# ------------------------------------------------------------- the next root, as TorchRL's step_mdp
+class NoTruncatedEnv(TDCountEnv):
+    """Done flags without "truncated": ``max_frames_per_traj`` adds it, as a StepCounter does."""
+
+    def _flags(self, terminated: torch.Tensor, truncated: torch.Tensor) -> dict:
+        ended = self._shape(terminated | truncated, 1)
+        return {"done": ended, "terminated": ended}
+
+
+@pytest.mark.parametrize("num_envs", [None, B])
+def test_max_frames_per_traj_on_an_env_without_truncated(num_envs):
+    c = Collector(NoTruncatedEnv(num_envs, lengths=(9,)), None, frames_per_batch=8 * (num_envs or 1),
+                  max_frames_per_traj=3)
+    batches = [c.next(), c.next()]
+    for batch in batches:
+        assert not batch["truncated"].any()
+        assert torch.equal(batch["next", "truncated"], batch["next", "step_count"] == 3)
+    check_count_env_batches(batches, capped=True)
+
+
+def test_root_entries_are_carried_to_the_next_step():
+    """As TorchRL's step_mdp (keep_other): what the policy wrote at the root is there at the next
+    step (a recurrent state, an exploration module's noise), until the policy writes it again."""
+    def policy(td):
+        td.set("memory", td.get("memory", torch.zeros(td.shape)) + 1)
+        td.set("action", torch.zeros(td.shape, dtype=torch.int64))
+        return td
+
+    batch = Collector(TDCountEnv(), policy, frames_per_batch=5).next()
+    assert batch["memory"].tolist() == [1, 2, 3, 4, 5]
