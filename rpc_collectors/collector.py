@@ -110,12 +110,15 @@ class Collector(BaseCollector):
             self._check_policy()
 
     def _check_policy(self) -> None:
-        """Run the policy once on a reset observation: a policy that writes no action fails here.
+        """Run the policy once on a reset observation: a policy that writes no action fails here,
+        and the other outputs it writes are recorded (zero-filled in random-action steps).
 
         The env is not stepped; the first batch starts from this reset (and its seed, if any).
         """
         with torch.no_grad(), set_interaction_type(self.exploration_type):
-            self.rollout.probe(self.policy)
+            out = self.rollout.probe(self.policy)
+        # random-action batches carry the policy's other outputs too, zero-filled, as TorchRL's do
+        self.rollout.policy_zeros = {key: torch.zeros_like(value) for key, value in out.items() if key != "action"}
 
     # ------------------------------------------------------------------ collection
     def _collect_batch(self) -> TensorDictBase:

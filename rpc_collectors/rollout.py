@@ -41,6 +41,7 @@ class ArrayRollout:
         self.obs: dict | None = None
         self.traj: Any = None
         self.out: TensorDictBase | None = None
+        self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -140,6 +141,9 @@ class ArrayRollout:
             td.set(next_key, stack_obs(next_key, [o[key] for o in next_rec]))
         for key in out_rec[0]:
             td.set(key, torch.stack([o[key] for o in out_rec], dim=axis).cpu())
+        for key, zero in self.policy_zeros.items():  # random actions: the policy's other outputs as zeros
+            if key not in td.keys(include_nested=True):
+                td.set(key, zero.cpu().unsqueeze(axis).expand(*shape, *zero.shape[axis:]).clone())
         terminated, truncated = flag(terms), flag(truncs)
         td.set(("next", "reward"), stack(rewards, np.float32).reshape(*shape, 1))
         td.set(("next", "done"), terminated | truncated)
@@ -170,6 +174,7 @@ class TensorDictRollout:
         self.td: TensorDictBase | None = None
         self.stepped = False
         self.state_keys: list = []  # what the root takes from "next" (the keys of a reset)
+        self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
         self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *getattr(env, "reward_keys", ["reward"])]
 
     def invalidate(self) -> None:
@@ -218,6 +223,10 @@ class TensorDictRollout:
             td = env.step(td)
             nxt = _dense(td.get("next"))
             td.set("next", nxt)
+            if policy is None:  # random actions: the policy's other outputs not carried yet, as zeros
+                for key, zero in self.policy_zeros.items():
+                    if key not in td.keys(include_nested=True):
+                        td.set(key, zero)
             if self.max_steps is not None:
                 count = td.get("step_count") + 1
                 nxt.set("step_count", count)

@@ -774,3 +774,17 @@ def test_root_entries_are_carried_to_the_next_step():
 
     batch = Collector(TDCountEnv(), policy, frames_per_batch=5).next()
     assert batch["memory"].tolist() == [1, 2, 3, 4, 5]
+
+
+# ------------------------------------------------------------- policy outputs in random-action batches
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_frames_batches_carry_the_policy_outputs(kind):
+    """As TorchRL's: the policy's other outputs are there (zeros) from the first, random, batch on,
+    so every batch has the same keys (a replay buffer or a worker's shared batch slots need that)."""
+    n = n_envs(kind)
+    c = Collector(make_env(kind), POLICIES["tensordict-module-two-outs"](), frames_per_batch=4 * n,
+                  init_random_frames=4 * n)
+    random, chosen = c.next(), c.next()
+    assert set(random.keys(True, True)) == set(chosen.keys(True, True))
+    assert random["logits"].shape == chosen["logits"].shape == (*random.shape, 2)
+    assert (random["logits"] == 0).all() and (chosen["logits"] != 0).any()
