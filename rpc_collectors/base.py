@@ -10,13 +10,23 @@ from . import checks
 from .trajectories import split_trajectories
 
 
+def drop_private_keys(batch: Any) -> Any:
+    """``batch`` without its private entries (a name part starting with ``"_"``, such as an
+    exploration module's ``"_ou_prev_noise"``), as TorchRL's collectors drop them after ``postproc``."""
+    if not isinstance(batch, TensorDictBase):
+        return batch
+    private = [key for key in batch.keys(include_nested=True)
+               if any(part.startswith("_") for part in ((key,) if isinstance(key, str) else key))]
+    return batch.exclude(*private, inplace=True) if private else batch
+
+
 class BaseCollector:
     """Common base of all collectors.
 
     Subclasses implement ``_collect_batch()`` (one batch, in TorchRL's layout),
     ``update_policy_weights_``, ``set_seed``, ``state_dict``/``load_state_dict`` and
     ``_shutdown``. Iterating yields batches until ``total_frames`` is reached (forever when it
-    is -1); with a ``replay_buffer`` each batch is written there and the iterator yields None.
+    is -1), without private keys; with a ``replay_buffer`` each batch is written there and the iterator yields None.
     """
 
     def __init__(
@@ -71,11 +81,16 @@ class BaseCollector:
                 batch = split_trajectories(batch)
             if self.postproc is not None:
                 batch = self.postproc(batch)
+            batch = drop_private_keys(batch)
             if self.replay_buffer is not None:
-                self.replay_buffer.extend(batch)
+                self._extend(batch)
                 yield None
             else:
                 yield batch
+
+    def _extend(self, batch: TensorDictBase) -> None:
+        """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is)."""
+        self.replay_buffer.extend(batch)
 
     def next(self) -> TensorDictBase | None:
         """The next batch (None with a replay buffer); StopIteration when the run is complete."""

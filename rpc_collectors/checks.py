@@ -78,6 +78,20 @@ def max_frames_per_traj(value: Any, name: str = "max_frames_per_traj") -> int | 
     return int(value)
 
 
+def no_step_counter(env: Any, max_frames: Any) -> None:
+    """``max_frames_per_traj`` counts steps itself: refused, as TorchRL refuses it, on an env whose
+    ``output_spec`` already has a ``"step_count"`` (a ``StepCounter`` transform)."""
+    spec = getattr(env, "output_spec", None)
+    keys = spec.keys(True, True) if spec is not None else ()
+    counted = [key for key in keys if "step_count" in ((key,) if isinstance(key, str) else key)]
+    if counted:
+        raise ValueError(
+            f"max_frames_per_traj={max_frames!r} conflicts with the env's own step counter ({counted[0]!r} in "
+            "its output_spec, e.g. a StepCounter transform); accepted: max_frames_per_traj=None or -1 with this "
+            "env, or an env without a StepCounter (use StepCounter(max_steps=...) to limit its trajectories)"
+        )
+
+
 def init_random_frames(value: Any, name: str = "init_random_frames") -> int:
     """None or -1 (TorchRL's spelling) for no random frames, else an int >= 0."""
     if value is None or (_is_int(value) and value == -1):
@@ -208,6 +222,7 @@ _COLLECTOR_KWARG_CHECKS = {
     "exploration_type": lambda name, value: exploration_type(value, name),
     "max_frames_per_traj": lambda name, value: max_frames_per_traj(value, name),
     "reset_at_each_iter": boolean,
+    "track_policy_version": boolean,
     "device": device,
     "storing_device": device,
     "env_device": device,

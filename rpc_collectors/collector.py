@@ -17,6 +17,7 @@ from .trajectories import TrajectoryIds
 from .weights import load_weights, one_source, weights_of
 
 POLICY_VERSION = ("collector", "policy_version")
+TORCHRL_VERSION = "policy_version"  # TorchRL's track_policy_version key, at the root and under "next"
 
 
 class Collector(BaseCollector):
@@ -41,6 +42,9 @@ class Collector(BaseCollector):
         replay_buffer: an object with ``.extend(td)``; batches go there and iteration yields None.
         exploration_type: TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) set
             around every policy call; default ``RANDOM``, so probabilistic policies sample.
+        track_policy_version: also write TorchRL's ``"policy_version"`` and ``("next",
+            "policy_version")`` (int64, the batch's shape), as its ``PolicyVersion`` transform does:
+            the version at each step, and at the root the version the observation came with.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
 
@@ -65,6 +69,7 @@ class Collector(BaseCollector):
         policy_device: Any = None,
         replay_buffer: Any = None,
         exploration_type: Any = None,
+        track_policy_version: bool = False,
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
     ) -> None:
@@ -77,9 +82,12 @@ class Collector(BaseCollector):
         self.reset_at_each_iter = checks.boolean("reset_at_each_iter", reset_at_each_iter)
         self.devices = checks.devices(device, storing_device, env_device, policy_device)
         self.exploration_type = checks.exploration_type(exploration_type)
+        self.track_policy_version = checks.boolean("track_policy_version", track_policy_version)
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
         self.env = make_env(create_env_fn)
+        if self.max_frames_per_traj is not None:
+            checks.no_step_counter(self.env, max_frames_per_traj)
         envs = int(torch.Size(self.env.batch_size).numel())
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
         self.frames_per_batch = self.steps_per_batch * envs
@@ -94,6 +102,7 @@ class Collector(BaseCollector):
         rollout_cls = ArrayRollout if isinstance(self.env, GymEnv) else TensorDictRollout
         self.rollout = rollout_cls(self.env, self.traj_ids, self.max_frames_per_traj)
         self.policy_version = 0
+        self._obs_version = 0  # the version the observation the next batch starts from came with
         self._pending: tuple[Any, int] | None = None
         self._lock = threading.Lock()
         self._busy = threading.Lock()  # held by a batch in progress: state changes wait for its end
@@ -101,12 +110,15 @@ class Collector(BaseCollector):
             self._check_policy()
 
     def _check_policy(self) -> None:
-        """Run the policy once on a reset observation: a policy that writes no action fails here.
+        """Run the policy once on a reset observation: a policy that writes no action fails here,
+        and the other outputs it writes are recorded (zero-filled in random-action steps).
 
         The env is not stepped; the first batch starts from this reset (and its seed, if any).
         """
         with torch.no_grad(), set_interaction_type(self.exploration_type):
-            self.rollout.probe(self.policy)
+            out = self.rollout.probe(self.policy)
+        # random-action batches carry the policy's other outputs too, zero-filled, as TorchRL's do
+        self.rollout.policy_zeros = {key: torch.zeros_like(value) for key, value in out.items() if key != "action"}
 
     # ------------------------------------------------------------------ collection
     def _collect_batch(self) -> TensorDictBase:
@@ -118,12 +130,26 @@ class Collector(BaseCollector):
         if self.reset_at_each_iter and not self.rollout.fresh:
             self.rollout.invalidate()
         random = self._frames < self.init_random_frames
+        fresh_obs = self.rollout.needs_reset
         with torch.no_grad(), set_interaction_type(self.exploration_type):
             batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy)
         batch.set(POLICY_VERSION, torch.full(batch.shape, self.policy_version, dtype=torch.int64))
+        if self.track_policy_version:
+            self._set_torchrl_versions(batch, self.policy_version if fresh_obs else self._obs_version)
+        self._obs_version = self.policy_version
         if self.devices["storing_device"] is not None:
             batch = batch.to(self.devices["storing_device"])
         return batch
+
+    @staticmethod
+    def _set_torchrl_versions(batch: TensorDictBase, first: int) -> None:
+        """TorchRL's keys: the batch's version under "next"; at the root too, but for the first
+        step, whose observation came from the previous batch's last step."""
+        version = batch.get(POLICY_VERSION)
+        root = version.clone()
+        root[..., 0] = first
+        batch.set(TORCHRL_VERSION, root)
+        batch.set(("next", TORCHRL_VERSION), version.clone())
 
     # ------------------------------------------------------------------ weights
     def update_policy_weights_(

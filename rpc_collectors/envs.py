@@ -226,11 +226,15 @@ class GymEnv:
 
 
 def make_env(create_env_fn: Any, argument: str = "create_env_fn") -> Any:
-    """Build an env from what a collector received: an env, a gymnasium id, or a callable returning one."""
+    """Build an env from what a collector received: an env, a gymnasium id, or a callable returning one.
+
+    Classes and callables are called; only an instance with the env protocol is taken as an env
+    (a TorchRL env is callable, an env class has ``reset``/``step`` attributes).
+    """
     env = create_env_fn
     if isinstance(env, str):
         env = GymEnv(env)
-    elif callable(env) and not _is_env(env):
+    elif isinstance(env, type) or (callable(env) and not _is_env(env)):
         env = env()
     if isinstance(env, (gym.Env, VectorEnv)):
         env = GymEnv(env)
@@ -244,5 +248,8 @@ def make_env(create_env_fn: Any, argument: str = "create_env_fn") -> Any:
 
 
 def _is_env(obj: Any) -> bool:
+    """An env instance: ``reset``, ``step`` and ``batch_size`` (a class is not an instance)."""
+    if isinstance(obj, type):
+        return False
     return all(callable(getattr(obj, m, None)) for m in ("reset", "step")) and hasattr(obj, "batch_size")
 

@@ -314,6 +314,16 @@ class CollectorFront(BaseCollector):
             return layouts.combine([self._receive(i, r) for i, r in enumerate(results)], self.cat_results)
         return layouts.lay_out(stacked, self.cat_results)
 
+    def _extend(self, batch: TensorDictBase) -> None:
+        """Write a batch into ``replay_buffer`` as TorchRL's workers write theirs, one worker's batch
+        after the other: a stacked ``[N, (B,) T]`` batch has its leading dims merged down to the
+        storage's ``ndim`` (1: ``N*(B*)T`` frames; 2: ``[N*B, T]`` rows)."""
+        ndim = getattr(getattr(self.replay_buffer, "storage", None), "ndim", None)
+        stacked = self.sync and self.cat_results == "stack" and not self.split_trajs
+        if stacked and isinstance(ndim, int) and batch.batch_dims > ndim >= 1:
+            batch = batch.reshape(-1, *batch.shape[batch.batch_dims - ndim + 1:])
+        self.replay_buffer.extend(batch)
+
     # ---------------------------------------------------------------- weights
     def init_updater(self, *args: Any, **kwargs: Any) -> None:
         """The weight plane is set up by the constructor; nothing is left to prepare (arguments ignored)."""

@@ -10,13 +10,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from .envs import GymEnv, _where
 from .policies import StepPolicy
 from .trajectories import TRAJ_IDS, TrajectoryIds
 
 FLAGS = ("done", "terminated", "truncated")
+
+
+def _dense(td: TensorDictBase) -> TensorDictBase:
+    """A batched env's lazy stack of its envs' own TensorDicts (``share_individual_td=True``), which
+    it writes again at its next step or reset, as a TensorDict of its own; anything else as it is."""
+    return td.contiguous() if isinstance(td, LazyStackedTensorDict) else td
 
 
 def _time_names(batch_dims: int) -> list:
@@ -35,6 +41,7 @@ class ArrayRollout:
         self.obs: dict | None = None
         self.traj: Any = None
         self.out: TensorDictBase | None = None
+        self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -44,6 +51,11 @@ class ArrayRollout:
     def fresh(self) -> bool:
         """True until the first step after a reset (or before any reset)."""
         return self.obs is None or self.traj is None
+
+    @property
+    def needs_reset(self) -> bool:
+        """The next batch starts from a reset."""
+        return self.obs is None
 
     def reset(self) -> None:
         self.obs = self.env.reset_arrays()
@@ -129,6 +141,9 @@ class ArrayRollout:
             td.set(next_key, stack_obs(next_key, [o[key] for o in next_rec]))
         for key in out_rec[0]:
             td.set(key, torch.stack([o[key] for o in out_rec], dim=axis).cpu())
+        for key, zero in self.policy_zeros.items():  # random actions: the policy's other outputs as zeros
+            if key not in td.keys(include_nested=True):
+                td.set(key, zero.cpu().unsqueeze(axis).expand(*shape, *zero.shape[axis:]).clone())
         terminated, truncated = flag(terms), flag(truncs)
         td.set(("next", "reward"), stack(rewards, np.float32).reshape(*shape, 1))
         td.set(("next", "done"), terminated | truncated)
@@ -146,12 +161,21 @@ class ArrayRollout:
 
 
 class TensorDictRollout:
-    """Rollout of any env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``)."""
+    """Rollout of any env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``).
+
+    The next step's root is built as TorchRL's ``step_mdp`` builds it: this step's root without
+    ``"next"``, actions and rewards (policy outputs and other entries are carried), updated with
+    the state entries of ``"next"``: those the env's reset gives (observations, done flags, and the
+    ``"step_count"``/``"truncated"`` of ``max_frames_per_traj``). So every step has the same keys.
+    """
 
     def __init__(self, env: Any, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.td: TensorDictBase | None = None
         self.stepped = False
+        self.state_keys: list = []  # what the root takes from "next" (the keys of a reset)
+        self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
+        self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *getattr(env, "reward_keys", ["reward"])]
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -162,11 +186,19 @@ class TensorDictRollout:
         """True until the first step after a reset (or before any reset)."""
         return self.td is None or not self.stepped
 
+    @property
+    def needs_reset(self) -> bool:
+        """The next batch starts from a reset."""
+        return self.td is None
+
     def reset(self) -> None:
-        self.td = self.env.reset()
+        self.td = _dense(self.env.reset())
         self.stepped = False  # ids are handed out at the first step: a reset never stepped costs none
-        if self.max_steps is not None:
+        if self.max_steps is not None:  # as a StepCounter's reset: a count, and a truncated flag
             self.td.set("step_count", torch.zeros(*self.env.batch_size, 1, dtype=torch.int64))
+            if "truncated" not in self.td.keys():
+                self.td.set("truncated", torch.zeros_like(self.td.get("done")))
+        self.state_keys = [key for key in self.td.keys(include_nested=True, leaves_only=True) if key != "_reset"]
 
     def probe(self, policy: StepPolicy) -> dict:
         """Call ``policy`` on a copy of the current state without stepping (checks a new policy)."""
@@ -189,7 +221,12 @@ class TensorDictRollout:
             else:
                 td.update(policy(td, batch))
             td = env.step(td)
-            nxt = td.get("next")
+            nxt = _dense(td.get("next"))
+            td.set("next", nxt)
+            if policy is None:  # random actions: the policy's other outputs not carried yet, as zeros
+                for key, zero in self.policy_zeros.items():
+                    if key not in td.keys(include_nested=True):
+                        td.set(key, zero)
             if self.max_steps is not None:
                 count = td.get("step_count") + 1
                 nxt.set("step_count", count)
@@ -204,8 +241,8 @@ class TensorDictRollout:
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The root of the next step: the next state, with finished envs reset."""
-        root = nxt.exclude("reward").clone(False)
-        root.set(TRAJ_IDS, td.get(TRAJ_IDS).clone())
+        root = td.exclude(*self.dropped).clone(False)  # its own nested TensorDicts: setting in them leaves td's
+        root.update(nxt.select(*self.state_keys, strict=False))
         done = nxt.get("done")
         if not done.any():
             return root
@@ -214,9 +251,14 @@ class TensorDictRollout:
             mask = torch.ones((), dtype=torch.bool)
         else:
             mask = done.reshape(self.env.batch_size)
-            fresh = self.env.reset(TensorDict({"_reset": done.clone()}, batch_size=self.env.batch_size))
-        ids = root.get(TRAJ_IDS)
+            # the whole state with "_reset", as TorchRL's collectors pass it: a batched env of individual
+            # TensorDicts (share_individual_td=True) reads its device and keys from it
+            request = root.exclude(TRAJ_IDS)
+            request.set("_reset", done.clone())
+            fresh = self.env.reset(request)
+        ids = root.get(TRAJ_IDS).clone()  # set, not written in place: a lazy stack's get() is a copy
         ids[mask] = torch.as_tensor(self.traj_ids.new(int(mask.sum())))
+        root.set(TRAJ_IDS, ids)
         for key in FLAGS:  # a fresh episode is not done, whether or not reset() says so
             if key in root.keys():
                 flag = root.get(key)

@@ -79,7 +79,7 @@ class RPCCollector(CollectorFront):
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
             else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
             ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
-        max_frames_per_traj, init_random_frames, reset_at_each_iter, split_trajs, postproc,
+        max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs, postproc,
         device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``
             (``init_random_frames`` is shared out over the workers). Workers hand batches over in
             host memory; the trainer puts them on ``storing_device`` (from page-locked shared
@@ -105,6 +105,7 @@ class RPCCollector(CollectorFront):
         rpc_timeout: float = 60.0,
         collector_kwargs: dict | None = None,
         exploration_type: Any = None,
+        track_policy_version: bool = False,
         num_threads: int | None = None,
         max_worker_restarts: int = 0,
         elastic: bool = False,
@@ -139,6 +140,7 @@ class RPCCollector(CollectorFront):
                 max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                 reset_at_each_iter=reset_at_each_iter, device=device, storing_device=storing_device,
                 env_device=env_device, policy_device=policy_device, exploration_type=exploration_type,
+                track_policy_version=track_policy_version,
             ),
         )
         self._open(checked, policy, functools.partial(_pool, checked))

@@ -127,6 +127,7 @@ def check(
     kwargs.update(_collector_kwargs(collector_kwargs))
     checks.max_frames_per_traj(kwargs["max_frames_per_traj"])
     checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
+    checks.boolean("track_policy_version", kwargs["track_policy_version"])
     kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
     devices = checks.devices(kwargs["device"], kwargs["storing_device"], kwargs["env_device"], kwargs["policy_device"])
     kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)

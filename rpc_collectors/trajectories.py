@@ -1,12 +1,13 @@
 """Trajectory bookkeeping: run-unique trajectory ids and splitting batches into trajectories."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
 TRAJ_IDS = ("collector", "traj_ids")
-MASK = ("collector", "mask")
 
 
 class TrajectoryIds:
@@ -25,33 +26,77 @@ class TrajectoryIds:
         return ids
 
 
-def split_trajectories(td: TensorDictBase) -> TensorDictBase:
+def split_trajectories(
+    td: TensorDictBase,
+    *,
+    prefix: Any = None,
+    trajectory_key: Any = None,
+    done_key: Any = None,
+    as_nested: bool | torch.layout = False,
+) -> TensorDictBase:
     """Split a ``[T]``, ``[B, T]`` or ``[N, B, T]`` batch into ``[n_traj, T_max]`` trajectories, zero padded.
 
-    Time is the last dim. Trajectories are the runs of equal ``("collector", "traj_ids")`` along
-    it, in each env's row; ``("collector", "mask")`` is True on real steps and False on padding.
+    TorchRL's signature and keys. Time is the last dim; trajectories are the runs of equal ids
+    along it, in each env's row. The ids are read at ``trajectory_key``, else at ``(prefix,
+    "traj_ids")`` (``prefix`` defaults to ``"collector"`` when ``td`` has that entry, else
+    none: ``"traj_ids"``); without ids there, they are derived from ``("next", done_key)``
+    (default ``"done"``) and written there. The mask, True on real steps, goes next to the ids
+    (``(..., "mask")``). ``as_nested`` (True or a ``torch.layout``): nested tensors of batch
+    size ``[n_traj, -1]`` instead of padding, without a mask, as TorchRL returns them.
     """
     if td.batch_dims < 1:
         raise ValueError(
             f"split_trajectories: td has batch size {list(td.batch_size)}; accepted: [T], [B, T], [N, B, T] "
             "(time last)"
         )
-    if TRAJ_IDS not in td.keys(include_nested=True):
-        raise KeyError(f"split_trajectories: td has no {TRAJ_IDS} entry")
+    ids_key, mask_key = _id_keys(td, prefix, trajectory_key)
+    td = td.copy()
+    if ids_key not in td.keys(include_nested=True):
+        td.set(ids_key, _ids_from_done(td, ids_key, done_key))
     rows = td.reshape(-1, td.shape[-1])
-    ids = rows.get(TRAJ_IDS)
+    ids = rows.get(ids_key)
     starts = torch.ones_like(ids, dtype=torch.bool)
     starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
     starts = starts.reshape(-1)
     segment = torch.cumsum(starts.long(), 0) - 1
+    flat = rows.reshape(-1)
+    if as_nested:
+        layout = as_nested if isinstance(as_nested, torch.layout) else torch.strided
+        sizes = torch.bincount(segment).tolist()
+        return flat.apply(lambda x: torch.nested.nested_tensor(list(x.split(sizes)), layout=layout),
+                          batch_size=[len(sizes), -1])
     first = torch.nonzero(starts).squeeze(-1)
     position = torch.arange(starts.numel()) - first[segment]
     n_traj, t_max = int(first.numel()), int(position.max()) + 1
-    flat = rows.reshape(-1)
     out = flat.apply(lambda x: x.new_zeros((n_traj, t_max, *x.shape[1:])), batch_size=[n_traj, t_max])
     out[segment, position] = flat
     mask = torch.zeros(n_traj, t_max, dtype=torch.bool)
     mask[segment, position] = True
-    out.set(MASK, mask)
+    out.set(mask_key, mask)
     out.refine_names(None, "time")
     return out
+
+
+def _id_keys(td: TensorDictBase, prefix: Any, trajectory_key: Any) -> tuple:
+    """Where the trajectory ids are read and the mask is written, as TorchRL chooses them."""
+    if trajectory_key is not None:
+        key = (trajectory_key,) if isinstance(trajectory_key, str) else tuple(trajectory_key)
+        return trajectory_key, (*key[:-1], "mask") if len(key) > 1 else "mask"
+    if prefix is None and "collector" in td.keys():
+        prefix = "collector"
+    if prefix is None:
+        return "traj_ids", "mask"
+    return (prefix, "traj_ids"), (prefix, "mask")
+
+
+def _ids_from_done(td: TensorDictBase, ids_key: Any, done_key: Any) -> torch.Tensor:
+    """Trajectory ids counted from the done flags (a new one after each done step), as TorchRL does."""
+    done_key = ("next", "done" if done_key is None else done_key)
+    if done_key not in td.keys(include_nested=True):
+        raise KeyError(f"split_trajectories: td has neither trajectory ids at {ids_key} nor done flags at {done_key}")
+    done = td.get(done_key).reshape(*td.shape, -1).any(-1)
+    ids = torch.zeros(td.shape, dtype=torch.int64)
+    ids[..., 1:] = done[..., :-1].long().cumsum(-1)
+    for i in range(1, td.shape[0] if td.batch_dims > 1 else 1):
+        ids[i] += ids[i - 1].max() + 1
+    return ids

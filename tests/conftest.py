@@ -129,10 +129,14 @@ if "CountEnv-v0" not in gym.registry:
 
 @pytest.fixture
 def no_leftover_processes():
-    """Fail the test if a process it started outlives it (the shared spawner excepted)."""
+    """Fail the test if a process it started outlives it (the shared spawner and Python's
+    multiprocessing resource tracker, one per interpreter until it exits, excepted)."""
+    from multiprocessing import resource_tracker
+
     from procs import descendants, wait_gone
     from rpc_collectors.spawner import shared_pid
 
     before = descendants()
     yield
-    assert not wait_gone(descendants() - before - {shared_pid()}, 10), "worker processes were left behind"
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    assert not wait_gone(descendants() - before - {shared_pid(), tracker}, 10), "worker processes were left behind"

@@ -691,3 +691,100 @@ def test_dict_in_keys_reach_their_keywords():
 
     batch = Collector(SplitEnv(), policy, frames_per_batch=40).next()
     assert torch.equal(batch["action"], (batch["obs", "step"] > batch["obs", "episode"]).long())
+
+
+# ------------------------------------------------------------- env classes as create_env_fn
+class PropertyBatchEnv(TDCountEnv):
+    """TDCountEnv whose ``batch_size`` is a property, as on TorchRL's ``EnvBase``."""
+
+    @property
+    def batch_size(self) -> torch.Size:
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: torch.Size) -> None:
+        self._batch_size = value
+
+
+def test_env_class_as_create_env_fn_is_called():
+    """A class is a factory (called), not an env, although it has reset/step/batch_size attributes."""
+    with Collector(PropertyBatchEnv, None, frames_per_batch=6) as c:
+        assert c.next().batch_size == torch.Size([6])
+    from rpc_collectors import MultiSyncCollector
+    with MultiSyncCollector([PropertyBatchEnv] * 2, None, frames_per_batch=8, launcher="debug") as c:
+        assert c.next().batch_size == torch.Size([2, 4])
+
+
+# ------------------------------------------------------------- track_policy_version
+@pytest.mark.parametrize("kind", ["gym", "td-batched"])
+def test_track_policy_version_writes_torchrls_keys(kind):
+    """TorchRL's "policy_version" (root: the version the observation came with) and ("next", "policy_version")."""
+    c = Collector(make_env(kind), ArgmaxLinear(), frames_per_batch=4 * n_envs(kind), track_policy_version=True)
+    first = c.next()
+    c.update_policy_weights_()
+    second = c.next()
+    for batch in (first, second):
+        assert batch["policy_version"].dtype == torch.int64 and batch["policy_version"].shape == batch.shape
+    assert (first["policy_version"] == 0).all() and (first["next", "policy_version"] == 0).all()
+    assert (second["policy_version"][..., 0] == 0).all() and (second["policy_version"][..., 1:] == 1).all()
+    assert (second["next", "policy_version"] == 1).all()
+    assert "policy_version" not in Collector(make_env(kind), None, frames_per_batch=n_envs(kind)).next().keys()
+    with pytest.raises(TypeError, match="track_policy_version='yes'"):
+        Collector(make_env(kind), None, frames_per_batch=4, track_policy_version="yes")
+
+
+def test_track_policy_version_in_workers():
+    from rpc_collectors import MultiSyncCollector
+    for kwargs in ({"track_policy_version": True}, {"collector_kwargs": {"track_policy_version": True}}):
+        with MultiSyncCollector([partial(make_env, "td")] * 2, ArgmaxLinear(), frames_per_batch=8, launcher="debug",
+                                **kwargs) as c:
+            c.next()
+            c.update_policy_weights_()
+            batch = c.next()
+        assert (batch["next", "policy_version"] == 1).all() and batch["policy_version"][:, 0].tolist() == [0, 0]
+
+
+# ------------------------------------------------------------- the next root, as TorchRL's step_mdp
+class NoTruncatedEnv(TDCountEnv):
+    """Done flags without "truncated": ``max_frames_per_traj`` adds it, as a StepCounter does."""
+
+    def _flags(self, terminated: torch.Tensor, truncated: torch.Tensor) -> dict:
+        ended = self._shape(terminated | truncated, 1)
+        return {"done": ended, "terminated": ended}
+
+
+@pytest.mark.parametrize("num_envs", [None, B])
+def test_max_frames_per_traj_on_an_env_without_truncated(num_envs):
+    c = Collector(NoTruncatedEnv(num_envs, lengths=(9,)), None, frames_per_batch=8 * (num_envs or 1),
+                  max_frames_per_traj=3)
+    batches = [c.next(), c.next()]
+    for batch in batches:
+        assert not batch["truncated"].any()
+        assert torch.equal(batch["next", "truncated"], batch["next", "step_count"] == 3)
+    check_count_env_batches(batches, capped=True)
+
+
+def test_root_entries_are_carried_to_the_next_step():
+    """As TorchRL's step_mdp (keep_other): what the policy wrote at the root is there at the next
+    step (a recurrent state, an exploration module's noise), until the policy writes it again."""
+    def policy(td):
+        td.set("memory", td.get("memory", torch.zeros(td.shape)) + 1)
+        td.set("action", torch.zeros(td.shape, dtype=torch.int64))
+        return td
+
+    batch = Collector(TDCountEnv(), policy, frames_per_batch=5).next()
+    assert batch["memory"].tolist() == [1, 2, 3, 4, 5]
+
+
+# ------------------------------------------------------------- policy outputs in random-action batches
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_frames_batches_carry_the_policy_outputs(kind):
+    """As TorchRL's: the policy's other outputs are there (zeros) from the first, random, batch on,
+    so every batch has the same keys (a replay buffer or a worker's shared batch slots need that)."""
+    n = n_envs(kind)
+    c = Collector(make_env(kind), POLICIES["tensordict-module-two-outs"](), frames_per_batch=4 * n,
+                  init_random_frames=4 * n)
+    random, chosen = c.next(), c.next()
+    assert set(random.keys(True, True)) == set(chosen.keys(True, True))
+    assert random["logits"].shape == chosen["logits"].shape == (*random.shape, 2)
+    assert (random["logits"] == 0).all() and (chosen["logits"] != 0).any()

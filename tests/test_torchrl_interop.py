@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,16 +25,16 @@ if os.environ.get("RPC_COLLECTORS_REQUIRE_TORCHRL"):
 else:
     pytest.importorskip("torchrl")
 
-from tensordict.nn import NormalParamExtractor, TensorDictModule  # noqa: E402
+from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential  # noqa: E402
 
 with warnings.catch_warnings():  # torchrl 0.14.1 deprecates some of its own classes as it imports them
     warnings.simplefilter("ignore", DeprecationWarning)
     from torchrl import collectors as trl_collectors
     from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
-    from torchrl.envs import ParallelEnv, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.envs import Compose, InitTracker, ParallelEnv, SerialEnv, StepCounter, TransformedEnv
     from torchrl.envs.libs.gym import GymEnv
     from torchrl.envs.utils import ExplorationType, set_exploration_type
-    from torchrl.modules import Actor, ProbabilisticActor, TanhNormal, ValueOperator
+    from torchrl.modules import Actor, OrnsteinUhlenbeckProcessModule, ProbabilisticActor, TanhNormal, ValueOperator
     from torchrl.objectives import ClipPPOLoss
     from torchrl.objectives.value import GAE
 
@@ -55,8 +56,17 @@ def serial_pendulum():
     return SerialEnv(2, pendulum)
 
 
-def parallel_pendulum():
-    return ParallelEnv(2, pendulum)
+def plain_pendulum():
+    """No StepCounter: for ``max_frames_per_traj``, which TorchRL refuses on an env that counts steps."""
+    return GymEnv("Pendulum-v1")
+
+
+def serial_plain_pendulum():
+    return SerialEnv(2, plain_pendulum)
+
+
+def parallel_capped_pendulum():
+    return ParallelEnv(2, lambda: TransformedEnv(GymEnv("Pendulum-v1"), StepCounter(max_steps=30)))
 
 
 def env_maker():
@@ -218,7 +228,7 @@ def test_other_layouts_by_argument():
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_split_trajs_on_batched_envs_in_workers():
     """MultiSync of SerialEnv: [N, B, T]; split_trajs gives [n_traj, T_max] as TorchRL does."""
-    with MultiSyncCollector([serial_pendulum] * 2, None, frames_per_batch=1000, total_frames=1000,
+    with MultiSyncCollector([serial_plain_pendulum] * 2, None, frames_per_batch=1000, total_frames=1000,
                             max_frames_per_traj=60, split_trajs=True) as c:
         batch = c.next()
     mask = batch["collector", "mask"]
@@ -277,6 +287,67 @@ def test_trainer_threads_lowered_while_workers_run():
         torch.set_num_threads(before)
 
 
+# ------------------------------------------------------------------ 6. issue 18: TorchRL's own collector tests
+def tracked_pendulum():
+    return TransformedEnv(GymEnv("Pendulum-v1"), Compose(StepCounter(), InitTracker()))
+
+
+def ou_actor() -> TensorDictSequential:
+    """An actor with TorchRL's Ornstein-Uhlenbeck exploration, which writes ``_ou_prev_noise`` and ``_ou_steps``."""
+    return TensorDictSequential(constant_actor(0.0), OrnsteinUhlenbeckProcessModule(spec=tracked_pendulum().action_spec))
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_private_keys_are_dropped_from_batches_and_replay_buffers():
+    """As TorchRL's collectors: entries named ``_...`` stay out of batches and replay buffers."""
+    private = ("_ou_prev_noise", "_ou_steps")
+    with Collector(tracked_pendulum, ou_actor(), frames_per_batch=20) as c:
+        batch = c.next()
+    assert "action" in batch.keys() and not set(private) & set(batch.keys(True, True))
+    rb = ReplayBuffer(storage=LazyTensorStorage(100))
+    with MultiSyncCollector([tracked_pendulum] * 2, ou_actor(), frames_per_batch=20, total_frames=20,
+                            replay_buffer=rb) as c:
+        list(c)
+    assert len(rb) > 0 and not set(private) & set(rb.sample(4).keys(True, True))
+
+
+def test_max_frames_per_traj_on_an_env_with_a_step_counter_is_refused():
+    """As TorchRL: the env counts its steps already, so max_frames_per_traj is a ValueError."""
+    with pytest.raises(ValueError, match="max_frames_per_traj=30 conflicts with the env's own step counter"):
+        Collector(pendulum, None, frames_per_batch=20, max_frames_per_traj=30)
+    with pytest.raises(ValueError, match="step_count"):
+        trl_collectors.Collector(pendulum, None, frames_per_batch=20, total_frames=20, max_frames_per_traj=30)
+    Collector(lambda: GymEnv("Pendulum-v1"), None, frames_per_batch=20, max_frames_per_traj=30).shutdown()
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_replay_buffer_filled_as_torchrls_workers_fill_it(ndim):
+    """A 1-d storage gets frames (TorchRL's workers each extend their [T] batch: len grows by
+    frames_per_batch); a 2-d one the [N, T] batch as it is, a lane per worker."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(256, ndim=ndim))
+    with MultiSyncCollector([plain_pendulum] * 2, None, frames_per_batch=32, total_frames=64, replay_buffer=rb) as c:
+        list(c)
+    assert rb.storage._storage.shape == ((256,) if ndim == 1 else (128, 2))
+    assert len(rb) == 64
+
+
+def capped_pendulum(max_steps: int):
+    return TransformedEnv(GymEnv("Pendulum-v1"), StepCounter(max_steps=max_steps))
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_batched_env_of_individual_tds_resets_part_of_its_envs(device):
+    """SerialEnv(share_individual_td=True): the "_reset" TensorDict is on the env's device, and
+    the envs that ended get new trajectory ids although the env's TensorDicts are a lazy stack."""
+    make = partial(SerialEnv, 2, [partial(capped_pendulum, 3), partial(capped_pendulum, 5)],
+                   share_individual_td=True, device=device)
+    with Collector(make, None, frames_per_batch=2 * 15) as c:
+        batch = c.next()
+    assert batch[TRAJ].tolist() == [[0, 0, 0, 2, 2, 2, 4, 4, 4, 5, 5, 5, 7, 7, 7],
+                                    [1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 6, 6, 6, 6, 6]]
+
+
 # ------------------------------------------------------------------ what already works and must keep working
 @pytest.mark.usefixtures("no_leftover_processes")
 @pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector", "MultiAsyncCollector"])
@@ -322,7 +393,7 @@ def slices(sample, slice_len: int):
 def test_slice_sampler_never_crosses_trajectories(ndim):
     """SliceSampler on ("collector", "traj_ids") over 1-, 2- and 3-d storages of our batches
     (0.14.1 names the argument ``traj_key``; its docs say ``trajectory_key``)."""
-    make_env = serial_pendulum if ndim == 3 else pendulum
+    make_env = serial_plain_pendulum if ndim == 3 else plain_pendulum
     with MultiSyncCollector([make_env] * 2, None, frames_per_batch=800, total_frames=3200, max_frames_per_traj=37,
                             cat_results=0 if ndim == 1 else "stack") as c:
         rb = ReplayBuffer(storage=LazyTensorStorage(6400, ndim=ndim),
@@ -355,8 +426,7 @@ def test_gae_and_clip_ppo_loss_on_our_batches():
 
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_parallel_env_and_transformed_env_inside_workers():
-    with MultiSyncCollector([parallel_pendulum] * 2, None, frames_per_batch=400, total_frames=400,
-                            max_frames_per_traj=30) as c:
+    with MultiSyncCollector([parallel_capped_pendulum] * 2, None, frames_per_batch=400, total_frames=400) as c:
         batch = c.next()
     assert batch.shape == torch.Size([2, 2, 100])
     assert batch[STEP].max() <= 30 and (batch["step_count"] + 1 == batch[STEP]).all()  # the StepCounter transform ran

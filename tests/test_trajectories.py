@@ -69,3 +69,23 @@ def test_trajectory_ids_strided_never_collide():
     ids = [i for _ in range(4) for w in workers for i in w.new(2).tolist()]
     assert len(set(ids)) == len(ids)
     assert workers[1].new(2).tolist() == [25, 28]
+
+
+def test_split_keyword_arguments_as_torchrls():
+    """prefix, trajectory_key, done_key and as_nested read and write TorchRL's keys."""
+    ids = torch.tensor([7, 7, 8, 8, 8, 9])
+    plain = TensorDict({"traj_ids": ids, "x": torch.arange(6.0)}, batch_size=[6])
+    assert split_trajectories(plain)["mask"].sum(-1).tolist() == [2, 3, 1]  # no "collector" entry: no prefix
+    nested_key = TensorDict({("meta", "tid"): ids, "x": torch.arange(6.0)}, batch_size=[6])
+    out = split_trajectories(nested_key, trajectory_key=("meta", "tid"))
+    assert out["meta", "mask"].sum(-1).tolist() == [2, 3, 1]
+    mine = TensorDict({("mine", "traj_ids"): ids}, batch_size=[6])
+    assert split_trajectories(mine, prefix="mine")["mine", "mask"].shape == (3, 3)
+    end = torch.tensor([0, 1, 0, 0, 1, 0], dtype=torch.bool).unsqueeze(-1)
+    no_ids = TensorDict({"x": torch.arange(6.0), ("next", "end"): end}, batch_size=[6])
+    out = split_trajectories(no_ids, done_key="end")
+    assert out["traj_ids"].tolist() == [[0, 0, 0], [1, 1, 1], [2, 0, 0]]
+    assert out["x"].tolist() == [[0, 1, 0], [2, 3, 4], [5, 0, 0]]
+    nested = split_trajectories(batch([4, 4, 5, 5, 5, 6]), as_nested=True)
+    assert nested.batch_size[0] == 3 and ("collector", "mask") not in nested.keys(True)
+    assert [t.squeeze(-1).tolist() for t in nested["observation"].unbind(0)] == [[1, 2], [3, 4, 5], [6]]
