@@ -1,8 +1,7 @@
 """Who serves each collector slot, and how servers enter and leave a running RPC group.
 
-Collectors that can replace failed workers run a *dynamic* RPC group (``init_rpc`` with
-``world_size=None``): the trainer starts it, and each server joins it, then announces itself
-with :func:`arrive`. Joins take turns (:func:`membership_lock`), and a joiner sees only the
+Elastic collectors run a *dynamic* RPC group (``init_rpc`` with ``world_size=None``): the
+trainer starts it, and each server joins it, then announces itself with :func:`arrive`. Joins take turns (:func:`membership_lock`), and a joiner sees only the
 trainer as a member (:func:`clear_for_join`), so servers that died or became unreachable never
 hold a join up; the trainer forgets them (:func:`evict`).
 
@@ -11,7 +10,6 @@ hold a join up; the trainer forgets them (:func:`evict`).
 from __future__ import annotations
 
 import contextlib
-import queue
 import time
 import warnings
 from typing import Callable, Iterator
@@ -20,9 +18,8 @@ import numpy as np
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
-_arrivals: "queue.Queue[int]" = queue.Queue()  # ranks that joined this trainer's group
 _evicted: set[int] = set()  # ranks this trainer removed from its group
-_listener: Callable[[int], None] | None = None  # an elastic trainer's: gets arrivals instead of the queue
+_listener: Callable[[int], None] | None = None  # the elastic trainer's: gets every arrival
 
 
 class WorkerRestartWarning(RuntimeWarning):
@@ -36,28 +33,14 @@ class WorkerLeftWarning(RuntimeWarning):
 def arrive(rank: int) -> None:
     """RPC (served by the trainer): the server of ``rank`` joined the group and is ready."""
     listener = _listener
-    if listener is not None:
+    if listener is not None:  # None: the trainer is closing, and stops every member it knows
         listener(rank)
-    else:
-        _arrivals.put(rank)
 
 
 def listen(callback: Callable[[int], None] | None) -> None:
-    """Hand every arrival to ``callback(rank)`` (an elastic trainer) instead of the queue; None: the queue again."""
+    """Hand every arrival to ``callback(rank)`` (the elastic trainer's pool); None: no longer."""
     global _listener
     _listener = callback
-
-
-def arrivals() -> "queue.Queue[int]":
-    """The trainer's queue of ranks that announced themselves with :func:`arrive`."""
-    return _arrivals
-
-
-def forget_arrivals() -> None:
-    """Drop stale arrivals (a worker of an abandoned start): call before starting servers to wait for."""
-    with contextlib.suppress(queue.Empty):
-        while True:
-            _arrivals.get_nowait()
 
 
 # Private torch details: TensorPipe's dynamic group lists its members in the store key
