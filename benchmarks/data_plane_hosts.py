@@ -95,7 +95,8 @@ def peer(kind: str, rank: int, seconds: float) -> dict:
     if kind == "doorbell":
         import pickle
 
-        from rpc_collectors.data_plane import IN_FLIGHT, SLOTS, BatchLayout, Ready, SlotPool, SlotWriter
+        from rpc_collectors.data_plane import IN_FLIGHT, SLOTS, Ready, SlotPool, SlotWriter
+        from rpc_collectors.layouts import BatchLayout
         from rpc_collectors.doorbell import SocketDoorbell, answer
 
         store = torch.distributed.TCPStore(master, port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))

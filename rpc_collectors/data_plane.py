@@ -57,85 +57,12 @@ from tensordict import TensorDict, TensorDictBase
 
 from . import shm
 from .doorbell import Dial, Doorbell, Ends, Ready, SocketDoorbell
+from .layouts import BatchLayout, aligned, signature_of
 
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
 IN_FLIGHT = 2  # requests a pipelined worker on another host has at once: it collects one while it sends the other
-ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
 CONNECT_TIMEOUT = 10.0  # seconds at most for a worker on another host to connect its doorbell
 MIN_BYTES = 64 * 1024  # smaller batches go as RPC results: a slot saves nothing at that size
-
-
-def _aligned(nbytes: int, to: int = ALIGN) -> int:
-    return -(-nbytes // to) * to
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """One tensor of a batch: its key, shape, dtype and size in bytes."""
-
-    key: tuple
-    shape: tuple
-    dtype: torch.dtype
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class BatchLayout:
-    """The tensors of one batch (keys, shapes, dtypes), and how ``rows`` batches lie in a flat buffer."""
-
-    batch_size: tuple
-    names: tuple
-    leaves: tuple
-
-    @classmethod
-    def of(cls, batch: TensorDictBase) -> "BatchLayout | None":
-        """The layout of ``batch``; None if it cannot go through shared memory."""
-        leaves = []
-        for key, value in batch.items(include_nested=True, leaves_only=True):
-            if type(value) is not torch.Tensor or value.device.type != "cpu":
-                return None
-            key = key if isinstance(key, tuple) else (key,)
-            if len(key) > 1 and batch.get(key[:-1]).batch_size != batch.batch_size:
-                return None
-            leaves.append(Leaf(key, tuple(value.shape), value.dtype, value.numel() * value.element_size()))
-        names = tuple(batch.names) if batch._has_names() else ()
-        return cls(tuple(batch.batch_size), names, tuple(leaves))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one batch's tensors."""
-        return sum(leaf.nbytes for leaf in self.leaves)
-
-    def size(self, rows: int) -> int:
-        """Bytes of a slot holding ``rows`` batches (each tensor's rows contiguous, aligned)."""
-        return sum(_aligned(leaf.nbytes * rows) for leaf in self.leaves)
-
-    def signature(self) -> dict:
-        """``{key: (shape, dtype)}``, as :func:`signature_of` gives for a batch of this layout."""
-        return {leaf.key: (leaf.shape, leaf.dtype) for leaf in self.leaves}
-
-    def view(self, slot: torch.Tensor, rows: int | None) -> TensorDict:
-        """A TensorDict of views into ``slot`` (flat uint8): ``[rows, *batch_size]``, or one batch if rows is None."""
-        lead = () if rows is None else (rows,)
-        td = TensorDict(batch_size=(*lead, *self.batch_size))
-        offset = 0
-        for leaf in self.leaves:
-            nbytes = leaf.nbytes * (rows or 1)
-            td.set(leaf.key, slot[offset:offset + nbytes].view(leaf.dtype).view(*lead, *leaf.shape))
-            offset += _aligned(nbytes)
-        if self.names:
-            td.names = [None] * len(lead) + list(self.names)
-        return td
-
-
-def signature_of(batch: TensorDictBase) -> dict:
-    """``{key: (shape, dtype)}`` of every tensor of ``batch`` (empty if it holds non-tensors)."""
-    out = {}
-    for key, value in batch.items(include_nested=True, leaves_only=True):
-        if type(value) is not torch.Tensor:
-            return {}
-        out[key if isinstance(key, tuple) else (key,)] = (tuple(value.shape), value.dtype)
-    return out
 
 
 @dataclass(frozen=True)
@@ -211,7 +138,7 @@ class SlotPool:
         memory, for workers on this host; else this process's own, filled from the network.
         ``slots``: one more than ``SLOTS`` for each extra request in flight."""
         self.layout, self.rows, self.shared, self.num_slots = layout, rows, shared, slots
-        self.slot_bytes = _aligned(layout.size(rows), mmap.PAGESIZE)
+        self.slot_bytes = aligned(layout.size(rows), mmap.PAGESIZE)
         self.nbytes = slots * self.slot_bytes
         self.fd: int | None = None
         self._registered = False  # page-locked with cudaHostRegister by this pool

@@ -23,7 +23,7 @@ from torch import nn
 
 from . import checks, layouts
 from .base import BaseCollector
-from .data_plane import BatchPlane, signature_of
+from .data_plane import BatchPlane
 from .errors import Failure, WorkerError
 from .events import BATCH, Answer, Events, Joined
 from .lifetime import Resources, release_with, weak_method
@@ -237,7 +237,7 @@ class CollectorFront(BaseCollector):
         dtypes) fails, so its slot falls vacant, instead of mixing layouts in the run."""
         if not isinstance(result, TensorDictBase):  # in its own slots, laid out from its first batch
             return
-        signature = signature_of(result)
+        signature = layouts.signature_of(result)
         if self._layout is None:
             self._layout = signature
         differs = layouts.difference(signature, self._layout) if signature and self._layout else ""
@@ -315,13 +315,9 @@ class CollectorFront(BaseCollector):
         return layouts.lay_out(stacked, self.cat_results)
 
     def _extend(self, batch: TensorDictBase) -> None:
-        """Write a batch into ``replay_buffer`` as TorchRL's workers write theirs, one worker's batch
-        after the other: a stacked ``[N, (B,) T]`` batch has its leading dims merged down to the
-        storage's ``ndim`` (1: ``N*(B*)T`` frames; 2: ``[N*B, T]`` rows)."""
-        ndim = getattr(getattr(self.replay_buffer, "storage", None), "ndim", None)
-        stacked = self.sync and self.cat_results == "stack" and not self.split_trajs
-        if stacked and isinstance(ndim, int) and batch.batch_dims > ndim >= 1:
-            batch = batch.reshape(-1, *batch.shape[batch.batch_dims - ndim + 1:])
+        """Write a batch into ``replay_buffer`` as TorchRL's workers write theirs (see :func:`layouts.for_storage`)."""
+        if self.sync and self.cat_results == "stack" and not self.split_trajs:
+            batch = layouts.for_storage(batch, getattr(getattr(self.replay_buffer, "storage", None), "ndim", None))
         self.replay_buffer.extend(batch)
 
     # ---------------------------------------------------------------- weights

@@ -1,14 +1,93 @@
-"""A sync round's batches in the layout a multi-worker collector yields (``cat_results``).
+"""How a batch lies: its tensors' keys, shapes and dtypes (and their place in a flat buffer),
+and a sync round's batches in the layout a multi-worker collector yields (``cat_results``).
 
 ``"stack"``: ``[N, (B,) T]``; ``0``: concatenated along dim 0 (``[N*T]``, ``[N*B, T]``); ``-1``:
 along the time dim. Every layout keeps the dim name ``"time"`` on the last dim.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 WORKER_ID = ("collector", "worker_id")
+ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
+
+
+def aligned(nbytes: int, to: int = ALIGN) -> int:
+    """``nbytes`` rounded up to a multiple of ``to``."""
+    return -(-nbytes // to) * to
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One tensor of a batch: its key, shape, dtype and size in bytes."""
+
+    key: tuple
+    shape: tuple
+    dtype: torch.dtype
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """The tensors of one batch (keys, shapes, dtypes), and how ``rows`` batches lie in a flat buffer."""
+
+    batch_size: tuple
+    names: tuple
+    leaves: tuple
+
+    @classmethod
+    def of(cls, batch: TensorDictBase) -> "BatchLayout | None":
+        """The layout of ``batch``; None if it cannot go through shared memory."""
+        leaves = []
+        for key, value in batch.items(include_nested=True, leaves_only=True):
+            if type(value) is not torch.Tensor or value.device.type != "cpu":
+                return None
+            key = key if isinstance(key, tuple) else (key,)
+            if len(key) > 1 and batch.get(key[:-1]).batch_size != batch.batch_size:
+                return None
+            leaves.append(Leaf(key, tuple(value.shape), value.dtype, value.numel() * value.element_size()))
+        names = tuple(batch.names) if batch._has_names() else ()
+        return cls(tuple(batch.batch_size), names, tuple(leaves))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one batch's tensors."""
+        return sum(leaf.nbytes for leaf in self.leaves)
+
+    def size(self, rows: int) -> int:
+        """Bytes of a slot holding ``rows`` batches (each tensor's rows contiguous, aligned)."""
+        return sum(aligned(leaf.nbytes * rows) for leaf in self.leaves)
+
+    def signature(self) -> dict:
+        """``{key: (shape, dtype)}``, as :func:`signature_of` gives for a batch of this layout."""
+        return {leaf.key: (leaf.shape, leaf.dtype) for leaf in self.leaves}
+
+    def view(self, slot: torch.Tensor, rows: int | None) -> TensorDict:
+        """A TensorDict of views into ``slot`` (flat uint8): ``[rows, *batch_size]``, or one batch if rows is None."""
+        lead = () if rows is None else (rows,)
+        td = TensorDict(batch_size=(*lead, *self.batch_size))
+        offset = 0
+        for leaf in self.leaves:
+            nbytes = leaf.nbytes * (rows or 1)
+            td.set(leaf.key, slot[offset:offset + nbytes].view(leaf.dtype).view(*lead, *leaf.shape))
+            offset += aligned(nbytes)
+        if self.names:
+            td.names = [None] * len(lead) + list(self.names)
+        return td
+
+
+def signature_of(batch: TensorDictBase) -> dict:
+    """``{key: (shape, dtype)}`` of every tensor of ``batch`` (empty if it holds non-tensors)."""
+    out = {}
+    for key, value in batch.items(include_nested=True, leaves_only=True):
+        if type(value) is not torch.Tensor:
+            return {}
+        out[key if isinstance(key, tuple) else (key,)] = (tuple(value.shape), value.dtype)
+    return out
+
 
 
 def combine(batches: list[TensorDictBase], cat_results: str | int) -> TensorDictBase:
@@ -40,7 +119,7 @@ def _named(batch: TensorDictBase) -> TensorDictBase:
 
 
 def difference(signature: dict, expected: dict) -> str:
-    """What differs between two batches' ``{key: (shape, dtype)}`` (see ``data_plane.signature_of``); '' if nothing."""
+    """What differs between two batches' ``{key: (shape, dtype)}`` (see :func:`signature_of`); '' if nothing."""
     name = ".".join
     parts = [f"no {name(key)}" for key in sorted(set(expected) - set(signature))]
     parts += [f"an extra {name(key)}" for key in sorted(set(signature) - set(expected))]
@@ -51,3 +130,12 @@ def difference(signature: dict, expected: dict) -> str:
         if dtype != want_dtype:
             parts.append(f"{name(key)} of dtype {dtype} instead of {want_dtype}")
     return ", ".join(parts)
+
+
+def for_storage(batch: TensorDictBase, ndim: int | None) -> TensorDictBase:
+    """A stacked ``[N, (B,) T]`` batch for a replay buffer whose storage has ``ndim`` dims, as
+    TorchRL's workers fill it, one worker's batch after the other: the leading dims merged down
+    to ``ndim`` (1: ``N*(B*)T`` frames; 2: ``[N*B, T]`` rows)."""
+    if isinstance(ndim, int) and batch.batch_dims > ndim >= 1:
+        return batch.reshape(-1, *batch.shape[batch.batch_dims - ndim + 1:])
+    return batch

@@ -11,7 +11,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rpc_collectors.data_plane import BatchLayout, BatchPlane, Ready, SlotPool, SlotWriter
+from rpc_collectors.data_plane import BatchPlane, Ready, SlotPool, SlotWriter
+from rpc_collectors.layouts import BatchLayout
 from rpc_collectors.doorbell import ANSWER, READY, REQUEST, SocketDoorbell, answer
 
 pytestmark = pytest.mark.timeout(30)
