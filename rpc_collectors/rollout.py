@@ -225,8 +225,11 @@ class TensorDictRollout:
             else:
                 td.update(policy(td, batch))
             td = env.step(td)
-            nxt = _dense(td.get("next"))
-            td.set("next", nxt)
+            nxt = td.get("next")
+            dense = _dense(nxt)
+            if dense is not nxt:  # a lazy stack the env writes again: keep a copy of its own
+                nxt = dense
+                td.set("next", nxt)
             if policy is None:  # random actions: the policy's other outputs not carried yet, as zeros
                 for key, zero in self.policy_zeros.items():
                     if key not in td.keys(include_nested=True):
