@@ -6,6 +6,7 @@ policy, in this process, in local worker processes or on other nodes over
 """
 from .base import BaseCollector
 from .collector import Collector
+from .distributed import DistributedCollector, DistributedSyncCollector
 from .envs import GymEnv
 from .errors import WorkerError
 from .membership import WorkerLeftWarning, WorkerRestartWarning
@@ -23,6 +24,8 @@ __all__ = [
     "BaseCollector",
     "Collector",
     "DataCollectorBase",
+    "DistributedCollector",
+    "DistributedSyncCollector",
     "GymEnv",
     "MultiAsyncCollector",
     "MultiCollector",

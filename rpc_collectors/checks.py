@@ -264,3 +264,18 @@ def elastic(weight_transport: str, backend: str) -> None:
         )
     if backend != "gloo":
         raise ValueError(f"backend={backend!r} does not work with elastic=True (no fixed weight group); accepted: 'gloo'")
+
+
+def tcp_port(value: Any, launcher: str) -> int | None:
+    """TorchRL's ``tcp_port``: where this process listens (local workers: the weight group's store;
+    submitit: the rendezvous its jobs join); None: a free port. Torchrun/SLURM use ``MASTER_PORT``."""
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 < value < 65536:
+        raise ValueError(f"tcp_port={value!r} is invalid; accepted: None (a free port) or a port number in 1..65535")
+    if launcher not in ("local", "submitit"):
+        raise ValueError(
+            f"tcp_port={value!r} does not apply to launcher={launcher!r} (torchrun and SLURM ranks meet at "
+            "MASTER_PORT, debug workers need no port); accepted: None, or launcher 'mp', 'local' or 'submitit'"
+        )
+    return int(value)

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch.distributed as dist
 
-LAUNCHERS = ("auto", "local", "torchrun", "slurm", "debug")
+LAUNCHERS = ("auto", "local", "torchrun", "slurm", "debug", "submitit", "mp", "submitit_delayed")  # the last three: TorchRL's
 SIOCGIFADDR = 0x8915
 
 
@@ -48,6 +48,16 @@ def detect_launcher(launcher: str, elastic: bool = False) -> str:
     A SLURM job of one task runs local workers, unless ``elastic`` (its collectors join later)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r} is not known; accepted: {', '.join(map(repr, LAUNCHERS))}")
+    if launcher == "submitit_delayed":
+        raise ValueError(
+            "launcher='submitit_delayed' is not supported: it is TorchRL's way to run the trainer and its collectors "
+            "in one SLURM submission; accepted instead: launcher='slurm' (or 'auto') with the script submitted by "
+            "slurm/submit.py, one job whose task 0 trains and whose other tasks collect, or launcher='submitit' "
+            "with the trainer outside a job (a login node), or elastic=True with collector jobs of "
+            "slurm/submit.py --join JOBID"
+        )
+    if launcher == "mp":  # TorchRL's name for local worker processes
+        return "local"
     if launcher != "auto":
         return launcher
     if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ and "SLURM_JOB_ID" not in os.environ):

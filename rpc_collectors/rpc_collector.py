@@ -15,17 +15,20 @@ from .pools.debug import DebugPool
 from .pools.elastic import ElasticPool
 from .pools.local import LocalPool
 from .pools.ranks import RankPool
+from .pools.submitit import SubmititPool
 
 
 def _pool(s: settings.Settings, on_death: Any, on_arrival: Any) -> Any:
     """The worker pool of a collector with settings ``s``."""
     if s.launcher == "debug":
         return DebugPool(s.num_workers)
+    if s.launcher == "submitit":  # jobs this process submits, which join it
+        return SubmititPool(s.executor, s.num_workers, s.rpc_timeout, s.join_timeout, s.tcp_port, s.elastic, on_arrival)
     if s.elastic:  # collectors are admitted as they join, while collecting
         return ElasticPool(s.rdv, s.num_workers, s.rpc_timeout, on_arrival)
     if s.rdv is not None:
         return RankPool(s.rdv, s.num_workers, s.rpc_timeout)
-    return LocalPool(s.num_workers, s.rpc_timeout, on_death)
+    return LocalPool(s.num_workers, s.rpc_timeout, on_death, s.tcp_port)
 
 
 class RPCCollector(CollectorFront):
@@ -47,10 +50,21 @@ class RPCCollector(CollectorFront):
             of TorchRL's class of the same name, ``0`` for ``RPCCollector`` (TorchRL's
             concatenates its workers' batches) and ``"stack"`` for the ``Multi*`` classes.
         launcher: ``"auto"`` (torchrun or SLURM if their variables are set, else local),
-            ``"local"`` (spawn N processes on this host), ``"torchrun"``, ``"slurm"`` or
-            ``"debug"`` (workers in this process, no RPC). Under torchrun/SLURM the constructor
-            serves collectors on every rank but 0 and exits those processes with code 0 when
-            the trainer shuts down.
+            ``"local"`` or TorchRL's ``"mp"`` (spawn N processes on this host), ``"torchrun"``,
+            ``"slurm"``, ``"debug"`` (workers in this process, no RPC) or TorchRL's
+            ``"submitit"`` (this process submits one SLURM job per collector, which joins it; see
+            ``slurm_kwargs``). Under torchrun/SLURM the constructor serves collectors on every
+            rank but 0 and exits those processes with code 0 when the trainer shuts down.
+            ``"submitit_delayed"`` is refused with what to use instead.
+        tcp_port: TorchRL's port argument. ``"submitit"``: the port of the rendezvous the jobs
+            join; ``"mp"``/``"local"``: the port of the weight group's store on 127.0.0.1
+            (``weight_transport="broadcast"``; shared memory needs none). None: a free port.
+        slurm_kwargs: ``"submitit"`` only: ``"folder"`` (required: where the jobs' logs go, readable
+            from every node) and ``submitit.AutoExecutor.update_parameters`` arguments
+            (``timeout_min``, default 10 as TorchRL; ``slurm_partition``, ``slurm_cpus_per_task``, ...).
+            The jobs end when the collector shuts down (those still there 5 s later are cancelled),
+            and are cancelled if this process dies. A job that ends before it joined is an error
+            naming it and its log, unless ``elastic`` (its slot stays vacant).
         backend: weight process group backend, ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
         rpc_timeout: seconds any single wait on a worker may take (at most 10^6).
         collector_kwargs: extra keyword arguments for every worker's :class:`Collector`.
@@ -101,6 +115,8 @@ class RPCCollector(CollectorFront):
         sync: bool = True,
         cat_results: str | int | None = None,
         launcher: str = "auto",
+        tcp_port: int | None = None,
+        slurm_kwargs: dict | None = None,
         backend: str = "gloo",
         rpc_timeout: float = 60.0,
         collector_kwargs: dict | None = None,
@@ -142,6 +158,7 @@ class RPCCollector(CollectorFront):
                 env_device=env_device, policy_device=policy_device, exploration_type=exploration_type,
                 track_policy_version=track_policy_version,
             ),
+            tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
         )
         self._open(checked, policy, functools.partial(_pool, checked))
 
@@ -157,8 +174,8 @@ class MultiCollector(RPCCollector):
     _default_cat_results: str | int = "stack"
 
     def __init__(self, create_env_fn: Any, policy: Any = None, *, sync: bool = True, **kwargs: Any) -> None:
-        if kwargs.get("launcher", "local") not in ("local", "debug"):
-            raise ValueError(f"launcher={kwargs['launcher']!r} is invalid for MultiCollector; accepted: 'local' or 'debug'")
+        if kwargs.get("launcher", "local") not in ("local", "mp", "debug"):
+            raise ValueError(f"launcher={kwargs['launcher']!r} is invalid for MultiCollector; accepted: 'local', 'mp' or 'debug'")
         kwargs.setdefault("launcher", "local")
         super().__init__(create_env_fn, policy, sync=sync, **kwargs)
 

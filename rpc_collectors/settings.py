@@ -16,7 +16,7 @@ from typing import Any
 import cloudpickle
 import torch
 
-from . import checks
+from . import checks, collector_jobs
 from .collector import Collector
 from .elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
 from .envs import check_env_id
@@ -56,6 +56,8 @@ class Settings:
     policy_device: torch.device | None
     storing_device: torch.device | None
     specs: list[bytes]  # what each worker builds its collector from
+    tcp_port: int | None = None  # local: the weight store's port; submitit: the trainer's rendezvous port
+    executor: Any = None  # submitit: submits the collector jobs
 
 
 def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: float) -> tuple[str, Rendezvous | None]:
@@ -69,6 +71,8 @@ def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: f
         if not elastic:
             raise ValueError(f"{JOIN_VARIABLE} is set, so this process joins a trainer as a collector; that needs elastic=True")
         _serve(member_rendezvous(joining, join_timeout), rpc_timeout)
+    if resolved == "submitit":  # this process trains; the collector jobs it submits join it
+        return resolved, None
     if resolved in ("torchrun", "slurm"):
         rdv = from_environment(resolved)
         if rdv.rank != 0:
@@ -77,7 +81,7 @@ def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: f
     if elastic:
         raise ValueError(
             f"elastic=True needs a trainer that collectors can join over the network; accepted with "
-            f"launcher={launcher!r} (resolved to {resolved!r}): False (elastic launchers: 'torchrun', 'slurm')"
+            f"launcher={launcher!r} (resolved to {resolved!r}): False (elastic launchers: 'torchrun', 'slurm', 'submitit')"
         )
     return resolved, None
 
@@ -94,7 +98,7 @@ def check(
     frames_per_batch: int, num_collectors: int | None, sync: bool, cat_results: Any, default_cat_results: Any,
     backend: str, rpc_timeout: float, collector_kwargs: dict | None, num_threads: int | None,
     max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,
-    weight_transport: str, worker_kwargs: dict,
+    weight_transport: str, worker_kwargs: dict, tcp_port: int | None = None, slurm_kwargs: dict | None = None,
 ) -> Settings:
     """Check a multi-worker collector's arguments; ``worker_kwargs`` are those of each worker's
     :class:`Collector` (``init_random_frames`` for the whole collector, shared out here)."""
@@ -115,6 +119,10 @@ def check(
     if elastic:
         checks.elastic(weight_transport, backend)
     restarts = checks.max_worker_restarts(max_worker_restarts, launcher, weight_transport, backend)
+    tcp_port = checks.tcp_port(tcp_port, launcher)
+    if slurm_kwargs is not None and launcher != "submitit":
+        raise ValueError(f"slurm_kwargs={slurm_kwargs!r} is for launcher='submitit'; accepted with launcher={launcher!r}: None")
+    executor = collector_jobs.executor(slurm_kwargs) if launcher == "submitit" else None
     if sync:
         worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers, "workers")
         frames_per_batch = worker_frames * num_workers
@@ -138,7 +146,7 @@ def check(
         weight_transport=weight_transport, max_worker_restarts=restarts, frames_per_batch=frames_per_batch,
         worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
         policy_device=devices["policy_device"], storing_device=devices["storing_device"],
-        specs=_specs(env_fns, policy, kwargs),
+        specs=_specs(env_fns, policy, kwargs), tcp_port=tcp_port, executor=executor,
     )
 
 

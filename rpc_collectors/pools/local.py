@@ -39,8 +39,9 @@ class LocalPool(WorkerPool):
 
     replaceable = True
 
-    def __init__(self, num_workers: int, rpc_timeout: float, on_death: OnDeath) -> None:
+    def __init__(self, num_workers: int, rpc_timeout: float, on_death: OnDeath, port: int | None = None) -> None:
         self.num_workers, self.rpc_timeout, self.on_death = num_workers, rpc_timeout, on_death
+        self.port = port  # of the weight group's store (None: a free one)
         self.spawner = spawner.shared_spawner()
         self.channels: dict[int, Channel] = {}
         self.pids: dict[int, int] = {}  # local worker pid -> worker id, until reaped
@@ -143,9 +144,10 @@ class LocalPool(WorkerPool):
         return {"rank": worker_id + 1, "host": socket.gethostname(), "address": "127.0.0.1", "pid": pid}
 
     def weight_rendezvous(self) -> Rendezvous:
-        """Where the weight process group meets (``weight_transport="broadcast"``): a store on loopback."""
+        """Where the weight process group meets (``weight_transport="broadcast"``): a store on
+        loopback, at ``tcp_port`` when given."""
         if self._store is None:
-            self._store, port = serve_store("127.0.0.1", 0, self.rpc_timeout)
+            self._store, port = serve_store("127.0.0.1", self.port or 0, self.rpc_timeout, argument="tcp_port")
             self.rdv = Rendezvous("local", 0, self.num_workers + 1, "127.0.0.1", port, "lo")
         return self.rdv
 
