@@ -10,6 +10,7 @@ from tensordict.nn import set_interaction_type
 
 from . import checks
 from .base import BaseCollector
+from .dispatch import DispatchingCollector
 from .envs import GymEnv, make_env
 from .policies import RandomPolicy, StepPolicy, run_device
 from .rollout import ArrayRollout, TensorDictRollout
@@ -20,7 +21,7 @@ POLICY_VERSION = ("collector", "policy_version")
 TORCHRL_VERSION = "policy_version"  # TorchRL's track_policy_version key, at the root and under "next"
 
 
-class Collector(BaseCollector):
+class Collector(BaseCollector, metaclass=DispatchingCollector):
     """Collects batches of ``frames_per_batch`` frames from one env in this process.
 
     Args:
@@ -49,6 +50,7 @@ class Collector(BaseCollector):
             collectors give each worker its own ``start`` so ids never collide.
 
     Batches have shape ``[T]`` (dim name ``"time"``) or ``[B, T]`` for a vector env of B.
+    ``Collector(..., num_collectors=N, backend=...)`` builds a multi-worker collector (:mod:`.dispatch`).
     """
 
     def __init__(

@@ -33,9 +33,8 @@ class SubmititPool(ElasticPool):
         interface = trainer_interface()
         address = interface_address(interface)
         port = tcp_port or free_port(address)
-        session = uuid.uuid4().hex[:12]
-        rdv = Rendezvous("submitit", 0, num_workers + 1, address, port, interface, session=session, dynamic=True)
-        self.jobs = CollectorJobs(executor, session)
+        rdv = Rendezvous("submitit", 0, num_workers + 1, address, port, interface, dynamic=True)
+        self.jobs = CollectorJobs(executor, uuid.uuid4().hex[:12])
         self._joined: list[int] = []
         self._changed = threading.Condition()
         super().__init__(rdv, num_workers, rpc_timeout, on_arrival if elastic else self._joined_at_start)
