@@ -1,0 +1,282 @@
+"""TorchRL's distributed names: DistributedCollector, DistributedSyncCollector, the "mp" launcher
+with tcp_port, and Collector(..., backend=...) dispatch; with real local worker processes."""
+from __future__ import annotations
+
+import importlib.util
+import socket
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import CountEnv
+from rpc_collectors import (
+    Collector,
+    DistributedCollector,
+    DistributedSyncCollector,
+    GymEnv,
+    MultiCollector,
+    RPCCollector,
+    distributed,
+)
+from rpc_collectors.rendezvous import free_port
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
+
+OBS, VERSION, WORKER = "observation", ("collector", "policy_version"), ("collector", "worker_id")
+
+
+class ActionPolicy(nn.Module):
+    """Takes action ``bias`` (0 or 1) whatever it observes: a weight push shows in the actions."""
+
+    def __init__(self, action: int = 0) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(2))
+        self.set_action(action)
+
+    def set_action(self, action: int) -> None:
+        with torch.no_grad():
+            self.bias.copy_(torch.tensor([1.0, 0.0] if action == 0 else [0.0, 1.0]))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return (observation[..., :1] * 0 + self.bias).argmax(-1)
+
+
+def count_env() -> GymEnv:
+    return GymEnv(CountEnv())
+
+
+def check_frames(batch) -> None:
+    """Each row of a ``CountEnv`` batch ([..., T]) is one env's consecutive steps: the next
+    observation is one step on, and a step after an episode's end starts a new one at t=0."""
+    obs, nxt, done = batch[OBS][..., 0], batch["next", OBS][..., 0], batch["next", "done"].squeeze(-1)
+    assert torch.equal(nxt, obs + 1)
+    going_on = ~done[..., :-1]
+    assert torch.equal(obs[..., 1:][going_on], nxt[..., :-1][going_on])
+    assert (obs[..., 1:][~going_on] == 0).all()
+
+
+# ------------------------------------------------------------------ DistributedCollector
+def test_distributed_sync_batches_are_stacked_and_weights_reach_the_workers():
+    """TorchRL's DistributedCollector stacks its nodes' batches: [N, T] in worker order."""
+    policy = ActionPolicy(0)
+    with DistributedCollector([count_env] * 2, policy, frames_per_batch=20, total_frames=60, sync=True,
+                              launcher="mp") as c:
+        assert c.sync and c.cat_results == "stack"
+        for i, batch in enumerate(c):
+            assert batch.shape == (2, 10)
+            assert torch.equal(batch[WORKER], torch.tensor([[0] * 10, [1] * 10]))
+            assert (batch["action"] == i % 2).all() and (batch[VERSION] == i).all()
+            check_frames(batch)
+            policy.set_action((i + 1) % 2)
+            c.update_policy_weights_()
+
+
+def test_distributed_defaults_to_async_batches_of_one_worker():
+    with DistributedCollector([count_env] * 2, None, frames_per_batch=20, total_frames=80, launcher="mp") as c:
+        batches = list(c)
+    assert not c.sync and len(batches) == 4
+    assert all(b.shape == (20,) and b[WORKER].unique().numel() == 1 for b in batches)
+    assert {int(b[WORKER][0]) for b in batches} == {0, 1}
+
+
+def test_distributed_sync_collector_pushes_weights_every_round_by_default():
+    """update_interval=1 (TorchRL's default): the trainer's weights before every round."""
+    policy = ActionPolicy(0)
+    with DistributedSyncCollector([count_env] * 2, policy, frames_per_batch=20, total_frames=60, launcher="mp") as c:
+        actions = []
+        for i, batch in enumerate(c):
+            assert batch.shape == (2, 10)
+            actions.append(batch["action"].unique().tolist())
+            policy.set_action((i + 1) % 2)  # no update_policy_weights_: the collector pushes
+    assert actions == [[0], [1], [0]]
+
+
+def test_update_interval_pushes_every_kth_round():
+    policy = ActionPolicy(0)
+    with DistributedCollector([count_env] * 2, policy, frames_per_batch=20, total_frames=100, sync=True,
+                              update_interval=2, launcher="mp") as c:
+        versions = []
+        for batch in c:
+            versions.append(int(batch[VERSION].max()))
+            policy.set_action(1)
+    assert versions == [0, 0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"update_interval": 0}, ValueError, ["update_interval=0", "int >= 1"]),
+    ({"update_interval": 2, "update_after_each_batch": True}, ValueError, ["update_interval=2", "one way"]),
+    ({"policy_factory": count_env}, ValueError, ["policy_factory=", "not supported"]),
+    ({"weight_sync_schemes": {}}, ValueError, ["weight_sync_schemes={}", "not supported"]),
+    ({"launcher": "submitit_delayed"}, ValueError, ["submitit_delayed", "slurm/submit.py"]),
+    ({"launcher": "submitit"}, ValueError, ["slurm_kwargs=None", "folder"]),
+    ({"launcher": "submitit", "slurm_kwargs": {"folder": "/tmp/x", "slurm_bogus": 1}}, ValueError,
+     ["slurm_kwargs=", "bogus", "update_parameters"]),
+    ({"launcher": "mp", "slurm_kwargs": {"folder": "/tmp/x"}}, ValueError, ["slurm_kwargs=", "launcher='submitit'"]),
+    ({"launcher": "mp", "tcp_port": 70000}, ValueError, ["tcp_port=70000", "1..65535"]),
+    ({"launcher": "debug", "tcp_port": 12345}, ValueError, ["tcp_port=12345", "launcher='debug'"]),
+    ({"launcher": "launcher_x"}, ValueError, ["launcher='launcher_x'", "'mp'", "'submitit'"]),
+    ({"launcher": "mp", "backend": "mpi"}, ValueError, ["backend='mpi'", "'gloo'"]),
+])
+def test_bad_arguments_are_clear_errors_before_any_process(kwargs, error, words):
+    from procs import descendants
+
+    before = descendants()
+    with pytest.raises(error) as info:
+        DistributedCollector([count_env] * 2, ActionPolicy(), frames_per_batch=20, **kwargs)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert descendants() == before
+
+
+def test_torchrl_module_names():
+    assert distributed.DistributedCollector is DistributedCollector
+    assert distributed.DistributedSyncCollector is DistributedSyncCollector
+    assert distributed.RPCCollector is RPCCollector
+
+
+# ------------------------------------------------------------------ "mp" and tcp_port
+def _listens(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_mp_tcp_port_given_and_not_given_two_collectors_on_one_host():
+    """"mp" is local worker processes; tcp_port is where the weight group's store listens
+    (broadcast transport), a free port when not given. Two such collectors run side by side."""
+    port = free_port()
+    policy_a, policy_b = ActionPolicy(0), ActionPolicy(1)
+    with RPCCollector([count_env] * 2, policy_a, frames_per_batch=20, launcher="mp", tcp_port=port,
+                      weight_transport="broadcast") as a, \
+         RPCCollector([count_env] * 2, policy_b, frames_per_batch=20, launcher="mp",
+                      weight_transport="broadcast") as b:
+        assert a.workers.rdv.master_port == port and _listens(port)
+        assert b.workers.rdv.master_port != port and _listens(b.workers.rdv.master_port)
+        policy_a.set_action(1)
+        policy_b.set_action(0)
+        a.update_policy_weights_()
+        b.update_policy_weights_()
+        assert (next(iter(a))["action"] == 1).all() and (next(iter(b))["action"] == 0).all()
+    assert not _listens(port)
+
+
+def test_mp_tcp_port_taken_is_an_error_naming_it():
+    port = free_port()
+    with RPCCollector([count_env] * 2, ActionPolicy(), frames_per_batch=20, launcher="mp", tcp_port=port,
+                      weight_transport="broadcast"):
+        with pytest.raises(ValueError, match=f"tcp_port={port} is already in use"):
+            RPCCollector([count_env] * 2, ActionPolicy(), frames_per_batch=20, launcher="mp", tcp_port=port,
+                         weight_transport="broadcast")
+
+
+def test_mp_with_shared_memory_weights_opens_no_port():
+    """With the default transport the workers share the trainer's memory: tcp_port is not opened,
+    so two collectors given the same port both run."""
+    port = free_port()
+    with MultiCollector([count_env] * 2, ActionPolicy(), frames_per_batch=20, launcher="mp", tcp_port=port) as a, \
+         MultiCollector([count_env] * 2, ActionPolicy(), frames_per_batch=20, launcher="mp", tcp_port=port) as b:
+        assert next(iter(a)).shape == next(iter(b)).shape == (2, 10)
+        assert not _listens(port)
+
+
+# ------------------------------------------------------------------ Collector(backend=...)
+@pytest.mark.parametrize("backend, options, cls, sync, shape", [
+    (None, {}, MultiCollector, False, (20,)),
+    ("process", {}, MultiCollector, True, (2, 10)),
+    ("multiprocessing", {}, MultiCollector, True, (2, 10)),
+    ("rpc", {"launcher": "mp"}, RPCCollector, True, (20,)),
+    ("distributed", {"launcher": "mp"}, DistributedCollector, True, (2, 10)),
+])
+def test_collector_dispatches_to_the_backend(backend, options, cls, sync, shape):
+    c = Collector(count_env, ActionPolicy(), num_collectors=2, backend=backend, sync=sync if backend else None,
+                  backend_options=options, frames_per_batch=20, total_frames=40)
+    with c:
+        assert type(c) is cls and c.num_workers == 2 and c.sync is sync
+        batches = list(c)
+    assert [b.shape for b in batches] == [shape] * 2
+    for b in batches:
+        check_frames(b.reshape(2, 10) if len(shape) == 1 and sync else b)  # rpc: the workers' [T] concatenated
+
+
+def test_collector_direct_is_this_process():
+    for c in (Collector(count_env, frames_per_batch=10, total_frames=20),
+              Collector([count_env], backend="direct", num_collectors=1, frames_per_batch=10, total_frames=20)):
+        with c:
+            assert type(c) is Collector
+            assert [b.shape for b in c] == [(10,), (10,)]
+
+
+def test_collector_list_of_envs_gives_the_number_of_collectors():
+    with Collector([count_env] * 3, None, backend="process", sync=True, frames_per_batch=30, total_frames=30) as c:
+        assert c.num_workers == 3 and next(iter(c)).shape == (3, 10)
+
+
+def test_collector_submitit_backend_is_distributed_collector_with_the_submitit_launcher(monkeypatch):
+    """backend='submitit' builds a DistributedCollector that submits jobs (stopped here at its
+    slurm_kwargs check, before anything starts)."""
+    seen = {}
+    original = DistributedCollector.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.update(kwargs)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DistributedCollector, "__init__", spy)
+    with pytest.raises(ValueError, match="slurm_kwargs=None is invalid for launcher='submitit'"):
+        Collector(count_env, None, num_collectors=2, backend="submitit", frames_per_batch=20)
+    assert seen["launcher"] == "submitit" and seen["sync"] is False and len(seen) > 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rpc_collectors.ray_collector") is not None,
+                    reason="RayCollector is present: its own tests run the ray backend")
+def test_collector_ray_backend_without_ray_collector_is_a_clear_error():
+    with pytest.raises(ImportError, match="backend='ray' needs rpc_collectors.ray_collector"):
+        Collector(count_env, None, num_collectors=2, backend="ray", frames_per_batch=20)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rpc_collectors.ray_collector") is None
+                    or importlib.util.find_spec("ray") is None, reason="needs ray and rpc_collectors.ray_collector")
+def test_collector_ray_backend_builds_a_ray_collector():
+    from rpc_collectors.ray_collector import RayCollector
+
+    with Collector(count_env, None, num_collectors=2, backend="ray", sync=True, frames_per_batch=20,
+                   total_frames=20) as c:
+        assert type(c) is RayCollector
+        batch = next(iter(c))
+    assert batch.numel() == 20
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"backend": "direct", "num_collectors": 2}, ValueError, ["backend='direct'", "num_collectors=2"]),
+    ({"sync": True}, ValueError, ["sync=True", "backend='direct'"]),
+    ({"backend_options": {"launcher": "mp"}}, ValueError, ["backend_options=", "backend='direct'"]),
+    ({"backend": "thread"}, ValueError, ["backend='thread'", "'process'"]),
+    ({"backend": "process", "sync": "yes"}, TypeError, ["sync='yes'"]),
+    ({"num_collectors": 0}, ValueError, ["num_collectors=0"]),
+    ({"num_collectors": 2.0}, TypeError, ["num_collectors=2.0"]),
+    ({"backend": "process", "backend_options": {"num_workers": 2}}, ValueError, ["num_workers", "Collector's own"]),
+    ({"backend": "process", "backend_options": {"frames_per_batch": 10}}, ValueError, ["frames_per_batch", "repeats"]),
+    ({"backend": "process", "backend_options": []}, TypeError, ["backend_options=[]"]),
+    ({"backend": "submitit", "backend_options": {"launcher": "mp"}}, ValueError, ["backend='submitit'", "launcher='mp'"]),
+    ({"backend": "process", "num_collectors": 3, "env_list": 2}, ValueError, ["num_collectors=3", "2 env constructors"]),
+    ({"backend": "direct", "env_list": 2}, ValueError, ["backend='direct'", "2 env constructors"]),
+])
+def test_collector_contradictions_are_errors_before_any_process(kwargs, error, words):
+    from procs import descendants
+
+    kwargs = dict(kwargs)
+    env = [count_env] * kwargs.pop("env_list", 0) or count_env
+    before = descendants()
+    with pytest.raises(error) as info:
+        Collector(env, None, frames_per_batch=20, **kwargs)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert descendants() == before
+
+
+def test_collector_subclass_and_positional_errors():
+    class Mine(Collector):
+        pass
+
+    with pytest.raises(TypeError, match="only accepted by Collector itself"):
+        Mine(count_env, None, frames_per_batch=10, num_collectors=2)
+    with pytest.raises(TypeError, match="at most create_env_fn and policy positionally"):
+        Collector(count_env, None, 10, num_collectors=2)
