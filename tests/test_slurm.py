@@ -20,6 +20,7 @@ from typing import Iterator
 import cloudpickle
 import pytest
 import submitit
+import torch
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import devcluster_module
@@ -477,3 +478,161 @@ def test_elastic_trainer_job_outlives_a_cancelled_collectors_job(two_nodes, log_
     assert all(r["shape"] == [100] for r in records if r["event"] == "batch")
     assert slurm.result(second, timeout_s=60) is None  # its collectors were stopped by the trainer: exit 0
     assert trainer.state.startswith("COMPLETED") and first.state.startswith("CANCELLED"), (trainer.state, first.state)
+
+
+# --------------------------------------------------------------------------- launcher="submitit"
+# The trainer is this test process (on the bridge, 10.77.0.254); it submits one job per collector.
+
+
+def _submitit_collector(log_dir: Path, policy=None, **kwargs):
+    """A DistributedCollector whose 2 collector jobs each take a whole node (8 declared CPUs)."""
+    import conftest
+    from rpc_collectors import DistributedCollector, GymEnv
+
+    cloudpickle.register_pickle_by_value(conftest)  # the jobs cannot import the tests' conftest
+    env_class = conftest.CountEnv
+
+    def count_env():
+        return GymEnv(env_class())
+
+    slurm_kwargs = {"folder": str(log_dir), "timeout_min": 5, "slurm_cpus_per_task": 8, **kwargs.pop("slurm_kwargs", {})}
+    return DistributedCollector([count_env] * 2, policy, frames_per_batch=20, launcher="submitit",
+                                slurm_kwargs=slurm_kwargs, rpc_timeout=30, join_timeout=120, **kwargs)
+
+
+def _check_count_frames(batch) -> None:
+    """Each row of a CountEnv batch is one env's consecutive steps (see tests/conftest.py)."""
+    obs, nxt, done = batch["observation"][..., 0], batch["next", "observation"][..., 0], batch["next", "done"].squeeze(-1)
+    assert (nxt == obs + 1).all()
+    going_on = ~done[..., :-1]
+    assert (obs[..., 1:][going_on] == nxt[..., :-1][going_on]).all()
+    assert (obs[..., 1:][~going_on] == 0).all()
+
+
+def _queue() -> list[str]:
+    return subprocess.run(["squeue", "-h", "-o", "%i %T %N"], capture_output=True, text=True, timeout=30,
+                          check=True).stdout.split("\n")[:-1]
+
+
+def _states(job_ids) -> dict[str, str]:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    return dict(line.split("|") for line in out.splitlines())
+
+
+def _wait_queue_empty(timeout_s: float) -> list[str]:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while _queue() and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return _queue()
+
+
+class _Switch(torch.nn.Module):
+    """Takes action ``bias`` (0 or 1) whatever it observes: a weight push shows in the actions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.tensor([1.0, 0.0]))
+
+    def forward(self, observation):
+        return (observation[..., :1] * 0 + self.bias).argmax(-1)
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_trainer_submits_its_collector_jobs_sync_and_async(two_nodes, log_dir):
+    """launcher="submitit": 2 jobs, one per node, join this process; sync and async batches
+    with checked frames and weight pushes; at shutdown the jobs complete and leave the queue."""
+
+    policy = _Switch()
+    with _submitit_collector(log_dir, policy, sync=True, total_frames=80) as collector:
+        assert sorted(info["address"] for info in collector.infos) == ["10.77.0.1", "10.77.0.2"]
+        assert len(_queue()) == 2
+        for i, batch in enumerate(collector):
+            assert batch.shape == (2, 10)
+            assert torch.equal(batch["collector", "worker_id"], torch.tensor([[0] * 10, [1] * 10]))
+            assert (batch["collector", "policy_version"] == i).all() and (batch["action"] == i % 2).all()
+            _check_count_frames(batch)
+            with torch.no_grad():
+                policy.bias.copy_(policy.bias.flip(0))
+            collector.update_policy_weights_()
+    assert _queue() == [], "shutdown left collector jobs in the queue"
+
+    with _submitit_collector(log_dir, policy, sync=False, total_frames=200) as collector:
+        workers = set()
+        for batch in collector:
+            assert batch.shape == (20,) and batch["collector", "worker_id"].unique().numel() == 1
+            _check_count_frames(batch)
+            workers.add(int(batch["collector", "worker_id"][0]))
+        assert workers == {0, 1}
+        jobs = [line.split()[0] for line in _queue()]
+    assert _queue() == [], "shutdown left collector jobs in the queue"
+    assert set(_states(jobs).values()) == {"COMPLETED"}, "the stopped collectors' jobs completed on their own"
+    assert not list(log_dir.glob("*_rendezvous.json")), "the trainer's rendezvous file is removed"
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_killed_trainer_leaves_no_collector_job(two_nodes, log_dir):
+    """SIGKILL the trainer mid-run: its guard cancels the jobs; the queue empties within a bound."""
+    from procs import alive
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    trainer = subprocess.Popen([sys.executable, str(REPO / "tests" / "submitit_trainer.py"), str(log_dir)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = trainer.stdout.readline()  # after its first batch
+        assert line.startswith("{"), trainer.communicate(timeout=60)
+        started = json.loads(line)
+        assert len(_queue()) == 2
+    finally:
+        trainer.kill()
+        trainer.communicate(timeout=30)
+    assert _wait_queue_empty(60) == [], "the dead trainer's collector jobs are still queued or running"
+    assert not alive(started["guard"])
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_cancelled_collector_job_leaves_a_vacant_slot_under_elastic_membership(two_nodes, log_dir):
+    import warnings
+
+    from rpc_collectors import WorkerLeftWarning
+
+    with _submitit_collector(log_dir, None, sync=False, elastic=True, total_frames=-1) as collector:
+        seen, left = set(), []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", WorkerLeftWarning)
+            batches = iter(collector)
+            while seen != {0, 1}:
+                seen.add(int(next(batches)["collector", "worker_id"][0]))
+            on_n2 = next(i for i, info in enumerate(collector.infos) if info["address"] == "10.77.0.2")
+            job = next(line.split()[0] for line in _queue() if line.endswith(" n2"))
+            subprocess.run(["scancel", job], check=True, timeout=30)
+            after = []
+            while len(after) < 20:
+                batch = next(batches)
+                _check_count_frames(batch)
+                if [w for w in caught if issubclass(w.category, WorkerLeftWarning)]:
+                    after.append(int(batch["collector", "worker_id"][0]))
+            left = [str(w.message) for w in caught if issubclass(w.category, WorkerLeftWarning)]
+        assert len(left) == 1 and f"collector worker {on_n2}" in left[0], left
+        assert set(after) == {1 - on_n2}, "only the remaining collector delivers"
+        assert collector.worker_restarts[on_n2] == 1 and collector.infos[on_n2] is None
+    assert _wait_queue_empty(10) == []
+    assert _states([job])[job].startswith("CANCELLED")
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_collector_job_that_fails_to_start_is_a_clear_error(two_nodes, log_dir):
+    with pytest.raises(RuntimeError, match=r"collector job \d+ ended as FAILED before it joined the trainer.*its log"):
+        _submitit_collector(log_dir, None, sync=True, slurm_kwargs={"slurm_setup": ["exit 3"]})
+    assert _wait_queue_empty(10) == []

@@ -1,0 +1,40 @@
+"""A trainer that submits its collectors as SLURM jobs (``launcher="submitit"``) and collects
+until it is killed, for tests/test_slurm.py; run with SLURM_CONF set.
+
+    python tests/submitit_trainer.py LOG_DIR
+
+Prints one JSON line once the first batch arrived: the collectors' pids and the guard's pid.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import cloudpickle
+
+import conftest
+from rpc_collectors import DistributedCollector, GymEnv
+
+cloudpickle.register_pickle_by_value(conftest)  # the jobs cannot import the tests' conftest
+
+
+CountEnv = conftest.CountEnv
+
+
+def count_env() -> GymEnv:
+    return GymEnv(CountEnv())
+
+
+def main() -> None:
+    collector = DistributedCollector(
+        [count_env] * 2, None, frames_per_batch=20, sync=True, launcher="submitit",
+        slurm_kwargs={"folder": sys.argv[1], "timeout_min": 5}, rpc_timeout=20, join_timeout=120,
+    )
+    for i, batch in enumerate(collector):
+        if i == 0:
+            print(json.dumps({"pids": [info["pid"] for info in collector.infos],
+                              "guard": collector.workers.jobs._guard.pid}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
