@@ -1,5 +1,5 @@
 """A trainer that submits its collectors as SLURM jobs (``launcher="submitit"``) and collects
-until it is killed, for tests/test_slurm.py; run with SLURM_CONF set.
+until it is killed or interrupted, for tests/test_slurm.py; run with SLURM_CONF set.
 
     python tests/submitit_trainer.py LOG_DIR
 
@@ -30,10 +30,11 @@ def main() -> None:
         [count_env] * 2, None, frames_per_batch=20, sync=True, launcher="submitit",
         slurm_kwargs={"folder": sys.argv[1], "timeout_min": 5}, rpc_timeout=20, join_timeout=120,
     )
-    for i, batch in enumerate(collector):
-        if i == 0:
-            print(json.dumps({"pids": [info["pid"] for info in collector.infos],
-                              "guard": collector.workers.jobs._guard.pid}), flush=True)
+    with collector:
+        for i, _batch in enumerate(collector):
+            if i == 0:
+                print(json.dumps({"pids": [info["pid"] for info in collector.infos],
+                                  "guard": collector.workers.jobs._guard.pid}), flush=True)
 
 
 if __name__ == "__main__":

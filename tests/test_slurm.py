@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -577,8 +578,10 @@ def test_trainer_submits_its_collector_jobs_sync_and_async(two_nodes, log_dir):
 @pytest.mark.slurm
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
-def test_killed_trainer_leaves_no_collector_job(two_nodes, log_dir):
-    """SIGKILL the trainer mid-run: its guard cancels the jobs; the queue empties within a bound."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_killed_or_interrupted_trainer_leaves_no_collector_job(two_nodes, log_dir, sig):
+    """SIGKILL the trainer mid-run: its guard cancels the jobs; Ctrl-C: it shuts down and they
+    complete. Either way the queue empties within a bound."""
     from procs import alive
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
@@ -589,12 +592,16 @@ def test_killed_trainer_leaves_no_collector_job(two_nodes, log_dir):
         line = trainer.stdout.readline()  # after its first batch
         assert line.startswith("{"), trainer.communicate(timeout=60)
         started = json.loads(line)
-        assert len(_queue()) == 2
+        jobs = [entry.split()[0] for entry in _queue()]
+        assert len(jobs) == 2
     finally:
-        trainer.kill()
-        trainer.communicate(timeout=30)
-    assert _wait_queue_empty(60) == [], "the dead trainer's collector jobs are still queued or running"
+        trainer.send_signal(sig)
+        _, err = trainer.communicate(timeout=60)
+    assert _wait_queue_empty(30) == [], "the trainer's collector jobs are still queued or running"
     assert not alive(started["guard"])
+    if sig == signal.SIGINT:
+        assert "KeyboardInterrupt" in err and trainer.returncode != 0
+        assert set(_states(jobs).values()) == {"COMPLETED"}, "the interrupted trainer stopped its collectors"
 
 
 @pytest.mark.slurm
