@@ -30,6 +30,7 @@ from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequ
 with warnings.catch_warnings():  # torchrl 0.14.1 deprecates some of its own classes as it imports them
     warnings.simplefilter("ignore", DeprecationWarning)
     from torchrl import collectors as trl_collectors
+    from torchrl.collectors import distributed as trl_distributed
     from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
     from torchrl.envs import Compose, InitTracker, ParallelEnv, SerialEnv, StepCounter, TransformedEnv
     from torchrl.envs.libs.gym import GymEnv
@@ -214,6 +215,64 @@ def test_rpc_collector_default_is_one_flat_batch_as_torchrls():
     rb = ReplayBuffer(storage=LazyTensorStorage(1000))
     rb.extend(batch)  # TorchRL code extending a 1-d buffer stores frames, not rows
     assert len(rb) == 100 and rb.storage._storage.shape == torch.Size([1000])
+
+
+def _linear_actor():
+    return TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_distributed_collector_sync_layout_is_torchrls_live():
+    """TorchRL's DistributedCollector (launcher="mp", sync=True) stacks its nodes' batches: [N, T]."""
+    from rpc_collectors.rendezvous import free_port
+
+    with warnings.catch_warnings():  # its own deprecations, and a notice about InitTracker for v0.15
+        warnings.simplefilter("ignore")
+        theirs = trl_distributed.DistributedCollector([pendulum] * 2, _linear_actor(), frames_per_batch=20,
+                                                      total_frames=20, sync=True, launcher="mp", tcp_port=free_port())
+        try:
+            expected = next(iter(theirs))
+        finally:
+            theirs.shutdown()
+    for cls, kwargs in [(rpc_collectors.DistributedCollector, {"sync": True}), (rpc_collectors.DistributedSyncCollector, {})]:
+        with cls([pendulum] * 2, _linear_actor(), frames_per_batch=20, total_frames=20, launcher="mp", **kwargs) as c:
+            ours = c.next()
+        assert ours.shape == expected.shape == torch.Size([2, 10]) and ours.names == expected.names
+
+
+@pytest.mark.parametrize("name", ["DistributedCollector", "DistributedSyncCollector", "RPCCollector"])
+def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
+    """Every argument of TorchRL's class exists here with TorchRL's default (its own Collector
+    class as ``collector_class`` maps to ours); ours is importable from ``rpc_collectors.distributed``."""
+    import inspect
+
+    from rpc_collectors import distributed
+
+    theirs = inspect.signature(getattr(trl_distributed, name).__init__).parameters
+    ours = inspect.signature(getattr(distributed, name).__init__).parameters
+    if name == "RPCCollector":  # our RPCCollector keeps its own defaults (README "Coming from TorchRL")
+        expected = {"visible_devices", "tensorpipe_options", "trajs_per_batch", "policy_factory", "weight_updater",
+                    "weight_sync_schemes", "weight_recv_schemes", "collector_class", "num_workers_per_collector"}
+        assert set(theirs) - set(ours) <= expected, set(theirs) - set(ours)
+        assert {"launcher", "tcp_port", "slurm_kwargs"} <= set(ours)
+        return
+    assert set(theirs) <= set(ours), set(theirs) - set(ours)
+    for arg, parameter in theirs.items():
+        default = parameter.default
+        if arg == "collector_class":
+            assert ours[arg].default is Collector and default.__name__ == "Collector"
+        else:
+            assert ours[arg].default == default, (arg, ours[arg].default, default)
+        assert ours[arg].kind == parameter.kind, arg
+
+
+def test_collector_backends_are_torchrls():
+    from torchrl.collectors._single import _CollectorMeta
+
+    from rpc_collectors import dispatch
+
+    assert set(dispatch.BACKENDS) == set(_CollectorMeta._BACKENDS)
+    assert dispatch.RESERVED_OPTIONS == set(_CollectorMeta._RESERVED_OPTIONS)
 
 
 @pytest.mark.usefixtures("no_leftover_processes")
