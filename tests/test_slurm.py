@@ -643,3 +643,24 @@ def test_collector_job_that_fails_to_start_is_a_clear_error(two_nodes, log_dir):
     with pytest.raises(RuntimeError, match=r"collector job \d+ ended as FAILED before it joined the trainer.*its log"):
         _submitit_collector(log_dir, None, sync=True, slurm_kwargs={"slurm_setup": ["exit 3"]})
     assert _wait_queue_empty(10) == []
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_cancelled_collector_job_is_one_worker_error_without_elastic_membership(two_nodes, log_dir):
+    from rpc_collectors import WorkerError
+
+    collector = _submitit_collector(log_dir, None, sync=True, total_frames=-1)
+    try:
+        batches = iter(collector)
+        next(batches)
+        job = next(line.split()[0] for line in _queue() if line.endswith(" n2"))
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        with pytest.raises(WorkerError) as info:
+            for _ in range(10_000):
+                next(batches)
+    finally:
+        collector.shutdown()
+    assert "(rank" in str(info.value) and f"SLURM jobs that ended: {job} CANCELLED" in str(info.value), str(info.value)
+    assert _wait_queue_empty(10) == []
