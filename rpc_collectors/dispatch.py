@@ -22,6 +22,13 @@ RESERVED_OPTIONS = {"backend_options", "num_collectors", "num_workers", "sync"}
 class DispatchingCollector(type):
     """Metaclass of :class:`~rpc_collectors.Collector`: a call of ``Collector`` itself is dispatched."""
 
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The constructor's arguments, with the dispatch keywords (what ``inspect.signature`` shows)."""
+        signature = inspect.signature(cls.__init__)
+        selectors = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in SELECTORS]
+        return signature.replace(parameters=[*list(signature.parameters.values())[1:], *selectors])
+
     def __call__(cls, *args: Any, backend: Any = None, backend_options: Any = None, num_collectors: Any = None,
                  sync: Any = None, **kwargs: Any) -> Any:
         from .collector import Collector

@@ -277,3 +277,11 @@ def test_collector_subclass_and_positional_errors():
         Mine(count_env, None, frames_per_batch=10, num_collectors=2)
     with pytest.raises(TypeError, match="at most create_env_fn and policy positionally"):
         Collector(count_env, None, 10, num_collectors=2)
+
+
+def test_collector_signature_shows_its_arguments_and_the_dispatch_keywords():
+    import inspect
+
+    parameters = inspect.signature(Collector).parameters
+    assert list(parameters)[:2] == ["create_env_fn", "policy"] and "frames_per_batch" in parameters
+    assert all(parameters[name].default is None for name in ("backend", "backend_options", "num_collectors", "sync"))
