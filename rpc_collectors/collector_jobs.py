@@ -69,10 +69,14 @@ def trainer_interface() -> str:
 def controller_address() -> str:
     """The SLURM controller's address (``scontrol show config``'s SlurmctldHost)."""
     try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+        proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RuntimeError(f"launcher='submitit' needs SLURM's scontrol to find the controller: {err}") from err
-    match = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", out, re.MULTILINE)
+    if proc.returncode:
+        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"launcher='submitit' needs a SLURM cluster this process can submit to; `scontrol show "
+                           f"config` failed ({reason}): check SLURM_CONF and that the controller runs")
+    match = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout, re.MULTILINE)
     if match is None:
         raise RuntimeError(
             "`scontrol show config` names no SlurmctldHost; set TP_SOCKET_IFNAME to the interface where the "

@@ -58,7 +58,7 @@ def resolve(args: tuple, kwargs: dict, backend: Any, backend_options: Any, num_c
         raise ValueError(f"num_collectors={num_collectors!r} is invalid; accepted: None or an int >= 1")
     if backend is None:
         backend = "direct" if num_collectors is None else "process"
-    backend = ALIASES.get(backend, backend)
+    backend = ALIASES.get(backend, backend) if isinstance(backend, str) else backend
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported by Collector; accepted: {', '.join(map(repr, BACKENDS))}")
     if backend_options is not None and not isinstance(backend_options, dict):

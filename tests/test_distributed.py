@@ -285,3 +285,15 @@ def test_collector_signature_shows_its_arguments_and_the_dispatch_keywords():
     parameters = inspect.signature(Collector).parameters
     assert list(parameters)[:2] == ["create_env_fn", "policy"] and "frames_per_batch" in parameters
     assert all(parameters[name].default is None for name in ("backend", "backend_options", "num_collectors", "sync"))
+
+
+def test_submitit_without_a_reachable_slurm_cluster_is_a_clear_error(monkeypatch, tmp_path):
+    from procs import descendants
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    for name in ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    before = descendants()
+    with pytest.raises(RuntimeError, match=r"needs a SLURM cluster .* `scontrol show config` failed .* SLURM_CONF"):
+        DistributedCollector([count_env] * 2, None, frames_per_batch=20, slurm_kwargs={"folder": str(tmp_path)})
+    assert descendants() == before and not list(tmp_path.glob("*rendezvous*"))
