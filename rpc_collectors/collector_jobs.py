@@ -70,10 +70,10 @@ def controller_address() -> str:
     """The SLURM controller's address (``scontrol show config``'s SlurmctldHost)."""
     try:
         proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1] if proc.returncode else ""
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise RuntimeError(f"launcher='submitit' needs SLURM's scontrol to find the controller: {err}") from err
-    if proc.returncode:
-        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        reason = str(err)
+    if reason:
         raise RuntimeError(f"launcher='submitit' needs a SLURM cluster this process can submit to; `scontrol show "
                            f"config` failed ({reason}): check SLURM_CONF and that the controller runs")
     match = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout, re.MULTILINE)

@@ -290,8 +290,7 @@ def test_collector_signature_shows_its_arguments_and_the_dispatch_keywords():
 def test_submitit_without_a_reachable_slurm_cluster_is_a_clear_error(monkeypatch, tmp_path):
     from procs import descendants
 
-    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
-    for name in ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+    for name in ("SLURM_CONF", "TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):  # no cluster configured
         monkeypatch.delenv(name, raising=False)
     before = descendants()
     with pytest.raises(RuntimeError, match=r"needs a SLURM cluster .* `scontrol show config` failed .* SLURM_CONF"):
