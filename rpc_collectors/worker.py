@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import datetime
 import os
 import socket
@@ -74,6 +75,8 @@ class WorkerState:
         if module is None:
             raise TypeError("the policy has no weights to update")
         self.timeout = spec.timeout
+        if spec.kind == "broadcast" and _rdv is not None and _rdv.interface:  # this host's, not the trainer's
+            spec = dataclasses.replace(spec, interface=_rdv.interface)
         self.receiver = WeightReceiver(spec, FlatWeights(module), self.rank)
 
     def receive_weights(self, version: int, mode: str, payload: torch.Tensor | None = None) -> None:

@@ -549,7 +549,9 @@ def test_trainer_submits_its_collector_jobs_sync_and_async(two_nodes, log_dir):
     with checked frames and weight pushes; at shutdown the jobs complete and leave the queue."""
 
     policy = _Switch()
-    with _submitit_collector(log_dir, policy, sync=True, total_frames=80) as collector:
+    # broadcast: the weights' path between real hosts (these namespace nodes share the trainer's
+    # machine, so "auto" would pick shared memory, as the async run below does)
+    with _submitit_collector(log_dir, policy, sync=True, total_frames=80, weight_transport="broadcast") as collector:
         assert sorted(info["address"] for info in collector.infos) == ["10.77.0.1", "10.77.0.2"]
         assert len(_queue()) == 2
         for i, batch in enumerate(collector):
@@ -564,11 +566,17 @@ def test_trainer_submits_its_collector_jobs_sync_and_async(two_nodes, log_dir):
 
     with _submitit_collector(log_dir, policy, sync=False, total_frames=200) as collector:
         workers = set()
-        for batch in collector:
+        for i, batch in enumerate(collector):
             assert batch.shape == (20,) and batch["collector", "worker_id"].unique().numel() == 1
             _check_count_frames(batch)
             workers.add(int(batch["collector", "worker_id"][0]))
-        assert workers == {0, 1}
+            if i == 0:
+                with torch.no_grad():
+                    policy.bias.copy_(torch.tensor([0.0, 1.0]))
+                collector.update_policy_weights_()
+            elif i > 2:  # both workers got the push; a batch in flight then may still be the old weights'
+                assert (batch["action"] == 1).all() == (batch["collector", "policy_version"] == 1).all()
+        assert workers == {0, 1} and (batch["collector", "policy_version"] == 1).all()
         jobs = [line.split()[0] for line in _queue()]
     assert _queue() == [], "shutdown left collector jobs in the queue"
     assert set(_states(jobs).values()) == {"COMPLETED"}, "the stopped collectors' jobs completed on their own"
