@@ -296,3 +296,16 @@ def test_submitit_without_a_reachable_slurm_cluster_is_a_clear_error(monkeypatch
     with pytest.raises(RuntimeError, match=r"needs a SLURM cluster .* `scontrol show config` failed .* SLURM_CONF"):
         DistributedCollector([count_env] * 2, None, frames_per_batch=20, slurm_kwargs={"folder": str(tmp_path)})
     assert descendants() == before and not list(tmp_path.glob("*rendezvous*"))
+
+
+def test_submitit_tcp_port_taken_is_an_error_naming_it_before_any_job(monkeypatch, tmp_path):
+    """The trainer's rendezvous listens at tcp_port; taken, it is refused before any job is submitted."""
+    monkeypatch.setenv("TP_SOCKET_IFNAME", "lo")  # where the jobs would reach this trainer: no cluster needed
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"tcp_port={port} is already in use"):
+            DistributedCollector([count_env] * 2, None, frames_per_batch=20, tcp_port=port,
+                                 slurm_kwargs={"folder": str(tmp_path)})
+    assert not list(tmp_path.iterdir()), "nothing was written or submitted"

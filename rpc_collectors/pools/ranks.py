@@ -30,6 +30,8 @@ class RankPool(WorkerPool):
     call finishes it.
     """
 
+    port_argument = "MASTER_PORT"  # what sets the rendezvous port, for the error when it is taken
+
     def __init__(self, rdv: Rendezvous, num_workers: int, rpc_timeout: float) -> None:
         if rpc.api._is_current_rpc_agent_set() or _starting.locked():
             raise RuntimeError(
@@ -48,7 +50,7 @@ class RankPool(WorkerPool):
         spawner.rpc_starts_here()
         try:
             if not rdv.agent_store:
-                self._store, _ = serve_store(rdv.address(), rdv.master_port, rpc_timeout)
+                self._store, _ = serve_store(rdv.address(), rdv.master_port, rpc_timeout, self.port_argument)
             self._client = store_client(rdv, rpc_timeout)
             self._start_agent()
             if rdv.dynamic:  # a death makes TensorPipe log each connection it had

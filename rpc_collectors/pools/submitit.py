@@ -26,6 +26,8 @@ STATE_POLL_S = 2.0  # how often the constructor asks SLURM about jobs that have 
 class SubmititPool(ElasticPool):
     """``num_workers`` collector jobs submitted by this process, which serves as their trainer."""
 
+    port_argument = "tcp_port"
+
     def __init__(
         self, executor: submitit.AutoExecutor, num_workers: int, rpc_timeout: float, join_timeout: float,
         tcp_port: int | None, elastic: bool, on_arrival: Callable[[int], None],
