@@ -82,4 +82,4 @@ def traceback_failure(err: BaseException) -> tuple[str, str] | None:
     return (local.group(1) if local else "raised an error"), text
 
 
-_LOCAL_WORKER = re.compile(r"LocalWorkerError: (.*)")
+_LOCAL_WORKER = re.compile(r"LocalWorkerError: (lost its local worker [^\n]*)")
