@@ -16,7 +16,7 @@ workers through shared memory before its next batch, which the push's time does 
 
 Needs root; run under the cluster lock, as the namespace tests do:
 
-    flock /tmp/rpc-cluster.lock nice -n 10 python benchmarks/node_collectors.py [--seconds 6] [--repeat 3]
+    flock /tmp/rpc-cluster.lock nice -n 10 python benchmarks/node_collectors.py [--seconds 6] [--repeat 3] [--warmup 15]
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def trainer(setup: str, seconds: float, steps: int) -> dict:
+def trainer(setup: str, seconds: float, steps: int, warmup: float) -> dict:
     """Rank 0 of one set-up (other ranks serve collectors inside the constructor and exit there)."""
     from rpc_collectors import RPCCollector
 
@@ -74,7 +74,8 @@ def trainer(setup: str, seconds: float, steps: int) -> dict:
     )
     with collector:
         it = iter(collector)
-        for _ in range(3):
+        start = time.perf_counter()
+        while time.perf_counter() - start < warmup:  # the first batches of fresh workers are slow
             next(it)
         frames, batches, t0, c0 = 0, 0, time.perf_counter(), cpu_seconds()
         while time.perf_counter() - t0 < seconds:
@@ -95,20 +96,24 @@ def trainer(setup: str, seconds: float, steps: int) -> dict:
     }
 
 
-def run_setup(net, setup: str, seconds: float, steps: int) -> dict:
+def run_setup(net, setup: str, seconds: float, steps: int, warmup: float) -> dict:
     ranks = SETUPS[setup][0]
+    # OMP_NUM_THREADS=1: without it, local worker processes spin in libgomp between the policy's
+    # calls (10x the CPU per step), which would hide what the node set-up costs the trainer
     env = {**os.environ, "WORLD_SIZE": str(ranks + 1), "MASTER_ADDR": f"{SUBNET}.1", "MASTER_PORT": str(PORT),
+           "OMP_NUM_THREADS": "1",
            "PYTHONPATH": f"{REPO}:{REPO / 'benchmarks'}:{os.environ.get('PYTHONPATH', '')}"}
     procs = []
     try:
         for rank in range(ranks + 1):
             host = 1 if rank == 0 else 2 + (rank - 1) * 2 // ranks  # collector ranks split over hosts 2 and 3
-            argv = [sys.executable, __file__, "--trainer", setup, "--seconds", str(seconds), "--steps", str(steps)]
+            argv = [sys.executable, __file__, "--trainer", setup, "--seconds", str(seconds), "--steps", str(steps),
+                    "--warmup", str(warmup)]
             if rank > 0:  # a machine of its own name: the collector must not take it for the trainer's
                 argv = ["unshare", "--uts", "sh", "-c", f'hostname nb-host{host} && exec "$@"', "sh", *argv]
             procs.append(net.popen(host, argv, env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True))
-        out, err = procs[0].communicate(timeout=seconds + 120)
+        out, err = procs[0].communicate(timeout=warmup + seconds + 120)
         for proc in procs[1:]:
             proc.wait(timeout=30)
     finally:
@@ -127,10 +132,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--steps", type=int, default=100, help="steps per local worker per batch")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds of collection before measuring")
     parser.add_argument("--trainer", choices=SETUPS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trainer:
-        result = trainer(args.trainer, args.seconds, args.steps)
+        result = trainer(args.trainer, args.seconds, args.steps, args.warmup)
         print(json.dumps(result), flush=True)
         return
 
@@ -140,7 +146,7 @@ def main() -> None:
     with devcluster_module.load().HostNetwork(3, prefix=PREFIX, subnet=SUBNET) as net:
         for _ in range(args.repeat):
             for name in SETUPS:
-                results[name].append(run_setup(net, name, args.seconds, args.steps))
+                results[name].append(run_setup(net, name, args.seconds, args.steps, args.warmup))
     keys = ("frames_per_s", "cpu_us_per_frame", "requests_per_s", "cpu_us_per_request", "push_ms")
     medians = {name: {k: statistics.median(r[k] for r in runs) for k in keys} for name, runs in results.items()}
     print(f"{NODES} nodes x {PER_NODE} local workers vs {NODES * PER_NODE} flat workers, CartPole-v1, "

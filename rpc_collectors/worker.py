@@ -115,6 +115,8 @@ class WorkerState:
             if self.writer.write(slot, batch):
                 return Ready(slot)
             return batch.clone()  # does not fit the slot; its observations may lie there already
+        if isinstance(self.collector, NodeCollector):  # its tensors are views of the local workers' shared slots,
+            return batch.clone()  # which an RPC result would carry whole
         return batch
 
     def set_seed(self, seed: int) -> int:
