@@ -26,6 +26,11 @@ class WorkerError(RuntimeError):
         return cls(worker_id, info.get("rank", worker_id + 1), host, info.get("pid"), reason, remote_traceback)
 
 
+class LocalWorkerError(RuntimeError):
+    """Raised by a node collector (:mod:`rpc_collectors.node`) whose local worker failed; the
+    trainer's :class:`WorkerError` for the node takes its first line as the reason."""
+
+
 class Failure(Exception):
     """Internal: a worker failed. It is replaced while the restart budget lasts (or, elastic,
     leaves its slot vacant); otherwise the collector raises it as a :class:`WorkerError`."""

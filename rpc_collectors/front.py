@@ -347,10 +347,17 @@ class CollectorFront(BaseCollector):
         source = None if policy_or_weights is None else weights_of(policy_or_weights)
         self._push_weights(ids, source, non_blocking)
 
-    def _push_weights(self, worker_ids: list[int], source: Any = None, non_blocking: bool = False) -> None:
+    def push_version(self, version: int) -> None:
+        """Push the policy's weights to every worker as ``version`` (a node passing on its trainer's)."""
+        self.require_running()
+        self._push_weights(self._serving(), version=version)
+
+    def _push_weights(
+        self, worker_ids: list[int], source: Any = None, non_blocking: bool = False, version: int | None = None,
+    ) -> None:
         with self._lock:
             self._finish_push()
-            version = self.policy_version + 1
+            version = self.policy_version + 1 if version is None else version
             receive = self.weights.push(worker_ids, source, version)
             self.policy_version = version
             self._push = {i: self._call(i, "receive_weights", *args) for i, args in receive.items()}

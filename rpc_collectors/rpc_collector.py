@@ -76,7 +76,8 @@ class RPCCollector(CollectorFront):
         max_worker_restarts: how many times in the run a failed local or debug worker (it died,
             did not answer within ``rpc_timeout``, or its env or policy raised) is replaced by a
             fresh one, with the same worker id, the current weights and new trajectory ids; a
-            warning names each. 0: the first failure raises :class:`WorkerError`.
+            warning names each. 0: the first failure raises :class:`WorkerError`. With node
+            collectors: how many times each node replaces its own local workers, under any launcher.
         elastic: torchrun/SLURM only. Collector processes may join the running trainer (any
             process that runs this script with ``RPC_COLLECTORS_JOIN=<host>:<port>`` of the
             trainer's rendezvous set) and leave it. ``num_collectors`` is then the number of
@@ -93,6 +94,13 @@ class RPCCollector(CollectorFront):
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
             else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
             ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
+        collector_class: what each worker runs, as TorchRL names it: ``"single"`` (``Collector``,
+            the default), ``"sync"`` (``MultiSyncCollector``) or ``"async"`` (``MultiAsyncCollector``),
+            ours or TorchRL's classes by name. With ``"sync"``/``"async"`` each worker is a node
+            of ``num_workers_per_collector`` local worker processes (shared memory among them)
+            that answers each request with one batch: ``[W, (B,) T]`` stacked, or one local
+            worker's batch (see :mod:`rpc_collectors.node` and README "Node collectors").
+        num_workers_per_collector: W, the local workers of each node (1 with ``"single"``).
         max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs, postproc,
         device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``
             (``init_random_frames`` is shared out over the workers). Workers hand batches over in
@@ -129,6 +137,8 @@ class RPCCollector(CollectorFront):
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         weight_transport: str = "auto",
+        collector_class: Any = "single",
+        num_workers_per_collector: int = 1,
         max_frames_per_traj: int | None = None,
         init_random_frames: int | None = 0,
         reset_at_each_iter: bool = False,
@@ -159,6 +169,7 @@ class RPCCollector(CollectorFront):
                 track_policy_version=track_policy_version,
             ),
             tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
+            collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,
         )
         self._open(checked, policy, functools.partial(_pool, checked))
 

@@ -20,6 +20,7 @@ from . import checks, collector_jobs
 from .collector import Collector
 from .elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
 from .envs import check_env_id
+from .node import NodeSpec, node_class
 from .policies import StepPolicy
 from .rendezvous import Rendezvous, detect_launcher, from_environment
 from .weight_sync import TRANSPORTS
@@ -58,6 +59,7 @@ class Settings:
     specs: list[bytes]  # what each worker builds its collector from
     tcp_port: int | None = None  # local: the weight store's port; submitit: the trainer's rendezvous port
     executor: Any = None  # submitit: submits the collector jobs
+    node: NodeSpec | None = None  # node collectors: what each worker runs (collector_class, num_workers_per_collector)
 
 
 def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: float) -> tuple[str, Rendezvous | None]:
@@ -99,9 +101,16 @@ def check(
     backend: str, rpc_timeout: float, collector_kwargs: dict | None, num_threads: int | None,
     max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,
     weight_transport: str, worker_kwargs: dict, tcp_port: int | None = None, slurm_kwargs: dict | None = None,
+    collector_class: Any = "single", num_workers_per_collector: int = 1,
 ) -> Settings:
     """Check a multi-worker collector's arguments; ``worker_kwargs`` are those of each worker's
-    :class:`Collector` (``init_random_frames`` for the whole collector, shared out here)."""
+    :class:`Collector` (``init_random_frames`` for the whole collector, shared out here).
+
+    ``collector_class`` ``"sync"``/``"async"`` makes each worker a node of
+    ``num_workers_per_collector`` local workers (:mod:`rpc_collectors.node`): frames are
+    shared out over every local worker, and ``max_worker_restarts`` is each node's budget for
+    replacing its own local workers."""
+    node_kind, per_node = node_class(collector_class, num_workers_per_collector)
     env_fns = _env_fns(create_env_fn, num_collectors, rdv, elastic)
     num_workers = len(env_fns)
     sync = checks.boolean("sync", sync)
@@ -118,20 +127,31 @@ def check(
     checks.choice("weight_transport", weight_transport, TRANSPORTS)
     if elastic:
         checks.elastic(weight_transport, backend)
-    restarts = checks.max_worker_restarts(max_worker_restarts, launcher, weight_transport, backend)
     tcp_port = checks.tcp_port(tcp_port, launcher)
     if slurm_kwargs is not None and launcher != "submitit":
         raise ValueError(f"slurm_kwargs={slurm_kwargs!r} is for launcher='submitit'; accepted with launcher={launcher!r}: None")
     executor = collector_jobs.executor(slurm_kwargs) if launcher == "submitit" else None
+    node = None
+    if node_kind is None:
+        restarts = checks.max_worker_restarts(max_worker_restarts, launcher, weight_transport, backend)
+    else:  # a node replaces its own local workers; the trainer does not replace nodes
+        node = NodeSpec(
+            sync=node_kind == "sync", num_workers=per_node, launcher="debug" if launcher == "debug" else "local",
+            max_worker_restarts=checks.non_negative_int("max_worker_restarts", max_worker_restarts),
+            rpc_timeout=rpc_timeout,
+        )
+        restarts = 0
+    split = per_node if node_kind == "sync" else 1  # a sync node's batch holds one batch of each local worker
     if sync:
-        worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers, "workers")
+        worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers * split, "workers") * split
         frames_per_batch = worker_frames * num_workers
     else:
-        worker_frames = frames_per_batch
+        worker_frames = frames_per_batch = checks.frames_per_batch_fits(frames_per_batch, split, "workers") * split
     if policy is not None and not callable(policy):
         StepPolicy(policy)  # raises the TypeError naming the argument
     kwargs = dict(worker_kwargs, frames_per_batch=worker_frames)
-    kwargs["init_random_frames"] = -(-checks.init_random_frames(kwargs["init_random_frames"]) // num_workers)
+    local_workers = num_workers * per_node  # each node shares its part out over its local workers
+    kwargs["init_random_frames"] = -(-checks.init_random_frames(kwargs["init_random_frames"]) // local_workers) * per_node
     kwargs.update(_collector_kwargs(collector_kwargs))
     checks.max_frames_per_traj(kwargs["max_frames_per_traj"])
     checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
@@ -146,7 +166,7 @@ def check(
         weight_transport=weight_transport, max_worker_restarts=restarts, frames_per_batch=frames_per_batch,
         worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
         policy_device=devices["policy_device"], storing_device=devices["storing_device"],
-        specs=_specs(env_fns, policy, kwargs), tcp_port=tcp_port, executor=executor,
+        specs=_specs(env_fns, policy, kwargs, node), node=node, tcp_port=tcp_port, executor=executor,
     )
 
 
@@ -192,10 +212,10 @@ def _collector_kwargs(collector_kwargs: dict | None) -> dict:
     return dict(collector_kwargs)
 
 
-def _specs(env_fns: list, policy: Any, kwargs: dict) -> list[bytes]:
+def _specs(env_fns: list, policy: Any, kwargs: dict, node: NodeSpec | None) -> list[bytes]:
     """What each worker builds its collector from, pickled here so that failures name the argument."""
     try:
-        return [cloudpickle.dumps((fn, policy, kwargs)) for fn in env_fns]
+        return [cloudpickle.dumps((fn, policy, kwargs, node)) for fn in env_fns]
     except Exception:
         for name, value in [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]:
             checks.picklable(name, value)

@@ -31,7 +31,7 @@ from submitit.helpers import TorchDistributedEnvironment
 from submitit.slurm.slurm import _make_sbatch_string
 
 from . import checks
-from .rendezvous import interface_towards
+from .rendezvous import interface_address, interface_towards
 
 __all__ = ["SlurmConfig", "submit", "result", "run_script", "sbatch_script", "setup_distributed_env",
            "master_address", "rendezvous_file"]
@@ -228,8 +228,8 @@ def setup_join_env(path: Path, interface: str | None = None, wait_s: float = JOI
         time.sleep(1.0)
     record = json.loads(path.read_text())
     address = record["master_addr"]
-    interface = interface or os.environ.get("GLOO_SOCKET_IFNAME")
-    ifname = _check_interface(interface) if interface else interface_towards(address)
+    trainer_is_local = ipaddress.ip_address(_resolve(address) or address).is_loopback
+    ifname = task_interface(interface, address, remote_peers=not trainer_is_local)
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = ifname
     os.environ["RPC_COLLECTORS_JOIN"] = f"{address}:{record['master_port']}"
     return os.environ["RPC_COLLECTORS_JOIN"]
@@ -242,8 +242,8 @@ def setup_distributed_env(interface: str | None = None,
     MASTER_ADDR is the first node's address as other nodes reach it (``scontrol``'s NodeAddr
     when its name does not resolve or resolves to loopback); MASTER_PORT is derived from the
     job id unless already set (:func:`job_port`). GLOO_SOCKET_IFNAME and TP_SOCKET_IFNAME are
-    set to ``interface`` (default: GLOO_SOCKET_IFNAME if set, else the interface that routes
-    to MASTER_ADDR).
+    set to ``interface`` (default: GLOO_SOCKET_IFNAME if it reaches the other nodes, else the
+    interface that routes to MASTER_ADDR; see :func:`task_interface`).
     """
     dist_env = TorchDistributedEnvironment()
     if "MASTER_PORT" not in os.environ:
@@ -252,8 +252,7 @@ def setup_distributed_env(interface: str | None = None,
     dist_env.master_addr = master_address(dist_env.master_addr, multi_node=num_nodes > 1)
     if dist_env.rank == 0:
         _check_port_free(dist_env.master_port)
-    interface = interface or os.environ.get("GLOO_SOCKET_IFNAME")
-    ifname = _check_interface(interface) if interface else interface_towards(dist_env.master_addr)
+    ifname = task_interface(interface, dist_env.master_addr, remote_peers=num_nodes > 1)
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["TP_SOCKET_IFNAME"] = ifname
     return dist_env.export(set_cuda_visible_devices=set_cuda_visible_devices, overwrite=True)
 
@@ -309,6 +308,36 @@ def _check_port_free(port: int) -> None:
             raise RuntimeError(
                 f"MASTER_PORT {port} ({origin}) is already in use on {socket.gethostname()}: "
                 "resubmit, or export MASTER_PORT=<a free port> before submitting") from err
+
+
+def task_interface(interface: str | None, peer: str, remote_peers: bool) -> str:
+    """The interface a task binds gloo and TensorPipe to, to reach ``peer`` (the master, or the
+    trainer a collector joins) and, with ``remote_peers``, tasks on other nodes.
+
+    ``interface`` (given to :func:`submit`) is checked. Otherwise ``GLOO_SOCKET_IFNAME`` is used
+    when it names an interface of this node that reaches those peers: sbatch copies the
+    submitting process's environment into the job, so the variable may well be the submitter's,
+    a loopback interface (other nodes would be told to connect to 127.0.0.1) or one that this
+    node lacks. Else the interface that routes to ``peer``.
+    """
+    if interface:
+        ifname = _check_interface(interface)
+        if remote_peers and _loopback(ifname):
+            raise ValueError(f"interface={interface!r} is a loopback interface, which the job's other nodes "
+                             f"cannot reach; accepted here: {[n for n in _interface_names() if not _loopback(n)]}")
+        return ifname
+    preset = os.environ.get("GLOO_SOCKET_IFNAME")
+    if preset in _interface_names() and not (remote_peers and _loopback(preset)):
+        return preset
+    return interface_towards(peer)
+
+
+def _loopback(name: str) -> bool:
+    """Whether interface ``name`` has no address other hosts could reach (loopback, or no IPv4 at all)."""
+    try:
+        return ipaddress.ip_address(interface_address(name)).is_loopback
+    except ValueError:
+        return True
 
 
 def _interface_names() -> list[str]:

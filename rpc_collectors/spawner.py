@@ -237,10 +237,15 @@ def shared_pid() -> int | None:
     return _shared.pid if _shared is not None and _shared.alive else None
 
 
-def rpc_starts_here() -> None:
-    """Note that this process starts an RPC agent: from now on the spawner cannot be forked from it."""
+def rpc_starts_here(fork_now: bool = True) -> None:
+    """Note that this process starts an RPC agent: from now on the spawner cannot be forked from it.
+
+    ``fork_now``: fork the spawner before the agent starts; otherwise one needed later (a node
+    collector's local workers, on a collector server) starts a fresh interpreter.
+    """
     global _forked_safely
-    shared_spawner()
+    if fork_now:
+        shared_spawner()
     _forked_safely = False
 
 

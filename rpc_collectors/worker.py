@@ -24,9 +24,10 @@ import torch.distributed.rpc as rpc
 import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
-from . import channel, doorbell, membership
+from . import channel, doorbell, membership, spawner
 from .collector import Collector
 from .data_plane import Ready, SlotSpec, SlotWriter
+from .node import NodeCollector
 from .rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
 from .spawner import name_process
 from .weight_sync import TransportSpec, WeightReceiver
@@ -53,25 +54,38 @@ class WorkerState:
         address: str | None = None,
     ) -> None:
         """Trajectory ids are ``traj_id_start + k * num_workers`` (default start: ``worker_id``);
-        ``address``: where the trainer reaches this process, for error messages."""
-        create_env_fn, policy, kwargs = cloudpickle.loads(spec)
+        ``address``: where the trainer reaches this process, for error messages. A spec with a
+        :class:`~rpc_collectors.node.NodeSpec` makes this server a node of local workers."""
+        create_env_fn, policy, kwargs, node = cloudpickle.loads(spec)
         self.rank, self.address = rank, address
         start = worker_id if traj_id_start is None else traj_id_start
-        self.collector = Collector(create_env_fn, policy, traj_id_start=start, traj_id_stride=num_workers, **kwargs)
+        if node is None:
+            self.collector: Collector | NodeCollector = Collector(
+                create_env_fn, policy, traj_id_start=start, traj_id_stride=num_workers, **kwargs
+            )
+        else:
+            self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, **kwargs)
         self.receiver: WeightReceiver | None = None
         self.writer: SlotWriter | None = None
         self.timeout = 60.0
 
     def info(self) -> dict:
         """Who serves this collector: rank, host name, address, pid, machine id; its number of envs."""
-        envs = int(torch.Size(self.collector.env.batch_size).numel())
-        return {
+        node = isinstance(self.collector, NodeCollector)
+        envs = self.collector.num_envs if node else int(torch.Size(self.collector.env.batch_size).numel())
+        info = {
             "rank": self.rank, "host": socket.gethostname(), "address": self.address, "pid": os.getpid(),
             "host_id": host_id(), "envs": envs,
         }
+        if node:
+            info["local_pids"] = self.collector.pids
+        return info
 
     def join_weights(self, spec: TransportSpec) -> None:
-        module = self.collector.policy.module if self.collector.policy is not None else None
+        if isinstance(self.collector, NodeCollector):
+            module = self.collector.module
+        else:
+            module = self.collector.policy.module if self.collector.policy is not None else None
         if module is None:
             raise TypeError("the policy has no weights to update")
         self.timeout = spec.timeout
@@ -97,13 +111,15 @@ class WorkerState:
         """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned."""
         if self.receiver is not None:
             self.receiver.apply(self.collector, min_version, self.timeout)
-        if self.writer is not None:  # observations go straight into the slot where the rollout can
+        if self.writer is not None and isinstance(self.collector, Collector):  # observations go straight into the slot
             self.collector.rollout.out = None if slot is None else self.writer.targets[slot]
         batch = self.collector.next()
         if slot is not None and self.writer is not None:
             if self.writer.write(slot, batch):
                 return Ready(slot)
             return batch.clone()  # does not fit the slot; its observations may lie there already
+        if isinstance(self.collector, NodeCollector):  # its tensors are views of the local workers' shared slots,
+            return batch.clone()  # which an RPC result would carry whole
         return batch
 
     def set_seed(self, seed: int) -> int:
@@ -209,6 +225,7 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     global _rdv
     _rdv = rdv
     name_process(f"rpc-worker{rdv.rank - 1}")
+    spawner.rpc_starts_here(fork_now=False)  # a node collector's local workers must not inherit the agent
     if rdv.dynamic:  # its peers may die and be replaced: TensorPipe would log each of their connections
         _cpp_log_level().value = CPP_ERROR
     name = worker_name(rdv.rank, rdv.session)

@@ -354,13 +354,44 @@ def test_wrong_interface_lists_available():
         slurm._check_interface("nope0")
 
 
+def _reachable_interface() -> tuple[str, str]:
+    """A non-loopback interface of this machine and its address."""
+    for name in slurm._interface_names():
+        if not slurm._loopback(name):
+            return name, interface_address(name)
+    pytest.fail("this machine has no network interface but loopback")
+
+
+def test_a_loopback_interface_inherited_from_the_submitter_is_not_used_across_nodes(monkeypatch):
+    # sbatch copies the submitting process's environment into the job: a GLOO_SOCKET_IFNAME=lo
+    # there would make every rank advertise 127.0.0.1 to the other nodes
+    name, address = _reachable_interface()
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert slurm.task_interface(None, address, remote_peers=True) == name
+    assert slurm.task_interface(None, "127.0.0.1", remote_peers=False) == "lo"  # one node: loopback is fine
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nope0")  # the submitter's interface, which this node lacks
+    assert slurm.task_interface(None, address, remote_peers=True) == name
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", name)  # one that reaches the others is kept
+    assert slurm.task_interface(None, "127.0.0.1", remote_peers=True) == name
+    with pytest.raises(ValueError, match=rf"interface='lo' is a loopback interface.*other nodes.*'{name}'"):
+        slurm.task_interface("lo", address, remote_peers=True)
+
+
 # --------------------------------------------------------------------------- 2 nodes
 
 
 @pytest.mark.slurm
 @pytest.mark.cluster
 @pytest.mark.timeout(180)
-def test_allreduce_across_two_namespace_nodes(two_nodes, log_dir):
+@pytest.mark.parametrize("submitter_ifname", [None, "lo"], ids=["clean-env", "submitter-loopback"])
+def test_allreduce_across_two_namespace_nodes(two_nodes, log_dir, monkeypatch, submitter_ifname):
+    # the job inherits the submitter's environment: a loopback GLOO_SOCKET_IFNAME there (a local
+    # run's, or one a starting RPC agent sets in this process meanwhile) must not reach the ranks
+    for key in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+        if submitter_ifname is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, submitter_ifname)
     job = slurm.submit(allreduce_task, log_dir=log_dir, nodes=2, tasks_per_node=2, time_min=5)
     out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
     assert out["sum"] == 1 + 2 + 3 + 4

@@ -276,6 +276,20 @@ def test_collector_backends_are_torchrls():
 
 
 @pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("name", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_torchrls_collector_class_runs_nodes_of_local_workers(name):
+    """``collector_class=torchrl.collectors.MultiSyncCollector`` (what a TorchRL script passes) makes
+    each worker a node of ``num_workers_per_collector`` local workers; TorchRL's RPCCollector
+    ``torch.cat``s its nodes' batches (read from its source), so sync batches are ``[N*W, T]``."""
+    with RPCCollector(pendulum, None, num_collectors=2, frames_per_batch=100, launcher="local",
+                      sync=name == "MultiSyncCollector", collector_class=getattr(trl_collectors, name),
+                      num_workers_per_collector=2) as c:
+        batch = c.next()
+        assert [len(info["local_pids"]) for info in c.infos] == [2, 2]
+    assert batch.shape == (torch.Size([4, 25]) if name == "MultiSyncCollector" else torch.Size([100]))
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
 def test_other_layouts_by_argument():
     with RPCCollector(pendulum, None, num_collectors=2, frames_per_batch=100, launcher="local", cat_results="stack") as c:
         assert c.next().shape == torch.Size([2, 50])

@@ -19,6 +19,7 @@ The pools: :class:`~.local.LocalPool` (processes on this host, driven over pipes
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import torch
@@ -72,6 +73,13 @@ class WorkerPool:
 
 
 def traceback_failure(err: BaseException) -> tuple[str, str] | None:
-    """``("raised an error", traceback)`` when ``err`` carries a worker's traceback."""
+    """``("raised an error", traceback)`` when ``err`` carries a worker's traceback; a node
+    that lost a local worker (:class:`~rpc_collectors.errors.LocalWorkerError`) says which."""
     text = str(err)
-    return ("raised an error", text) if "Traceback" in text else None
+    if "Traceback" not in text:
+        return None
+    local = _LOCAL_WORKER.search(text)
+    return (local.group(1) if local else "raised an error"), text
+
+
+_LOCAL_WORKER = re.compile(r"LocalWorkerError: (lost its local worker [^\n]*)")

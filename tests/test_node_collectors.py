@@ -1,0 +1,287 @@
+"""Node collectors: ``collector_class="sync"|"async"`` with ``num_workers_per_collector=W``.
+
+Each of the trainer's workers is a node that runs W local worker processes and answers with
+one batch. Checked on this host (local launcher: nodes are local worker processes that run
+local workers of their own) and across namespace hosts (slurm/devcluster.py's ``HostNetwork``,
+namespaces ``rpcc-nc-*``, subnet 10.86.0.0/24): the trainer in host 1, a node in each of hosts
+2 and 3, every rank running tests/node_collectors_trainer.py with torchrun's variables.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+import devcluster_module
+from devcluster_module import namespace_pids
+from procs import descendants, kill_sessions, killed_at_exit
+from rpc_collectors import (
+    Collector, GymEnv, MultiAsyncCollector, MultiSyncCollector, RPCCollector, WorkerError,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tests" / "node_collectors_trainer.py"
+PREFIX, SUBNET, MASTER_PORT = "rpcc-nc", "10.86.0", 29586
+TRAJ_IDS, WORKER_ID = ("collector", "traj_ids"), ("collector", "worker_id")
+
+
+def make_env() -> GymEnv:
+    return GymEnv("CartPole-v1")
+
+
+def collect(batches: int, **kwargs) -> list:
+    with RPCCollector(make_env, None, frames_per_batch=4 * 20, cat_results="stack", launcher="local", **kwargs) as c:
+        c.set_seed(5)
+        return [batch.clone() for _, batch in zip(range(batches), c)]
+
+
+def assert_same_frames(flat: list, nodes: list, per_node: int) -> None:
+    """Node batches ``[N, W, T]`` hold, frame for frame, the flat run's ``[N*W, T]`` (worker ids aside)."""
+    assert len(flat) == len(nodes)
+    for f, n in zip(flat, nodes):
+        assert n.shape[1] == per_node and n.reshape(f.shape).shape == f.shape
+        keys = set(f.keys(True, True)) - {WORKER_ID}
+        assert keys == set(n.keys(True, True)) - {WORKER_ID}
+        for key in keys:
+            assert torch.equal(n.reshape(f.shape).get(key), f.get(key)), key
+        node_ids = torch.arange(n.shape[0]).reshape(-1, 1, 1).expand(n.shape)
+        assert torch.equal(n.get(WORKER_ID), node_ids)  # the trainer's worker: the node
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("collector_class, per_node, words", [
+    ("multi", 2, ["collector_class='multi'", "'single', 'sync', 'async'"]),
+    (nn.Module, 2, ["collector_class=<class 'torch.nn.modules.module.Module'>", "MultiSyncCollector"]),
+    ("sync", 0, ["num_workers_per_collector=0", "int >= 1"]),
+    ("async", 2.0, ["num_workers_per_collector=2.0", "int >= 1"]),
+    ("single", 2, ["num_workers_per_collector=2", "collector_class='single'", "accepted", "1"]),
+    (Collector, 3, ["num_workers_per_collector=3", "Collector", "1"]),
+])
+def test_bad_node_arguments_fail_before_any_process(collector_class, per_node, words):
+    before = descendants()
+    with pytest.raises(ValueError) as err:
+        RPCCollector(make_env, None, num_collectors=2, frames_per_batch=40, launcher="local",
+                     collector_class=collector_class, num_workers_per_collector=per_node)
+    assert all(word in str(err.value) for word in words), str(err.value)
+    assert descendants() == before
+
+
+def test_a_subclass_is_not_taken_for_its_base():
+    class Mine(MultiSyncCollector):
+        pass
+
+    with pytest.raises(ValueError, match="collector_class=.*Mine.*accepted"):
+        RPCCollector(make_env, None, num_collectors=2, frames_per_batch=40, launcher="local",
+                     collector_class=Mine, num_workers_per_collector=2)
+
+
+# --------------------------------------------------------------------------- on this host
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collector_class", ["sync", MultiSyncCollector])
+def test_sync_nodes_give_the_flat_runs_frames(collector_class, no_leftover_processes):
+    flat = collect(3, num_collectors=4)
+    nodes = collect(3, num_collectors=2, collector_class=collector_class, num_workers_per_collector=2)
+    assert nodes[0].shape == (2, 2, 20) and flat[0].shape == (4, 20)
+    assert_same_frames(flat, nodes, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_default_layout_concatenates_node_batches_as_torchrl():
+    # TorchRL's RPCCollector torch.cat()s its nodes' [W, T] batches
+    with RPCCollector(make_env, None, num_collectors=2, frames_per_batch=80, launcher="local",
+                      collector_class="sync", num_workers_per_collector=2) as c:
+        batch = c.next()
+    assert batch.shape == (4, 20) and batch.names == [None, "time"]
+    assert batch[TRAJ_IDS][:, 0].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_async_nodes_yield_one_local_workers_batch_with_unique_ids(no_leftover_processes):
+    frames = 30
+    with RPCCollector(make_env, None, num_collectors=2, frames_per_batch=frames, launcher="local", sync=False,
+                      collector_class=MultiAsyncCollector, num_workers_per_collector=2, total_frames=frames * 12) as c:
+        batches = [batch.clone() for batch in c]
+    assert len(batches) == 12 and all(b.shape == (frames,) for b in batches)
+    nodes = {int(b[WORKER_ID][0]) for b in batches}
+    assert nodes == {0, 1}
+    # a node's local worker w is the flat run's worker node * W + w: its ids are that worker's, mod N * W
+    residues = {(int(b[WORKER_ID][0]), int(b[TRAJ_IDS][0]) % 4) for b in batches}
+    assert residues <= {(0, 0), (0, 1), (1, 2), (1, 3)} and len(residues) >= 3, residues
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_weights_reach_every_local_worker_once_per_push():
+    policy = nn.Sequential(nn.Linear(4, 2))
+
+    class Argmax(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = policy
+
+        def forward(self, observation: torch.Tensor) -> torch.Tensor:
+            return self.net(observation).argmax(-1)
+
+    module = Argmax()
+    with RPCCollector(make_env, module, num_collectors=2, frames_per_batch=40, launcher="local",
+                      collector_class="sync", num_workers_per_collector=2, cat_results="stack") as c:
+        first = c.next()
+        with torch.no_grad():  # always push left
+            policy[0].weight.zero_()
+            policy[0].bias.copy_(torch.tensor([1.0, 0.0]))
+        c.update_policy_weights_()
+        second = c.next()
+    assert first["collector", "policy_version"].unique().tolist() == [0]
+    assert second["collector", "policy_version"].unique().tolist() == [1]
+    assert (second["action"] == 0).all()  # every local worker of every node runs the pushed weights
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_local_worker_killed_on_a_node_is_one_worker_error_naming_node_and_worker(no_leftover_processes):
+    c = RPCCollector(make_env, None, num_collectors=2, frames_per_batch=80, launcher="local",
+                     collector_class="sync", num_workers_per_collector=2, rpc_timeout=20)
+    with c:
+        c.next()
+        node = c.infos[1]
+        victim = node["local_pids"][1]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(WorkerError) as err:
+            for _ in range(10):
+                c.next()
+    error = err.value
+    assert error.worker_id == 1 and error.pid == node["pid"]
+    assert error.reason == f"lost its local worker 1 (pid {victim}), which died with exit code -9 (SIGKILL)"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_local_worker_killed_on_a_node_is_replaced_under_max_worker_restarts(no_leftover_processes):
+    with RPCCollector(make_env, None, num_collectors=2, frames_per_batch=80, launcher="local", cat_results="stack",
+                      collector_class="sync", num_workers_per_collector=2, max_worker_restarts=1) as c:
+        before = c.next().clone()
+        os.kill(c.infos[0]["local_pids"][0], signal.SIGKILL)
+        after = [c.next().clone() for _ in range(3)]
+    assert all(b.shape == (2, 2, 20) for b in after)
+    ids = [set(b[TRAJ_IDS][0, 0].tolist()) for b in (before, *after)]
+    # the replacement starts new trajectories, with ids its predecessor never used, of its flat worker (0)
+    assert all(i % 4 == 0 for s in ids for i in s)
+    assert max(ids[0]) < min(ids[-1])
+
+
+# --------------------------------------------------------------------------- across namespace hosts
+
+
+class Run:
+    """Trainer (host 1) and two nodes (hosts 2, 3); rank 0's stdout and every rank's stderr in files."""
+
+    def __init__(self, net, logdir: Path, *args: str) -> None:
+        self.logdir, self.procs = logdir, []
+        env = devcluster_module.torchrun_env(3, net.host(1).address, MASTER_PORT)
+        env["PYTHONPATH"] = f"{REPO / 'tests'}:{os.environ.get('PYTHONPATH', '')}"
+        for rank in range(3):
+            with open(logdir / f"rank{rank}.out", "wb") as out, open(logdir / f"rank{rank}.err", "wb") as err:
+                self.procs.append(net.popen(
+                    rank + 1, [sys.executable, str(SCRIPT), *args], env={**env, "RANK": str(rank)},
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=REPO, start_new_session=True,
+                ))
+
+    def records(self) -> list[dict]:
+        text = (self.logdir / "rank0.out").read_text(errors="replace")
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+    def record(self, event: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ended = self.procs[0].poll() is not None
+            found = [r for r in self.records() if r["event"] == event]
+            if found:
+                return found[0]
+            if ended:
+                break
+            time.sleep(0.1)
+        pytest.fail(f"the trainer printed no {event!r} record\n{self.report()}")
+
+    def wait(self, timeout: float) -> list[int]:
+        try:
+            return [proc.wait(timeout=timeout) for proc in self.procs]
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not end within {timeout:.0f} s\n{self.report()}")
+
+    def report(self) -> str:
+        parts = [f"exit codes: {[p.poll() for p in self.procs]}"]
+        for rank in range(3):
+            for kind in ("out", "err"):
+                path = self.logdir / f"rank{rank}.{kind}"
+                text = path.read_text(errors="replace") if path.exists() else ""
+                parts += [f"--- rank {rank} std{kind} (tail)", "\n".join(text.splitlines()[-30:])]
+        return "\n".join(parts)
+
+    def kill(self) -> None:
+        kill_sessions(self.procs)
+
+
+@pytest.fixture
+def net() -> Iterator:
+    with devcluster_module.host_network(3, PREFIX, SUBNET) as network:
+        yield network
+
+
+@pytest.fixture
+def run(net, tmp_path) -> Iterator:
+    with killed_at_exit(lambda *args: Run(net, tmp_path, *args)) as start:
+        yield start
+
+
+@pytest.mark.cluster
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_two_hosts_of_two_local_workers_give_the_flat_runs_frames(net, run, tmp_path):
+    r = run("--batches", "4", "--out", str(tmp_path))
+    codes = r.wait(180)
+    assert codes == [0, 0, 0], r.report()
+    nodes = r.record("start", 1)["nodes"]
+    assert [n["address"] for n in nodes] == [net.host(2).address, net.host(3).address]
+    assert all(len(n["local_pids"]) == 2 for n in nodes)
+    assert r.record("end", 1)["batches"] == 4
+    node_batches = torch.load(tmp_path / "node.pt", weights_only=False)
+    flat_batches = torch.load(tmp_path / "flat.pt", weights_only=False)
+    assert node_batches[0].batch_size == (2, 2, 25)
+    # weights pushed after every batch reached every local worker on both hosts, as in the flat run
+    assert [b["collector", "policy_version"].unique().tolist() for b in node_batches] == [[0], [1], [2], [3]]
+    assert_same_frames(flat_batches, node_batches, 2)
+    assert not any(namespace_pids(net).values())
+
+
+@pytest.mark.cluster
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_local_worker_killed_on_another_host_is_one_worker_error(net, run):
+    r = run("--endless")
+    start = r.record("start", 120)
+    r.record("batch", 60)
+    victim = start["nodes"][1]["local_pids"][0]
+    os.kill(victim, signal.SIGKILL)  # one pid namespace: the test reaches every host's processes
+    codes = r.wait(90)
+    error = r.record("error", 1)
+    assert codes[0] == 0, r.report()
+    assert error["worker_id"] == 1 and error["rank"] == 2 and net.host(3).address in error["host"], error
+    assert error["reason"] == f"lost its local worker 0 (pid {victim}), which died with exit code -9 (SIGKILL)"
+    assert not any(namespace_pids(net).values()), "a process outlived the run"
+
