@@ -617,15 +617,17 @@ def test_trainer_submits_its_collector_jobs_sync_and_async(two_nodes, log_dir):
 @pytest.mark.slurm
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
-def test_killed_or_interrupted_trainer_leaves_no_collector_job(two_nodes, log_dir, sig):
-    """SIGKILL the trainer mid-run: its guard cancels the jobs; Ctrl-C: it shuts down and they
-    complete. Either way the queue empties within a bound."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, None], ids=["SIGKILL", "SIGINT", "finished"])
+def test_killed_interrupted_or_finished_trainer_leaves_no_collector_job(two_nodes, log_dir, sig):
+    """SIGKILL the trainer mid-run: its guard cancels the jobs; Ctrl-C, or a script that ends
+    without shutdown(): it shuts the collector down and they complete. Either way the queue
+    empties within a bound."""
     from procs import alive
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
                                                         os.environ.get("PYTHONPATH", "")])}
-    trainer = subprocess.Popen([sys.executable, str(REPO / "tests" / "submitit_trainer.py"), str(log_dir)],
+    frames = [] if sig else ["200"]
+    trainer = subprocess.Popen([sys.executable, str(REPO / "tests" / "submitit_trainer.py"), str(log_dir), *frames],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = trainer.stdout.readline()  # after its first batch
@@ -634,13 +636,22 @@ def test_killed_or_interrupted_trainer_leaves_no_collector_job(two_nodes, log_di
         jobs = [entry.split()[0] for entry in _queue()]
         assert len(jobs) == 2
     finally:
-        trainer.send_signal(sig)
-        _, err = trainer.communicate(timeout=60)
+        if sig is not None:
+            trainer.send_signal(sig)
+        try:
+            _, err = trainer.communicate(timeout=120)  # "finished": it collects its frames and exits
+        except subprocess.TimeoutExpired:
+            trainer.kill()
+            trainer.communicate(timeout=30)
+            raise
     assert _wait_queue_empty(30) == [], "the trainer's collector jobs are still queued or running"
     assert not alive(started["guard"])
     if sig == signal.SIGINT:
         assert "KeyboardInterrupt" in err and trainer.returncode != 0
-        assert set(_states(jobs).values()) == {"COMPLETED"}, "the interrupted trainer stopped its collectors"
+    if sig is None:
+        assert trainer.returncode == 0 and err == "", err
+    if sig != signal.SIGKILL:
+        assert set(_states(jobs).values()) == {"COMPLETED"}, "the trainer stopped its collectors"
 
 
 @pytest.mark.slurm
