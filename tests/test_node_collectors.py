@@ -38,8 +38,8 @@ def make_env() -> GymEnv:
     return GymEnv("CartPole-v1")
 
 
-def collect(batches: int, **kwargs) -> list:
-    with RPCCollector(make_env, None, frames_per_batch=4 * 20, cat_results="stack", launcher="local", **kwargs) as c:
+def collect(batches: int, launcher: str = "local", **kwargs) -> list:
+    with RPCCollector(make_env, None, frames_per_batch=4 * 20, cat_results="stack", launcher=launcher, **kwargs) as c:
         c.set_seed(5)
         return [batch.clone() for _, batch in zip(range(batches), c)]
 
@@ -91,10 +91,10 @@ def test_a_subclass_is_not_taken_for_its_base():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("collector_class", ["sync", MultiSyncCollector])
-def test_sync_nodes_give_the_flat_runs_frames(collector_class, no_leftover_processes):
+@pytest.mark.parametrize("collector_class, launcher", [("sync", "local"), (MultiSyncCollector, "local"), ("sync", "debug")])
+def test_sync_nodes_give_the_flat_runs_frames(collector_class, launcher, no_leftover_processes):
     flat = collect(3, num_collectors=4)
-    nodes = collect(3, num_collectors=2, collector_class=collector_class, num_workers_per_collector=2)
+    nodes = collect(3, launcher, num_collectors=2, collector_class=collector_class, num_workers_per_collector=2)
     assert nodes[0].shape == (2, 2, 20) and flat[0].shape == (4, 20)
     assert_same_frames(flat, nodes, 2)
 
