@@ -38,8 +38,17 @@ def make_env() -> GymEnv:
     return GymEnv("CartPole-v1")
 
 
-def collect(batches: int, **kwargs) -> list:
-    with RPCCollector(make_env, None, frames_per_batch=4 * 20, cat_results="stack", launcher="local", **kwargs) as c:
+class ArgmaxPolicy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.linear(observation).argmax(-1)
+
+
+def collect(batches: int, launcher: str = "local", **kwargs) -> list:
+    with RPCCollector(make_env, None, frames_per_batch=4 * 20, cat_results="stack", launcher=launcher, **kwargs) as c:
         c.set_seed(5)
         return [batch.clone() for _, batch in zip(range(batches), c)]
 
@@ -91,10 +100,10 @@ def test_a_subclass_is_not_taken_for_its_base():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("collector_class", ["sync", MultiSyncCollector])
-def test_sync_nodes_give_the_flat_runs_frames(collector_class, no_leftover_processes):
+@pytest.mark.parametrize("collector_class, launcher", [("sync", "local"), (MultiSyncCollector, "local"), ("sync", "debug")])
+def test_sync_nodes_give_the_flat_runs_frames(collector_class, launcher, no_leftover_processes):
     flat = collect(3, num_collectors=4)
-    nodes = collect(3, num_collectors=2, collector_class=collector_class, num_workers_per_collector=2)
+    nodes = collect(3, launcher, num_collectors=2, collector_class=collector_class, num_workers_per_collector=2)
     assert nodes[0].shape == (2, 2, 20) and flat[0].shape == (4, 20)
     assert_same_frames(flat, nodes, 2)
 
@@ -128,23 +137,13 @@ def test_async_nodes_yield_one_local_workers_batch_with_unique_ids(no_leftover_p
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_weights_reach_every_local_worker_once_per_push():
-    policy = nn.Sequential(nn.Linear(4, 2))
-
-    class Argmax(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = policy
-
-        def forward(self, observation: torch.Tensor) -> torch.Tensor:
-            return self.net(observation).argmax(-1)
-
-    module = Argmax()
-    with RPCCollector(make_env, module, num_collectors=2, frames_per_batch=40, launcher="local",
+    policy = ArgmaxPolicy()
+    with RPCCollector(make_env, policy, num_collectors=2, frames_per_batch=40, launcher="local",
                       collector_class="sync", num_workers_per_collector=2, cat_results="stack") as c:
         first = c.next()
         with torch.no_grad():  # always push left
-            policy[0].weight.zero_()
-            policy[0].bias.copy_(torch.tensor([1.0, 0.0]))
+            policy.linear.weight.zero_()
+            policy.linear.bias.copy_(torch.tensor([1.0, 0.0]))
         c.update_policy_weights_()
         second = c.next()
     assert first["collector", "policy_version"].unique().tolist() == [0]
@@ -183,6 +182,26 @@ def test_local_worker_killed_on_a_node_is_replaced_under_max_worker_restarts(no_
     # the replacement starts new trajectories, with ids its predecessor never used, of its flat worker (0)
     assert all(i % 4 == 0 for s in ids for i in s)
     assert max(ids[0]) < min(ids[-1])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_nodes_resume_from_state_dict_with_later_trajectory_ids():
+    args = dict(num_collectors=2, frames_per_batch=80, launcher="local", cat_results="stack", collector_class="sync",
+                num_workers_per_collector=2)
+    with RPCCollector(make_env, ArgmaxPolicy(), **args) as c:
+        first = c.next().clone()
+        c.update_policy_weights_()
+        state = c.state_dict()
+    with RPCCollector(make_env, ArgmaxPolicy(), **args) as d:
+        d.load_state_dict(state)
+        after = d.next()
+    assert after["collector", "policy_version"].unique().tolist() == [1]
+    for node in range(2):
+        for local in range(2):
+            old, new = first[TRAJ_IDS][node, local], after[TRAJ_IDS][node, local]
+            assert set((new % 4).tolist()) == set((old % 4).tolist()) == {node * 2 + local}
+            assert new.min() > old.max()  # the envs restarted: new trajectories, ids never used before
 
 
 # --------------------------------------------------------------------------- across namespace hosts
