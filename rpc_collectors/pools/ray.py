@@ -266,7 +266,7 @@ def connect(ray_init_config: dict | None, timeout: float) -> bool:
     address = config.pop("address", None)
     if ray_init_config is None:
         try:
-            ray.init(address="auto", log_to_driver=False)
+            ray.init(address="auto")
             return False
         except ConnectionError:
             ray.init(address="local", include_dashboard=False)
