@@ -8,7 +8,8 @@ workers run the Python of the driver that started it); then ours, on a fresh loc
 Goals: ours >= 3x TorchRL's frames/s on 4x84x84; ours >= 0.8x MultiCollector on one node.
 Also time to first batch (constructor + first batch) and shutdown.
 
-    python benchmarks/ray_collector.py [--seconds 3] [--torchrl-python /tmp/venv-torchrl/bin/python]
+    python benchmarks/ray_collector.py [--seconds 3] [--envs 4x84x84,3x256x256,cartpole] [--object-store]
+        [--torchrl-python /tmp/venv-torchrl/bin/python]
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENVS = {"4x84x84": ((4, 84, 84), "uint8", 1000), "3x256x256": ((3, 256, 256), "uint8", 200), "cartpole": (None, None, 1000)}
 WORKERS = 2
+OBJECT_STORE = "RayCollector (store)"  # shared_memory=False: batches and weights through Ray's object store
 
 
 def env_fn(name: str, torchrl: bool = False):
@@ -66,8 +68,11 @@ def ours(env: str, kind: str, sync: bool, seconds: float) -> dict:
     fn, fpb = env_fn(env), ENVS[env][2]
     if kind == "Collector":
         return measure(lambda: Collector(fn, None, frames_per_batch=fpb // WORKERS if sync else fpb), seconds)
-    cls = MultiCollector if kind == "MultiCollector" else RayCollector
-    return measure(lambda: cls([fn] * WORKERS, None, frames_per_batch=fpb, sync=sync), seconds)
+    if kind == "MultiCollector":
+        return measure(lambda: MultiCollector([fn] * WORKERS, None, frames_per_batch=fpb, sync=sync), seconds)
+    store = kind == OBJECT_STORE  # the path of actors on other nodes
+    return measure(lambda: RayCollector([fn] * WORKERS, None, frames_per_batch=fpb, sync=sync,
+                                        shared_memory=not store), seconds)
 
 
 def torchrl_cases(cases: list, seconds: float) -> list:
@@ -104,6 +109,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--torchrl-python", default="/tmp/venv-torchrl/bin/python")
     parser.add_argument("--envs", default=",".join(ENVS))
+    parser.add_argument("--object-store", action="store_true",
+                        help="also RayCollector with shared_memory=False (the object-store path of other nodes)")
     parser.add_argument("--torchrl-cases", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torchrl_cases:
@@ -119,7 +126,8 @@ def main() -> None:
     print(f"{WORKERS} actors/workers, {args.seconds} s per case; frames/s, time to first batch, shutdown (s)")
     for n, (env, sync) in enumerate(cases):
         mode = "sync" if sync else "async"
-        res = {k: ours(env, k, sync, args.seconds) for k in ("Collector", "MultiCollector", "RayCollector")}
+        kinds = ["Collector", "MultiCollector", "RayCollector"] + ([OBJECT_STORE] if args.object_store else [])
+        res = {k: ours(env, k, sync, args.seconds) for k in kinds}
         if theirs is not None:
             res["TorchRL RayCollector"] = theirs[n]
         for name, r in res.items():
@@ -131,6 +139,10 @@ def main() -> None:
         if theirs is not None:
             ratios.append(f"vs TorchRL RayCollector {ray_fps / res['TorchRL RayCollector']['fps']:.2f}x")
         print(f"{env:10s} {mode:5s} RayCollector " + ", ".join(ratios), flush=True)
+        if args.object_store and theirs is not None:
+            store_fps = res[OBJECT_STORE]["fps"]
+            print(f"{env:10s} {mode:5s} {OBJECT_STORE} vs TorchRL RayCollector "
+                  f"{store_fps / res['TorchRL RayCollector']['fps']:.2f}x", flush=True)
     ray.shutdown()
 
 
