@@ -153,7 +153,8 @@ class RayCollector(CollectorFront):
 
 
 def _pool(s: settings.Settings, configs: list[dict], shared_memory: bool, on_death: Any, on_arrival: Any) -> Any:
-    return ray_pool.RayPool(s.num_workers, s.rpc_timeout, configs, on_death, s.rpc_timeout, shared_memory)
+    """The actors' pool: no death is reported unasked (a dead actor fails its calls and doorbell)."""
+    return ray_pool.RayPool(s.num_workers, s.rpc_timeout, configs, s.rpc_timeout, shared_memory)
 
 
 def _collector_class(value: Any) -> None:

@@ -231,7 +231,7 @@ def test_sigkilled_actor(ray_cluster, restarts):
                 for _ in collector:
                     pass
             assert err.value.worker_id == 1 and err.value.pid == victim["pid"]
-            assert victim["actor_id"] in str(err.value)
+            assert f"(Ray actor {victim['actor_id']}) died" in str(err.value)
     finally:
         collector.shutdown()
     assert_gone_and_ray_alive(pids)

@@ -30,11 +30,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .. import worker
-from . import OnDeath, WorkerPool, traceback_failure
+from . import WorkerPool, traceback_failure
 
 DEFAULT_REMOTE_CONFIG = {"num_cpus": 1, "memory": 2 * 1024**3}  # TorchRL's default per actor
 CALL_THREADS = 4  # calls an actor runs at once
 ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the actor's name in a task error
+DEATH_CHECK = 5.0  # seconds to ask Ray how an actor that stopped answering died
 CLOSE_SHARE = 0.8  # of close()'s timeout, spent waiting for the actors to close their envs
 
 
@@ -130,11 +131,11 @@ class RayPool(WorkerPool):
     process_groups = False  # weights reach other nodes as call arguments: no process group to set up
 
     def __init__(
-        self, num_workers: int, rpc_timeout: float, remote_configs: list[dict], on_death: OnDeath,
-        start_timeout: float, shared_memory: bool = True,
+        self, num_workers: int, rpc_timeout: float, remote_configs: list[dict], start_timeout: float,
+        shared_memory: bool = True,
     ) -> None:
         self.num_workers, self.rpc_timeout, self.remote_configs = num_workers, rpc_timeout, remote_configs
-        self.on_death, self.start_timeout, self.shared_memory = on_death, start_timeout, shared_memory
+        self.start_timeout, self.shared_memory = start_timeout, shared_memory
         self.actors: dict[int, Any] = {}
         self.infos: dict[int, dict] = {}  # what each actor said of itself at its creation
         self._weights: tuple[int, ray.ObjectRef] | None = None  # the latest version put in the store
@@ -197,9 +198,24 @@ class RayPool(WorkerPool):
         if raised is not None:
             return raised
         actor = self.infos.get(worker_id, {}).get("actor_id") or self.actors[worker_id]._actor_id.hex()
+        if not isinstance(err, ray.exceptions.RayActorError):  # e.g. its doorbell closed: ask Ray why
+            err = self._death(worker_id) or err
         if isinstance(err, ray.exceptions.RayActorError):
             return f"(Ray actor {actor}) died: {_first_line(err)}", ""
         return f"(Ray actor {actor}) is unreachable: {_first_line(err)}", ""
+
+    def _death(self, worker_id: int) -> ray.exceptions.RayActorError | None:
+        """How ``worker_id``'s actor died, if Ray says so within ``DEATH_CHECK`` seconds."""
+        actor = self.actors.get(worker_id)
+        if actor is None:
+            return None
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=DEATH_CHECK)
+        except ray.exceptions.RayActorError as err:
+            return err
+        except ray.exceptions.RayError:
+            pass
+        return None
 
     def replace(self, worker_id: int) -> None:
         """Kill ``worker_id``'s actor and start a fresh one in its place."""
