@@ -17,6 +17,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,8 +81,9 @@ def torchrl_cases(cases: list, seconds: float) -> list:
     import ray
     from torchrl.collectors.distributed import RayCollector
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
-             _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"), log_to_driver=False)
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
+             log_to_driver=False)
     results = []
     for env, sync in cases:
         results.append(measure(lambda: RayCollector(
@@ -89,6 +91,7 @@ def torchrl_cases(cases: list, seconds: float) -> list:
             sync=sync, remote_configs={"num_cpus": 1, "memory": 2 * 1024**3},
         ), seconds))
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
     return results
 
 
@@ -121,8 +124,9 @@ def main() -> None:
     import ray
 
     os.environ["PYTHONPATH"] = os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])  # actors import _common
-    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
-             _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"), log_to_driver=False)
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
+             log_to_driver=False)
     print(f"{WORKERS} actors/workers, {args.seconds} s per case; frames/s, time to first batch, shutdown (s)")
     for n, (env, sync) in enumerate(cases):
         mode = "sync" if sync else "async"
@@ -144,6 +148,7 @@ def main() -> None:
             print(f"{env:10s} {mode:5s} {OBJECT_STORE} vs TorchRL RayCollector "
                   f"{store_fps / res['TorchRL RayCollector']['fps']:.2f}x", flush=True)
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 if __name__ == "__main__":

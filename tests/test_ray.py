@@ -10,6 +10,7 @@ import copy
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,7 @@ def ray_cluster():
              log_to_driver=False)
     yield
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def stamp_env(worker: int) -> GymEnv:
@@ -264,7 +266,7 @@ def test_bad_input_before_any_actor(ray_cluster):
 
 
 OWN_RAY = r"""
-import json, sys, time, tempfile
+import json, shutil, sys, time, tempfile
 from procs import descendants
 from rpc_collectors import GymEnv
 from rpc_collectors.ray_collector import RayCollector
@@ -287,6 +289,7 @@ deadline = time.monotonic() + 30
 while descendants() and time.monotonic() < deadline:
     time.sleep(0.2)
 out["left"] = sorted(descendants())
+shutil.rmtree(temp, ignore_errors=True)
 print(json.dumps(out))
 """
 
