@@ -20,6 +20,19 @@ DataCollectorBase = BaseCollector
 MultiSyncDataCollector = MultiSyncCollector
 MultiaSyncDataCollector = MultiAsyncCollector
 
+
+def __getattr__(name: str):
+    """``RayCollector`` is imported on first use: it needs the optional ``ray`` extra."""
+    if name == "RayCollector":
+        try:
+            from .ray_collector import RayCollector
+        except ModuleNotFoundError as err:
+            if err.name != "ray":
+                raise
+            raise ImportError('RayCollector needs Ray: pip install "rpc_collectors[ray]"') from err
+        return RayCollector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "BaseCollector",
     "Collector",
@@ -34,6 +47,7 @@ __all__ = [
     "MultiaSyncDataCollector",
     "RPCCollector",
     "RandomPolicy",
+    "RayCollector",
     "SyncDataCollector",
     "WorkerError",
     "WorkerLeftWarning",

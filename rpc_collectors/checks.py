@@ -242,10 +242,10 @@ def max_worker_restarts(value: Any, launcher: str, weight_transport: str, backen
     """A restart budget >= 0; above 0 only where the collector starts its workers itself and
     a newcomer can get the weights (shared memory; the broadcast group is fixed)."""
     count = non_negative_int("max_worker_restarts", value)
-    if count and launcher not in ("local", "debug"):
+    if count and launcher not in ("local", "debug", "ray"):
         raise ValueError(
             f"max_worker_restarts={value!r} needs a launcher that starts the workers itself; accepted with "
-            f"launcher={launcher!r}: 0 (launchers that restart workers: 'local', 'debug')"
+            f"launcher={launcher!r}: 0 (launchers that restart workers: 'local', 'debug'; RayCollector)"
         )
     if count and (weight_transport == "broadcast" or backend == "nccl"):
         raise ValueError(

@@ -107,7 +107,9 @@ class CollectorFront(BaseCollector):
         if module is None:
             return
         same_host = all(info is not None and info["host_id"] == host_id() for info in self.infos)
-        kind = choose_transport(transport, same_host, self.backend, self.elastic, self.workers.in_process)
+        kind = choose_transport(
+            transport, same_host, self.backend, self.elastic, self.workers.in_process, self.workers.process_groups,
+        )
         rdv = self.workers.weight_rendezvous() if kind == "broadcast" else None
         self.weights = self._resources.sender = WeightPlane(
             module, kind, self.num_workers, self.rpc_timeout, keep_fd=self.restarts.budget > 0,

@@ -231,11 +231,14 @@ class WeightSender:
             self.group = None
 
 
-def choose_transport(requested: str, same_host: bool, backend: str, elastic: bool, in_process: bool) -> str:
+def choose_transport(
+    requested: str, same_host: bool, backend: str, elastic: bool, in_process: bool, groups: bool = True,
+) -> str:
     """The transport a collector's weights take: ``"auto"`` is shared memory when every worker
-    shares the trainer's host (gloo), else the broadcast group; elastic collectors use ``"rpc"``."""
+    shares the trainer's host (gloo), else the broadcast group; elastic collectors, and workers
+    that cannot join a process group (``groups=False``: Ray actors), use ``"rpc"``."""
     kind = requested if requested != "auto" else ("shm" if same_host and backend == "gloo" else "broadcast")
-    if elastic:
+    if elastic or (not groups and kind == "broadcast"):
         kind = "rpc"
     if kind != "shm" and in_process:  # in-process workers would share the trainer's buffer
         raise ValueError(f"weight_transport={kind!r} needs worker processes; the debug launcher uses 'shm'")

@@ -14,8 +14,9 @@ collector front (:mod:`rpc_collectors.front`) drives, whatever the workers are:
 
 The pools: :class:`~.local.LocalPool` (processes on this host, driven over pipes),
 :class:`~.ranks.RankPool` (the other ranks of a torchrun/SLURM world, over RPC),
-:class:`~.elastic.ElasticPool` (collector processes that join and leave a running trainer) and
-:class:`~.debug.DebugPool` (collectors inside the trainer's process).
+:class:`~.elastic.ElasticPool` (collector processes that join and leave a running trainer),
+:class:`~.debug.DebugPool` (collectors inside the trainer's process) and :class:`~.ray.RayPool`
+(Ray actors on the nodes of a Ray cluster; needs the ``ray`` extra).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class WorkerPool:
     num_workers: int
     replaceable = False  # replace() works: the pool starts its workers itself
     in_process = False  # the workers share the trainer's process (and its memory)
+    process_groups = True  # workers on other hosts can join a weight process group ("broadcast")
     rdv: Any = None  # a torchrun/SLURM rendezvous: where other hosts reach the trainer
 
     def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:

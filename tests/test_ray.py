@@ -1,0 +1,306 @@
+"""RayCollector on a real Ray instance, started once for the session on 127.0.0.1.
+
+``StampEnv`` (from test_restarts) observes ``[pid, per-process step, worker]``, so the batches
+alone tell which actor stepped which frame; ``ImageEnv`` observes a large uint8 image whose
+bytes follow from its worker and step, checked byte for byte on the trainer.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from procs import wait_gone  # noqa: E402
+from rpc_collectors import GymEnv, WorkerError, WorkerRestartWarning  # noqa: E402
+from rpc_collectors.ray_collector import RayCollector  # noqa: E402
+from test_restarts import StampEnv  # noqa: E402
+from test_rpc_collector import BiasPolicy  # noqa: E402
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+CPUS = 4  # logical CPUs of the session's Ray: two actors of 1 CPU, with room for a replacement
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The user's own Ray, started once on 127.0.0.1 (never ``ray stop``: that ends every Ray of the machine)."""
+    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, TESTS, os.environ.get("PYTHONPATH", "")])  # actors import the test envs
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths live there
+    ray.init(address="local", num_cpus=CPUS, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def stamp_env(worker: int) -> GymEnv:
+    return GymEnv(StampEnv(worker))
+
+
+class ImageEnv(gym.Env):
+    """A ``shape`` uint8 image: its first bytes are the worker and step, the rest drawn from them."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, worker: int, shape: tuple = (3, 256, 256)) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.worker, self.shape, self.counter = worker, shape, 0
+
+    def _obs(self) -> np.ndarray:
+        return image(self.worker, self.counter, self.shape)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        self.counter += 1
+        return self._obs(), 0.0, False, self.counter % 50 == 0, {}
+
+
+def image(worker: int, counter: int, shape: tuple) -> np.ndarray:
+    obs = np.random.default_rng(worker * 1_000_003 + counter).integers(0, 256, shape, dtype=np.uint8)
+    obs.reshape(-1)[:5] = worker, *counter.to_bytes(4, "little")
+    return obs
+
+
+def actor_pids(collector: RayCollector) -> set[int]:
+    return {info["pid"] for info in collector.infos}
+
+
+def cpus_free(timeout: float = 30.0) -> float:
+    """The session's free CPUs once no actor holds any (Ray frees a killed actor's soon after)."""
+    deadline = time.monotonic() + timeout
+    while ray.available_resources().get("CPU") != CPUS and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ray.available_resources().get("CPU")
+
+
+def assert_gone_and_ray_alive(pids: set[int]) -> None:
+    """Our actors' processes ended; the user's Ray still runs."""
+    assert not wait_gone(pids, 30), "actor processes were left behind"
+    assert ray.is_initialized()
+    assert ray.get(ray.put(41)) == 41
+
+
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["shm", "object-store"])
+def test_sync_layout_weights_device_lists_and_user_ray(ray_cluster, shared_memory):
+    policy = BiasPolicy(action=0, size=3)
+    collector_kwargs = [{"max_frames_per_traj": 3}, {"max_frames_per_traj": 5}]
+    kwargs_copy = copy.deepcopy(collector_kwargs)
+    devices = ["cpu", torch.device("cpu")]
+    collector = RayCollector(
+        [functools.partial(stamp_env, 0), functools.partial(stamp_env, 1)], policy, frames_per_batch=20,
+        total_frames=-1, sync=True, device=devices, collector_kwargs=collector_kwargs, track_policy_version=True,
+        shared_memory=shared_memory,
+    )
+    pids = actor_pids(collector)
+    try:
+        assert collector_kwargs == kwargs_copy and devices == ["cpu", torch.device("cpu")]
+        assert len(collector.remote_collectors) == 2 and collector.local_policy() is policy
+        batches = []
+        for i, batch in enumerate(collector):  # endless: total_frames=-1
+            batches.append(batch)
+            if i == 1:
+                policy.set_action(1)
+                collector.update_policy_weights_()
+            if i == 3:
+                break
+        for batch in batches:
+            assert batch.shape == (2, 10)
+            obs = batch["observation"]
+            assert (obs[..., 2] == torch.tensor([[0.0], [1.0]])).all()  # row i: actor i's env
+            assert (batch["collector", "worker_id"] == torch.tensor([[0], [1]])).all()
+            assert len({int(p) for p in obs[0, :, 0]} & {int(p) for p in obs[1, :, 0]}) == 0  # two processes
+        steps = torch.cat([b["next", "observation"][..., 1] for b in batches], -1)
+        assert (steps == torch.arange(1, 41, dtype=steps.dtype)).all()  # every step of each actor, in order
+        # each actor's own collector_kwargs: trajectories truncated at 3 and 5 steps
+        assert batches[0]["next", "step_count"][0].max() == 3 and batches[0]["next", "step_count"][1].max() == 5
+        assert (batches[1]["action"] == 0).all() and (batches[2]["action"] == 1).all()
+        assert (batches[2]["next", "policy_version"] == 1).all()  # the push reached the next batch
+        traj_ids = [set(b["collector", "traj_ids"][w].tolist()) for b in batches[:1] for w in (0, 1)]
+        assert not traj_ids[0] & traj_ids[1]
+    finally:
+        collector.shutdown()
+    assert_gone_and_ray_alive(pids)
+
+
+def test_async_layout(ray_cluster):
+    collector = RayCollector(
+        lambda: GymEnv("CartPole-v1"), None, num_collectors=2, frames_per_batch=30, total_frames=300, sync=False,
+    )
+    pids = actor_pids(collector)
+    try:
+        workers = set()
+        for batch in collector:
+            assert batch.shape == (30,)
+            ids = batch["collector", "worker_id"].unique().tolist()
+            assert len(ids) == 1  # one actor's batch, first ready first served
+            workers.add(ids[0])
+        assert workers == {0, 1} and collector.frames == 300
+    finally:
+        collector.shutdown()
+    assert_gone_and_ray_alive(pids)
+
+
+def test_set_seed_and_state_dict(ray_cluster):
+    collector = RayCollector(
+        lambda: GymEnv("CartPole-v1"), None, num_collectors=2, frames_per_batch=40, sync=True,
+    )
+    pids = actor_pids(collector)
+    try:
+        def seeded() -> list:
+            assert collector.set_seed(7) == 9
+            return [collector.next() for _ in range(2)]
+
+        first, again = seeded(), seeded()
+        for a, b in zip(first, again):
+            assert (a["action"] == b["action"]).all() and (a["observation"] == b["observation"]).all()
+        assert not (first[0]["observation"][0] == first[0]["observation"][1]).all()  # each actor its own seed
+        state = collector.state_dict()
+        assert state["frames"] == 160 and len(state["workers"]) == 2
+        seen = again[-1]["collector", "traj_ids"].max()
+        collector.next()
+        collector.load_state_dict(state)
+        assert collector.frames == 160
+        resumed = collector.next()
+        assert resumed["collector", "traj_ids"].min() > seen  # from where the state was: fresh trajectory ids
+    finally:
+        collector.shutdown()
+    assert_gone_and_ray_alive(pids)
+
+
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["object-store", "shm"])
+def test_large_uint8_observations_byte_for_byte(ray_cluster, shared_memory):
+    shape = (3, 256, 256)
+    collector = RayCollector(
+        [functools.partial(GymEnv, ImageEnv(w, shape)) for w in (0, 1)], None, frames_per_batch=16, total_frames=96,
+        sync=True, shared_memory=shared_memory,
+    )
+    pids = actor_pids(collector)
+    try:
+        for batch in collector:
+            obs = batch["next", "observation"]
+            assert obs.shape == (2, 8, *shape) and obs.dtype == torch.uint8
+            for w in range(2):
+                for t in range(8):
+                    counter = int.from_bytes(bytes(obs[w, t].reshape(-1)[1:5].tolist()), "little")
+                    assert np.array_equal(obs[w, t].numpy(), image(w, counter, shape))
+            obs.zero_()  # the user's batch is their own memory
+        assert collector._batches.path_of(0) == ("shm" if shared_memory else "rpc")
+    finally:
+        collector.shutdown()
+    assert_gone_and_ray_alive(pids)
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_sigkilled_actor(ray_cluster, restarts):
+    collector = RayCollector(
+        [functools.partial(stamp_env, 0), functools.partial(stamp_env, 1)], None, frames_per_batch=20,
+        sync=True, max_worker_restarts=restarts, rpc_timeout=60.0,
+    )
+    pids = actor_pids(collector)
+    victim = collector.infos[1]
+    try:
+        next(iter(collector))
+        os.kill(victim["pid"], signal.SIGKILL)
+        if restarts:
+            with pytest.warns(WorkerRestartWarning):
+                batches = [b for _, b in zip(range(3), collector)]
+            assert collector.worker_restarts == [0, 1] and collector.infos[1]["pid"] != victim["pid"]
+            assert all(b.shape == (2, 10) for b in batches)
+            assert int(batches[-1]["observation"][1, -1, 0]) == collector.infos[1]["pid"]
+            pids |= actor_pids(collector)
+        else:
+            with pytest.raises(WorkerError) as err:
+                for _ in collector:
+                    pass
+            assert err.value.worker_id == 1 and err.value.pid == victim["pid"]
+            assert f"(Ray actor {victim['actor_id']}) died" in str(err.value)
+    finally:
+        collector.shutdown()
+    assert_gone_and_ray_alive(pids)
+
+
+def test_actor_pending_for_resources_is_a_clear_error(ray_cluster):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"not running within 5.0 s: it asked for \{'num_cpus': 3\}.*free"):
+        RayCollector(lambda: GymEnv("CartPole-v1"), None, num_collectors=2, frames_per_batch=10,
+                     remote_configs={"num_cpus": 3}, rpc_timeout=5.0)
+    assert time.monotonic() - start < 60
+    assert cpus_free() == CPUS  # nothing of ours holds resources
+
+
+def test_bad_input_before_any_actor(ray_cluster):
+    env = lambda: GymEnv("CartPole-v1")  # noqa: E731
+    with pytest.raises(ValueError, match=r"remote_configs\[0\]\['num_gpus'\]=1: the Ray cluster has 0"):
+        RayCollector(env, None, num_collectors=2, frames_per_batch=10, remote_configs={"num_gpus": 1})
+    with pytest.raises(ValueError, match="num_collectors=3 does not match the 2 entries"):
+        RayCollector([env, env], None, num_collectors=3, frames_per_batch=10)
+    with pytest.raises(ValueError, match="collector_kwargs has 1 entries"):
+        RayCollector([env, env], None, frames_per_batch=10, collector_kwargs=[{}])
+    with pytest.raises(ValueError, match="collector_class=.* accepted: 'single'"):
+        RayCollector([env, env], None, frames_per_batch=10, collector_class="multi")
+    with pytest.raises(ValueError, match="num_workers_per_collector=2"):
+        RayCollector([env, env], None, frames_per_batch=10, num_workers_per_collector=2)
+    with pytest.raises(RuntimeError, match="Ray already runs in this process"):
+        RayCollector([env, env], None, frames_per_batch=10, ray_init_config={"num_cpus": 2})
+    assert cpus_free() == CPUS
+
+
+OWN_RAY = r"""
+import json, shutil, sys, time, tempfile
+from procs import descendants
+from rpc_collectors import GymEnv
+from rpc_collectors.ray_collector import RayCollector
+import ray
+out = {}
+start = time.monotonic()
+try:
+    RayCollector(lambda: GymEnv("CartPole-v1"), None, num_collectors=1, frames_per_batch=10,
+                 ray_init_config={"address": "127.0.0.1:1"}, rpc_timeout=5.0)
+except ConnectionError as err:
+    out["connect_error"], out["connect_s"] = str(err), time.monotonic() - start
+temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+collector = RayCollector(lambda: GymEnv("CartPole-v1"), None, num_collectors=1, frames_per_batch=10, total_frames=30,
+                         ray_init_config={"num_cpus": 2, "_node_ip_address": "127.0.0.1", "_temp_dir": temp})
+out["ray_processes"] = len(descendants())
+out["frames"] = sum(b.numel() for b in collector)
+collector.shutdown()
+out["initialized_after"] = ray.is_initialized()
+deadline = time.monotonic() + 30
+while descendants() and time.monotonic() < deadline:
+    time.sleep(0.2)
+out["left"] = sorted(descendants())
+shutil.rmtree(temp, ignore_errors=True)
+print(json.dumps(out))
+"""
+
+
+def test_collector_starts_and_stops_its_own_ray():
+    """Without a Ray to attach to, the collector starts one and stops it all at shutdown."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-c", OWN_RAY], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "no Ray cluster answers there" in out["connect_error"] and out["connect_s"] < 30
+    assert out["ray_processes"] > 0 and out["frames"] == 30
+    assert out["initialized_after"] is False and out["left"] == []
