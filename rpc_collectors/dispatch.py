@@ -140,13 +140,13 @@ def _target(backend: str, num_collectors: int) -> tuple[Any, dict]:
         return RPCCollector, {}
     if backend in ("distributed", "submitit"):
         return DistributedCollector, {}
+    import rpc_collectors
+
     try:
-        from .ray_collector import RayCollector
+        RayCollector = rpc_collectors.RayCollector
     except ImportError as err:
         raise ImportError(
-            f"backend='ray' needs rpc_collectors.ray_collector and the ray package, which could not be imported "
-            f"({err}); install ray (pip install 'ray[default]'), or choose backend 'process', 'rpc', "
-            "'distributed' or 'submitit'"
+            f"backend='ray': {err}; or choose backend 'process', 'rpc', 'distributed' or 'submitit'"
         ) from err
     return RayCollector, {"num_collectors": num_collectors}
 

@@ -1,4 +1,4 @@
-"""TorchRL's ``torchrl.collectors.distributed`` names: ``DistributedCollector``, ``DistributedSyncCollector``, ``RPCCollector``.
+"""TorchRL's ``torchrl.collectors.distributed`` names: ``DistributedCollector``, ``DistributedSyncCollector``, ``RPCCollector``, ``RayCollector``.
 
 TorchRL runs these over ``torch.distributed`` point-to-point sends; here they are the
 collector front over the same pools as :class:`~rpc_collectors.RPCCollector` (the launcher
@@ -14,7 +14,16 @@ from tensordict.nn import InteractionType
 from .collector import Collector
 from .rpc_collector import RPCCollector
 
-__all__ = ["DistributedCollector", "DistributedSyncCollector", "RPCCollector"]
+__all__ = ["DistributedCollector", "DistributedSyncCollector", "RPCCollector", "RayCollector"]
+
+
+def __getattr__(name: str) -> Any:
+    """``RayCollector`` as in TorchRL's module; imported on first use (it needs the ``ray`` extra)."""
+    if name == "RayCollector":
+        import rpc_collectors
+
+        return rpc_collectors.RayCollector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _torchrl_only(**arguments: Any) -> None:

@@ -249,6 +249,10 @@ def test_actor_pending_for_resources_is_a_clear_error(ray_cluster):
 
 
 def test_bad_input_before_any_actor(ray_cluster):
+    import rpc_collectors
+    from rpc_collectors.distributed import RayCollector as torchrl_path  # TorchRL's module path
+
+    assert torchrl_path is RayCollector is rpc_collectors.RayCollector
     env = lambda: GymEnv("CartPole-v1")  # noqa: E731
     with pytest.raises(ValueError, match=r"remote_configs\[0\]\['num_gpus'\]=1: the Ray cluster has 0"):
         RayCollector(env, None, num_collectors=2, frames_per_batch=10, remote_configs={"num_gpus": 1})

@@ -263,11 +263,15 @@ def _first_line(err: BaseException) -> str:
 
 
 # ---------------------------------------------------------------- Ray's lifetime
+# a Ray of this collector's own: for this host only, no dashboard
+LOCAL_RAY = {"include_dashboard": False, "_node_ip_address": "127.0.0.1"}
+
+
 def connect(ray_init_config: dict | None, timeout: float) -> bool:
     """Attach to Ray, or start it; returns whether this call started it (and so must stop it).
 
     None: this process's Ray if it runs, else a cluster Ray can find (``RAY_ADDRESS`` or the
-    newest one on this machine), else a local instance. A config with an ``address`` attaches
+    newest one on this machine), else a local instance on 127.0.0.1. A config with an ``address`` attaches
     there (a GCS address that does not answer within ``timeout`` is a ``ConnectionError``);
     one without starts a local instance with those arguments.
     """
@@ -285,11 +289,10 @@ def connect(ray_init_config: dict | None, timeout: float) -> bool:
             ray.init(address="auto")
             return False
         except ConnectionError:
-            ray.init(address="local", include_dashboard=False)
+            ray.init(address="local", **LOCAL_RAY)
             return True
     if address in (None, "local"):
-        config.setdefault("include_dashboard", False)
-        ray.init(address="local", **config)
+        ray.init(address="local", **{**LOCAL_RAY, **config})
         return True
     _reachable(str(address), timeout)
     ray.init(address=address, **config)
