@@ -7,12 +7,13 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
+from tensordict.utils import unravel_key
 
 from . import checks
 from .base import BaseCollector
-from .envs import GymEnv, make_env
+from .envs import GymEnv, is_torchrl_env, make_env, with_step_counter
 from .policies import RandomPolicy, StepPolicy, run_device
-from .rollout import ArrayRollout, TensorDictRollout
+from .rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from .trajectories import TrajectoryIds
 from .weights import load_weights, one_source, weights_of
 
@@ -86,12 +87,20 @@ class Collector(BaseCollector):
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
         self.env = make_env(create_env_fn)
+        torchrl_env = is_torchrl_env(self.env)
         if self.max_frames_per_traj is not None:
             checks.no_step_counter(self.env, max_frames_per_traj)
+            if torchrl_env:  # as TorchRL's collectors: the env counts its steps
+                self.env = with_step_counter(self.env, self.max_frames_per_traj)
+        self.action_keys = list(self.env.action_keys) if torchrl_env else ["action"]
+        if callable(getattr(policy, "set_action_spec_from_env", None)):  # TorchRL's RandomPolicy() without a spec
+            policy.set_action_spec_from_env(self.env)
         envs = int(torch.Size(self.env.batch_size).numel())
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
         self.frames_per_batch = self.steps_per_batch * envs
-        self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(policy, self.devices["policy_device"])
+        self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
+            policy, self.devices["policy_device"], self.action_keys
+        )
         if (self.policy is None or self.init_random_frames) and not callable(getattr(self.env, "rand_action", None)):
             raise TypeError(
                 f"create_env_fn={create_env_fn!r} gave an env without rand_action(), which random actions "
@@ -99,8 +108,12 @@ class Collector(BaseCollector):
                 "with rand_action(td), or a policy with init_random_frames=0"
             )
         self.traj_ids = TrajectoryIds(traj_id_start, traj_id_stride)
-        rollout_cls = ArrayRollout if isinstance(self.env, GymEnv) else TensorDictRollout
-        self.rollout = rollout_cls(self.env, self.traj_ids, self.max_frames_per_traj)
+        if isinstance(self.env, GymEnv):
+            self.rollout = ArrayRollout(self.env, self.traj_ids, self.max_frames_per_traj)
+        elif torchrl_env:
+            self.rollout = EnvBaseRollout(self.env, self.traj_ids)
+        else:
+            self.rollout = TensorDictRollout(self.env, self.traj_ids, self.max_frames_per_traj)
         self.policy_version = 0
         self._obs_version = 0  # the version the observation the next batch starts from came with
         self._pending: tuple[Any, int] | None = None
@@ -118,7 +131,13 @@ class Collector(BaseCollector):
         with torch.no_grad(), set_interaction_type(self.exploration_type):
             out = self.rollout.probe(self.policy)
         # random-action batches carry the policy's other outputs too, zero-filled, as TorchRL's do
-        self.rollout.policy_zeros = {key: torch.zeros_like(value) for key, value in out.items() if key != "action"}
+        actions = {unravel_key(key) for key in self.action_keys}
+        try:
+            items = out.items(True, True) if isinstance(out, TensorDictBase) else out.items()
+            outputs = [(key, value) for key, value in items if unravel_key(key) not in actions]
+        except RuntimeError:  # entries of a heterogeneous lazy stack cannot be read as one tensor
+            outputs = [(key, value) for key, value in out.items() if unravel_key(key) not in actions]
+        self.rollout.policy_zeros = {key: torch.zeros_like(value) for key, value in outputs}
 
     # ------------------------------------------------------------------ collection
     def _collect_batch(self) -> TensorDictBase:

@@ -253,3 +253,16 @@ def _is_env(obj: Any) -> bool:
         return False
     return all(callable(getattr(obj, m, None)) for m in ("reset", "step")) and hasattr(obj, "batch_size")
 
+
+
+def is_torchrl_env(env: Any) -> bool:
+    """A TorchRL ``EnvBase``: it has specs and steps with ``step_and_maybe_reset``."""
+    return callable(getattr(env, "step_and_maybe_reset", None)) and hasattr(env, "full_done_spec")
+
+
+def with_step_counter(env: Any, max_steps: int) -> Any:
+    """A TorchRL env whose trajectories end after ``max_steps`` steps (TorchRL's ``StepCounter``,
+    appended as its collectors append it for ``max_frames_per_traj``)."""
+    from torchrl.envs import StepCounter, TransformedEnv  # a TorchRL env: TorchRL is installed
+
+    return TransformedEnv(env, StepCounter(max_steps=max_steps))

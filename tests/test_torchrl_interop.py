@@ -33,10 +33,11 @@ with warnings.catch_warnings():  # torchrl 0.14.1 deprecates some of its own cla
     from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
     from torchrl.envs import Compose, InitTracker, ParallelEnv, SerialEnv, StepCounter, TransformedEnv
     from torchrl.envs.libs.gym import GymEnv
-    from torchrl.envs.utils import ExplorationType, set_exploration_type
+    from torchrl.envs.utils import ExplorationType, RandomPolicy, set_exploration_type
     from torchrl.modules import Actor, OrnsteinUhlenbeckProcessModule, ProbabilisticActor, TanhNormal, ValueOperator
     from torchrl.objectives import ClipPPOLoss
     from torchrl.objectives.value import GAE
+    from torchrl.testing import mocking_classes as mocks
 
 import rpc_collectors  # noqa: E402
 from rpc_collectors import Collector, MultiAsyncCollector, MultiSyncCollector, RPCCollector  # noqa: E402
@@ -462,3 +463,89 @@ def test_torchrl_ppo_example_short_mode():
     lines = [line for line in proc.stdout.splitlines() if line.startswith("frames")]
     assert len(lines) == 2, proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------ 7. issue 18, point 11: TorchRL's nested and unusual envs
+def hetero_env_and_policy():
+    env = mocks.HeterogeneousCountingEnv()
+    return env, mocks.HeterogeneousCountingEnvPolicy(env.input_spec["full_action_spec"])
+
+
+def multikey_env_and_policy():
+    env = mocks.MultiKeyCountingEnv()
+    return env, mocks.MultiKeyCountingEnvPolicy(full_action_spec=env.full_action_spec)
+
+
+def multiagent_env_and_policy():
+    env = mocks.MultiAgentCountingEnv(n_agents=3)
+    return env, RandomPolicy(env.full_action_spec)
+
+
+def nested_env_and_policy():
+    env = mocks.NestedCountingEnv(nest_obs_action=True, nest_done=True, batch_size=(2,), nested_dim=3)
+    return env, RandomPolicy(env.full_action_spec)
+
+
+@pytest.mark.parametrize("make", [hetero_env_and_policy, multikey_env_and_policy, multiagent_env_and_policy,
+                                  nested_env_and_policy])
+def test_nested_action_and_done_keys_give_torchrls_batches(make):
+    """Policies that write nested actions (per agent, heterogeneous lazy stacks) and envs whose done
+    keys are only nested: the same keys and values as TorchRL's Collector, resets and ids included."""
+    batches = []
+    for cls in (trl_collectors.Collector, Collector):
+        torch.manual_seed(0)
+        env, policy = make()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            collector = cls(env, policy, frames_per_batch=20, total_frames=40)
+        batches.append([b.exclude(VERSION) for b in collector])
+        collector.shutdown()
+    for theirs, ours in zip(*batches):
+        assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+        assert (ours == theirs).all()
+    assert ours.get(TRAJ).unique().numel() > 1  # trajectories ended within the batch, and were counted
+
+
+def agents_env():
+    return mocks.MultiAgentCountingEnv(n_agents=2)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_multi_agent_env_in_workers():
+    with MultiSyncCollector([agents_env] * 2, RandomPolicy(agents_env().full_action_spec), frames_per_batch=20,
+                            total_frames=20) as c:
+        batch = c.next()
+    assert batch.shape == (2, 10) and batch.get(("agents", "agent_1", "action")).shape[:2] == (2, 10)
+
+
+def test_dynamic_observation_shape_gives_a_lazy_stack_as_torchrls():
+    batches = [cls(mocks.EnvWithDynamicSpec(), None, frames_per_batch=8, total_frames=8).next()
+               for cls in (trl_collectors.Collector, Collector)]
+    shapes = [[step.get("observation").shape for step in b.unbind(0)] for b in batches]
+    assert shapes[0] == shapes[1] and len(set(shapes[1])) > 1
+    assert isinstance(batches[1], type(batches[0]))
+
+
+def test_non_tensor_entries_of_reset_and_step_follow_the_steps():
+    """A non-tensor state written by reset() and step() reaches the next step's root, as in TorchRL."""
+    for cls in (trl_collectors.Collector, Collector):
+        batch = cls(mocks.EnvWithMetadata(), None, frames_per_batch=6, total_frames=6).next()
+        assert batch.get("non_tensor").tolist() == [0, 1, 2, 3, 4, 5]
+        assert batch.get(("next", "non_tensor")).tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_torchrl_random_policy_without_a_spec_gets_the_envs():
+    env = mocks.ContinuousActionVecMockEnv()
+    batch = Collector(env, RandomPolicy(), frames_per_batch=50, total_frames=50).next()
+    action = batch.get("action")
+    assert action.shape == (50, *env.action_spec.shape) and env.action_spec.is_in(action)
+    assert action.std() > 0
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_multi_worker_batches_report_device_as_torchrls(device):
+    """TorchRL's batches have device None unless a device was given."""
+    with MultiSyncCollector([pendulum] * 2, None, frames_per_batch=20, total_frames=20, device=device) as c:
+        batch = c.next()
+    assert batch.device == (None if device is None else torch.device(device))
