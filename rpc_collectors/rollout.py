@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
-from tensordict.base import _is_leaf_nontensor
 
 from .envs import GymEnv, _where
 from .policies import StepPolicy
@@ -184,21 +183,18 @@ class ArrayRollout:
 
 
 class TensorDictRollout:
-    """Rollout of any env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``).
+    """Rollout of an env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``)
+    but without its specs.
 
     The next step's root is built as TorchRL's ``step_mdp`` builds it: this step's root without
     ``"next"``, actions and rewards (policy outputs and other entries are carried), updated with
-    the state entries of ``"next"``. For a TorchRL env (it has specs) those are the entries its
-    reset gives (observations, done flags, and the ``"step_count"``/``"truncated"`` of
-    ``max_frames_per_traj``), so every step has the same keys; an env without specs passes every
-    entry of ``"next"`` but its rewards.
+    every entry of ``"next"`` but its rewards.
     """
 
     def __init__(self, env: Any, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.td: TensorDictBase | None = None
         self.stepped = False
-        self.state_keys: list | None = None  # what the root takes from "next": a spec'd env's reset keys
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
         self.rewards = list(getattr(env, "reward_keys", ["reward"]))
         self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *self.rewards]
@@ -224,8 +220,6 @@ class TensorDictRollout:
             self.td.set("step_count", torch.zeros(*self.env.batch_size, 1, dtype=torch.int64))
             if "truncated" not in self.td.keys():
                 self.td.set("truncated", torch.zeros_like(self.td.get("done")))
-        if hasattr(self.env, "full_observation_spec"):  # TorchRL's EnvBase: its state is what a reset gives
-            self.state_keys = [key for key in self.td.keys(True, True, is_leaf=_is_leaf_nontensor) if key != "_reset"]
 
     def probe(self, policy: StepPolicy) -> dict:
         """Call ``policy`` on a copy of the current state without stepping (checks a new policy)."""
@@ -270,7 +264,7 @@ class TensorDictRollout:
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The root of the next step: the next state, with finished envs reset."""
         root = td.exclude(*self.dropped).clone(False)  # its own nested TensorDicts: setting in them leaves td's
-        root.update(nxt.exclude(*self.rewards) if self.state_keys is None else nxt.select(*self.state_keys, strict=False))
+        root.update(nxt.exclude(*self.rewards))
         done = nxt.get("done")
         if not done.any():
             return root
