@@ -37,12 +37,18 @@ class BaseCollector:
         split_trajs: bool = False,
         postproc: Any = None,
         replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        post_collect_hook: Any = None,
     ) -> None:
         self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
         self.total_frames = checks.total_frames(total_frames)
         self.split_trajs = checks.boolean("split_trajs", split_trajs)
         self.postproc = checks.optional_callable("postproc", postproc)
         self.replay_buffer = checks.replay_buffer(replay_buffer)
+        self.extend_buffer = checks.boolean("extend_buffer", extend_buffer)
+        if not self.extend_buffer and self.replay_buffer is not None:
+            checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
+        self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
         self._frames = 0
         self._iter = 0
         self._iterator: Iterator | None = None
@@ -82,6 +88,8 @@ class BaseCollector:
             if self.postproc is not None:
                 batch = self.postproc(batch)
             batch = drop_private_keys(batch)
+            if self.post_collect_hook is not None:
+                self.post_collect_hook(batch)
             if self.replay_buffer is not None:
                 self._extend(batch)
                 yield None
@@ -89,8 +97,13 @@ class BaseCollector:
                 yield batch
 
     def _extend(self, batch: TensorDictBase) -> None:
-        """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is)."""
-        self.replay_buffer.extend(batch)
+        """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is, or
+        with ``extend_buffer=False`` step by step)."""
+        if self.extend_buffer:
+            self.replay_buffer.extend(batch)
+        else:
+            for step in batch.unbind(batch.batch_dims - 1):
+                self.replay_buffer.add(step)
 
     def next(self) -> TensorDictBase | None:
         """The next batch (None with a replay buffer); StopIteration when the run is complete."""

@@ -120,6 +120,69 @@ def optional_callable(name: str, value: Any) -> Any:
     return value
 
 
+def reset_when_done(value: Any) -> None:
+    """Envs are always reset when done; False is refused, as TorchRL refuses it."""
+    if value is not True:
+        raise ValueError(f"reset_when_done={value!r} is invalid; accepted: True (envs are reset when done, as in TorchRL)")
+
+
+def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:
+    if split_trajs and track_traj_ids is False:
+        raise ValueError("split_trajs=True needs track_traj_ids=True (trajectories are split by their ids)")
+
+
+def compile_kwargs(value: Any) -> dict | None:
+    """``compile_policy``: None/False (not compiled), True (``torch.compile``'s defaults) or its keyword arguments."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"compile_policy={value!r} is invalid; accepted: None, a bool or a dict of torch.compile arguments")
+    return dict(value)
+
+
+def policy_or_factory(policy: Any, policy_factory: Any) -> Any:
+    """The policy, built by ``policy_factory`` when one is given (not both, as in TorchRL)."""
+    if policy_factory is None:
+        return policy
+    if policy is not None:
+        raise TypeError("policy and policy_factory were both given; accepted: one of them")
+    if not callable(policy_factory):
+        raise TypeError(f"policy_factory={policy_factory!r} is not callable; accepted: None or a callable returning a policy")
+    return policy_factory()
+
+
+def worker_options(kwargs: dict, policy: Any, factories: list) -> None:
+    """Check, before any worker starts, the options each worker's ``Collector`` will check again."""
+    for name in ("set_truncated", "track_traj_ids", "compact_obs"):
+        boolean(name, kwargs[name])
+    reset_when_done(kwargs["reset_when_done"])
+    compile_kwargs(kwargs["compile_policy"])
+    for name in ("init_fn", "pre_collect_hook", "post_collect_hook"):
+        optional_callable(name, kwargs[name])
+    for i, factory in enumerate(factories):
+        if factory is not None and policy is not None:
+            raise TypeError("policy and policy_factory were both given; accepted: one of them")
+        optional_callable(f"policy_factory[{i}]", factory)
+
+
+def env_kwargs(value: Any, name: str = "create_env_kwargs") -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None or a dict of keyword arguments")
+    return value
+
+
+def step_by_step_buffer(buffer: Any, postproc: Any, split_trajs: bool) -> None:
+    """``extend_buffer=False`` adds steps one at a time: no whole batch for ``postproc``/``split_trajs``."""
+    if not callable(getattr(buffer, "add", None)):
+        raise TypeError(f"extend_buffer=False needs a replay_buffer with add(); {buffer!r} has none; accepted: extend_buffer=True")
+    if postproc is not None or split_trajs:
+        raise ValueError("extend_buffer=False adds each step to the replay buffer; accepted with it: postproc=None, split_trajs=False")
+
+
 def replay_buffer(value: Any) -> Any:
     if value is not None and not callable(getattr(value, "extend", None)):
         raise TypeError(
@@ -227,6 +290,13 @@ _COLLECTOR_KWARG_CHECKS = {
     "storing_device": device,
     "env_device": device,
     "policy_device": device,
+    "set_truncated": boolean,
+    "track_traj_ids": boolean,
+    "compact_obs": boolean,
+    "reset_when_done": lambda name, value: reset_when_done(value),
+    "compile_policy": lambda name, value: compile_kwargs(value),
+    "pre_collect_hook": optional_callable,
+    "post_collect_hook": optional_callable,
 }
 
 

@@ -9,7 +9,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
 from tensordict.utils import unravel_key
 
-from . import checks
+from . import batch_edits, checks
 from .base import BaseCollector
 from .envs import GymEnv, is_torchrl_env, make_env, with_step_counter
 from .policies import RandomPolicy, StepPolicy, run_device
@@ -46,6 +46,21 @@ class Collector(BaseCollector):
         track_policy_version: also write TorchRL's ``"policy_version"`` and ``("next",
             "policy_version")`` (int64, the batch's shape), as its ``PolicyVersion`` transform does:
             the version at each step, and at the root the version the observation came with.
+        create_env_kwargs: keyword arguments for ``create_env_fn`` (an env instance takes them only
+            if it has ``update_kwargs``, as TorchRL's batched envs).
+        policy_factory: called here to build the policy (instead of ``policy``).
+        set_truncated: mark the last step of every batch truncated (and done), as TorchRL does;
+            the env must have a ``"truncated"`` done key.
+        reset_when_done: True only (TorchRL refuses False too).
+        track_traj_ids: False: batches carry no ``("collector", "traj_ids")`` (then ``split_trajs``
+            cannot be used).
+        extend_buffer: False: the ``replay_buffer`` gets each step with ``add()`` rather than the
+            whole batch with ``extend()`` (then without ``postproc`` or ``split_trajs``).
+        compile_policy: True or ``torch.compile`` keyword arguments: the policy runs compiled.
+        compact_obs: drop ``("next", <observation>)`` entries, which the next step's root holds too
+            (rewards and done flags stay), as TorchRL does.
+        pre_collect_hook, post_collect_hook: called before each batch is collected, and with each
+            batch (after ``postproc``) before it is yielded or written to the replay buffer.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
 
@@ -71,13 +86,32 @@ class Collector(BaseCollector):
         replay_buffer: Any = None,
         exploration_type: Any = None,
         track_policy_version: bool = False,
+        create_env_kwargs: dict | None = None,
+        policy_factory: Any = None,
+        set_truncated: bool = False,
+        reset_when_done: bool = True,
+        track_traj_ids: bool = True,
+        extend_buffer: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer,
+            postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
+            post_collect_hook=post_collect_hook,
         )
+        checks.reset_when_done(reset_when_done)
+        self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
+        checks.split_needs_ids(self.split_trajs, self.track_traj_ids)
+        self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
+        self.compile_policy = checks.compile_kwargs(compile_policy)
+        set_truncated = checks.boolean("set_truncated", set_truncated)
+        compact_obs = checks.boolean("compact_obs", compact_obs)
+        policy = checks.policy_or_factory(policy, policy_factory)
         self.max_frames_per_traj = checks.max_frames_per_traj(max_frames_per_traj)
         self.init_random_frames = checks.init_random_frames(init_random_frames)
         self.reset_at_each_iter = checks.boolean("reset_at_each_iter", reset_at_each_iter)
@@ -86,7 +120,7 @@ class Collector(BaseCollector):
         self.track_policy_version = checks.boolean("track_policy_version", track_policy_version)
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
-        self.env = make_env(create_env_fn)
+        self.env = make_env(create_env_fn, checks.env_kwargs(create_env_kwargs))
         torchrl_env = is_torchrl_env(self.env)
         if self.max_frames_per_traj is not None:
             checks.no_step_counter(self.env, max_frames_per_traj)
@@ -99,8 +133,10 @@ class Collector(BaseCollector):
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
         self.frames_per_batch = self.steps_per_batch * envs
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
-            policy, self.devices["policy_device"], self.action_keys
+            policy, self.devices["policy_device"], self.action_keys, self.compile_policy
         )
+        self.truncated_keys = batch_edits.truncated_keys(self.env) if set_truncated else []
+        self.compact_keys = batch_edits.observation_keys(self.env) if compact_obs else []
         if (self.policy is None or self.init_random_frames) and not callable(getattr(self.env, "rand_action", None)):
             raise TypeError(
                 f"create_env_fn={create_env_fn!r} gave an env without rand_action(), which random actions "
@@ -145,6 +181,8 @@ class Collector(BaseCollector):
             return self._collect_locked()
 
     def _collect_locked(self) -> TensorDictBase:
+        if self.pre_collect_hook is not None:
+            self.pre_collect_hook()
         self._apply_pending_weights()
         if self.reset_at_each_iter and not self.rollout.fresh:
             self.rollout.invalidate()
@@ -156,6 +194,12 @@ class Collector(BaseCollector):
         if self.track_policy_version:
             self._set_torchrl_versions(batch, self.policy_version if fresh_obs else self._obs_version)
         self._obs_version = self.policy_version
+        if self.truncated_keys:
+            batch_edits.set_truncated(batch, self.truncated_keys)
+        if self.compact_keys:
+            batch = batch.exclude(*self.compact_keys)
+        if not self.track_traj_ids:
+            batch_edits.drop_traj_ids(batch)
         if self.devices["storing_device"] is not None:
             batch = batch.to(self.devices["storing_device"])
         return batch

@@ -225,17 +225,25 @@ class GymEnv:
         return f"GymEnv({self.env!r}, batch_size={list(self.batch_size)})"
 
 
-def make_env(create_env_fn: Any, argument: str = "create_env_fn") -> Any:
-    """Build an env from what a collector received: an env, a gymnasium id, or a callable returning one.
+def make_env(create_env_fn: Any, kwargs: dict | None = None, argument: str = "create_env_fn") -> Any:
+    """Build an env from what a collector received: an env, a gymnasium id, or a callable returning
+    one, called with ``kwargs`` (TorchRL's ``create_env_kwargs``).
 
     Classes and callables are called; only an instance with the env protocol is taken as an env
     (a TorchRL env is callable, an env class has ``reset``/``step`` attributes).
     """
-    env = create_env_fn
+    env, kwargs = create_env_fn, kwargs or {}
     if isinstance(env, str):
-        env = GymEnv(env)
+        env = GymEnv(env, **kwargs)
     elif isinstance(env, type) or (callable(env) and not _is_env(env)):
-        env = env()
+        env = env(**kwargs)
+    elif kwargs:
+        if not callable(getattr(env, "update_kwargs", None)):
+            raise ValueError(
+                f"create_env_kwargs={kwargs!r} cannot be given to the env instance {env!r}; accepted: an env "
+                "factory (or a TorchRL batched env, which takes them with update_kwargs)"
+            )
+        env.update_kwargs(kwargs)
     if isinstance(env, (gym.Env, VectorEnv)):
         env = GymEnv(env)
     if not _is_env(env):

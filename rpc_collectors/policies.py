@@ -58,9 +58,13 @@ class StepPolicy:
         policy: the user's policy (see module docstring); ``None`` is handled by the caller.
         device: where the policy runs; the policy is copied there if its weights live elsewhere.
         action_keys: the env's action keys, which the policy must write (TorchRL's ``env.action_keys``).
+        compile_kwargs: if not None, the policy runs through ``torch.compile(..., **compile_kwargs)``.
     """
 
-    def __init__(self, policy: Any, device: torch.device | None = None, action_keys: list | None = None) -> None:
+    def __init__(
+        self, policy: Any, device: torch.device | None = None, action_keys: list | None = None,
+        compile_kwargs: dict | None = None,
+    ) -> None:
         if not callable(policy):
             raise TypeError(
                 f"policy={policy!r} is not callable; accepted: a TensorDictModule, an nn.Module, "
@@ -86,6 +90,12 @@ class StepPolicy:
             self.method_kwargs = dict(self.td_module.method_kwargs or {})
             # in_keys given as {kwarg: key}: each tensor goes to its keyword, as TensorDictModule does
             self.kwarg_names = getattr(self.td_module, "_kwargs", None)
+        self.call = self.policy
+        if compile_kwargs is not None:  # the module's forward compiled; it keeps its weights (updates reach it)
+            if self.td_module is not None:
+                self.inner = torch.compile(self.inner, **compile_kwargs)
+            else:
+                self.call = torch.compile(self.policy, **compile_kwargs)
 
     @property
     def module(self) -> nn.Module | None:
@@ -107,7 +117,7 @@ class StepPolicy:
         td = inputs if isinstance(inputs, TensorDictBase) else TensorDict(dict(inputs), batch_size=batch_size)
         td_in = td.to(self.device) if self.device is not None else td
         in_keys = set(td_in.keys(include_nested=True, leaves_only=True)) if self.out_keys is None else None
-        result = self.policy(td_in)
+        result = self.call(td_in)
         result = td_in if result is None else result
         if self.out_keys is None:
             written = list(result.keys(True, True, is_leaf=_is_leaf_nontensor)) if isinstance(result, TensorDictBase) else []

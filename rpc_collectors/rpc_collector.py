@@ -84,6 +84,15 @@ class RPCCollector(CollectorFront):
             (``init_random_frames`` is shared out over the workers). Workers hand batches over in
             host memory; the trainer puts them on ``storing_device`` (from page-locked shared
             memory straight to a CUDA device, see :mod:`rpc_collectors.data_plane`).
+        create_env_kwargs: keyword arguments for ``create_env_fn``: a dict for every worker or a
+            list of dicts, one per worker.
+        policy_factory: a callable (or a list, one per worker) that builds the policy inside each
+            worker, instead of ``policy`` (policies that cannot be pickled, or must be built on
+            the worker's device); ``update_policy_weights_`` cannot reach these policies.
+        init_fn: called in each worker process before its env and policy are built.
+        set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs,
+        pre_collect_hook, post_collect_hook: as for ``Collector``, applied in each worker (the
+            hooks run there, on each worker's own batches).
 
     Sync batches and async batches carry ``("collector", "worker_id")``.
     """
@@ -123,12 +132,23 @@ class RPCCollector(CollectorFront):
         env_device: Any = None,
         policy_device: Any = None,
         replay_buffer: Any = None,
+        create_env_kwargs: dict | list | None = None,
+        policy_factory: Any = None,
+        init_fn: Any = None,
+        set_truncated: bool = False,
+        reset_when_done: bool = True,
+        track_traj_ids: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer,
         )
         self._closed = self._closing = True  # until the workers are up
+        checks.split_needs_ids(self.split_trajs, track_traj_ids)
         elastic = checks.boolean("elastic", elastic)
         join_timeout = checks.timeout("join_timeout", join_timeout)
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
@@ -140,7 +160,10 @@ class RPCCollector(CollectorFront):
                 max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                 reset_at_each_iter=reset_at_each_iter, device=device, storing_device=storing_device,
                 env_device=env_device, policy_device=policy_device, exploration_type=exploration_type,
-                track_policy_version=track_policy_version,
+                track_policy_version=track_policy_version, create_env_kwargs=create_env_kwargs,
+                policy_factory=policy_factory, init_fn=init_fn, set_truncated=set_truncated,
+                reset_when_done=reset_when_done, track_traj_ids=track_traj_ids, compile_policy=compile_policy,
+                compact_obs=compact_obs, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
             ),
         )
         self._open(checked, policy, functools.partial(_pool, checked))

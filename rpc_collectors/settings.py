@@ -28,8 +28,9 @@ from .worker import serve
 CAT_RESULTS = ("stack", 0, -1)
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
-    "split_trajs", "postproc", "replay_buffer",
+    "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
 }
+PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
 
 
 @dataclass
@@ -123,6 +124,8 @@ def check(
     if policy is not None and not callable(policy):
         StepPolicy(policy)  # raises the TypeError naming the argument
     kwargs = dict(worker_kwargs, frames_per_batch=worker_frames)
+    per_worker = {name: _per_worker(name, kwargs.pop(name), num_workers) for name in PER_WORKER}
+    checks.worker_options(kwargs, policy, per_worker["policy_factory"])
     kwargs["init_random_frames"] = -(-checks.init_random_frames(kwargs["init_random_frames"]) // num_workers)
     kwargs.update(_collector_kwargs(collector_kwargs))
     checks.max_frames_per_traj(kwargs["max_frames_per_traj"])
@@ -138,7 +141,7 @@ def check(
         weight_transport=weight_transport, max_worker_restarts=restarts, frames_per_batch=frames_per_batch,
         worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
         policy_device=devices["policy_device"], storing_device=devices["storing_device"],
-        specs=_specs(env_fns, policy, kwargs),
+        specs=_specs(env_fns, policy, kwargs, per_worker),
     )
 
 
@@ -184,11 +187,24 @@ def _collector_kwargs(collector_kwargs: dict | None) -> dict:
     return dict(collector_kwargs)
 
 
-def _specs(env_fns: list, policy: Any, kwargs: dict) -> list[bytes]:
+def _per_worker(name: str, value: Any, num_workers: int) -> list:
+    """``value`` for each worker: a list of one per worker, or one value for all."""
+    if not isinstance(value, (list, tuple)):
+        return [value] * num_workers
+    if len(value) != num_workers:
+        raise ValueError(f"{name} has {len(value)} entries for {num_workers} workers; accepted: one value, or one per worker")
+    return list(value)
+
+
+def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict) -> list[bytes]:
     """What each worker builds its collector from, pickled here so that failures name the argument."""
+    worker_kwargs = [dict(kwargs, **{name: values[i] for name, values in per_worker.items()}) for i in range(len(env_fns))]
     try:
-        return [cloudpickle.dumps((fn, policy, kwargs)) for fn in env_fns]
+        return [cloudpickle.dumps((fn, policy, kw)) for fn, kw in zip(env_fns, worker_kwargs)]
     except Exception:
-        for name, value in [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]:
+        named = [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]
+        named += [(f"{name}[{i}]", v) for name, values in per_worker.items() for i, v in enumerate(values)]
+        named += [(name, kwargs[name]) for name in ("init_fn", "pre_collect_hook", "post_collect_hook")]
+        for name, value in named:
             checks.picklable(name, value)
         raise

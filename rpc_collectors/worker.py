@@ -54,6 +54,9 @@ class WorkerState:
         """Trajectory ids are ``traj_id_start + k * num_workers`` (default start: ``worker_id``);
         ``address``: where the trainer reaches this process, for error messages."""
         create_env_fn, policy, kwargs = cloudpickle.loads(spec)
+        init_fn = kwargs.pop("init_fn", None)
+        if init_fn is not None:  # TorchRL's init_fn: run in the worker before its env and policy are built
+            init_fn()
         self.rank, self.address = rank, address
         start = worker_id if traj_id_start is None else traj_id_start
         self.collector = Collector(create_env_fn, policy, traj_id_start=start, traj_id_stride=num_workers, **kwargs)
