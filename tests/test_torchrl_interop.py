@@ -549,3 +549,33 @@ def test_multi_worker_batches_report_device_as_torchrls(device):
     with MultiSyncCollector([pendulum] * 2, None, frames_per_batch=20, total_frames=20, device=device) as c:
         batch = c.next()
     assert batch.device == (None if device is None else torch.device(device))
+
+
+# ------------------------------------------------------------------ 8. issue 18: TorchRL's arguments, compared with its Collector
+def torchrl_and_our_keys(make_env, **kwargs) -> list[set]:
+    keys = []
+    for cls in (trl_collectors.Collector, Collector):
+        batch = cls(make_env, None, frames_per_batch=8, total_frames=8, **kwargs).next()
+        keys.append(set(batch.keys(True, True)) - {VERSION})
+    return keys
+
+
+@pytest.mark.parametrize("kwargs", [dict(compact_obs=True), dict(track_traj_ids=False), dict(set_truncated=True)])
+def test_batch_options_give_torchrls_keys(kwargs):
+    theirs, ours = torchrl_and_our_keys(tracked_pendulum, **kwargs)
+    assert ours == theirs
+
+
+def test_set_truncated_on_a_torchrl_env_as_torchrl():
+    for cls in (trl_collectors.Collector, Collector):
+        batch = cls(plain_pendulum, None, frames_per_batch=8, total_frames=8, set_truncated=True).next()
+        assert batch.get(("next", "truncated"))[-1].all() and batch.get(("next", "done"))[-1].all()
+        assert not batch.get(("next", "truncated"))[:-1].any()
+    with pytest.raises(ValueError, match="set_truncated=True needs a 'truncated' done key"):
+        Collector(mocks.CountingEnv, None, frames_per_batch=8, set_truncated=True)
+
+
+def test_create_env_kwargs_of_a_torchrl_env_class():
+    for cls in (trl_collectors.Collector, Collector):
+        collector = cls(mocks.CountingEnv, None, frames_per_batch=12, total_frames=12, create_env_kwargs={"batch_size": (3,)})
+        assert collector.next().shape == (3, 4)
