@@ -218,6 +218,43 @@ def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: A
     }
 
 
+def worker_devices_of(device_: Any, storing_device: Any, env_device: Any, policy_device: Any, num_workers: int) -> dict:
+    """The four device arguments of a multi-worker collector, each one device or TorchRL's list of one
+    per worker: ``policy_device`` per worker (a list if they differ), and the trainer's
+    ``storing_device`` (the workers' common one; the CPU if they differ, as TorchRL gathers them there)."""
+    def per_worker(value: Any) -> list:
+        return list(value) if isinstance(value, (list, tuple)) else [value] * num_workers
+
+    resolved = [devices(*values) for values in zip(*map(per_worker, (device_, storing_device, env_device, policy_device)))]
+    storing = {d["storing_device"] for d in resolved}
+    policy = [d["policy_device"] for d in resolved]
+    return {
+        "storing_device": storing.pop() if len(storing) == 1 else torch.device("cpu"),
+        "policy_device": policy[0] if len(set(policy)) == 1 else policy,
+    }
+
+
+def frames_total(value: Any) -> Any:
+    """``frames_per_batch`` of a whole batch: TorchRL's list of one per worker adds up."""
+    if isinstance(value, (list, tuple)):
+        return sum(positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value))
+    return value
+
+
+def frames_per_worker(value: Any, num_workers: int, sync: bool, cat_results: Any) -> list[int]:
+    """TorchRL's ``frames_per_batch`` list: one positive int per worker; in sync mode batches of
+    different lengths cannot be stacked (TorchRL's cannot either): concatenated along time only."""
+    frames = [positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value)]
+    if len(frames) != num_workers:
+        raise ValueError(f"frames_per_batch has {len(frames)} entries for {num_workers} workers; accepted: one per worker")
+    if sync and len(set(frames)) > 1 and cat_results != -1:
+        raise ValueError(
+            f"frames_per_batch={frames} gives the workers batches of different lengths, which cat_results="
+            f"{cat_results!r} cannot combine; accepted: cat_results=-1 (concatenated along time), or equal frames"
+        )
+    return frames
+
+
 def exploration_type(value: Any, name: str = "exploration_type") -> InteractionType:
     """TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) or its name; None: RANDOM."""
     if value is None:
@@ -263,12 +300,13 @@ def worker_devices(worker_ids: Any, devices: list[torch.device]) -> list[int] | 
     return [i for i, d in enumerate(devices) if _canonical(d) in wanted]
 
 
-def worker_ids(value: Any, num_workers: int, device: torch.device) -> list[int]:
+def worker_ids(value: Any, num_workers: int, device: torch.device | list) -> list[int]:
     """``worker_ids`` of ``update_policy_weights_``: None (all), ids in ``0..num_workers - 1``, or
-    TorchRL's form, the ``torch.device`` where the workers' policy runs (every worker's is ``device``)."""
+    TorchRL's form, the ``torch.device`` where the workers' policy runs (``device``: every worker's,
+    or a list of one per worker)."""
     if value is None:
         return list(range(num_workers))
-    on_device = worker_devices(value, [device] * num_workers)
+    on_device = worker_devices(value, device if isinstance(device, list) else [device] * num_workers)
     if on_device is not None:
         if not on_device:
             raise ValueError(f"worker_ids={value!r}: no worker runs its policy there; the workers' policy device is {device}")

@@ -36,7 +36,9 @@ class RPCCollector(CollectorFront):
         policy: as for :class:`~rpc_collectors.Collector`; each worker gets a copy, and
             ``update_policy_weights_`` pushes the trainer's current weights to them.
         frames_per_batch: frames per batch; in sync mode split over the workers, rounded
-            up with a warning when it does not divide evenly (as TorchRL does).
+            up with a warning when it does not divide evenly (as TorchRL does). TorchRL's list of
+            one per worker sets each worker's own (sync batches of different lengths need
+            ``cat_results=-1``).
         total_frames: frames in the whole run, -1 for endless.
         num_collectors: number of workers when ``create_env_fn`` is not a list (local and debug
             launchers); under torchrun/SLURM it must be None or ``WORLD_SIZE - 1``.
@@ -80,7 +82,9 @@ class RPCCollector(CollectorFront):
             else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
             ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
         max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs, postproc,
-        device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``
+        device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
+            device may be TorchRL's list of one per worker (the trainer stores batches on the
+            workers' common storing device, or on the CPU if they differ, as TorchRL does)
             (``init_random_frames`` is shared out over the workers). Workers hand batches over in
             host memory; the trainer puts them on ``storing_device`` (from page-locked shared
             memory straight to a CUDA device, see :mod:`rpc_collectors.data_plane`).
@@ -104,7 +108,7 @@ class RPCCollector(CollectorFront):
         create_env_fn: Any,
         policy: Any = None,
         *,
-        frames_per_batch: int,
+        frames_per_batch: int | list[int],
         total_frames: int = -1,
         num_collectors: int | None = None,
         sync: bool = True,
@@ -143,8 +147,9 @@ class RPCCollector(CollectorFront):
         pre_collect_hook: Any = None,
         post_collect_hook: Any = None,
     ) -> None:
+        frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
         super().__init__(
-            frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
+            frames_per_batch=checks.frames_total(frames_per_batch), total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer,
         )
         self._closed = self._closing = True  # until the workers are up
@@ -160,7 +165,7 @@ class RPCCollector(CollectorFront):
                 max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                 reset_at_each_iter=reset_at_each_iter, device=device, storing_device=storing_device,
                 env_device=env_device, policy_device=policy_device, exploration_type=exploration_type,
-                track_policy_version=track_policy_version, create_env_kwargs=create_env_kwargs,
+                track_policy_version=track_policy_version, frames_per_batch=frames_list, create_env_kwargs=create_env_kwargs,
                 policy_factory=policy_factory, init_fn=init_fn, set_truncated=set_truncated,
                 reset_when_done=reset_when_done, track_traj_ids=track_traj_ids, compile_policy=compile_policy,
                 compact_obs=compact_obs, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,

@@ -31,6 +31,7 @@ COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
 }
 PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
+DEVICES = ("device", "storing_device", "env_device", "policy_device")
 
 
 @dataclass
@@ -52,9 +53,9 @@ class Settings:
     weight_transport: str
     max_worker_restarts: int
     frames_per_batch: int  # of the collector: in sync mode a multiple of the workers
-    worker_frames: int  # of each worker's batch
+    worker_frames: int  # of each worker's batch (the largest, when each worker has its own)
     exploration_type: Any
-    policy_device: torch.device | None
+    policy_device: torch.device | list | None  # a list: one per worker
     storing_device: torch.device | None
     specs: list[bytes]  # what each worker builds its collector from
 
@@ -116,7 +117,11 @@ def check(
     if elastic:
         checks.elastic(weight_transport, backend)
     restarts = checks.max_worker_restarts(max_worker_restarts, launcher, weight_transport, backend)
-    if sync:
+    frames_list = worker_kwargs.pop("frames_per_batch")  # TorchRL's list of one per worker, or None
+    if frames_list is not None:
+        frames_list = checks.frames_per_worker(frames_list, num_workers, sync, cat_results)
+        worker_frames, frames_per_batch = max(frames_list), sum(frames_list)
+    elif sync:
         worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers, "workers")
         frames_per_batch = worker_frames * num_workers
     else:
@@ -125,6 +130,11 @@ def check(
         StepPolicy(policy)  # raises the TypeError naming the argument
     kwargs = dict(worker_kwargs, frames_per_batch=worker_frames)
     per_worker = {name: _per_worker(name, kwargs.pop(name), num_workers) for name in PER_WORKER}
+    if frames_list is not None:
+        per_worker["frames_per_batch"] = frames_list
+    for name in DEVICES:  # TorchRL's list of one device per worker
+        if isinstance(kwargs[name], (list, tuple)):
+            per_worker[name] = _per_worker(name, kwargs.pop(name), num_workers)
     checks.worker_options(kwargs, policy, per_worker["policy_factory"])
     kwargs["init_random_frames"] = -(-checks.init_random_frames(kwargs["init_random_frames"]) // num_workers)
     kwargs.update(_collector_kwargs(collector_kwargs))
@@ -132,8 +142,9 @@ def check(
     checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
     checks.boolean("track_policy_version", kwargs["track_policy_version"])
     kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
-    devices = checks.devices(kwargs["device"], kwargs["storing_device"], kwargs["env_device"], kwargs["policy_device"])
+    devices = checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
     kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
+    per_worker.pop("storing_device", None)
     return Settings(
         launcher=launcher, rdv=rdv, elastic=elastic, join_timeout=join_timeout, num_workers=num_workers, sync=sync,
         cat_results=cat_results, num_threads=num_threads, backend=backend, rpc_timeout=rpc_timeout,

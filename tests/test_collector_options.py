@@ -233,3 +233,45 @@ def test_compile_policy_runs_the_policy_compiled():
     assert COMPILED and torch.equal(batch.get("action"), policy(batch.get("observation")))
     with pytest.raises(TypeError, match="compile_policy='yes' is invalid"):
         Collector(cartpole, policy, frames_per_batch=8, compile_policy="yes")
+
+
+# ------------------------------------------------------------------ per-worker frames_per_batch and devices
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_frames_per_batch_list_gives_each_worker_its_own():
+    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=24, cat_results=-1) as c:
+        batches = list(c)
+    assert [b.shape for b in batches] == [(12,), (12,)]
+    assert batches[0].get(("collector", "worker_id")).tolist() == [0] * 4 + [1] * 8
+    with MultiAsyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=40) as c:
+        sizes = {int(b.get(("collector", "worker_id"))[0]): b.numel() for b in c}
+    assert sizes == {0: 4, 1: 8}
+
+
+def test_frames_per_batch_list_is_checked_before_workers_start():
+    with pytest.raises(ValueError, match="frames_per_batch has 3 entries for 2 workers"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 4, 4], cat_results=-1)
+    with pytest.raises(ValueError, match=r"cat_results='stack' cannot combine; accepted: cat_results=-1"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8])
+    with pytest.raises(ValueError, match=r"frames_per_batch\[1\]=0 is invalid"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 0])
+
+
+class DevicePolicy:
+    """Action 0; records whether the TensorDict it was given has a device (it has one where policy_device is set)."""
+
+    def __call__(self, td):
+        td.set("action", torch.zeros(td.batch_size, dtype=torch.int64))
+        td.set("given_device", torch.full(td.batch_size, td.device is not None))
+        return td
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_device_lists_give_each_worker_its_own():
+    with MultiSyncCollector([cartpole] * 2, DevicePolicy(), frames_per_batch=8, total_frames=8,
+                            policy_device=[None, "cpu"]) as c:
+        batch = c.next()
+    assert [bool(lane.get("given_device").all()) for lane in batch.unbind(0)] == [False, True]
+    with pytest.raises(ValueError, match="policy_device has 3 entries for 2 workers"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8, policy_device=["cpu"] * 3)
