@@ -6,15 +6,17 @@ its array methods (``reset_arrays`` / ``step_arrays``), which skip per-step Tens
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 
 ObsDict = dict  # {key or key tuple: np.ndarray}
+PARTIAL_RESETS = (SyncVectorEnv, AsyncVectorEnv)  # vector envs that reset some of their envs (reset_mask)
 
 
 def _obs_keys(space: gym.Space) -> list:
@@ -47,6 +49,13 @@ def check_env_id(env_id: str, argument: str) -> None:
         ) from err
 
 
+def _scatter(ids: np.ndarray, rows: np.ndarray, num_envs: int) -> np.ndarray:
+    """``rows`` placed at ``ids`` of an array of ``num_envs`` rows (the others zero)."""
+    out = np.zeros((num_envs, *rows.shape[1:]), rows.dtype)
+    out[ids] = rows
+    return out
+
+
 def _where(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Rows of ``a`` where ``mask`` (one entry per env) is True, else rows of ``b``."""
     return np.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
@@ -64,7 +73,11 @@ class GymEnv:
 
     Vector envs step in ``AutoresetMode.DISABLED`` (those built here) or ``SAME_STEP`` mode, so
     ``("next", "observation")`` is always the true final observation of an episode. Both reset
-    single envs on request (``reset_arrays(mask)``, ``reset(td)`` with ``td["_reset"]``).
+    single envs on request (``reset_arrays(mask)``, ``reset(td)`` with ``td["_reset"]``). In
+    ``NEXT_STEP`` mode (gymnasium's default, and EnvPool's) the collector resets a finished env
+    itself, before the env would spend its next step on the reset, so no reset is ever recorded
+    as a transition; that needs partial resets, which gymnasium's ``SyncVectorEnv`` and
+    ``AsyncVectorEnv`` (``reset_mask``) and EnvPool (``env_id``) have.
     """
 
     def __init__(
@@ -97,11 +110,13 @@ class GymEnv:
         self.is_vector = isinstance(env, VectorEnv)
         if self.is_vector:
             mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-            if mode == AutoresetMode.NEXT_STEP:
+            self._reset_by_id = "env_id" in inspect.signature(env.reset).parameters  # EnvPool
+            if mode == AutoresetMode.NEXT_STEP and not (isinstance(env.unwrapped, PARTIAL_RESETS) or self._reset_by_id):
                 raise ValueError(
-                    "GymEnv: vector env in autoreset_mode NEXT_STEP is not accepted (its reset steps "
-                    "are not transitions); build it with vector_kwargs={'autoreset_mode': "
-                    "AutoresetMode.DISABLED} or SAME_STEP"
+                    f"GymEnv: the vector env {env!r} autoresets in NEXT_STEP mode and offers no partial reset, "
+                    "so a finished env would spend its next step on a reset that is not a transition; accepted: "
+                    "gymnasium's SyncVectorEnv or AsyncVectorEnv (any mode), EnvPool envs "
+                    "(envpool.make_gymnasium), or another vector env in DISABLED or SAME_STEP autoreset mode"
                 )
             self.autoreset_mode = mode
             self.num_envs = env.num_envs
@@ -109,11 +124,12 @@ class GymEnv:
             self.observation_space = env.single_observation_space
             self.action_space = env.single_action_space
         else:
-            self.autoreset_mode = None
+            self.autoreset_mode, self._reset_by_id = None, False
             self.num_envs = 1
             self.batch_size = torch.Size([])
             self.observation_space = env.observation_space
             self.action_space = env.action_space
+        self._space_of_one = self.is_vector and env.action_space == self.action_space
         _check_space(self.observation_space, "observation")
         _check_space(self.action_space, "action")
         self.one_hot = isinstance(self.action_space, gym.spaces.Discrete) and not categorical_action_encoding
@@ -144,6 +160,10 @@ class GymEnv:
                 return pending
             fresh = self._obs_dict(self.env.reset(seed=seed, options={"reset_mask": rest})[0])
             return {key: _where(rest, fresh[key], value) for key, value in pending.items()}
+        if self._reset_by_id:  # EnvPool: the observations of the reset envs only
+            ids = np.flatnonzero(mask)
+            fresh = self._obs_dict(self.env.reset(ids)[0])
+            return {key: _scatter(ids, value, self.num_envs) for key, value in fresh.items()}
         obs, _ = self.env.reset(seed=seed, options={"reset_mask": mask})
         return self._obs_dict(obs)
 
@@ -174,7 +194,11 @@ class GymEnv:
 
     def sample_action(self) -> torch.Tensor:
         """One random action for every env, as a tensor in this env's action encoding."""
-        sample = torch.as_tensor(np.asarray(self.env.action_space.sample()))
+        space = self.env.action_space
+        if self._space_of_one:  # EnvPool: a vector env whose action_space is one env's
+            sample = torch.as_tensor(np.stack([space.sample() for _ in range(self.num_envs)]))
+        else:
+            sample = torch.as_tensor(np.asarray(space.sample()))
         if self.one_hot:
             sample = torch.nn.functional.one_hot(sample, int(self.action_space.n))
         return sample

@@ -579,3 +579,38 @@ def test_create_env_kwargs_of_a_torchrl_env_class():
     for cls in (trl_collectors.Collector, Collector):
         collector = cls(mocks.CountingEnv, None, frames_per_batch=12, total_frames=12, create_env_kwargs={"batch_size": (3,)})
         assert collector.next().shape == (3, 4)
+
+
+# ------------------------------------------------------------------ 9. issue 18, point 12: EnvPool (NEXT_STEP autoreset)
+def envpool_env(name: str, num_envs: int) -> rpc_collectors.GymEnv:
+    import envpool
+
+    with warnings.catch_warnings():  # EnvPool's CartPole space has float64 bounds, which gymnasium warns about
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+        return rpc_collectors.GymEnv(envpool.make_gymnasium(name, num_envs=num_envs))
+
+
+def test_envpool_env_never_records_a_reset_as_a_transition():
+    """EnvPool autoresets a finished env on its next step; the collector resets it first (by env_id),
+    so every CartPole transition has reward 1 and each new trajectory starts from a reset."""
+    env = envpool_env("CartPole-v1", 3)
+    with Collector(env, None, frames_per_batch=300, total_frames=300) as c:
+        batch = c.next()
+    assert (batch.get(("next", "reward")) == 1).all()
+    done = batch.get(("next", "done")).squeeze(-1)
+    assert done.sum() >= 3
+    after_done = batch.get("observation")[:, 1:][done[:, :-1]]
+    assert after_done.abs().max() <= 0.05  # CartPole's reset state
+    cont = ~done[:, :-1]
+    assert torch.equal(batch.get("observation")[:, 1:][cont], batch.get(("next", "observation"))[:, :-1][cont])
+
+
+def envpool_pong():
+    return envpool_env("Pong-v5", 2)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_envpool_atari_in_workers():
+    with MultiSyncCollector([envpool_pong] * 2, None, frames_per_batch=64, total_frames=64) as c:
+        batch = c.next()
+    assert batch.shape == (2, 2, 16) and batch.get("observation").shape[-3:] == (4, 84, 84)
