@@ -126,9 +126,18 @@ def reset_when_done(value: Any) -> None:
         raise ValueError(f"reset_when_done={value!r} is invalid; accepted: True (envs are reset when done, as in TorchRL)")
 
 
+def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool) -> str:
+    """``traj_format`` of ``trajs_per_batch`` batches: ``"padded"`` (default, TorchRL 0.14's) or ``"cat"``."""
+    if value is not None and trajs_per_batch is None:
+        raise ValueError(f"traj_format={value!r} needs trajs_per_batch; accepted without it: None")
+    if trajs_per_batch is not None and split_trajs:
+        raise ValueError("trajs_per_batch yields whole trajectories; accepted with it: split_trajs=False")
+    return choice("traj_format", "padded" if value is None else value, ("padded", "cat"))
+
+
 def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:
     if split_trajs and track_traj_ids is False:
-        raise ValueError("split_trajs=True needs track_traj_ids=True (trajectories are split by their ids)")
+        raise ValueError("split_trajs=True and trajs_per_batch need track_traj_ids=True (trajectories are told apart by their ids)")
 
 
 def compile_kwargs(value: Any) -> dict | None:

@@ -61,6 +61,10 @@ class Collector(BaseCollector):
             (rewards and done flags stay), as TorchRL does.
         pre_collect_hook, post_collect_hook: called before each batch is collected, and with each
             batch (after ``postproc``) before it is yielded or written to the replay buffer.
+        trajs_per_batch: yield batches of this many whole trajectories (``frames_per_batch`` is then
+            the step of collection), trajectories in flight held back, as TorchRL does: ``[n, T_max]``
+            zero-padded with ``("collector", "mask")`` (``traj_format="padded"``) or ``[sum T_i]``
+            (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it ends.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
 
@@ -96,17 +100,19 @@ class Collector(BaseCollector):
         compact_obs: bool = False,
         pre_collect_hook: Any = None,
         post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
-            post_collect_hook=post_collect_hook,
+            post_collect_hook=post_collect_hook, trajs_per_batch=trajs_per_batch, traj_format=traj_format,
         )
         checks.reset_when_done(reset_when_done)
         self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
-        checks.split_needs_ids(self.split_trajs, self.track_traj_ids)
+        checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, self.track_traj_ids)
         self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
         self.compile_policy = checks.compile_kwargs(compile_policy)
         set_truncated = checks.boolean("set_truncated", set_truncated)
@@ -176,6 +182,9 @@ class Collector(BaseCollector):
         self.rollout.policy_zeros = {key: torch.zeros_like(value) for key, value in outputs}
 
     # ------------------------------------------------------------------ collection
+    def _discards_in_flight(self) -> bool:
+        return self.reset_at_each_iter
+
     def _collect_batch(self) -> TensorDictBase:
         with self._busy:
             return self._collect_locked()

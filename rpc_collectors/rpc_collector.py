@@ -97,6 +97,8 @@ class RPCCollector(CollectorFront):
         set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs,
         pre_collect_hook, post_collect_hook: as for ``Collector``, applied in each worker (the
             hooks run there, on each worker's own batches).
+        trajs_per_batch, traj_format: as for ``Collector``; the trainer assembles the trajectories
+            from all workers' batches.
 
     Sync batches and async batches carry ``("collector", "worker_id")``.
     """
@@ -146,14 +148,16 @@ class RPCCollector(CollectorFront):
         compact_obs: bool = False,
         pre_collect_hook: Any = None,
         post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
     ) -> None:
         frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
         super().__init__(
             frames_per_batch=checks.frames_total(frames_per_batch), total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer,
+            postproc=postproc, replay_buffer=replay_buffer, trajs_per_batch=trajs_per_batch, traj_format=traj_format,
         )
         self._closed = self._closing = True  # until the workers are up
-        checks.split_needs_ids(self.split_trajs, track_traj_ids)
+        checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, track_traj_ids)
         elastic = checks.boolean("elastic", elastic)
         join_timeout = checks.timeout("join_timeout", join_timeout)
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)

@@ -121,9 +121,9 @@ def test_set_truncated_marks_the_last_step_of_each_batch(workers, request):
 def test_track_traj_ids_false_leaves_the_ids_out():
     batch = Collector(cartpole, None, frames_per_batch=8, total_frames=8, track_traj_ids=False).next()
     assert TRAJ not in batch.keys(True) and ("next", "done") in batch.keys(True)
-    with pytest.raises(ValueError, match="split_trajs=True needs track_traj_ids=True"):
+    with pytest.raises(ValueError, match="split_trajs=True and trajs_per_batch need track_traj_ids=True"):
         Collector(cartpole, None, frames_per_batch=8, split_trajs=True, track_traj_ids=False)
-    with pytest.raises(ValueError, match="split_trajs=True needs track_traj_ids=True"):
+    with pytest.raises(ValueError, match="split_trajs=True and trajs_per_batch need track_traj_ids=True"):
         MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8, split_trajs=True, track_traj_ids=False)
 
 
@@ -275,3 +275,50 @@ def test_device_lists_give_each_worker_its_own():
     assert [bool(lane.get("given_device").all()) for lane in batch.unbind(0)] == [False, True]
     with pytest.raises(ValueError, match="policy_device has 3 entries for 2 workers"):
         MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8, policy_device=["cpu"] * 3)
+
+
+# ------------------------------------------------------------------ trajs_per_batch
+def count_env() -> GymEnv:
+    return GymEnv("CountEnv-v0", num_envs=2)  # episodes of 3, 5, 2 steps; observation [t, episode, action]
+
+
+def assert_whole_trajectories(batch) -> None:
+    """Each row one whole trajectory: from a reset (t = 0) to its done step, one episode."""
+    mask = batch.get(("collector", "mask"))
+    for row, valid in zip(batch.unbind(0), mask):
+        steps = row[valid]
+        t, episode = steps.get("observation")[:, 0], steps.get("observation")[:, 1]
+        assert t.tolist() == list(range(len(steps))) and len(steps) in (2, 3, 5)
+        assert (episode == episode[0]).all()
+        done = steps.get(("next", "done")).squeeze(-1)
+        assert done[-1] and not done[:-1].any()
+
+
+def test_trajs_per_batch_yields_whole_trajectories():
+    collector = Collector(count_env, None, frames_per_batch=4, total_frames=60, trajs_per_batch=3)
+    batches = list(collector)
+    assert len(batches) >= 5 and all(b.shape[0] == 3 for b in batches)
+    for batch in batches:
+        assert_whole_trajectories(batch)
+    cat = Collector(count_env, None, frames_per_batch=4, total_frames=20, trajs_per_batch=2, traj_format="cat").next()
+    assert cat.batch_dims == 1 and int(cat.get(("next", "done")).sum()) == 2 and bool(cat.get(("next", "done"))[-1])
+
+
+def test_trajs_per_batch_writes_each_trajectory_flat_into_a_replay_buffer():
+    rb = RecordingBuffer()
+    list(Collector(count_env, None, frames_per_batch=4, total_frames=40, trajs_per_batch=3, replay_buffer=rb))
+    assert rb.calls and all(kind == "extend" and len(shape) == 1 for kind, shape in rb.calls)
+    with pytest.raises(ValueError, match="trajs_per_batch yields whole trajectories; accepted with it: split_trajs=False"):
+        Collector(count_env, None, frames_per_batch=4, trajs_per_batch=3, split_trajs=True)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_trajs_per_batch_from_workers():
+    with MultiSyncCollector([count_env] * 2, None, frames_per_batch=8, total_frames=80, trajs_per_batch=4) as c:
+        batches = list(c)
+    assert batches and all(b.shape[0] == 4 for b in batches)
+    for batch in batches:
+        assert_whole_trajectories(batch)
+    workers = torch.cat([b.get(("collector", "worker_id"))[:, 0] for b in batches])
+    assert set(workers.tolist()) == {0, 1}
