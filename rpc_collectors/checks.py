@@ -114,6 +114,12 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
+def optional_boolean(name: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None, True or False")
+    return value
+
+
 def optional_callable(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name}={value!r} is not callable; accepted: None or a callable")
@@ -168,6 +174,7 @@ def worker_options(kwargs: dict, policy: Any, factories: list) -> None:
         boolean(name, kwargs[name])
     reset_when_done(kwargs["reset_when_done"])
     compile_kwargs(kwargs["compile_policy"])
+    optional_boolean("auto_register_policy_transforms", kwargs["auto_register_policy_transforms"])
     for name in ("init_fn", "pre_collect_hook", "post_collect_hook"):
         optional_callable(name, kwargs[name])
     for i, factory in enumerate(factories):
@@ -343,6 +350,7 @@ _COLLECTOR_KWARG_CHECKS = {
     "reset_when_done": lambda name, value: reset_when_done(value),
     "compile_policy": lambda name, value: compile_kwargs(value),
     "pre_collect_hook": optional_callable,
+    "auto_register_policy_transforms": optional_boolean,
     "post_collect_hook": optional_callable,
 }
 

@@ -11,7 +11,7 @@ from tensordict.utils import unravel_key
 
 from . import batch_edits, checks
 from .base import BaseCollector
-from .envs import GymEnv, is_torchrl_env, make_env, with_step_counter
+from .envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
 from .policies import RandomPolicy, StepPolicy, run_device
 from .rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from .trajectories import TrajectoryIds
@@ -65,6 +65,9 @@ class Collector(BaseCollector):
             the step of collection), trajectories in flight held back, as TorchRL does: ``[n, T_max]``
             zero-padded with ``("collector", "mask")`` (``traj_format="padded"``) or ``[sum T_i]``
             (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it ends.
+        auto_register_policy_transforms: True: a TorchRL env gets the transforms a recurrent
+            policy needs (``InitTracker``, ``TensorDictPrimer``) if it lacks them; None (TorchRL
+            0.14's default): a ``FutureWarning`` says they lack; False: nothing.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
 
@@ -102,6 +105,7 @@ class Collector(BaseCollector):
         post_collect_hook: Any = None,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
+        auto_register_policy_transforms: bool | None = None,
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
     ) -> None:
@@ -117,6 +121,7 @@ class Collector(BaseCollector):
         self.compile_policy = checks.compile_kwargs(compile_policy)
         set_truncated = checks.boolean("set_truncated", set_truncated)
         compact_obs = checks.boolean("compact_obs", compact_obs)
+        register_transforms = checks.optional_boolean("auto_register_policy_transforms", auto_register_policy_transforms)
         policy = checks.policy_or_factory(policy, policy_factory)
         self.max_frames_per_traj = checks.max_frames_per_traj(max_frames_per_traj)
         self.init_random_frames = checks.init_random_frames(init_random_frames)
@@ -132,6 +137,7 @@ class Collector(BaseCollector):
             checks.no_step_counter(self.env, max_frames_per_traj)
             if torchrl_env:  # as TorchRL's collectors: the env counts its steps
                 self.env = with_step_counter(self.env, self.max_frames_per_traj)
+        self.env = with_policy_transforms(self.env, policy, register_transforms)
         self.action_keys = list(self.env.action_keys) if torchrl_env else ["action"]
         if callable(getattr(policy, "set_action_spec_from_env", None)):  # TorchRL's RandomPolicy() without a spec
             policy.set_action_spec_from_env(self.env)

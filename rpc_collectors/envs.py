@@ -7,6 +7,7 @@ its array methods (``reset_arrays`` / ``step_arrays``), which skip per-step Tens
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -298,3 +299,30 @@ def with_step_counter(env: Any, max_steps: int) -> Any:
     from torchrl.envs import StepCounter, TransformedEnv  # a TorchRL env: TorchRL is installed
 
     return TransformedEnv(env, StepCounter(max_steps=max_steps))
+
+
+def with_policy_transforms(env: Any, policy: Any, register: bool | None) -> Any:
+    """TorchRL's ``auto_register_policy_transforms``: True appends the transforms a recurrent policy
+    needs (``InitTracker``, ``TensorDictPrimer``) to the TorchRL env if it lacks them; None leaves
+    the env as it is and warns when they lack (TorchRL 0.14's default); False leaves it silently."""
+    if register is False or policy is None:
+        return env
+    if not is_torchrl_env(env):
+        if register:
+            raise ValueError(
+                f"auto_register_policy_transforms=True appends TorchRL transforms, which need a TorchRL env, not {env!r}; "
+                "accepted with this env: None or False"
+            )
+        return env
+    from torchrl.modules.utils.utils import _compute_missing_env_transforms, _maybe_append_env_transforms_from_module
+
+    if register:
+        return _maybe_append_env_transforms_from_module(env, policy)
+    missing = _compute_missing_env_transforms(env, policy)
+    if missing:
+        warnings.warn(
+            f"the env lacks transforms the policy needs ({', '.join(type(t).__name__ for t in missing)}); pass "
+            "auto_register_policy_transforms=True to append them (TorchRL 0.15's default), or False to silence this",
+            FutureWarning, stacklevel=3,
+        )
+    return env

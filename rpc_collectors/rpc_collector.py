@@ -84,8 +84,8 @@ class RPCCollector(CollectorFront):
         max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs, postproc,
         device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
             device may be TorchRL's list of one per worker (the trainer stores batches on the
-            workers' common storing device, or on the CPU if they differ, as TorchRL does)
-            (``init_random_frames`` is shared out over the workers). Workers hand batches over in
+            workers' common storing device, or on the CPU if they differ, as TorchRL does);
+            ``init_random_frames`` is shared out over the workers. Workers hand batches over in
             host memory; the trainer puts them on ``storing_device`` (from page-locked shared
             memory straight to a CUDA device, see :mod:`rpc_collectors.data_plane`).
         create_env_kwargs: keyword arguments for ``create_env_fn``: a dict for every worker or a
@@ -95,8 +95,8 @@ class RPCCollector(CollectorFront):
             the worker's device); ``update_policy_weights_`` cannot reach these policies.
         init_fn: called in each worker process before its env and policy are built.
         set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs,
-        pre_collect_hook, post_collect_hook: as for ``Collector``, applied in each worker (the
-            hooks run there, on each worker's own batches).
+        auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
+            ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
         trajs_per_batch, traj_format: as for ``Collector``; the trainer assembles the trajectories
             from all workers' batches.
 
@@ -150,6 +150,7 @@ class RPCCollector(CollectorFront):
         post_collect_hook: Any = None,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
+        auto_register_policy_transforms: bool | None = None,
     ) -> None:
         frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
         super().__init__(
@@ -173,6 +174,7 @@ class RPCCollector(CollectorFront):
                 policy_factory=policy_factory, init_fn=init_fn, set_truncated=set_truncated,
                 reset_when_done=reset_when_done, track_traj_ids=track_traj_ids, compile_policy=compile_policy,
                 compact_obs=compact_obs, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
+                auto_register_policy_transforms=auto_register_policy_transforms,
             ),
         )
         self._open(checked, policy, functools.partial(_pool, checked))

@@ -614,3 +614,26 @@ def test_envpool_atari_in_workers():
     with MultiSyncCollector([envpool_pong] * 2, None, frames_per_batch=64, total_frames=64) as c:
         batch = c.next()
     assert batch.shape == (2, 2, 16) and batch.get("observation").shape[-3:] == (4, 84, 84)
+
+
+def lstm_policy() -> TensorDictSequential:
+    from torchrl.modules import LSTMModule
+
+    lstm = LSTMModule(input_size=3, hidden_size=8, in_key="observation", out_key="embed")
+    return TensorDictSequential(lstm, TensorDictModule(nn.Linear(8, 1), ["embed"], ["action"]))
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_auto_register_policy_transforms_gives_a_recurrent_policy_its_env_transforms():
+    """True appends InitTracker and the LSTM's TensorDictPrimer to the env, as TorchRL's collector does."""
+    keys = []
+    for cls in (trl_collectors.Collector, Collector):
+        batch = cls(plain_pendulum, lstm_policy(), frames_per_batch=8, total_frames=8,
+                    auto_register_policy_transforms=True).next()
+        keys.append(set(batch.keys(True, True)) - {VERSION})
+    assert keys[0] == keys[1] and {"is_init", "recurrent_state_h", ("next", "recurrent_state_c")} <= keys[1]
+    with pytest.raises(KeyError, match="is_init"):  # without them the LSTM fails, in TorchRL's collector too
+        Collector(plain_pendulum, lstm_policy(), frames_per_batch=8, auto_register_policy_transforms=False)
+    with MultiSyncCollector([plain_pendulum] * 2, lstm_policy(), frames_per_batch=8, total_frames=8,
+                            auto_register_policy_transforms=True) as c:
+        assert "recurrent_state_h" in c.next().keys()
