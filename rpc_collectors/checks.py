@@ -120,6 +120,13 @@ def optional_boolean(name: str, value: Any) -> bool | None:
     return value
 
 
+def use_buffers(value: Any, replay_buffer: Any) -> bool | None:
+    value = optional_boolean("use_buffers", value)
+    if value and replay_buffer is not None:
+        raise TypeError("use_buffers=True and a replay_buffer were both given; accepted with a replay_buffer: None or False")
+    return value
+
+
 def optional_callable(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name}={value!r} is not callable; accepted: None or a callable")
@@ -351,6 +358,7 @@ _COLLECTOR_KWARG_CHECKS = {
     "compile_policy": lambda name, value: compile_kwargs(value),
     "pre_collect_hook": optional_callable,
     "auto_register_policy_transforms": optional_boolean,
+    "use_buffers": optional_boolean,
     "post_collect_hook": optional_callable,
 }
 

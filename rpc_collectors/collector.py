@@ -65,6 +65,9 @@ class Collector(BaseCollector):
             the step of collection), trajectories in flight held back, as TorchRL does: ``[n, T_max]``
             zero-padded with ``("collector", "mask")`` (``traj_format="padded"``) or ``[sum T_i]``
             (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it ends.
+        use_buffers: True: steps are stacked into one dense TensorDict (a ``RuntimeError`` for an env
+            whose observation shapes change, and a ``TypeError`` with a ``replay_buffer``, as in
+            TorchRL); None or False: as TorchRL without buffers, a lazy stack where shapes change.
         auto_register_policy_transforms: True: a TorchRL env gets the transforms a recurrent
             policy needs (``InitTracker``, ``TensorDictPrimer``) if it lacks them; None (TorchRL
             0.14's default): a ``FutureWarning`` says they lack; False: nothing.
@@ -106,6 +109,7 @@ class Collector(BaseCollector):
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
         auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
     ) -> None:
@@ -122,6 +126,7 @@ class Collector(BaseCollector):
         set_truncated = checks.boolean("set_truncated", set_truncated)
         compact_obs = checks.boolean("compact_obs", compact_obs)
         register_transforms = checks.optional_boolean("auto_register_policy_transforms", auto_register_policy_transforms)
+        use_buffers = checks.use_buffers(use_buffers, self.replay_buffer)
         policy = checks.policy_or_factory(policy, policy_factory)
         self.max_frames_per_traj = checks.max_frames_per_traj(max_frames_per_traj)
         self.init_random_frames = checks.init_random_frames(init_random_frames)
@@ -162,6 +167,8 @@ class Collector(BaseCollector):
             self.rollout = EnvBaseRollout(self.env, self.traj_ids)
         else:
             self.rollout = TensorDictRollout(self.env, self.traj_ids, self.max_frames_per_traj)
+        if isinstance(self.rollout, TensorDictRollout):  # a GymEnv's batches are dense always
+            self.rollout.dense_only = bool(use_buffers)
         self.policy_version = 0
         self._obs_version = 0  # the version the observation the next batch starts from came with
         self._pending: tuple[Any, int] | None = None

@@ -30,11 +30,12 @@ def _time_names(batch_dims: int) -> list:
     return [None] * (batch_dims - 1) + ["time"]
 
 
-def _stack_steps(steps: list, dim: int) -> TensorDictBase:
+def _stack_steps(steps: list, dim: int, dense_only: bool = False) -> TensorDictBase:
     """The steps of a batch stacked along time, as TorchRL stacks them: one TensorDict (entries that
     are heterogeneous lazy stacks stay so), or, where an entry's shape changes from step to step (an
-    env with dynamic specs), a lazy stack."""
-    out = TensorDict.maybe_dense_stack(steps, dim=dim)
+    env with dynamic specs), a lazy stack; ``dense_only`` (TorchRL's ``use_buffers=True``): a
+    ``RuntimeError`` there instead."""
+    out = torch.stack(steps, dim=dim) if dense_only else TensorDict.maybe_dense_stack(steps, dim=dim)
     if not isinstance(out, LazyStackedTensorDict):
         out.names = _time_names(out.batch_dims)
     return out
@@ -196,6 +197,7 @@ class TensorDictRollout:
         self.td: TensorDictBase | None = None
         self.stepped = False
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
+        self.dense_only = False  # TorchRL's use_buffers=True: steps must stack into one dense TensorDict
         self.rewards = list(getattr(env, "reward_keys", ["reward"]))
         self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *self.rewards]
 
@@ -259,7 +261,7 @@ class TensorDictRollout:
                 nxt.set("done", nxt.get("done") | capped)
             steps.append(td)
             self.td = self._next_root(nxt, td)
-        return _stack_steps(steps, len(batch))
+        return _stack_steps(steps, len(batch), self.dense_only)
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The root of the next step: the next state, with finished envs reset."""
@@ -345,4 +347,4 @@ class EnvBaseRollout(TensorDictRollout):
             root = _dense(root)
             root.set(TRAJ_IDS, ids)
             self.td = root
-        return _stack_steps(steps, len(batch))
+        return _stack_steps(steps, len(batch), self.dense_only)

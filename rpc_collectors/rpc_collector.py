@@ -97,6 +97,7 @@ class RPCCollector(CollectorFront):
         set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs,
         auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
             ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
+        use_buffers: as for ``Collector``, in each worker.
         trajs_per_batch, traj_format: as for ``Collector``; the trainer assembles the trajectories
             from all workers' batches.
 
@@ -151,6 +152,7 @@ class RPCCollector(CollectorFront):
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
         auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
     ) -> None:
         frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
         super().__init__(
@@ -159,6 +161,7 @@ class RPCCollector(CollectorFront):
         )
         self._closed = self._closing = True  # until the workers are up
         checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, track_traj_ids)
+        checks.use_buffers(use_buffers, self.replay_buffer)
         elastic = checks.boolean("elastic", elastic)
         join_timeout = checks.timeout("join_timeout", join_timeout)
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
@@ -174,7 +177,7 @@ class RPCCollector(CollectorFront):
                 policy_factory=policy_factory, init_fn=init_fn, set_truncated=set_truncated,
                 reset_when_done=reset_when_done, track_traj_ids=track_traj_ids, compile_policy=compile_policy,
                 compact_obs=compact_obs, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
-                auto_register_policy_transforms=auto_register_policy_transforms,
+                auto_register_policy_transforms=auto_register_policy_transforms, use_buffers=use_buffers,
             ),
         )
         self._open(checked, policy, functools.partial(_pool, checked))

@@ -637,3 +637,14 @@ def test_auto_register_policy_transforms_gives_a_recurrent_policy_its_env_transf
     with MultiSyncCollector([plain_pendulum] * 2, lstm_policy(), frames_per_batch=8, total_frames=8,
                             auto_register_policy_transforms=True) as c:
         assert "recurrent_state_h" in c.next().keys()
+
+
+def test_use_buffers_true_stacks_densely_as_torchrl():
+    """use_buffers=True: an env whose observation shape changes cannot be stacked (TorchRL's error too);
+    with a replay buffer it is refused."""
+    for cls in (trl_collectors.Collector, Collector):
+        with pytest.raises(RuntimeError, match="stack"):  # TorchRL: "stack expects each tensor to be equal size"
+            cls(mocks.EnvWithDynamicSpec(), None, frames_per_batch=8, total_frames=8, use_buffers=True).next()
+    with pytest.raises(TypeError, match="use_buffers=True and a replay_buffer"):
+        Collector(plain_pendulum, None, frames_per_batch=8, use_buffers=True, replay_buffer=ReplayBuffer(storage=LazyTensorStorage(8)))
+    assert Collector(plain_pendulum, None, frames_per_batch=8, total_frames=8, use_buffers=True).next().shape == (8,)
