@@ -4,10 +4,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Iterator
 
+import torch
 from tensordict import TensorDictBase
 
 from . import checks
 from .trajectories import split_trajectories
+from .whole_trajectories import WholeTrajectories, emit
 
 
 def drop_private_keys(batch: Any) -> Any:
@@ -37,12 +39,22 @@ class BaseCollector:
         split_trajs: bool = False,
         postproc: Any = None,
         replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
     ) -> None:
         self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
         self.total_frames = checks.total_frames(total_frames)
         self.split_trajs = checks.boolean("split_trajs", split_trajs)
         self.postproc = checks.optional_callable("postproc", postproc)
         self.replay_buffer = checks.replay_buffer(replay_buffer)
+        self.extend_buffer = checks.boolean("extend_buffer", extend_buffer)
+        if not self.extend_buffer and self.replay_buffer is not None:
+            checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
+        self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
+        self.trajs_per_batch = checks.optional_positive_int("trajs_per_batch", trajs_per_batch)
+        self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs)
         self._frames = 0
         self._iter = 0
         self._iterator: Iterator | None = None
@@ -70,7 +82,19 @@ class BaseCollector:
         return self.iterator()
 
     def iterator(self) -> Iterator[TensorDictBase | None]:
-        """Yield batches until ``total_frames`` frames were collected."""
+        """Yield batches until ``total_frames`` frames were collected (with ``trajs_per_batch``:
+        batches of whole trajectories, from those frames)."""
+        if self.trajs_per_batch is not None:
+            yield from self._whole_trajectories()
+            return
+        for batch in self._processed_batches():
+            if self.replay_buffer is not None:
+                self._extend(batch)
+                yield None
+            else:
+                yield batch
+
+    def _processed_batches(self) -> Iterator[TensorDictBase]:
         while not self._finished():
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
@@ -82,15 +106,39 @@ class BaseCollector:
             if self.postproc is not None:
                 batch = self.postproc(batch)
             batch = drop_private_keys(batch)
+            if self.post_collect_hook is not None:
+                self.post_collect_hook(batch)
+            yield batch
+
+    def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
+        """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
+        buffer, each complete trajectory written to it flat (``[T]``) as soon as it ends."""
+        assembled = WholeTrajectories()
+        for batch in self._processed_batches():
+            assembled.add(batch)
+            if self._discards_in_flight():
+                assembled.drop_in_flight()
             if self.replay_buffer is not None:
-                self._extend(batch)
+                trajectories = assembled.take()
+                if trajectories:
+                    self.replay_buffer.extend(torch.cat(trajectories, 0))
                 yield None
             else:
-                yield batch
+                while len(assembled.complete) >= self.trajs_per_batch:
+                    yield emit(assembled.take(self.trajs_per_batch), self.traj_format)
+
+    def _discards_in_flight(self) -> bool:
+        """Whether every batch starts from a reset, so trajectories in flight never complete."""
+        return False
 
     def _extend(self, batch: TensorDictBase) -> None:
-        """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is)."""
-        self.replay_buffer.extend(batch)
+        """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is, or
+        with ``extend_buffer=False`` step by step)."""
+        if self.extend_buffer:
+            self.replay_buffer.extend(batch)
+        else:
+            for step in batch.unbind(batch.batch_dims - 1):
+                self.replay_buffer.add(step)
 
     def next(self) -> TensorDictBase | None:
         """The next batch (None with a replay buffer); StopIteration when the run is complete."""

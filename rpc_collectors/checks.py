@@ -114,10 +114,96 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
+def optional_boolean(name: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None, True or False")
+    return value
+
+
+def use_buffers(value: Any, replay_buffer: Any) -> bool | None:
+    value = optional_boolean("use_buffers", value)
+    if value and replay_buffer is not None:
+        raise TypeError("use_buffers=True and a replay_buffer were both given; accepted with a replay_buffer: None or False")
+    return value
+
+
 def optional_callable(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name}={value!r} is not callable; accepted: None or a callable")
     return value
+
+
+def reset_when_done(value: Any) -> None:
+    """Envs are always reset when done; False is refused, as TorchRL refuses it."""
+    if value is not True:
+        raise ValueError(f"reset_when_done={value!r} is invalid; accepted: True (envs are reset when done, as in TorchRL)")
+
+
+def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool) -> str:
+    """``traj_format`` of ``trajs_per_batch`` batches: ``"padded"`` (default, TorchRL 0.14's) or ``"cat"``."""
+    if value is not None and trajs_per_batch is None:
+        raise ValueError(f"traj_format={value!r} needs trajs_per_batch; accepted without it: None")
+    if trajs_per_batch is not None and split_trajs:
+        raise ValueError("trajs_per_batch yields whole trajectories; accepted with it: split_trajs=False")
+    return choice("traj_format", "padded" if value is None else value, ("padded", "cat"))
+
+
+def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:
+    if split_trajs and track_traj_ids is False:
+        raise ValueError("split_trajs=True and trajs_per_batch need track_traj_ids=True (trajectories are told apart by their ids)")
+
+
+def compile_kwargs(value: Any) -> dict | None:
+    """``compile_policy``: None/False (not compiled), True (``torch.compile``'s defaults) or its keyword arguments."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"compile_policy={value!r} is invalid; accepted: None, a bool or a dict of torch.compile arguments")
+    return dict(value)
+
+
+def policy_or_factory(policy: Any, policy_factory: Any) -> Any:
+    """The policy, built by ``policy_factory`` when one is given (not both, as in TorchRL)."""
+    if policy_factory is None:
+        return policy
+    if policy is not None:
+        raise TypeError("policy and policy_factory were both given; accepted: one of them")
+    if not callable(policy_factory):
+        raise TypeError(f"policy_factory={policy_factory!r} is not callable; accepted: None or a callable returning a policy")
+    return policy_factory()
+
+
+def worker_options(kwargs: dict, policy: Any, factories: list) -> None:
+    """Check, before any worker starts, the options each worker's ``Collector`` will check again."""
+    for name in ("set_truncated", "track_traj_ids", "compact_obs"):
+        boolean(name, kwargs[name])
+    reset_when_done(kwargs["reset_when_done"])
+    compile_kwargs(kwargs["compile_policy"])
+    optional_boolean("auto_register_policy_transforms", kwargs["auto_register_policy_transforms"])
+    for name in ("init_fn", "pre_collect_hook", "post_collect_hook"):
+        optional_callable(name, kwargs[name])
+    for i, factory in enumerate(factories):
+        if factory is not None and policy is not None:
+            raise TypeError("policy and policy_factory were both given; accepted: one of them")
+        optional_callable(f"policy_factory[{i}]", factory)
+
+
+def env_kwargs(value: Any, name: str = "create_env_kwargs") -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None or a dict of keyword arguments")
+    return value
+
+
+def step_by_step_buffer(buffer: Any, postproc: Any, split_trajs: bool) -> None:
+    """``extend_buffer=False`` adds steps one at a time: no whole batch for ``postproc``/``split_trajs``."""
+    if not callable(getattr(buffer, "add", None)):
+        raise TypeError(f"extend_buffer=False needs a replay_buffer with add(); {buffer!r} has none; accepted: extend_buffer=True")
+    if postproc is not None or split_trajs:
+        raise ValueError("extend_buffer=False adds each step to the replay buffer; accepted with it: postproc=None, split_trajs=False")
 
 
 def replay_buffer(value: Any) -> Any:
@@ -153,6 +239,43 @@ def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: A
         "env_device": device("env_device", env_device) or base,
         "policy_device": device("policy_device", policy_device) or base,
     }
+
+
+def worker_devices_of(device_: Any, storing_device: Any, env_device: Any, policy_device: Any, num_workers: int) -> dict:
+    """The four device arguments of a multi-worker collector, each one device or TorchRL's list of one
+    per worker: ``policy_device`` per worker (a list if they differ), and the trainer's
+    ``storing_device`` (the workers' common one; the CPU if they differ, as TorchRL gathers them there)."""
+    def per_worker(value: Any) -> list:
+        return list(value) if isinstance(value, (list, tuple)) else [value] * num_workers
+
+    resolved = [devices(*values) for values in zip(*map(per_worker, (device_, storing_device, env_device, policy_device)))]
+    storing = {d["storing_device"] for d in resolved}
+    policy = [d["policy_device"] for d in resolved]
+    return {
+        "storing_device": storing.pop() if len(storing) == 1 else torch.device("cpu"),
+        "policy_device": policy[0] if len(set(policy)) == 1 else policy,
+    }
+
+
+def frames_total(value: Any) -> Any:
+    """``frames_per_batch`` of a whole batch: TorchRL's list of one per worker adds up."""
+    if isinstance(value, (list, tuple)):
+        return sum(positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value))
+    return value
+
+
+def frames_per_worker(value: Any, num_workers: int, sync: bool, cat_results: Any) -> list[int]:
+    """TorchRL's ``frames_per_batch`` list: one positive int per worker; in sync mode batches of
+    different lengths cannot be stacked (TorchRL's cannot either): concatenated along time only."""
+    frames = [positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value)]
+    if len(frames) != num_workers:
+        raise ValueError(f"frames_per_batch has {len(frames)} entries for {num_workers} workers; accepted: one per worker")
+    if sync and len(set(frames)) > 1 and cat_results != -1:
+        raise ValueError(
+            f"frames_per_batch={frames} gives the workers batches of different lengths, which cat_results="
+            f"{cat_results!r} cannot combine; accepted: cat_results=-1 (concatenated along time), or equal frames"
+        )
+    return frames
 
 
 def exploration_type(value: Any, name: str = "exploration_type") -> InteractionType:
@@ -200,12 +323,13 @@ def worker_devices(worker_ids: Any, devices: list[torch.device]) -> list[int] | 
     return [i for i, d in enumerate(devices) if _canonical(d) in wanted]
 
 
-def worker_ids(value: Any, num_workers: int, device: torch.device) -> list[int]:
+def worker_ids(value: Any, num_workers: int, device: torch.device | list) -> list[int]:
     """``worker_ids`` of ``update_policy_weights_``: None (all), ids in ``0..num_workers - 1``, or
-    TorchRL's form, the ``torch.device`` where the workers' policy runs (every worker's is ``device``)."""
+    TorchRL's form, the ``torch.device`` where the workers' policy runs (``device``: every worker's,
+    or a list of one per worker)."""
     if value is None:
         return list(range(num_workers))
-    on_device = worker_devices(value, [device] * num_workers)
+    on_device = worker_devices(value, device if isinstance(device, list) else [device] * num_workers)
     if on_device is not None:
         if not on_device:
             raise ValueError(f"worker_ids={value!r}: no worker runs its policy there; the workers' policy device is {device}")
@@ -227,6 +351,15 @@ _COLLECTOR_KWARG_CHECKS = {
     "storing_device": device,
     "env_device": device,
     "policy_device": device,
+    "set_truncated": boolean,
+    "track_traj_ids": boolean,
+    "compact_obs": boolean,
+    "reset_when_done": lambda name, value: reset_when_done(value),
+    "compile_policy": lambda name, value: compile_kwargs(value),
+    "pre_collect_hook": optional_callable,
+    "auto_register_policy_transforms": optional_boolean,
+    "use_buffers": optional_boolean,
+    "post_collect_hook": optional_callable,
 }
 
 

@@ -7,13 +7,14 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
+from tensordict.utils import unravel_key
 
-from . import checks
+from . import batch_edits, checks
 from .base import BaseCollector
 from .dispatch import DispatchingCollector
-from .envs import GymEnv, make_env
+from .envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
 from .policies import RandomPolicy, StepPolicy, run_device
-from .rollout import ArrayRollout, TensorDictRollout
+from .rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from .trajectories import TrajectoryIds
 from .weights import load_weights, one_source, weights_of
 
@@ -46,6 +47,31 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         track_policy_version: also write TorchRL's ``"policy_version"`` and ``("next",
             "policy_version")`` (int64, the batch's shape), as its ``PolicyVersion`` transform does:
             the version at each step, and at the root the version the observation came with.
+        create_env_kwargs: keyword arguments for ``create_env_fn`` (an env instance takes them only
+            if it has ``update_kwargs``, as TorchRL's batched envs).
+        policy_factory: called here to build the policy (instead of ``policy``).
+        set_truncated: mark the last step of every batch truncated (and done), as TorchRL does;
+            the env must have a ``"truncated"`` done key.
+        reset_when_done: True only (TorchRL refuses False too).
+        track_traj_ids: False: batches carry no ``("collector", "traj_ids")`` (then ``split_trajs``
+            cannot be used).
+        extend_buffer: False: the ``replay_buffer`` gets each step with ``add()`` rather than the
+            whole batch with ``extend()`` (then without ``postproc`` or ``split_trajs``).
+        compile_policy: True or ``torch.compile`` keyword arguments: the policy runs compiled.
+        compact_obs: drop ``("next", <observation>)`` entries, which the next step's root holds too
+            (rewards and done flags stay), as TorchRL does.
+        pre_collect_hook, post_collect_hook: called before each batch is collected, and with each
+            batch (after ``postproc``) before it is yielded or written to the replay buffer.
+        trajs_per_batch: yield batches of this many whole trajectories (``frames_per_batch`` is then
+            the step of collection), trajectories in flight held back, as TorchRL does: ``[n, T_max]``
+            zero-padded with ``("collector", "mask")`` (``traj_format="padded"``) or ``[sum T_i]``
+            (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it ends.
+        use_buffers: True: steps are stacked into one dense TensorDict (a ``RuntimeError`` for an env
+            whose observation shapes change, and a ``TypeError`` with a ``replay_buffer``, as in
+            TorchRL); None or False: as TorchRL without buffers, a lazy stack where shapes change.
+        auto_register_policy_transforms: True: a TorchRL env gets the transforms a recurrent
+            policy needs (``InitTracker``, ``TensorDictPrimer``) if it lacks them; None (TorchRL
+            0.14's default): a ``FutureWarning`` says they lack; False: nothing.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
 
@@ -72,13 +98,38 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         replay_buffer: Any = None,
         exploration_type: Any = None,
         track_policy_version: bool = False,
+        create_env_kwargs: dict | None = None,
+        policy_factory: Any = None,
+        set_truncated: bool = False,
+        reset_when_done: bool = True,
+        track_traj_ids: bool = True,
+        extend_buffer: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer,
+            postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
+            post_collect_hook=post_collect_hook, trajs_per_batch=trajs_per_batch, traj_format=traj_format,
         )
+        checks.reset_when_done(reset_when_done)
+        self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
+        checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, self.track_traj_ids)
+        self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
+        self.compile_policy = checks.compile_kwargs(compile_policy)
+        set_truncated = checks.boolean("set_truncated", set_truncated)
+        compact_obs = checks.boolean("compact_obs", compact_obs)
+        register_transforms = checks.optional_boolean("auto_register_policy_transforms", auto_register_policy_transforms)
+        use_buffers = checks.use_buffers(use_buffers, self.replay_buffer)
+        policy = checks.policy_or_factory(policy, policy_factory)
         self.max_frames_per_traj = checks.max_frames_per_traj(max_frames_per_traj)
         self.init_random_frames = checks.init_random_frames(init_random_frames)
         self.reset_at_each_iter = checks.boolean("reset_at_each_iter", reset_at_each_iter)
@@ -87,13 +138,24 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self.track_policy_version = checks.boolean("track_policy_version", track_policy_version)
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
-        self.env = make_env(create_env_fn)
+        self.env = make_env(create_env_fn, checks.env_kwargs(create_env_kwargs))
+        torchrl_env = is_torchrl_env(self.env)
         if self.max_frames_per_traj is not None:
             checks.no_step_counter(self.env, max_frames_per_traj)
+            if torchrl_env:  # as TorchRL's collectors: the env counts its steps
+                self.env = with_step_counter(self.env, self.max_frames_per_traj)
+        self.env = with_policy_transforms(self.env, policy, register_transforms)
+        self.action_keys = list(self.env.action_keys) if torchrl_env else ["action"]
+        if callable(getattr(policy, "set_action_spec_from_env", None)):  # TorchRL's RandomPolicy() without a spec
+            policy.set_action_spec_from_env(self.env)
         envs = int(torch.Size(self.env.batch_size).numel())
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
         self.frames_per_batch = self.steps_per_batch * envs
-        self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(policy, self.devices["policy_device"])
+        self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
+            policy, self.devices["policy_device"], self.action_keys, self.compile_policy
+        )
+        self.truncated_keys = batch_edits.truncated_keys(self.env) if set_truncated else []
+        self.compact_keys = batch_edits.observation_keys(self.env) if compact_obs else []
         if (self.policy is None or self.init_random_frames) and not callable(getattr(self.env, "rand_action", None)):
             raise TypeError(
                 f"create_env_fn={create_env_fn!r} gave an env without rand_action(), which random actions "
@@ -101,8 +163,14 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
                 "with rand_action(td), or a policy with init_random_frames=0"
             )
         self.traj_ids = TrajectoryIds(traj_id_start, traj_id_stride)
-        rollout_cls = ArrayRollout if isinstance(self.env, GymEnv) else TensorDictRollout
-        self.rollout = rollout_cls(self.env, self.traj_ids, self.max_frames_per_traj)
+        if isinstance(self.env, GymEnv):
+            self.rollout = ArrayRollout(self.env, self.traj_ids, self.max_frames_per_traj)
+        elif torchrl_env:
+            self.rollout = EnvBaseRollout(self.env, self.traj_ids)
+        else:
+            self.rollout = TensorDictRollout(self.env, self.traj_ids, self.max_frames_per_traj)
+        if isinstance(self.rollout, TensorDictRollout):  # a GymEnv's batches are dense always
+            self.rollout.dense_only = bool(use_buffers)
         self.policy_version = 0
         self._obs_version = 0  # the version the observation the next batch starts from came with
         self._pending: tuple[Any, int] | None = None
@@ -120,14 +188,25 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         with torch.no_grad(), set_interaction_type(self.exploration_type):
             out = self.rollout.probe(self.policy)
         # random-action batches carry the policy's other outputs too, zero-filled, as TorchRL's do
-        self.rollout.policy_zeros = {key: torch.zeros_like(value) for key, value in out.items() if key != "action"}
+        actions = {unravel_key(key) for key in self.action_keys}
+        try:
+            items = out.items(True, True) if isinstance(out, TensorDictBase) else out.items()
+            outputs = [(key, value) for key, value in items if unravel_key(key) not in actions]
+        except RuntimeError:  # entries of a heterogeneous lazy stack cannot be read as one tensor
+            outputs = [(key, value) for key, value in out.items() if unravel_key(key) not in actions]
+        self.rollout.policy_zeros = {key: torch.zeros_like(value) for key, value in outputs}
 
     # ------------------------------------------------------------------ collection
+    def _discards_in_flight(self) -> bool:
+        return self.reset_at_each_iter
+
     def _collect_batch(self) -> TensorDictBase:
         with self._busy:
             return self._collect_locked()
 
     def _collect_locked(self) -> TensorDictBase:
+        if self.pre_collect_hook is not None:
+            self.pre_collect_hook()
         self._apply_pending_weights()
         if self.reset_at_each_iter and not self.rollout.fresh:
             self.rollout.invalidate()
@@ -139,6 +218,12 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         if self.track_policy_version:
             self._set_torchrl_versions(batch, self.policy_version if fresh_obs else self._obs_version)
         self._obs_version = self.policy_version
+        if self.truncated_keys:
+            batch_edits.set_truncated(batch, self.truncated_keys)
+        if self.compact_keys:
+            batch = batch.exclude(*self.compact_keys)
+        if not self.track_traj_ids:
+            batch_edits.drop_traj_ids(batch)
         if self.devices["storing_device"] is not None:
             batch = batch.to(self.devices["storing_device"])
         return batch

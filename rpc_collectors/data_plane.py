@@ -266,6 +266,7 @@ class BatchPlane:
         """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it
         (:meth:`rejoin`). ``timeout``: the RPC timeout, within which a worker on another host connects."""
         self.device = None if device is None or device.type == "cpu" else device
+        self._no_device = device is None  # batches report device None, as TorchRL's do when none was given
         self._pinned = self.device is not None and self.device.type == "cuda"
         # the path each worker's first batch sets up
         self._pending = {i: "shm" if here else "tcp" for i, here in enumerate(local) if here or address is not None}
@@ -385,7 +386,7 @@ class BatchPlane:
     def place(self, batch: TensorDictBase) -> TensorDictBase:
         """``batch`` on the trainer's storing device (a copy, read from pinned slots by DMA)."""
         if self.device is None:
-            return batch
+            return batch.clear_device_() if self._no_device else batch
         placed = batch.to(self.device, non_blocking=True)
         if self.device.type == "cuda":  # the copies must be done before a worker rewrites the slot
             torch.cuda.current_stream(self.device).synchronize()

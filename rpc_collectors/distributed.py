@@ -14,7 +14,7 @@ from tensordict.nn import InteractionType
 from .collector import Collector
 from .rpc_collector import RPCCollector
 
-__all__ = ["DistributedCollector", "DistributedSyncCollector", "RPCCollector", "RayCollector"]
+__all__ = ["DistributedCollector", "DistributedSyncCollector", "RPCCollector"]  # and RayCollector, below
 
 
 def __getattr__(name: str) -> Any:
@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
 
 def _torchrl_only(**arguments: Any) -> None:
-    """TorchRL's weight-sync and policy-factory arguments, which have no counterpart here."""
+    """TorchRL's weight-sync arguments, which have no counterpart here."""
     for name, value in arguments.items():
         if value is not None:
             raise ValueError(
@@ -68,7 +68,7 @@ class DistributedCollector(RPCCollector):
     ``update_interval``: push the weights every k batches); ``create_env_fn`` is a list with one
     env factory per collector, or one factory with ``num_collectors``. Every other keyword of
     :class:`~rpc_collectors.RPCCollector` is accepted (``elastic``, ``rpc_timeout``, ``cat_results``, ...).
-    ``policy_factory``, ``weight_updater``, ``weight_sync_schemes`` and ``weight_recv_schemes`` are not.
+    ``weight_updater``, ``weight_sync_schemes`` and ``weight_recv_schemes`` are not.
     """
 
     _default_cat_results: str | int = "stack"  # TorchRL stacks its nodes' batches
@@ -107,10 +107,11 @@ class DistributedCollector(RPCCollector):
         weight_recv_schemes: Any = None,
         **kwargs: Any,
     ) -> None:
-        _torchrl_only(policy_factory=policy_factory, weight_updater=weight_updater,
+        _torchrl_only(weight_updater=weight_updater,
                       weight_sync_schemes=weight_sync_schemes, weight_recv_schemes=weight_recv_schemes)
         super().__init__(
-            create_env_fn, policy, frames_per_batch=frames_per_batch, total_frames=total_frames, device=device,
+            create_env_fn, policy, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
+            total_frames=total_frames, device=device,
             storing_device=storing_device, env_device=env_device, policy_device=policy_device,
             max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
             reset_at_each_iter=reset_at_each_iter, postproc=postproc, split_trajs=split_trajs,

@@ -6,15 +6,18 @@ its array methods (``reset_arrays`` / ``step_arrays``), which skip per-step Tens
 """
 from __future__ import annotations
 
+import inspect
+import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDict, TensorDictBase
 
 ObsDict = dict  # {key or key tuple: np.ndarray}
+PARTIAL_RESETS = (SyncVectorEnv, AsyncVectorEnv)  # vector envs that reset some of their envs (reset_mask)
 
 
 def _obs_keys(space: gym.Space) -> list:
@@ -47,6 +50,13 @@ def check_env_id(env_id: str, argument: str) -> None:
         ) from err
 
 
+def _scatter(ids: np.ndarray, rows: np.ndarray, num_envs: int) -> np.ndarray:
+    """``rows`` placed at ``ids`` of an array of ``num_envs`` rows (the others zero)."""
+    out = np.zeros((num_envs, *rows.shape[1:]), rows.dtype)
+    out[ids] = rows
+    return out
+
+
 def _where(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Rows of ``a`` where ``mask`` (one entry per env) is True, else rows of ``b``."""
     return np.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
@@ -64,7 +74,11 @@ class GymEnv:
 
     Vector envs step in ``AutoresetMode.DISABLED`` (those built here) or ``SAME_STEP`` mode, so
     ``("next", "observation")`` is always the true final observation of an episode. Both reset
-    single envs on request (``reset_arrays(mask)``, ``reset(td)`` with ``td["_reset"]``).
+    single envs on request (``reset_arrays(mask)``, ``reset(td)`` with ``td["_reset"]``). In
+    ``NEXT_STEP`` mode (gymnasium's default, and EnvPool's) the collector resets a finished env
+    itself, before the env would spend its next step on the reset, so no reset is ever recorded
+    as a transition; that needs partial resets, which gymnasium's ``SyncVectorEnv`` and
+    ``AsyncVectorEnv`` (``reset_mask``) and EnvPool (``env_id``) have.
     """
 
     def __init__(
@@ -97,11 +111,13 @@ class GymEnv:
         self.is_vector = isinstance(env, VectorEnv)
         if self.is_vector:
             mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-            if mode == AutoresetMode.NEXT_STEP:
+            self._reset_by_id = "env_id" in inspect.signature(env.reset).parameters  # EnvPool
+            if mode == AutoresetMode.NEXT_STEP and not (isinstance(env.unwrapped, PARTIAL_RESETS) or self._reset_by_id):
                 raise ValueError(
-                    "GymEnv: vector env in autoreset_mode NEXT_STEP is not accepted (its reset steps "
-                    "are not transitions); build it with vector_kwargs={'autoreset_mode': "
-                    "AutoresetMode.DISABLED} or SAME_STEP"
+                    f"GymEnv: the vector env {env!r} autoresets in NEXT_STEP mode and offers no partial reset, "
+                    "so a finished env would spend its next step on a reset that is not a transition; accepted: "
+                    "gymnasium's SyncVectorEnv or AsyncVectorEnv (any mode), EnvPool envs "
+                    "(envpool.make_gymnasium), or another vector env in DISABLED or SAME_STEP autoreset mode"
                 )
             self.autoreset_mode = mode
             self.num_envs = env.num_envs
@@ -109,11 +125,12 @@ class GymEnv:
             self.observation_space = env.single_observation_space
             self.action_space = env.single_action_space
         else:
-            self.autoreset_mode = None
+            self.autoreset_mode, self._reset_by_id = None, False
             self.num_envs = 1
             self.batch_size = torch.Size([])
             self.observation_space = env.observation_space
             self.action_space = env.action_space
+        self._space_of_one = self.is_vector and env.action_space == self.action_space
         _check_space(self.observation_space, "observation")
         _check_space(self.action_space, "action")
         self.one_hot = isinstance(self.action_space, gym.spaces.Discrete) and not categorical_action_encoding
@@ -144,6 +161,10 @@ class GymEnv:
                 return pending
             fresh = self._obs_dict(self.env.reset(seed=seed, options={"reset_mask": rest})[0])
             return {key: _where(rest, fresh[key], value) for key, value in pending.items()}
+        if self._reset_by_id:  # EnvPool: the observations of the reset envs only
+            ids = np.flatnonzero(mask)
+            fresh = self._obs_dict(self.env.reset(ids)[0])
+            return {key: _scatter(ids, value, self.num_envs) for key, value in fresh.items()}
         obs, _ = self.env.reset(seed=seed, options={"reset_mask": mask})
         return self._obs_dict(obs)
 
@@ -174,7 +195,11 @@ class GymEnv:
 
     def sample_action(self) -> torch.Tensor:
         """One random action for every env, as a tensor in this env's action encoding."""
-        sample = torch.as_tensor(np.asarray(self.env.action_space.sample()))
+        space = self.env.action_space
+        if self._space_of_one:  # EnvPool: a vector env whose action_space is one env's
+            sample = torch.as_tensor(np.stack([space.sample() for _ in range(self.num_envs)]))
+        else:
+            sample = torch.as_tensor(np.asarray(space.sample()))
         if self.one_hot:
             sample = torch.nn.functional.one_hot(sample, int(self.action_space.n))
         return sample
@@ -225,17 +250,25 @@ class GymEnv:
         return f"GymEnv({self.env!r}, batch_size={list(self.batch_size)})"
 
 
-def make_env(create_env_fn: Any, argument: str = "create_env_fn") -> Any:
-    """Build an env from what a collector received: an env, a gymnasium id, or a callable returning one.
+def make_env(create_env_fn: Any, kwargs: dict | None = None, argument: str = "create_env_fn") -> Any:
+    """Build an env from what a collector received: an env, a gymnasium id, or a callable returning
+    one, called with ``kwargs`` (TorchRL's ``create_env_kwargs``).
 
     Classes and callables are called; only an instance with the env protocol is taken as an env
     (a TorchRL env is callable, an env class has ``reset``/``step`` attributes).
     """
-    env = create_env_fn
+    env, kwargs = create_env_fn, kwargs or {}
     if isinstance(env, str):
-        env = GymEnv(env)
+        env = GymEnv(env, **kwargs)
     elif isinstance(env, type) or (callable(env) and not _is_env(env)):
-        env = env()
+        env = env(**kwargs)
+    elif kwargs:
+        if not callable(getattr(env, "update_kwargs", None)):
+            raise ValueError(
+                f"create_env_kwargs={kwargs!r} cannot be given to the env instance {env!r}; accepted: an env "
+                "factory (or a TorchRL batched env, which takes them with update_kwargs)"
+            )
+        env.update_kwargs(kwargs)
     if isinstance(env, (gym.Env, VectorEnv)):
         env = GymEnv(env)
     if not _is_env(env):
@@ -253,3 +286,43 @@ def _is_env(obj: Any) -> bool:
         return False
     return all(callable(getattr(obj, m, None)) for m in ("reset", "step")) and hasattr(obj, "batch_size")
 
+
+
+def is_torchrl_env(env: Any) -> bool:
+    """A TorchRL ``EnvBase``: it has specs and steps with ``step_and_maybe_reset``."""
+    return callable(getattr(env, "step_and_maybe_reset", None)) and hasattr(env, "full_done_spec")
+
+
+def with_step_counter(env: Any, max_steps: int) -> Any:
+    """A TorchRL env whose trajectories end after ``max_steps`` steps (TorchRL's ``StepCounter``,
+    appended as its collectors append it for ``max_frames_per_traj``)."""
+    from torchrl.envs import StepCounter, TransformedEnv  # a TorchRL env: TorchRL is installed
+
+    return TransformedEnv(env, StepCounter(max_steps=max_steps))
+
+
+def with_policy_transforms(env: Any, policy: Any, register: bool | None) -> Any:
+    """TorchRL's ``auto_register_policy_transforms``: True appends the transforms a recurrent policy
+    needs (``InitTracker``, ``TensorDictPrimer``) to the TorchRL env if it lacks them; None leaves
+    the env as it is and warns when they lack (TorchRL 0.14's default); False leaves it silently."""
+    if register is False or policy is None:
+        return env
+    if not is_torchrl_env(env):
+        if register:
+            raise ValueError(
+                f"auto_register_policy_transforms=True appends TorchRL transforms, which need a TorchRL env, not {env!r}; "
+                "accepted with this env: None or False"
+            )
+        return env
+    from torchrl.modules.utils.utils import _compute_missing_env_transforms, _maybe_append_env_transforms_from_module
+
+    if register:
+        return _maybe_append_env_transforms_from_module(env, policy)
+    missing = _compute_missing_env_transforms(env, policy)
+    if missing:
+        warnings.warn(
+            f"the env lacks transforms the policy needs ({', '.join(type(t).__name__ for t in missing)}); pass "
+            "auto_register_policy_transforms=True to append them (TorchRL 0.15's default), or False to silence this",
+            FutureWarning, stacklevel=3,
+        )
+    return env

@@ -342,7 +342,9 @@ class CollectorFront(BaseCollector):
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
         self.require_running()
-        device = run_device(self.policy, self._policy_device)  # every worker runs its policy there
+        devices = self._policy_device if isinstance(self._policy_device, list) else [self._policy_device]
+        device = [run_device(self.policy, d) for d in devices]  # where the workers run their policy
+        device = device if isinstance(self._policy_device, list) else device[0]
         ids = [i for i in checks.worker_ids(worker_ids, self.num_workers, device) if self.workers.serves(i)]
         if self.weights is None:
             raise TypeError("update_policy_weights_: the policy is not an nn.Module, so it has no weights to push")

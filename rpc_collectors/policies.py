@@ -2,7 +2,8 @@
 
 A user policy may be a ``TensorDictModule``, a plain ``nn.Module`` (reads ``"observation"``,
 writes ``"action"``), any callable taking and returning a TensorDict, or ``None`` (random
-actions). :class:`StepPolicy` turns each into ``inputs -> {key: tensor}`` and, where it can,
+actions). :class:`StepPolicy` turns each into ``inputs -> {key: tensor}`` (a TensorDict of the
+outputs for a policy called on TensorDicts) and, where it can,
 calls the underlying module on tensors directly, so no TensorDict is built per step.
 """
 from __future__ import annotations
@@ -14,6 +15,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.base import _is_leaf_nontensor
+from tensordict.utils import unravel_key
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
@@ -54,9 +57,14 @@ class StepPolicy:
     Args:
         policy: the user's policy (see module docstring); ``None`` is handled by the caller.
         device: where the policy runs; the policy is copied there if its weights live elsewhere.
+        action_keys: the env's action keys, which the policy must write (TorchRL's ``env.action_keys``).
+        compile_kwargs: if not None, the policy runs through ``torch.compile(..., **compile_kwargs)``.
     """
 
-    def __init__(self, policy: Any, device: torch.device | None = None) -> None:
+    def __init__(
+        self, policy: Any, device: torch.device | None = None, action_keys: list | None = None,
+        compile_kwargs: dict | None = None,
+    ) -> None:
         if not callable(policy):
             raise TypeError(
                 f"policy={policy!r} is not callable; accepted: a TensorDictModule, an nn.Module, "
@@ -65,14 +73,16 @@ class StepPolicy:
         self.source = policy
         self.device = device
         self.policy = _to_device(policy, device)
+        self.action_keys = [unravel_key(key) for key in (action_keys or ["action"])]
         self.td_module = _fast_module(self.policy)
         self.out_keys: list | None = None
         if self.td_module is not None:
             self.out_keys = list(self.td_module.out_keys)
-            if "action" not in self.out_keys:
+            missing = self._missing_actions(self.out_keys)
+            if missing:
                 raise ValueError(
-                    f"policy={policy!r} writes {self.out_keys}, which lacks 'action'; a policy must "
-                    "write the 'action' key"
+                    f"policy={policy!r} writes {self.out_keys}, which lacks {missing}; a policy must "
+                    f"write the env's action keys {self.action_keys}"
                 )
             self.in_keys = list(self.td_module.in_keys)
             module, method = self.td_module.module, self.td_module.method
@@ -80,13 +90,19 @@ class StepPolicy:
             self.method_kwargs = dict(self.td_module.method_kwargs or {})
             # in_keys given as {kwarg: key}: each tensor goes to its keyword, as TensorDictModule does
             self.kwarg_names = getattr(self.td_module, "_kwargs", None)
+        self.call = self.policy
+        if compile_kwargs is not None:  # the module's forward compiled; it keeps its weights (updates reach it)
+            if self.td_module is not None:
+                self.inner = torch.compile(self.inner, **compile_kwargs)
+            else:
+                self.call = torch.compile(self.policy, **compile_kwargs)
 
     @property
     def module(self) -> nn.Module | None:
         """The module that holds the weights the collector runs with."""
         return self.policy if isinstance(self.policy, nn.Module) else None
 
-    def __call__(self, inputs: Mapping, batch_size: torch.Size) -> dict:
+    def __call__(self, inputs: Mapping, batch_size: torch.Size) -> Mapping:
         if self.td_module is not None:
             args = [inputs[k] for k in self.in_keys]
             if self.device is not None:
@@ -101,16 +117,22 @@ class StepPolicy:
         td = inputs if isinstance(inputs, TensorDictBase) else TensorDict(dict(inputs), batch_size=batch_size)
         td_in = td.to(self.device) if self.device is not None else td
         in_keys = set(td_in.keys(include_nested=True, leaves_only=True)) if self.out_keys is None else None
-        result = self.policy(td_in)
+        result = self.call(td_in)
         result = td_in if result is None else result
         if self.out_keys is None:
-            if not isinstance(result, TensorDictBase) or "action" not in result.keys():
+            written = list(result.keys(True, True, is_leaf=_is_leaf_nontensor)) if isinstance(result, TensorDictBase) else []
+            missing = self._missing_actions(written)
+            if missing:
                 raise ValueError(
-                    f"policy={self.source!r} did not write 'action' into the TensorDict it was given; "
-                    "a policy must write the 'action' key"
+                    f"policy={self.source!r} did not write {missing} into the TensorDict it was given; "
+                    f"a policy must write the env's action keys {self.action_keys}"
                 )
             self.out_keys = [k for k in result.keys(include_nested=True, leaves_only=True) if k not in in_keys]
-        return {k: result.get(k) for k in self.out_keys}
+        return result.select(*self.out_keys)  # a TensorDict: heterogeneous lazy stacks stay as they are
+
+    def _missing_actions(self, keys: list) -> list:
+        written = {unravel_key(key) for key in keys}
+        return [key for key in self.action_keys if key not in written]
 
 
 def _to_device(policy: Any, device: torch.device | None) -> Any:

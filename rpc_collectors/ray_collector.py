@@ -20,6 +20,8 @@ class RayCollector(CollectorFront):
     Args are TorchRL's ``RayCollector``'s, with this library's collector semantics:
 
         create_env_fn: an env factory (with ``num_collectors``) or a list of them, one per actor.
+        policy_factory: builds the policy inside each actor instead of ``policy`` (a callable, or
+            a list of one per actor); ``update_policy_weights_`` cannot reach these policies.
         policy, frames_per_batch, total_frames (-1: endless), max_frames_per_traj,
             init_random_frames, reset_at_each_iter, postproc, split_trajs, exploration_type,
             replay_buffer, track_policy_version: as for :class:`~rpc_collectors.RPCCollector`.
@@ -56,6 +58,7 @@ class RayCollector(CollectorFront):
         create_env_fn: Any,
         policy: Any = None,
         *,
+        policy_factory: Any = None,
         frames_per_batch: int,
         total_frames: int = -1,
         device: Any = None,
@@ -110,7 +113,7 @@ class RayCollector(CollectorFront):
                 worker_kwargs=dict(
                     worker_kwargs, max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                     reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type,
-                    track_policy_version=track_policy_version,
+                    track_policy_version=track_policy_version, policy_factory=policy_factory,
                 ),
             )
 

@@ -1,8 +1,9 @@
 """Stepping one env for a batch of steps and recording the transitions in TorchRL's layout.
 
 :class:`ArrayRollout` steps a :class:`~rpc_collectors.envs.GymEnv` through numpy arrays and
-builds the batch TensorDict once per batch; :class:`TensorDictRollout` steps any env with
-TorchRL's ``EnvBase`` protocol. Both keep the env's state and trajectory ids across batches.
+builds the batch TensorDict once per batch; :class:`EnvBaseRollout` steps a TorchRL env as
+TorchRL's collectors do, and :class:`TensorDictRollout` any other env with TorchRL's ``EnvBase``
+protocol (``reset``, ``step(td)``, ``batch_size``). All keep the env's state and trajectory ids across batches.
 """
 from __future__ import annotations
 
@@ -27,6 +28,28 @@ def _dense(td: TensorDictBase) -> TensorDictBase:
 
 def _time_names(batch_dims: int) -> list:
     return [None] * (batch_dims - 1) + ["time"]
+
+
+def _stack_steps(steps: list, dim: int, dense_only: bool = False) -> TensorDictBase:
+    """The steps of a batch stacked along time, as TorchRL stacks them: one TensorDict (entries that
+    are heterogeneous lazy stacks stay so), or, where an entry's shape changes from step to step (an
+    env with dynamic specs), a lazy stack; ``dense_only`` (TorchRL's ``use_buffers=True``): a
+    ``RuntimeError`` there instead."""
+    out = torch.stack(steps, dim=dim) if dense_only else TensorDict.maybe_dense_stack(steps, dim=dim)
+    if not isinstance(out, LazyStackedTensorDict):
+        out.names = _time_names(out.batch_dims)
+    return out
+
+
+def end_of_trajectory(nxt: TensorDictBase, done_keys: list, batch_size: torch.Size) -> torch.Tensor:
+    """Which envs of ``batch_size`` ended a trajectory: any of their ``done_keys`` (nested ones, such
+    as per-agent flags, reduced over their extra dims), as TorchRL's collectors read them."""
+    n = len(batch_size)
+    ended = torch.zeros(batch_size, dtype=torch.bool)
+    for key in done_keys:
+        flag = nxt.get(key).to("cpu")
+        ended = ended | (flag.flatten(n).any(-1) if flag.dim() > n else flag)
+    return ended
 
 
 class ArrayRollout:
@@ -139,7 +162,7 @@ class ArrayRollout:
             next_key = ("next", key) if isinstance(key, str) else ("next", *key)
             td.set(key, stack_obs(key, [o[key] for o in obs_rec]))
             td.set(next_key, stack_obs(next_key, [o[key] for o in next_rec]))
-        for key in out_rec[0]:
+        for key in out_rec[0].keys():
             td.set(key, torch.stack([o[key] for o in out_rec], dim=axis).cpu())
         for key, zero in self.policy_zeros.items():  # random actions: the policy's other outputs as zeros
             if key not in td.keys(include_nested=True):
@@ -161,22 +184,20 @@ class ArrayRollout:
 
 
 class TensorDictRollout:
-    """Rollout of any env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``).
+    """Rollout of an env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``)
+    but without its specs.
 
     The next step's root is built as TorchRL's ``step_mdp`` builds it: this step's root without
     ``"next"``, actions and rewards (policy outputs and other entries are carried), updated with
-    the state entries of ``"next"``. For a TorchRL env (it has specs) those are the entries its
-    reset gives (observations, done flags, and the ``"step_count"``/``"truncated"`` of
-    ``max_frames_per_traj``), so every step has the same keys; an env without specs passes every
-    entry of ``"next"`` but its rewards.
+    every entry of ``"next"`` but its rewards.
     """
 
     def __init__(self, env: Any, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.td: TensorDictBase | None = None
         self.stepped = False
-        self.state_keys: list | None = None  # what the root takes from "next": a spec'd env's reset keys
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
+        self.dense_only = False  # TorchRL's use_buffers=True: steps must stack into one dense TensorDict
         self.rewards = list(getattr(env, "reward_keys", ["reward"]))
         self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *self.rewards]
 
@@ -201,8 +222,6 @@ class TensorDictRollout:
             self.td.set("step_count", torch.zeros(*self.env.batch_size, 1, dtype=torch.int64))
             if "truncated" not in self.td.keys():
                 self.td.set("truncated", torch.zeros_like(self.td.get("done")))
-        if hasattr(self.env, "full_observation_spec"):  # TorchRL's EnvBase: its state is what a reset gives
-            self.state_keys = [key for key in self.td.keys(include_nested=True, leaves_only=True) if key != "_reset"]
 
     def probe(self, policy: StepPolicy) -> dict:
         """Call ``policy`` on a copy of the current state without stepping (checks a new policy)."""
@@ -242,14 +261,12 @@ class TensorDictRollout:
                 nxt.set("done", nxt.get("done") | capped)
             steps.append(td)
             self.td = self._next_root(nxt, td)
-        out = torch.stack(steps, dim=len(batch)).contiguous()
-        out.names = _time_names(out.batch_dims)
-        return out
+        return _stack_steps(steps, len(batch), self.dense_only)
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The root of the next step: the next state, with finished envs reset."""
         root = td.exclude(*self.dropped).clone(False)  # its own nested TensorDicts: setting in them leaves td's
-        root.update(nxt.exclude(*self.rewards) if self.state_keys is None else nxt.select(*self.state_keys, strict=False))
+        root.update(nxt.exclude(*self.rewards))
         done = nxt.get("done")
         if not done.any():
             return root
@@ -281,3 +298,53 @@ class TensorDictRollout:
         if self.max_steps is not None:
             root.set("step_count", torch.where(mask.reshape(*mask.shape, 1) if mask.dim() else mask, 0, root.get("step_count")))
         return root
+
+
+class EnvBaseRollout(TensorDictRollout):
+    """Rollout of a TorchRL ``EnvBase``, stepped as TorchRL's collectors step it: with the env's own
+    ``step_and_maybe_reset`` (its ``step_mdp`` builds the next root from its specs and it resets the
+    envs its ``done_keys`` mark, nested keys included), trajectory ids from those ``done_keys``.
+
+    ``max_frames_per_traj`` is the env's ``StepCounter`` here (the collector appends it, as TorchRL's does).
+    """
+
+    def __init__(self, env: Any, traj_ids: TrajectoryIds) -> None:
+        super().__init__(env, traj_ids, None)
+        self.done_keys = list(env.done_keys)
+
+    def reset(self) -> None:
+        self.td = _dense(self.env.reset())
+        self.stepped = False
+
+    def collect(self, num_steps: int, policy: StepPolicy | None) -> TensorDictBase:
+        if self.td is None:
+            self.reset()
+        env, batch, steps = self.env, self.env.batch_size, []
+        if not self.stepped:
+            n = int(np.prod(batch)) if len(batch) else 1
+            self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(batch))
+            self.stepped = True
+        for _ in range(num_steps):
+            td = self.td
+            if policy is None:
+                td = env.rand_action(td)
+                for key, zero in self.policy_zeros.items():  # the policy's other outputs, as zeros
+                    if key not in td.keys(include_nested=True):
+                        td.set(key, zero)
+            else:
+                td.update(policy(td, batch))
+            ids = td.get(TRAJ_IDS)
+            td, root = env.step_and_maybe_reset(td)
+            nxt = td.get("next")
+            dense = _dense(nxt)
+            if dense is not nxt:  # a lazy stack the env writes again: keep a copy of its own
+                td.set("next", dense)
+            steps.append(td)
+            ended = end_of_trajectory(dense, self.done_keys, batch)
+            if ended.any():
+                ids = ids.clone()
+                ids[ended] = torch.as_tensor(self.traj_ids.new(int(ended.sum())))
+            root = _dense(root)
+            root.set(TRAJ_IDS, ids)
+            self.td = root
+        return _stack_steps(steps, len(batch), self.dense_only)

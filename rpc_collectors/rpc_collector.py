@@ -39,7 +39,9 @@ class RPCCollector(CollectorFront):
         policy: as for :class:`~rpc_collectors.Collector`; each worker gets a copy, and
             ``update_policy_weights_`` pushes the trainer's current weights to them.
         frames_per_batch: frames per batch; in sync mode split over the workers, rounded
-            up with a warning when it does not divide evenly (as TorchRL does).
+            up with a warning when it does not divide evenly (as TorchRL does). TorchRL's list of
+            one per worker sets each worker's own (sync batches of different lengths need
+            ``cat_results=-1``).
         total_frames: frames in the whole run, -1 for endless.
         num_collectors: number of workers when ``create_env_fn`` is not a list (local and debug
             launchers); under torchrun/SLURM it must be None or ``WORLD_SIZE - 1``.
@@ -102,10 +104,24 @@ class RPCCollector(CollectorFront):
             worker's batch (see :mod:`rpc_collectors.node` and README "Node collectors").
         num_workers_per_collector: W, the local workers of each node (1 with ``"single"``).
         max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs, postproc,
-        device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``
-            (``init_random_frames`` is shared out over the workers). Workers hand batches over in
+        device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
+            device may be TorchRL's list of one per worker (the trainer stores batches on the
+            workers' common storing device, or on the CPU if they differ, as TorchRL does);
+            ``init_random_frames`` is shared out over the workers. Workers hand batches over in
             host memory; the trainer puts them on ``storing_device`` (from page-locked shared
             memory straight to a CUDA device, see :mod:`rpc_collectors.data_plane`).
+        create_env_kwargs: keyword arguments for ``create_env_fn``: a dict for every worker or a
+            list of dicts, one per worker.
+        policy_factory: a callable (or a list, one per worker) that builds the policy inside each
+            worker, instead of ``policy`` (policies that cannot be pickled, or must be built on
+            the worker's device); ``update_policy_weights_`` cannot reach these policies.
+        init_fn: called in each worker process before its env and policy are built.
+        set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs,
+        auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
+            ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
+        use_buffers: as for ``Collector``, in each worker.
+        trajs_per_batch, traj_format: as for ``Collector``; the trainer assembles the trajectories
+            from all workers' batches.
 
     Sync batches and async batches carry ``("collector", "worker_id")``.
     """
@@ -117,7 +133,7 @@ class RPCCollector(CollectorFront):
         create_env_fn: Any,
         policy: Any = None,
         *,
-        frames_per_batch: int,
+        frames_per_batch: int | list[int],
         total_frames: int = -1,
         num_collectors: int | None = None,
         sync: bool = True,
@@ -149,12 +165,29 @@ class RPCCollector(CollectorFront):
         env_device: Any = None,
         policy_device: Any = None,
         replay_buffer: Any = None,
+        create_env_kwargs: dict | list | None = None,
+        policy_factory: Any = None,
+        init_fn: Any = None,
+        set_truncated: bool = False,
+        reset_when_done: bool = True,
+        track_traj_ids: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
     ) -> None:
+        frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
         super().__init__(
-            frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer,
+            frames_per_batch=checks.frames_total(frames_per_batch), total_frames=total_frames, split_trajs=split_trajs,
+            postproc=postproc, replay_buffer=replay_buffer, trajs_per_batch=trajs_per_batch, traj_format=traj_format,
         )
         self._closed = self._closing = True  # until the workers are up
+        checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, track_traj_ids)
+        checks.use_buffers(use_buffers, self.replay_buffer)
         elastic = checks.boolean("elastic", elastic)
         join_timeout = checks.timeout("join_timeout", join_timeout)
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
@@ -166,7 +199,11 @@ class RPCCollector(CollectorFront):
                 max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                 reset_at_each_iter=reset_at_each_iter, device=device, storing_device=storing_device,
                 env_device=env_device, policy_device=policy_device, exploration_type=exploration_type,
-                track_policy_version=track_policy_version,
+                track_policy_version=track_policy_version, frames_per_batch=frames_list, create_env_kwargs=create_env_kwargs,
+                policy_factory=policy_factory, init_fn=init_fn, set_truncated=set_truncated,
+                reset_when_done=reset_when_done, track_traj_ids=track_traj_ids, compile_policy=compile_policy,
+                compact_obs=compact_obs, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
+                auto_register_policy_transforms=auto_register_policy_transforms, use_buffers=use_buffers,
             ),
             tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
             collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,

@@ -29,7 +29,17 @@ from .worker import serve
 CAT_RESULTS = ("stack", 0, -1)
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
-    "split_trajs", "postproc", "replay_buffer",
+    "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
+    "trajs_per_batch", "traj_format",
+}
+PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
+DEVICES = ("device", "storing_device", "env_device", "policy_device")
+# worker options a collector class may leave out (RayCollector takes fewer): each worker's Collector's defaults
+WORKER_DEFAULTS = {
+    "frames_per_batch": None, "create_env_kwargs": None, "policy_factory": None, "init_fn": None,
+    "set_truncated": False, "reset_when_done": True, "track_traj_ids": True, "compile_policy": None,
+    "compact_obs": False, "pre_collect_hook": None, "post_collect_hook": None,
+    "auto_register_policy_transforms": None, "use_buffers": None,
 }
 
 
@@ -52,9 +62,9 @@ class Settings:
     weight_transport: str
     max_worker_restarts: int
     frames_per_batch: int  # of the collector: in sync mode a multiple of the workers
-    worker_frames: int  # of each worker's batch
+    worker_frames: int  # of each worker's batch (the largest, when each worker has its own)
     exploration_type: Any
-    policy_device: torch.device | None
+    policy_device: torch.device | list | None  # a list: one per worker
     storing_device: torch.device | None
     specs: list[bytes]  # what each worker builds its collector from
     tcp_port: int | None = None  # local: the weight store's port; submitit: the trainer's rendezvous port
@@ -111,6 +121,7 @@ def check(
     shared out over every local worker, and ``max_worker_restarts`` is each node's budget for
     replacing its own local workers."""
     node_kind, per_node = node_class(collector_class, num_workers_per_collector)
+    worker_kwargs = {**WORKER_DEFAULTS, **worker_kwargs}
     env_fns = _env_fns(create_env_fn, num_collectors, rdv, elastic)
     num_workers = len(env_fns)
     sync = checks.boolean("sync", sync)
@@ -142,7 +153,16 @@ def check(
         )
         restarts = 0
     split = per_node if node_kind == "sync" else 1  # a sync node's batch holds one batch of each local worker
-    if sync:
+    frames_list = worker_kwargs.pop("frames_per_batch")  # TorchRL's list of one per worker, or None
+    if frames_list is not None:
+        if node is not None:
+            raise ValueError(
+                f"frames_per_batch={frames_list!r}: a list of one per worker does not work with node collectors "
+                f"(collector_class={collector_class!r}); accepted: one int"
+            )
+        frames_list = checks.frames_per_worker(frames_list, num_workers, sync, cat_results)
+        worker_frames, frames_per_batch = max(frames_list), sum(frames_list)
+    elif sync:
         worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers * split, "workers") * split
         frames_per_batch = worker_frames * num_workers
     else:
@@ -150,6 +170,13 @@ def check(
     if policy is not None and not callable(policy):
         StepPolicy(policy)  # raises the TypeError naming the argument
     kwargs = dict(worker_kwargs, frames_per_batch=worker_frames)
+    per_worker = {name: _per_worker(name, kwargs.pop(name), num_workers) for name in PER_WORKER}
+    if frames_list is not None:
+        per_worker["frames_per_batch"] = frames_list
+    for name in DEVICES:  # TorchRL's list of one device per worker
+        if isinstance(kwargs[name], (list, tuple)):
+            per_worker[name] = _per_worker(name, kwargs.pop(name), num_workers)
+    checks.worker_options(kwargs, policy, per_worker["policy_factory"])
     local_workers = num_workers * per_node  # each node shares its part out over its local workers
     kwargs["init_random_frames"] = -(-checks.init_random_frames(kwargs["init_random_frames"]) // local_workers) * per_node
     kwargs.update(_collector_kwargs(collector_kwargs))
@@ -157,8 +184,9 @@ def check(
     checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
     checks.boolean("track_policy_version", kwargs["track_policy_version"])
     kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
-    devices = checks.devices(kwargs["device"], kwargs["storing_device"], kwargs["env_device"], kwargs["policy_device"])
+    devices = checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
     kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
+    per_worker.pop("storing_device", None)
     return Settings(
         launcher=launcher, rdv=rdv, elastic=elastic, join_timeout=join_timeout, num_workers=num_workers, sync=sync,
         cat_results=cat_results, num_threads=num_threads, backend=backend, rpc_timeout=rpc_timeout,
@@ -166,7 +194,7 @@ def check(
         weight_transport=weight_transport, max_worker_restarts=restarts, frames_per_batch=frames_per_batch,
         worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
         policy_device=devices["policy_device"], storing_device=devices["storing_device"],
-        specs=_specs(env_fns, policy, kwargs, node), node=node, tcp_port=tcp_port, executor=executor,
+        specs=_specs(env_fns, policy, kwargs, per_worker, node), node=node, tcp_port=tcp_port, executor=executor,
     )
 
 
@@ -212,11 +240,24 @@ def _collector_kwargs(collector_kwargs: dict | None) -> dict:
     return dict(collector_kwargs)
 
 
-def _specs(env_fns: list, policy: Any, kwargs: dict, node: NodeSpec | None) -> list[bytes]:
+def _per_worker(name: str, value: Any, num_workers: int) -> list:
+    """``value`` for each worker: a list of one per worker, or one value for all."""
+    if not isinstance(value, (list, tuple)):
+        return [value] * num_workers
+    if len(value) != num_workers:
+        raise ValueError(f"{name} has {len(value)} entries for {num_workers} workers; accepted: one value, or one per worker")
+    return list(value)
+
+
+def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: NodeSpec | None) -> list[bytes]:
     """What each worker builds its collector from, pickled here so that failures name the argument."""
+    worker_kwargs = [dict(kwargs, **{name: values[i] for name, values in per_worker.items()}) for i in range(len(env_fns))]
     try:
-        return [cloudpickle.dumps((fn, policy, kwargs, node)) for fn in env_fns]
+        return [cloudpickle.dumps((fn, policy, kw, node)) for fn, kw in zip(env_fns, worker_kwargs)]
     except Exception:
-        for name, value in [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]:
+        named = [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]
+        named += [(f"{name}[{i}]", v) for name, values in per_worker.items() for i, v in enumerate(values)]
+        named += [(name, kwargs[name]) for name in ("init_fn", "pre_collect_hook", "post_collect_hook")]
+        for name, value in named:
             checks.picklable(name, value)
         raise

@@ -57,6 +57,9 @@ class WorkerState:
         ``address``: where the trainer reaches this process, for error messages. A spec with a
         :class:`~rpc_collectors.node.NodeSpec` makes this server a node of local workers."""
         create_env_fn, policy, kwargs, node = cloudpickle.loads(spec)
+        init_fn = kwargs.pop("init_fn", None)
+        if init_fn is not None:  # TorchRL's init_fn: run in the worker before its env and policy are built
+            init_fn()
         self.rank, self.address = rank, address
         start = worker_id if traj_id_start is None else traj_id_start
         if node is None:

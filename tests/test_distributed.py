@@ -3,6 +3,7 @@ with tcp_port, and Collector(..., backend=...) dispatch; with real local worker 
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 
 import pytest
@@ -103,10 +104,19 @@ def test_update_interval_pushes_every_kth_round():
     assert versions == [0, 0, 1, 1, 2]
 
 
+def test_distributed_policy_factory_builds_the_policy_in_each_worker():
+    from test_collector_options import PidPolicy, cartpole
+
+    with DistributedSyncCollector([cartpole] * 2, policy_factory=PidPolicy, launcher="mp", frames_per_batch=8,
+                                  total_frames=8) as c:
+        batch = c.next()
+    builders = {int(lane.get("built_in")[0]) for lane in batch.unbind(0)}
+    assert len(builders) == 2 and os.getpid() not in builders and (batch.get("action") == 0).all()
+
+
 @pytest.mark.parametrize("kwargs, error, words", [
     ({"update_interval": 0}, ValueError, ["update_interval=0", "int >= 1"]),
     ({"update_interval": 2, "update_after_each_batch": True}, ValueError, ["update_interval=2", "one way"]),
-    ({"policy_factory": count_env}, ValueError, ["policy_factory=", "not supported"]),
     ({"weight_sync_schemes": {}}, ValueError, ["weight_sync_schemes={}", "not supported"]),
     ({"launcher": "submitit_delayed"}, ValueError, ["submitit_delayed", "slurm/submit.py"]),
     ({"launcher": "submitit"}, ValueError, ["slurm_kwargs=None", "folder"]),

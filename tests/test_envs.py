@@ -7,7 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict
 
 from rpc_collectors import Collector, GymEnv, RandomPolicy
@@ -228,14 +228,22 @@ def test_vector_final_observation_matches_single_env(mode):
         assert torch.equal(batch[0][key], ref[key]), key
 
 
-@pytest.mark.parametrize("mode", ["num_envs", AutoresetMode.DISABLED, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("mode", ["num_envs", AutoresetMode.DISABLED, AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP,
+                                  "async_next_step", "wrapped_next_step"])
 def test_vector_final_observation_counts_steps(mode):
-    """With CountEnv the final observation of an episode says how long it was."""
+    """With CountEnv the final observation of an episode says how long it was; in NEXT_STEP mode
+    no reset step is recorded as a transition."""
+    fns = [partial(CountEnv, offset=i) for i in range(3)]
     if mode == "num_envs":
         env = GymEnv("CountEnv-v0", num_envs=3)
+    elif mode == "async_next_step":
+        env = GymEnv(AsyncVectorEnv(fns, context="fork"))
+    elif mode == "wrapped_next_step":
+        env = GymEnv(gym.wrappers.vector.RecordEpisodeStatistics(SyncVectorEnv(fns)))
     else:
-        env = GymEnv(SyncVectorEnv([partial(CountEnv, offset=i) for i in range(3)], autoreset_mode=mode))
-    batch = Collector(env, None, frames_per_batch=3 * 12).next()
+        env = GymEnv(SyncVectorEnv(fns, autoreset_mode=mode))
+    with Collector(env, None, frames_per_batch=3 * 12) as collector:  # closes the env (async: its processes)
+        batch = collector.next()
     lengths = [3, 5, 2]
     for i in range(3):
         env_batch = batch[i]
@@ -253,11 +261,21 @@ def test_vector_final_observation_counts_steps(mode):
         assert torch.equal(env_batch["observation"][1:][cont], env_batch["next", "observation"][:-1][cont])
 
 
-def test_vector_next_step_autoreset_rejected():
-    vec = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")  # NEXT_STEP is gymnasium's default
-    with pytest.raises(ValueError, match="NEXT_STEP") as info:
-        GymEnv(vec)
-    assert "DISABLED" in str(info.value) and "SAME_STEP" in str(info.value)
+class NextStepVectorEnv(gym.vector.VectorEnv):
+    """A vector env that autoresets on the next step and cannot reset some of its envs."""
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self) -> None:
+        self.num_envs = 2
+        self.single_observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+
+
+def test_vector_next_step_autoreset_without_partial_resets_rejected():
+    with pytest.raises(ValueError, match="NEXT_STEP mode and offers no partial reset") as info:
+        GymEnv(NextStepVectorEnv())
+    assert all(word in str(info.value) for word in ("SyncVectorEnv", "AsyncVectorEnv", "EnvPool", "DISABLED", "SAME_STEP"))
 
 
 def test_partial_reset_through_tensordict_interface():

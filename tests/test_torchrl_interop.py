@@ -34,15 +34,20 @@ with warnings.catch_warnings():  # torchrl 0.14.1 deprecates some of its own cla
     from torchrl.data import LazyTensorStorage, ReplayBuffer, SliceSampler
     from torchrl.envs import Compose, InitTracker, ParallelEnv, SerialEnv, StepCounter, TransformedEnv
     from torchrl.envs.libs.gym import GymEnv
-    from torchrl.envs.utils import ExplorationType, set_exploration_type
+    from torchrl.envs.utils import ExplorationType, RandomPolicy, set_exploration_type
     from torchrl.modules import Actor, OrnsteinUhlenbeckProcessModule, ProbabilisticActor, TanhNormal, ValueOperator
     from torchrl.objectives import ClipPPOLoss
     from torchrl.objectives.value import GAE
+    from torchrl.testing import mocking_classes as mocks
 
 import rpc_collectors  # noqa: E402
 from rpc_collectors import Collector, MultiAsyncCollector, MultiSyncCollector, RPCCollector  # noqa: E402
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.multiprocess, pytest.mark.timeout(180),
+    # TorchRL 0.14's auto_register_policy_transforms=None warns that an actor lacks InitTracker, as ours does
+    pytest.mark.filterwarnings("ignore:the env lacks transforms the policy needs:FutureWarning"),
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAJ, VERSION, STEP = ("collector", "traj_ids"), ("collector", "policy_version"), ("next", "step_count")
@@ -251,7 +256,7 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
     theirs = inspect.signature(getattr(trl_distributed, name).__init__).parameters
     ours = inspect.signature(getattr(distributed, name).__init__).parameters
     if name == "RPCCollector":  # our RPCCollector keeps its own defaults (README "Coming from TorchRL")
-        expected = {"visible_devices", "tensorpipe_options", "trajs_per_batch", "policy_factory", "weight_updater",
+        expected = {"visible_devices", "tensorpipe_options", "weight_updater",
                     "weight_sync_schemes", "weight_recv_schemes", "collector_class", "num_workers_per_collector"}
         assert set(theirs) - set(ours) <= expected, set(theirs) - set(ours)
         assert {"launcher", "tcp_port", "slurm_kwargs"} <= set(ours)
@@ -535,3 +540,190 @@ def test_torchrl_ppo_example_short_mode():
     lines = [line for line in proc.stdout.splitlines() if line.startswith("frames")]
     assert len(lines) == 2, proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------ 7. issue 18, point 11: TorchRL's nested and unusual envs
+def hetero_env_and_policy():
+    env = mocks.HeterogeneousCountingEnv()
+    return env, mocks.HeterogeneousCountingEnvPolicy(env.input_spec["full_action_spec"])
+
+
+def multikey_env_and_policy():
+    env = mocks.MultiKeyCountingEnv()
+    return env, mocks.MultiKeyCountingEnvPolicy(full_action_spec=env.full_action_spec)
+
+
+def multiagent_env_and_policy():
+    env = mocks.MultiAgentCountingEnv(n_agents=3)
+    return env, RandomPolicy(env.full_action_spec)
+
+
+def nested_env_and_policy():
+    env = mocks.NestedCountingEnv(nest_obs_action=True, nest_done=True, batch_size=(2,), nested_dim=3)
+    return env, RandomPolicy(env.full_action_spec)
+
+
+@pytest.mark.parametrize("make", [hetero_env_and_policy, multikey_env_and_policy, multiagent_env_and_policy,
+                                  nested_env_and_policy])
+def test_nested_action_and_done_keys_give_torchrls_batches(make):
+    """Policies that write nested actions (per agent, heterogeneous lazy stacks) and envs whose done
+    keys are only nested: the same keys and values as TorchRL's Collector, resets and ids included."""
+    batches = []
+    for cls in (trl_collectors.Collector, Collector):
+        torch.manual_seed(0)
+        env, policy = make()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            collector = cls(env, policy, frames_per_batch=20, total_frames=40)
+        batches.append([b.exclude(VERSION) for b in collector])
+        collector.shutdown()
+    for theirs, ours in zip(*batches):
+        assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+        assert (ours == theirs).all()
+    assert ours.get(TRAJ).unique().numel() > 1  # trajectories ended within the batch, and were counted
+
+
+def agents_env():
+    return mocks.MultiAgentCountingEnv(n_agents=2)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_multi_agent_env_in_workers():
+    with MultiSyncCollector([agents_env] * 2, RandomPolicy(agents_env().full_action_spec), frames_per_batch=20,
+                            total_frames=20) as c:
+        batch = c.next()
+    assert batch.shape == (2, 10) and batch.get(("agents", "agent_1", "action")).shape[:2] == (2, 10)
+
+
+def test_dynamic_observation_shape_gives_a_lazy_stack_as_torchrls():
+    batches = [cls(mocks.EnvWithDynamicSpec(), None, frames_per_batch=8, total_frames=8).next()
+               for cls in (trl_collectors.Collector, Collector)]
+    shapes = [[step.get("observation").shape for step in b.unbind(0)] for b in batches]
+    assert shapes[0] == shapes[1] and len(set(shapes[1])) > 1
+    assert isinstance(batches[1], type(batches[0]))
+
+
+def test_non_tensor_entries_of_reset_and_step_follow_the_steps():
+    """A non-tensor state written by reset() and step() reaches the next step's root, as in TorchRL."""
+    for cls in (trl_collectors.Collector, Collector):
+        batch = cls(mocks.EnvWithMetadata(), None, frames_per_batch=6, total_frames=6).next()
+        assert batch.get("non_tensor").tolist() == [0, 1, 2, 3, 4, 5]
+        assert batch.get(("next", "non_tensor")).tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_torchrl_random_policy_without_a_spec_gets_the_envs():
+    env = mocks.ContinuousActionVecMockEnv()
+    batch = Collector(env, RandomPolicy(), frames_per_batch=50, total_frames=50).next()
+    action = batch.get("action")
+    assert action.shape == (50, *env.action_spec.shape) and env.action_spec.is_in(action)
+    assert action.std() > 0
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_multi_worker_batches_report_device_as_torchrls(device):
+    """TorchRL's batches have device None unless a device was given."""
+    with MultiSyncCollector([pendulum] * 2, None, frames_per_batch=20, total_frames=20, device=device) as c:
+        batch = c.next()
+    assert batch.device == (None if device is None else torch.device(device))
+
+
+# ------------------------------------------------------------------ 8. issue 18: TorchRL's arguments, compared with its Collector
+def torchrl_and_our_keys(make_env, **kwargs) -> list[set]:
+    keys = []
+    for cls in (trl_collectors.Collector, Collector):
+        batch = cls(make_env, None, frames_per_batch=8, total_frames=8, **kwargs).next()
+        keys.append(set(batch.keys(True, True)) - {VERSION})
+    return keys
+
+
+@pytest.mark.parametrize("kwargs", [dict(compact_obs=True), dict(track_traj_ids=False), dict(set_truncated=True)])
+def test_batch_options_give_torchrls_keys(kwargs):
+    theirs, ours = torchrl_and_our_keys(tracked_pendulum, **kwargs)
+    assert ours == theirs
+
+
+def test_set_truncated_on_a_torchrl_env_as_torchrl():
+    for cls in (trl_collectors.Collector, Collector):
+        batch = cls(plain_pendulum, None, frames_per_batch=8, total_frames=8, set_truncated=True).next()
+        assert batch.get(("next", "truncated"))[-1].all() and batch.get(("next", "done"))[-1].all()
+        assert not batch.get(("next", "truncated"))[:-1].any()
+    with pytest.raises(ValueError, match="set_truncated=True needs a 'truncated' done key"):
+        Collector(mocks.CountingEnv, None, frames_per_batch=8, set_truncated=True)
+
+
+def test_create_env_kwargs_of_a_torchrl_env_class():
+    for cls in (trl_collectors.Collector, Collector):
+        collector = cls(mocks.CountingEnv, None, frames_per_batch=12, total_frames=12, create_env_kwargs={"batch_size": (3,)})
+        assert collector.next().shape == (3, 4)
+
+
+# ------------------------------------------------------------------ 9. issue 18, point 12: EnvPool (NEXT_STEP autoreset)
+def envpool_env(name: str, num_envs: int) -> rpc_collectors.GymEnv:
+    import envpool
+
+    with warnings.catch_warnings():  # EnvPool's CartPole space has float64 bounds, which gymnasium warns about
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+        return rpc_collectors.GymEnv(envpool.make_gymnasium(name, num_envs=num_envs))
+
+
+def test_envpool_env_never_records_a_reset_as_a_transition():
+    """EnvPool autoresets a finished env on its next step; the collector resets it first (by env_id),
+    so every CartPole transition has reward 1 and each new trajectory starts from a reset."""
+    env = envpool_env("CartPole-v1", 3)
+    with Collector(env, None, frames_per_batch=300, total_frames=300) as c:
+        batch = c.next()
+    assert (batch.get(("next", "reward")) == 1).all()
+    done = batch.get(("next", "done")).squeeze(-1)
+    assert done.sum() >= 3
+    after_done = batch.get("observation")[:, 1:][done[:, :-1]]
+    assert after_done.abs().max() <= 0.05  # CartPole's reset state
+    cont = ~done[:, :-1]
+    assert torch.equal(batch.get("observation")[:, 1:][cont], batch.get(("next", "observation"))[:, :-1][cont])
+
+
+def envpool_pong():
+    return envpool_env("Pong-v5", 2)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_envpool_atari_in_workers():
+    with MultiSyncCollector([envpool_pong] * 2, None, frames_per_batch=64, total_frames=64) as c:
+        batch = c.next()
+    assert batch.shape == (2, 2, 16) and batch.get("observation").shape[-3:] == (4, 84, 84)
+
+
+def lstm_policy() -> TensorDictSequential:
+    from torchrl.modules import LSTMModule
+
+    lstm = LSTMModule(input_size=3, hidden_size=8, in_key="observation", out_key="embed")
+    return TensorDictSequential(lstm, TensorDictModule(nn.Linear(8, 1), ["embed"], ["action"]))
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_auto_register_policy_transforms_gives_a_recurrent_policy_its_env_transforms():
+    """True appends InitTracker and the LSTM's TensorDictPrimer to the env, as TorchRL's collector does."""
+    keys = []
+    for cls in (trl_collectors.Collector, Collector):
+        batch = cls(plain_pendulum, lstm_policy(), frames_per_batch=8, total_frames=8,
+                    auto_register_policy_transforms=True).next()
+        keys.append(set(batch.keys(True, True)) - {VERSION})
+    assert keys[0] == keys[1] and {"is_init", "recurrent_state_h", ("next", "recurrent_state_c")} <= keys[1]
+    with pytest.raises(KeyError, match="is_init"):  # without them the LSTM fails, in TorchRL's collector too
+        Collector(plain_pendulum, lstm_policy(), frames_per_batch=8, auto_register_policy_transforms=False)
+    with pytest.warns(FutureWarning, match="lacks transforms the policy needs"), pytest.raises(KeyError):
+        Collector(plain_pendulum, lstm_policy(), frames_per_batch=8)  # None: TorchRL 0.14's warning
+    with MultiSyncCollector([plain_pendulum] * 2, lstm_policy(), frames_per_batch=8, total_frames=8,
+                            auto_register_policy_transforms=True) as c:
+        assert "recurrent_state_h" in c.next().keys()
+
+
+def test_use_buffers_true_stacks_densely_as_torchrl():
+    """use_buffers=True: an env whose observation shape changes cannot be stacked (TorchRL's error too);
+    with a replay buffer it is refused."""
+    for cls in (trl_collectors.Collector, Collector):
+        with pytest.raises(RuntimeError, match="stack"):  # TorchRL: "stack expects each tensor to be equal size"
+            cls(mocks.EnvWithDynamicSpec(), None, frames_per_batch=8, total_frames=8, use_buffers=True).next()
+    with pytest.raises(TypeError, match="use_buffers=True and a replay_buffer"):
+        Collector(plain_pendulum, None, frames_per_batch=8, use_buffers=True, replay_buffer=ReplayBuffer(storage=LazyTensorStorage(8)))
+    assert Collector(plain_pendulum, None, frames_per_batch=8, total_frames=8, use_buffers=True).next().shape == (8,)

@@ -1,0 +1,324 @@
+"""TorchRL's collector arguments that shape how envs and policies are built and what a batch holds:
+``create_env_kwargs``, ``policy_factory``, ``init_fn``, ``set_truncated``, ``track_traj_ids``,
+``reset_when_done``, ``compact_obs``, ``extend_buffer``, the collect hooks and ``compile_policy``;
+in one process and in worker processes."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from rpc_collectors import Collector, GymEnv, MultiAsyncCollector, MultiSyncCollector, split_trajectories
+
+pytestmark = [pytest.mark.timeout(120)]
+multi = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes")]
+
+TRAJ = ("collector", "traj_ids")
+INIT_VARIABLE = "RPC_COLLECTORS_TEST_EPISODE_STEPS"
+
+
+def cartpole(max_episode_steps: int = 500) -> GymEnv:
+    return GymEnv("CartPole-v1", max_episode_steps=max_episode_steps)
+
+
+def longest_trajectory(batch) -> int:
+    return int(split_trajectories(batch).get(("collector", "mask")).sum(-1).max())
+
+
+# ------------------------------------------------------------------ create_env_kwargs
+def test_create_env_kwargs_reach_the_env_factory():
+    batch = Collector(cartpole, None, frames_per_batch=40, total_frames=40, create_env_kwargs={"max_episode_steps": 4}).next()
+    assert longest_trajectory(batch) == 4 and batch.get(("next", "truncated")).any()
+
+
+def test_create_env_kwargs_on_an_env_instance_are_refused():
+    with pytest.raises(ValueError, match="create_env_kwargs=.*cannot be given to the env instance"):
+        Collector(cartpole(), None, frames_per_batch=4, create_env_kwargs={"max_episode_steps": 4})
+
+
+@pytest.mark.parametrize("kwargs", [{"max_episode_steps": 3}, [{"max_episode_steps": 3}, {"max_episode_steps": 6}]])
+def test_create_env_kwargs_in_workers_one_for_all_or_one_each(kwargs, request):
+    for mark in multi:
+        request.applymarker(mark)
+    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=60, total_frames=60, create_env_kwargs=kwargs) as c:
+        batch = c.next()
+    expected = [3, 3] if isinstance(kwargs, dict) else [3, 6]
+    assert [longest_trajectory(lane) for lane in batch.unbind(0)] == expected
+
+
+def test_create_env_kwargs_list_must_have_one_entry_per_worker():
+    with pytest.raises(ValueError, match="create_env_kwargs has 3 entries for 2 workers"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8, create_env_kwargs=[{}] * 3)
+
+
+# ------------------------------------------------------------------ policy_factory, init_fn
+class PidPolicy:
+    """Action 0, and the pid of the process that built the policy; holds a lock, so it cannot be pickled."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.built_in = os.getpid()
+
+    def __call__(self, td):
+        td.set("action", torch.zeros(td.batch_size, dtype=torch.int64))
+        td.set("built_in", torch.full(td.batch_size, self.built_in))
+        return td
+
+
+def test_policy_factory_builds_the_policy_in_a_single_process_collector():
+    batch = Collector(cartpole, policy_factory=PidPolicy, frames_per_batch=4, total_frames=4).next()
+    assert (batch.get("built_in") == os.getpid()).all() and (batch.get("action") == 0).all()
+    with pytest.raises(TypeError, match="policy and policy_factory were both given"):
+        Collector(cartpole, nn.Linear(4, 2), policy_factory=PidPolicy, frames_per_batch=4)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_policy_factory_builds_an_unpicklable_policy_inside_each_worker():
+    with MultiSyncCollector([cartpole] * 2, policy_factory=PidPolicy, frames_per_batch=8, total_frames=8) as c:
+        batch = c.next()
+    builders = {int(lane.get("built_in")[0]) for lane in batch.unbind(0)}
+    assert len(builders) == 2 and os.getpid() not in builders and (batch.get("action") == 0).all()
+
+
+def set_episode_steps() -> None:
+    os.environ[INIT_VARIABLE] = "5"
+
+
+def cartpole_from_init() -> GymEnv:
+    return cartpole(int(os.environ[INIT_VARIABLE]))  # set by init_fn in this worker
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_init_fn_runs_in_each_worker_before_its_env_is_built():
+    assert INIT_VARIABLE not in os.environ
+    with MultiAsyncCollector([cartpole_from_init] * 2, None, frames_per_batch=30, total_frames=60,
+                             init_fn=set_episode_steps) as c:
+        assert [longest_trajectory(batch) for batch in c] == [5, 5]
+    assert INIT_VARIABLE not in os.environ
+
+
+# ------------------------------------------------------------------ what a batch holds
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_truncated_marks_the_last_step_of_each_batch(workers, request):
+    kwargs = dict(frames_per_batch=20, total_frames=40, set_truncated=True)
+    if workers:
+        for mark in multi:
+            request.applymarker(mark)
+        collector = MultiSyncCollector([cartpole] * workers, None, **kwargs)
+    else:
+        collector = Collector(cartpole, None, **kwargs)
+    with collector:
+        for batch in collector:
+            truncated, done = batch.get(("next", "truncated")), batch.get(("next", "done"))
+            assert truncated[..., -1, :].all() and done[..., -1, :].all()
+
+
+def test_track_traj_ids_false_leaves_the_ids_out():
+    batch = Collector(cartpole, None, frames_per_batch=8, total_frames=8, track_traj_ids=False).next()
+    assert TRAJ not in batch.keys(True) and ("next", "done") in batch.keys(True)
+    with pytest.raises(ValueError, match="split_trajs=True and trajs_per_batch need track_traj_ids=True"):
+        Collector(cartpole, None, frames_per_batch=8, split_trajs=True, track_traj_ids=False)
+    with pytest.raises(ValueError, match="split_trajs=True and trajs_per_batch need track_traj_ids=True"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8, split_trajs=True, track_traj_ids=False)
+
+
+def test_reset_when_done_false_is_refused_as_in_torchrl():
+    with pytest.raises(ValueError, match="reset_when_done=False is invalid"):
+        Collector(cartpole, None, frames_per_batch=8, reset_when_done=False)
+    with pytest.raises(ValueError, match="reset_when_done=False is invalid"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8, reset_when_done=False)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_compact_obs_drops_next_observations_only(workers, request):
+    kwargs = dict(frames_per_batch=8, total_frames=8, compact_obs=True)
+    if workers:
+        for mark in multi:
+            request.applymarker(mark)
+        collector = MultiSyncCollector([cartpole] * workers, None, **kwargs)
+    else:
+        collector = Collector(cartpole, None, **kwargs)
+    with collector:
+        batch = collector.next()
+    keys = set(batch.keys(True, True))
+    assert ("next", "observation") not in keys and "observation" in keys
+    assert {("next", "reward"), ("next", "done"), ("next", "truncated")} <= keys
+
+
+class RecordingBuffer:
+    """A replay buffer that records how it was written."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def add(self, td) -> None:
+        self.calls.append(("add", tuple(td.shape)))
+
+    def extend(self, td) -> None:
+        self.calls.append(("extend", tuple(td.shape)))
+
+
+def test_extend_buffer_false_adds_step_by_step():
+    rb = RecordingBuffer()
+    list(Collector(lambda: GymEnv("CartPole-v1", num_envs=2), None, frames_per_batch=8, total_frames=8,
+                   replay_buffer=rb, extend_buffer=False))
+    assert rb.calls == [("add", (2,))] * 4
+    rb = RecordingBuffer()
+    list(Collector(cartpole, None, frames_per_batch=8, total_frames=8, replay_buffer=rb))
+    assert rb.calls == [("extend", (8,))]
+    with pytest.raises(ValueError, match="extend_buffer=False adds each step"):
+        Collector(cartpole, None, frames_per_batch=8, replay_buffer=RecordingBuffer(), extend_buffer=False,
+                  postproc=lambda td: td)
+
+
+# ------------------------------------------------------------------ hooks
+def test_collect_hooks_run_around_each_batch():
+    calls = []
+    collector = Collector(cartpole, None, frames_per_batch=8, total_frames=16, postproc=lambda td: td.set("post", td.get("action")),
+                          pre_collect_hook=lambda: calls.append("pre"),
+                          post_collect_hook=lambda td: calls.append(("post", "post" in td.keys())))
+    batches = list(collector)
+    assert len(batches) == 2 and calls == ["pre", ("post", True)] * 2
+
+
+def record_pid(path: str):
+    def hook(td) -> None:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {td.numel()}\n")
+    return hook
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_collect_hooks_run_in_the_workers(tmp_path):
+    path = str(tmp_path / "hooks")
+    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8, total_frames=16, post_collect_hook=record_pid(path)) as c:
+        list(c)
+    lines = [line.split() for line in open(path).read().splitlines()]
+    assert len(lines) >= 4 and {size for _, size in lines} == {"4"}
+    assert len({pid for pid, _ in lines}) == 2 and str(os.getpid()) not in {pid for pid, _ in lines}
+
+
+# ------------------------------------------------------------------ compile_policy
+COMPILED: list[int] = []
+
+
+def counting_backend(graph_module, example_inputs):
+    """A torch.compile backend that records each graph it compiles and runs it as it is."""
+    COMPILED.append(len(example_inputs))
+    return graph_module.forward
+
+
+class Argmax(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.linear(obs).argmax(-1)
+
+
+def test_compile_policy_runs_the_policy_compiled():
+    torch.manual_seed(0)
+    policy = Argmax()
+    COMPILED.clear()
+    Collector(cartpole, policy, frames_per_batch=8, total_frames=8).next()
+    assert COMPILED == []
+    batch = Collector(cartpole, policy, frames_per_batch=8, total_frames=8, compile_policy={"backend": counting_backend}).next()
+    assert COMPILED and torch.equal(batch.get("action"), policy(batch.get("observation")))
+    with pytest.raises(TypeError, match="compile_policy='yes' is invalid"):
+        Collector(cartpole, policy, frames_per_batch=8, compile_policy="yes")
+
+
+# ------------------------------------------------------------------ per-worker frames_per_batch and devices
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_frames_per_batch_list_gives_each_worker_its_own():
+    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=24, cat_results=-1) as c:
+        batches = list(c)
+    assert [b.shape for b in batches] == [(12,), (12,)]
+    assert batches[0].get(("collector", "worker_id")).tolist() == [0] * 4 + [1] * 8
+    with MultiAsyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=40) as c:
+        sizes = {int(b.get(("collector", "worker_id"))[0]): b.numel() for b in c}
+    assert sizes == {0: 4, 1: 8}
+
+
+def test_frames_per_batch_list_is_checked_before_workers_start():
+    with pytest.raises(ValueError, match="frames_per_batch has 3 entries for 2 workers"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 4, 4], cat_results=-1)
+    with pytest.raises(ValueError, match=r"cat_results='stack' cannot combine; accepted: cat_results=-1"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8])
+    with pytest.raises(ValueError, match=r"frames_per_batch\[1\]=0 is invalid"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 0])
+
+
+class DevicePolicy:
+    """Action 0; records whether the TensorDict it was given has a device (it has one where policy_device is set)."""
+
+    def __call__(self, td):
+        td.set("action", torch.zeros(td.batch_size, dtype=torch.int64))
+        td.set("given_device", torch.full(td.batch_size, td.device is not None))
+        return td
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_device_lists_give_each_worker_its_own():
+    with MultiSyncCollector([cartpole] * 2, DevicePolicy(), frames_per_batch=8, total_frames=8,
+                            policy_device=[None, "cpu"]) as c:
+        batch = c.next()
+    assert [bool(lane.get("given_device").all()) for lane in batch.unbind(0)] == [False, True]
+    with pytest.raises(ValueError, match="policy_device has 3 entries for 2 workers"):
+        MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8, policy_device=["cpu"] * 3)
+
+
+# ------------------------------------------------------------------ trajs_per_batch
+def count_env() -> GymEnv:
+    return GymEnv("CountEnv-v0", num_envs=2)  # episodes of 3, 5, 2 steps; observation [t, episode, action]
+
+
+def assert_whole_trajectories(batch) -> None:
+    """Each row one whole trajectory: from a reset (t = 0) to its done step, one episode."""
+    mask = batch.get(("collector", "mask"))
+    for row, valid in zip(batch.unbind(0), mask):
+        steps = row[valid]
+        t, episode = steps.get("observation")[:, 0], steps.get("observation")[:, 1]
+        assert t.tolist() == list(range(len(steps))) and len(steps) in (2, 3, 5)
+        assert (episode == episode[0]).all()
+        done = steps.get(("next", "done")).squeeze(-1)
+        assert done[-1] and not done[:-1].any()
+
+
+def test_trajs_per_batch_yields_whole_trajectories():
+    collector = Collector(count_env, None, frames_per_batch=4, total_frames=60, trajs_per_batch=3)
+    batches = list(collector)
+    assert len(batches) >= 5 and all(b.shape[0] == 3 for b in batches)
+    for batch in batches:
+        assert_whole_trajectories(batch)
+    cat = Collector(count_env, None, frames_per_batch=4, total_frames=20, trajs_per_batch=2, traj_format="cat").next()
+    assert cat.batch_dims == 1 and int(cat.get(("next", "done")).sum()) == 2 and bool(cat.get(("next", "done"))[-1])
+
+
+def test_trajs_per_batch_writes_each_trajectory_flat_into_a_replay_buffer():
+    rb = RecordingBuffer()
+    list(Collector(count_env, None, frames_per_batch=4, total_frames=40, trajs_per_batch=3, replay_buffer=rb))
+    assert rb.calls and all(kind == "extend" and len(shape) == 1 for kind, shape in rb.calls)
+    with pytest.raises(ValueError, match="trajs_per_batch yields whole trajectories; accepted with it: split_trajs=False"):
+        Collector(count_env, None, frames_per_batch=4, trajs_per_batch=3, split_trajs=True)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_trajs_per_batch_from_workers():
+    with MultiSyncCollector([count_env] * 2, None, frames_per_batch=8, total_frames=80, trajs_per_batch=4) as c:
+        batches = list(c)
+    assert batches and all(b.shape[0] == 4 for b in batches)
+    for batch in batches:
+        assert_whole_trajectories(batch)
+    workers = torch.cat([b.get(("collector", "worker_id"))[:, 0] for b in batches])
+    assert set(workers.tolist()) == {0, 1}
