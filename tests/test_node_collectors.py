@@ -268,6 +268,17 @@ def run(net, tmp_path) -> Iterator:
         yield start
 
 
+def processes_left(net, grace: float = 15.0) -> dict[str, list[str]]:
+    """The command lines of processes still in ``net``'s namespaces ``grace`` seconds after a run
+    ended (a node's local workers exit once they see their node's pipes close)."""
+    deadline = time.monotonic() + grace
+    while any(namespace_pids(net).values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {name: [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                   for pid in pids if Path(f"/proc/{pid}").exists()]
+            for name, pids in namespace_pids(net).items() if pids}
+
+
 @pytest.mark.cluster
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
@@ -285,7 +296,7 @@ def test_two_hosts_of_two_local_workers_give_the_flat_runs_frames(net, run, tmp_
     # weights pushed after every batch reached every local worker on both hosts, as in the flat run
     assert [b["collector", "policy_version"].unique().tolist() for b in node_batches] == [[0], [1], [2], [3]]
     assert_same_frames(flat_batches, node_batches, 2)
-    assert not any(namespace_pids(net).values())
+    assert not processes_left(net)
 
 
 @pytest.mark.cluster
@@ -302,5 +313,5 @@ def test_local_worker_killed_on_another_host_is_one_worker_error(net, run):
     assert codes[0] == 0, r.report()
     assert error["worker_id"] == 1 and error["rank"] == 2 and net.host(3).address in error["host"], error
     assert error["reason"] == f"lost its local worker 0 (pid {victim}), which died with exit code -9 (SIGKILL)"
-    assert not any(namespace_pids(net).values()), "a process outlived the run"
+    assert not processes_left(net), "a process outlived the run"
 
