@@ -37,16 +37,22 @@ ROOT = os.path.dirname(TESTS)
 CPUS = 4  # logical CPUs of the session's Ray: two actors of 1 CPU, with room for a replacement
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """The user's own Ray, started once on 127.0.0.1 (never ``ray stop``: that ends every Ray of the machine)."""
-    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, TESTS, os.environ.get("PYTHONPATH", "")])  # actors import the test envs
+    """The user's own Ray, started once for this module on 127.0.0.1 and stopped after it, so that
+    later tests see a process without Ray (never ``ray stop``: that ends every Ray of the machine)."""
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, TESTS, saved or ""])  # actors import the test envs
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths live there
     ray.init(address="local", num_cpus=CPUS, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
              log_to_driver=False)
     yield
     ray.shutdown()
     shutil.rmtree(temp, ignore_errors=True)
+    if saved is None:
+        os.environ.pop("PYTHONPATH")
+    else:
+        os.environ["PYTHONPATH"] = saved
 
 
 def stamp_env(worker: int) -> GymEnv:

@@ -71,6 +71,7 @@ def test_trajectory_ids_strided_never_collide():
     assert workers[1].new(2).tolist() == [25, 28]
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")  # torch's, for as_nested=True
 def test_split_keyword_arguments_as_torchrls():
     """prefix, trajectory_key, done_key and as_nested read and write TorchRL's keys."""
     ids = torch.tensor([7, 7, 8, 8, 8, 9])
