@@ -24,6 +24,16 @@ def cartpole(max_episode_steps: int = 500) -> GymEnv:
     return GymEnv("CartPole-v1", max_episode_steps=max_episode_steps)
 
 
+def collector_of(workers: int, request, **kwargs):
+    """A single-process ``Collector`` (``workers=0``), or a ``MultiSyncCollector`` of ``workers``
+    CartPole workers; the latter marks the test as a multiprocess one."""
+    if not workers:
+        return Collector(cartpole, None, **kwargs)
+    for mark in multi:
+        request.applymarker(mark)
+    return MultiSyncCollector([cartpole] * workers, None, **kwargs)
+
+
 def longest_trajectory(batch) -> int:
     return int(split_trajectories(batch).get(("collector", "mask")).sum(-1).max())
 
@@ -41,9 +51,7 @@ def test_create_env_kwargs_on_an_env_instance_are_refused():
 
 @pytest.mark.parametrize("kwargs", [{"max_episode_steps": 3}, [{"max_episode_steps": 3}, {"max_episode_steps": 6}]])
 def test_create_env_kwargs_in_workers_one_for_all_or_one_each(kwargs, request):
-    for mark in multi:
-        request.applymarker(mark)
-    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=60, total_frames=60, create_env_kwargs=kwargs) as c:
+    with collector_of(2, request, frames_per_batch=60, total_frames=60, create_env_kwargs=kwargs) as c:
         batch = c.next()
     expected = [3, 3] if isinstance(kwargs, dict) else [3, 6]
     assert [longest_trajectory(lane) for lane in batch.unbind(0)] == expected
@@ -105,14 +113,7 @@ def test_init_fn_runs_in_each_worker_before_its_env_is_built():
 # ------------------------------------------------------------------ what a batch holds
 @pytest.mark.parametrize("workers", [0, 2])
 def test_set_truncated_marks_the_last_step_of_each_batch(workers, request):
-    kwargs = dict(frames_per_batch=20, total_frames=40, set_truncated=True)
-    if workers:
-        for mark in multi:
-            request.applymarker(mark)
-        collector = MultiSyncCollector([cartpole] * workers, None, **kwargs)
-    else:
-        collector = Collector(cartpole, None, **kwargs)
-    with collector:
+    with collector_of(workers, request, frames_per_batch=20, total_frames=40, set_truncated=True) as collector:
         for batch in collector:
             truncated, done = batch.get(("next", "truncated")), batch.get(("next", "done"))
             assert truncated[..., -1, :].all() and done[..., -1, :].all()
@@ -136,14 +137,7 @@ def test_reset_when_done_false_is_refused_as_in_torchrl():
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_compact_obs_drops_next_observations_only(workers, request):
-    kwargs = dict(frames_per_batch=8, total_frames=8, compact_obs=True)
-    if workers:
-        for mark in multi:
-            request.applymarker(mark)
-        collector = MultiSyncCollector([cartpole] * workers, None, **kwargs)
-    else:
-        collector = Collector(cartpole, None, **kwargs)
-    with collector:
+    with collector_of(workers, request, frames_per_batch=8, total_frames=8, compact_obs=True) as collector:
         batch = collector.next()
     keys = set(batch.keys(True, True))
     assert ("next", "observation") not in keys and "observation" in keys
