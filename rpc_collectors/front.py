@@ -176,9 +176,8 @@ class CollectorFront(BaseCollector):
             self._last_async = None
 
     def worker_error(self, worker_id: int, reason: str, remote: str = "") -> WorkerError:
-        record = self.roster[worker_id]
-        info = record.info or self.workers.identity(worker_id)
-        return WorkerError.from_info(worker_id, info, record.dead or reason, remote)
+        info = self.roster[worker_id].info or self.workers.identity(worker_id)
+        return WorkerError.from_info(worker_id, info, reason, remote)
 
     def fail(self, error: BaseException) -> BaseException:
         """Shut every worker down, then hand back ``error`` for the caller to raise."""

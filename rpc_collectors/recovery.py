@@ -38,7 +38,9 @@ class Recovery:
             front.require_running()
             worker_id, record = failed.worker_id, front.roster[failed.worker_id]
             reason = failed.reason if failed.remote or record.dead is None else record.dead  # a raise comes first
-            if not front.ready or not front.restarts.take(worker_id, reason + remote_summary(failed.remote)):
+            if not front.ready:  # a worker that fails while the collector starts is not replaced
+                raise front.fail(front.worker_error(worker_id, f"{reason} during start-up", failed.remote)) from failed.__cause__
+            if not front.restarts.take(worker_id, reason + remote_summary(failed.remote)):
                 raise front.fail(front.worker_error(worker_id, reason, failed.remote)) from failed.__cause__
             try:
                 self._replace(worker_id)

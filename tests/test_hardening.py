@@ -109,6 +109,26 @@ def test_worker_dying_during_start_up_is_a_worker_error_naming_it(monkeypatch):
     works_again()
 
 
+TRAINER_PID = os.getpid()
+
+
+def env_that_kills_its_worker():
+    if os.getpid() != TRAINER_PID:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return GymEnv("CartPole-v1")
+
+
+@pytest.mark.timeout(20)
+def test_worker_dying_while_it_builds_its_collector_is_a_worker_error_naming_it():
+    """After its hello, before the collector is up: still a death during start-up, not a restart."""
+    with pytest.raises(WorkerError) as info:
+        collector(create_env_fn=["CartPole-v1", env_that_kills_its_worker], rpc_timeout=60, max_worker_restarts=2)
+    err = info.value
+    assert err.worker_id == 1 and err.rank == 2
+    assert str(err).endswith("died with exit code -9 (SIGKILL) during start-up")
+    works_again()
+
+
 @pytest.mark.timeout(20)
 def test_ctrl_c_while_a_stopped_worker_holds_up_the_rendezvous(monkeypatch):
     stopped = signal_when_spawned(monkeypatch, 2, signal.SIGSTOP)

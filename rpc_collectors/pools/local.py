@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .. import spawner
-from ..channel import Channel
+from ..channel import EXIT_WAIT, Channel, ChannelClosed
 from ..rendezvous import Rendezvous, serve_store
 from . import OnDeath, WorkerPool, traceback_failure
 
@@ -85,7 +85,12 @@ class LocalPool(WorkerPool):
                     reason = f"{self._start_exits.pop(dead[0])} during start-up, before it joined the trainer"
                     raise self.error(dead[0], reason)
                 for worker_id in [i for i in waiting if self.channels[i].hello.done()]:
-                    self.channels[worker_id].hello.wait()  # raises if it failed
+                    try:
+                        self.channels[worker_id].hello.wait()  # raises if it failed
+                    except ChannelClosed:  # its pipe ended before the spawner reported the exit
+                        self._changed.wait_for(lambda i=worker_id: i in self._start_exits, EXIT_WAIT)
+                        reason = self._start_exits.pop(worker_id, "closed its channel")
+                        raise self.error(worker_id, f"{reason} during start-up, before it joined the trainer")
                     self.channels[worker_id].opened()
                     self._joined.add(worker_id)
                     waiting.discard(worker_id)
