@@ -8,6 +8,7 @@ import torch
 from tensordict import TensorDictBase
 
 from . import checks
+from .preemption import valid_frames
 from .trajectories import split_trajectories
 from .whole_trajectories import WholeTrajectories, emit
 
@@ -99,7 +100,7 @@ class BaseCollector:
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
             batch = self._collect_batch()
-            self._frames += batch.numel()
+            self._frames += valid_frames(batch)  # a batch cut short by the trainer counts what it holds
             self._iter += 1
             if self.split_trajs:
                 batch = split_trajectories(batch)

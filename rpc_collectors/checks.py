@@ -153,6 +153,30 @@ def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:
         raise ValueError("split_trajs=True and trajs_per_batch need track_traj_ids=True (trajectories are told apart by their ids)")
 
 
+def preemptive_threshold(value: Any, sync: Any, elastic: Any, whole_trajectories: bool) -> float | None:
+    """TorchRL's ``preemptive_threshold``: None (or 1.0: every worker finishes) for no preemption,
+    else a fraction in [0, 1) of the workers of a sync round that finish before the others stop."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"preemptive_threshold={value!r} is invalid; accepted: None or a number in [0, 1]")
+    if value == 1.0:
+        return None
+    if sync is False:
+        raise ValueError(
+            f"preemptive_threshold={value!r} ends the rounds of a sync collector early; an async one hands in "
+            "each worker's batch as soon as it is ready, so nothing waits on the slowest; accepted with sync=False: None"
+        )
+    if elastic is True:
+        raise ValueError(f"preemptive_threshold={value!r} does not work with elastic=True; accepted with it: None")
+    if whole_trajectories:
+        raise ValueError(
+            f"preemptive_threshold={value!r} pads a preempted worker's batch with steps it did not collect, which "
+            "split_trajs=True and trajs_per_batch would take for a trajectory; accepted with them: None"
+        )
+    return float(value)
+
+
 def compile_kwargs(value: Any) -> dict | None:
     """``compile_policy``: None/False (not compiled), True (``torch.compile``'s defaults) or its keyword arguments."""
     if value is None or value is False:

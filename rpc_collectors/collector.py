@@ -9,11 +9,12 @@ from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
 from tensordict.utils import unravel_key
 
-from . import batch_edits, checks
+from . import batch_edits, checks, preemption
 from .base import BaseCollector
 from .dispatch import DispatchingCollector
 from .envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
 from .policies import RandomPolicy, StepPolicy, run_device
+from .preemption import Preemption
 from .rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from .trajectories import TrajectoryIds
 from .weights import load_weights, one_source, weights_of
@@ -176,6 +177,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self._pending: tuple[Any, int] | None = None
         self._lock = threading.Lock()
         self._busy = threading.Lock()  # held by a batch in progress: state changes wait for its end
+        self.preemption: Preemption | None = None  # a worker's, when the trainer may end its batches early
         if self.policy is not None:
             self._check_policy()
 
@@ -212,8 +214,9 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             self.rollout.invalidate()
         random = self._frames < self.init_random_frames
         fresh_obs = self.rollout.needs_reset
+        stopped = self.preemption.stopped if self.preemption is not None else None
         with torch.no_grad(), set_interaction_type(self.exploration_type):
-            batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy)
+            batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy, stopped)
         batch.set(POLICY_VERSION, torch.full(batch.shape, self.policy_version, dtype=torch.int64))
         if self.track_policy_version:
             self._set_torchrl_versions(batch, self.policy_version if fresh_obs else self._obs_version)
@@ -222,6 +225,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             batch_edits.set_truncated(batch, self.truncated_keys)
         if self.compact_keys:
             batch = batch.exclude(*self.compact_keys)
+        if self.preemption is not None:
+            batch = preemption.padded(batch, self.steps_per_batch)
         if not self.track_traj_ids:
             batch_edits.drop_traj_ids(batch)
         if self.devices["storing_device"] is not None:

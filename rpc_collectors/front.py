@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from . import checks, layouts
+from . import checks, layouts, preemption
 from .base import BaseCollector
 from .data_plane import BatchPlane
 from .errors import Failure, WorkerError
@@ -51,6 +51,8 @@ class CollectorFront(BaseCollector):
         s = settings
         self.launcher, self.elastic, self.join_timeout = s.launcher, s.elastic, s.join_timeout
         self.num_workers, self.sync, self.cat_results = s.num_workers, s.sync, s.cat_results
+        # a sync round stops the other workers once this many handed in (TorchRL's preemptive_threshold)
+        self.preempt_after = None if s.preemptive_threshold is None else int(s.num_workers * s.preemptive_threshold)
         self.backend, self.rpc_timeout = s.backend, s.rpc_timeout
         self.update_after_each_batch = s.update_after_each_batch
         self.max_weight_update_interval = s.max_weight_update_interval
@@ -291,11 +293,14 @@ class CollectorFront(BaseCollector):
             self._round = results = {}
             try:
                 while len(results) < self.num_workers:
+                    if len(results) == self.preempt_after:
+                        self._preempt([i for i in range(self.num_workers) if i not in results])
                     worker_id, result = self._next_answer()
                     results[worker_id] = result
             finally:
                 self._round = None
-            return self._batches.place(self._combine([results[i] for i in range(self.num_workers)]))
+            batch = self._batches.place(self._combine([results[i] for i in range(self.num_workers)]))
+            return batch if self.preempt_after is None else self._without_padding(batch)
         if self._last_async is not None:
             self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
         for worker_id in range(self.num_workers):
@@ -309,6 +314,20 @@ class CollectorFront(BaseCollector):
             self._last_async = None
         return self._batches.place(batch)
 
+    def _preempt(self, worker_ids: list[int]) -> None:
+        """Ask ``worker_ids`` to end the batch in progress at their next step (not waited for: a
+        worker that died meanwhile shows in the round's wait)."""
+        for worker_id in worker_ids:
+            if self.workers.serves(worker_id):
+                self.workers.call(worker_id, "preempt", self.roster[worker_id].requests)
+
+    def _without_padding(self, batch: TensorDictBase) -> TensorDictBase:
+        """As TorchRL: concatenated along time (``cat_results=-1``, or 0 over ``[T]`` batches),
+        the steps a preempted worker did not collect are dropped; stacked, its mask marks them."""
+        if self.cat_results == -1 or (self.cat_results == 0 and batch.batch_dims == 1):
+            return preemption.drop_padding(batch)
+        return batch
+
     def _combine(self, results: list) -> TensorDictBase:
         stacked = self.shared(self._batches.round, results)  # the round where the workers wrote it
         if stacked is None:
@@ -316,7 +335,15 @@ class CollectorFront(BaseCollector):
         return layouts.lay_out(stacked, self.cat_results)
 
     def _extend(self, batch: TensorDictBase) -> None:
-        """Write a batch into ``replay_buffer`` as TorchRL's workers write theirs (see :func:`layouts.for_storage`)."""
+        """Write a batch into ``replay_buffer`` as TorchRL's workers write theirs (see :func:`layouts.for_storage`);
+        with ``extend_buffer=False`` each worker's steps one by one (``add``), worker after worker."""
+        if not self.extend_buffer:
+            for part in layouts.worker_parts(batch, self.sync and self.cat_results == "stack"):
+                if preemption.MASK in part.keys(True):
+                    part = preemption.drop_padding(part)
+                for step in part.unbind(part.batch_dims - 1):
+                    self.replay_buffer.add(step)
+            return
         if self.sync and self.cat_results == "stack" and not self.split_trajs:
             batch = layouts.for_storage(batch, getattr(getattr(self.replay_buffer, "storage", None), "ndim", None))
         self.replay_buffer.extend(batch)

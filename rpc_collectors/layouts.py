@@ -139,3 +139,19 @@ def for_storage(batch: TensorDictBase, ndim: int | None) -> TensorDictBase:
     if isinstance(ndim, int) and batch.batch_dims > ndim >= 1:
         return batch.reshape(-1, *batch.shape[batch.batch_dims - ndim + 1:])
     return batch
+
+
+def worker_parts(batch: TensorDictBase, stacked: bool) -> list[TensorDictBase]:
+    """Each worker's part of a multi-worker batch, ``[(B,) T]``, in the order the batch holds them:
+    the lanes of a stacked batch, or the runs of one ``WORKER_ID`` along the time dim
+    (``cat_results=-1``, and ``0`` over ``[T]`` batches) or along dim 0 (``0`` over ``[B, T]``)."""
+    if stacked:
+        return list(batch.unbind(0))
+    ids = batch.get(WORKER_ID)
+    first_row = ids.reshape(-1, ids.shape[-1])[0]
+    if (first_row != first_row[0]).any():
+        dim, lead = batch.batch_dims - 1, first_row
+    else:
+        dim, lead = 0, ids.reshape(ids.shape[0], -1)[:, 0]
+    counts = torch.unique_consecutive(lead, return_counts=True)[1]
+    return list(batch.split(counts.tolist(), dim))

@@ -7,7 +7,7 @@ protocol (``reset``, ``step(td)``, ``batch_size``). All keep the env's state and
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -91,8 +91,9 @@ class ArrayRollout:
             self.reset()
         return policy({k: torch.from_numpy(v) for k, v in self.obs.items()}, self.env.batch_size)
 
-    def collect(self, num_steps: int, policy: StepPolicy | None) -> TensorDict:
-        """Step ``num_steps`` times with ``policy`` (random actions if None)."""
+    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None) -> TensorDict:
+        """Step ``num_steps`` times with ``policy`` (random actions if None); fewer if ``stopped()``
+        turns True (checked after each step)."""
         if self.obs is None:
             self.reset()
         if self.traj is None:
@@ -136,6 +137,8 @@ class ArrayRollout:
                 self.steps = 0
             else:
                 self.obs = next_obs
+            if stopped is not None and stopped():
+                break
         return self._to_tensordict(obs_rec, next_rec, out_rec, rewards, terms, truncs, tids, counts)
 
     def _to_tensordict(self, obs_rec, next_rec, out_rec, rewards, terms, truncs, tids, counts) -> TensorDict:
@@ -229,7 +232,7 @@ class TensorDictRollout:
             self.reset()
         return policy(self.td.clone(), self.env.batch_size)
 
-    def collect(self, num_steps: int, policy: StepPolicy | None) -> TensorDictBase:
+    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
         if not self.stepped:
@@ -261,6 +264,8 @@ class TensorDictRollout:
                 nxt.set("done", nxt.get("done") | capped)
             steps.append(td)
             self.td = self._next_root(nxt, td)
+            if stopped is not None and stopped():
+                break
         return _stack_steps(steps, len(batch), self.dense_only)
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
@@ -316,7 +321,7 @@ class EnvBaseRollout(TensorDictRollout):
         self.td = _dense(self.env.reset())
         self.stepped = False
 
-    def collect(self, num_steps: int, policy: StepPolicy | None) -> TensorDictBase:
+    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
         env, batch, steps = self.env, self.env.batch_size, []
@@ -347,4 +352,6 @@ class EnvBaseRollout(TensorDictRollout):
             root = _dense(root)
             root.set(TRAJ_IDS, ids)
             self.td = root
+            if stopped is not None and stopped():
+                break
         return _stack_steps(steps, len(batch), self.dense_only)

@@ -13,7 +13,8 @@ class WorkerRecord:
     ``info`` is what the process reported of itself (None: vacant, or not built yet).
     ``dead`` is why it died, as its pool reported, until it is replaced. ``outstanding``
     counts its batch requests in flight; ``redo`` the requests a failed predecessor left
-    unanswered, which its replacement is asked again (into the same slots).
+    unanswered, which its replacement is asked again (into the same slots). ``requests`` counts
+    the batches this process was asked for (the number of the latest).
     """
 
     generation: int = 0
@@ -21,12 +22,13 @@ class WorkerRecord:
     dead: str | None = None
     outstanding: int = 0
     redo: int = 0
+    requests: int = 0
 
     def replaced(self) -> None:
         """A new process is taking the slot: what the last one was asked is asked again."""
         self.generation += 1
         self.redo += self.outstanding
-        self.outstanding = 0
+        self.outstanding = self.requests = 0
         self.dead = None
         self.info = None
 
@@ -37,7 +39,7 @@ class WorkerRecord:
     def vacated(self) -> None:
         """The slot is vacant (elastic): nothing asked of the process that left is redone."""
         self.generation += 1
-        self.outstanding = self.redo = 0
+        self.outstanding = self.redo = self.requests = 0
         self.dead = None
         self.info = None
 
@@ -47,6 +49,7 @@ class WorkerRecord:
     def asked(self, again: bool = False) -> None:
         """A batch request went out (``again``: one a predecessor left unanswered)."""
         self.outstanding += 1
+        self.requests += 1
         if again and self.redo:
             self.redo -= 1
 

@@ -122,6 +122,17 @@ class RPCCollector(CollectorFront):
         use_buffers: as for ``Collector``, in each worker.
         trajs_per_batch, traj_format: as for ``Collector``; the trainer assembles the trajectories
             from all workers' batches.
+        preemptive_threshold: sync only, TorchRL's: once this fraction of the workers handed in a
+            round's batches (``int(N * threshold)`` of them), the others end theirs at their next
+            step. Their batches are padded to full length: the steps they did not collect have
+            ``("collector", "traj_ids")`` -1 and ``("collector", "mask")`` False (every batch has
+            the mask); with ``cat_results=-1`` (or ``0`` over ``[T]`` batches) those steps are
+            dropped instead, without a mask. Only collected frames count towards ``total_frames``.
+            None or 1.0: every worker finishes its batch.
+        extend_buffer: False: the ``replay_buffer`` gets each step of each worker with ``add()`` (one
+            worker's steps, then the next worker's; steps a preempted worker did not collect are
+            left out) instead of whole batches with ``extend()`` (then without ``postproc`` or
+            ``split_trajs``).
 
     Sync batches and async batches carry ``("collector", "worker_id")``.
     """
@@ -179,16 +190,22 @@ class RPCCollector(CollectorFront):
         traj_format: str | None = None,
         auto_register_policy_transforms: bool | None = None,
         use_buffers: bool | None = None,
+        preemptive_threshold: float | None = None,
+        extend_buffer: bool = True,
     ) -> None:
         frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
         super().__init__(
             frames_per_batch=checks.frames_total(frames_per_batch), total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer, trajs_per_batch=trajs_per_batch, traj_format=traj_format,
+            postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer, trajs_per_batch=trajs_per_batch,
+            traj_format=traj_format,
         )
         self._closed = self._closing = True  # until the workers are up
         checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, track_traj_ids)
         checks.use_buffers(use_buffers, self.replay_buffer)
         elastic = checks.boolean("elastic", elastic)
+        preemptive_threshold = checks.preemptive_threshold(
+            preemptive_threshold, sync, elastic, self.split_trajs or self.trajs_per_batch is not None,
+        )
         join_timeout = checks.timeout("join_timeout", join_timeout)
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
         checked = settings.check(
@@ -207,6 +224,7 @@ class RPCCollector(CollectorFront):
             ),
             tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
             collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,
+            preemptive_threshold=preemptive_threshold,
         )
         self._open(checked, policy, functools.partial(_pool, checked))
 

@@ -70,6 +70,7 @@ class Settings:
     tcp_port: int | None = None  # local: the weight store's port; submitit: the trainer's rendezvous port
     executor: Any = None  # submitit: submits the collector jobs
     node: NodeSpec | None = None  # node collectors: what each worker runs (collector_class, num_workers_per_collector)
+    preemptive_threshold: float | None = None  # checked by checks.preemptive_threshold
 
 
 def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: float) -> tuple[str, Rendezvous | None]:
@@ -111,16 +112,22 @@ def check(
     backend: str, rpc_timeout: float, collector_kwargs: dict | None, num_threads: int | None,
     max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,
     weight_transport: str, worker_kwargs: dict, tcp_port: int | None = None, slurm_kwargs: dict | None = None,
-    collector_class: Any = "single", num_workers_per_collector: int = 1,
+    collector_class: Any = "single", num_workers_per_collector: int = 1, preemptive_threshold: float | None = None,
 ) -> Settings:
     """Check a multi-worker collector's arguments; ``worker_kwargs`` are those of each worker's
-    :class:`Collector` (``init_random_frames`` for the whole collector, shared out here).
+    :class:`Collector` (``init_random_frames`` for the whole collector, shared out here);
+    ``preemptive_threshold`` as :func:`checks.preemptive_threshold` returns it.
 
     ``collector_class`` ``"sync"``/``"async"`` makes each worker a node of
     ``num_workers_per_collector`` local workers (:mod:`rpc_collectors.node`): frames are
     shared out over every local worker, and ``max_worker_restarts`` is each node's budget for
     replacing its own local workers."""
     node_kind, per_node = node_class(collector_class, num_workers_per_collector)
+    if preemptive_threshold is not None and node_kind is not None:
+        raise ValueError(
+            f"preemptive_threshold={preemptive_threshold!r} does not work with node collectors "
+            f"(collector_class={collector_class!r}); accepted with them: None"
+        )
     worker_kwargs = {**WORKER_DEFAULTS, **worker_kwargs}
     env_fns = _env_fns(create_env_fn, num_collectors, rdv, elastic)
     num_workers = len(env_fns)
@@ -186,6 +193,7 @@ def check(
     kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
     devices = checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
     kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
+    kwargs["preemptible"] = preemptive_threshold is not None  # the worker numbers its batches and pads cut ones
     per_worker.pop("storing_device", None)
     return Settings(
         launcher=launcher, rdv=rdv, elastic=elastic, join_timeout=join_timeout, num_workers=num_workers, sync=sync,
@@ -195,6 +203,7 @@ def check(
         worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
         policy_device=devices["policy_device"], storing_device=devices["storing_device"],
         specs=_specs(env_fns, policy, kwargs, per_worker, node), node=node, tcp_port=tcp_port, executor=executor,
+        preemptive_threshold=preemptive_threshold,
     )
 
 

@@ -27,6 +27,7 @@ from tensordict import TensorDictBase
 from . import channel, doorbell, membership, spawner
 from .collector import Collector
 from .data_plane import Ready, SlotSpec, SlotWriter
+from .preemption import Preemption
 from .node import NodeCollector
 from .rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
 from .spawner import name_process
@@ -58,6 +59,7 @@ class WorkerState:
         :class:`~rpc_collectors.node.NodeSpec` makes this server a node of local workers."""
         create_env_fn, policy, kwargs, node = cloudpickle.loads(spec)
         init_fn = kwargs.pop("init_fn", None)
+        preemptible = kwargs.pop("preemptible", False)
         if init_fn is not None:  # TorchRL's init_fn: run in the worker before its env and policy are built
             init_fn()
         self.rank, self.address = rank, address
@@ -68,6 +70,9 @@ class WorkerState:
             )
         else:
             self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, **kwargs)
+        self.preemption = Preemption() if preemptible else None
+        if self.preemption is not None:
+            self.collector.preemption = self.preemption
         self.receiver: WeightReceiver | None = None
         self.writer: SlotWriter | None = None
         self.timeout = 60.0
@@ -112,6 +117,8 @@ class WorkerState:
 
     def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready:
         """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned."""
+        if self.preemption is not None:
+            self.preemption.begin()
         if self.receiver is not None:
             self.receiver.apply(self.collector, min_version, self.timeout)
         if self.writer is not None and isinstance(self.collector, Collector):  # observations go straight into the slot
@@ -124,6 +131,10 @@ class WorkerState:
         if isinstance(self.collector, NodeCollector):  # its tensors are views of the local workers' shared slots,
             return batch.clone()  # which an RPC result would carry whole
         return batch
+
+    def preempt(self, batch: int) -> None:
+        """End the ``batch``-th batch asked of this worker at its next step (TorchRL's preemption)."""
+        self.preemption.stop(batch)
 
     def set_seed(self, seed: int) -> int:
         torch.manual_seed(seed)

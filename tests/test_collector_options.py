@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.timeout(120)]
 multi = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes")]
 
 TRAJ = ("collector", "traj_ids")
+WORKER = ("collector", "worker_id")
 INIT_VARIABLE = "RPC_COLLECTORS_TEST_EPISODE_STEPS"
 
 
@@ -168,6 +169,50 @@ def test_extend_buffer_false_adds_step_by_step():
     with pytest.raises(ValueError, match="extend_buffer=False adds each step"):
         Collector(cartpole, None, frames_per_batch=8, replay_buffer=RecordingBuffer(), extend_buffer=False,
                   postproc=lambda td: td)
+
+
+class StepBuffer:
+    """A replay buffer that keeps every step it is given with ``add()``."""
+
+    def __init__(self) -> None:
+        self.steps: list = []
+
+    def add(self, td) -> None:
+        self.steps.append(td.clone())
+
+    def extend(self, td) -> None:
+        raise AssertionError("extend_buffer=False must add step by step")
+
+
+@pytest.mark.parametrize("sync, cat_results, num_envs", [
+    (True, "stack", None), (True, "stack", 2), (True, 0, None), (True, 0, 2), (True, -1, 2), (False, None, 2),
+])
+def test_extend_buffer_false_in_workers_adds_each_workers_steps_in_order(sync, cat_results, num_envs, request):
+    """Each ``add`` is one step of one worker (its envs' batch size), a worker's steps in time order."""
+    for mark in multi:
+        request.applymarker(mark)
+    rb = StepBuffer()
+    env = (lambda: GymEnv("CartPole-v1", num_envs=num_envs)) if num_envs else cartpole
+    collector = MultiSyncCollector if sync else MultiAsyncCollector
+    kwargs = {} if cat_results is None else {"cat_results": cat_results}
+    with collector([env] * 2, None, frames_per_batch=16, total_frames=32, replay_buffer=rb, extend_buffer=False, **kwargs) as c:
+        assert list(c) == [None, None]
+    envs = num_envs or 1
+    assert len(rb.steps) == 32 // envs
+    assert all(step.shape == ((num_envs,) if num_envs else ()) for step in rb.steps)
+    workers = [int(step[WORKER].reshape(-1)[0]) for step in rb.steps]
+    assert all((step[WORKER] == w).all() for step, w in zip(rb.steps, workers))
+    run = 8 // envs if sync else 16 // envs  # a worker's batch, in steps
+    runs = [workers[i:i + run] for i in range(0, len(workers), run)]
+    assert all(len(set(r)) == 1 for r in runs)
+    if sync:
+        assert [r[0] for r in runs] == [0, 1, 0, 1]
+    for r in range(len(runs)):
+        steps = rb.steps[r * run:(r + 1) * run]
+        for before, after in zip(steps, steps[1:]):
+            going_on = ~before[("next", "done")].reshape(-1)
+            assert torch.equal(before[("next", "observation")].reshape(envs, -1)[going_on],
+                               after["observation"].reshape(envs, -1)[going_on])
 
 
 # ------------------------------------------------------------------ hooks

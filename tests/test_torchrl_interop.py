@@ -410,6 +410,17 @@ def test_replay_buffer_filled_as_torchrls_workers_fill_it(ndim):
     assert len(rb) == 64
 
 
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_extend_buffer_false_adds_each_workers_steps_to_a_torchrl_buffer():
+    """TorchRL's workers add() each step they collect: a 1-d storage grows by one frame per add."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(256))
+    with MultiSyncCollector([plain_pendulum] * 2, None, frames_per_batch=32, total_frames=64, replay_buffer=rb,
+                            extend_buffer=False) as c:
+        list(c)
+    assert len(rb) == 64 and rb.storage._storage.shape == (256,)
+    assert rb[:64]["collector", "worker_id"].tolist() == ([0] * 16 + [1] * 16) * 2
+
+
 def capped_pendulum(max_steps: int):
     return TransformedEnv(GymEnv("Pendulum-v1"), StepCounter(max_steps=max_steps))
 
@@ -727,3 +738,26 @@ def test_use_buffers_true_stacks_densely_as_torchrl():
     with pytest.raises(TypeError, match="use_buffers=True and a replay_buffer"):
         Collector(plain_pendulum, None, frames_per_batch=8, use_buffers=True, replay_buffer=ReplayBuffer(storage=LazyTensorStorage(8)))
     assert Collector(plain_pendulum, None, frames_per_batch=8, total_frames=8, use_buffers=True).next().shape == (8,)
+
+
+def seeded_vec_mock_env(seed: int):
+    env = mocks.ContinuousActionVecMockEnv()
+    env.set_seed(seed)
+    return env
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_preemptive_threshold_zero_as_torchrls_interruptor_test():
+    """TorchRL's test_multisync_collector_interruptor_mechanism: with preemptive_threshold=0.0 no
+    round holds all its frames; the frames not collected have trajectory id -1 and a False mask."""
+    frames_per_batch = 800
+    with MultiSyncCollector([seeded_vec_mock_env] * 2, Actor(nn.Linear(7, 7)), create_env_kwargs=[{"seed": 100}] * 2,
+                            total_frames=800, max_frames_per_traj=50, frames_per_batch=frames_per_batch,
+                            init_random_frames=-1, reset_at_each_iter=False, split_trajs=False,
+                            preemptive_threshold=0.0, cat_results="stack") as c:
+        batches = list(c)
+    assert len(batches) > 1  # each round counts only what it collected
+    for batch in batches:
+        ids = batch["collector", "traj_ids"]
+        assert ids[ids != -1].numel() < frames_per_batch
+        assert torch.equal(batch["collector", "mask"], ids != -1)
