@@ -14,7 +14,6 @@ from .base import BaseCollector
 from .dispatch import DispatchingCollector
 from .envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
 from .policies import RandomPolicy, StepPolicy, run_device
-from .preemption import Preemption
 from .rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from .trajectories import TrajectoryIds
 from .weights import load_weights, one_source, weights_of
@@ -177,7 +176,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self._pending: tuple[Any, int] | None = None
         self._lock = threading.Lock()
         self._busy = threading.Lock()  # held by a batch in progress: state changes wait for its end
-        self.preemption: Preemption | None = None  # a worker's, when the trainer may end its batches early
+        self.preemption: preemption.Preemption | None = None  # a worker's, when the trainer may end its batches early
         if self.policy is not None:
             self._check_policy()
 
