@@ -107,10 +107,12 @@ class RayCollector(CollectorFront):
 
         def check(worker_kwargs: dict, kwargs: dict | None) -> settings.Settings:
             return settings.check(
-                "ray", None, False, 0.0, create_env_fn, policy, self.frames_per_batch, num_collectors, sync, None,
-                self._default_cat_results, "gloo", rpc_timeout, kwargs, num_threads, max_worker_restarts,
-                update_after_each_batch, max_weight_update_interval, "auto",
-                worker_kwargs=dict(
+                launcher="ray", rdv=None, elastic=False, join_timeout=0.0, create_env_fn=create_env_fn, policy=policy,
+                frames_per_batch=self.frames_per_batch, num_collectors=num_collectors, sync=sync, cat_results=None,
+                default_cat_results=self._default_cat_results, backend="gloo", rpc_timeout=rpc_timeout,
+                collector_kwargs=kwargs, num_threads=num_threads, max_worker_restarts=max_worker_restarts,
+                update_after_each_batch=update_after_each_batch, max_weight_update_interval=max_weight_update_interval,
+                weight_transport="auto", worker_kwargs=dict(
                     worker_kwargs, max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                     reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type,
                     track_policy_version=track_policy_version, policy_factory=policy_factory,

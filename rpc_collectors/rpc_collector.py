@@ -209,9 +209,12 @@ class RPCCollector(CollectorFront):
         join_timeout = checks.timeout("join_timeout", join_timeout)
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
         checked = settings.check(
-            resolved, rdv, elastic, join_timeout, create_env_fn, policy, self.frames_per_batch, num_collectors, sync,
-            cat_results, self._default_cat_results, backend, rpc_timeout, collector_kwargs, num_threads,
-            max_worker_restarts, update_after_each_batch, max_weight_update_interval, weight_transport,
+            launcher=resolved, rdv=rdv, elastic=elastic, join_timeout=join_timeout, create_env_fn=create_env_fn,
+            policy=policy, frames_per_batch=self.frames_per_batch, num_collectors=num_collectors, sync=sync,
+            cat_results=cat_results, default_cat_results=self._default_cat_results, backend=backend,
+            rpc_timeout=rpc_timeout, collector_kwargs=collector_kwargs, num_threads=num_threads,
+            max_worker_restarts=max_worker_restarts, update_after_each_batch=update_after_each_batch,
+            max_weight_update_interval=max_weight_update_interval, weight_transport=weight_transport,
             worker_kwargs=dict(
                 max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                 reset_at_each_iter=reset_at_each_iter, device=device, storing_device=storing_device,

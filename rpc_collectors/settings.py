@@ -107,7 +107,7 @@ def _serve(rdv: Rendezvous, rpc_timeout: float) -> None:
 
 
 def check(
-    launcher: str, rdv: Rendezvous | None, elastic: bool, join_timeout: float, create_env_fn: Any, policy: Any,
+    *, launcher: str, rdv: Rendezvous | None, elastic: bool, join_timeout: float, create_env_fn: Any, policy: Any,
     frames_per_batch: int, num_collectors: int | None, sync: bool, cat_results: Any, default_cat_results: Any,
     backend: str, rpc_timeout: float, collector_kwargs: dict | None, num_threads: int | None,
     max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,

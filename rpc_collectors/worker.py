@@ -78,12 +78,12 @@ class WorkerState:
         self.timeout = 60.0
 
     def info(self) -> dict:
-        """Who serves this collector: rank, host name, address, pid, machine id; its number of envs."""
+        """Who serves this collector: rank, host name, address, pid, machine id; its number of envs and torch threads."""
         node = isinstance(self.collector, NodeCollector)
         envs = self.collector.num_envs if node else int(torch.Size(self.collector.env.batch_size).numel())
         info = {
             "rank": self.rank, "host": socket.gethostname(), "address": self.address, "pid": os.getpid(),
-            "host_id": host_id(), "envs": envs,
+            "host_id": host_id(), "envs": envs, "threads": torch.get_num_threads(),
         }
         if node:
             info["local_pids"] = self.collector.pids
@@ -238,6 +238,8 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     """Run a collector server until the trainer stops it or goes away; returns an exit code."""
     global _rdv
     _rdv = rdv
+    if "OMP_NUM_THREADS" not in os.environ:  # one torch thread, as local workers (torchrun sets 1 too; srun does not)
+        torch.set_num_threads(1)
     name_process(f"rpc-worker{rdv.rank - 1}")
     spawner.rpc_starts_here(fork_now=False)  # a node collector's local workers must not inherit the agent
     if rdv.dynamic:  # its peers may die and be replaced: TensorPipe would log each of their connections

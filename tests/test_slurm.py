@@ -158,13 +158,14 @@ def rpc_collect_task(frames_per_batch: int, total_frames: int, probe_ifname: str
                 with torch.no_grad():
                     policy.linear.weight.add_(1.0)
                 collector.update_policy_weights_(policy)
+        threads = [info["threads"] for info in collector.infos]
         workers_at = {}
         if probe_ifname is not None:
             workers_at = {rank: rpc.rpc_sync(f"collector{rank}", interface_address, args=(probe_ifname,))
                           for rank in range(1, int(os.environ["WORLD_SIZE"]))}
     finally:
         collector.shutdown()
-    return {"frames": frames, "versions": versions, "traj_ids": traj_ids, "workers_at": workers_at,
+    return {"frames": frames, "versions": versions, "traj_ids": traj_ids, "workers_at": workers_at, "threads": threads,
             "trainer_at": os.environ["MASTER_ADDR"]}
 
 
@@ -175,6 +176,7 @@ def _check_rpc_summary(out: dict, total_frames: int, workers: int) -> None:
     assert len(all_ids) == len(set(all_ids)), "trajectory ids are unique across workers"
     assert out["versions"][0] == [0]
     assert out["versions"][-1] == [1], "the weight update reached the workers"
+    assert out["threads"] == [1] * workers, "a collector server runs one torch thread (srun sets no OMP_NUM_THREADS)"
 
 
 def failing_task() -> None:
