@@ -10,7 +10,6 @@ from .collector import Collector
 from .front import CollectorFront
 from .pools import ray as ray_pool
 
-DEVICE_ARGS = ("device", "storing_device", "env_device", "policy_device")
 SINGLE_COLLECTORS = ("Collector", "SyncDataCollector")  # TorchRL's names of the single-process collector
 
 
@@ -101,11 +100,10 @@ class RayCollector(CollectorFront):
             )
         shared_memory = checks.boolean("shared_memory", shared_memory)
         count = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else num_collectors
-        devices = {name: value for name, value in zip(DEVICE_ARGS, (device, storing_device, env_device, policy_device))}
-        per_worker = _per_worker(count, devices, collector_kwargs)
+        kwargs_each = _listed("collector_kwargs", collector_kwargs, count) or [collector_kwargs]
         configs = _remote_configs(remote_configs, count)
 
-        def check(worker_kwargs: dict, kwargs: dict | None) -> settings.Settings:
+        def check(kwargs: dict | None) -> settings.Settings:
             return settings.check(
                 launcher="ray", rdv=None, elastic=False, join_timeout=0.0, create_env_fn=create_env_fn, policy=policy,
                 frames_per_batch=self.frames_per_batch, num_collectors=num_collectors, sync=sync, cat_results=None,
@@ -113,13 +111,14 @@ class RayCollector(CollectorFront):
                 collector_kwargs=kwargs, num_threads=num_threads, max_worker_restarts=max_worker_restarts,
                 update_after_each_batch=update_after_each_batch, max_weight_update_interval=max_weight_update_interval,
                 weight_transport="auto", worker_kwargs=dict(
-                    worker_kwargs, max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
+                    device=device, storing_device=storing_device, env_device=env_device, policy_device=policy_device,
+                    max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                     reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type,
                     track_policy_version=track_policy_version, policy_factory=policy_factory,
                 ),
             )
 
-        checked = [check(devs, kwargs) for devs, kwargs in per_worker]
+        checked = [check(kwargs) for kwargs in kwargs_each]  # settings takes one collector_kwargs dict
         s = checked[0]
         s.specs = [c.specs[i] for i, c in enumerate(checked)] if len(checked) > 1 else s.specs
         if configs is None:
@@ -178,24 +177,6 @@ def _listed(name: str, value: Any, count: int | None) -> list | None:
     if count is None or len(value) != count:
         raise ValueError(f"{name} has {len(value)} entries; accepted: one value, or a list with one per collector ({count})")
     return list(value)
-
-
-def _per_worker(count: int | None, devices: dict, collector_kwargs: Any) -> list[tuple[dict, Any]]:
-    """Each collector's device arguments and collector_kwargs; one entry if none is a list."""
-    listed = {name: _listed(name, value, count) for name, value in devices.items()}
-    kwargs_list = _listed("collector_kwargs", collector_kwargs, count)
-    if all(v is None for v in listed.values()) and kwargs_list is None:
-        return [(devices, collector_kwargs)]
-    stores = listed["storing_device"]
-    if stores is not None and len({str(d) for d in stores}) > 1:
-        raise ValueError(
-            f"storing_device={stores!r}: batches are stored on the trainer, so accepted: one device (or a list of one)"
-        )
-    return [
-        ({name: (listed[name][i] if listed[name] is not None else value) for name, value in devices.items()},
-         kwargs_list[i] if kwargs_list is not None else collector_kwargs)
-        for i in range(count)
-    ]
 
 
 def _remote_configs(value: Any, count: int | None) -> list[dict] | None:
