@@ -126,6 +126,23 @@ if "CountEnv-v0" not in gym.registry:
     gym.register("CountEnv-v0", entry_point=CountEnv)
 
 
+def slow_cartpole(seconds_per_step: float):
+    """A ``GymEnv`` of CartPole whose every step takes ``seconds_per_step`` longer."""
+    import time
+
+    from rpc_collectors import GymEnv
+
+    env = GymEnv("CartPole-v1")
+    step = env.step_arrays
+
+    def slow(action):
+        time.sleep(seconds_per_step)
+        return step(action)
+
+    env.step_arrays = slow
+    return env
+
+
 
 @pytest.fixture
 def no_leftover_processes():

@@ -102,3 +102,16 @@ def killed_at_exit(start: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
     finally:
         for run in started:
             run.kill()
+
+
+def run_in_session(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a session of its own and return its output; its whole process group is
+    killed afterwards (a launcher's children too), also when it hangs or the test fails."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

@@ -22,6 +22,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import slow_cartpole
 from procs import descendants, wait_gone
 from rpc_collectors import GymEnv, RPCCollector, WorkerError, spawner
 from rpc_collectors.spawner import Spawner, shared_pid
@@ -336,15 +337,7 @@ def test_debug_launcher_reports_a_raised_error_with_its_traceback():
 
 
 def step_slowly():
-    env = GymEnv("CartPole-v1")
-    step = env.step_arrays
-
-    def slow(action):
-        time.sleep(0.05)
-        return step(action)
-
-    env.step_arrays = slow
-    return env
+    return slow_cartpole(0.05)
 
 
 def test_shutdown_from_another_thread_does_not_blame_a_worker():

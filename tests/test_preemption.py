@@ -3,20 +3,16 @@ their batches; the others stop at their next step, and what they did not collect
 masked (``"stack"``) or dropped (``cat_results=-1``)."""
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from procs import descendants, wait_gone
+from conftest import slow_cartpole
+from procs import descendants, run_in_session, wait_gone
 from rpc_collectors import GymEnv, MultiAsyncCollector, MultiSyncCollector, RPCCollector
 from rpc_collectors.preemption import MASK, Preemption, drop_padding, padded, valid_frames
 from rpc_collectors.rendezvous import free_port
@@ -31,17 +27,9 @@ def cartpole() -> GymEnv:
     return GymEnv("CartPole-v1")
 
 
-def slow_cartpole() -> GymEnv:
+def straggler() -> GymEnv:
     """CartPole whose every step takes 0.5 s: the worker the fast one leaves behind."""
-    env = GymEnv("CartPole-v1")
-    step = env.step_arrays
-
-    def slow(action):
-        time.sleep(0.5)
-        return step(action)
-
-    env.step_arrays = slow
-    return env
+    return slow_cartpole(0.5)
 
 
 # ------------------------------------------------------------------ worker side, in this process
@@ -114,7 +102,7 @@ def preempted_lane(batch, lane: int) -> int:
 @pytest.mark.usefixtures("no_leftover_processes")
 @pytest.mark.timeout(120)
 def test_stacked_rounds_end_when_the_fast_worker_is_done_and_mask_the_slow_ones_steps():
-    with MultiSyncCollector([cartpole, slow_cartpole], None, frames_per_batch=2 * STEPS, total_frames=-1,
+    with MultiSyncCollector([cartpole, straggler], None, frames_per_batch=2 * STEPS, total_frames=-1,
                             preemptive_threshold=0.5) as c:
         batches = [b.clone() for b in itertools.islice(c, 3)]
         frames = c.frames
@@ -136,7 +124,7 @@ def test_stacked_rounds_end_when_the_fast_worker_is_done_and_mask_the_slow_ones_
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("cat_results", [-1, 0])
 def test_concatenated_rounds_drop_the_steps_a_stopped_worker_did_not_collect(cat_results):
-    with RPCCollector([cartpole, slow_cartpole], None, frames_per_batch=2 * STEPS, launcher="local",
+    with RPCCollector([cartpole, straggler], None, frames_per_batch=2 * STEPS, launcher="local",
                       cat_results=cat_results, preemptive_threshold=0.5) as c:
         batches = [b.clone() for b in itertools.islice(c, 2)]
         frames = c.frames
@@ -154,7 +142,7 @@ def test_concatenated_rounds_drop_the_steps_a_stopped_worker_did_not_collect(cat
 @pytest.mark.timeout(120)
 def test_total_frames_counts_only_collected_frames():
     """Two full rounds would hold 80 frames; preempted ones hold fewer, so the run takes more rounds."""
-    with MultiSyncCollector([cartpole, slow_cartpole], None, frames_per_batch=2 * STEPS, total_frames=4 * STEPS,
+    with MultiSyncCollector([cartpole, straggler], None, frames_per_batch=2 * STEPS, total_frames=4 * STEPS,
                             preemptive_threshold=0.5) as c:
         batches = [b.clone() for b in c]
     assert len(batches) > 2
@@ -208,15 +196,9 @@ def test_torchrun_ranks_are_stopped_over_rpc(tmp_path):
     script.write_text(TORCHRUN_TRAINER)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", f"--master-port={free_port()}", str(script)]
     before = descendants()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=100)
-    finally:  # torchrun's ranks too, even when it hangs or the test fails
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == 0, stderr[-3000:]
-    summary = json.loads(next(line for line in stdout.splitlines() if line.startswith("{")))
+    run = run_in_session(cmd, timeout=100)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("{")))
     for fast, slow in summary["lanes"]:
         assert fast == STEPS and 1 <= slow < STEPS
     assert summary["frames"] == sum(map(sum, summary["lanes"]))

@@ -1,17 +1,14 @@
 """A real torchrun run of the launch script: trainer on rank 0, collector servers on ranks 1 and 2."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import shutil
-import subprocess
 import sys
 
 import pytest
 
-from procs import descendants, wait_gone
+from procs import descendants, run_in_session, wait_gone
 from rpc_collectors.rendezvous import free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -26,14 +23,9 @@ def test_torchrun_three_ranks_collect_update_and_exit_zero():
         "--frames", "1200", "--frames-per-batch", "200",
     ]
     before = descendants()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=100)
-    finally:  # torchrun's ranks too, even when it hangs or the test fails
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == 0, stderr[-3000:]
+    run = run_in_session(cmd, timeout=100)
+    stdout, stderr = run.stdout, run.stderr
+    assert run.returncode == 0, stderr[-3000:]
     summaries = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     assert len(summaries) == 1, "only the trainer (rank 0) prints a summary"
     summary = summaries[0]
