@@ -18,18 +18,10 @@ import sys
 import torch
 from torch import nn
 
+from multihost_trainer import ArgmaxPolicy
 from rpc_collectors import GymEnv, RPCCollector, WorkerError
 
 NODES, PER_NODE, STEPS, SEED = 2, 2, 25, 11
-
-
-class ArgmaxPolicy(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.linear(observation).argmax(-1)
 
 
 def make_env() -> GymEnv:

@@ -23,6 +23,7 @@ from torch import nn
 
 import devcluster_module
 from devcluster_module import namespace_pids
+from multihost_trainer import ArgmaxPolicy
 from procs import descendants, kill_sessions, killed_at_exit
 from rpc_collectors import (
     Collector, GymEnv, MultiAsyncCollector, MultiSyncCollector, RPCCollector, WorkerError,
@@ -36,15 +37,6 @@ TRAJ_IDS, WORKER_ID = ("collector", "traj_ids"), ("collector", "worker_id")
 
 def make_env() -> GymEnv:
     return GymEnv("CartPole-v1")
-
-
-class ArgmaxPolicy(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.linear(observation).argmax(-1)
 
 
 def collect(batches: int, launcher: str = "local", **kwargs) -> list:
