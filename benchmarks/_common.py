@@ -193,7 +193,7 @@ def run_case(script: str, case: dict, timeout: float = 240.0, flag: str = "--cas
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise RuntimeError(f"case {case} ran past {timeout} s; stderr tail:\n{err[-2000:]}")
+        raise RuntimeError(f"case {case} ran past {timeout} s; stderr tail:\n{err[-2000:]}") from None
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"case {case} failed (exit code {proc.returncode}); stderr tail:\n{err[-3000:]}")

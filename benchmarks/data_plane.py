@@ -77,7 +77,7 @@ def run(case: dict) -> dict:
     torch.set_num_threads(1)
     shape, dtype, per_worker = OBS[case["obs"]]
     if case["rpc"]:
-        import rpc_collectors.data_plane as data_plane
+        import rpc_collectors.planes.data as data_plane
 
         data_plane.MIN_BYTES = 1 << 62  # no batch is worth a slot: all go as RPC results
     make = _common.make_pong if shape is None else functools.partial(_common.make_no_work_env, shape, dtype)
@@ -156,7 +156,8 @@ def main() -> None:
               f"{'':>13} {'':>10} {single_cpu:>13.1f} {1:>13.2f}   runs: {singles[0]['rate']:,.0f}, {singles[1]['rate']:,.0f}")
         for name, r in runs:
             print(f"{'':<16} {name:<14} {r['rate']:>10,.0f} {r['rate'] / single:>9.2f} {r['rate'] * fb / 1e6:>8,.0f} "
-                  f"{'n/a' if args.rpc else format(r['receive'] / 1e6, ',.0f'):>13} {r['shared'] / 1e6:>10,.1f} {r['cpu_us']:>13.1f} "
+                  f"{'n/a' if args.rpc else format(r['receive'] / 1e6, ',.0f'):>13} "
+                  f"{r['shared'] / 1e6:>10,.1f} {r['cpu_us']:>13.1f} "
                   f"{min(2, int(name[2])) * single_cpu / r['cpu_us']:>13.2f}")
     print(f"load average after: {open('/proc/loadavg').read().split()[0]}")
 

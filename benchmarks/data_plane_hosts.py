@@ -7,7 +7,7 @@ Host 1 (10.83.0.1) receives, host 2 (10.83.0.2) sends, over a veth pair through 
 * TensorPipe: ``rpc_sync`` returning a TensorDict of 12 MB (RPC over TensorPipe's TCP "uv" transport,
   what ``RPCCollector`` used for a worker on another host before the data plane's own connection);
 * gloo: ``send`` / ``recv`` of a 12 MB uint8 tensor into a preallocated tensor (a process group);
-* the data plane: the TCP doorbell of ``rpc_collectors.doorbell`` with batches ready in the
+* the data plane: the TCP doorbell of ``rpc_collectors.planes.doorbell`` with batches ready in the
   worker's slots: per batch a request, a "ready" and the slot's bytes received into the trainer's
   slot, then handed out, two requests in flight (what an async ``RPCCollector`` does for a
   worker on another host, minus the env);
@@ -95,9 +95,9 @@ def peer(kind: str, rank: int, seconds: float) -> dict:
     if kind == "doorbell":
         import pickle
 
-        from rpc_collectors.data_plane import IN_FLIGHT, SLOTS, Ready, SlotPool, SlotWriter
-        from rpc_collectors.layouts import BatchLayout
-        from rpc_collectors.doorbell import SocketDoorbell, answer
+        from rpc_collectors.planes.data import IN_FLIGHT, SLOTS, Ready, SlotPool, SlotWriter
+        from rpc_collectors.planes.doorbell import SocketDoorbell, answer
+        from rpc_collectors.planes.layouts import BatchLayout
 
         store = torch.distributed.TCPStore(master, port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
         if rank == 1:
@@ -211,7 +211,8 @@ def main() -> None:
     parser.add_argument("--obs", default="84", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer in ("collector", "single"):
-        out = collector_rank(args.seconds, args.peer == "single", args.obs)  # ranks != 0 serve inside the constructor and exit there
+        # ranks != 0 serve inside the constructor and exit there
+        out = collector_rank(args.seconds, args.peer == "single", args.obs)
         print(json.dumps(out), flush=True)
         return
     if args.peer:
@@ -229,7 +230,8 @@ def main() -> None:
             for i, kind in enumerate(WAYS[:-1]):
                 if kind in ways:
                     argv = [*me, "--peer", kind, "--seconds", str(args.seconds)]
-                    rates.setdefault(kind, []).append(run_pair(net, lambda r: [*argv, "--rank", str(r)], PORT + i)["MBps"])
+                    run = run_pair(net, lambda r, argv=argv: [*argv, "--rank", str(r)], PORT + i)
+                    rates.setdefault(kind, []).append(run["MBps"])
         results = {kind: {"MBps": statistics.median(r), "runs": r} for kind, r in rates.items()}
         for i, obs in enumerate(OBS if "collector" in ways else ()):
             argv = [*me, "--peer", "collector", "--seconds", str(args.seconds), "--obs", obs]
@@ -249,7 +251,8 @@ def main() -> None:
             print(f"{label:<54} {results[kind]['MBps']:>8,.0f} {results[kind]['MBps'] / tcp:>10.2f}   turns: {turns}")
     for obs, label in (("84", "4x84x84"), ("256", "3x256x256")) if "collector" in ways else ():
         c, one = results[f"collector{obs}"], results[f"single{obs}"]
-        print(f"{'RPCCollector, remote worker (' + c['path'] + '), async, ' + label:<54} {c['MBps']:>8,.0f} {c['MBps'] / tcp:>10.2f}"
+        name = f"RPCCollector, remote worker ({c['path']}), async, {label}"
+        print(f"{name:<54} {c['MBps']:>8,.0f} {c['MBps'] / tcp:>10.2f}"
               f"   {c['rate']:,.0f} frames/s = {c['rate'] / one['rate']:.2f}x one process on host 2:")
         print(f"{'Collector, one process on host 2, ' + label:<54} {one['MBps']:>8,.0f} {one['MBps'] / tcp:>10.2f}"
               f"   {one['rate']:,.0f} frames/s (no transfer)")

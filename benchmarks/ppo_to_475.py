@@ -20,7 +20,7 @@ from pathlib import Path
 def run_demo(seed: int, workers: int, extra: list[str], timeout: float) -> dict:
     """One demo run; its run.json plus the process's own wall time."""
     with tempfile.TemporaryDirectory() as folder:
-        cmd = [sys.executable, "-m", "rpc_collectors.cli", "demo", "--seed", str(seed), "--workers", str(workers),
+        cmd = [sys.executable, "-m", "rpc_collectors.apps.cli", "demo", "--seed", str(seed), "--workers", str(workers),
                "--output-dir", folder, *extra]
         start = time.perf_counter()
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

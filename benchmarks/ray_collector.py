@@ -35,7 +35,8 @@ def env_fn(name: str, torchrl: bool = False):
 
     shape, dtype, _ = ENVS[name]
     if torchrl:
-        from torchrl.envs import GymEnv as TorchRLGymEnv, GymWrapper
+        from torchrl.envs import GymEnv as TorchRLGymEnv
+        from torchrl.envs import GymWrapper
 
         if shape is None:
             return functools.partial(TorchRLGymEnv, "CartPole-v1")
@@ -86,7 +87,7 @@ def torchrl_cases(cases: list, seconds: float) -> list:
              log_to_driver=False)
     results = []
     for env, sync in cases:
-        results.append(measure(lambda: RayCollector(
+        results.append(measure(lambda env=env, sync=sync: RayCollector(
             [env_fn(env, torchrl=True)] * WORKERS, None, frames_per_batch=ENVS[env][2], total_frames=10**9,
             sync=sync, remote_configs={"num_cpus": 1, "memory": 2 * 1024**3},
         ), seconds))

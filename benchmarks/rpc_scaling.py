@@ -119,7 +119,8 @@ def main() -> None:
     print(f"env step sleeps 5 ms; {args.steps} steps per worker per batch; {args.seconds:.0f} s per case")
     print(f"one process: hand-written loop {hand:,.1f} frames/s, Collector {single:,.1f} frames/s "
           f"({', '.join(f'{s:,.1f}' for s in singles)})")
-    print(f"{'N':>3} {'mode':<6} {'frames/s':>10} {'N x single':>11} {'ratio':>6} {'vs hand':>8} {'goal':>7} {'1st batch s':>12} {'workers MiB':>12} {'workers CPU':>12}")
+    print(f"{'N':>3} {'mode':<6} {'frames/s':>10} {'N x single':>11} {'ratio':>6} {'vs hand':>8} {'goal':>7} "
+          f"{'1st batch s':>12} {'workers MiB':>12} {'workers CPU':>12}")
     for n, mode, rate, first, mem, cores in rows:
         ratio = rate / (n * single)
         goal = GOALS.get(n)
@@ -128,7 +129,8 @@ def main() -> None:
             f"{n:>3} {mode:<6} {rate:>10,.0f} {n * single:>11,.0f} {ratio:>6.3f} {rate / (n * hand):>8.3f} "
             f"{'>= ' + str(goal) if goal else '':>7} {first:>12.2f} {mem:>12,.0f} {cores:>12.2f}{mark}"
         )
-    print("workers MiB: proportional set size (shared pages split) of every child process; workers CPU: cores they used while measured")
+    print("workers MiB: proportional set size (shared pages split) of every child process; "
+          "workers CPU: cores they used while measured")
     print("ratio = frames/s / (N x single-process Collector); 'vs hand' divides by N x the hand-written loop")
     print("TorchRL's RPCCollector: about 0.72 at N=8")
 

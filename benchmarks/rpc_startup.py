@@ -23,7 +23,7 @@ import torch
 import _common
 from _common import ArgmaxLinear, alive, children_of, emit, run_case
 from rpc_collectors import RPCCollector
-from rpc_collectors import spawner as spawner_module
+from rpc_collectors.worker import spawner as spawner_module
 
 
 def run(case: dict) -> dict:

@@ -96,7 +96,8 @@ def main() -> None:
         r = run_case(__file__, {"workers": args.workers, "sync": sync, "seconds": args.seconds})
         mode = "sync" if sync else "async"
         status = "met" if r["ratio"] <= 0.05 else "MISSED"
-        print(f"{mode:<6} {r['batches']:>8} {r['wall']:>7.2f} {r['cpu']:>6.3f} {r['ratio']:>9.2%} {r['idle']:>9.2%}  <= 5 %  {status}")
+        print(f"{mode:<6} {r['batches']:>8} {r['wall']:>7.2f} {r['cpu']:>6.3f} {r['ratio']:>9.2%} {r['idle']:>9.2%}  "
+              f"<= 5 %  {status}")
         notes.append(f"{mode}: busiest trainer threads while waiting (CPU s): {r['busiest']}")
     print("\n".join(notes))
     print("cpu/wall: time.process_time() of the trainer (all threads) / wall time inside next(); "

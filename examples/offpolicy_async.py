@@ -26,7 +26,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 from rpc_collectors import GymEnv, RPCCollector
-from rpc_collectors.ppo import POLICY_VERSION, WORKER_ID, EpisodeReturns, mlp
+from rpc_collectors.apps.ppo import POLICY_VERSION, WORKER_ID, EpisodeReturns, mlp
 
 KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "terminated")]
 

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from rpc_collectors import GymEnv, RPCCollector
-from rpc_collectors.ppo import PPOConfig, make_agent, make_policy, train
+from rpc_collectors.apps.ppo import PPOConfig, make_agent, make_policy, train
 
 ENVS_PER_WORKER = 4
 STEPS_PER_BATCH = 128  # per env

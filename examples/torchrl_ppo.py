@@ -43,7 +43,10 @@ def default_env() -> str:
 
 def make_env(env_id: str, loc: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> TransformedEnv:
     """The tutorial's env; ``loc``/``scale`` are the observation statistics, computed once by the trainer."""
-    norm = ObservationNorm(in_keys=["observation"]) if loc is None else ObservationNorm(loc=loc, scale=scale, in_keys=["observation"])
+    if loc is None:
+        norm = ObservationNorm(in_keys=["observation"])
+    else:
+        norm = ObservationNorm(loc=loc, scale=scale, in_keys=["observation"])
     return TransformedEnv(GymEnv(env_id, device="cpu"), Compose(norm, DoubleToFloat(), StepCounter()))
 
 

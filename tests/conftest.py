@@ -8,8 +8,8 @@ batch alone whether final observations, resets, truncation and trajectory ids ar
 from __future__ import annotations
 
 import gymnasium as gym
-import pytest
 import numpy as np
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -151,7 +151,7 @@ def no_leftover_processes():
     from multiprocessing import resource_tracker
 
     from procs import descendants, wait_gone
-    from rpc_collectors.spawner import shared_pid
+    from rpc_collectors.worker.spawner import shared_pid
 
     before = descendants()
     yield

@@ -28,8 +28,9 @@ import warnings
 import torch
 
 from multihost_trainer import ArgmaxPolicy
-from test_restarts import Policy as StampPolicy, StampEnv
 from rpc_collectors import GymEnv, RPCCollector, WorkerLeftWarning
+from test_restarts import Policy as StampPolicy
+from test_restarts import StampEnv
 
 WORKER_ID, VERSION, TRAJ_IDS = ("collector", "worker_id"), ("collector", "policy_version"), ("collector", "traj_ids")
 

@@ -23,7 +23,7 @@ from torch import nn
 
 import multihost_probe
 from rpc_collectors import RPCCollector
-from rpc_collectors.worker import worker_name
+from rpc_collectors.worker.server import worker_name
 
 
 class ArgmaxPolicy(nn.Module):
@@ -67,7 +67,7 @@ def main() -> None:
         }
         emit(start)
         if args.endless:
-            for i, batch in enumerate(collector):
+            for i, _ in enumerate(collector):
                 emit({"event": "batch", "index": i, "frames": collector.frames, "time": time.time()})
             return
         traj_ids, versions, batches = set(), set(), len(collector)

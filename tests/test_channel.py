@@ -1,4 +1,4 @@
-"""The pipes a local worker is driven over (rpc_collectors.channel), both ends in this process."""
+"""The pipes a local worker is driven over (rpc_collectors.worker.channel), both ends in this process."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rpc_collectors.channel import Channel, ChannelClosed, RemoteError, serve
+from rpc_collectors.worker.channel import Channel, ChannelClosed, RemoteError, serve
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -20,9 +20,8 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
-from rpc_collectors import Collector, GymEnv, RandomPolicy, SyncDataCollector, split_trajectories
-
 from conftest import CountEnv, TDCountEnv
+from rpc_collectors import Collector, GymEnv, RandomPolicy, SyncDataCollector, split_trajectories
 
 B = 3  # envs in a vector env
 KINDS = ["gym", "gym-vector", "gym-vector-same-step", "td", "td-batched"]
@@ -414,7 +413,7 @@ POLICIES = {
     "tensordict-module-two-outs": lambda: TensorDictModule(TwoHeads(), in_keys=["observation"], out_keys=["logits", "action"]),
     "tensordict-sequential": lambda: TensorDictSequential(
         TensorDictModule(lambda o: torch.stack([o[..., 0], o[..., 0] + 1], -1), in_keys=["observation"], out_keys=["logits"]),
-        TensorDictModule(lambda l: l.argmax(-1), in_keys=["logits"], out_keys=["action"]),
+        TensorDictModule(lambda logits: logits.argmax(-1), in_keys=["logits"], out_keys=["action"]),
     ),
     "nn-module": lambda: ArgmaxLinear(favour=1),
     "callable-in-place": Recorder,

@@ -218,7 +218,8 @@ def test_extend_buffer_false_in_workers_adds_each_workers_steps_in_order(sync, c
 # ------------------------------------------------------------------ hooks
 def test_collect_hooks_run_around_each_batch():
     calls = []
-    collector = Collector(cartpole, None, frames_per_batch=8, total_frames=16, postproc=lambda td: td.set("post", td.get("action")),
+    collector = Collector(cartpole, None, frames_per_batch=8, total_frames=16,
+                          postproc=lambda td: td.set("post", td.get("action")),
                           pre_collect_hook=lambda: calls.append("pre"),
                           post_collect_hook=lambda td: calls.append(("post", "post" in td.keys())))
     batches = list(collector)

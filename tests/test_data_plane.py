@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import mmap
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -26,7 +26,7 @@ from tensordict import TensorDict
 
 from procs import wait_gone
 from rpc_collectors import GymEnv, MultiCollector, WorkerError
-from rpc_collectors.data_plane import SLOTS
+from rpc_collectors.planes.data import SLOTS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(90)]
 
@@ -278,7 +278,8 @@ class GrowingEnv:
     def step(self, td: TensorDict) -> TensorDict:
         self.t += 1
         end = torch.tensor([self.t == 120])
-        nxt = self._obs().update({"reward": torch.zeros(1), "done": end, "terminated": end, "truncated": torch.zeros(1, dtype=torch.bool)})
+        nxt = self._obs().update({"reward": torch.zeros(1), "done": end, "terminated": end,
+                                  "truncated": torch.zeros(1, dtype=torch.bool)})
         return td.set("next", nxt)
 
 

@@ -20,7 +20,7 @@ from rpc_collectors import (
     RPCCollector,
     distributed,
 )
-from rpc_collectors.rendezvous import free_port
+from rpc_collectors.planes.rendezvous import free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
 
@@ -243,7 +243,7 @@ def test_collector_ray_backend_builds_a_ray_collector_or_says_what_is_missing():
         with pytest.raises(ImportError, match=r"backend='ray': RayCollector needs Ray: pip install \"rpc_collectors\[ray\]\""):
             Collector(count_env, None, num_collectors=2, backend="ray", frames_per_batch=20)
         return
-    from rpc_collectors.ray_collector import RayCollector
+    from rpc_collectors.collectors.ray import RayCollector
 
     with Collector("CartPole-v1", None, num_collectors=2, backend="ray", sync=True, frames_per_batch=20,
                    total_frames=20) as c:  # an env id: Ray's workers need not import the tests

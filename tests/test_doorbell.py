@@ -11,9 +11,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rpc_collectors.data_plane import BatchPlane, Ready, SlotPool, SlotWriter
-from rpc_collectors.layouts import BatchLayout
-from rpc_collectors.doorbell import ANSWER, READY, REQUEST, SocketDoorbell, answer
+from rpc_collectors.planes.data import BatchPlane, Ready, SlotPool, SlotWriter
+from rpc_collectors.planes.doorbell import ANSWER, READY, REQUEST, SocketDoorbell, answer
+from rpc_collectors.planes.layouts import BatchLayout
 
 pytestmark = pytest.mark.timeout(30)
 

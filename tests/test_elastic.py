@@ -22,7 +22,7 @@ import pytest
 import devcluster_module
 from procs import kill_sessions, killed_at_exit
 from rpc_collectors import RPCCollector
-from rpc_collectors.rendezvous import free_port
+from rpc_collectors.planes.rendezvous import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "elastic_trainer.py"
@@ -133,7 +133,7 @@ def test_async_collector_dies_the_other_goes_on_and_a_newcomer_joins(runs):
     first, second = run.collector("c1"), run.collector("c2")
     run.until(lambda r: r["event"] == "batch" and all(r["slots"]), 60, "batch with both collectors in")
     for pid in (first.pid, second.pid):
-        run.until(lambda r: r["event"] == "batch" and served_by(r, pid), 30, f"batch from pid {pid}")
+        run.until(lambda r, pid=pid: r["event"] == "batch" and served_by(r, pid), 30, f"batch from pid {pid}")
 
     os.kill(first.pid, signal.SIGKILL)
     left = run.until(lambda r: r["event"] == "left", 30, "WorkerLeftWarning")
@@ -210,7 +210,8 @@ def test_a_joiner_whose_batches_differ_is_refused_and_the_run_goes_on(runs):
     """A collector whose env gives 5 floats instead of 4 leaves its slot with a warning naming
     what differs; the batches the trainer yields keep the run's layout."""
     run = runs(["--slots", "2", "--obs-size", "4", "--batch-sleep", "0.02", "--rpc-timeout", str(RPC_TIMEOUT_S)])
-    first, second = run.collector("c1"), run.collector("c2")
+    first = run.collector("c1")
+    run.collector("c2")
     run.until(lambda r: r["event"] == "batch" and all(r["slots"]), 60, "batch with both collectors in")
     wrong = run.collector("c3", ELASTIC_OBS_SIZE="5")  # a spare, until a slot falls vacant
     time.sleep(2)  # let it join as a spare

@@ -10,9 +10,8 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict
 
-from rpc_collectors import Collector, GymEnv, RandomPolicy
-
 from conftest import CountEnv
+from rpc_collectors import Collector, GymEnv, RandomPolicy
 
 FLAGS = ("done", "terminated", "truncated")
 

@@ -22,8 +22,8 @@ import torch
 from tensordict import TensorDict
 
 from rpc_collectors import Collector, GymEnv
-from rpc_collectors import demo, ppo
-from rpc_collectors.cli import build_parser, main
+from rpc_collectors.apps import demo, ppo
+from rpc_collectors.apps.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -50,7 +50,7 @@ def run(args: list[str], cwd: Path = ROOT, timeout: float = TIMEOUT) -> subproce
 
 
 def demo_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rpc_collectors.cli", "demo", *args]
+    return [sys.executable, "-m", "rpc_collectors.apps.cli", "demo", *args]
 
 
 # --------------------------------------------------------------------- in-process: PPO pieces

@@ -13,7 +13,7 @@ from torch import nn
 
 from procs import descendants, wait_gone
 from rpc_collectors import RPCCollector, WorkerError
-from rpc_collectors.spawner import shared_pid
+from rpc_collectors.worker.spawner import shared_pid
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(60)]
 

@@ -24,8 +24,9 @@ from torch import nn
 
 from conftest import slow_cartpole
 from procs import descendants, wait_gone
-from rpc_collectors import GymEnv, RPCCollector, WorkerError, spawner
-from rpc_collectors.spawner import Spawner, shared_pid
+from rpc_collectors import GymEnv, RPCCollector, WorkerError
+from rpc_collectors.worker import spawner
+from rpc_collectors.worker.spawner import Spawner, shared_pid
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(60)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -211,7 +212,7 @@ def test_spawner_and_workers_do_not_inherit_the_trainers_descriptors(tmp_path):
         listener.bind(("0.0.0.0", 0))
         listener.listen()
         from rpc_collectors import RPCCollector
-        from rpc_collectors.spawner import shared_pid
+        from rpc_collectors.worker.spawner import shared_pid
         c = RPCCollector("CartPole-v1", None, num_collectors=2, frames_per_batch=100, launcher="local")
         pids = [shared_pid()] + [i["pid"] for i in c.infos]
         print(os.fstat(listener.fileno()).st_ino, *pids, flush=True)
@@ -373,7 +374,7 @@ def test_clean_run_is_quiet_names_its_processes_and_closes_its_store(tmp_path):
         import os, sys
         from procs import listening_addresses
         from rpc_collectors import RPCCollector
-        from rpc_collectors.spawner import shared_pid
+        from rpc_collectors.worker.spawner import shared_pid
         from test_rpc_collector import BiasPolicy
         for _ in range(2):
             c = RPCCollector("CartPole-v1", BiasPolicy(), num_collectors=2, frames_per_batch=100, launcher="local")
@@ -420,8 +421,8 @@ def time_wait_port() -> int:
 
 
 def test_a_port_in_time_wait_counts_as_free():
-    from rpc_collectors.rendezvous import serve_store
-    from rpc_collectors.slurm import _check_port_free
+    from rpc_collectors.cluster.slurm import _check_port_free
+    from rpc_collectors.planes.rendezvous import serve_store
 
     port = time_wait_port()
     _check_port_free(port)  # as the store binds it, so does the check

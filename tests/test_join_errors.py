@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from rpc_collectors.elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
-from rpc_collectors.rendezvous import Rendezvous, free_port
+from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
+from rpc_collectors.planes.rendezvous import Rendezvous, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -26,7 +26,12 @@ from devcluster_module import namespace_pids
 from multihost_trainer import ArgmaxPolicy
 from procs import descendants, kill_sessions, killed_at_exit
 from rpc_collectors import (
-    Collector, GymEnv, MultiAsyncCollector, MultiSyncCollector, RPCCollector, WorkerError,
+    Collector,
+    GymEnv,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    RPCCollector,
+    WorkerError,
 )
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray")
 
 from procs import wait_gone  # noqa: E402
 from rpc_collectors import GymEnv, WorkerError, WorkerRestartWarning  # noqa: E402
-from rpc_collectors.ray_collector import RayCollector  # noqa: E402
+from rpc_collectors.collectors.ray import RayCollector  # noqa: E402
 from test_restarts import StampEnv  # noqa: E402
 from test_rpc_collector import BiasPolicy  # noqa: E402
 
@@ -279,7 +279,7 @@ OWN_RAY = r"""
 import json, shutil, sys, time, tempfile
 from procs import descendants
 from rpc_collectors import GymEnv
-from rpc_collectors.ray_collector import RayCollector
+from rpc_collectors.collectors.ray import RayCollector
 import ray
 out = {}
 start = time.monotonic()

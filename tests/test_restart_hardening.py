@@ -12,7 +12,8 @@ import signal
 import pytest
 
 from procs import wait_gone
-from rpc_collectors import GymEnv, MultiCollector, WorkerRestartWarning, channel
+from rpc_collectors import GymEnv, MultiCollector, WorkerRestartWarning
+from rpc_collectors.worker import channel
 from test_restarts import Policy, StampEnv, check_whole, kill_soon
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]

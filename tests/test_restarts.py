@@ -181,7 +181,8 @@ def test_an_env_that_raises_is_replaced_with_its_traceback_in_the_warning():
         collector.shutdown()
     # every worker's env raises in its third batch: the first three failures are replaced
     assert len(record) == RESTARTS
-    assert all("raised an error: RuntimeError: simulator crashed at step 130" in str(w.message) for w in record), [str(w.message) for w in record]
+    messages = [str(w.message) for w in record]
+    assert all("raised an error: RuntimeError: simulator crashed at step 130" in m for m in messages), messages
     assert sum(collector.worker_restarts) == RESTARTS
     assert yielded == 2  # rounds 0-1 whole; round 2 fails on all four workers, one more than the budget
 
@@ -233,12 +234,13 @@ def test_bad_restart_arguments_are_refused_before_any_process_starts(kwargs, mes
     monkeypatch.setenv("MASTER_PORT", "29999")
     before = descendants()
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        RPCCollector("CartPole-v1", None, num_collectors=2, frames_per_batch=20, launcher=kwargs.pop("launcher", "local"), **kwargs)
+        RPCCollector("CartPole-v1", None, num_collectors=2, frames_per_batch=20, launcher=kwargs.pop("launcher", "local"),
+                     **kwargs)
     assert descendants() <= before
 
 
 def test_replacements_get_trajectory_ids_and_seeds_no_predecessor_used():
-    from rpc_collectors.membership import Restarts
+    from rpc_collectors.planes.membership import Restarts
 
     restarts = Restarts(budget=2, num_workers=4)
     restarts.started(1, envs=3)  # ids 1, 5, 9 at reset

@@ -12,10 +12,10 @@ from torch import nn
 from procs import LOOPBACK, descendants, listening_addresses
 from rpc_collectors import (
     MultiAsyncCollector,
+    MultiaSyncDataCollector,
     MultiCollector,
     MultiSyncCollector,
     MultiSyncDataCollector,
-    MultiaSyncDataCollector,
     RPCCollector,
     split_trajectories,
 )
@@ -200,7 +200,7 @@ def test_update_after_each_batch_sync():
 def test_update_after_each_batch_async_updates_the_worker_just_yielded():
     with rpc(BiasPolicy(0), sync=False, total_frames=800, update_after_each_batch=True) as c:
         seen = [(int(b[WORKER][0]), b[VERSION].unique().tolist()) for b in c]
-    for worker_id, versions in seen:
+    for _, versions in seen:
         assert len(versions) == 1, "an async batch mixed two policy versions"
     last_version = {}
     for worker_id, (version,) in seen:  # each later batch of a worker carries a newer version
@@ -222,7 +222,8 @@ def test_max_weight_update_interval():
 
 def test_trainer_keeps_its_default_process_group_and_environment():
     import torch.distributed as dist
-    from rpc_collectors.rendezvous import free_port
+
+    from rpc_collectors.planes.rendezvous import free_port
 
     env_before = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)

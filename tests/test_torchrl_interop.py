@@ -229,7 +229,7 @@ def _linear_actor():
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_distributed_collector_sync_layout_is_torchrls_live():
     """TorchRL's DistributedCollector (launcher="mp", sync=True) stacks its nodes' batches: [N, T]."""
-    from rpc_collectors.rendezvous import free_port
+    from rpc_collectors.planes.rendezvous import free_port
 
     with warnings.catch_warnings():  # its own deprecations, and a notice about InitTracker for v0.15
         warnings.simplefilter("ignore")
@@ -251,7 +251,7 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
     class as ``collector_class`` maps to ours); ours is importable from ``rpc_collectors.distributed``."""
     import inspect
 
-    from rpc_collectors import distributed
+    from rpc_collectors.collectors import distributed
 
     theirs = inspect.signature(getattr(trl_distributed, name).__init__).parameters
     ours = inspect.signature(getattr(distributed, name).__init__).parameters
@@ -274,7 +274,7 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
 def test_collector_backends_are_torchrls():
     from torchrl.collectors._single import _CollectorMeta
 
-    from rpc_collectors import dispatch
+    from rpc_collectors.collectors import dispatch
 
     assert set(dispatch.BACKENDS) == set(_CollectorMeta._BACKENDS)
     assert dispatch.RESERVED_OPTIONS == set(_CollectorMeta._RESERVED_OPTIONS)
@@ -449,7 +449,7 @@ def test_docs_examples_with_the_import_swapped(cls):
         collector = Collector(create_env_fn=env_maker, **kwargs)
     else:
         collector = getattr(rpc_collectors, cls)(create_env_fn=[env_maker, env_maker], cat_results="stack", **kwargs)
-    for i, data in enumerate(collector):
+    for i, data in enumerate(collector):  # noqa: B007 (data: the third batch, read below)
         if i == 2:
             break
     collector.shutdown()
@@ -543,8 +543,8 @@ def test_start_into_a_torchrl_replay_buffer(sync):
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_torchrl_ppo_example_short_mode():
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "torchrl_ppo.py"), "--env", "Pendulum-v1", "--total-frames", "2000", "--frames-per-batch", "1000",
-         "--workers", "2", "--epochs", "2"],
+        [sys.executable, str(ROOT / "examples" / "torchrl_ppo.py"), "--env", "Pendulum-v1", "--total-frames", "2000",
+         "--frames-per-batch", "1000", "--workers", "2", "--epochs", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=150,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -736,7 +736,8 @@ def test_use_buffers_true_stacks_densely_as_torchrl():
         with pytest.raises(RuntimeError, match="stack"):  # TorchRL: "stack expects each tensor to be equal size"
             cls(mocks.EnvWithDynamicSpec(), None, frames_per_batch=8, total_frames=8, use_buffers=True).next()
     with pytest.raises(TypeError, match="use_buffers=True and a replay_buffer"):
-        Collector(plain_pendulum, None, frames_per_batch=8, use_buffers=True, replay_buffer=ReplayBuffer(storage=LazyTensorStorage(8)))
+        Collector(plain_pendulum, None, frames_per_batch=8, use_buffers=True,
+                  replay_buffer=ReplayBuffer(storage=LazyTensorStorage(8)))
     assert Collector(plain_pendulum, None, frames_per_batch=8, total_frames=8, use_buffers=True).next().shape == (8,)
 
 

@@ -9,9 +9,8 @@ import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 
-from rpc_collectors import Collector, GymEnv
-
 from conftest import CountEnv, TDCountEnv
+from rpc_collectors import Collector, GymEnv
 
 
 class EnvFactory:

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import torch
 
-from .. import worker
-from . import WorkerPool, traceback_failure
+from rpc_collectors.pools.base import WorkerPool, traceback_failure
+from rpc_collectors.worker import server as worker
 
 
 class DebugPool(WorkerPool):

@@ -1,6 +1,6 @@
 """Worker processes on the trainer's host, started by the spawner and driven over pipes.
 
-No RPC agent and no port: each worker is called through its :class:`~rpc_collectors.channel.Channel`,
+No RPC agent and no port: each worker is called through its :class:`~rpc_collectors.worker.channel.Channel`,
 so any number of collectors can run local workers in one process. The spawner reports each
 exit at once; a worker that dies fails the calls it had in flight with its exit status.
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from .. import spawner
-from ..channel import EXIT_WAIT, Channel, ChannelClosed
-from ..rendezvous import Rendezvous, serve_store
-from . import OnDeath, WorkerPool, traceback_failure
+from rpc_collectors.planes.rendezvous import Rendezvous, serve_store
+from rpc_collectors.pools.base import OnDeath, WorkerPool, traceback_failure
+from rpc_collectors.worker import spawner
+from rpc_collectors.worker.channel import EXIT_WAIT, Channel, ChannelClosed
 
 
 def describe_exit(code: int) -> str:
@@ -64,7 +64,7 @@ class LocalPool(WorkerPool):
         bell.hello.add_done_callback(lambda _f: self._notify())
         ends = bell.ends
         pid = self.spawner.spawn(
-            "rpc_collectors.worker:local_main", [worker_id + 1, ends.pid, ends.request, ends.answer],
+            "rpc_collectors.worker.server:local_main", [worker_id + 1, ends.pid, ends.request, ends.answer],
             self.rpc_timeout, lambda pid, code, i=worker_id: self._on_exit(i, pid, code),
         )
         self.pids[pid] = worker_id
@@ -90,7 +90,7 @@ class LocalPool(WorkerPool):
                     except ChannelClosed:  # its pipe ended before the spawner reported the exit
                         self._changed.wait_for(lambda i=worker_id: i in self._start_exits, EXIT_WAIT)
                         reason = self._start_exits.pop(worker_id, "closed its channel")
-                        raise self.error(worker_id, f"{reason} during start-up, before it joined the trainer")
+                        raise self.error(worker_id, f"{reason} during start-up, before it joined the trainer") from None
                     self.channels[worker_id].opened()
                     self._joined.add(worker_id)
                     waiting.discard(worker_id)

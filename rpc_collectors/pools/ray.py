@@ -1,6 +1,6 @@
 """Collector workers as Ray actors, on any node of a Ray cluster.
 
-Each actor serves one :class:`~rpc_collectors.worker.WorkerState`, the same code that every
+Each actor serves one :class:`~rpc_collectors.worker.server.WorkerState`, the same code that every
 other pool serves; the trainer calls its methods by name (``actor.handle.remote(method,
 args)``). Actors run their calls in threads (a weight push is answered while a batch is
 being collected), are created with ``max_restarts=0`` (Ray never restarts one behind the
@@ -12,7 +12,7 @@ so without torch's per-storage serialization) and are copied into fresh tensors 
 so no batch handed to the user lies in store memory. Weights for actors that do not share the
 trainer's memory are put into the store once per version (:meth:`RayPool.call`). Actors on the
 trainer's node share memory with it: the front's shared-memory data and weight planes serve
-them as they serve local workers (see :mod:`rpc_collectors.data_plane`).
+them as they serve local workers (see :mod:`rpc_collectors.planes.data`).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ import ray
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .. import worker
-from . import WorkerPool, traceback_failure
+from rpc_collectors.pools.base import WorkerPool, traceback_failure
+from rpc_collectors.worker import server as worker
 
 DEFAULT_REMOTE_CONFIG = {"num_cpus": 1, "memory": 2 * 1024**3}  # TorchRL's default per actor
 CALL_THREADS = 4  # calls an actor runs at once

@@ -1,0 +1,205 @@
+"""``rpc-collectors demo``: PPO on CartPole-v1 with local collector workers, end to end.
+
+Builds the policy and critic (:mod:`rpc_collectors.apps.ppo`), a collector of ``workers`` local
+worker processes with ``envs_per_worker`` envs each, and trains until the mean return of the
+last 20 episodes reaches the target. Shows a progress bar, prints a summary table, and writes
+``run.json`` (the record of the run) and ``learning_curve.png`` to the output folder.
+Ctrl-C stops cleanly: the collector is shut down and the record so far is saved.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import time
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import tensordict
+import torch
+from tqdm import tqdm
+
+from rpc_collectors.apps import ppo
+from rpc_collectors.collection.envs import GymEnv
+from rpc_collectors.collectors.multi import RPCCollector
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's command-line options."""
+    parser.add_argument("--env", default="CartPole-v1", help="gymnasium id (Box observations, Discrete actions)")
+    parser.add_argument("--workers", type=int, default=2, help="collector worker processes (default 2)")
+    parser.add_argument("--envs-per-worker", type=int, default=4, help="vector envs in each worker (default 4)")
+    parser.add_argument("--steps", type=int, default=128, help="steps per env in each batch (default 128)")
+    parser.add_argument("--total-frames", type=int, default=500_000, help="stop after this many frames (default 500000)")
+    parser.add_argument("--target-return", type=float, default=475.0,
+                        help="stop when the mean return of the last 20 episodes reaches it (default 475)")
+    parser.add_argument("--seed", type=int, default=0)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--sync", dest="sync", action="store_true", default=True,
+                      help="one batch from all workers at a time (default)")
+    mode.add_argument("--async", dest="sync", action="store_false",
+                      help="first ready worker's batch first; policy lag may exceed 0")
+    parser.add_argument("--output-dir", type=Path, default=None,
+                        help="where run.json and learning_curve.png go (default runs/<env>-<date>-<time>)")
+
+
+def make_collector(
+    env_id: str, policy: Any, *, workers: int, envs_per_worker: int, steps: int, total_frames: int, sync: bool
+) -> RPCCollector:
+    """The demo's collector: ``workers`` local processes, each stepping ``envs_per_worker`` envs.
+
+    Sync batches are ``[workers, envs_per_worker, steps]``; async ones one worker's
+    ``[envs_per_worker, workers * steps]``, so both modes train on batches of the same size.
+    """
+    frames_per_batch = workers * envs_per_worker * steps
+    return RPCCollector(
+        partial(GymEnv, env_id, num_envs=envs_per_worker), policy,
+        frames_per_batch=frames_per_batch, total_frames=total_frames,
+        num_collectors=workers, sync=sync, launcher="local", cat_results="stack",
+    )
+
+
+class RunRecord:
+    """Everything worth keeping about a run; saved as JSON, also when the run is interrupted."""
+
+    def __init__(self, args: argparse.Namespace, cfg: ppo.PPOConfig) -> None:
+        self.data: dict[str, Any] = {
+            "command": " ".join(sys.argv),
+            "started": datetime.now().isoformat(timespec="seconds"),
+            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"},
+            "ppo": dataclasses.asdict(cfg),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                         "tensordict": tensordict.__version__},
+            "status": "running",
+            "curve": [],  # one point per batch
+            "episodes": [],  # [frames when it ended, return]
+        }
+        self.worker_frames: dict[int, int] = {}
+
+    def add(self, it: ppo.Iteration, elapsed: float) -> None:
+        self.data["curve"].append({
+            "frames": it.frames, "time_s": round(elapsed, 3), "mean_return": it.mean_return,
+            "policy_lag": it.policy_lag, **{k: round(v, 5) for k, v in it.losses.items()},
+        })
+        self.data["episodes"].extend([it.frames, r] for r in it.episode_returns)
+        for w, n in it.worker_frames.items():
+            self.worker_frames[w] = self.worker_frames.get(w, 0) + n
+
+    def finish(self, status: str, startup_s: float, train_s: float) -> dict[str, Any]:
+        curve = self.data["curve"]
+        frames = curve[-1]["frames"] if curve else 0
+        self.data.update(
+            status=status,
+            frames=frames,
+            startup_s=round(startup_s, 3),
+            wall_time_s=round(train_s, 3),
+            frames_per_s=round(frames / train_s, 1) if train_s > 0 else None,
+            worker_frames_per_s={str(w): round(n / train_s, 1) for w, n in sorted(self.worker_frames.items())}
+            if train_s > 0 else {},
+            final_mean_return=curve[-1]["mean_return"] if curve else None,
+        )
+        return self.data
+
+    def save(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "run.json"
+        path.write_text(json.dumps(self.data, indent=1))
+        return path
+
+
+def plot_curve(record: dict[str, Any], path: Path) -> Path | None:
+    """Episode returns and their 20-episode mean against frames; None (with a notice) without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("learning curve skipped: matplotlib is not installed (pip install 'rpc_collectors[plot]')")
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if record["episodes"]:
+        frames, returns = zip(*record["episodes"])
+        ax.scatter(frames, returns, s=4, alpha=0.3, label="episode return")
+    points = [(p["frames"], p["mean_return"]) for p in record["curve"] if p["mean_return"] is not None]
+    if points:
+        ax.plot(*zip(*points), color="C1", label="mean of last 20 episodes")
+    target = record["settings"].get("target_return")
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    s = record["settings"]
+    ax.set(xlabel="frames", ylabel="return",
+           title=f"PPO on {s['env']}: {s['workers']} workers, {'sync' if s['sync'] else 'async'}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def summary_table(record: dict[str, Any]) -> str:
+    """The end-of-run table: frames, wall time, frames/s, per-worker frames/s, final return."""
+    ret = record["final_mean_return"]
+    rows = [
+        ("status", record["status"]),
+        ("frames", f"{record['frames']:,}"),
+        ("wall time", f"{record['wall_time_s']:.1f} s (+ {record['startup_s']:.1f} s worker start-up)"),
+        ("frames/s", f"{record['frames_per_s'] or 0:,.0f}"),
+        *[(f"  worker {w} frames/s", f"{v:,.0f}") for w, v in record["worker_frames_per_s"].items()],
+        ("final return (last 20)", "n/a" if ret is None else f"{ret:.1f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo with parsed ``args``; returns the exit code (0, or 130 when interrupted)."""
+    for name in ("workers", "envs_per_worker", "steps", "total_frames"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; it must be >= 1")
+    output = args.output_dir or Path("runs") / f"{args.env}-{datetime.now():%Y%m%d-%H%M%S}"
+    torch.set_num_threads(1)  # small networks: threads only compete with the workers for cores
+    torch.manual_seed(args.seed)
+    cfg = ppo.PPOConfig(target_return=args.target_return)
+    actor, critic = ppo.make_agent(args.env, cfg.hidden)
+    policy = ppo.make_policy(actor)
+    record = RunRecord(args, cfg)
+    status, start = "failed", time.perf_counter()
+    collector, bar, train_start = None, None, start
+    print(f"PPO on {args.env}: starting {args.workers} collector workers ({'sync' if args.sync else 'async'}, "
+          f"{args.envs_per_worker} envs each)", flush=True)
+    try:
+        collector = make_collector(
+            args.env, policy, workers=args.workers, envs_per_worker=args.envs_per_worker, steps=args.steps,
+            total_frames=args.total_frames, sync=args.sync,
+        )
+        collector.set_seed(args.seed)
+        bar = tqdm(total=args.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True)
+        train_start = time.perf_counter()
+        status = "frame budget spent"
+        for it in ppo.train(collector, policy, critic, cfg, num_workers=args.workers):
+            record.add(it, time.perf_counter() - train_start)
+            bar.update(it.batch_frames)
+            bar.set_postfix(ret="-" if it.mean_return is None else f"{it.mean_return:.1f}", lag=it.policy_lag)
+            if it.solved:
+                status = f"reached {args.target_return:g}"
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        end = time.perf_counter()
+        if bar is not None:
+            bar.close()
+        if collector is not None:
+            collector.shutdown()
+        data = record.finish(status, train_start - start, end - train_start)
+        path = record.save(output)
+    print(summary_table(data))
+    if data["status"].startswith("reached"):
+        print(f"reached a mean return of {args.target_return:g} over the last 20 episodes after "
+              f"{data['frames']:,} frames in {data['wall_time_s']:.1f} s")
+    plot = plot_curve(data, output / "learning_curve.png")
+    print(f"run record: {path}" + (f"\nlearning curve: {plot}" if plot else ""))
+    return 130 if status == "interrupted" else 0

@@ -1,0 +1,158 @@
+"""Collector jobs that the trainer submits to SLURM itself (``launcher="submitit"``).
+
+The trainer serves its rendezvous store, writes where it is to
+``<folder>/<session>_rendezvous.json`` and submits one single-task job per collector with
+``submitit.AutoExecutor(folder=...)``; each job reads that file and joins the trainer's
+dynamic RPC group as any elastic collector does (:func:`collector_job`, see
+:mod:`rpc_collectors.cluster.elastic`). The jobs end when the trainer stops their collectors;
+:meth:`CollectorJobs.end` cancels those still queued or running a few seconds later, and a
+guard process (:mod:`rpc_collectors.cluster.job_guard`) cancels them if the trainer dies first.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from rpc_collectors.cluster.elastic import join_rendezvous, member_rendezvous
+from rpc_collectors.cluster.slurm import _write_json, setup_join_env
+from rpc_collectors.planes.rendezvous import interface_address, interface_towards
+from rpc_collectors.worker.server import serve
+
+# TorchRL's time limit (its DEFAULT_SLURM_CONF); partition and CPUs per task are the cluster's defaults
+DEFAULT_SLURM_KWARGS = {"timeout_min": 10}
+END_GRACE_S = 5.0  # how long stopped collectors' jobs get to complete before they are cancelled
+POLL_S = 0.2
+
+
+def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
+    """The submitit executor of the collector jobs, from ``slurm_kwargs`` (checked; no job is submitted).
+
+    ``slurm_kwargs["folder"]`` is where the jobs' logs go; the other keys are
+    ``submitit.AutoExecutor.update_parameters``'s (``timeout_min``, ``slurm_partition``, ...).
+    """
+    example = "{'folder': '/shared/logs/run1', 'slurm_partition': 'cpu', 'timeout_min': 120}"
+    if not isinstance(slurm_kwargs, dict) or not slurm_kwargs.get("folder"):
+        raise ValueError(
+            f"slurm_kwargs={slurm_kwargs!r} is invalid for launcher='submitit': it needs the folder for the "
+            f"collector jobs' logs, one every node can read; accepted: a dict such as {example}"
+        )
+    params = {**DEFAULT_SLURM_KWARGS, **{k: v for k, v in slurm_kwargs.items() if k != "folder"}}
+    try:
+        jobs = submitit.AutoExecutor(folder=slurm_kwargs["folder"], cluster="slurm")
+        jobs.update_parameters(**params)
+    except (AssertionError, NameError, TypeError, ValueError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"slurm_kwargs={slurm_kwargs!r} is invalid: {reason}; accepted: 'folder' and the parameters of "
+            f"submitit.AutoExecutor.update_parameters, e.g. {example}"
+        ) from err
+    return jobs
+
+
+def trainer_interface() -> str:
+    """The network interface where collector jobs reach the trainer: ``TP_SOCKET_IFNAME`` or
+    ``GLOO_SOCKET_IFNAME`` when set, else the one that routes to the SLURM controller."""
+    interface = os.environ.get("TP_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME")
+    if interface:
+        interface_address(interface)  # a wrong name fails here, with the list of interfaces
+        return interface
+    return interface_towards(controller_address())
+
+
+def controller_address() -> str:
+    """The SLURM controller's address (``scontrol show config``'s SlurmctldHost)."""
+    try:
+        proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1] if proc.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as err:
+        reason = str(err)
+    if reason:
+        raise RuntimeError(f"launcher='submitit' needs a SLURM cluster this process can submit to; `scontrol show "
+                           f"config` failed ({reason}): check SLURM_CONF and that the controller runs")
+    match = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(
+            "`scontrol show config` names no SlurmctldHost; set TP_SOCKET_IFNAME to the interface where the "
+            "collector jobs reach this trainer"
+        )
+    return match.group(2) or match.group(1)
+
+
+def collector_job(rendezvous_file: str, join_timeout: float, rpc_timeout: float) -> int:
+    """A collector job's task: join the trainer whose rendezvous is in ``rendezvous_file`` and
+    serve a collector until the trainer stops it."""
+    setup_join_env(Path(rendezvous_file), wait_s=join_timeout)
+    code = serve(member_rendezvous(join_rendezvous(), join_timeout), rpc_timeout)
+    if code:
+        raise RuntimeError("this collector lost its trainer (see the lines above)")
+    return code
+
+
+class CollectorJobs:
+    """The collector jobs of one trainer: submitted, watched, and ended (or cancelled)."""
+
+    def __init__(self, jobs: submitit.AutoExecutor, session: str) -> None:
+        self.executor = jobs
+        self.folder = Path(jobs.folder)
+        self.rendezvous = self.folder / f"{session}_rendezvous.json"
+        self.jobs: list[submitit.Job] = []
+        self._guard: subprocess.Popen | None = None
+
+    def submit(self, count: int, address: str, port: int, join_timeout: float, rpc_timeout: float) -> None:
+        """Write the trainer's rendezvous and submit ``count`` collector jobs that join it."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _write_json(self.rendezvous, {"master_addr": address, "master_port": port})
+        guard = Path(__file__).with_name("job_guard.py")
+        self._guard = subprocess.Popen(
+            [sys.executable, "-I", str(guard)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, text=True,
+        )
+        for _ in range(count):
+            job = self.executor.submit(collector_job, str(self.rendezvous), join_timeout, rpc_timeout)
+            self.jobs.append(job)
+            self._guard.stdin.write(f"{job.job_id}\n")
+            self._guard.stdin.flush()
+
+    def ended(self) -> dict[str, str]:
+        """The jobs that ended (id: SLURM state), as SLURM's accounting reports them now."""
+        watcher = submitit.SlurmJob.watcher
+        watcher.update()  # one sacct call for every job
+        return {job.job_id: watcher.get_state(job.job_id, mode="cache") for job in self.jobs
+                if watcher.is_done(job.job_id, mode="cache")}
+
+    def describe(self, job_id: str) -> str:
+        """A job's log, and its last lines."""
+        job = next(j for j in self.jobs if j.job_id == job_id)
+        text = (job.stderr() or "").strip().splitlines()[-5:]
+        return f"its log: {job.paths.stderr}" + ("\n" + "\n".join(text) if text else "")
+
+    def queued(self) -> list[str]:
+        """The ids of the jobs SLURM still lists (pending, running or completing)."""
+        ids = [job.job_id for job in self.jobs]
+        if not ids:
+            return []
+        out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True,
+                             timeout=30).stdout
+        return [line.strip() for line in out.splitlines() if line.strip() in ids]
+
+    def end(self, grace: float = END_GRACE_S) -> None:
+        """Give the jobs ``grace`` seconds to complete, cancel the rest (the guard does), remove
+        the rendezvous file."""
+        deadline = time.monotonic() + grace
+        try:
+            while self.queued() and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # squeue failed: the guard cancels them all
+        if self._guard is not None:
+            self._guard.stdin.close()  # the guard cancels every job still there
+            self._guard.wait(timeout=150)
+            self._guard = None
+        self.rendezvous.unlink(missing_ok=True)

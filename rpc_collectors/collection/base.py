@@ -1,0 +1,226 @@
+"""What every collector shares: the batch iterator, frame accounting, background collection."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator
+
+import torch
+from tensordict import TensorDictBase
+
+from rpc_collectors.collection.preemption import valid_frames
+from rpc_collectors.collection.trajectories import split_trajectories
+from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit
+from rpc_collectors.core import checks
+
+
+def drop_private_keys(batch: Any) -> Any:
+    """``batch`` without its private entries (a name part starting with ``"_"``, such as an
+    exploration module's ``"_ou_prev_noise"``), as TorchRL's collectors drop them after ``postproc``."""
+    if not isinstance(batch, TensorDictBase):
+        return batch
+    private = [key for key in batch.keys(include_nested=True)
+               if any(part.startswith("_") for part in ((key,) if isinstance(key, str) else key))]
+    return batch.exclude(*private, inplace=True) if private else batch
+
+
+class BaseCollector:
+    """Common base of all collectors.
+
+    Subclasses implement ``_collect_batch()`` (one batch, in TorchRL's layout),
+    ``update_policy_weights_``, ``set_seed``, ``state_dict``/``load_state_dict`` and
+    ``_shutdown``. Iterating yields batches until ``total_frames`` is reached (forever when it
+    is -1), without private keys; with a ``replay_buffer`` each batch is written there and the iterator yields None.
+    """
+
+    def __init__(
+        self,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        split_trajs: bool = False,
+        postproc: Any = None,
+        replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+    ) -> None:
+        self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
+        self.total_frames = checks.total_frames(total_frames)
+        self.split_trajs = checks.boolean("split_trajs", split_trajs)
+        self.postproc = checks.optional_callable("postproc", postproc)
+        self.replay_buffer = checks.replay_buffer(replay_buffer)
+        self.extend_buffer = checks.boolean("extend_buffer", extend_buffer)
+        if not self.extend_buffer and self.replay_buffer is not None:
+            checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
+        self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
+        self.trajs_per_batch = checks.optional_positive_int("trajs_per_batch", trajs_per_batch)
+        self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs)
+        self._frames = 0
+        self._iter = 0
+        self._iterator: Iterator | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._thread_error: BaseException | None = None
+        self._closed = False  # shutdown() completed
+        self._closing = False  # shutdown() began: no new work, waits end
+
+    # ------------------------------------------------------------------ iteration
+    @property
+    def frames(self) -> int:
+        """Frames collected so far in this run."""
+        return self._frames
+
+    def _finished(self) -> bool:
+        return self.total_frames != -1 and self._frames >= self.total_frames
+
+    def __len__(self) -> int:
+        if self.total_frames == -1:
+            raise TypeError("len() of an endless collector (total_frames=-1) is undefined")
+        return -(-self.total_frames // self.frames_per_batch)
+
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        return self.iterator()
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yield batches until ``total_frames`` frames were collected (with ``trajs_per_batch``:
+        batches of whole trajectories, from those frames)."""
+        if self.trajs_per_batch is not None:
+            yield from self._whole_trajectories()
+            return
+        for batch in self._processed_batches():
+            if self.replay_buffer is not None:
+                self._extend(batch)
+                yield None
+            else:
+                yield batch
+
+    def _processed_batches(self) -> Iterator[TensorDictBase]:
+        while not self._finished():
+            if self._closing:
+                raise RuntimeError(f"{type(self).__name__} was shut down")
+            batch = self._collect_batch()
+            self._frames += valid_frames(batch)  # a batch cut short by the trainer counts what it holds
+            self._iter += 1
+            if self.split_trajs:
+                batch = split_trajectories(batch)
+            if self.postproc is not None:
+                batch = self.postproc(batch)
+            batch = drop_private_keys(batch)
+            if self.post_collect_hook is not None:
+                self.post_collect_hook(batch)
+            yield batch
+
+    def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
+        """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
+        buffer, each complete trajectory written to it flat (``[T]``) as soon as it ends."""
+        assembled = WholeTrajectories()
+        for batch in self._processed_batches():
+            assembled.add(batch)
+            if self._discards_in_flight():
+                assembled.drop_in_flight()
+            if self.replay_buffer is not None:
+                trajectories = assembled.take()
+                if trajectories:
+                    self.replay_buffer.extend(torch.cat(trajectories, 0))
+                yield None
+            else:
+                while len(assembled.complete) >= self.trajs_per_batch:
+                    yield emit(assembled.take(self.trajs_per_batch), self.traj_format)
+
+    def _discards_in_flight(self) -> bool:
+        """Whether every batch starts from a reset, so trajectories in flight never complete."""
+        return False
+
+    def _extend(self, batch: TensorDictBase) -> None:
+        """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is, or
+        with ``extend_buffer=False`` step by step)."""
+        if self.extend_buffer:
+            self.replay_buffer.extend(batch)
+        else:
+            for step in batch.unbind(batch.batch_dims - 1):
+                self.replay_buffer.add(step)
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch (None with a replay buffer); StopIteration when the run is complete."""
+        if self._iterator is None:
+            self._iterator = self.iterator()
+        return next(self._iterator)
+
+    def _collect_batch(self) -> TensorDictBase:
+        raise NotImplementedError
+
+    # ------------------------------------------------------ background collection
+    def start(self) -> None:
+        """Collect in a background thread into ``replay_buffer`` until ``async_shutdown``."""
+        if self.replay_buffer is None:
+            raise RuntimeError("start() needs a replay_buffer: pass replay_buffer=... to the constructor")
+        if self._thread is not None:
+            raise RuntimeError("start() was already called")
+        self._thread = threading.Thread(target=self._run_background, name="collector", daemon=True)
+        self._thread.start()
+
+    def _run_background(self) -> None:
+        try:
+            for _ in self.iterator():
+                if self._stop.is_set():
+                    break
+        except BaseException as err:  # reported by async_shutdown
+            self._thread_error = err
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop background collection after the current batch, then shut down.
+
+        Raises the background thread's error, if it had one; batches already written to the
+        replay buffer stay there.
+        """
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise TimeoutError(f"async_shutdown: the collection thread did not stop within {timeout} s")
+        self.shutdown(close_env=close_env)
+        if self._thread_error is not None:
+            error, self._thread_error = self._thread_error, None
+            raise error
+
+    @property
+    def running(self) -> bool:
+        """Whether background collection (``start()``) is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------------ lifecycle
+    def init_updater(self, *args: Any, **kwargs: Any) -> None:
+        """Prepare weight updates ahead of the first ``update_policy_weights_`` call.
+
+        Nothing is left to prepare here; the arguments of TorchRL's weight updaters are accepted
+        and ignored, as TorchRL does when a collector has no updater.
+        """
+
+    def shutdown(self, close_env: bool = True) -> None:
+        """Release workers and envs; bounded in time and safe to call more than once.
+
+        A call interrupted (Ctrl-C) leaves the rest of the work to the next call.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        self._stop.set()
+        self._shutdown(close_env)
+        self._closed = True
+
+    def _shutdown(self, close_env: bool) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> "BaseCollector":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def _base_state(self) -> dict:
+        return {"frames": self._frames, "iteration": self._iter}
+
+    def _load_base_state(self, state: dict) -> None:
+        self._frames, self._iter = int(state["frames"]), int(state["iteration"])

@@ -1,0 +1,322 @@
+"""The single-process collector: one env (single or vector), one policy, batches in TorchRL's layout."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import set_interaction_type
+from tensordict.utils import unravel_key
+
+from rpc_collectors.collection import batch_edits, preemption
+from rpc_collectors.collection.base import BaseCollector
+from rpc_collectors.collection.dispatching import DispatchingCollector
+from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
+from rpc_collectors.collection.policies import RandomPolicy, StepPolicy, run_device
+from rpc_collectors.collection.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
+from rpc_collectors.collection.trajectories import TrajectoryIds
+from rpc_collectors.core import checks
+from rpc_collectors.planes.weights import load_weights, one_source, weights_of
+
+POLICY_VERSION = ("collector", "policy_version")
+TORCHRL_VERSION = "policy_version"  # TorchRL's track_policy_version key, at the root and under "next"
+
+
+class Collector(BaseCollector, metaclass=DispatchingCollector):
+    """Collects batches of ``frames_per_batch`` frames from one env in this process.
+
+    Args:
+        create_env_fn: an env (``GymEnv``, gymnasium env or id, or any TorchRL-style env) or a
+            callable returning one.
+        policy: a ``TensorDictModule``, an ``nn.Module`` (reads ``"observation"``, writes
+            ``"action"``), a callable on TensorDicts, or None for random actions.
+        frames_per_batch: frames per batch; rounded up to a multiple of the env's batch size,
+            with a warning, as TorchRL does.
+        total_frames: frames in the whole run, -1 for endless.
+        max_frames_per_traj: truncate trajectories at this many steps (adds ``"step_count"``);
+            None or -1 for no limit.
+        init_random_frames: the first batches, up to this many frames, use random actions.
+        reset_at_each_iter: reset the env at the start of every batch.
+        split_trajs: yield ``[n_traj, T_max]`` padded trajectories instead of ``[(B,) T]``.
+        postproc: applied to each batch before it is yielded.
+        device, storing_device, env_device, policy_device: where batches are stored, the env
+            runs and the policy runs (``device`` is the default of the other three).
+        replay_buffer: an object with ``.extend(td)``; batches go there and iteration yields None.
+        exploration_type: TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) set
+            around every policy call; default ``RANDOM``, so probabilistic policies sample.
+        track_policy_version: also write TorchRL's ``"policy_version"`` and ``("next",
+            "policy_version")`` (int64, the batch's shape), as its ``PolicyVersion`` transform does:
+            the version at each step, and at the root the version the observation came with.
+        create_env_kwargs: keyword arguments for ``create_env_fn`` (an env instance takes them only
+            if it has ``update_kwargs``, as TorchRL's batched envs).
+        policy_factory: called here to build the policy (instead of ``policy``).
+        set_truncated: mark the last step of every batch truncated (and done), as TorchRL does;
+            the env must have a ``"truncated"`` done key.
+        reset_when_done: True only (TorchRL refuses False too).
+        track_traj_ids: False: batches carry no ``("collector", "traj_ids")`` (then ``split_trajs``
+            cannot be used).
+        extend_buffer: False: the ``replay_buffer`` gets each step with ``add()`` rather than the
+            whole batch with ``extend()`` (then without ``postproc`` or ``split_trajs``).
+        compile_policy: True or ``torch.compile`` keyword arguments: the policy runs compiled.
+        compact_obs: drop ``("next", <observation>)`` entries, which the next step's root holds too
+            (rewards and done flags stay), as TorchRL does.
+        pre_collect_hook, post_collect_hook: called before each batch is collected, and with each
+            batch (after ``postproc``) before it is yielded or written to the replay buffer.
+        trajs_per_batch: yield batches of this many whole trajectories (``frames_per_batch`` is then
+            the step of collection), trajectories in flight held back, as TorchRL does: ``[n, T_max]``
+            zero-padded with ``("collector", "mask")`` (``traj_format="padded"``) or ``[sum T_i]``
+            (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it ends.
+        use_buffers: True: steps are stacked into one dense TensorDict (a ``RuntimeError`` for an env
+            whose observation shapes change, and a ``TypeError`` with a ``replay_buffer``, as in
+            TorchRL); None or False: as TorchRL without buffers, a lazy stack where shapes change.
+        auto_register_policy_transforms: True: a TorchRL env gets the transforms a recurrent
+            policy needs (``InitTracker``, ``TensorDictPrimer``) if it lacks them; None (TorchRL
+            0.14's default): a ``FutureWarning`` says they lack; False: nothing.
+        traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
+            collectors give each worker its own ``start`` so ids never collide.
+
+    Batches have shape ``[T]`` (dim name ``"time"``) or ``[B, T]`` for a vector env of B.
+    ``Collector(..., num_collectors=N, backend=...)`` builds a multi-worker collector (:mod:`.dispatch`).
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        split_trajs: bool = False,
+        postproc: Any = None,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        replay_buffer: Any = None,
+        exploration_type: Any = None,
+        track_policy_version: bool = False,
+        create_env_kwargs: dict | None = None,
+        policy_factory: Any = None,
+        set_truncated: bool = False,
+        reset_when_done: bool = True,
+        track_traj_ids: bool = True,
+        extend_buffer: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
+        traj_id_start: int = 0,
+        traj_id_stride: int = 1,
+    ) -> None:
+        super().__init__(
+            frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
+            postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
+            post_collect_hook=post_collect_hook, trajs_per_batch=trajs_per_batch, traj_format=traj_format,
+        )
+        checks.reset_when_done(reset_when_done)
+        self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
+        checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, self.track_traj_ids)
+        self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
+        self.compile_policy = checks.compile_kwargs(compile_policy)
+        set_truncated = checks.boolean("set_truncated", set_truncated)
+        compact_obs = checks.boolean("compact_obs", compact_obs)
+        register_transforms = checks.optional_boolean("auto_register_policy_transforms", auto_register_policy_transforms)
+        use_buffers = checks.use_buffers(use_buffers, self.replay_buffer)
+        policy = checks.policy_or_factory(policy, policy_factory)
+        self.max_frames_per_traj = checks.max_frames_per_traj(max_frames_per_traj)
+        self.init_random_frames = checks.init_random_frames(init_random_frames)
+        self.reset_at_each_iter = checks.boolean("reset_at_each_iter", reset_at_each_iter)
+        self.devices = checks.devices(device, storing_device, env_device, policy_device)
+        self.exploration_type = checks.exploration_type(exploration_type)
+        self.track_policy_version = checks.boolean("track_policy_version", track_policy_version)
+        if policy is not None and not callable(policy):
+            StepPolicy(policy)  # raises the TypeError that names the argument
+        self.env = make_env(create_env_fn, checks.env_kwargs(create_env_kwargs))
+        torchrl_env = is_torchrl_env(self.env)
+        if self.max_frames_per_traj is not None:
+            checks.no_step_counter(self.env, max_frames_per_traj)
+            if torchrl_env:  # as TorchRL's collectors: the env counts its steps
+                self.env = with_step_counter(self.env, self.max_frames_per_traj)
+        self.env = with_policy_transforms(self.env, policy, register_transforms)
+        self.action_keys = list(self.env.action_keys) if torchrl_env else ["action"]
+        if callable(getattr(policy, "set_action_spec_from_env", None)):  # TorchRL's RandomPolicy() without a spec
+            policy.set_action_spec_from_env(self.env)
+        envs = int(torch.Size(self.env.batch_size).numel())
+        self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
+        self.frames_per_batch = self.steps_per_batch * envs
+        self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
+            policy, self.devices["policy_device"], self.action_keys, self.compile_policy
+        )
+        self.truncated_keys = batch_edits.truncated_keys(self.env) if set_truncated else []
+        self.compact_keys = batch_edits.observation_keys(self.env) if compact_obs else []
+        if (self.policy is None or self.init_random_frames) and not callable(getattr(self.env, "rand_action", None)):
+            raise TypeError(
+                f"create_env_fn={create_env_fn!r} gave an env without rand_action(), which random actions "
+                f"(policy={policy!r}, init_random_frames={self.init_random_frames}) need; accepted: an env "
+                "with rand_action(td), or a policy with init_random_frames=0"
+            )
+        self.traj_ids = TrajectoryIds(traj_id_start, traj_id_stride)
+        if isinstance(self.env, GymEnv):
+            self.rollout = ArrayRollout(self.env, self.traj_ids, self.max_frames_per_traj)
+        elif torchrl_env:
+            self.rollout = EnvBaseRollout(self.env, self.traj_ids)
+        else:
+            self.rollout = TensorDictRollout(self.env, self.traj_ids, self.max_frames_per_traj)
+        if isinstance(self.rollout, TensorDictRollout):  # a GymEnv's batches are dense always
+            self.rollout.dense_only = bool(use_buffers)
+        self.policy_version = 0
+        self._obs_version = 0  # the version the observation the next batch starts from came with
+        self._pending: tuple[Any, int] | None = None
+        self._lock = threading.Lock()
+        self._busy = threading.Lock()  # held by a batch in progress: state changes wait for its end
+        self.preemption: preemption.Preemption | None = None  # a worker's, when the trainer may end its batches early
+        if self.policy is not None:
+            self._check_policy()
+
+    def _check_policy(self) -> None:
+        """Run the policy once on a reset observation: a policy that writes no action fails here,
+        and the other outputs it writes are recorded (zero-filled in random-action steps).
+
+        The env is not stepped; the first batch starts from this reset (and its seed, if any).
+        """
+        with torch.no_grad(), set_interaction_type(self.exploration_type):
+            out = self.rollout.probe(self.policy)
+        # random-action batches carry the policy's other outputs too, zero-filled, as TorchRL's do
+        actions = {unravel_key(key) for key in self.action_keys}
+        try:
+            items = out.items(True, True) if isinstance(out, TensorDictBase) else out.items()
+            outputs = [(key, value) for key, value in items if unravel_key(key) not in actions]
+        except RuntimeError:  # entries of a heterogeneous lazy stack cannot be read as one tensor
+            outputs = [(key, value) for key, value in out.items() if unravel_key(key) not in actions]
+        self.rollout.policy_zeros = {key: torch.zeros_like(value) for key, value in outputs}
+
+    # ------------------------------------------------------------------ collection
+    def _discards_in_flight(self) -> bool:
+        return self.reset_at_each_iter
+
+    def _collect_batch(self) -> TensorDictBase:
+        with self._busy:
+            return self._collect_locked()
+
+    def _collect_locked(self) -> TensorDictBase:
+        if self.pre_collect_hook is not None:
+            self.pre_collect_hook()
+        self._apply_pending_weights()
+        if self.reset_at_each_iter and not self.rollout.fresh:
+            self.rollout.invalidate()
+        random = self._frames < self.init_random_frames
+        fresh_obs = self.rollout.needs_reset
+        stopped = self.preemption.stopped if self.preemption is not None else None
+        with torch.no_grad(), set_interaction_type(self.exploration_type):
+            batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy, stopped)
+        batch.set(POLICY_VERSION, torch.full(batch.shape, self.policy_version, dtype=torch.int64))
+        if self.track_policy_version:
+            self._set_torchrl_versions(batch, self.policy_version if fresh_obs else self._obs_version)
+        self._obs_version = self.policy_version
+        if self.truncated_keys:
+            batch_edits.set_truncated(batch, self.truncated_keys)
+        if self.compact_keys:
+            batch = batch.exclude(*self.compact_keys)
+        if self.preemption is not None:
+            batch = preemption.padded(batch, self.steps_per_batch)
+        if not self.track_traj_ids:
+            batch_edits.drop_traj_ids(batch)
+        if self.devices["storing_device"] is not None:
+            batch = batch.to(self.devices["storing_device"])
+        return batch
+
+    @staticmethod
+    def _set_torchrl_versions(batch: TensorDictBase, first: int) -> None:
+        """TorchRL's keys: the batch's version under "next"; at the root too, but for the first
+        step, whose observation came from the previous batch's last step."""
+        version = batch.get(POLICY_VERSION)
+        root = version.clone()
+        root[..., 0] = first
+        batch.set(TORCHRL_VERSION, root)
+        batch.set(("next", TORCHRL_VERSION), version.clone())
+
+    # ------------------------------------------------------------------ weights
+    def update_policy_weights_(
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None, policy: Any = None
+    ) -> None:
+        """Use new policy weights from the next batch on, and bump ``policy_version``.
+
+        ``policy_or_weights`` (or TorchRL's ``weights=``/``policy=``) may be an ``nn.Module``, a
+        TensorDict of weights or a state dict; None re-reads the policy given to the constructor
+        (needed when the collector runs a copy of it on another device). ``worker_ids`` must be
+        None, 0 or the policy's device for a single-process collector.
+        """
+        policy_or_weights = one_source(policy_or_weights, weights, policy)
+        device = run_device(self.policy.module if self.policy else None, self.devices["policy_device"])
+        if worker_ids not in (None, 0, [0], (0,)) and checks.worker_devices(worker_ids, [device]) != [0]:
+            raise ValueError(
+                f"worker_ids={worker_ids!r} is invalid for a single-process Collector; accepted: None, 0 "
+                f"or its policy device {device}"
+            )
+        weights = None
+        if policy_or_weights is not None:
+            weights = weights_of(policy_or_weights).clone()
+        elif self.policy is not None and self.policy.module is not self.policy.source:
+            weights = weights_of(self.policy.source).clone()
+        with self._lock:
+            self._pending = (weights, self.policy_version + 1 if self._pending is None else self._pending[1] + 1)
+        if not self.running:
+            self._apply_pending_weights()
+
+    def _apply_pending_weights(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        weights, version = pending
+        if weights is not None:
+            if self.policy is None or self.policy.module is None:
+                raise TypeError("update_policy_weights_: this collector's policy has no weights to update")
+            load_weights(self.policy.module, weights)
+        self.policy_version = version
+
+    # ------------------------------------------------------------------ state
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed the env (and its random actions); the next batch starts from a fresh reset.
+
+        Returns the next free seed, to seed another collector with. A batch in progress in
+        another thread is finished first.
+        """
+        if not hasattr(self.env, "set_seed"):
+            raise TypeError(f"set_seed: the env {self.env!r} has no set_seed method")
+        with self._busy:
+            next_seed = self.env.set_seed(int(seed))
+            self.rollout.invalidate()
+        return int(next_seed) if next_seed is not None else int(seed) + 1
+
+    def state_dict(self) -> dict:
+        """Frames, iteration, trajectory counter, policy weights and version: enough to resume
+        (between batches: a batch in progress in another thread is finished first)."""
+        with self._busy:
+            state = self._base_state()
+            state.update(traj_count=self.traj_ids.count, policy_version=self.policy_version)
+            if self.policy is not None and self.policy.module is not None:
+                state["policy_state_dict"] = {k: v.clone() for k, v in self.policy.module.state_dict().items()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from ``state_dict()``: envs restart, trajectory ids keep increasing."""
+        with self._busy:
+            self._load_base_state(state)
+            self.traj_ids.count = int(state["traj_count"])
+            self.policy_version = int(state["policy_version"])
+            if "policy_state_dict" in state and self.policy is not None and self.policy.module is not None:
+                self.policy.module.load_state_dict(state["policy_state_dict"])
+            self.rollout.invalidate()
+
+    def _shutdown(self, close_env: bool) -> None:
+        if close_env and hasattr(self.env, "close"):
+            self.env.close()

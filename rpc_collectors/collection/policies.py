@@ -1,0 +1,153 @@
+"""Policies as collectors call them: random actions, and user policies behind one step call.
+
+A user policy may be a ``TensorDictModule``, a plain ``nn.Module`` (reads ``"observation"``,
+writes ``"action"``), any callable taking and returning a TensorDict, or ``None`` (random
+actions). :class:`StepPolicy` turns each into ``inputs -> {key: tensor}`` (a TensorDict of the
+outputs for a policy called on TensorDicts) and, where it can,
+calls the underlying module on tensors directly, so no TensorDict is built per step.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.base import _is_leaf_nontensor
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from tensordict.utils import unravel_key
+from torch import nn
+
+
+class RandomPolicy:
+    """Samples actions from a gymnasium action space (the per-env, unbatched space).
+
+    Call it on a TensorDict: it writes ``"action"`` with the TensorDict's batch size.
+    """
+
+    def __init__(self, action_space: gym.Space) -> None:
+        if not isinstance(action_space, gym.Space):
+            raise TypeError(f"RandomPolicy: action_space={action_space!r} is not a gymnasium.Space")
+        self.action_space = action_space
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        n = int(np.prod(td.batch_size)) if td.batch_dims else 1
+        samples = np.stack([np.asarray(self.action_space.sample()) for _ in range(n)])
+        td["action"] = torch.as_tensor(samples).reshape(tuple(td.batch_size) + samples.shape[1:])
+        return td
+
+
+def _fast_module(policy: Any) -> TensorDictModule | None:
+    """The policy as a TensorDictModule whose inner module takes tensors, if it is one.
+
+    A TensorDictModule with hooks of its own is called as a whole, so the hooks run.
+    """
+    if type(policy) is TensorDictModule:
+        return None if policy._forward_hooks or policy._forward_pre_hooks else policy
+    if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
+        return TensorDictModule(policy, in_keys=["observation"], out_keys=["action"])
+    return None
+
+
+class StepPolicy:
+    """Calls a user policy once per step: ``policy(inputs) -> {key: tensor}``.
+
+    Args:
+        policy: the user's policy (see module docstring); ``None`` is handled by the caller.
+        device: where the policy runs; the policy is copied there if its weights live elsewhere.
+        action_keys: the env's action keys, which the policy must write (TorchRL's ``env.action_keys``).
+        compile_kwargs: if not None, the policy runs through ``torch.compile(..., **compile_kwargs)``.
+    """
+
+    def __init__(
+        self, policy: Any, device: torch.device | None = None, action_keys: list | None = None,
+        compile_kwargs: dict | None = None,
+    ) -> None:
+        if not callable(policy):
+            raise TypeError(
+                f"policy={policy!r} is not callable; accepted: a TensorDictModule, an nn.Module, "
+                "a callable taking and returning a TensorDict, or None for random actions"
+            )
+        self.source = policy
+        self.device = device
+        self.policy = _to_device(policy, device)
+        self.action_keys = [unravel_key(key) for key in (action_keys or ["action"])]
+        self.td_module = _fast_module(self.policy)
+        self.out_keys: list | None = None
+        if self.td_module is not None:
+            self.out_keys = list(self.td_module.out_keys)
+            missing = self._missing_actions(self.out_keys)
+            if missing:
+                raise ValueError(
+                    f"policy={policy!r} writes {self.out_keys}, which lacks {missing}; a policy must "
+                    f"write the env's action keys {self.action_keys}"
+                )
+            self.in_keys = list(self.td_module.in_keys)
+            module, method = self.td_module.module, self.td_module.method
+            self.inner = module if method is None else getattr(module, method)
+            self.method_kwargs = dict(self.td_module.method_kwargs or {})
+            # in_keys given as {kwarg: key}: each tensor goes to its keyword, as TensorDictModule does
+            self.kwarg_names = getattr(self.td_module, "_kwargs", None)
+        self.call = self.policy
+        if compile_kwargs is not None:  # the module's forward compiled; it keeps its weights (updates reach it)
+            if self.td_module is not None:
+                self.inner = torch.compile(self.inner, **compile_kwargs)
+            else:
+                self.call = torch.compile(self.policy, **compile_kwargs)
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The module that holds the weights the collector runs with."""
+        return self.policy if isinstance(self.policy, nn.Module) else None
+
+    def __call__(self, inputs: Mapping, batch_size: torch.Size) -> Mapping:
+        if self.td_module is not None:
+            args = [inputs[k] for k in self.in_keys]
+            if self.device is not None:
+                args = [a.to(self.device, non_blocking=True) for a in args]
+            if self.kwarg_names is not None:
+                out = self.inner(**dict(zip(self.kwarg_names, args)), **self.method_kwargs)
+            else:
+                out = self.inner(*args, **self.method_kwargs)
+            if not isinstance(out, tuple):
+                out = (out,)
+            return dict(zip(self.out_keys, out))
+        td = inputs if isinstance(inputs, TensorDictBase) else TensorDict(dict(inputs), batch_size=batch_size)
+        td_in = td.to(self.device) if self.device is not None else td
+        in_keys = set(td_in.keys(include_nested=True, leaves_only=True)) if self.out_keys is None else None
+        result = self.call(td_in)
+        result = td_in if result is None else result
+        if self.out_keys is None:
+            written = list(result.keys(True, True, is_leaf=_is_leaf_nontensor)) if isinstance(result, TensorDictBase) else []
+            missing = self._missing_actions(written)
+            if missing:
+                raise ValueError(
+                    f"policy={self.source!r} did not write {missing} into the TensorDict it was given; "
+                    f"a policy must write the env's action keys {self.action_keys}"
+                )
+            self.out_keys = [k for k in result.keys(include_nested=True, leaves_only=True) if k not in in_keys]
+        return result.select(*self.out_keys)  # a TensorDict: heterogeneous lazy stacks stay as they are
+
+    def _missing_actions(self, keys: list) -> list:
+        written = {unravel_key(key) for key in keys}
+        return [key for key in self.action_keys if key not in written]
+
+
+def _to_device(policy: Any, device: torch.device | None) -> Any:
+    """The policy on ``device``: itself if its weights are already there, else a deep copy."""
+    if device is None or not isinstance(policy, nn.Module):
+        return policy
+    tensors = list(policy.parameters()) + list(policy.buffers())
+    if all(t.device == device for t in tensors):
+        return policy
+    return copy.deepcopy(policy).to(device)
+
+
+def run_device(policy: Any, policy_device: torch.device | None) -> torch.device:
+    """Where a policy runs: ``policy_device`` if given, else where its weights are, else the CPU."""
+    if policy_device is not None:
+        return policy_device
+    tensor = next(iter(policy.parameters()), None) if isinstance(policy, nn.Module) else None
+    return tensor.device if tensor is not None else torch.device("cpu")

@@ -1,0 +1,441 @@
+"""Argument checks shared by every collector, run before any env or process starts."""
+from __future__ import annotations
+
+import numbers
+import warnings
+from typing import Any
+
+import cloudpickle
+import torch
+from tensordict.nn import InteractionType
+
+MAX_TIMEOUT = 1e6  # seconds (11.6 days): what every timer below the RPC layer can hold
+
+
+def _is_int(value: Any) -> bool:
+    """Python and numpy integers, not bools."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def positive_int(name: str, value: Any) -> int:
+    if not _is_int(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: an int > 0")
+    return int(value)
+
+
+def total_frames(value: Any) -> int:
+    if not _is_int(value) or (value <= 0 and value != -1):
+        raise ValueError(f"total_frames={value!r} is invalid; accepted: -1 (endless) or an int > 0")
+    return int(value)
+
+
+def choice(name: str, value: Any, accepted: tuple) -> Any:
+    if isinstance(value, bool) or value not in accepted:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {', '.join(map(repr, accepted))}")
+    return value
+
+
+def positive_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: a number > 0")
+    return float(value)
+
+
+def timeout(name: str, value: Any) -> float:
+    """A finite number of seconds, > 0 and at most ``MAX_TIMEOUT``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= MAX_TIMEOUT:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: a number of seconds > 0 and <= {MAX_TIMEOUT:.0f}")
+    return float(value)
+
+
+def seed(value: Any) -> int:
+    if not _is_int(value):
+        raise TypeError(f"seed={value!r} is invalid; accepted: an int")
+    return int(value)
+
+
+def picklable(name: str, value: Any) -> None:
+    """``value`` must survive the trip to a worker process (cloudpickle)."""
+    try:
+        cloudpickle.dumps(value)
+    except Exception as err:
+        raise TypeError(
+            f"{name}={value!r} cannot be sent to the worker processes ({type(err).__name__}: {err}); accepted: "
+            "an object cloudpickle can pickle: build locks, sockets, open files and the like inside the env factory"
+        ) from err
+
+
+def optional_positive_int(name: str, value: Any) -> int | None:
+    return None if value is None else positive_int(name, value)
+
+
+def max_frames_per_traj(value: Any, name: str = "max_frames_per_traj") -> int | None:
+    """None or -1 (TorchRL's spelling) for no limit, else an int > 0."""
+    if value is None or (_is_int(value) and value == -1):
+        return None
+    if not _is_int(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: None or -1 (no limit), or an int > 0")
+    return int(value)
+
+
+def no_step_counter(env: Any, max_frames: Any) -> None:
+    """``max_frames_per_traj`` counts steps itself: refused, as TorchRL refuses it, on an env whose
+    ``output_spec`` already has a ``"step_count"`` (a ``StepCounter`` transform)."""
+    spec = getattr(env, "output_spec", None)
+    keys = spec.keys(True, True) if spec is not None else ()
+    counted = [key for key in keys if "step_count" in ((key,) if isinstance(key, str) else key)]
+    if counted:
+        raise ValueError(
+            f"max_frames_per_traj={max_frames!r} conflicts with the env's own step counter ({counted[0]!r} in "
+            "its output_spec, e.g. a StepCounter transform); accepted: max_frames_per_traj=None or -1 with this "
+            "env, or an env without a StepCounter (use StepCounter(max_steps=...) to limit its trajectories)"
+        )
+
+
+def init_random_frames(value: Any, name: str = "init_random_frames") -> int:
+    """None or -1 (TorchRL's spelling) for no random frames, else an int >= 0."""
+    if value is None or (_is_int(value) and value == -1):
+        return 0
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: None or -1 (none), or an int >= 0")
+    return int(value)
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    value = 0 if value is None else value
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: an int >= 0")
+    return int(value)
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: True or False")
+    return value
+
+
+def optional_boolean(name: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None, True or False")
+    return value
+
+
+def use_buffers(value: Any, replay_buffer: Any) -> bool | None:
+    value = optional_boolean("use_buffers", value)
+    if value and replay_buffer is not None:
+        raise TypeError("use_buffers=True and a replay_buffer were both given; accepted with a replay_buffer: None or False")
+    return value
+
+
+def optional_callable(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name}={value!r} is not callable; accepted: None or a callable")
+    return value
+
+
+def reset_when_done(value: Any) -> None:
+    """Envs are always reset when done; False is refused, as TorchRL refuses it."""
+    if value is not True:
+        raise ValueError(f"reset_when_done={value!r} is invalid; accepted: True (envs are reset when done, as in TorchRL)")
+
+
+def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool) -> str:
+    """``traj_format`` of ``trajs_per_batch`` batches: ``"padded"`` (default, TorchRL 0.14's) or ``"cat"``."""
+    if value is not None and trajs_per_batch is None:
+        raise ValueError(f"traj_format={value!r} needs trajs_per_batch; accepted without it: None")
+    if trajs_per_batch is not None and split_trajs:
+        raise ValueError("trajs_per_batch yields whole trajectories; accepted with it: split_trajs=False")
+    return choice("traj_format", "padded" if value is None else value, ("padded", "cat"))
+
+
+def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:
+    if split_trajs and track_traj_ids is False:
+        raise ValueError("split_trajs=True and trajs_per_batch need track_traj_ids=True "
+                         "(trajectories are told apart by their ids)")
+
+
+def preemptive_threshold(value: Any, sync: Any, elastic: Any, whole_trajectories: bool) -> float | None:
+    """TorchRL's ``preemptive_threshold``: None (or 1.0: every worker finishes) for no preemption,
+    else a fraction in [0, 1) of the workers of a sync round that finish before the others stop."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"preemptive_threshold={value!r} is invalid; accepted: None or a number in [0, 1]")
+    if value == 1.0:
+        return None
+    if sync is False:
+        raise ValueError(
+            f"preemptive_threshold={value!r} ends the rounds of a sync collector early; an async one hands in "
+            "each worker's batch as soon as it is ready, so nothing waits on the slowest; accepted with sync=False: None"
+        )
+    if elastic is True:
+        raise ValueError(f"preemptive_threshold={value!r} does not work with elastic=True; accepted with it: None")
+    if whole_trajectories:
+        raise ValueError(
+            f"preemptive_threshold={value!r} pads a preempted worker's batch with steps it did not collect, which "
+            "split_trajs=True and trajs_per_batch would take for a trajectory; accepted with them: None"
+        )
+    return float(value)
+
+
+def compile_kwargs(value: Any) -> dict | None:
+    """``compile_policy``: None/False (not compiled), True (``torch.compile``'s defaults) or its keyword arguments."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"compile_policy={value!r} is invalid; accepted: None, a bool or a dict of torch.compile arguments")
+    return dict(value)
+
+
+def policy_or_factory(policy: Any, policy_factory: Any) -> Any:
+    """The policy, built by ``policy_factory`` when one is given (not both, as in TorchRL)."""
+    if policy_factory is None:
+        return policy
+    if policy is not None:
+        raise TypeError("policy and policy_factory were both given; accepted: one of them")
+    if not callable(policy_factory):
+        raise TypeError(f"policy_factory={policy_factory!r} is not callable; accepted: None or a callable returning a policy")
+    return policy_factory()
+
+
+def worker_options(kwargs: dict, policy: Any, factories: list) -> None:
+    """Check, before any worker starts, the options each worker's ``Collector`` will check again."""
+    for name in ("set_truncated", "track_traj_ids", "compact_obs"):
+        boolean(name, kwargs[name])
+    reset_when_done(kwargs["reset_when_done"])
+    compile_kwargs(kwargs["compile_policy"])
+    optional_boolean("auto_register_policy_transforms", kwargs["auto_register_policy_transforms"])
+    for name in ("init_fn", "pre_collect_hook", "post_collect_hook"):
+        optional_callable(name, kwargs[name])
+    for i, factory in enumerate(factories):
+        if factory is not None and policy is not None:
+            raise TypeError("policy and policy_factory were both given; accepted: one of them")
+        optional_callable(f"policy_factory[{i}]", factory)
+
+
+def env_kwargs(value: Any, name: str = "create_env_kwargs") -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None or a dict of keyword arguments")
+    return value
+
+
+def step_by_step_buffer(buffer: Any, postproc: Any, split_trajs: bool) -> None:
+    """``extend_buffer=False`` adds steps one at a time: no whole batch for ``postproc``/``split_trajs``."""
+    if not callable(getattr(buffer, "add", None)):
+        raise TypeError(f"extend_buffer=False needs a replay_buffer with add(); {buffer!r} has none; "
+                        "accepted: extend_buffer=True")
+    if postproc is not None or split_trajs:
+        raise ValueError("extend_buffer=False adds each step to the replay buffer; "
+                         "accepted with it: postproc=None, split_trajs=False")
+
+
+def replay_buffer(value: Any) -> Any:
+    if value is not None and not callable(getattr(value, "extend", None)):
+        raise TypeError(
+            f"replay_buffer={value!r} has no extend() method; accepted: None or any object with "
+            ".extend(tensordict), such as a TorchRL ReplayBuffer"
+        )
+    return value
+
+
+def device(name: str, value: Any) -> torch.device | None:
+    if value is None:
+        return None
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"{name}={value!r} is not a device; accepted: None, 'cpu', 'cuda', 'cuda:N' or a torch.device") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={value!r} asks for CUDA, which this machine does not have; accepted here: None or 'cpu'")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}={value!r} is not supported; accepted: None, 'cpu', 'cuda' or 'cuda:N'")
+    return dev
+
+
+def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: Any) -> dict[str, torch.device | None]:
+    """Resolve the four device arguments; ``device`` is the default for the other three."""
+    base = device("device", device_)
+    return {
+        "storing_device": device("storing_device", storing_device) or base,
+        "env_device": device("env_device", env_device) or base,
+        "policy_device": device("policy_device", policy_device) or base,
+    }
+
+
+def worker_devices_of(device_: Any, storing_device: Any, env_device: Any, policy_device: Any, num_workers: int) -> dict:
+    """The four device arguments of a multi-worker collector, each one device or TorchRL's list of one
+    per worker: ``policy_device`` per worker (a list if they differ), and the trainer's
+    ``storing_device`` (the workers' common one; the CPU if they differ, as TorchRL gathers them there)."""
+    def per_worker(value: Any) -> list:
+        return list(value) if isinstance(value, (list, tuple)) else [value] * num_workers
+
+    resolved = [devices(*values) for values in zip(*map(per_worker, (device_, storing_device, env_device, policy_device)))]
+    storing = {d["storing_device"] for d in resolved}
+    policy = [d["policy_device"] for d in resolved]
+    return {
+        "storing_device": storing.pop() if len(storing) == 1 else torch.device("cpu"),
+        "policy_device": policy[0] if len(set(policy)) == 1 else policy,
+    }
+
+
+def frames_total(value: Any) -> Any:
+    """``frames_per_batch`` of a whole batch: TorchRL's list of one per worker adds up."""
+    if isinstance(value, (list, tuple)):
+        return sum(positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value))
+    return value
+
+
+def frames_per_worker(value: Any, num_workers: int, sync: bool, cat_results: Any) -> list[int]:
+    """TorchRL's ``frames_per_batch`` list: one positive int per worker; in sync mode batches of
+    different lengths cannot be stacked (TorchRL's cannot either): concatenated along time only."""
+    frames = [positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value)]
+    if len(frames) != num_workers:
+        raise ValueError(f"frames_per_batch has {len(frames)} entries for {num_workers} workers; accepted: one per worker")
+    if sync and len(set(frames)) > 1 and cat_results != -1:
+        raise ValueError(
+            f"frames_per_batch={frames} gives the workers batches of different lengths, which cat_results="
+            f"{cat_results!r} cannot combine; accepted: cat_results=-1 (concatenated along time), or equal frames"
+        )
+    return frames
+
+
+def exploration_type(value: Any, name: str = "exploration_type") -> InteractionType:
+    """TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) or its name; None: RANDOM."""
+    if value is None:
+        return InteractionType.RANDOM
+    if isinstance(value, InteractionType):
+        return value
+    names = [t.name for t in InteractionType]
+    if isinstance(value, str) and value.upper() in names:
+        return InteractionType[value.upper()]
+    raise ValueError(
+        f"{name}={value!r} is invalid; accepted: None (RANDOM), an ExplorationType "
+        f"(tensordict.nn.InteractionType) or one of the names {names}"
+    )
+
+
+def frames_per_batch_fits(frames_per_batch: int, parts: int, what: str = "envs") -> int:
+    """Frames for each of ``parts`` envs or workers: ``frames_per_batch`` divided, rounded up.
+
+    As TorchRL does, a ``frames_per_batch`` that does not divide evenly is rounded up with a warning.
+    """
+    per_part = -(-frames_per_batch // parts)
+    if frames_per_batch % parts:
+        warnings.warn(
+            f"frames_per_batch={frames_per_batch} does not divide evenly over {parts} {what}: each batch "
+            f"holds {per_part * parts} frames ({per_part} per {what[:-1]}); pass a multiple of {parts} "
+            "to get exactly frames_per_batch",
+            UserWarning, stacklevel=3,
+        )
+    return per_part
+
+
+def _canonical(d: torch.device) -> torch.device:
+    return torch.device(d.type, 0) if d.type == "cuda" and d.index is None else d
+
+
+def worker_devices(worker_ids: Any, devices: list[torch.device]) -> list[int] | None:
+    """TorchRL's device form of ``worker_ids`` (a ``torch.device`` or a list of them): the ids
+    of the workers whose policy runs on one of them; None when ``worker_ids`` is not in that form."""
+    items = list(worker_ids) if isinstance(worker_ids, (list, tuple)) else [worker_ids]
+    if not items or not all(isinstance(d, torch.device) for d in items):
+        return None
+    wanted = {_canonical(d) for d in items}
+    return [i for i, d in enumerate(devices) if _canonical(d) in wanted]
+
+
+def worker_ids(value: Any, num_workers: int, device: torch.device | list) -> list[int]:
+    """``worker_ids`` of ``update_policy_weights_``: None (all), ids in ``0..num_workers - 1``, or
+    TorchRL's form, the ``torch.device`` where the workers' policy runs (``device``: every worker's,
+    or a list of one per worker)."""
+    if value is None:
+        return list(range(num_workers))
+    on_device = worker_devices(value, device if isinstance(device, list) else [device] * num_workers)
+    if on_device is not None:
+        if not on_device:
+            raise ValueError(f"worker_ids={value!r}: no worker runs its policy there; the workers' policy device is {device}")
+        return on_device
+    ids = [value] if isinstance(value, int) else list(value)
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_workers]
+    if bad or not ids:
+        raise ValueError(f"worker_ids={value!r} is invalid; accepted: None or ids in 0..{num_workers - 1}")
+    return sorted(set(ids))
+
+
+_COLLECTOR_KWARG_CHECKS = {
+    "init_random_frames": lambda name, value: init_random_frames(value, name),
+    "exploration_type": lambda name, value: exploration_type(value, name),
+    "max_frames_per_traj": lambda name, value: max_frames_per_traj(value, name),
+    "reset_at_each_iter": boolean,
+    "track_policy_version": boolean,
+    "device": device,
+    "storing_device": device,
+    "env_device": device,
+    "policy_device": device,
+    "set_truncated": boolean,
+    "track_traj_ids": boolean,
+    "compact_obs": boolean,
+    "reset_when_done": lambda name, value: reset_when_done(value),
+    "compile_policy": lambda name, value: compile_kwargs(value),
+    "pre_collect_hook": optional_callable,
+    "auto_register_policy_transforms": optional_boolean,
+    "use_buffers": optional_boolean,
+    "post_collect_hook": optional_callable,
+}
+
+
+def collector_kwargs(kwargs: dict) -> None:
+    """Check the values of a multi-worker collector's ``collector_kwargs`` here, before any worker starts."""
+    for key, value in kwargs.items():
+        check = _COLLECTOR_KWARG_CHECKS.get(key)
+        if check is not None:
+            check(f"collector_kwargs[{key!r}]", value)
+
+
+def max_worker_restarts(value: Any, launcher: str, weight_transport: str, backend: str) -> int:
+    """A restart budget >= 0; above 0 only where the collector starts its workers itself and
+    a newcomer can get the weights (shared memory; the broadcast group is fixed)."""
+    count = non_negative_int("max_worker_restarts", value)
+    if count and launcher not in ("local", "debug", "ray"):
+        raise ValueError(
+            f"max_worker_restarts={value!r} needs a launcher that starts the workers itself; accepted with "
+            f"launcher={launcher!r}: 0 (launchers that restart workers: 'local', 'debug'; RayCollector)"
+        )
+    if count and (weight_transport == "broadcast" or backend == "nccl"):
+        raise ValueError(
+            f"max_worker_restarts={value!r} needs the shared-memory weight transport; accepted with "
+            f"weight_transport={weight_transport!r}, backend={backend!r}: 0"
+        )
+    return count
+
+
+def elastic(weight_transport: str, backend: str) -> None:
+    """Elastic membership moves weights as RPC arguments: no fixed group, no shared file."""
+    if weight_transport not in ("auto", "rpc"):
+        raise ValueError(
+            f"weight_transport={weight_transport!r} does not work with elastic=True (collectors join and leave); "
+            "accepted: 'auto' or 'rpc'"
+        )
+    if backend != "gloo":
+        raise ValueError(f"backend={backend!r} does not work with elastic=True (no fixed weight group); accepted: 'gloo'")
+
+
+def tcp_port(value: Any, launcher: str) -> int | None:
+    """TorchRL's ``tcp_port``: where this process listens (local workers: the weight group's store;
+    submitit: the rendezvous its jobs join); None: a free port. Torchrun/SLURM use ``MASTER_PORT``."""
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 < value < 65536:
+        raise ValueError(f"tcp_port={value!r} is invalid; accepted: None (a free port) or a port number in 1..65535")
+    if launcher not in ("local", "submitit"):
+        raise ValueError(
+            f"tcp_port={value!r} does not apply to launcher={launcher!r} (torchrun and SLURM ranks meet at "
+            "MASTER_PORT, debug workers need no port); accepted: None, or launcher 'mp', 'local' or 'submitit'"
+        )
+    return int(value)

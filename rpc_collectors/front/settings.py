@@ -1,0 +1,279 @@
+"""A multi-worker collector's arguments, checked before any process starts, and where it runs.
+
+:func:`rendezvous` resolves the launcher and, on a process that is not the trainer (a
+torchrun/SLURM rank > 0, or a collector joining an elastic trainer), serves a collector there
+and exits the process. :func:`check` turns the remaining arguments into :class:`Settings`: each
+wrong one is a ``ValueError``/``TypeError`` naming the argument, the value and what is accepted.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import torch
+
+from rpc_collectors.cluster import jobs as collector_jobs
+from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
+from rpc_collectors.collection.collector import Collector
+from rpc_collectors.collection.envs import check_env_id
+from rpc_collectors.collection.policies import StepPolicy
+from rpc_collectors.core import checks
+from rpc_collectors.planes.rendezvous import Rendezvous, detect_launcher, from_environment
+from rpc_collectors.planes.weight_sync import TRANSPORTS
+from rpc_collectors.worker.node import NodeSpec, node_class
+from rpc_collectors.worker.server import serve
+
+CAT_RESULTS = ("stack", 0, -1)
+COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
+    "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
+    "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
+    "trajs_per_batch", "traj_format",
+}
+PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
+DEVICES = ("device", "storing_device", "env_device", "policy_device")
+# worker options a collector class may leave out (RayCollector takes fewer): each worker's Collector's defaults
+WORKER_DEFAULTS = {
+    "frames_per_batch": None, "create_env_kwargs": None, "policy_factory": None, "init_fn": None,
+    "set_truncated": False, "reset_when_done": True, "track_traj_ids": True, "compile_policy": None,
+    "compact_obs": False, "pre_collect_hook": None, "post_collect_hook": None,
+    "auto_register_policy_transforms": None, "use_buffers": None,
+}
+
+
+@dataclass
+class Settings:
+    """What the collector front and its pool run with (every value checked)."""
+
+    launcher: str
+    rdv: Rendezvous | None  # torchrun/SLURM: this process is rank 0 of it
+    elastic: bool
+    join_timeout: float
+    num_workers: int
+    sync: bool
+    cat_results: str | int
+    num_threads: int | None
+    backend: str
+    rpc_timeout: float
+    update_after_each_batch: bool
+    max_weight_update_interval: int
+    weight_transport: str
+    max_worker_restarts: int
+    frames_per_batch: int  # of the collector: in sync mode a multiple of the workers
+    worker_frames: int  # of each worker's batch (the largest, when each worker has its own)
+    exploration_type: Any
+    policy_device: torch.device | list | None  # a list: one per worker
+    storing_device: torch.device | None
+    specs: list[bytes]  # what each worker builds its collector from
+    tcp_port: int | None = None  # local: the weight store's port; submitit: the trainer's rendezvous port
+    executor: Any = None  # submitit: submits the collector jobs
+    node: NodeSpec | None = None  # node collectors: what each worker runs (collector_class, num_workers_per_collector)
+    preemptive_threshold: float | None = None  # checked by checks.preemptive_threshold
+
+
+def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: float) -> tuple[str, Rendezvous | None]:
+    """The resolved launcher and, under torchrun/SLURM, this trainer's rendezvous.
+
+    Any other process of the run serves a collector here until the trainer stops it, then exits.
+    """
+    resolved = detect_launcher(launcher, elastic)
+    joining = join_rendezvous()
+    if joining is not None:  # a collector process started to join a running trainer
+        if not elastic:
+            raise ValueError(f"{JOIN_VARIABLE} is set, so this process joins a trainer as a collector; that needs elastic=True")
+        _serve(member_rendezvous(joining, join_timeout), rpc_timeout)
+    if resolved == "submitit":  # this process trains; the collector jobs it submits join it
+        return resolved, None
+    if resolved in ("torchrun", "slurm"):
+        rdv = from_environment(resolved)
+        if rdv.rank != 0:
+            _serve(member_rendezvous(rdv, join_timeout) if elastic else rdv, rpc_timeout)
+        return resolved, rdv
+    if elastic:
+        raise ValueError(
+            f"elastic=True needs a trainer that collectors can join over the network; accepted with "
+            f"launcher={launcher!r} (resolved to {resolved!r}): False (elastic launchers: 'torchrun', 'slurm', 'submitit')"
+        )
+    return resolved, None
+
+
+def _serve(rdv: Rendezvous, rpc_timeout: float) -> None:
+    """Serve a collector in this process until the trainer stops it, then exit the process."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(serve(rdv, float(rpc_timeout)))
+
+
+def check(
+    *, launcher: str, rdv: Rendezvous | None, elastic: bool, join_timeout: float, create_env_fn: Any, policy: Any,
+    frames_per_batch: int, num_collectors: int | None, sync: bool, cat_results: Any, default_cat_results: Any,
+    backend: str, rpc_timeout: float, collector_kwargs: dict | None, num_threads: int | None,
+    max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,
+    weight_transport: str, worker_kwargs: dict, tcp_port: int | None = None, slurm_kwargs: dict | None = None,
+    collector_class: Any = "single", num_workers_per_collector: int = 1, preemptive_threshold: float | None = None,
+    node_collector: type | None = None,
+) -> Settings:
+    """Check a multi-worker collector's arguments; ``worker_kwargs`` are those of each worker's
+    :class:`Collector` (``init_random_frames`` for the whole collector, shared out here);
+    ``preemptive_threshold`` as :func:`checks.preemptive_threshold` returns it.
+
+    ``collector_class`` ``"sync"``/``"async"`` makes each worker a node of
+    ``num_workers_per_collector`` local workers (:mod:`rpc_collectors.worker.node`): frames are
+    shared out over every local worker, and ``max_worker_restarts`` is each node's budget for
+    replacing its own local workers. ``node_collector`` is the multi-worker class a node runs
+    (the public layer passes its ``MultiCollector``: this layer does not import it)."""
+    node_kind, per_node = node_class(collector_class, num_workers_per_collector)
+    if node_kind is not None and node_collector is None:
+        raise ValueError(f"collector_class={collector_class!r} runs node collectors, which this collector does not "
+                         "support; accepted: collector_class='single'")
+    if preemptive_threshold is not None and node_kind is not None:
+        raise ValueError(
+            f"preemptive_threshold={preemptive_threshold!r} does not work with node collectors "
+            f"(collector_class={collector_class!r}); accepted with them: None"
+        )
+    worker_kwargs = {**WORKER_DEFAULTS, **worker_kwargs}
+    env_fns = _env_fns(create_env_fn, num_collectors, rdv, elastic)
+    num_workers = len(env_fns)
+    sync = checks.boolean("sync", sync)
+    cat_results = checks.choice("cat_results", default_cat_results if cat_results is None else cat_results, CAT_RESULTS)
+    num_threads = checks.optional_positive_int("num_threads", num_threads)
+    backend = checks.choice("backend", backend, ("gloo", "nccl"))
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend='nccl' needs CUDA, which this machine does not have; accepted here: 'gloo'")
+    rpc_timeout = checks.timeout("rpc_timeout", rpc_timeout)
+    update_after_each_batch = checks.boolean("update_after_each_batch", update_after_each_batch)
+    interval = max_weight_update_interval
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
+        raise ValueError(f"max_weight_update_interval={interval!r} is invalid; accepted: -1 (never) or an int >= 0")
+    checks.choice("weight_transport", weight_transport, TRANSPORTS)
+    if elastic:
+        checks.elastic(weight_transport, backend)
+    tcp_port = checks.tcp_port(tcp_port, launcher)
+    if slurm_kwargs is not None and launcher != "submitit":
+        raise ValueError(f"slurm_kwargs={slurm_kwargs!r} is for launcher='submitit'; accepted with launcher={launcher!r}: None")
+    executor = collector_jobs.executor(slurm_kwargs) if launcher == "submitit" else None
+    node = None
+    if node_kind is None:
+        restarts = checks.max_worker_restarts(max_worker_restarts, launcher, weight_transport, backend)
+    else:  # a node replaces its own local workers; the trainer does not replace nodes
+        node = NodeSpec(
+            collector=node_collector,
+            sync=node_kind == "sync", num_workers=per_node, launcher="debug" if launcher == "debug" else "local",
+            max_worker_restarts=checks.non_negative_int("max_worker_restarts", max_worker_restarts),
+            rpc_timeout=rpc_timeout,
+        )
+        restarts = 0
+    split = per_node if node_kind == "sync" else 1  # a sync node's batch holds one batch of each local worker
+    frames_list = worker_kwargs.pop("frames_per_batch")  # TorchRL's list of one per worker, or None
+    if frames_list is not None:
+        if node is not None:
+            raise ValueError(
+                f"frames_per_batch={frames_list!r}: a list of one per worker does not work with node collectors "
+                f"(collector_class={collector_class!r}); accepted: one int"
+            )
+        frames_list = checks.frames_per_worker(frames_list, num_workers, sync, cat_results)
+        worker_frames, frames_per_batch = max(frames_list), sum(frames_list)
+    elif sync:
+        worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers * split, "workers") * split
+        frames_per_batch = worker_frames * num_workers
+    else:
+        worker_frames = frames_per_batch = checks.frames_per_batch_fits(frames_per_batch, split, "workers") * split
+    if policy is not None and not callable(policy):
+        StepPolicy(policy)  # raises the TypeError naming the argument
+    kwargs = dict(worker_kwargs, frames_per_batch=worker_frames)
+    per_worker = {name: _per_worker(name, kwargs.pop(name), num_workers) for name in PER_WORKER}
+    if frames_list is not None:
+        per_worker["frames_per_batch"] = frames_list
+    for name in DEVICES:  # TorchRL's list of one device per worker
+        if isinstance(kwargs[name], (list, tuple)):
+            per_worker[name] = _per_worker(name, kwargs.pop(name), num_workers)
+    checks.worker_options(kwargs, policy, per_worker["policy_factory"])
+    local_workers = num_workers * per_node  # each node shares its part out over its local workers
+    kwargs["init_random_frames"] = -(-checks.init_random_frames(kwargs["init_random_frames"]) // local_workers) * per_node
+    kwargs.update(_collector_kwargs(collector_kwargs))
+    checks.max_frames_per_traj(kwargs["max_frames_per_traj"])
+    checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
+    checks.boolean("track_policy_version", kwargs["track_policy_version"])
+    kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
+    devices = checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
+    kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
+    kwargs["preemptible"] = preemptive_threshold is not None  # the worker numbers its batches and pads cut ones
+    per_worker.pop("storing_device", None)
+    return Settings(
+        launcher=launcher, rdv=rdv, elastic=elastic, join_timeout=join_timeout, num_workers=num_workers, sync=sync,
+        cat_results=cat_results, num_threads=num_threads, backend=backend, rpc_timeout=rpc_timeout,
+        update_after_each_batch=update_after_each_batch, max_weight_update_interval=interval,
+        weight_transport=weight_transport, max_worker_restarts=restarts, frames_per_batch=frames_per_batch,
+        worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
+        policy_device=devices["policy_device"], storing_device=devices["storing_device"],
+        specs=_specs(env_fns, policy, kwargs, per_worker, node), node=node, tcp_port=tcp_port, executor=executor,
+        preemptive_threshold=preemptive_threshold,
+    )
+
+
+def _env_fns(create_env_fn: Any, num_collectors: int | None, rdv: Rendezvous | None, elastic: bool) -> list:
+    if num_collectors is not None:
+        checks.positive_int("num_collectors", num_collectors)
+    if isinstance(create_env_fn, (list, tuple)):
+        if not create_env_fn:
+            raise ValueError("create_env_fn=[] is empty; accepted: an env factory or a non-empty list of them")
+        if num_collectors is not None and num_collectors != len(create_env_fn):
+            raise ValueError(f"num_collectors={num_collectors} does not match the {len(create_env_fn)} entries of create_env_fn")
+        fns = list(create_env_fn)
+    else:
+        n = num_collectors if num_collectors is not None else (rdv.world_size - 1 if rdv else None)
+        if not n:
+            raise ValueError(
+                "num_collectors=None: give the number of workers (with elastic=True: of collector slots), "
+                "or a list of env factories as create_env_fn"
+            )
+        fns = [create_env_fn] * n
+    for i, fn in enumerate(fns):
+        if fn is None or not (callable(fn) or isinstance(fn, str) or hasattr(fn, "step")):
+            raise TypeError(f"create_env_fn[{i}]={fn!r} is not an env or env factory")
+        if isinstance(fn, str):
+            check_env_id(fn, "create_env_fn")
+    if rdv is not None and not elastic and rdv.world_size - 1 != len(fns):
+        raise ValueError(
+            f"{len(fns)} collectors were asked for, but the {rdv.launcher} world has WORLD_SIZE="
+            f"{rdv.world_size} (one trainer + {rdv.world_size - 1} collector ranks)"
+        )
+    return fns
+
+
+def _collector_kwargs(collector_kwargs: dict | None) -> dict:
+    if collector_kwargs is None:
+        return {}
+    if not isinstance(collector_kwargs, dict):
+        raise TypeError(f"collector_kwargs={collector_kwargs!r} is invalid; accepted: None or a dict")
+    unknown = set(collector_kwargs) - COLLECTOR_KWARGS
+    if unknown:
+        raise ValueError(f"collector_kwargs has unknown keys {sorted(unknown)}; accepted: {sorted(COLLECTOR_KWARGS)}")
+    checks.collector_kwargs(collector_kwargs)
+    return dict(collector_kwargs)
+
+
+def _per_worker(name: str, value: Any, num_workers: int) -> list:
+    """``value`` for each worker: a list of one per worker, or one value for all."""
+    if not isinstance(value, (list, tuple)):
+        return [value] * num_workers
+    if len(value) != num_workers:
+        raise ValueError(f"{name} has {len(value)} entries for {num_workers} workers; accepted: one value, or one per worker")
+    return list(value)
+
+
+def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: NodeSpec | None) -> list[bytes]:
+    """What each worker builds its collector from, pickled here so that failures name the argument."""
+    worker_kwargs = [dict(kwargs, **{name: values[i] for name, values in per_worker.items()}) for i in range(len(env_fns))]
+    try:
+        return [cloudpickle.dumps((fn, policy, kw, node)) for fn, kw in zip(env_fns, worker_kwargs)]
+    except Exception:
+        named = [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]
+        named += [(f"{name}[{i}]", v) for name, values in per_worker.items() for i, v in enumerate(values)]
+        named += [(name, kwargs[name]) for name in ("init_fn", "pre_collect_hook", "post_collect_hook")]
+        for name, value in named:
+            checks.picklable(name, value)
+        raise

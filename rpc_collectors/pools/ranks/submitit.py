@@ -1,0 +1,88 @@
+"""Collector jobs that the trainer submits to SLURM (``launcher="submitit"``), members of its RPC group.
+
+The trainer starts a dynamic RPC group, as an elastic trainer does, and submits one job per
+collector (:mod:`rpc_collectors.cluster.jobs`); each job joins the group. With
+``elastic=True`` the jobs are slots' members like any joiner: one that fails to start or ends
+leaves its slot vacant. Otherwise the constructor waits until every job joined (a job that
+ends first is an error naming it and its log), and slot i is served by the i-th rank drawn,
+so a failure is a :class:`~rpc_collectors.core.errors.WorkerError` as in any fixed world.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Callable
+
+import submitit
+
+from rpc_collectors.cluster.jobs import CollectorJobs, trainer_interface
+from rpc_collectors.planes.rendezvous import Rendezvous, free_port, interface_address
+from rpc_collectors.pools.ranks.elastic import ElasticPool
+
+STATE_POLL_S = 2.0  # how often the constructor asks SLURM about jobs that have not joined yet
+
+
+class SubmititPool(ElasticPool):
+    """``num_workers`` collector jobs submitted by this process, which serves as their trainer."""
+
+    port_argument = "tcp_port"
+
+    def __init__(
+        self, executor: submitit.AutoExecutor, num_workers: int, rpc_timeout: float, join_timeout: float,
+        tcp_port: int | None, elastic: bool, on_arrival: Callable[[int], None],
+    ) -> None:
+        interface = trainer_interface()
+        address = interface_address(interface)
+        port = tcp_port or free_port(address)
+        rdv = Rendezvous("submitit", 0, num_workers + 1, address, port, interface, dynamic=True)
+        self.jobs = CollectorJobs(executor, uuid.uuid4().hex[:12])
+        self._joined: list[int] = []
+        self._changed = threading.Condition()
+        super().__init__(rdv, num_workers, rpc_timeout, on_arrival if elastic else self._joined_at_start)
+        try:
+            self.jobs.submit(num_workers, address, port, join_timeout, rpc_timeout)
+            if not elastic:
+                self.ranks = self._await_jobs(join_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _joined_at_start(self, rank: int) -> None:
+        with self._changed:
+            self._joined.append(rank)
+            self._changed.notify_all()
+
+    def _await_jobs(self, timeout: float) -> list:
+        """Wait until every job joined; a job that ends first raises, naming it and its log."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self._joined) < self.num_workers:
+                ended = self.jobs.ended()
+                if ended:
+                    job_id, state = next(iter(ended.items()))
+                    raise RuntimeError(
+                        f"collector job {job_id} ended as {state} before it joined the trainer "
+                        f"({len(self._joined)} of {self.num_workers} jobs joined); {self.jobs.describe(job_id)}"
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"{self.num_workers - len(self._joined)} of {self.num_workers} collector jobs "
+                        f"({', '.join(j.job_id for j in self.jobs.jobs)}) did not join the trainer within "
+                        f"join_timeout={timeout:g} s; see `squeue` (still pending?) and their logs in {self.jobs.folder}"
+                    )
+                self._changed.wait(min(STATE_POLL_S, remaining))
+            return sorted(self._joined)[: self.num_workers]
+
+    def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
+        """As any rank's failure, with the jobs that ended by now (a cancelled job, one out of time)."""
+        reason, remote = super().failure(worker_id, err)
+        ended = self.jobs.ended()
+        if ended:
+            reason += " (SLURM jobs that ended: " + ", ".join(f"{i} {s}" for i, s in ended.items()) + ")"
+        return reason, remote
+
+    def close(self, timeout: float = 2.0) -> None:
+        super().close(timeout)  # stops the collectors: their jobs complete
+        self.jobs.end()

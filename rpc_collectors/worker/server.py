@@ -1,0 +1,307 @@
+"""The collector server: what runs in a worker process, and the calls the trainer makes to it.
+
+A server holds one :class:`WorkerState` (a single-process :class:`Collector` and its
+:class:`WeightReceiver`). The trainer drives it by name: over RPC on torchrun/SLURM ranks
+(:func:`create`, :func:`call`), over the pipes of a :mod:`~rpc_collectors.worker.channel` in a local
+worker process (:func:`local_main`), or directly in the debug launcher.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import datetime
+import os
+import socket
+import sys
+import threading
+import warnings
+from typing import Any, Iterator
+
+import cloudpickle
+import torch
+import torch.distributed.rpc as rpc
+import torch.distributed.rpc.constants as rpc_constants
+from tensordict import TensorDictBase
+
+from rpc_collectors.collection.collector import Collector
+from rpc_collectors.collection.preemption import Preemption
+from rpc_collectors.planes import doorbell, membership
+from rpc_collectors.planes.data import Ready, SlotSpec, SlotWriter
+from rpc_collectors.planes.rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
+from rpc_collectors.planes.weight_sync import TransportSpec, WeightReceiver
+from rpc_collectors.planes.weights import FlatWeights
+from rpc_collectors.worker import channel, spawner
+from rpc_collectors.worker.node import NodeCollector
+from rpc_collectors.worker.spawner import name_process
+
+TRAINER = "trainer"
+PING_EVERY = 5.0  # seconds between a server's checks that its trainer is still there
+STOP_GRACE = 5.0  # at most this many seconds from stop() to the end of the server
+
+
+def worker_name(rank: int, session: str = "") -> str:
+    """RPC name of the server on ``rank``; ``session`` keeps names unique per collector.
+
+    No ``-``: a dynamic RPC group lists its members as ``name-rank`` (see :mod:`membership`).
+    """
+    return f"collector{rank}_{session}" if session else f"collector{rank}"
+
+
+class WorkerState:
+    """One collector server: its collector, its weights, its identity."""
+
+    def __init__(
+        self, spec: bytes, worker_id: int, num_workers: int, rank: int, traj_id_start: int | None = None,
+        address: str | None = None,
+    ) -> None:
+        """Trajectory ids are ``traj_id_start + k * num_workers`` (default start: ``worker_id``);
+        ``address``: where the trainer reaches this process, for error messages. A spec with a
+        :class:`~rpc_collectors.worker.node.NodeSpec` makes this server a node of local workers."""
+        create_env_fn, policy, kwargs, node = cloudpickle.loads(spec)
+        init_fn = kwargs.pop("init_fn", None)
+        preemptible = kwargs.pop("preemptible", False)
+        if init_fn is not None:  # TorchRL's init_fn: run in the worker before its env and policy are built
+            init_fn()
+        self.rank, self.address = rank, address
+        start = worker_id if traj_id_start is None else traj_id_start
+        if node is None:
+            self.collector: Collector | NodeCollector = Collector(
+                create_env_fn, policy, traj_id_start=start, traj_id_stride=num_workers, **kwargs
+            )
+        else:
+            self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, **kwargs)
+        self.preemption = Preemption() if preemptible else None
+        if self.preemption is not None:
+            self.collector.preemption = self.preemption
+        self.receiver: WeightReceiver | None = None
+        self.writer: SlotWriter | None = None
+        self.timeout = 60.0
+
+    def info(self) -> dict:
+        """Who serves this collector: rank, host name, address, pid, machine id; its number of envs and torch threads."""
+        node = isinstance(self.collector, NodeCollector)
+        envs = self.collector.num_envs if node else int(torch.Size(self.collector.env.batch_size).numel())
+        info = {
+            "rank": self.rank, "host": socket.gethostname(), "address": self.address, "pid": os.getpid(),
+            "host_id": host_id(), "envs": envs, "threads": torch.get_num_threads(),
+        }
+        if node:
+            info["local_pids"] = self.collector.pids
+        return info
+
+    def join_weights(self, spec: TransportSpec) -> None:
+        if isinstance(self.collector, NodeCollector):
+            module = self.collector.module
+        else:
+            module = self.collector.policy.module if self.collector.policy is not None else None
+        if module is None:
+            raise TypeError("the policy has no weights to update")
+        self.timeout = spec.timeout
+        if spec.kind == "broadcast" and _rdv is not None and _rdv.interface:  # this host's, not the trainer's
+            spec = dataclasses.replace(spec, interface=_rdv.interface)
+        self.receiver = WeightReceiver(spec, FlatWeights(module), self.rank)
+
+    def receive_weights(self, version: int, mode: str, payload: torch.Tensor | None = None) -> None:
+        self.receiver.receive(version, mode, payload)
+
+    def join_batches(self, spec: SlotSpec) -> bool:
+        """Map the trainer's shared batch buffer (or, from another host, make slots of its own)
+        and answer its doorbell; False if this process cannot open them."""
+        try:
+            self.writer = SlotWriter(spec)
+            doorbell.answer(spec.doorbell, self.collect, self.writer.memory if spec.fd is None else None)
+        except (OSError, RuntimeError):
+            self.writer = None
+            return False
+        return True
+
+    def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready:
+        """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned."""
+        if self.preemption is not None:
+            self.preemption.begin()
+        if self.receiver is not None:
+            self.receiver.apply(self.collector, min_version, self.timeout)
+        if self.writer is not None and isinstance(self.collector, Collector):  # observations go straight into the slot
+            self.collector.rollout.out = None if slot is None else self.writer.targets[slot]
+        batch = self.collector.next()
+        if slot is not None and self.writer is not None:
+            if self.writer.write(slot, batch):
+                return Ready(slot)
+            return batch.clone()  # does not fit the slot; its observations may lie there already
+        if isinstance(self.collector, NodeCollector):  # its tensors are views of the local workers' shared slots,
+            return batch.clone()  # which an RPC result would carry whole
+        return batch
+
+    def preempt(self, batch: int) -> None:
+        """End the ``batch``-th batch asked of this worker at its next step (TorchRL's preemption)."""
+        self.preemption.stop(batch)
+
+    def set_seed(self, seed: int) -> int:
+        torch.manual_seed(seed)
+        return self.collector.set_seed(seed)
+
+    def state_dict(self) -> dict:
+        if self.receiver is not None:  # the state holds the newest weights pushed to this worker
+            self.receiver.apply(self.collector, 0, self.timeout)
+        return self.collector.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.collector.load_state_dict(state)
+
+    def close(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
+        self.collector.shutdown()
+
+
+# ---------------------------------------------------------------- RPC entry points
+_state: WorkerState | None = None
+_rdv: Rendezvous | None = None
+_stop = threading.Event()
+
+
+def create(spec: bytes, worker_id: int, num_workers: int, traj_id_start: int | None = None) -> dict:
+    """RPC: build this server's collector."""
+    global _state
+    address = interface_address(_rdv.interface) if _rdv is not None and _rdv.interface else None
+    _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id, traj_id_start, address)
+    return _state.info()
+
+
+def call(method: str, *args: Any) -> Any:
+    """RPC: run ``WorkerState.<method>(*args)`` on this server."""
+    if _state is None:
+        raise RuntimeError(f"{rpc.get_worker_info().name} has no collector yet")
+    return getattr(_state, method)(*args)
+
+
+def stop() -> None:
+    """RPC: close this server's collector, then end the server once the trainer's agent stopped.
+
+    From here on the server drops torch's C++ warnings: its agent would otherwise log every
+    connection that its peers close as they stop, though nothing went wrong.
+    """
+    global _state
+    state, _state = _state, None
+    if state is not None:
+        state.close()
+    _cpp_log_level().value = CPP_ERROR
+    _stop.set()
+
+
+CPP_ERROR = 2  # c10's log level that drops warnings
+
+
+def _cpp_log_level() -> ctypes.c_int:
+    """torch's C++ log threshold (``TORCH_CPP_LOG_LEVEL``, read only at start-up), settable here."""
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+    return ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level")
+
+
+@contextlib.contextmanager
+def cpp_warnings_off() -> Iterator[None]:
+    """Drop torch's C++ warnings meanwhile: a stopping RPC agent warns of every pipe it closes."""
+    level = _cpp_log_level()
+    saved = level.value
+    level.value = max(saved, CPP_ERROR)
+    try:
+        yield
+    finally:
+        level.value = saved
+
+
+def ping(rank: int) -> bool:
+    """RPC (served by the trainer): the trainer is alive; False if it evicted the server of ``rank``."""
+    return membership.is_member(rank)
+
+
+def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
+    """Start this process's RPC agent as ``name``, bound to the rendezvous's interface."""
+    # TCP ("uv") only: TensorPipe's shared-memory transport busy-polls a core in every process
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method=rdv.init_method(rpc_timeout), rpc_timeout=rpc_timeout, _transports=["uv"]
+    )
+    # init_rpc builds a gloo group of its own with a 24-day timeout: bound it by rpc_timeout
+    default_timeout = rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT
+    rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = datetime.timedelta(seconds=rpc_timeout)
+    try:
+        with socket_interface(rdv.interface), warnings.catch_warnings():
+            # that group also trips a deprecation warning inside torch
+            warnings.filterwarnings("ignore", message="You are using a Backend")
+            world_size = None if rdv.dynamic else rdv.world_size  # None: members may join and leave
+            rpc.init_rpc(name, rank=rdv.rank, world_size=world_size, rpc_backend_options=options)
+    finally:
+        rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = default_timeout
+
+
+def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
+    """Run a collector server until the trainer stops it or goes away; returns an exit code."""
+    global _rdv
+    _rdv = rdv
+    if "OMP_NUM_THREADS" not in os.environ:  # one torch thread, as local workers (torchrun sets 1 too; srun does not)
+        torch.set_num_threads(1)
+    name_process(f"rpc-worker{rdv.rank - 1}")
+    spawner.rpc_starts_here(fork_now=False)  # a node collector's local workers must not inherit the agent
+    if rdv.dynamic:  # its peers may die and be replaced: TensorPipe would log each of their connections
+        _cpp_log_level().value = CPP_ERROR
+    name = worker_name(rdv.rank, rdv.session)
+    store = store_client(rdv, rpc_timeout)
+    if rdv.dynamic:  # one join at a time (see membership.membership_lock)
+        with membership.membership_lock(store, name, rpc_timeout):
+            membership.clear_for_join(store, rpc._init_counter, TRAINER)
+            start_agent(name, rdv, rpc_timeout)
+            rpc.rpc_sync(TRAINER, membership.arrive, args=(rdv.rank,), timeout=rpc_timeout)
+    else:
+        start_agent(name, rdv, rpc_timeout)
+    code = 0
+    while not _stop.wait(min(PING_EVERY, rpc_timeout)):
+        try:
+            member = rpc.rpc_sync(TRAINER, ping, args=(rdv.rank,), timeout=max(rpc_timeout, PING_EVERY))
+        except RuntimeError as err:
+            print(f"{name}: the trainer is unreachable ({err}); exiting", file=sys.stderr)
+            code = 1
+            break
+        if not member:  # it stopped answering for a while (a stopped process, a cut link): its slot went on
+            print(f"{name}: the trainer evicted this collector (it did not answer within rpc_timeout={rpc_timeout} s); "
+                  "exiting", file=sys.stderr)
+            code = 1
+            break
+    if _stop.is_set():  # stopped by the trainer: let its agent stop first (see stop())
+        with contextlib.suppress(RuntimeError):
+            store.wait([stopped_key(rdv)], datetime.timedelta(seconds=min(rpc_timeout, STOP_GRACE)))
+    if _state is not None:
+        _state.close()
+    rpc.shutdown(graceful=False)
+    return code
+
+
+class LocalServer:
+    """A local worker process's calls, as its channel delivers them: ``create`` builds its state."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.state: WorkerState | None = None
+
+    def handle(self, method: str, args: tuple) -> Any:
+        if method == "create":
+            spec, worker_id, num_workers, traj_id_start = args
+            self.state = WorkerState(spec, worker_id, num_workers, self.rank, traj_id_start, "127.0.0.1")
+            return self.state.info()
+        if self.state is None:
+            raise RuntimeError(f"collector worker {self.rank - 1} has no collector yet")
+        return getattr(self.state, method)(*args)
+
+    def close(self) -> None:
+        if self.state is not None:
+            self.state.close()
+
+
+def local_main(rank: int, trainer_pid: int, request_fd: int, answer_fd: int) -> int:
+    """Entry point of a local worker process started by the spawner: serve the trainer's channel
+    (its ends are the trainer's descriptors ``request_fd``/``answer_fd``) until it closes."""
+    torch.set_num_threads(1)
+    name_process(f"rpc-worker{rank - 1}")
+    server = LocalServer(rank)
+    channel.serve(doorbell.Ends(trainer_pid, request_fd, answer_fd), server.handle, server.close)
+    return 0
