@@ -9,7 +9,7 @@ the multi-worker cases (the denominator is their mean).
 
 Batches: about 12 MB per worker (1000 frames of 4 floats, 224 of 4x84x84, 32 of 3x256x256),
 the same frames for the single process. Workers on this host deliver through shared memory
-(``rpc_collectors/data_plane.py``); ``--rpc`` forces every batch through RPC results
+(``rpc_collectors/planes/data.py``); ``--rpc`` forces every batch through RPC results
 (TensorPipe over TCP) instead, the path of workers on other hosts.
 
 "receive" is the trainer's own rate: bytes delivered divided by the time the trainer spent

@@ -95,9 +95,10 @@ def peer(kind: str, rank: int, seconds: float) -> dict:
     if kind == "doorbell":
         import pickle
 
-        from rpc_collectors.planes.data import IN_FLIGHT, SLOTS, Ready, SlotPool, SlotWriter
-        from rpc_collectors.planes.doorbell import SocketDoorbell, answer
+        from rpc_collectors.planes.data import IN_FLIGHT
+        from rpc_collectors.planes.doorbell import Ready, SocketDoorbell, answer
         from rpc_collectors.planes.layouts import BatchLayout
+        from rpc_collectors.planes.slots import SLOTS, SlotPool, SlotWriter
 
         store = torch.distributed.TCPStore(master, port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
         if rank == 1:

@@ -11,9 +11,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rpc_collectors.planes.data import BatchPlane, Ready, SlotPool, SlotWriter
-from rpc_collectors.planes.doorbell import ANSWER, READY, REQUEST, SocketDoorbell, answer
+from rpc_collectors.planes.data import BatchPlane
+from rpc_collectors.planes.doorbell import ANSWER, READY, REQUEST, Ready, SocketDoorbell, answer
 from rpc_collectors.planes.layouts import BatchLayout
+from rpc_collectors.planes.slots import SlotPool, SlotWriter
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,7 @@ from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, wit
 from rpc_collectors.collection.policies import RandomPolicy, StepPolicy, run_device
 from rpc_collectors.collection.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from rpc_collectors.collection.trajectories import TrajectoryIds
-from rpc_collectors.core import checks
+from rpc_collectors.core import checks, worker_checks
 from rpc_collectors.planes.weights import load_weights, one_source, weights_of
 
 POLICY_VERSION = ("collector", "policy_version")
@@ -256,7 +256,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
         device = run_device(self.policy.module if self.policy else None, self.devices["policy_device"])
-        if worker_ids not in (None, 0, [0], (0,)) and checks.worker_devices(worker_ids, [device]) != [0]:
+        if worker_ids not in (None, 0, [0], (0,)) and worker_checks.worker_devices(worker_ids, [device]) != [0]:
             raise ValueError(
                 f"worker_ids={worker_ids!r} is invalid for a single-process Collector; accepted: None, 0 "
                 f"or its policy device {device}"

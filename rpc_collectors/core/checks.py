@@ -268,41 +268,11 @@ def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: A
     }
 
 
-def worker_devices_of(device_: Any, storing_device: Any, env_device: Any, policy_device: Any, num_workers: int) -> dict:
-    """The four device arguments of a multi-worker collector, each one device or TorchRL's list of one
-    per worker: ``policy_device`` per worker (a list if they differ), and the trainer's
-    ``storing_device`` (the workers' common one; the CPU if they differ, as TorchRL gathers them there)."""
-    def per_worker(value: Any) -> list:
-        return list(value) if isinstance(value, (list, tuple)) else [value] * num_workers
-
-    resolved = [devices(*values) for values in zip(*map(per_worker, (device_, storing_device, env_device, policy_device)))]
-    storing = {d["storing_device"] for d in resolved}
-    policy = [d["policy_device"] for d in resolved]
-    return {
-        "storing_device": storing.pop() if len(storing) == 1 else torch.device("cpu"),
-        "policy_device": policy[0] if len(set(policy)) == 1 else policy,
-    }
-
-
 def frames_total(value: Any) -> Any:
     """``frames_per_batch`` of a whole batch: TorchRL's list of one per worker adds up."""
     if isinstance(value, (list, tuple)):
         return sum(positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value))
     return value
-
-
-def frames_per_worker(value: Any, num_workers: int, sync: bool, cat_results: Any) -> list[int]:
-    """TorchRL's ``frames_per_batch`` list: one positive int per worker; in sync mode batches of
-    different lengths cannot be stacked (TorchRL's cannot either): concatenated along time only."""
-    frames = [positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value)]
-    if len(frames) != num_workers:
-        raise ValueError(f"frames_per_batch has {len(frames)} entries for {num_workers} workers; accepted: one per worker")
-    if sync and len(set(frames)) > 1 and cat_results != -1:
-        raise ValueError(
-            f"frames_per_batch={frames} gives the workers batches of different lengths, which cat_results="
-            f"{cat_results!r} cannot combine; accepted: cat_results=-1 (concatenated along time), or equal frames"
-        )
-    return frames
 
 
 def exploration_type(value: Any, name: str = "exploration_type") -> InteractionType:
@@ -334,108 +304,3 @@ def frames_per_batch_fits(frames_per_batch: int, parts: int, what: str = "envs")
             UserWarning, stacklevel=3,
         )
     return per_part
-
-
-def _canonical(d: torch.device) -> torch.device:
-    return torch.device(d.type, 0) if d.type == "cuda" and d.index is None else d
-
-
-def worker_devices(worker_ids: Any, devices: list[torch.device]) -> list[int] | None:
-    """TorchRL's device form of ``worker_ids`` (a ``torch.device`` or a list of them): the ids
-    of the workers whose policy runs on one of them; None when ``worker_ids`` is not in that form."""
-    items = list(worker_ids) if isinstance(worker_ids, (list, tuple)) else [worker_ids]
-    if not items or not all(isinstance(d, torch.device) for d in items):
-        return None
-    wanted = {_canonical(d) for d in items}
-    return [i for i, d in enumerate(devices) if _canonical(d) in wanted]
-
-
-def worker_ids(value: Any, num_workers: int, device: torch.device | list) -> list[int]:
-    """``worker_ids`` of ``update_policy_weights_``: None (all), ids in ``0..num_workers - 1``, or
-    TorchRL's form, the ``torch.device`` where the workers' policy runs (``device``: every worker's,
-    or a list of one per worker)."""
-    if value is None:
-        return list(range(num_workers))
-    on_device = worker_devices(value, device if isinstance(device, list) else [device] * num_workers)
-    if on_device is not None:
-        if not on_device:
-            raise ValueError(f"worker_ids={value!r}: no worker runs its policy there; the workers' policy device is {device}")
-        return on_device
-    ids = [value] if isinstance(value, int) else list(value)
-    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_workers]
-    if bad or not ids:
-        raise ValueError(f"worker_ids={value!r} is invalid; accepted: None or ids in 0..{num_workers - 1}")
-    return sorted(set(ids))
-
-
-_COLLECTOR_KWARG_CHECKS = {
-    "init_random_frames": lambda name, value: init_random_frames(value, name),
-    "exploration_type": lambda name, value: exploration_type(value, name),
-    "max_frames_per_traj": lambda name, value: max_frames_per_traj(value, name),
-    "reset_at_each_iter": boolean,
-    "track_policy_version": boolean,
-    "device": device,
-    "storing_device": device,
-    "env_device": device,
-    "policy_device": device,
-    "set_truncated": boolean,
-    "track_traj_ids": boolean,
-    "compact_obs": boolean,
-    "reset_when_done": lambda name, value: reset_when_done(value),
-    "compile_policy": lambda name, value: compile_kwargs(value),
-    "pre_collect_hook": optional_callable,
-    "auto_register_policy_transforms": optional_boolean,
-    "use_buffers": optional_boolean,
-    "post_collect_hook": optional_callable,
-}
-
-
-def collector_kwargs(kwargs: dict) -> None:
-    """Check the values of a multi-worker collector's ``collector_kwargs`` here, before any worker starts."""
-    for key, value in kwargs.items():
-        check = _COLLECTOR_KWARG_CHECKS.get(key)
-        if check is not None:
-            check(f"collector_kwargs[{key!r}]", value)
-
-
-def max_worker_restarts(value: Any, launcher: str, weight_transport: str, backend: str) -> int:
-    """A restart budget >= 0; above 0 only where the collector starts its workers itself and
-    a newcomer can get the weights (shared memory; the broadcast group is fixed)."""
-    count = non_negative_int("max_worker_restarts", value)
-    if count and launcher not in ("local", "debug", "ray"):
-        raise ValueError(
-            f"max_worker_restarts={value!r} needs a launcher that starts the workers itself; accepted with "
-            f"launcher={launcher!r}: 0 (launchers that restart workers: 'local', 'debug'; RayCollector)"
-        )
-    if count and (weight_transport == "broadcast" or backend == "nccl"):
-        raise ValueError(
-            f"max_worker_restarts={value!r} needs the shared-memory weight transport; accepted with "
-            f"weight_transport={weight_transport!r}, backend={backend!r}: 0"
-        )
-    return count
-
-
-def elastic(weight_transport: str, backend: str) -> None:
-    """Elastic membership moves weights as RPC arguments: no fixed group, no shared file."""
-    if weight_transport not in ("auto", "rpc"):
-        raise ValueError(
-            f"weight_transport={weight_transport!r} does not work with elastic=True (collectors join and leave); "
-            "accepted: 'auto' or 'rpc'"
-        )
-    if backend != "gloo":
-        raise ValueError(f"backend={backend!r} does not work with elastic=True (no fixed weight group); accepted: 'gloo'")
-
-
-def tcp_port(value: Any, launcher: str) -> int | None:
-    """TorchRL's ``tcp_port``: where this process listens (local workers: the weight group's store;
-    submitit: the rendezvous its jobs join); None: a free port. Torchrun/SLURM use ``MASTER_PORT``."""
-    if value is None:
-        return None
-    if not _is_int(value) or not 0 < value < 65536:
-        raise ValueError(f"tcp_port={value!r} is invalid; accepted: None (a free port) or a port number in 1..65535")
-    if launcher not in ("local", "submitit"):
-        raise ValueError(
-            f"tcp_port={value!r} does not apply to launcher={launcher!r} (torchrun and SLURM ranks meet at "
-            "MASTER_PORT, debug workers need no port); accepted: None, or launcher 'mp', 'local' or 'submitit'"
-        )
-    return int(value)

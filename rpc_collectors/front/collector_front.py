@@ -24,7 +24,7 @@ from torch import nn
 from rpc_collectors.collection import preemption
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.policies import run_device
-from rpc_collectors.core import checks
+from rpc_collectors.core import checks, worker_checks
 from rpc_collectors.core.errors import Failure, WorkerError
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, weak_method
@@ -372,7 +372,7 @@ class CollectorFront(BaseCollector):
         devices = self._policy_device if isinstance(self._policy_device, list) else [self._policy_device]
         device = [run_device(self.policy, d) for d in devices]  # where the workers run their policy
         device = device if isinstance(self._policy_device, list) else device[0]
-        ids = [i for i in checks.worker_ids(worker_ids, self.num_workers, device) if self.workers.serves(i)]
+        ids = [i for i in worker_checks.worker_ids(worker_ids, self.num_workers, device) if self.workers.serves(i)]
         if self.weights is None:
             raise TypeError("update_policy_weights_: the policy is not an nn.Module, so it has no weights to push")
         source = None if policy_or_weights is None else weights_of(policy_or_weights)

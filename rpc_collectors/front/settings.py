@@ -21,7 +21,7 @@ from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, membe
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.envs import check_env_id
 from rpc_collectors.collection.policies import StepPolicy
-from rpc_collectors.core import checks
+from rpc_collectors.core import checks, worker_checks
 from rpc_collectors.planes.rendezvous import Rendezvous, detect_launcher, from_environment
 from rpc_collectors.planes.weight_sync import TRANSPORTS
 from rpc_collectors.worker.node import NodeSpec, node_class
@@ -150,14 +150,14 @@ def check(
         raise ValueError(f"max_weight_update_interval={interval!r} is invalid; accepted: -1 (never) or an int >= 0")
     checks.choice("weight_transport", weight_transport, TRANSPORTS)
     if elastic:
-        checks.elastic(weight_transport, backend)
-    tcp_port = checks.tcp_port(tcp_port, launcher)
+        worker_checks.elastic(weight_transport, backend)
+    tcp_port = worker_checks.tcp_port(tcp_port, launcher)
     if slurm_kwargs is not None and launcher != "submitit":
         raise ValueError(f"slurm_kwargs={slurm_kwargs!r} is for launcher='submitit'; accepted with launcher={launcher!r}: None")
     executor = collector_jobs.executor(slurm_kwargs) if launcher == "submitit" else None
     node = None
     if node_kind is None:
-        restarts = checks.max_worker_restarts(max_worker_restarts, launcher, weight_transport, backend)
+        restarts = worker_checks.max_worker_restarts(max_worker_restarts, launcher, weight_transport, backend)
     else:  # a node replaces its own local workers; the trainer does not replace nodes
         node = NodeSpec(
             collector=node_collector,
@@ -174,7 +174,7 @@ def check(
                 f"frames_per_batch={frames_list!r}: a list of one per worker does not work with node collectors "
                 f"(collector_class={collector_class!r}); accepted: one int"
             )
-        frames_list = checks.frames_per_worker(frames_list, num_workers, sync, cat_results)
+        frames_list = worker_checks.frames_per_worker(frames_list, num_workers, sync, cat_results)
         worker_frames, frames_per_batch = max(frames_list), sum(frames_list)
     elif sync:
         worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers * split, "workers") * split
@@ -198,7 +198,7 @@ def check(
     checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
     checks.boolean("track_policy_version", kwargs["track_policy_version"])
     kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
-    devices = checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
+    devices = worker_checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
     kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
     kwargs["preemptible"] = preemptive_threshold is not None  # the worker numbers its batches and pads cut ones
     per_worker.pop("storing_device", None)
@@ -252,7 +252,7 @@ def _collector_kwargs(collector_kwargs: dict | None) -> dict:
     unknown = set(collector_kwargs) - COLLECTOR_KWARGS
     if unknown:
         raise ValueError(f"collector_kwargs has unknown keys {sorted(unknown)}; accepted: {sorted(COLLECTOR_KWARGS)}")
-    checks.collector_kwargs(collector_kwargs)
+    worker_checks.collector_kwargs(collector_kwargs)
     return dict(collector_kwargs)
 
 

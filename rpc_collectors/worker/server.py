@@ -27,8 +27,9 @@ from tensordict import TensorDictBase
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.preemption import Preemption
 from rpc_collectors.planes import doorbell, membership
-from rpc_collectors.planes.data import Ready, SlotSpec, SlotWriter
+from rpc_collectors.planes.doorbell import Ready
 from rpc_collectors.planes.rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
+from rpc_collectors.planes.slots import SlotSpec, SlotWriter
 from rpc_collectors.planes.weight_sync import TransportSpec, WeightReceiver
 from rpc_collectors.planes.weights import FlatWeights
 from rpc_collectors.worker import channel, spawner
