@@ -123,6 +123,7 @@ class Doorbell:
         self._pending: collections.deque[torch.futures.Future] = collections.deque()
         self._lock = threading.Lock()
         self._open = False
+        self._ended = False  # the reader stopped: nothing will answer a request any more
 
     def opened(self) -> None:
         """The worker holds its ends now: close the trainer's copies and start reading answers."""
@@ -142,7 +143,7 @@ class Doorbell:
         with self._lock:  # not while close() runs: the descriptor could already name another file
             self._pending.append(fut)
             try:
-                if self._request_w < 0:
+                if self._request_w < 0 or self._ended:
                     raise OSError("the doorbell is closed")
                 _write_all(self._request_w, REQUEST.pack(slot, min_version))  # 16 bytes: one write in practice
             except OSError as err:
@@ -152,6 +153,7 @@ class Doorbell:
         return fut
 
     def _read(self) -> None:
+        failure: BaseException = EOFError("the reader stopped")
         try:
             while True:
                 kind, value = ANSWER.unpack(_read_exactly(self._answer_r, ANSWER.size))
@@ -170,9 +172,12 @@ class Doorbell:
                 else:
                     fut.set_result(result)
         except (EOFError, OSError) as err:
-            self._fail_pending(err)
-        finally:
+            failure = err
+        finally:  # first no new request is taken, then every one still waiting fails: none is left unanswered
+            with self._lock:
+                self._ended = True
             self._release()
+            self._fail_pending(failure)
 
     def _land(self, slot: int) -> None:
         """The batch announced in ``slot`` is there already (shared memory)."""
