@@ -14,6 +14,7 @@ import argparse
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,8 @@ def screenshot(browser: str, url: str, png: Path, size: str = "1280,900") -> Non
         cmd = [
             browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--hide-scrollbars", f"--user-data-dir={profile}", f"--screenshot={png}", f"--window-size={size}", url,
+            "--hide-scrollbars", "--virtual-time-budget=5000", f"--user-data-dir={profile}",
+            f"--screenshot={png}", f"--window-size={size}", url,
         ]
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     if not png.exists() or png.stat().st_size == 0:
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("--page", action="append", help="a page of the site, e.g. guide/quickstart/index.html "
                         f"(default: {' and '.join(PAGES)})")
     args = parser.parse_args(argv)
+    if any("#" in page for page in args.page or []):
+        parser.error("--page takes a page, not an anchor: headless Chromium captures a scrolled page blank")
     args.out.mkdir(parents=True, exist_ok=True)
     browser = chromium()
     shots = []
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
         server, base = serve(site)
         try:
             for page in args.page or PAGES:
-                name = page.removesuffix("index.html").strip("/").replace("/", "-") or "home"
+                name = re.sub(r"[^\w.]+", "-", page.replace("index.html", "")).strip("-") or "home"
                 png = args.out / f"{name}.png"
                 screenshot(browser, base + page, png, args.size)
                 shots.append(png)
