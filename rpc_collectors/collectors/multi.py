@@ -87,7 +87,7 @@ class RPCCollector(CollectorFront):
             slots (worker ids), each held by one collector at a time; a failed collector leaves
             its slot vacant (:class:`WorkerLeftWarning`) for the next to join, and collectors
             beyond the slots wait as spares. Weights travel as RPC arguments
-            (``weight_transport="rpc"``) and batches as RPC results. See README "Elastic runs".
+            (``weight_transport="rpc"``) and batches as RPC results. See ``docs/guide/elastic.md``.
         join_timeout: with ``elastic``, seconds a sync round waits for a vacant slot to be taken
             (async: for any collector at all) before raising ``TimeoutError``; also how long a
             collector waits for its trainer to come up.
@@ -102,10 +102,10 @@ class RPCCollector(CollectorFront):
             ours or TorchRL's classes by name. With ``"sync"``/``"async"`` each worker is a node
             of ``num_workers_per_collector`` local worker processes (shared memory among them)
             that answers each request with one batch: ``[W, (B,) T]`` stacked, or one local
-            worker's batch (see :mod:`rpc_collectors.worker.node` and README "Node collectors").
+            worker's batch (see :mod:`rpc_collectors.worker.node` and ``docs/guide/nodes.md``).
         num_workers_per_collector: W, the local workers of each node (1 with ``"single"``).
-        max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs, postproc,
-        device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
+        max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs: as for ``Collector``.
+        postproc, device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
             device may be TorchRL's list of one per worker (the trainer stores batches on the
             workers' common storing device, or on the CPU if they differ, as TorchRL does);
             ``init_random_frames`` is shared out over the workers. Workers hand batches over in
@@ -117,7 +117,7 @@ class RPCCollector(CollectorFront):
             worker, instead of ``policy`` (policies that cannot be pickled, or must be built on
             the worker's device); ``update_policy_weights_`` cannot reach these policies.
         init_fn: called in each worker process before its env and policy are built.
-        set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs,
+        set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs: as for ``Collector``, in each worker.
         auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
             ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
         use_buffers: as for ``Collector``, in each worker.
