@@ -217,7 +217,8 @@ def test_max_weight_update_interval():
         by_worker.setdefault(w, []).append(v)
     for seq in by_worker.values():  # never more than 2 batches in a row with the same version
         runs = [len(list(g)) for _, g in itertools.groupby(seq)]
-        assert max(runs) <= 2 and len(set(seq)) > 1
+        assert max(runs) <= 2, by_worker
+    assert len({v for _, v in versions}) > 1, by_worker  # the weights were pushed (a worker may have had only 2 batches)
 
 
 def test_trainer_keeps_its_default_process_group_and_environment():
