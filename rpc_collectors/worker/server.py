@@ -298,11 +298,11 @@ class LocalServer:
             self.state.close()
 
 
-def local_main(rank: int, trainer_pid: int, request_fd: int, answer_fd: int) -> int:
+def local_main(rank: int, *ends: Any) -> int:
     """Entry point of a local worker process started by the spawner: serve the trainer's channel
-    (its ends are the trainer's descriptors ``request_fd``/``answer_fd``) until it closes."""
+    (``ends``: the fields of its :class:`~rpc_collectors.planes.doorbell.Ends`) until it closes."""
     torch.set_num_threads(1)
     name_process(f"rpc-worker{rank - 1}")
     server = LocalServer(rank)
-    channel.serve(doorbell.Ends(trainer_pid, request_fd, answer_fd), server.handle, server.close)
+    channel.serve(doorbell.Ends(*ends), server.handle, server.close)
     return 0
