@@ -101,7 +101,7 @@ class DistributedCollector(RPCCollector):
         max_weight_update_interval: int = -1,
         update_interval: int | None = None,
         launcher: str = "submitit",
-        tcp_port: int | None = None,
+        tcp_port: int | str | None = None,
         weight_updater: Any = None,
         weight_sync_schemes: Any = None,
         weight_recv_schemes: Any = None,
@@ -153,7 +153,7 @@ class DistributedSyncCollector(DistributedCollector):
         max_weight_update_interval: int = -1,
         update_interval: int | None = 1,
         launcher: str = "submitit",
-        tcp_port: int | None = None,
+        tcp_port: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         if "sync" in kwargs:

@@ -58,8 +58,8 @@ class RPCCollector(CollectorFront):
             ``slurm_kwargs``). Under torchrun/SLURM the constructor serves collectors on every
             rank but 0 and exits those processes with code 0 when the trainer shuts down.
             ``"submitit_delayed"`` is refused with what to use instead.
-        tcp_port: TorchRL's port argument. ``"submitit"``: the port of the rendezvous the jobs
-            join; ``"mp"``/``"local"``: the port of the weight group's store on 127.0.0.1
+        tcp_port: TorchRL's port argument, an int or a string of digits. ``"submitit"``: the port of
+            the rendezvous the jobs join; ``"mp"``/``"local"``: the port of the weight group's store on 127.0.0.1
             (``weight_transport="broadcast"``; shared memory needs none). None: a free port.
         slurm_kwargs: ``"submitit"`` only: ``"folder"`` (required: where the jobs' logs go, readable
             from every node) and ``submitit.AutoExecutor.update_parameters`` arguments
@@ -150,7 +150,7 @@ class RPCCollector(CollectorFront):
         sync: bool = True,
         cat_results: str | int | None = None,
         launcher: str = "auto",
-        tcp_port: int | None = None,
+        tcp_port: int | str | None = None,
         slurm_kwargs: dict | None = None,
         backend: str = "gloo",
         rpc_timeout: float = 60.0,

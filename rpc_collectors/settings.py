@@ -111,7 +111,7 @@ def check(
     frames_per_batch: int, num_collectors: int | None, sync: bool, cat_results: Any, default_cat_results: Any,
     backend: str, rpc_timeout: float, collector_kwargs: dict | None, num_threads: int | None,
     max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,
-    weight_transport: str, worker_kwargs: dict, tcp_port: int | None = None, slurm_kwargs: dict | None = None,
+    weight_transport: str, worker_kwargs: dict, tcp_port: int | str | None = None, slurm_kwargs: dict | None = None,
     collector_class: Any = "single", num_workers_per_collector: int = 1, preemptive_threshold: float | None = None,
 ) -> Settings:
     """Check a multi-worker collector's arguments; ``worker_kwargs`` are those of each worker's

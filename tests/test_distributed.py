@@ -124,6 +124,9 @@ def test_distributed_policy_factory_builds_the_policy_in_each_worker():
      ["slurm_kwargs=", "bogus", "update_parameters"]),
     ({"launcher": "mp", "slurm_kwargs": {"folder": "/tmp/x"}}, ValueError, ["slurm_kwargs=", "launcher='submitit'"]),
     ({"launcher": "mp", "tcp_port": 70000}, ValueError, ["tcp_port=70000", "1..65535"]),
+    ({"launcher": "mp", "tcp_port": "70000"}, ValueError, ["tcp_port='70000'", "1..65535", "string of digits"]),
+    ({"launcher": "mp", "tcp_port": "41x01"}, ValueError, ["tcp_port='41x01'", "string of digits"]),
+    ({"launcher": "mp", "tcp_port": 4.0}, ValueError, ["tcp_port=4.0", "an int"]),
     ({"launcher": "debug", "tcp_port": 12345}, ValueError, ["tcp_port=12345", "launcher='debug'"]),
     ({"launcher": "launcher_x"}, ValueError, ["launcher='launcher_x'", "'mp'", "'submitit'"]),
     ({"launcher": "mp", "backend": "mpi"}, ValueError, ["backend='mpi'", "'gloo'"]),
@@ -166,6 +169,16 @@ def test_mp_tcp_port_given_and_not_given_two_collectors_on_one_host():
         a.update_policy_weights_()
         b.update_policy_weights_()
         assert (next(iter(a))["action"] == 1).all() and (next(iter(b))["action"] == 0).all()
+    assert not _listens(port)
+
+
+def test_mp_tcp_port_as_a_string_of_digits_is_that_port():
+    """TorchRL passes ``tcp_port=str(port)`` (and stores it as a string): the store listens there."""
+    port = free_port()
+    with RPCCollector([count_env] * 2, ActionPolicy(), frames_per_batch=20, launcher="mp", tcp_port=str(port),
+                      weight_transport="broadcast") as c:
+        assert c.workers.rdv.master_port == port and _listens(port)
+        assert next(iter(c)).shape == (20,)
     assert not _listens(port)
 
 
