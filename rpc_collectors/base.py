@@ -8,6 +8,7 @@ import torch
 from tensordict import TensorDictBase
 
 from . import checks
+from .batch_record import BatchRecord, take_versions
 from .preemption import valid_frames
 from .trajectories import split_trajectories
 from .whole_trajectories import WholeTrajectories, emit
@@ -30,7 +31,16 @@ class BaseCollector:
     ``update_policy_weights_``, ``set_seed``, ``state_dict``/``load_state_dict`` and
     ``_shutdown``. Iterating yields batches until ``total_frames`` is reached (forever when it
     is -1), without private keys; with a ``replay_buffer`` each batch is written there and the iterator yields None.
+
+    ``last_batch`` is the :class:`~rpc_collectors.batch_record.BatchRecord` of the batch handed
+    out last (frames, the weight versions that chose its actions, how far they were behind the
+    trainer's), whether or not the batch carries ``("collector", "policy_version")``
+    (``track_policy_version=True``).
     """
+
+    track_policy_version = False  # batches keep ("collector", "policy_version") (and TorchRL's keys)
+    keep_version_key = False  # a worker's collector: its batches keep the key for the trainer to read
+    policy_version = 0
 
     def __init__(
         self,
@@ -58,6 +68,7 @@ class BaseCollector:
         self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs)
         self._frames = 0
         self._iter = 0
+        self.last_batch: BatchRecord | None = None
         self._iterator: Iterator | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -100,8 +111,12 @@ class BaseCollector:
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
             batch = self._collect_batch()
-            self._frames += valid_frames(batch)  # a batch cut short by the trainer counts what it holds
+            frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds
+            self._frames += frames
             self._iter += 1
+            versions = take_versions(batch, self.track_policy_version or self.keep_version_key)
+            if versions is not None:
+                self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version)
             if self.split_trajs:
                 batch = split_trajectories(batch)
             if self.postproc is not None:

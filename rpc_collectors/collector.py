@@ -44,9 +44,11 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         replay_buffer: an object with ``.extend(td)``; batches go there and iteration yields None.
         exploration_type: TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) set
             around every policy call; default ``RANDOM``, so probabilistic policies sample.
-        track_policy_version: also write TorchRL's ``"policy_version"`` and ``("next",
-            "policy_version")`` (int64, the batch's shape), as its ``PolicyVersion`` transform does:
-            the version at each step, and at the root the version the observation came with.
+        track_policy_version: batches carry ``("collector", "policy_version")`` (int64, the
+            weights version that chose each action) and TorchRL's ``"policy_version"`` and
+            ``("next", "policy_version")``, as its ``PolicyVersion`` transform writes them: the
+            version at each step, and at the root the version the observation came with. Without
+            it batches have no version key (TorchRL's key set); ``last_batch`` has the versions.
         create_env_kwargs: keyword arguments for ``create_env_fn`` (an env instance takes them only
             if it has ``update_kwargs``, as TorchRL's batched envs).
         policy_factory: called here to build the policy (instead of ``policy``).

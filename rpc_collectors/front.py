@@ -57,6 +57,7 @@ class CollectorFront(BaseCollector):
         self.update_after_each_batch = s.update_after_each_batch
         self.max_weight_update_interval = s.max_weight_update_interval
         self.exploration_type = s.exploration_type
+        self.track_policy_version = s.track_policy_version
         self.frames_per_batch, self.worker_frames = s.frames_per_batch, s.worker_frames
         self._policy_device = s.policy_device
         self.specs = s.specs

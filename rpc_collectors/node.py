@@ -93,6 +93,7 @@ class NodeCollector:
             total_frames=-1, cat_results="stack", rpc_timeout=node.rpc_timeout,
             max_worker_restarts=node.max_worker_restarts, **kwargs,
         )
+        self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
 
     @property
     def num_envs(self) -> int:

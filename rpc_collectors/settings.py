@@ -71,6 +71,7 @@ class Settings:
     executor: Any = None  # submitit: submits the collector jobs
     node: NodeSpec | None = None  # node collectors: what each worker runs (collector_class, num_workers_per_collector)
     preemptive_threshold: float | None = None  # checked by checks.preemptive_threshold
+    track_policy_version: bool = False  # batches keep ("collector", "policy_version") and TorchRL's keys
 
 
 def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: float) -> tuple[str, Rendezvous | None]:
@@ -203,7 +204,7 @@ def check(
         worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
         policy_device=devices["policy_device"], storing_device=devices["storing_device"],
         specs=_specs(env_fns, policy, kwargs, per_worker, node), node=node, tcp_port=tcp_port, executor=executor,
-        preemptive_threshold=preemptive_threshold,
+        preemptive_threshold=preemptive_threshold, track_policy_version=kwargs["track_policy_version"],
     )
 
 

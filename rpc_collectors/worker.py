@@ -70,6 +70,7 @@ class WorkerState:
             )
         else:
             self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, **kwargs)
+        self.collector.keep_version_key = True  # the trainer reads each batch's versions from it
         self.preemption = Preemption() if preemptible else None
         if self.preemption is not None:
             self.collector.preemption = self.preemption
