@@ -84,7 +84,8 @@ class NodeCollector:
         from .rpc_collector import MultiCollector  # the node's collector is the library's own front
 
         self.node = node
-        self.module = policy if isinstance(policy, nn.Module) else None
+        # where the trainer's weights land: the policy, or (policy_factory) a TensorDict laid out as they are
+        self.module: nn.Module | TensorDictBase | None = policy if isinstance(policy, nn.Module) else None
         # local worker w's ids x = w + W * c become traj_id_start * W + w + traj_id_stride * W * c
         self._base, self._stride = traj_id_start * node.num_workers, traj_id_stride * node.num_workers
         self._version = 0  # of the weights in this node's policy
@@ -114,9 +115,15 @@ class NodeCollector:
         workers get them through shared memory before their next batch."""
         self._version = version
 
+    def hold_weights(self, holder: TensorDictBase) -> None:
+        """The local workers build their policies (policy_factory): the trainer's weights land in
+        ``holder`` and are passed on from there."""
+        self.module = holder
+
     def _pass_weights_on(self) -> None:
         if self.module is not None and self._version > self.local.policy_version:
-            self.local.push_version(self._version)
+            given = self.module if isinstance(self.module, TensorDictBase) else None
+            self.local.push_version(self._version, given)
 
     def next(self) -> TensorDictBase:
         """The node's next batch, with trajectory ids in the trainer's numbering."""

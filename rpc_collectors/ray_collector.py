@@ -20,7 +20,7 @@ class RayCollector(CollectorFront):
 
         create_env_fn: an env factory (with ``num_collectors``) or a list of them, one per actor.
         policy_factory: builds the policy inside each actor instead of ``policy`` (a callable, or
-            a list of one per actor); ``update_policy_weights_`` cannot reach these policies.
+            a list of one per actor); ``update_policy_weights_(weights)`` pushes to them.
         policy, frames_per_batch, total_frames (-1: endless), max_frames_per_traj,
             init_random_frames, reset_at_each_iter, postproc, split_trajs, exploration_type,
             replay_buffer, track_policy_version: as for :class:`~rpc_collectors.RPCCollector`.

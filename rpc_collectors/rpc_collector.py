@@ -114,7 +114,10 @@ class RPCCollector(CollectorFront):
             list of dicts, one per worker.
         policy_factory: a callable (or a list, one per worker) that builds the policy inside each
             worker, instead of ``policy`` (policies that cannot be pickled, or must be built on
-            the worker's device); ``update_policy_weights_`` cannot reach these policies.
+            the worker's device). The trainer then has no weights of its own: the first
+            ``update_policy_weights_(weights)`` (a TensorDict, a state dict or a module of the
+            workers' policy) lays the weight plane out, and a push without weights sends the
+            weights given last (:mod:`rpc_collectors.factory_weights`).
         init_fn: called in each worker process before its env and policy are built.
         set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs,
         auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for

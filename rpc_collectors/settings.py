@@ -72,6 +72,7 @@ class Settings:
     node: NodeSpec | None = None  # node collectors: what each worker runs (collector_class, num_workers_per_collector)
     preemptive_threshold: float | None = None  # checked by checks.preemptive_threshold
     track_policy_version: bool = False  # batches keep ("collector", "policy_version") and TorchRL's keys
+    policy_factory: bool = False  # the workers build their policies: the weight plane waits for pushed weights
 
 
 def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: float) -> tuple[str, Rendezvous | None]:
@@ -205,6 +206,7 @@ def check(
         policy_device=devices["policy_device"], storing_device=devices["storing_device"],
         specs=_specs(env_fns, policy, kwargs, per_worker, node), node=node, tcp_port=tcp_port, executor=executor,
         preemptive_threshold=preemptive_threshold, track_policy_version=kwargs["track_policy_version"],
+        policy_factory=any(factory is not None for factory in per_worker["policy_factory"]),
     )
 
 
