@@ -7,6 +7,7 @@ run local processes. What a collector does with its workers is :mod:`rpc_collect
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 from . import checks, settings
@@ -235,17 +236,43 @@ class RPCCollector(CollectorFront):
         self._open(checked, policy, functools.partial(_pool, checked))
 
 
+_RPC_ARGUMENTS = frozenset(inspect.signature(RPCCollector.__init__).parameters) - {"self", "create_env_fn", "policy"}
+
+
+def _workers(cls: type, create_env_fn: Any, num_workers: Any, kwargs: dict) -> dict:
+    """``kwargs`` with TorchRL's ``num_workers`` as ``num_collectors``; an unknown keyword is the
+    TypeError Python gives, naming ``cls``."""
+    unknown = sorted(set(kwargs) - _RPC_ARGUMENTS)
+    if unknown:
+        raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {unknown[0]!r}")
+    if num_workers is None:
+        return kwargs
+    num_workers = checks.positive_int("num_workers", num_workers)
+    given = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else kwargs.get("num_collectors")
+    if given is not None and given != num_workers:
+        raise ValueError(
+            f"num_workers={num_workers} does not match the {given} workers of create_env_fn/num_collectors; "
+            "accepted: the same number, or one env factory and num_workers"
+        )
+    return {**kwargs, "num_collectors": num_workers}
+
+
 class MultiCollector(RPCCollector):
     """N worker processes on this host (``RPCCollector`` with ``launcher="local"``).
 
-    ``create_env_fn`` is a list with one env factory per worker; ``sync`` chooses between
+    ``create_env_fn`` is a list with one env factory per worker, or one env factory for
+    ``num_workers`` workers (TorchRL's argument; ``num_collectors`` too); ``sync`` chooses between
     round-based batches of all workers and first-ready batches of one. Sync batches are
     stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
     """
 
     _default_cat_results: str | int = "stack"
 
-    def __init__(self, create_env_fn: Any, policy: Any = None, *, sync: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, create_env_fn: Any, policy: Any = None, *, num_workers: int | None = None, sync: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        kwargs = _workers(type(self), create_env_fn, num_workers, kwargs)
         if kwargs.get("launcher", "local") not in ("local", "mp", "debug"):
             raise ValueError(f"launcher={kwargs['launcher']!r} is invalid for MultiCollector; accepted: 'local', 'mp' or 'debug'")
         kwargs.setdefault("launcher", "local")
@@ -255,12 +282,16 @@ class MultiCollector(RPCCollector):
 class MultiSyncCollector(MultiCollector):
     """``MultiCollector`` with ``sync=True`` (TorchRL's name)."""
 
-    def __init__(self, create_env_fn: Any, policy: Any = None, **kwargs: Any) -> None:
-        super().__init__(create_env_fn, policy, sync=True, **kwargs)
+    def __init__(self, create_env_fn: Any, policy: Any = None, *, num_workers: int | None = None, **kwargs: Any) -> None:
+        if "sync" in kwargs:
+            raise TypeError("MultiSyncCollector.__init__() got an unexpected keyword argument 'sync'")
+        super().__init__(create_env_fn, policy, num_workers=num_workers, sync=True, **kwargs)
 
 
 class MultiAsyncCollector(MultiCollector):
     """``MultiCollector`` with ``sync=False`` (TorchRL's name)."""
 
-    def __init__(self, create_env_fn: Any, policy: Any = None, **kwargs: Any) -> None:
-        super().__init__(create_env_fn, policy, sync=False, **kwargs)
+    def __init__(self, create_env_fn: Any, policy: Any = None, *, num_workers: int | None = None, **kwargs: Any) -> None:
+        if "sync" in kwargs:
+            raise TypeError("MultiAsyncCollector.__init__() got an unexpected keyword argument 'sync'")
+        super().__init__(create_env_fn, policy, num_workers=num_workers, sync=False, **kwargs)

@@ -87,6 +87,29 @@ def test_multi_sync_default_stacks_and_rounds_up_over_workers():
     assert [list(b.shape) for b in batches] == [[2, 51], [2, 51]]
 
 
+@pytest.mark.parametrize("cls, shape", [(MultiSyncCollector, (3, 10)), (MultiAsyncCollector, (30,))])
+def test_num_workers_replicates_one_env_factory(cls, shape):
+    """TorchRL's third parameter (keyword-only): ``MultiSyncCollector(make_env, policy, num_workers=3, ...)``."""
+    with cls("CartPole-v1", BiasPolicy(1), num_workers=3, frames_per_batch=30, total_frames=30) as c:
+        batch = c.next()
+        assert c.num_workers == 3 and len({info["pid"] for info in c.infos}) == 3
+    assert batch.shape == shape and (batch["action"] == 1).all()
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"num_workers": 0}, ValueError, ["num_workers=0"]),
+    ({"num_workers": 2.0}, ValueError, ["num_workers=2.0"]),
+    ({"num_workers": 3, "num_collectors": 2}, ValueError, ["num_workers=3", "the 2 workers"]),
+    ({"num_wrokers": 2}, TypeError, ["MultiSyncCollector.__init__()", "'num_wrokers'"]),
+])
+def test_num_workers_bad_values_name_the_argument(kwargs, error, words):
+    with pytest.raises(error) as info:
+        MultiSyncCollector("CartPole-v1", None, frames_per_batch=10, **kwargs)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    with pytest.raises(ValueError, match="num_workers=3 does not match the 2 workers"):
+        MultiAsyncCollector(["CartPole-v1"] * 2, None, num_workers=3, frames_per_batch=10)
+
+
 def test_async_yields_one_worker_batch_first_ready():
     with rpc(BiasPolicy(), sync=False, total_frames=600) as c:
         batches = list(c)

@@ -272,6 +272,19 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
         assert ours[arg].kind == parameter.kind, arg
 
 
+@pytest.mark.parametrize("name", ["MultiSyncCollector", "MultiAsyncCollector", "MultiCollector"])
+def test_multi_collectors_take_num_workers_where_torchrl_has_it(name):
+    """TorchRL 0.14.1: ``(create_env_fn, policy=None, *, num_workers=None, ...)``."""
+    import inspect
+
+    theirs = list(inspect.signature(trl_collectors.MultiSyncCollector.__init__).parameters.values())[1:4]
+    ours = list(inspect.signature(getattr(rpc_collectors, name).__init__).parameters.values())[1:4]
+    assert [p.name for p in ours] == [p.name for p in theirs] == ["create_env_fn", "policy", "num_workers"]
+    assert [(p.kind, p.default) for p in ours[1:]] == [(p.kind, p.default) for p in theirs[1:]]
+    with getattr(rpc_collectors, name)(pendulum, None, num_workers=2, frames_per_batch=20, total_frames=20) as c:
+        assert c.num_workers == 2 and c.next().numel() == 20
+
+
 def test_collector_backends_are_torchrls():
     from torchrl.collectors._single import _CollectorMeta
 
