@@ -1,6 +1,7 @@
 """What every collector shares: the batch iterator, frame accounting, background collection."""
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Iterator
 
@@ -73,6 +74,7 @@ class BaseCollector:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread_error: BaseException | None = None
+        self._batch_lock = threading.Lock()  # held by the background thread while it collects and writes a batch
         self._closed = False  # shutdown() completed
         self._closing = False  # shutdown() began: no new work, waits end
 
@@ -176,12 +178,29 @@ class BaseCollector:
         self._thread.start()
 
     def _run_background(self) -> None:
+        batches = self.iterator()
         try:
-            for _ in self.iterator():
-                if self._stop.is_set():
-                    break
+            while not self._stop.is_set():
+                with self._batch_lock:  # pause() waits for the batch in progress, then holds the thread here
+                    if self._stop.is_set() or next(batches, StopIteration) is StopIteration:
+                        break
         except BaseException as err:  # reported by async_shutdown
             self._thread_error = err
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Pause background collection (``start()``) for the ``with`` block, as TorchRL's
+        ``pause()``: the batch in progress is written first, then nothing reaches the replay
+        buffer until the block ends and collection resumes. A RuntimeError if it is not running."""
+        while not (self.running and self._batch_lock.acquire(timeout=0.1)):
+            if not self.running:
+                raise RuntimeError(
+                    f"{type(self).__name__} cannot be paused: it is not collecting in the background (call start() first)"
+                )
+        try:
+            yield
+        finally:
+            self._batch_lock.release()
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop background collection after the current batch, then shut down.
