@@ -4,6 +4,7 @@ A trainer process owns a collector; the collector steps environments with a copy
 policy, in this process, in local worker processes or on other nodes over
 ``torch.distributed.rpc``, and yields batches as TensorDicts in TorchRL's layout.
 """
+from .async_collector import AsyncCollector
 from .base import BaseCollector
 from .collector import Collector
 from .distributed import DistributedCollector, DistributedSyncCollector
@@ -34,6 +35,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "AsyncCollector",
     "BaseCollector",
     "Collector",
     "DataCollectorBase",

@@ -92,6 +92,7 @@ class RPCCollector(CollectorFront):
             (async: for any collector at all) before raising ``TimeoutError``; also how long a
             collector waits for its trainer to come up.
         update_after_each_batch: push the trainer's weights before each worker's next batch.
+        update_at_each_batch: TorchRL's name for ``update_after_each_batch`` (either one turns it on).
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
@@ -166,6 +167,7 @@ class RPCCollector(CollectorFront):
         elastic: bool = False,
         join_timeout: float = 300.0,
         update_after_each_batch: bool = False,
+        update_at_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         weight_transport: str = "auto",
         collector_class: Any = "single",
@@ -217,7 +219,8 @@ class RPCCollector(CollectorFront):
             policy=policy, frames_per_batch=self.frames_per_batch, num_collectors=num_collectors, sync=sync,
             cat_results=cat_results, default_cat_results=self._default_cat_results, backend=backend,
             rpc_timeout=rpc_timeout, collector_kwargs=collector_kwargs, num_threads=num_threads,
-            max_worker_restarts=max_worker_restarts, update_after_each_batch=update_after_each_batch,
+            max_worker_restarts=max_worker_restarts,
+            update_after_each_batch=update_after_each_batch or checks.boolean("update_at_each_batch", update_at_each_batch),
             max_weight_update_interval=max_weight_update_interval, weight_transport=weight_transport,
             worker_kwargs=dict(
                 max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,

@@ -8,7 +8,14 @@ import time
 import pytest
 
 from conftest import CountEnv
-from rpc_collectors import Collector, DistributedCollector, GymEnv, MultiAsyncCollector, MultiSyncCollector
+from rpc_collectors import (
+    AsyncCollector,
+    Collector,
+    DistributedCollector,
+    GymEnv,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+)
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
 
@@ -60,7 +67,8 @@ def test_single_process_collector():
     lambda rb: MultiSyncCollector([count_env] * 2, None, frames_per_batch=20, replay_buffer=rb),
     lambda rb: MultiAsyncCollector([count_env] * 2, None, frames_per_batch=10, replay_buffer=rb),
     lambda rb: DistributedCollector([count_env] * 2, None, frames_per_batch=10, launcher="mp", replay_buffer=rb),
-], ids=["MultiSyncCollector", "MultiAsyncCollector", "DistributedCollector"])
+    lambda rb: AsyncCollector(count_env, None, frames_per_batch=10, replay_buffer=rb),
+], ids=["MultiSyncCollector", "MultiAsyncCollector", "DistributedCollector", "AsyncCollector"])
 def test_multi_worker_collectors(make):
     buffer = Buffer()
     paused_twice(make(buffer), buffer)

@@ -285,6 +285,38 @@ def test_multi_collectors_take_num_workers_where_torchrl_has_it(name):
         assert c.num_workers == 2 and c.next().numel() == 20
 
 
+def test_async_collector_takes_torchrls_arguments_and_pauses_as_its_test_does():
+    """TorchRL's AsyncCollector signature (names, kinds, defaults), and its own test_pause run on ours:
+    CountingEnv, a RandomPolicy, a memmap replay buffer, start() and pause()."""
+    import inspect
+
+    from torchrl.data import LazyMemmapStorage
+
+    theirs = inspect.signature(trl_collectors.AsyncCollector.__init__).parameters
+    ours = inspect.signature(rpc_collectors.AsyncCollector.__init__).parameters
+    assert list(ours) == list(theirs)
+    for name, parameter in theirs.items():
+        assert ours[name].kind == parameter.kind and ours[name].default == parameter.default, name
+    rb = ReplayBuffer(storage=LazyMemmapStorage(max_size=1000))
+    env = mocks.CountingEnv()
+    c = rpc_collectors.AsyncCollector(mocks.CountingEnv, RandomPolicy(action_spec=env.action_spec), replay_buffer=rb,
+                                      total_frames=-1, frames_per_batch=16)
+    try:
+        c.start()
+        deadline = time.monotonic() + 60
+        while len(rb) < 16 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with c.pause():
+            n = rb.write_count
+            time.sleep(0.3)
+            assert rb.write_count == n
+        while rb.write_count == n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rb.write_count > n
+    finally:
+        c.async_shutdown(timeout=30)
+
+
 def test_collector_backends_are_torchrls():
     from torchrl.collectors._single import _CollectorMeta
 
