@@ -9,7 +9,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
 from tensordict.utils import unravel_key
 
-from . import batch_edits, checks, preemption
+from . import batch_edits, checks, preemption, torchrl_args
 from .base import BaseCollector
 from .dispatch import DispatchingCollector
 from .envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
@@ -76,6 +76,10 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             0.14's default): a ``FutureWarning`` says they lack; False: nothing.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
+        trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
+            :mod:`rpc_collectors.torchrl_args` maps them (a plain module called on TensorDicts;
+            CUDA graphs only as a pass-through without CUDA; ``NoWeightSyncScheme`` makes
+            ``update_policy_weights_`` do nothing, the other schemes change nothing in one process).
 
     Batches have shape ``[T]`` (dim name ``"time"``) or ``[B, T]`` for a vector env of B.
     ``Collector(..., num_collectors=N, backend=...)`` builds a multi-worker collector (:mod:`.dispatch`).
@@ -116,6 +120,9 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         use_buffers: bool | None = None,
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
+        trust_policy: bool | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        weight_sync_schemes: dict | None = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
@@ -138,6 +145,10 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self.devices = checks.devices(device, storing_device, env_device, policy_device)
         self.exploration_type = checks.exploration_type(exploration_type)
         self.track_policy_version = checks.boolean("track_policy_version", track_policy_version)
+        trust = torchrl_args.trust_policy(trust_policy)
+        torchrl_args.cudagraph_policy(cudagraph_policy)
+        # the policy is in this process: a scheme only says whether update_policy_weights_ does anything
+        self._no_push = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto") == torchrl_args.NO_PUSH
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
         self.env = make_env(create_env_fn, checks.env_kwargs(create_env_kwargs))
@@ -154,7 +165,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
         self.frames_per_batch = self.steps_per_batch * envs
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
-            policy, self.devices["policy_device"], self.action_keys, self.compile_policy
+            policy, self.devices["policy_device"], self.action_keys, self.compile_policy, trust
         )
         self.truncated_keys = batch_edits.truncated_keys(self.env) if set_truncated else []
         self.compact_keys = batch_edits.observation_keys(self.env) if compact_obs else []
@@ -256,6 +267,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         None, 0 or the policy's device for a single-process collector.
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
+        if self._no_push:  # TorchRL's NoWeightSyncScheme
+            return
         device = run_device(self.policy.module if self.policy else None, self.devices["policy_device"])
         if worker_ids not in (None, 0, [0], (0,)) and checks.worker_devices(worker_ids, [device]) != [0]:
             raise ValueError(

@@ -44,6 +44,7 @@ class CollectorFront(BaseCollector):
     """A multi-worker collector over a worker pool; public classes choose the pool and layout."""
 
     _default_cat_results: str | int = 0
+    _no_push = False  # TorchRL's NoWeightSyncScheme: no weight plane, update_policy_weights_ does nothing
 
     def _open(self, settings: Settings, policy: Any, make_pool: Callable[..., Any]) -> None:
         """Start the workers (``make_pool(on_death, on_arrival)``), build their collectors and planes."""
@@ -110,7 +111,7 @@ class CollectorFront(BaseCollector):
     def _init_weights(self, transport: str, given: Any = None) -> None:
         """The weight plane, for the trainer's policy or (``policy_factory``) the ``given`` weights."""
         module = self.policy if isinstance(self.policy, nn.Module) else given
-        if module is None:
+        if module is None or self._no_push:
             return
         same_host = all(info is not None and info["host_id"] == host_id() for info in self.infos)
         kind = choose_transport(
@@ -373,6 +374,8 @@ class CollectorFront(BaseCollector):
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
         self.require_running()
+        if self._no_push:
+            return
         devices = self._policy_device if isinstance(self._policy_device, list) else [self._policy_device]
         device = [run_device(self.policy, d) for d in devices]  # where the workers run their policy
         device = device if isinstance(self._policy_device, list) else device[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from . import checks, settings
+from . import checks, settings, torchrl_args
 from .collector import Collector
 from .front import CollectorFront
 from .pools import ray as ray_pool
@@ -48,6 +48,11 @@ class RayCollector(CollectorFront):
             shared memory (default); False sends them through Ray's object store, as for actors
             on other nodes.
         num_threads: torch threads of the trainer while local actors run (as RPCCollector).
+        trust_policy: as for :class:`Collector`, in every actor.
+        weight_sync_schemes: TorchRL's ``{"policy": scheme}``, mapped onto the actors' weight
+            transport (:mod:`rpc_collectors.torchrl_args`): ``RayWeightSyncScheme`` and
+            ``MultiProcessWeightSyncScheme`` one ``ray.put`` per version, ``SharedMemWeightSyncScheme``
+            shared memory (actors on the trainer's node), ``NoWeightSyncScheme`` no pushes.
     """
 
     _default_cat_results: str | int = "stack"
@@ -58,6 +63,7 @@ class RayCollector(CollectorFront):
         policy: Any = None,
         *,
         policy_factory: Any = None,
+        trust_policy: bool | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
         device: Any = None,
@@ -85,6 +91,7 @@ class RayCollector(CollectorFront):
         rpc_timeout: float = 60.0,
         shared_memory: bool = True,
         num_threads: int | None = None,
+        weight_sync_schemes: dict | None = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
@@ -99,6 +106,9 @@ class RayCollector(CollectorFront):
                 "process per actor; for more envs per actor give a vector env as create_env_fn)"
             )
         shared_memory = checks.boolean("shared_memory", shared_memory)
+        transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto", ray=True)
+        self._no_push = transport == torchrl_args.NO_PUSH
+        transport = "auto" if self._no_push else transport
         count = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else num_collectors
         kwargs_each = _listed("collector_kwargs", collector_kwargs, count) or [collector_kwargs]
         configs = _remote_configs(remote_configs, count)
@@ -110,11 +120,12 @@ class RayCollector(CollectorFront):
                 default_cat_results=self._default_cat_results, backend="gloo", rpc_timeout=rpc_timeout,
                 collector_kwargs=kwargs, num_threads=num_threads, max_worker_restarts=max_worker_restarts,
                 update_after_each_batch=update_after_each_batch, max_weight_update_interval=max_weight_update_interval,
-                weight_transport="auto", worker_kwargs=dict(
+                weight_transport=transport, worker_kwargs=dict(
                     device=device, storing_device=storing_device, env_device=env_device, policy_device=policy_device,
                     max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                     reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type,
                     track_policy_version=track_policy_version, policy_factory=policy_factory,
+                    trust_policy=trust_policy,
                 ),
             )
 

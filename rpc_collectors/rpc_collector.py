@@ -10,7 +10,7 @@ import functools
 import inspect
 from typing import Any
 
-from . import checks, settings
+from . import checks, settings, torchrl_args
 from .front import CollectorFront
 from .pools.debug import DebugPool
 from .pools.elastic import ElasticPool
@@ -138,6 +138,9 @@ class RPCCollector(CollectorFront):
             worker's steps, then the next worker's; steps a preempted worker did not collect are
             left out) instead of whole batches with ``extend()`` (then without ``postproc`` or
             ``split_trajs``).
+        trust_policy, cudagraph_policy: as for ``Collector`` (``cudagraph_policy`` is checked here).
+        weight_sync_schemes: TorchRL's ``{"policy": scheme}``: the scheme names the weight transport
+            (:mod:`rpc_collectors.torchrl_args`); ``NoWeightSyncScheme``: weights are never pushed.
 
     Sync batches and async batches carry ``("collector", "worker_id")``.
     """
@@ -198,6 +201,9 @@ class RPCCollector(CollectorFront):
         use_buffers: bool | None = None,
         preemptive_threshold: float | None = None,
         extend_buffer: bool = True,
+        trust_policy: bool | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        weight_sync_schemes: dict | None = None,
     ) -> None:
         frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
         super().__init__(
@@ -213,6 +219,10 @@ class RPCCollector(CollectorFront):
             preemptive_threshold, sync, elastic, self.split_trajs or self.trajs_per_batch is not None,
         )
         join_timeout = checks.timeout("join_timeout", join_timeout)
+        torchrl_args.cudagraph_policy(cudagraph_policy)
+        weight_transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, weight_transport)
+        self._no_push = weight_transport == torchrl_args.NO_PUSH  # TorchRL's NoWeightSyncScheme
+        weight_transport = "auto" if self._no_push else weight_transport
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
         checked = settings.check(
             launcher=resolved, rdv=rdv, elastic=elastic, join_timeout=join_timeout, create_env_fn=create_env_fn,
@@ -231,6 +241,7 @@ class RPCCollector(CollectorFront):
                 reset_when_done=reset_when_done, track_traj_ids=track_traj_ids, compile_policy=compile_policy,
                 compact_obs=compact_obs, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
                 auto_register_policy_transforms=auto_register_policy_transforms, use_buffers=use_buffers,
+                trust_policy=trust_policy,
             ),
             tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
             collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,

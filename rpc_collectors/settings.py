@@ -30,7 +30,7 @@ CAT_RESULTS = ("stack", 0, -1)
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
     "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
-    "trajs_per_batch", "traj_format",
+    "trajs_per_batch", "traj_format", "weight_sync_schemes",
 }
 PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
 DEVICES = ("device", "storing_device", "env_device", "policy_device")
@@ -39,7 +39,7 @@ WORKER_DEFAULTS = {
     "frames_per_batch": None, "create_env_kwargs": None, "policy_factory": None, "init_fn": None,
     "set_truncated": False, "reset_when_done": True, "track_traj_ids": True, "compile_policy": None,
     "compact_obs": False, "pre_collect_hook": None, "post_collect_hook": None,
-    "auto_register_policy_transforms": None, "use_buffers": None,
+    "auto_register_policy_transforms": None, "use_buffers": None, "trust_policy": None,
 }
 
 

@@ -117,7 +117,9 @@ def test_distributed_policy_factory_builds_the_policy_in_each_worker():
 @pytest.mark.parametrize("kwargs, error, words", [
     ({"update_interval": 0}, ValueError, ["update_interval=0", "int >= 1"]),
     ({"update_interval": 2, "update_after_each_batch": True}, ValueError, ["update_interval=2", "one way"]),
-    ({"weight_sync_schemes": {}}, ValueError, ["weight_sync_schemes={}", "not supported"]),
+    ({"weight_sync_schemes": {"policy": object()}}, ValueError, ["weight_sync_schemes={'policy': object}",
+                                                                  "cannot map", "SharedMemWeightSyncScheme"]),
+    ({"weight_recv_schemes": {}}, ValueError, ["weight_recv_schemes={}", "not supported"]),
     ({"launcher": "submitit_delayed"}, ValueError, ["submitit_delayed", "slurm/submit.py"]),
     ({"launcher": "submitit"}, ValueError, ["slurm_kwargs=None", "folder"]),
     ({"launcher": "submitit", "slurm_kwargs": {"folder": "/tmp/x", "slurm_bogus": 1}}, ValueError,

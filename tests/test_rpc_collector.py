@@ -242,7 +242,9 @@ def test_max_weight_update_interval():
         by_worker.setdefault(w, []).append(v)
     for seq in by_worker.values():  # never more than 2 batches in a row with the same version
         runs = [len(list(g)) for _, g in itertools.groupby(seq)]
-        assert max(runs) <= 2 and len(set(seq)) > 1
+        assert max(runs) <= 2
+    # async: one worker may deliver most batches; each that delivered 3 or more got a push
+    assert all(len(set(seq)) > 1 for seq in by_worker.values() if len(seq) >= 3)
 
 
 def test_trainer_keeps_its_default_process_group_and_environment():

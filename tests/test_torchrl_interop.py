@@ -317,6 +317,56 @@ def test_async_collector_takes_torchrls_arguments_and_pauses_as_its_test_does():
         c.async_shutdown(timeout=30)
 
 
+def constant_policy_state(value: float) -> dict:
+    return constant_actor(value).state_dict()
+
+
+@pytest.mark.parametrize("scheme, transport", [
+    ("SharedMemWeightSyncScheme", "shm"), ("MultiProcessWeightSyncScheme", "rpc"),
+    ("DistributedWeightSyncScheme", "broadcast"), ("RPCWeightSyncScheme", "rpc"),
+])
+def test_weight_sync_schemes_map_onto_our_transports(scheme, transport):
+    """TorchRL's scheme objects as its tests pass them ({"policy": scheme}): the weights take the
+    transport the scheme names, and a push reaches the workers."""
+    import torchrl.weight_update as schemes
+
+    actor = constant_actor(0.5)
+    with MultiSyncCollector([pendulum] * 2, actor, frames_per_batch=20, total_frames=-1,
+                            weight_sync_schemes={"policy": getattr(schemes, scheme)()}) as c:
+        assert c.weights.spec.kind == transport and (c.next()["action"] == 0.5).all()
+        c.update_policy_weights_(constant_policy_state(1.5))
+        assert (c.next()["action"] == 1.5).all()
+
+
+@pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector"])
+def test_no_weight_sync_scheme_makes_updates_do_nothing(cls):
+    from torchrl.weight_update import NoWeightSyncScheme, RayWeightSyncScheme
+
+    env = pendulum if cls == "Collector" else [pendulum] * 2
+    with getattr(rpc_collectors, cls)(env, constant_actor(0.5), frames_per_batch=20, total_frames=-1,
+                                      weight_sync_schemes={"policy": NoWeightSyncScheme()}) as c:
+        c.next()
+        c.update_policy_weights_(constant_policy_state(1.5))
+        assert (c.next()["action"] == 0.5).all() and c.policy_version == 0
+    with pytest.raises(ValueError, match="RayWeightSyncScheme} is for RayCollector"):
+        getattr(rpc_collectors, cls)(env, None, frames_per_batch=20, weight_sync_schemes={"policy": RayWeightSyncScheme()})
+
+
+def test_trust_policy_as_torchrls_test_set_truncated_uses_it():
+    """TorchRL's test_set_truncated: a CloudpickleWrapper of env.rand_action, trusted, and set_truncated."""
+    from torchrl.data.utils import CloudpickleWrapper
+
+    def env_fn():
+        return TransformedEnv(mocks.NestedCountingEnv(), InitTracker()).add_truncated_keys()
+
+    policy = CloudpickleWrapper(env_fn().rand_action)
+    with Collector(env_fn(), policy, frames_per_batch=20, total_frames=-1, set_truncated=True, trust_policy=True) as c:
+        assert c.next()[..., -1]["next", "data", "truncated"].all()
+    with MultiSyncCollector([env_fn, env_fn], policy, frames_per_batch=20, total_frames=-1, cat_results="stack",
+                            set_truncated=True, trust_policy=True) as c:
+        assert c.next()[..., -1]["next", "data", "truncated"].all()
+
+
 def test_collector_backends_are_torchrls():
     from torchrl.collectors._single import _CollectorMeta
 
