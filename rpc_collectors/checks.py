@@ -293,7 +293,10 @@ def frames_per_worker(value: Any, num_workers: int, sync: bool, cat_results: Any
     different lengths cannot be stacked (TorchRL's cannot either): concatenated along time only."""
     frames = [positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value)]
     if len(frames) != num_workers:
-        raise ValueError(f"frames_per_batch has {len(frames)} entries for {num_workers} workers; accepted: one per worker")
+        raise ValueError(
+            f"frames_per_batch has {len(frames)} entries for {num_workers} workers. If `frames_per_batch` is provided "
+            "as a sequence, it should contain exactly one value per worker."
+        )
     if sync and len(set(frames)) > 1 and cat_results != -1:
         raise ValueError(
             f"frames_per_batch={frames} gives the workers batches of different lengths, which cat_results="

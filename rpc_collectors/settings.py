@@ -171,6 +171,8 @@ def check(
             )
         frames_list = checks.frames_per_worker(frames_list, num_workers, sync, cat_results)
         worker_frames, frames_per_batch = max(frames_list), sum(frames_list)
+        if not sync:  # as TorchRL's async collectors: every batch has the list's sum of frames
+            worker_frames, frames_list = frames_per_batch, None
     elif sync:
         worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers * split, "workers") * split
         frames_per_batch = worker_frames * num_workers

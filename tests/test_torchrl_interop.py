@@ -367,6 +367,30 @@ def test_trust_policy_as_torchrls_test_set_truncated_uses_it():
         assert c.next()[..., -1]["next", "data", "truncated"].all()
 
 
+def serial_mock_env():
+    return SerialEnv(2, mocks.ContinuousActionVecMockEnv)
+
+
+@pytest.mark.parametrize("frames", [[10, 10], [15, 5]])
+def test_frames_per_batch_lists_with_batched_envs_as_torchrls_test(frames):
+    """TorchRL's test_collector_frames_per_batch_worker, SerialEnv of 2 in each worker: async batches
+    hold the list's sum rounded up to the env batch; sync rounds of an int split over the workers."""
+    total = sum(frames)
+    with MultiAsyncCollector([serial_mock_env] * 2, None, frames_per_batch=frames, max_frames_per_traj=1000,
+                             total_frames=total * 100) as c:
+        c.set_seed(100)
+        for _, batch in zip(range(6), c):
+            assert batch.numel() == -(-total // 2) * 2
+        assert batch.names[-1] == "time"
+    with MultiSyncCollector([serial_mock_env] * 2, None, frames_per_batch=total, max_frames_per_traj=1000,
+                            total_frames=total * 100, cat_results="stack") as c:
+        c.set_seed(100)
+        for _, batch in zip(range(6), c):
+            assert batch.numel() == -(-total // 2 // 2) * 2 * 2
+    with pytest.raises(ValueError, match="frames_per_batch has 3 entries for 2 workers"):
+        MultiSyncCollector([serial_mock_env] * 2, None, frames_per_batch=[5, 5, 5])
+
+
 def test_collector_backends_are_torchrls():
     from torchrl.collectors._single import _CollectorMeta
 
