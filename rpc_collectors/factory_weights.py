@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tensordict import TensorDictBase
-
 from .weights import FlatWeights, holder_of
 
 NO_WEIGHTS = (
@@ -24,8 +22,9 @@ NO_WEIGHTS = (
 NOT_A_MODULE = "update_policy_weights_: the policy is not an nn.Module, so it has no weights to push"
 
 
-def check_workers(signatures: dict[int, tuple | None], source: TensorDictBase) -> None:
-    """A ValueError if ``source`` does not fit a worker's policy (None: a node, which takes any)."""
+def check_workers(signatures: dict[int, tuple | None], source: Any) -> None:
+    """A ValueError if ``source`` (weights, or the trainer's policy) does not fit a worker's policy
+    (None: a node, which takes any)."""
     mine = FlatWeights(source).signature
     for worker_id, theirs in sorted(signatures.items()):
         if theirs is None:

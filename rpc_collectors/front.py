@@ -113,6 +113,9 @@ class CollectorFront(BaseCollector):
         module = self.policy if isinstance(self.policy, nn.Module) else given
         if module is None or self._no_push:
             return
+        if self._factory:  # the workers' policies must hold what the trainer will push
+            signatures = self.gather({i: self._call(i, "weights_signature") for i in self._serving()})
+            factory_weights.check_workers(dict(zip(self._serving(), signatures)), module)
         same_host = all(info is not None and info["host_id"] == host_id() for info in self.infos)
         kind = choose_transport(
             transport, same_host, self.backend, self.elastic, self.workers.in_process, self.workers.process_groups,
@@ -393,10 +396,8 @@ class CollectorFront(BaseCollector):
             if source is None:
                 raise TypeError(factory_weights.NO_WEIGHTS)
             with self._lock:
-                signatures = self.gather({i: self._call(i, "weights_signature") for i in self._serving()})
-                factory_weights.check_workers(dict(zip(self._serving(), signatures)), source)
                 self._init_weights(self._transport, given=source)
-        if self._factory and source is not None:
+        if self._factory and source is not None and not isinstance(self.policy, nn.Module):
             self._given = source
 
     def push_version(self, version: int, source: TensorDictBase | None = None) -> None:

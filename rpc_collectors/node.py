@@ -23,6 +23,7 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from .errors import LocalWorkerError, WorkerError
+from .batch_record import VERSION
 from .trajectories import TRAJ_IDS
 
 # collector_class: TorchRL's strings and class names -> the node's local collector (None: a single Collector)
@@ -126,10 +127,16 @@ class NodeCollector:
             self.local.push_version(self._version, given)
 
     def next(self) -> TensorDictBase:
-        """The node's next batch, with trajectory ids in the trainer's numbering."""
+        """The node's next batch, with trajectory ids in the trainer's numbering.
+
+        Every frame of it was collected with the newest weights the node has passed on: an async
+        node drops the local batches its workers collected before (at most the requests in flight).
+        """
         self._pass_weights_on()
         try:
             batch = self.local.next()
+            while batch.get(VERSION).min() < self.local.policy_version:
+                batch = self.local.next()
         except WorkerError as err:  # the trainer's WorkerError names this node and, from this, the local worker
             detail = f"\n{err.remote_traceback}" if err.remote_traceback else ""
             raise LocalWorkerError(

@@ -26,10 +26,15 @@ class RayCollector(CollectorFront):
             replay_buffer, track_policy_version: as for :class:`~rpc_collectors.RPCCollector`.
         device, storing_device, env_device, policy_device: one device, or a list with one per
             collector (``storing_device``: one device; batches are stored on the trainer).
-        collector_class: ``"single"`` or the single-process ``Collector`` (TorchRL's or ours).
+        collector_class: what each actor runs: ``"single"`` or the single-process ``Collector``
+            (the default), or a node of ``num_workers_per_collector`` local worker processes:
+            ``"sync"``/``MultiSyncCollector`` (each request answered with ``[W, (B,) T]``) or
+            ``"async"``/``MultiAsyncCollector`` (one local worker's batch), as for
+            :class:`~rpc_collectors.RPCCollector`. The local workers are child processes of the
+            actor (reserve their CPUs with ``remote_configs={"num_cpus": W}``).
         collector_kwargs: a dict for every actor's ``Collector``, or a list of dicts, one per
             actor; never modified.
-        num_workers_per_collector: 1 (each actor runs one env process).
+        num_workers_per_collector: W, the local workers of each node actor (1 with ``"single"``).
         sync: True: each batch stacks one batch per actor, ``[N, frames_per_batch / N]``;
             False (default): each batch is one actor's ``[frames_per_batch]``, first ready first served.
         ray_init_config: None attaches to the Ray of this process, or one Ray can find
@@ -99,12 +104,6 @@ class RayCollector(CollectorFront):
         )
         self._closed = self._closing = True  # until the actors are up
         self._ray_started = False
-        _collector_class(collector_class)
-        if num_workers_per_collector != 1:
-            raise ValueError(
-                f"num_workers_per_collector={num_workers_per_collector!r} is not supported; accepted: 1 (one env "
-                "process per actor; for more envs per actor give a vector env as create_env_fn)"
-            )
         shared_memory = checks.boolean("shared_memory", shared_memory)
         transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto", ray=True)
         self._no_push = transport == torchrl_args.NO_PUSH
@@ -120,7 +119,8 @@ class RayCollector(CollectorFront):
                 default_cat_results=self._default_cat_results, backend="gloo", rpc_timeout=rpc_timeout,
                 collector_kwargs=kwargs, num_threads=num_threads, max_worker_restarts=max_worker_restarts,
                 update_after_each_batch=update_after_each_batch, max_weight_update_interval=max_weight_update_interval,
-                weight_transport=transport, worker_kwargs=dict(
+                weight_transport=transport, collector_class=_class_name(collector_class),
+                num_workers_per_collector=num_workers_per_collector, worker_kwargs=dict(
                     device=device, storing_device=storing_device, env_device=env_device, policy_device=policy_device,
                     max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                     reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type,
@@ -172,13 +172,12 @@ def _pool(s: settings.Settings, configs: list[dict], shared_memory: bool, on_dea
     return ray_pool.RayPool(s.num_workers, s.rpc_timeout, configs, s.rpc_timeout, shared_memory)
 
 
-def _collector_class(value: Any) -> None:
-    if value in ("single", Collector) or getattr(value, "__name__", None) in SINGLE_COLLECTORS:
-        return
-    raise ValueError(
-        f"collector_class={value!r} is not supported by RayCollector; accepted: 'single' or the single-process "
-        "Collector (TorchRL's or rpc_collectors'), one per actor"
-    )
+def _class_name(value: Any) -> Any:
+    """TorchRL's ``collector_class`` as :func:`~rpc_collectors.node.node_class` takes it: its
+    ``Collector`` (also TorchRL's, in any module) is the single-process one."""
+    if value is Collector or getattr(value, "__name__", None) in SINGLE_COLLECTORS:
+        return "single"
+    return value
 
 
 def _listed(name: str, value: Any, count: int | None) -> list | None:

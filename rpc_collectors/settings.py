@@ -266,8 +266,10 @@ def _per_worker(name: str, value: Any, num_workers: int) -> list:
 def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: NodeSpec | None) -> list[bytes]:
     """What each worker builds its collector from, pickled here so that failures name the argument."""
     worker_kwargs = [dict(kwargs, **{name: values[i] for name, values in per_worker.items()}) for i in range(len(env_fns))]
+    # a worker that builds its policy (policy_factory) is not sent the trainer's, whose weights it gets pushed
+    policies = [policy if kw["policy_factory"] is None else None for kw in worker_kwargs]
     try:
-        return [cloudpickle.dumps((fn, policy, kw, node)) for fn, kw in zip(env_fns, worker_kwargs)]
+        return [cloudpickle.dumps((fn, p, kw, node)) for fn, p, kw in zip(env_fns, policies, worker_kwargs)]
     except Exception:
         named = [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]
         named += [(f"{name}[{i}]", v) for name, values in per_worker.items() for i, v in enumerate(values)]

@@ -93,6 +93,58 @@ def test_distributed_sync_collector_pushes_weights_every_round_by_default():
     assert actions == [[0], [1], [0]]
 
 
+def action_policy() -> ActionPolicy:
+    return ActionPolicy(0)
+
+
+@pytest.mark.parametrize("collector_class", ["Collector", "MultiSyncCollector", "MultiAsyncCollector"])
+@pytest.mark.parametrize("factory", [False, True], ids=["policy", "policy-and-factory"])
+def test_update_interval_1_pushes_the_trainers_weights_to_every_node_worker(collector_class, factory):
+    """TorchRL's DistributedSyncCollector test: the trainer's policy changes after the first round, no
+    update_policy_weights_ call; every later round (on every local worker of every node) has the new
+    weights. With policy_factory too, the workers build their policies and get the trainer's weights."""
+    import rpc_collectors
+
+    policy = ActionPolicy(0)
+    with DistributedSyncCollector([count_env] * 2, policy, policy_factory=action_policy if factory else None,
+                                  collector_class=getattr(rpc_collectors, collector_class),
+                                  num_workers_per_collector=1 if collector_class == "Collector" else 2,
+                                  frames_per_batch=40, total_frames=200, launcher="mp") as c:
+        actions = []
+        for i, batch in enumerate(c):
+            actions.append(batch["action"].unique().tolist())
+            policy.set_action(1)
+    assert actions == [[0]] + [[1]] * 4
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_push_reaches_every_local_worker_of_an_async_node_before_its_next_batch(sync):
+    """Node collectors of 2 async local workers: after a push, the next batch a node produces holds
+    only the new weights (what its workers collected before is dropped)."""
+    from rpc_collectors import MultiAsyncCollector
+
+    policy = ActionPolicy(0)
+    with DistributedCollector([count_env] * 2, policy, collector_class=MultiAsyncCollector, num_workers_per_collector=2,
+                              frames_per_batch=20, total_frames=-1, sync=sync, launcher="mp",
+                              track_policy_version=True) as c:
+        for version in range(1, 5):
+            c.next()
+            policy.set_action(version % 2)
+            c.update_policy_weights_()
+            if sync:
+                batch = c.next()
+                assert (batch[VERSION] == version).all() and (batch["action"] == version % 2).all()
+                continue
+            # async: the request each node had in flight may be the old weights'; its next batches not
+            seen: dict[int, list[int]] = {0: [], 1: []}
+            while min(len(v) for v in seen.values()) < 3:
+                batch = c.next()
+                versions = batch[VERSION].unique().tolist()
+                assert len(versions) == 1 and (batch["action"] == versions[0] % 2).all()
+                seen[int(batch[WORKER][0])].append(versions[0])
+            assert all(v[1:] == [version] * (len(v) - 1) and v[0] in (version - 1, version) for v in seen.values()), seen
+
+
 def test_update_interval_pushes_every_kth_round():
     policy = ActionPolicy(0)
     with DistributedCollector([count_env] * 2, policy, frames_per_batch=20, total_frames=100, sync=True,

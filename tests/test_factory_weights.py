@@ -132,3 +132,15 @@ def test_a_factory_policy_without_weights_cannot_take_any():
     with MultiSyncCollector([count_env] * 2, policy_factory=PidPolicy, frames_per_batch=20) as c:
         with pytest.raises(TypeError, match="worker 0's policy has no weights to update"):
             c.update_policy_weights_(lock_of(BiasPolicy(1, size=3)))
+
+
+def test_policy_and_factory_together_push_the_trainers_policy():
+    """As TorchRL's distributed collectors: the workers build theirs, ``policy`` is the weight source."""
+    trainer = BiasPolicy(0, size=3)
+    with MultiSyncCollector([count_env] * 2, trainer, policy_factory=left_policy, frames_per_batch=20) as c:
+        assert (c.next()["action"] == 0).all()
+        trainer.set_action(1)
+        c.update_policy_weights_()  # no argument: the trainer's policy as it is now
+        assert (c.next()["action"] == 1).all()
+    with pytest.raises(ValueError, match=r"worker 0: weight \('linear', 'weight'\) is torch.float32 \[2, 4\]"):
+        MultiSyncCollector([count_env] * 2, BiasPolicy(0, size=4), policy_factory=left_policy, frames_per_batch=20)
