@@ -116,7 +116,7 @@ class BaseCollector:
             frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds
             self._frames += frames
             self._iter += 1
-            versions = take_versions(batch, self.track_policy_version or self.keep_version_key)
+            versions = self._take_versions(batch)
             if versions is not None:
                 self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version)
             if self.split_trajs:
@@ -127,6 +127,10 @@ class BaseCollector:
             if self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
+
+    def _take_versions(self, batch: TensorDictBase) -> tuple[int, int] | None:
+        """The oldest and newest weights version in ``batch``; its version key is dropped unless kept."""
+        return take_versions(batch, self.track_policy_version or self.keep_version_key)
 
     def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
         """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay

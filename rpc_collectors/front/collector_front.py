@@ -308,7 +308,7 @@ class CollectorFront(BaseCollector):
                     results[worker_id] = result
             finally:
                 self._round = None
-            batch = self._batches.place(self._combine([results[i] for i in range(self.num_workers)]))
+            batch = self._place(self._combine([results[i] for i in range(self.num_workers)]))
             return batch if self.preempt_after is None else self._without_padding(batch)
         if self._last_async is not None:
             self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
@@ -321,7 +321,15 @@ class CollectorFront(BaseCollector):
         if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
             self._last_async = None
+        return self._place(batch)
+
+    def _place(self, batch: TensorDictBase) -> TensorDictBase:
+        """Read the batch's weight versions where it lies (host memory), then put it on the storing device."""
+        self._versions = BaseCollector._take_versions(self, batch)
         return self._batches.place(batch)
+
+    def _take_versions(self, batch: TensorDictBase) -> tuple[int, int] | None:
+        return self._versions  # read by _place before the batch left host memory
 
     def _preempt(self, worker_ids: list[int]) -> None:
         """Ask ``worker_ids`` to end the batch in progress at their next step (not waited for: a
