@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 from rpc_collectors.collection.collector import Collector
+from rpc_collectors.collectors.multi import MultiCollector
 from rpc_collectors.core import checks, torchrl_args
 from rpc_collectors.front import settings
 from rpc_collectors.front.collector_front import CollectorFront
@@ -121,7 +122,7 @@ class RayCollector(CollectorFront):
                 collector_kwargs=kwargs, num_threads=num_threads, max_worker_restarts=max_worker_restarts,
                 update_after_each_batch=update_after_each_batch, max_weight_update_interval=max_weight_update_interval,
                 weight_transport=transport, collector_class=_class_name(collector_class),
-                num_workers_per_collector=num_workers_per_collector, worker_kwargs=dict(
+                num_workers_per_collector=num_workers_per_collector, node_collector=MultiCollector, worker_kwargs=dict(
                     device=device, storing_device=storing_device, env_device=env_device, policy_device=policy_device,
                     max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                     reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type,
