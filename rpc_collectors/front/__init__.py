@@ -1,9 +1,9 @@
 """The trainer's side of a multi-worker collector, written once for every pool: what sync rounds,
 async first-come, weight-update cadence, ``total_frames``, layouts, seeding and state mean
-(:mod:`.collector_front`), its checked arguments (:mod:`.settings`), its one wait mechanism
-(:mod:`.events`, :mod:`.waits`), its per-worker records (:mod:`.roster`), what it does when a
-worker fails or joins (:mod:`.recovery`), and what it owns outside itself (:mod:`.lifetime`,
-:mod:`.threads`).
+(:mod:`.collector_front`, with its weight pushes in :mod:`.weight_pushes`), its checked
+arguments (:mod:`.settings`), its one wait mechanism (:mod:`.events`, :mod:`.waits`), its
+per-worker records (:mod:`.roster`), what it does when a worker fails or joins
+(:mod:`.recovery`), and what it owns outside itself (:mod:`.lifetime`, :mod:`.threads`).
 
 May import :mod:`~rpc_collectors.cluster` and the layers below it; never a pool: the front drives
 any pool through the surface of :class:`~rpc_collectors.pools.base.WorkerPool`, which is handed to it.

@@ -19,12 +19,10 @@ from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
-from torch import nn
 
 from rpc_collectors.collection import preemption
 from rpc_collectors.collection.base import BaseCollector
-from rpc_collectors.collection.policies import run_device
-from rpc_collectors.core import checks, worker_checks
+from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, weak_method
@@ -33,15 +31,15 @@ from rpc_collectors.front.roster import WorkerRecord
 from rpc_collectors.front.settings import Settings
 from rpc_collectors.front.threads import TrainerThreads
 from rpc_collectors.front.waits import Call, Waits
-from rpc_collectors.planes import factory_weights, layouts
+from rpc_collectors.front.weight_pushes import WeightPushes
+from rpc_collectors.planes import layouts
 from rpc_collectors.planes.data import BatchPlane
 from rpc_collectors.planes.membership import Restarts
 from rpc_collectors.planes.rendezvous import host_id
-from rpc_collectors.planes.weight_sync import WeightPlane, choose_transport
-from rpc_collectors.planes.weights import one_source, weights_of
+from rpc_collectors.planes.weight_sync import WeightPlane
 
 
-class CollectorFront(BaseCollector):
+class CollectorFront(WeightPushes, BaseCollector):
     """A multi-worker collector over a worker pool; public classes choose the pool and layout."""
 
     _default_cat_results: str | int = 0
@@ -108,29 +106,6 @@ class CollectorFront(BaseCollector):
         except BaseException:
             self.shutdown()
             raise
-
-    def _init_weights(self, transport: str, given: Any = None) -> None:
-        """The weight plane, for the trainer's policy or (``policy_factory``) the ``given`` weights."""
-        module = self.policy if isinstance(self.policy, nn.Module) else given
-        if module is None or self._no_push:
-            return
-        if self._factory:  # the workers' policies must hold what the trainer will push
-            signatures = self.gather({i: self._call(i, "weights_signature") for i in self._serving()})
-            factory_weights.check_workers(dict(zip(self._serving(), signatures)), module)
-        same_host = all(info is not None and info["host_id"] == host_id() for info in self.infos)
-        kind = choose_transport(
-            transport, same_host, self.backend, self.elastic, self.workers.in_process, self.workers.process_groups,
-        )
-        rdv = self.workers.weight_rendezvous() if kind == "broadcast" else None
-        self.weights = self._resources.sender = WeightPlane(
-            module, kind, self.num_workers, self.rpc_timeout, keep_fd=self.restarts.budget > 0,
-            backend=self.backend, rdv=rdv,
-        )
-        joins = {i: self._call(i, "join_weights", self.weights.spec) for i in range(self.num_workers) if self.roster[i].info}
-        futures = {i: call() for i, call in joins.items()}
-        self.weights.sender.connect()
-        self.gather(joins, futures)
-        self.weights.sender.joined()
 
     def _join_batches(self, worker_id: int, spec: Any) -> bool:
         """Ask a worker to map a shared batch buffer; False if it cannot (a failure shows at its next request)."""
@@ -364,77 +339,6 @@ class CollectorFront(BaseCollector):
         if self.sync and self.cat_results == "stack" and not self.split_trajs:
             batch = layouts.for_storage(batch, getattr(getattr(self.replay_buffer, "storage", None), "ndim", None))
         self.replay_buffer.extend(batch)
-
-    # ---------------------------------------------------------------- weights
-    def init_updater(self, *args: Any, **kwargs: Any) -> None:
-        """The weight plane is set up by the constructor; nothing is left to prepare (arguments ignored)."""
-
-    def update_policy_weights_(
-        self, policy_or_weights: Any = None, *, worker_ids: Any = None, non_blocking: bool = False,
-        weights: Any = None, policy: Any = None,
-    ) -> None:
-        """Push new weights to all workers (one broadcast) or to ``worker_ids`` (0-based ids, or
-        TorchRL's form: the ``torch.device`` the workers' policy runs on).
-
-        ``policy_or_weights`` (or TorchRL's ``weights=``/``policy=``): an ``nn.Module``, a
-        TensorDict of weights or a state dict; None pushes the tensors the policy given to the
-        constructor holds at this call (also after its parameters were replaced), or, when the
-        workers build their policies (``policy_factory``), the weights given last. The trainer's
-        ``policy_version`` goes up by one; each worker applies the weights before its next batch,
-        never in the middle of one. With ``non_blocking=True`` this returns once the weights
-        are copied out of the policy, and the transfer completes in the background.
-        """
-        policy_or_weights = one_source(policy_or_weights, weights, policy)
-        self.require_running()
-        if self._no_push:
-            return
-        devices = self._policy_device if isinstance(self._policy_device, list) else [self._policy_device]
-        device = [run_device(self.policy, d) for d in devices]  # where the workers run their policy
-        device = device if isinstance(self._policy_device, list) else device[0]
-        ids = [i for i in worker_checks.worker_ids(worker_ids, self.num_workers, device) if self.workers.serves(i)]
-        source = None if policy_or_weights is None else weights_of(policy_or_weights)
-        self._open_given(source)
-        self._push_weights(ids, source, non_blocking)
-
-    def _open_given(self, source: TensorDictBase | None) -> None:
-        """``policy_factory``: lay the weight plane out from the first weights pushed (checked
-        against every worker's policy); they, or later ones, are what a push without weights sends."""
-        if self.weights is None:
-            if not self._factory:
-                raise TypeError(factory_weights.NOT_A_MODULE)
-            if source is None:
-                raise TypeError(factory_weights.NO_WEIGHTS)
-            with self._lock:
-                self._init_weights(self._transport, given=source)
-        if self._factory and source is not None and not isinstance(self.policy, nn.Module):
-            self._given = source
-
-    def push_version(self, version: int, source: TensorDictBase | None = None) -> None:
-        """Push the policy's weights (or ``source``) to every worker as ``version`` (a node passing on its trainer's)."""
-        self.require_running()
-        self._open_given(source)
-        self._push_weights(self._serving(), source, version=version)
-
-    def _push_weights(
-        self, worker_ids: list[int], source: Any = None, non_blocking: bool = False, version: int | None = None,
-    ) -> None:
-        with self._lock:
-            self._finish_push()
-            source = self._given if source is None else source
-            version = self.policy_version + 1 if version is None else version
-            receive = self.weights.push(worker_ids, source, version)
-            self.policy_version = version
-            self._push = {i: self._call(i, "receive_weights", *args) for i, args in receive.items()}
-            self._pushed = {i: call() for i, call in self._push.items()}
-            if not non_blocking:
-                self._finish_push()
-
-    def _finish_push(self) -> None:
-        """Wait until the previous weight push reached its workers."""
-        push, self._push = self._push, {}
-        if push:
-            self.gather(push, self._pushed)
-            self.weights.sender.wait()
 
     # ---------------------------------------------------------------- state
     def _serving(self) -> list[int]:
