@@ -26,6 +26,7 @@ from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.policies import run_device
 from rpc_collectors.core import checks, worker_checks
 from rpc_collectors.core.errors import Failure, WorkerError
+from rpc_collectors.front import buffer_writes
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, weak_method
 from rpc_collectors.front.recovery import Recovery
@@ -53,6 +54,7 @@ class CollectorFront(BaseCollector):
         self.launcher, self.elastic, self.join_timeout = s.launcher, s.elastic, s.join_timeout
         self.num_workers, self.sync, self.cat_results = s.num_workers, s.sync, s.cat_results
         # a sync round stops the other workers once this many handed in (TorchRL's preemptive_threshold)
+        self.preemptive_threshold = s.preemptive_threshold
         self.preempt_after = None if s.preemptive_threshold is None else int(s.num_workers * s.preemptive_threshold)
         self.backend, self.rpc_timeout = s.backend, s.rpc_timeout
         self.update_after_each_batch = s.update_after_each_batch
@@ -336,18 +338,13 @@ class CollectorFront(BaseCollector):
         return layouts.lay_out(stacked, self.cat_results)
 
     def _extend(self, batch: TensorDictBase) -> None:
-        """Write a batch into ``replay_buffer`` as TorchRL's workers write theirs (see :func:`layouts.for_storage`);
-        with ``extend_buffer=False`` each worker's steps one by one (``add``), worker after worker."""
-        if not self.extend_buffer:
-            for part in layouts.worker_parts(batch, self.sync and self.cat_results == "stack"):
-                if preemption.MASK in part.keys(True):
-                    part = preemption.drop_padding(part)
-                for step in part.unbind(part.batch_dims - 1):
-                    self.replay_buffer.add(step)
-            return
-        if self.sync and self.cat_results == "stack" and not self.split_trajs:
-            batch = layouts.for_storage(batch, getattr(getattr(self.replay_buffer, "storage", None), "ndim", None))
-        self.replay_buffer.extend(batch)
+        buffer_writes.write(self.replay_buffer, batch, stacked=self.sync and self.cat_results == "stack",
+                            extend_buffer=self.extend_buffer, split_trajs=self.split_trajs)
+
+    def __len__(self) -> int:
+        if self.preempt_after is not None:  # rounds cut short hold fewer frames: more of them come
+            raise preemption.no_length(self.preemptive_threshold)
+        return super().__len__()
 
     # ---------------------------------------------------------------- weights
     def init_updater(self, *args: Any, **kwargs: Any) -> None:
