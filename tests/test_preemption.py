@@ -157,7 +157,10 @@ def test_total_frames_counts_only_collected_frames():
 @pytest.mark.usefixtures("no_leftover_processes")
 @pytest.mark.timeout(120)
 def test_threshold_zero_stops_every_worker_after_its_first_steps_as_torchrl():
-    with MultiSyncCollector([cartpole, cartpole], None, frames_per_batch=400, total_frames=-1,
+    """The stop goes out as the round starts; 200 steps of 10 ms leave it two seconds to arrive
+    (200 plain CartPole steps take a few milliseconds: about as long as the stop's way there)."""
+    paced = lambda: slow_cartpole(0.01)  # noqa: E731
+    with MultiSyncCollector([paced, paced], None, frames_per_batch=400, total_frames=-1,
                             preemptive_threshold=0.0) as c:
         for batch in itertools.islice(c, 3):
             assert batch.shape == (2, 200) and valid_frames(batch) < 400
