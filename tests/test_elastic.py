@@ -159,6 +159,18 @@ def test_async_collector_dies_the_other_goes_on_and_a_newcomer_joins(runs):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
+def test_a_resumed_elastic_trainer_and_the_collectors_that_join_it_use_the_saved_weights(runs):
+    """The state loads into the trainer's policy, as TorchRL's collectors load it, and a collector
+    that joins afterwards collects with those weights from its first batch on."""
+    run = runs(["--slots", "1", "--frames", "300", "--resume-action", "1", "--rpc-timeout", str(RPC_TIMEOUT_S)])
+    run.collector("c1")
+    run.until(lambda r: r["event"] == "summary", 90, "summary")
+    assert run.wait("trainer", 30) == 0, run.report()
+    assert [r["actions"] for r in run.batches()] == [[1]] * 3, run.records
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
 def test_sync_spare_takes_a_dead_collectors_slot_and_the_run_finishes(runs):
     run = runs(["--slots", "2", "--frames", "6000", "--batch-sleep", "0.05", "--rpc-timeout", str(RPC_TIMEOUT_S)])
     collectors = [run.collector(f"c{i}") for i in range(3)]

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 
 from conftest import CountEnv
 from procs import wait_gone
@@ -70,3 +71,47 @@ def test_resume_after_a_replacement_never_reuses_a_trajectory_id(kind):
         second.shutdown()
     reused = sorted(before & after)
     assert not reused, f"{len(reused)} trajectory ids of the saved run came back after the resume: {reused[:10]}"
+
+
+class FixedAction(nn.Module):
+    """Action = argmax(W obs + b) on CartPole's 4 floats; with W = 0 the bias alone picks ``action``."""
+
+    def __init__(self, action: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        with torch.no_grad():
+            self.linear.weight.zero_()
+            self.linear.bias.copy_(torch.eye(2)[action])
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.linear(observation.float()).argmax(-1)
+
+
+def cartpole() -> GymEnv:
+    return GymEnv("CartPole-v1")
+
+
+@pytest.mark.parametrize("kind", ["MultiCollector", "RPCCollector-debug"])
+def test_load_state_dict_gives_the_trainers_policy_the_saved_weights(kind):
+    """As TorchRL's collectors: after ``load_state_dict`` the trainer's module holds the saved
+    weights, so the training loop goes on from them and its next push keeps the workers on them."""
+    def make(policy: nn.Module) -> MultiCollector:
+        if kind == "MultiCollector":
+            return MultiCollector([cartpole] * 2, policy, frames_per_batch=40, rpc_timeout=30)
+        return RPCCollector([cartpole] * 2, policy, frames_per_batch=40, launcher="debug")
+
+    trained = FixedAction(0)
+    with make(trained) as first:
+        first.next()
+        trained.load_state_dict(FixedAction(1).state_dict())  # a training step
+        first.update_policy_weights_()
+        assert (first.next()["action"] == 1).all()
+        state = first.state_dict()
+    fresh = FixedAction(0)
+    with make(fresh) as second:
+        second.load_state_dict(state)
+        for name, value in trained.state_dict().items():
+            assert torch.equal(fresh.state_dict()[name], value), f"the trainer's policy kept its own {name}"
+        assert (second.next()["action"] == 1).all()
+        second.update_policy_weights_()  # the training loop's next push
+        assert (second.next()["action"] == 1).all()

@@ -26,7 +26,7 @@ from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.policies import run_device
 from rpc_collectors.core import checks, worker_checks
 from rpc_collectors.core.errors import Failure, WorkerError
-from rpc_collectors.front import buffer_writes
+from rpc_collectors.front import buffer_writes, saved_state
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, weak_method
 from rpc_collectors.front.recovery import Recovery
@@ -419,39 +419,13 @@ class CollectorFront(BaseCollector):
         return seed
 
     def state_dict(self) -> dict:
-        """Frames, iteration, weights version and every worker's collector state."""
-        self.require_running()
-        with self._lock:
-            self._finish_push()
-        state = self._base_state()
-        state["policy_version"] = self.policy_version
-        if self.elastic:  # collectors come and go: keep where their trajectory ids continue from
-            state["workers"], state["traj_id_bounds"] = None, self.restarts.bounds()
-            return state
-        state["workers"] = self.gather({i: self._call(i, "state_dict") for i in range(self.num_workers)})
-        return state
+        """Frames, iteration, weights version, the trainer's policy weights and every worker's collector state."""
+        return saved_state.state_of(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from ``state_dict()``; the workers' envs restart, trajectory ids keep increasing."""
-        self.require_running()
-        if self.elastic:
-            if state.get("traj_id_bounds") is None or len(state["traj_id_bounds"]) != self.num_workers:
-                raise ValueError(f"the state is not that of an elastic collector with {self.num_workers} slots")
-            if self._serving():
-                raise RuntimeError("load_state_dict on an elastic collector must come before its first batch")
-            self._load_base_state(state)
-            self.policy_version = int(state["policy_version"])
-            self.restarts.restore(state["traj_id_bounds"])
-            return
-        if state["workers"] is None:
-            raise ValueError("the state is an elastic collector's; load it into a collector with elastic=True")
-        if len(state["workers"]) != self.num_workers:
-            raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {self.num_workers}")
-        self._load_base_state(state)
-        self.policy_version = int(state["policy_version"])
-        self.gather({i: self._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
-        for i, worker_state in enumerate(state["workers"]):
-            self.restarts.loaded(i, int(worker_state["traj_count"]))
+        """Resume from ``state_dict()``: the trainer's policy and the workers get the saved weights, the
+        workers' envs restart, trajectory ids keep increasing."""
+        saved_state.load(self, state)
 
     # ---------------------------------------------------------------- shutdown
     def _shutdown(self, close_env: bool) -> None:
