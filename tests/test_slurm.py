@@ -344,6 +344,24 @@ def test_bad_arguments_rejected_before_submission(tmp_path, options, error, word
     assert not list(tmp_path.iterdir()), "nothing may be written before the arguments are valid"
 
 
+@pytest.mark.parametrize("where", ["a-file", "under-a-file", "sysfs"])
+def test_an_unwritable_collector_jobs_folder_is_refused_before_anything_starts(tmp_path, where):
+    """launcher="submitit" writes its rendezvous and the jobs' files into slurm_kwargs["folder"]:
+    one it cannot write is a ValueError naming it before any process, agent or job starts."""
+    from procs import descendants
+    from rpc_collectors import DistributedCollector
+
+    (tmp_path / "file").write_text("")
+    folder = {"a-file": tmp_path / "file", "under-a-file": tmp_path / "file" / "logs",
+              "sysfs": Path("/sys/rpc-collectors-logs")}[where]
+    before = descendants()
+    with pytest.raises(ValueError) as info:
+        DistributedCollector(["CartPole-v1"] * 2, None, frames_per_batch=20, launcher="submitit",
+                             slurm_kwargs={"folder": str(folder), "timeout_min": 5})
+    assert f"slurm_kwargs['folder']={str(folder)!r}" in str(info.value) and "accepted" in str(info.value), info.value
+    assert descendants() <= before and not torch.distributed.rpc.api._is_current_rpc_agent_set()
+
+
 @pytest.mark.slurm
 def test_submit_rejects_non_callable(tmp_path):
     with pytest.raises(TypeError, match="fn=42 is not callable"):
@@ -530,8 +548,9 @@ def _submitit_collector(log_dir: Path, policy=None, **kwargs):
         return GymEnv(env_class())
 
     slurm_kwargs = {"folder": str(log_dir), "timeout_min": 5, "slurm_cpus_per_task": 8, **kwargs.pop("slurm_kwargs", {})}
+    kwargs.setdefault("join_timeout", 120)
     return DistributedCollector([count_env] * 2, policy, frames_per_batch=20, launcher="submitit",
-                                slurm_kwargs=slurm_kwargs, rpc_timeout=30, join_timeout=120, **kwargs)
+                                slurm_kwargs=slurm_kwargs, rpc_timeout=30, **kwargs)
 
 
 def _check_count_frames(batch) -> None:
@@ -686,6 +705,31 @@ def test_cancelled_collector_job_leaves_a_vacant_slot_under_elastic_membership(t
         assert collector.worker_restarts[on_n2] == 1 and collector.infos[on_n2] is None
     assert _wait_queue_empty(10) == []
     assert _states([job])[job].startswith("CANCELLED")
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_sync_elastic_run_that_lost_its_collector_job_names_the_job_and_what_to_do(two_nodes, log_dir):
+    """The slot stays vacant until join_timeout; the error then names the cancelled job and
+    advice that fits launcher="submitit" (not an elastic trainer job's ``--join``)."""
+    from rpc_collectors import WorkerLeftWarning
+
+    collector = _submitit_collector(log_dir, None, sync=True, elastic=True, total_frames=-1, join_timeout=45)
+    try:
+        batches = iter(collector)
+        next(batches)
+        job = next(line.split()[0] for line in _queue() if line.endswith(" n2"))
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        with pytest.warns(WorkerLeftWarning), pytest.raises(TimeoutError) as info:
+            for _ in range(10_000):
+                next(batches)
+    finally:
+        collector.shutdown()
+    message = str(info.value)
+    assert "join_timeout=45" in message and f"{job} CANCELLED" in message, message
+    assert "launcher='submitit'" in message and "--join" not in message, message
+    assert _wait_queue_empty(10) == []
 
 
 @pytest.mark.slurm

@@ -12,7 +12,6 @@ import functools
 import warnings
 from typing import TYPE_CHECKING
 
-from rpc_collectors.cluster.elastic import JOIN_VARIABLE
 from rpc_collectors.core.errors import Failure, WorkerError, remote_summary
 from rpc_collectors.planes.membership import WorkerLeftWarning
 
@@ -120,9 +119,7 @@ class Recovery:
         """The error of an elastic collector that waited ``join_timeout`` for a collector to join."""
         front = self.front
         vacant = [i for i in range(front.num_workers) if not front.workers.serves(i)]
-        rdv = front.workers.rdv
         return front.fail(TimeoutError(
             f"no collector joined within join_timeout={front.join_timeout} s while the trainer waited "
-            f"(vacant collector slots: {vacant}); start collectors with {JOIN_VARIABLE}="
-            f"{rdv.master_addr}:{rdv.master_port} (slurm/submit.py --join JOBID)"
+            f"(vacant collector slots: {vacant}); {front.workers.join_advice()}"
         ))
