@@ -104,10 +104,11 @@ def killed_at_exit(start: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
             run.kill()
 
 
-def run_in_session(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in a session of its own and return its output; its whole process group is
-    killed afterwards (a launcher's children too), also when it hangs or the test fails."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def run_in_session(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (with ``env``, default this process's) in a session of its own and return its output;
+    its whole process group is killed afterwards (a launcher's children too), also when it hangs or the test fails."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:

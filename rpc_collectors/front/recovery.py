@@ -37,10 +37,11 @@ class Recovery:
             front.require_running()
             worker_id, record = failed.worker_id, front.roster[failed.worker_id]
             reason = failed.reason if failed.remote or record.dead is None else record.dead  # a raise comes first
+            cause = None if failed.remote else failed.__cause__  # a raise: its traceback is in the error's message
             if not front.ready:  # a worker that fails while the collector starts is not replaced
-                raise front.fail(front.worker_error(worker_id, f"{reason} during start-up", failed.remote)) from failed.__cause__
+                raise front.fail(front.worker_error(worker_id, f"{reason} during start-up", failed.remote)) from cause
             if not front.restarts.take(worker_id, reason + remote_summary(failed.remote)):
-                raise front.fail(front.worker_error(worker_id, reason, failed.remote)) from failed.__cause__
+                raise front.fail(front.worker_error(worker_id, reason, failed.remote)) from cause
             try:
                 self._replace(worker_id)
                 return True
