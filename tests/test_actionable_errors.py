@@ -9,9 +9,10 @@ import sys
 import textwrap
 
 import pytest
+from torch import nn
 
 from procs import run_in_session
-from rpc_collectors import MultiCollector, WorkerError
+from rpc_collectors import Collector, GymEnv, MultiCollector, WorkerError
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(60)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,3 +64,23 @@ def test_a_frame_the_worker_cannot_read_gets_its_source_line_from_the_trainer():
     assert f'File "{cell}", line 2, in make_env\n    raise RuntimeError(\'simulator licence not found\')' in message, message
     assert "channel.py" in info.value.remote_traceback and "channel.py" not in message
 
+
+# ------------------------------------------------------------------ a policy that returns no action
+@pytest.mark.parametrize("collector", ["Collector", "MultiCollector"])
+@pytest.mark.parametrize("env, policy, returned, needed", [
+    ("CartPole-v1", nn.Linear(4, 2), "[2] (logits", "Discrete(2) needs an action of shape []"),
+    ("vector-CartPole", nn.Linear(4, 2), "[3, 2] (logits", "Discrete(2) needs an action of shape [3]"),
+    ("Pendulum-v1", nn.Linear(3, 4), "[4];", "(1,), float32) needs an action of shape [1]"),
+], ids=["logits", "vector-logits", "too-wide-box"])
+def test_a_policy_whose_action_does_not_fit_the_action_space_is_named_with_both_shapes(
+        collector, env, policy, returned, needed):
+    """Before the first step: in the trainer's process, or as the worker's start-up error."""
+    make_env = (lambda: GymEnv("CartPole-v1", num_envs=3)) if env == "vector-CartPole" else env
+    with pytest.raises((ValueError, WorkerError)) as info:
+        if collector == "Collector":
+            Collector(make_env, policy, frames_per_batch=12)
+        else:
+            MultiCollector([make_env] * 2, policy, frames_per_batch=24)
+    message = str(info.value)
+    assert f"policy={policy!r} returned an action of shape {returned}" in message, message
+    assert needed in message, message

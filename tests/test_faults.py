@@ -9,8 +9,8 @@ import textwrap
 
 import gymnasium as gym
 import pytest
-from torch import nn
 
+from multihost_trainer import ArgmaxPolicy
 from procs import descendants, wait_gone
 from rpc_collectors import RPCCollector, WorkerError
 from rpc_collectors.worker.spawner import shared_pid
@@ -175,6 +175,6 @@ def test_update_weights_without_module_policy_is_a_type_error():
     with RPCCollector("CartPole-v1", None, num_collectors=1, frames_per_batch=50, launcher="debug") as c:
         with pytest.raises(TypeError, match="no weights"):
             c.update_policy_weights_()
-    with RPCCollector("CartPole-v1", nn.Linear(4, 2), num_collectors=1, frames_per_batch=50, launcher="debug") as c:
+    with RPCCollector("CartPole-v1", ArgmaxPolicy(), num_collectors=1, frames_per_batch=50, launcher="debug") as c:
         with pytest.raises(ValueError, match="worker_ids=\\[5\\]"):
             c.update_policy_weights_(worker_ids=[5])

@@ -64,6 +64,13 @@ def after_spawning(monkeypatch, action) -> list[int]:
     return pids
 
 
+class ArgmaxLinear(nn.Linear):
+    """A linear policy for CartPole: the argmax of its two outputs is the action."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return super().forward(observation).argmax(-1)
+
+
 def collector(**kwargs) -> RPCCollector:
     args = dict(num_collectors=2, frames_per_batch=100, launcher="local", rpc_timeout=30)
     args.update(kwargs)
@@ -247,7 +254,10 @@ def test_trainer_killed_while_workers_join_leaves_no_weights_file(tmp_path):
                 os.kill(os.getpid(), signal.SIGKILL)
             return call(self, worker_id, method, *args)
         LocalPool.call = die_on_join
-        RPCCollector("CartPole-v1", nn.Linear(4, 2), num_collectors=2, frames_per_batch=100, launcher="local")
+        class Argmax(nn.Linear):
+            def forward(self, observation):
+                return super().forward(observation).argmax(-1)
+        RPCCollector("CartPole-v1", Argmax(4, 2), num_collectors=2, frames_per_batch=100, launcher="local")
     """)
     try:
         proc.communicate(timeout=60)
@@ -352,7 +362,7 @@ def test_shutdown_from_another_thread_does_not_blame_a_worker():
 
 
 def test_calls_after_shutdown_and_bad_arguments_are_clear_errors():
-    c = collector(policy=nn.Linear(4, 2), launcher="debug")
+    c = collector(policy=ArgmaxLinear(4, 2), launcher="debug")
     with pytest.raises(ValueError, match="worker_ids=True"):
         c.update_policy_weights_(worker_ids=True)
     with pytest.raises(TypeError, match="seed='abc'"):
