@@ -152,6 +152,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         envs = int(torch.Size(self.env.batch_size).numel())
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
         self.frames_per_batch = self.steps_per_batch * envs
+        checks.total_frames_fits(self.total_frames, self.frames_per_batch)
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
             policy, self.devices["policy_device"], self.action_keys, self.compile_policy
         )
