@@ -158,6 +158,16 @@ def test_demo_short_run_writes_record_and_summary(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_demo_that_reaches_its_target_early_closes_its_progress_bar_as_done_with_the_reason(tmp_path):
+    out = tmp_path / "run"
+    result = run(demo_command("--total-frames", "1000000", "--target-return", "10", "--output-dir", str(out)))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "run.json").read_text())["status"] == "reached 10"
+    final = result.stderr.replace("\r", "\n").strip().splitlines()[-1]  # the bar as the run left it
+    assert final.startswith("reached 10: 100%|"), final
+
+
+@pytest.mark.multiprocess
 def test_demo_async_short_run(tmp_path):
     out = tmp_path / "run"
     result = run(demo_command("--async", "--total-frames", "2048", "--output-dir", str(out)))
