@@ -313,6 +313,7 @@ def total_frames_fits(total_frames: int, frames_per_batch: int) -> None:
         batches = -(-total_frames // frames_per_batch)
         user_warnings.warn(
             f"total_frames={total_frames} is not a multiple of the batch size ({frames_per_batch} frames): the run "
-            f"collects {batches * frames_per_batch} frames in {batches} batches; pass a multiple of {frames_per_batch} "
+            f"collects {batches * frames_per_batch} frames in {batches} batch{'es' if batches > 1 else ''}; pass a multiple "
+            f"of {frames_per_batch} "
             "to get exactly total_frames"
         )

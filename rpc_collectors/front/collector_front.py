@@ -61,8 +61,8 @@ class CollectorFront(BaseCollector):
         self.max_weight_update_interval = s.max_weight_update_interval
         self.exploration_type = s.exploration_type
         self.frames_per_batch, self.worker_frames = s.frames_per_batch, s.worker_frames
-        if s.preemptive_threshold is None:  # rounds cut short: the frames per batch vary
-            checks.total_frames_fits(self.total_frames, self.frames_per_batch)
+        if s.preemptive_threshold is None and (self.sync or self.frames_per_batch == self.worker_frames):
+            checks.total_frames_fits(self.total_frames, self.frames_per_batch)  # not when batch sizes vary
         self._policy_device = s.policy_device
         self.specs = s.specs
         self.policy = policy
