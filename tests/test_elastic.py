@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import devcluster_module
-from procs import kill_sessions, killed_at_exit
+from procs import ctrl_c_raises, kill_sessions, killed_at_exit
 from rpc_collectors import RPCCollector
 from rpc_collectors.planes.rendezvous import free_port
 
@@ -51,7 +51,8 @@ class Run:
         argv = [sys.executable, str(SCRIPT), *self.args]
         with open(self.tmp_path / f"{name}.stderr", "wb") as err:
             options = dict(env={**base, **env, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL, stderr=err,
-                           cwd=REPO, start_new_session=True, text=True, **{"stdout": subprocess.DEVNULL, **kwargs})
+                           cwd=REPO, start_new_session=True, text=True, preexec_fn=ctrl_c_raises,
+                           **{"stdout": subprocess.DEVNULL, **kwargs})
             proc = self.net.popen(host, argv, **options) if self.net else subprocess.Popen(argv, **options)
         self.procs[name] = proc
         return proc

@@ -21,6 +21,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from procs import ctrl_c_raises
 from rpc_collectors import Collector, GymEnv
 from rpc_collectors.apps import demo, ppo
 from rpc_collectors.apps.cli import build_parser, main
@@ -184,6 +185,7 @@ def test_demo_ctrl_c_stops_cleanly_and_keeps_the_record(tmp_path):
     proc = subprocess.Popen(
         demo_command("--total-frames", "10000000", "--target-return", "1e9", "--output-dir", str(out)),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=ctrl_c_raises,
     )
     stderr: list[str] = []
     reader = threading.Thread(target=lambda: stderr.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)

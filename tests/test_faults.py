@@ -11,7 +11,7 @@ import gymnasium as gym
 import pytest
 
 from multihost_trainer import ArgmaxPolicy
-from procs import descendants, wait_gone
+from procs import ctrl_c_raises, descendants, wait_gone
 from rpc_collectors import RPCCollector, WorkerError
 from rpc_collectors.worker.spawner import shared_pid
 
@@ -97,7 +97,8 @@ TRAINER_SCRIPT = textwrap.dedent("""
 def test_interrupted_or_killed_trainer_leaves_no_worker(sig, tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_raises)
     try:
         pids = {int(p) for p in proc.stdout.readline().split()}
         assert len(pids) == 2

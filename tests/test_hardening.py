@@ -33,7 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def interrupt_when(condition, timeout: float = 30.0) -> threading.Thread:
-    """Send SIGINT (Ctrl-C) to the main thread, from a helper thread, as soon as ``condition()`` holds."""
+    """Send SIGINT (Ctrl-C) to the main thread, from a helper thread, as soon as ``condition()`` holds
+    (the test takes the ``ctrl_c_raises_here`` fixture: SIGINT raises KeyboardInterrupt there)."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "use the ctrl_c_raises_here fixture"
     main = threading.main_thread().ident
 
     def watch() -> None:
@@ -139,6 +141,7 @@ def test_worker_dying_while_it_builds_its_collector_is_a_worker_error_naming_it(
 
 
 @pytest.mark.timeout(20)
+@pytest.mark.usefixtures("ctrl_c_raises_here")
 def test_ctrl_c_while_a_stopped_worker_holds_up_the_rendezvous(monkeypatch):
     stopped = signal_when_spawned(monkeypatch, 2, signal.SIGSTOP)
     interrupt_when(lambda: stopped and time.sleep(0.3) is None)
@@ -150,6 +153,7 @@ def test_ctrl_c_while_a_stopped_worker_holds_up_the_rendezvous(monkeypatch):
 
 
 # ------------------------------------------------------------------ 2. Ctrl-C during construction
+@pytest.mark.usefixtures("ctrl_c_raises_here")
 def test_ctrl_c_while_spawning_leaves_no_stale_reply():
     held = spawner.shared_spawner()
     os.kill(held.pid, signal.SIGSTOP)  # the reply to the first request comes only after the Ctrl-C
@@ -174,6 +178,7 @@ def slow_env():
     return GymEnv("CartPole-v1")
 
 
+@pytest.mark.usefixtures("ctrl_c_raises_here")
 def test_ctrl_c_while_the_workers_build_their_collectors_leaves_no_worker(monkeypatch):
     pids = after_spawning(monkeypatch, lambda rank, pid: None)
     spawned = []
@@ -186,6 +191,7 @@ def test_ctrl_c_while_the_workers_build_their_collectors_leaves_no_worker(monkey
 
 
 # ------------------------------------------------------------------ 3. Ctrl-C during shutdown
+@pytest.mark.usefixtures("ctrl_c_raises_here")
 def test_second_shutdown_finishes_an_interrupted_one():
     c = collector()
     next(iter(c))

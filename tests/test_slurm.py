@@ -643,13 +643,13 @@ def test_killed_interrupted_or_finished_trainer_leaves_no_collector_job(two_node
     """SIGKILL the trainer mid-run: its guard cancels the jobs; Ctrl-C, or a script that ends
     without shutdown(): it shuts the collector down and they complete. Either way the queue
     empties within a bound."""
-    from procs import alive
+    from procs import alive, ctrl_c_raises
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
                                                         os.environ.get("PYTHONPATH", "")])}
     frames = [] if sig else ["200"]
     trainer = subprocess.Popen([sys.executable, str(REPO / "tests" / "submitit_trainer.py"), str(log_dir), *frames],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=ctrl_c_raises)
     try:
         line = trainer.stdout.readline()  # after its first batch
         assert line.startswith("{"), trainer.communicate(timeout=60)
