@@ -340,6 +340,26 @@ def test_stopped_worker_is_reported_as_not_answering_within_rpc_timeout():
     c.shutdown()
 
 
+@pytest.mark.timeout(90)
+def test_a_stopped_async_worker_is_reported_while_the_other_keeps_delivering():
+    """Async batches come first-ready first-served; the other worker's batches never stand in for
+    a stopped worker's answer: its request times out after rpc_timeout like any other wait."""
+    paced = lambda: slow_cartpole(0.002)  # noqa: E731
+    c = collector(create_env_fn=[paced, paced], num_collectors=None, sync=False, frames_per_batch=20, rpc_timeout=3)
+    try:
+        it = iter(c)
+        next(it)
+        os.kill(c.infos[1]["pid"], signal.SIGSTOP)
+        from_0 = 0
+        with pytest.raises(WorkerError) as info:
+            for _ in range(1000):  # about 40 s of worker 0's batches
+                from_0 += int(next(it)["collector", "worker_id"][0]) == 0
+        assert info.value.worker_id == 1 and "did not answer within rpc_timeout=3.0 s" in str(info.value)
+        assert from_0 > 0
+    finally:
+        c.shutdown()
+
+
 class RaisingEnvFactory:
     def __call__(self):
         raise OSError("the simulator binary is missing")

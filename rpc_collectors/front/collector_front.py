@@ -208,10 +208,13 @@ class CollectorFront(BaseCollector):
             raise RuntimeError(f"{type(self).__name__} was shut down")
 
     def _deadline(self) -> float:
-        """Until when to wait for the next batch: an answer to an outstanding request within
-        rpc_timeout; with none outstanding (elastic, vacant slots), a collector within join_timeout."""
-        outstanding = any(r.outstanding for r in self.roster)
-        return self.waits.deadline() if outstanding or not self.elastic else time.monotonic() + self.join_timeout
+        """Until when to wait for the next batch: each outstanding request's answer within rpc_timeout
+        of when its worker began on it (async too: one worker's answers never cover another's silence);
+        with none outstanding (elastic, vacant slots), a collector within join_timeout."""
+        oldest = self.waits.batch_deadline()
+        if oldest is not None:
+            return oldest[0]
+        return self.waits.deadline() if not self.elastic else time.monotonic() + self.join_timeout
 
     def _next_batch(self) -> tuple[int, Any]:
         """The next worker's batch answer (worker id, batch or ``Ready``); collectors that join
@@ -221,10 +224,10 @@ class CollectorFront(BaseCollector):
             item = self.events.take(lambda e: isinstance(e, Joined) or (isinstance(e, Answer) and e.tag == BATCH),
                                     deadline, self.waits.check)
             if item is None:
-                late = [i for i, r in enumerate(self.roster) if r.outstanding]
-                if not late:
+                oldest = self.waits.batch_deadline()
+                if oldest is None:
                     raise self.recovery.no_collector()
-                raise self.waits.late(late[0])
+                raise self.waits.late(oldest[1])
             if isinstance(item, Joined):
                 self.recovery.admit(item.rank)
                 deadline = self._deadline()
