@@ -52,7 +52,11 @@ def interrupt_when(condition, timeout: float = 30.0) -> threading.Thread:
 
 
 def after_spawning(monkeypatch, action) -> list[int]:
-    """Run ``action(rank, pid)`` on every worker the spawner starts, as soon as it reported the pid."""
+    """Run ``action(rank, pid)`` on every worker the spawner starts, as soon as it reported the pid.
+
+    The shared spawner is started first: one forked while ``Spawner.spawn`` is patched would keep
+    the patch, and so would every worker it forks, node collectors' own spawners included."""
+    spawner.shared_spawner()
     real = Spawner.spawn
     pids: list[int] = []
 
