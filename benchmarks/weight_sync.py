@@ -121,7 +121,7 @@ def ours(transport: str, hidden: int, repeats: int) -> dict:
     policy = MLP(hidden)
     collector = RPCCollector(
         "CartPole-v1", policy, num_collectors=4, frames_per_batch=4 * 8, launcher="local",
-        weight_transport=transport,
+        weight_transport=transport, track_policy_version=True,
     )
     try:
         it = iter(collector)

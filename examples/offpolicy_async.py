@@ -157,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         partial(GymEnv, "CartPole-v1"), policy,
         frames_per_batch=args.frames_per_batch, total_frames=args.total_frames,
         num_collectors=args.workers, sync=False, replay_buffer=feed,
+        track_policy_version=True,  # every frame carries ("collector", "policy_version")
     )
     version, steps, start = 0, 0, time.perf_counter()
     try:

@@ -50,7 +50,7 @@ def main() -> dict:
     collector = RPCCollector(
         args.env, policy, num_collectors=args.workers or (None if "WORLD_SIZE" in os.environ else 2),
         frames_per_batch=args.frames_per_batch, total_frames=args.frames, launcher=args.launcher,
-        rpc_timeout=args.rpc_timeout,
+        rpc_timeout=args.rpc_timeout, track_policy_version=True,
     )
     traj_ids, versions, batches = set(), set(), len(collector)
     with collector:

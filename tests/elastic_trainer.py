@@ -90,7 +90,7 @@ def main() -> None:
     collector = RPCCollector(
         env, policy, frames_per_batch=args.frames_per_batch, total_frames=args.frames,
         num_collectors=args.slots, sync=args.sync, elastic=True, rpc_timeout=args.rpc_timeout,
-        join_timeout=args.join_timeout,
+        join_timeout=args.join_timeout, track_policy_version=True,
     )
     # Only the trainer gets here.
     state = collector.state_dict()

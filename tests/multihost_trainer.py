@@ -54,6 +54,7 @@ def main() -> None:
     collector = RPCCollector(
         "CartPole-v1", policy, frames_per_batch=args.frames_per_batch,
         total_frames=-1 if args.endless else args.frames, launcher="torchrun", rpc_timeout=args.rpc_timeout,
+        track_policy_version=True,
     )
     # Only rank 0 gets here.
     with collector:

@@ -65,6 +65,7 @@ def main() -> None:
     collector = RPCCollector(
         make_env, policy, collector_class="sync", num_workers_per_collector=PER_NODE,
         frames_per_batch=NODES * PER_NODE * STEPS, cat_results="stack", launcher="torchrun", rpc_timeout=30,
+        track_policy_version=True,
     )
     # Only rank 0 gets here.
     try:
@@ -80,7 +81,7 @@ def main() -> None:
         return
     weights_for(policy, -1)
     flat = RPCCollector(make_env, policy, num_collectors=NODES * PER_NODE, frames_per_batch=NODES * PER_NODE * STEPS,
-                        cat_results="stack", launcher="local")
+                        cat_results="stack", launcher="local", track_policy_version=True)
     with flat:
         flat_batches = collect(flat, policy, args.batches)
     torch.save(nodes, f"{args.out}/node.pt")

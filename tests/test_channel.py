@@ -1,12 +1,14 @@
 """The pipes a local worker is driven over (rpc_collectors.worker.channel), both ends in this process."""
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 import torch
 from tensordict import TensorDict
 
+from rpc_collectors.planes.doorbell import Doorbell
 from rpc_collectors.worker.channel import Channel, ChannelClosed, RemoteError, serve
 
 pytestmark = pytest.mark.timeout(30)
@@ -91,3 +93,21 @@ def test_an_exit_fails_the_calls_with_its_reason(channel):
         pending.wait()
     assert channel.exit_reason() == "died with exit code -9 (SIGKILL)"
     worker.release.set()
+
+
+@pytest.mark.parametrize("pipes", [Channel, Doorbell])
+def test_ends_whose_numbers_were_closed_and_reused_do_not_open(pipes):
+    """Ends opened after the trainer closed them (a worker it gave up on) refuse the pipes
+    that took their numbers; the pipes' own ends open."""
+    closed = pipes()
+    stale = closed.ends
+    closed.close()
+    fresh = pipes()
+    try:
+        assert fresh.ends.request == stale.request, "the test needs the closed number reused"
+        with pytest.raises(FileNotFoundError, match="names another file"):
+            stale.open()
+        for fd in fresh.ends.open():
+            os.close(fd)
+    finally:
+        fresh.close()

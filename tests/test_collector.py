@@ -95,9 +95,9 @@ def test_layout(kind):
     shape = (10,) if n == 1 else (n, 10)
     assert batch.batch_size == torch.Size(shape)
     assert batch.names == ([None] * (len(shape) - 1) + ["time"])
-    assert set(batch.keys(True, True)) == {
+    assert set(batch.keys(True, True)) == {  # TorchRL's key set: no policy version unless asked for
         "observation", "action", "done", "terminated", "truncated",
-        ("collector", "traj_ids"), ("collector", "policy_version"),
+        ("collector", "traj_ids"),
         ("next", "observation"), ("next", "reward"), ("next", "done"), ("next", "terminated"),
         ("next", "truncated"),
     }
@@ -107,8 +107,7 @@ def test_layout(kind):
         assert batch[key].shape == (*shape, 1) and batch[key].dtype == torch.bool, key
     assert batch["next", "reward"].shape == (*shape, 1) and batch["next", "reward"].dtype == torch.float32
     assert batch["collector", "traj_ids"].shape == shape and batch["collector", "traj_ids"].dtype == torch.int64
-    assert batch["collector", "policy_version"].dtype == torch.int64
-    assert (batch["collector", "policy_version"] == 0).all()
+    assert collector.last_batch.oldest_version == collector.last_batch.newest_version == 0
     assert batch["next", "done"].any()  # episodes of 2 to 5 steps end inside 10 steps
     check_count_env_batches([batch, collector.next()])
     collector.shutdown()
@@ -454,7 +453,7 @@ def test_update_policy_weights(wrap):
         module = ArgmaxLinear(favour=favour)
         return TensorDictModule(module, in_keys=["observation"], out_keys=["action"]) if wrap else module
 
-    collector = Collector(make_env("gym-vector"), policy(0), frames_per_batch=4 * B)
+    collector = Collector(make_env("gym-vector"), policy(0), frames_per_batch=4 * B, track_policy_version=True)
     batch = collector.next()
     assert (batch["action"] == 0).all() and (batch["collector", "policy_version"] == 0).all()
     updates = [
@@ -543,7 +542,8 @@ def test_env_seeded_before_the_collector():
 
 
 def test_state_dict_resume():
-    first = Collector(make_env("gym"), ArgmaxLinear(favour=0), frames_per_batch=10, total_frames=60)
+    first = Collector(make_env("gym"), ArgmaxLinear(favour=0), frames_per_batch=10, total_frames=60,
+                      track_policy_version=True)
     for _ in range(2):
         before = first.next()
     first.update_policy_weights_(ArgmaxLinear(favour=1))
@@ -553,7 +553,8 @@ def test_state_dict_resume():
     first.update_policy_weights_(ArgmaxLinear(favour=0))  # the saved state does not follow
     assert state["frames"] == 30 and state["iteration"] == 3 and state["policy_version"] == 1
 
-    second = Collector(make_env("gym"), ArgmaxLinear(favour=0), frames_per_batch=10, total_frames=60)
+    second = Collector(make_env("gym"), ArgmaxLinear(favour=0), frames_per_batch=10, total_frames=60,
+                       track_policy_version=True)
     second.load_state_dict(state)
     assert second.frames == 30
     rest = list(second)
@@ -586,7 +587,8 @@ def test_start_and_async_shutdown():
 
 def test_weights_updated_in_the_background_apply_between_batches():
     buffer = Buffer()
-    collector = Collector(make_env("gym-vector"), ArgmaxLinear(favour=0), frames_per_batch=4 * B, replay_buffer=buffer)
+    collector = Collector(make_env("gym-vector"), ArgmaxLinear(favour=0), frames_per_batch=4 * B, replay_buffer=buffer,
+                          track_policy_version=True)
     collector.start()
     deadline = time.monotonic() + 60
     while not buffer.batches and time.monotonic() < deadline:
@@ -741,6 +743,52 @@ def test_track_policy_version_in_workers():
             c.update_policy_weights_()
             batch = c.next()
         assert (batch["next", "policy_version"] == 1).all() and batch["policy_version"][:, 0].tolist() == [0, 0]
+        assert (batch["collector", "policy_version"] == 1).all()
+
+
+VERSION_KEYS = {("collector", "policy_version"), "policy_version", ("next", "policy_version")}
+
+
+@pytest.mark.parametrize("track", [False, True])
+def test_version_keys_only_with_track_policy_version_and_the_record_always(track):
+    """As TorchRL: no version key unless track_policy_version=True; the collector's last_batch
+    says which versions chose the batch's actions and how far behind the trainer they were."""
+    c = Collector(make_env("gym"), ArgmaxLinear(), frames_per_batch=10, track_policy_version=track)
+    first = c.next()
+    assert c.last_batch.iteration == 1 and c.last_batch.frames == 10
+    assert (c.last_batch.oldest_version, c.last_batch.newest_version, c.last_batch.lag) == (0, 0, 0)
+    c.update_policy_weights_()
+    c.update_policy_weights_()
+    second = c.next()
+    assert (c.last_batch.iteration, c.last_batch.oldest_version, c.last_batch.trainer_version) == (2, 2, 2)
+    for batch in (first, second):
+        assert (VERSION_KEYS <= set(batch.keys(True, True))) if track else \
+            not VERSION_KEYS & set(batch.keys(True, True))
+    if track:
+        assert (second["collector", "policy_version"] == 2).all()
+
+
+def test_multi_worker_batches_have_no_version_key_and_a_record_with_the_lag():
+    """An async worker's batch collected before a push is behind the trainer by one version."""
+    from rpc_collectors import MultiAsyncCollector
+    with MultiAsyncCollector([partial(make_env, "td")] * 2, ArgmaxLinear(), frames_per_batch=8,
+                             launcher="debug") as c:
+        batch = c.next()
+        assert ("collector", "policy_version") not in batch.keys(True)
+        assert (c.last_batch.oldest_version, c.last_batch.lag) == (0, 0)
+        c.update_policy_weights_()
+        c.update_policy_weights_()
+        records = []
+        for _ in range(4):
+            c.next()
+            records.append(c.last_batch)
+    assert [r.trainer_version for r in records] == [2] * 4 and [r.iteration for r in records] == [2, 3, 4, 5]
+    assert records[-1].oldest_version == 2 and records[-1].lag == 0  # asked for after the push: the new weights
+
+
+def test_track_policy_version_false_drops_an_empty_collector_entry():
+    c = Collector(make_env("gym"), None, frames_per_batch=4, track_traj_ids=False)
+    assert "collector" not in c.next().keys() and c.last_batch.frames == 4
 
 
 # ------------------------------------------------------------- the next root, as TorchRL's step_mdp

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 
 import pytest
 import torch
@@ -283,9 +284,29 @@ def test_frames_per_batch_list_gives_each_worker_its_own():
         batches = list(c)
     assert [b.shape for b in batches] == [(12,), (12,)]
     assert batches[0].get(("collector", "worker_id")).tolist() == [0] * 4 + [1] * 8
-    with MultiAsyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=40) as c:
-        sizes = {int(b.get(("collector", "worker_id"))[0]): b.numel() for b in c}
-    assert sizes == {0: 4, 1: 8}
+    with MultiAsyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=48) as c:
+        sizes = [b.numel() for b in c]
+    assert sizes == [12] * 4  # as TorchRL's: each async batch, whichever worker's, holds the list's sum
+
+
+def vector_cartpole() -> GymEnv:
+    return GymEnv("CartPole-v1", num_envs=2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("frames", [[10, 10], [15, 5], [9, 4]])
+def test_frames_per_batch_list_with_batched_envs_as_torchrl(frames):
+    """Async: the sum rounded up to the env batch; sync: each worker's own, rounded up to its env batch."""
+    total = sum(frames)
+    with MultiAsyncCollector([vector_cartpole] * 2, None, frames_per_batch=frames, total_frames=-1) as c:
+        assert all(c.next().numel() == -(-total // 2) * 2 for _ in range(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # 15, 5 and 9 do not divide over 2 envs: rounded up
+        c = MultiSyncCollector([vector_cartpole] * 2, None, frames_per_batch=frames, total_frames=-1, cat_results=-1)
+    with c:
+        batch = c.next()
+    assert batch.shape == (2, sum(-(-f // 2) for f in frames))
 
 
 def test_frames_per_batch_list_is_checked_before_workers_start():

@@ -62,7 +62,7 @@ def test_distributed_sync_batches_are_stacked_and_weights_reach_the_workers():
     """TorchRL's DistributedCollector stacks its nodes' batches: [N, T] in worker order."""
     policy = ActionPolicy(0)
     with DistributedCollector([count_env] * 2, policy, frames_per_batch=20, total_frames=60, sync=True,
-                              launcher="mp") as c:
+                              launcher="mp", track_policy_version=True) as c:
         assert c.sync and c.cat_results == "stack"
         for i, batch in enumerate(c):
             assert batch.shape == (2, 10)
@@ -93,13 +93,65 @@ def test_distributed_sync_collector_pushes_weights_every_round_by_default():
     assert actions == [[0], [1], [0]]
 
 
+def action_policy() -> ActionPolicy:
+    return ActionPolicy(0)
+
+
+@pytest.mark.parametrize("collector_class", ["Collector", "MultiSyncCollector", "MultiAsyncCollector"])
+@pytest.mark.parametrize("factory", [False, True], ids=["policy", "policy-and-factory"])
+def test_update_interval_1_pushes_the_trainers_weights_to_every_node_worker(collector_class, factory):
+    """TorchRL's DistributedSyncCollector test: the trainer's policy changes after the first round, no
+    update_policy_weights_ call; every later round (on every local worker of every node) has the new
+    weights. With policy_factory too, the workers build their policies and get the trainer's weights."""
+    import rpc_collectors
+
+    policy = ActionPolicy(0)
+    with DistributedSyncCollector([count_env] * 2, policy, policy_factory=action_policy if factory else None,
+                                  collector_class=getattr(rpc_collectors, collector_class),
+                                  num_workers_per_collector=1 if collector_class == "Collector" else 2,
+                                  frames_per_batch=40, total_frames=200, launcher="mp") as c:
+        actions = []
+        for batch in c:
+            actions.append(batch["action"].unique().tolist())
+            policy.set_action(1)
+    assert actions == [[0]] + [[1]] * 4
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_push_reaches_every_local_worker_of_an_async_node_before_its_next_batch(sync):
+    """Node collectors of 2 async local workers: after a push, the next batch a node produces holds
+    only the new weights (what its workers collected before is dropped)."""
+    from rpc_collectors import MultiAsyncCollector
+
+    policy = ActionPolicy(0)
+    with DistributedCollector([count_env] * 2, policy, collector_class=MultiAsyncCollector, num_workers_per_collector=2,
+                              frames_per_batch=20, total_frames=-1, sync=sync, launcher="mp",
+                              track_policy_version=True) as c:
+        for version in range(1, 5):
+            c.next()
+            policy.set_action(version % 2)
+            c.update_policy_weights_()
+            if sync:
+                batch = c.next()
+                assert (batch[VERSION] == version).all() and (batch["action"] == version % 2).all()
+                continue
+            # async: the request each node had in flight may be the old weights'; its next batches not
+            seen: dict[int, list[int]] = {0: [], 1: []}
+            while min(len(v) for v in seen.values()) < 3:
+                batch = c.next()
+                versions = batch[VERSION].unique().tolist()
+                assert len(versions) == 1 and (batch["action"] == versions[0] % 2).all()
+                seen[int(batch[WORKER][0])].append(versions[0])
+            assert all(v[1:] == [version] * (len(v) - 1) and v[0] in (version - 1, version) for v in seen.values()), seen
+
+
 def test_update_interval_pushes_every_kth_round():
     policy = ActionPolicy(0)
     with DistributedCollector([count_env] * 2, policy, frames_per_batch=20, total_frames=100, sync=True,
                               update_interval=2, launcher="mp") as c:
         versions = []
-        for batch in c:
-            versions.append(int(batch[VERSION].max()))
+        for _ in c:
+            versions.append(c.last_batch.newest_version)
             policy.set_action(1)
     assert versions == [0, 0, 1, 1, 2]
 
@@ -117,13 +169,18 @@ def test_distributed_policy_factory_builds_the_policy_in_each_worker():
 @pytest.mark.parametrize("kwargs, error, words", [
     ({"update_interval": 0}, ValueError, ["update_interval=0", "int >= 1"]),
     ({"update_interval": 2, "update_after_each_batch": True}, ValueError, ["update_interval=2", "one way"]),
-    ({"weight_sync_schemes": {}}, ValueError, ["weight_sync_schemes={}", "not supported"]),
+    ({"weight_sync_schemes": {"policy": object()}}, ValueError, ["weight_sync_schemes={'policy': object}",
+                                                                  "cannot map", "SharedMemWeightSyncScheme"]),
+    ({"weight_recv_schemes": {}}, ValueError, ["weight_recv_schemes={}", "not supported"]),
     ({"launcher": "submitit_delayed"}, ValueError, ["submitit_delayed", "slurm/submit.py"]),
     ({"launcher": "submitit"}, ValueError, ["slurm_kwargs=None", "folder"]),
     ({"launcher": "submitit", "slurm_kwargs": {"folder": "/tmp/x", "slurm_bogus": 1}}, ValueError,
      ["slurm_kwargs=", "bogus", "update_parameters"]),
     ({"launcher": "mp", "slurm_kwargs": {"folder": "/tmp/x"}}, ValueError, ["slurm_kwargs=", "launcher='submitit'"]),
     ({"launcher": "mp", "tcp_port": 70000}, ValueError, ["tcp_port=70000", "1..65535"]),
+    ({"launcher": "mp", "tcp_port": "70000"}, ValueError, ["tcp_port='70000'", "1..65535", "string of digits"]),
+    ({"launcher": "mp", "tcp_port": "41x01"}, ValueError, ["tcp_port='41x01'", "string of digits"]),
+    ({"launcher": "mp", "tcp_port": 4.0}, ValueError, ["tcp_port=4.0", "an int"]),
     ({"launcher": "debug", "tcp_port": 12345}, ValueError, ["tcp_port=12345", "launcher='debug'"]),
     ({"launcher": "launcher_x"}, ValueError, ["launcher='launcher_x'", "'mp'", "'submitit'"]),
     ({"launcher": "mp", "backend": "mpi"}, ValueError, ["backend='mpi'", "'gloo'"]),
@@ -166,6 +223,16 @@ def test_mp_tcp_port_given_and_not_given_two_collectors_on_one_host():
         a.update_policy_weights_()
         b.update_policy_weights_()
         assert (next(iter(a))["action"] == 1).all() and (next(iter(b))["action"] == 0).all()
+    assert not _listens(port)
+
+
+def test_mp_tcp_port_as_a_string_of_digits_is_that_port():
+    """TorchRL passes ``tcp_port=str(port)`` (and stores it as a string): the store listens there."""
+    port = free_port()
+    with RPCCollector([count_env] * 2, ActionPolicy(), frames_per_batch=20, launcher="mp", tcp_port=str(port),
+                      weight_transport="broadcast") as c:
+        assert c.workers.rdv.master_port == port and _listens(port)
+        assert next(iter(c)).shape == (20,)
     assert not _listens(port)
 
 

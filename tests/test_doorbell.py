@@ -177,7 +177,12 @@ def test_close_ends_the_workers_doorbell_thread(pool):
     before = set(threading.enumerate())
     answer(bell.ends, lambda v, s: Ready(s), writer.memory)
     bell.opened()
-    started = set(threading.enumerate()) - before
+    deadline = time.monotonic() + 5  # the worker's sending thread is started by its request thread
+    while True:
+        started = {t for t in threading.enumerate() if t.is_alive()} - before
+        if len(started) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     assert len(started) == 3  # the worker's two doorbell threads (requests, sending) and the trainer's reader
     bell.close()
     for thread in started:

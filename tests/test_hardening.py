@@ -6,6 +6,7 @@ SIGINT to the main thread from a helper thread once the collector reached the st
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import glob
 import os
@@ -26,6 +27,7 @@ from conftest import slow_cartpole
 from procs import descendants, wait_gone
 from rpc_collectors import GymEnv, RPCCollector, WorkerError
 from rpc_collectors.worker import spawner
+from rpc_collectors.worker.channel import Channel
 from rpc_collectors.worker.spawner import Spawner, shared_pid
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(60)]
@@ -175,6 +177,34 @@ def test_tiny_rpc_timeout_leaves_no_stale_reply():
     with pytest.raises((TimeoutError, WorkerError, RuntimeError)):
         collector(rpc_timeout=0.001)
     works_again()
+
+
+def test_a_worker_given_up_on_never_opens_the_next_channels_pipes():
+    """A worker spawned for a collector that gave up on it (its spawn ran past rpc_timeout, or
+    Ctrl-C) may come to open its ends after the trainer closed them, when their numbers name the
+    next collector's pipes: it must refuse them, not say hello there (the trainer would take the
+    hello as its new worker's, and close the ends that worker has yet to open)."""
+    spawner.shared_spawner()  # its pipes are made first: the numbers below are the channels'
+    given_up = Channel()
+    ends = given_up.ends
+    given_up.close()
+    fresh = Channel()
+    changed, codes = threading.Event(), []
+    fresh.hello.add_done_callback(lambda _f: changed.set())
+    pid = None
+    try:
+        assert fresh.ends.request == ends.request, "the test needs the closed number reused"
+        pid = spawner.shared_spawner().spawn(
+            "rpc_collectors.worker.server:local_main", [1, *dataclasses.astuple(ends)], 30,
+            lambda _pid, code: (codes.append(code), changed.set()),
+        )
+        assert changed.wait(30), "the late worker neither exited nor said hello"
+        assert not fresh.hello.done(), f"the late worker (pid {pid}) said hello on the next collector's channel"
+        assert codes == [1], "the late worker did not fail at start-up"
+    finally:
+        fresh.close()
+        if pid is not None:
+            spawner.shared_spawner().reap([pid], 10)
 
 
 def slow_env():
@@ -397,7 +427,7 @@ def test_calls_after_shutdown_and_bad_arguments_are_clear_errors():
         c.update_policy_weights_(worker_ids=True)
     with pytest.raises(TypeError, match="seed='abc'"):
         c.set_seed("abc")
-    with pytest.raises(ValueError, match=r"policy_or_weights\['weight'\] has shape \[3, 4\]"):
+    with pytest.raises(ValueError, match=r"policy_or_weights\['bias'\] has shape \[3\], the policy's is \[2\]"):  # keys in sorted order
         c.update_policy_weights_(nn.Linear(4, 3))
     with pytest.raises(ValueError, match="policy_or_weights has no 'bias'"):
         c.update_policy_weights_({"weight": torch.zeros(2, 4)})

@@ -136,7 +136,8 @@ def test_async_nodes_yield_one_local_workers_batch_with_unique_ids(no_leftover_p
 def test_weights_reach_every_local_worker_once_per_push():
     policy = ArgmaxPolicy()
     with RPCCollector(make_env, policy, num_collectors=2, frames_per_batch=40, launcher="local",
-                      collector_class="sync", num_workers_per_collector=2, cat_results="stack") as c:
+                      collector_class="sync", num_workers_per_collector=2, cat_results="stack",
+                      track_policy_version=True) as c:
         first = c.next()
         with torch.no_grad():  # always push left
             policy.linear.weight.zero_()
@@ -185,7 +186,7 @@ def test_local_worker_killed_on_a_node_is_replaced_under_max_worker_restarts(no_
 @pytest.mark.timeout(120)
 def test_nodes_resume_from_state_dict_with_later_trajectory_ids():
     args = dict(num_collectors=2, frames_per_batch=80, launcher="local", cat_results="stack", collector_class="sync",
-                num_workers_per_collector=2)
+                num_workers_per_collector=2, track_policy_version=True)
     with RPCCollector(make_env, ArgmaxPolicy(), **args) as c:
         first = c.next().clone()
         c.update_policy_weights_()

@@ -266,13 +266,88 @@ def test_bad_input_before_any_actor(ray_cluster):
         RayCollector([env, env], None, num_collectors=3, frames_per_batch=10)
     with pytest.raises(ValueError, match="collector_kwargs has 1 entries"):
         RayCollector([env, env], None, frames_per_batch=10, collector_kwargs=[{}])
-    with pytest.raises(ValueError, match="collector_class=.* accepted: 'single'"):
+    with pytest.raises(ValueError, match="collector_class='multi' is invalid; accepted: 'single', 'sync', 'async'"):
         RayCollector([env, env], None, frames_per_batch=10, collector_class="multi")
-    with pytest.raises(ValueError, match="num_workers_per_collector=2"):
+    with pytest.raises(ValueError, match="num_workers_per_collector=2 needs a multi-process collector_class"):
         RayCollector([env, env], None, frames_per_batch=10, num_workers_per_collector=2)
-    with pytest.raises(RuntimeError, match="Ray already runs in this process"):
-        RayCollector([env, env], None, frames_per_batch=10, ray_init_config={"num_cpus": 2})
     assert cpus_free() == CPUS
+
+
+def test_ray_init_config_while_ray_runs_uses_it_with_a_warning(ray_cluster):
+    """TorchRL always passes its whole default ray_init_config: the running Ray is used, and kept."""
+    with pytest.warns(UserWarning, match=r"ray_init_config=\{'num_cpus': 2\} is not applied: Ray already runs"):
+        collector = RayCollector(lambda: GymEnv("CartPole-v1"), None, num_collectors=2, frames_per_batch=10,
+                                 total_frames=20, ray_init_config={"num_cpus": 2})
+    pids = actor_pids(collector)
+    try:
+        assert sum(b.numel() for b in collector) == 20
+    finally:
+        collector.shutdown()
+    assert_gone_and_ray_alive(pids)
+
+
+@pytest.mark.parametrize("collector_class", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_node_collectors_in_ray_actors(ray_cluster, collector_class):
+    """collector_class + num_workers_per_collector: each actor is a node of 2 local workers; a push
+    reaches every local worker before its node's next batch."""
+    import rpc_collectors
+
+    policy = BiasPolicy(action=0, size=3)
+    collector = RayCollector(
+        [functools.partial(stamp_env, 0), functools.partial(stamp_env, 1)], policy, frames_per_batch=40,
+        total_frames=-1, sync=True, collector_class=getattr(rpc_collectors, collector_class),
+        num_workers_per_collector=2, track_policy_version=True,
+    )
+    pids = actor_pids(collector)
+    try:
+        local = [set(info["local_pids"]) for info in collector.infos]
+        assert all(len(p) == 2 for p in local) and not local[0] & local[1] and not (local[0] | local[1]) & pids
+        first = collector.next()
+        policy.set_action(1)
+        collector.update_policy_weights_()
+        second = collector.next()
+        if collector_class == "MultiSyncCollector":  # [actors, local workers, T]
+            assert first.shape == (2, 2, 10)
+            stepped = {int(p) for p in first["observation"][..., 0].flatten()}
+            assert stepped == local[0] | local[1]  # every local worker's env, no actor's own
+        else:  # [actors, T]: one local worker's batch per actor
+            assert first.shape == (2, 20)
+            assert all({int(p) for p in first["observation"][a, :, 0]} <= local[a] for a in (0, 1))
+        assert (first["action"] == 0).all() and (second["action"] == 1).all()
+        assert (second["collector", "policy_version"] == 1).all()
+        pids |= local[0] | local[1]
+    finally:
+        collector.shutdown()
+    assert_gone_and_ray_alive(pids)
+
+
+def test_pause_and_pushed_weights_to_factory_policies(ray_cluster):
+    """pause() stops background collection into the buffer; update_policy_weights_(weights) reaches
+    policies the actors built (policy_factory)."""
+    from tensordict import TensorDict
+
+    from test_pause import Buffer
+
+    buffer = Buffer()
+    collector = RayCollector(
+        [functools.partial(stamp_env, 0), functools.partial(stamp_env, 1)], None, frames_per_batch=10,
+        total_frames=-1, policy_factory=functools.partial(BiasPolicy, 0, 3), replay_buffer=buffer,
+    )
+    pids = actor_pids(collector)
+    try:
+        collector.update_policy_weights_(TensorDict.from_module(BiasPolicy(1, 3)).lock_())
+        assert collector.policy_version == 1
+        collector.start()
+        assert buffer.wait_for(3)
+        with collector.pause():
+            writes = buffer.writes
+            time.sleep(0.3)  # unpaused, the actors deliver several batches meanwhile
+            assert buffer.writes == writes
+        assert buffer.wait_for(writes + 1)
+    finally:
+        collector.async_shutdown(timeout=30)
+    assert collector.last_batch.oldest_version == 1
+    assert_gone_and_ray_alive(pids)
 
 
 OWN_RAY = r"""

@@ -127,7 +127,7 @@ def test_killed_workers_are_replaced_until_the_budget_is_spent(sync, size):
     frames = 40  # per worker and batch; 400 floats x 2 x 40 frames go through shared memory
     collector = MultiCollector(
         env_fns(size=size, step_s=0.004), Policy(), frames_per_batch=frames * (WORKERS if sync else 1),
-        sync=sync, max_worker_restarts=RESTARTS, rpc_timeout=30,
+        sync=sync, max_worker_restarts=RESTARTS, rpc_timeout=30, track_policy_version=True,
     )
     owners, versions, kills = TrajectoryOwners(), [], 0
     try:

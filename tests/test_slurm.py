@@ -144,7 +144,7 @@ def rpc_collect_task(frames_per_batch: int, total_frames: int, probe_ifname: str
 
     policy = ArgmaxPolicy()
     collector = RPCCollector(lambda: GymEnv("CartPole-v1"), policy, frames_per_batch=frames_per_batch,
-                             total_frames=total_frames, launcher="slurm", rpc_timeout=60)
+                             total_frames=total_frames, launcher="slurm", rpc_timeout=60, track_policy_version=True)
     # Only task 0 gets here: the other tasks serve collectors and exit when it shuts down.
     frames, versions, traj_ids = 0, [], {}
     try:
@@ -647,7 +647,8 @@ def test_trainer_submits_its_collector_jobs_sync_and_async(two_nodes, log_dir):
     policy = _Switch()
     # broadcast: the weights' path between real hosts (these namespace nodes share the trainer's
     # machine, so "auto" would pick shared memory, as the async run below does)
-    with _submitit_collector(log_dir, policy, sync=True, total_frames=80, weight_transport="broadcast") as collector:
+    with _submitit_collector(log_dir, policy, sync=True, total_frames=80, weight_transport="broadcast",
+                             track_policy_version=True) as collector:
         assert sorted(info["address"] for info in collector.infos) == ["10.77.0.1", "10.77.0.2"]
         assert len(_queue()) == 2
         for i, batch in enumerate(collector):
@@ -663,7 +664,7 @@ def test_trainer_submits_its_collector_jobs_sync_and_async(two_nodes, log_dir):
     # async: first ready, first served; a worker slowed down on a loaded machine may deliver its first
     # batch after many of the other's, so the run goes on until both delivered (a worker that never
     # answers is a WorkerError after rpc_timeout)
-    with _submitit_collector(log_dir, policy, sync=False, total_frames=-1) as collector:
+    with _submitit_collector(log_dir, policy, sync=False, total_frames=-1, track_policy_version=True) as collector:
         workers, pushed_to = set(), set()  # workers that delivered; those that delivered with the pushed weights
         for i, batch in enumerate(collector):
             assert batch.shape == (20,) and batch["collector", "worker_id"].unique().numel() == 1

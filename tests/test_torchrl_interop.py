@@ -170,9 +170,10 @@ def replace_by_assign(actor: nn.Module, value: float) -> None:
 def test_update_without_argument_pushes_replaced_parameters(kind, replace):
     actor = constant_actor(0.5)
     if kind == "RPCCollector":
-        c = RPCCollector(pendulum, actor, num_collectors=2, frames_per_batch=100, launcher="local")
+        c = RPCCollector(pendulum, actor, num_collectors=2, frames_per_batch=100, launcher="local",
+                         track_policy_version=True)
     else:
-        c = getattr(rpc_collectors, kind)([pendulum] * 2, actor, frames_per_batch=100)
+        c = getattr(rpc_collectors, kind)([pendulum] * 2, actor, frames_per_batch=100, track_policy_version=True)
     with c:
         it = iter(c)
         assert (next(it)["action"] == 0.5).all()
@@ -269,6 +270,125 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
         else:
             assert ours[arg].default == default, (arg, ours[arg].default, default)
         assert ours[arg].kind == parameter.kind, arg
+
+
+@pytest.mark.parametrize("name", ["MultiSyncCollector", "MultiAsyncCollector", "MultiCollector"])
+def test_multi_collectors_take_num_workers_where_torchrl_has_it(name):
+    """TorchRL 0.14.1: ``(create_env_fn, policy=None, *, num_workers=None, ...)``."""
+    import inspect
+
+    theirs = list(inspect.signature(trl_collectors.MultiSyncCollector.__init__).parameters.values())[1:4]
+    ours = list(inspect.signature(getattr(rpc_collectors, name).__init__).parameters.values())[1:4]
+    assert [p.name for p in ours] == [p.name for p in theirs] == ["create_env_fn", "policy", "num_workers"]
+    assert [(p.kind, p.default) for p in ours[1:]] == [(p.kind, p.default) for p in theirs[1:]]
+    with getattr(rpc_collectors, name)(pendulum, None, num_workers=2, frames_per_batch=20, total_frames=20) as c:
+        assert c.num_workers == 2 and c.next().numel() == 20
+
+
+def test_async_collector_takes_torchrls_arguments_and_pauses_as_its_test_does():
+    """TorchRL's AsyncCollector signature (names, kinds, defaults), and its own test_pause run on ours:
+    CountingEnv, a RandomPolicy, a memmap replay buffer, start() and pause()."""
+    import inspect
+
+    from torchrl.data import LazyMemmapStorage
+
+    theirs = inspect.signature(trl_collectors.AsyncCollector.__init__).parameters
+    ours = inspect.signature(rpc_collectors.AsyncCollector.__init__).parameters
+    assert list(ours) == list(theirs)
+    for name, parameter in theirs.items():
+        assert ours[name].kind == parameter.kind and ours[name].default == parameter.default, name
+    rb = ReplayBuffer(storage=LazyMemmapStorage(max_size=1000))
+    env = mocks.CountingEnv()
+    c = rpc_collectors.AsyncCollector(mocks.CountingEnv, RandomPolicy(action_spec=env.action_spec), replay_buffer=rb,
+                                      total_frames=-1, frames_per_batch=16)
+    try:
+        c.start()
+        deadline = time.monotonic() + 60
+        while len(rb) < 16 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with c.pause():
+            n = rb.write_count
+            time.sleep(0.3)
+            assert rb.write_count == n
+        while rb.write_count == n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rb.write_count > n
+    finally:
+        c.async_shutdown(timeout=30)
+
+
+def constant_policy_state(value: float) -> dict:
+    return constant_actor(value).state_dict()
+
+
+@pytest.mark.parametrize("scheme, transport", [
+    ("SharedMemWeightSyncScheme", "shm"), ("MultiProcessWeightSyncScheme", "rpc"),
+    ("DistributedWeightSyncScheme", "broadcast"), ("RPCWeightSyncScheme", "rpc"),
+])
+def test_weight_sync_schemes_map_onto_our_transports(scheme, transport):
+    """TorchRL's scheme objects as its tests pass them ({"policy": scheme}): the weights take the
+    transport the scheme names, and a push reaches the workers."""
+    import torchrl.weight_update as schemes
+
+    actor = constant_actor(0.5)
+    with MultiSyncCollector([pendulum] * 2, actor, frames_per_batch=20, total_frames=-1,
+                            weight_sync_schemes={"policy": getattr(schemes, scheme)()}) as c:
+        assert c.weights.spec.kind == transport and (c.next()["action"] == 0.5).all()
+        c.update_policy_weights_(constant_policy_state(1.5))
+        assert (c.next()["action"] == 1.5).all()
+
+
+@pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector"])
+def test_no_weight_sync_scheme_makes_updates_do_nothing(cls):
+    from torchrl.weight_update import NoWeightSyncScheme, RayWeightSyncScheme
+
+    env = pendulum if cls == "Collector" else [pendulum] * 2
+    with getattr(rpc_collectors, cls)(env, constant_actor(0.5), frames_per_batch=20, total_frames=-1,
+                                      weight_sync_schemes={"policy": NoWeightSyncScheme()}) as c:
+        c.next()
+        c.update_policy_weights_(constant_policy_state(1.5))
+        assert (c.next()["action"] == 0.5).all() and c.policy_version == 0
+    with pytest.raises(ValueError, match="RayWeightSyncScheme} is for RayCollector"):
+        getattr(rpc_collectors, cls)(env, None, frames_per_batch=20, weight_sync_schemes={"policy": RayWeightSyncScheme()})
+
+
+def test_trust_policy_as_torchrls_test_set_truncated_uses_it():
+    """TorchRL's test_set_truncated: a CloudpickleWrapper of env.rand_action, trusted, and set_truncated."""
+    from torchrl.data.utils import CloudpickleWrapper
+
+    def env_fn():
+        return TransformedEnv(mocks.NestedCountingEnv(), InitTracker()).add_truncated_keys()
+
+    policy = CloudpickleWrapper(env_fn().rand_action)
+    with Collector(env_fn(), policy, frames_per_batch=20, total_frames=-1, set_truncated=True, trust_policy=True) as c:
+        assert c.next()[..., -1]["next", "data", "truncated"].all()
+    with MultiSyncCollector([env_fn, env_fn], policy, frames_per_batch=20, total_frames=-1, cat_results="stack",
+                            set_truncated=True, trust_policy=True) as c:
+        assert c.next()[..., -1]["next", "data", "truncated"].all()
+
+
+def serial_mock_env():
+    return SerialEnv(2, mocks.ContinuousActionVecMockEnv)
+
+
+@pytest.mark.parametrize("frames", [[10, 10], [15, 5]])
+def test_frames_per_batch_lists_with_batched_envs_as_torchrls_test(frames):
+    """TorchRL's test_collector_frames_per_batch_worker, SerialEnv of 2 in each worker: async batches
+    hold the list's sum rounded up to the env batch; sync rounds of an int split over the workers."""
+    total = sum(frames)
+    with MultiAsyncCollector([serial_mock_env] * 2, None, frames_per_batch=frames, max_frames_per_traj=1000,
+                             total_frames=total * 100) as c:
+        c.set_seed(100)
+        for _, batch in zip(range(6), c):
+            assert batch.numel() == -(-total // 2) * 2
+        assert batch.names[-1] == "time"
+    with MultiSyncCollector([serial_mock_env] * 2, None, frames_per_batch=total, max_frames_per_traj=1000,
+                            total_frames=total * 100, cat_results="stack") as c:
+        c.set_seed(100)
+        for _, batch in zip(range(6), c):
+            assert batch.numel() == -(-total // 2 // 2) * 2 * 2
+    with pytest.raises(ValueError, match="frames_per_batch has 3 entries for 2 workers"):
+        MultiSyncCollector([serial_mock_env] * 2, None, frames_per_batch=[5, 5, 5])
 
 
 def test_collector_backends_are_torchrls():
@@ -586,7 +706,7 @@ def test_nested_action_and_done_keys_give_torchrls_batches(make):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             collector = cls(env, policy, frames_per_batch=20, total_frames=40)
-        batches.append([b.exclude(VERSION) for b in collector])
+        batches.append(list(collector))
         collector.shutdown()
     for theirs, ours in zip(*batches):
         assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
@@ -644,7 +764,7 @@ def torchrl_and_our_keys(make_env, **kwargs) -> list[set]:
     keys = []
     for cls in (trl_collectors.Collector, Collector):
         batch = cls(make_env, None, frames_per_batch=8, total_frames=8, **kwargs).next()
-        keys.append(set(batch.keys(True, True)) - {VERSION})
+        keys.append(set(batch.keys(True, True)))
     return keys
 
 
@@ -718,7 +838,7 @@ def test_auto_register_policy_transforms_gives_a_recurrent_policy_its_env_transf
     for cls in (trl_collectors.Collector, Collector):
         batch = cls(plain_pendulum, lstm_policy(), frames_per_batch=8, total_frames=8,
                     auto_register_policy_transforms=True).next()
-        keys.append(set(batch.keys(True, True)) - {VERSION})
+        keys.append(set(batch.keys(True, True)))
     assert keys[0] == keys[1] and {"is_init", "recurrent_state_h", ("next", "recurrent_state_c")} <= keys[1]
     with pytest.raises(KeyError, match="is_init"):  # without them the LSTM fails, in TorchRL's collector too
         Collector(plain_pendulum, lstm_policy(), frames_per_batch=8, auto_register_policy_transforms=False)

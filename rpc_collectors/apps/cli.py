@@ -1,7 +1,9 @@
 """The ``rpc-collectors`` command.
 
-    rpc-collectors demo [--workers 2] [--total-frames N] [--seed S] [--env ID] [--sync|--async]
-                        [--output-dir DIR]
+```text
+rpc-collectors demo [--workers 2] [--total-frames N] [--seed S] [--env ID] [--sync|--async]
+                    [--output-dir DIR]
+```
 """
 from __future__ import annotations
 

@@ -222,7 +222,7 @@ def train(
         frames += batch.numel()
         finished = returns.update(batch)
         recent.extend(finished)
-        lag = version - int(batch.get(POLICY_VERSION).min())
+        lag = version - collector.last_batch.oldest_version
 
         # advantages with the critic as it is now, before the update
         with torch.no_grad():

@@ -1,12 +1,14 @@
 """What every collector shares: the batch iterator, frame accounting, background collection."""
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Iterator
 
 import torch
 from tensordict import TensorDictBase
 
+from rpc_collectors.collection.batch_record import BatchRecord, take_versions
 from rpc_collectors.collection.preemption import valid_frames
 from rpc_collectors.collection.trajectories import split_trajectories
 from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit
@@ -30,7 +32,16 @@ class BaseCollector:
     ``update_policy_weights_``, ``set_seed``, ``state_dict``/``load_state_dict`` and
     ``_shutdown``. Iterating yields batches until ``total_frames`` is reached (forever when it
     is -1), without private keys; with a ``replay_buffer`` each batch is written there and the iterator yields None.
+
+    ``last_batch`` is the :class:`~rpc_collectors.collection.batch_record.BatchRecord` of the batch handed
+    out last (frames, the weight versions that chose its actions, how far they were behind the
+    trainer's), whether or not the batch carries ``("collector", "policy_version")``
+    (``track_policy_version=True``).
     """
+
+    track_policy_version = False  # batches keep ("collector", "policy_version") (and TorchRL's keys)
+    keep_version_key = False  # a worker's collector: its batches keep the key for the trainer to read
+    policy_version = 0
 
     def __init__(
         self,
@@ -58,10 +69,12 @@ class BaseCollector:
         self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs)
         self._frames = 0
         self._iter = 0
+        self.last_batch: BatchRecord | None = None
         self._iterator: Iterator | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread_error: BaseException | None = None
+        self._batch_lock = threading.Lock()  # held by the background thread while it collects and writes a batch
         self._closed = False  # shutdown() completed
         self._closing = False  # shutdown() began: no new work, waits end
 
@@ -100,8 +113,12 @@ class BaseCollector:
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
             batch = self._collect_batch()
-            self._frames += valid_frames(batch)  # a batch cut short by the trainer counts what it holds
+            frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds
+            self._frames += frames
             self._iter += 1
+            versions = self._take_versions(batch)
+            if versions is not None:
+                self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version)
             if self.split_trajs:
                 batch = split_trajectories(batch)
             if self.postproc is not None:
@@ -110,6 +127,10 @@ class BaseCollector:
             if self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
+
+    def _take_versions(self, batch: TensorDictBase) -> tuple[int, int] | None:
+        """The oldest and newest weights version in ``batch``; its version key is dropped unless kept."""
+        return take_versions(batch, self.track_policy_version or self.keep_version_key)
 
     def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
         """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
@@ -161,12 +182,29 @@ class BaseCollector:
         self._thread.start()
 
     def _run_background(self) -> None:
+        batches = self.iterator()
         try:
-            for _ in self.iterator():
-                if self._stop.is_set():
-                    break
+            while not self._stop.is_set():
+                with self._batch_lock:  # pause() waits for the batch in progress, then holds the thread here
+                    if self._stop.is_set() or next(batches, StopIteration) is StopIteration:
+                        break
         except BaseException as err:  # reported by async_shutdown
             self._thread_error = err
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Pause background collection (``start()``) for the ``with`` block, as TorchRL's
+        ``pause()``: the batch in progress is written first, then nothing reaches the replay
+        buffer until the block ends and collection resumes. A RuntimeError if it is not running."""
+        while not (self.running and self._batch_lock.acquire(timeout=0.1)):
+            if not self.running:
+                raise RuntimeError(
+                    f"{type(self).__name__} cannot be paused: it is not collecting in the background (call start() first)"
+                )
+        try:
+            yield
+        finally:
+            self._batch_lock.release()
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop background collection after the current batch, then shut down.

@@ -31,9 +31,10 @@ def truncated_keys(env: Any) -> list[tuple]:
 
 def set_truncated(batch: TensorDictBase, keys: list[tuple]) -> None:
     """Mark the last step of ``batch`` truncated (and done) under each of ``keys``, as TorchRL does."""
-    for key in keys:
+    last_step = (slice(None),) * (batch.batch_dims - 1) + (-1,)  # time is the batch's last dim; nested
+    for key in keys:  # entries may have more dims of their own (("data", "truncated") of [T, 3, 1])
         truncated = batch.get(("next", *key)).clone()
-        truncated[..., -1, :] = True
+        truncated[last_step] = True
         batch.set(("next", *key), truncated)
         done = ("next", *key[:-1], "done")
         batch.set(done, batch.get(done) | truncated)

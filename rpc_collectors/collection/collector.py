@@ -16,7 +16,7 @@ from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, wit
 from rpc_collectors.collection.policies import RandomPolicy, StepPolicy, check_action_shape, run_device
 from rpc_collectors.collection.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from rpc_collectors.collection.trajectories import TrajectoryIds
-from rpc_collectors.core import checks, worker_checks
+from rpc_collectors.core import checks, torchrl_args, worker_checks
 from rpc_collectors.planes.weights import load_weights, one_source, weights_of
 
 POLICY_VERSION = ("collector", "policy_version")
@@ -45,9 +45,11 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         replay_buffer: an object with ``.extend(td)``; batches go there and iteration yields None.
         exploration_type: TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) set
             around every policy call; default ``RANDOM``, so probabilistic policies sample.
-        track_policy_version: also write TorchRL's ``"policy_version"`` and ``("next",
-            "policy_version")`` (int64, the batch's shape), as its ``PolicyVersion`` transform does:
-            the version at each step, and at the root the version the observation came with.
+        track_policy_version: batches carry ``("collector", "policy_version")`` (int64, the
+            weights version that chose each action) and TorchRL's ``"policy_version"`` and
+            ``("next", "policy_version")``, as its ``PolicyVersion`` transform writes them: the
+            version at each step, and at the root the version the observation came with. Without
+            it batches have no version key (TorchRL's key set); ``last_batch`` has the versions.
         create_env_kwargs: keyword arguments for ``create_env_fn`` (an env instance takes them only
             if it has ``update_kwargs``, as TorchRL's batched envs).
         policy_factory: called here to build the policy (instead of ``policy``).
@@ -75,6 +77,10 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             0.14's default): a ``FutureWarning`` says they lack; False: nothing.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
+        trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
+            :mod:`rpc_collectors.core.torchrl_args` maps them (a plain module called on TensorDicts;
+            CUDA graphs only as a pass-through without CUDA; ``NoWeightSyncScheme`` makes
+            ``update_policy_weights_`` do nothing, the other schemes change nothing in one process).
 
     Batches have shape ``[T]`` (dim name ``"time"``) or ``[B, T]`` for a vector env of B.
     ``Collector(..., num_collectors=N, backend=...)`` builds a multi-worker collector (:mod:`.dispatch`).
@@ -115,6 +121,9 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         use_buffers: bool | None = None,
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
+        trust_policy: bool | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        weight_sync_schemes: dict | None = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
@@ -137,6 +146,10 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self.devices = checks.devices(device, storing_device, env_device, policy_device)
         self.exploration_type = checks.exploration_type(exploration_type)
         self.track_policy_version = checks.boolean("track_policy_version", track_policy_version)
+        trust = torchrl_args.trust_policy(trust_policy)
+        torchrl_args.cudagraph_policy(cudagraph_policy)
+        # the policy is in this process: a scheme only says whether update_policy_weights_ does anything
+        self._no_push = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto") == torchrl_args.NO_PUSH
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
         self.env = make_env(create_env_fn, checks.env_kwargs(create_env_kwargs))
@@ -154,7 +167,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self.frames_per_batch = self.steps_per_batch * envs
         checks.total_frames_fits(self.total_frames, self.frames_per_batch)
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
-            policy, self.devices["policy_device"], self.action_keys, self.compile_policy
+            policy, self.devices["policy_device"], self.action_keys, self.compile_policy, trust
         )
         self.truncated_keys = batch_edits.truncated_keys(self.env) if set_truncated else []
         self.compact_keys = batch_edits.observation_keys(self.env) if compact_obs else []
@@ -258,6 +271,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         None, 0 or the policy's device for a single-process collector.
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
+        if self._no_push:  # TorchRL's NoWeightSyncScheme
+            return
         device = run_device(self.policy.module if self.policy else None, self.devices["policy_device"])
         if worker_ids not in (None, 0, [0], (0,)) and worker_checks.worker_devices(worker_ids, [device]) != [0]:
             raise ValueError(

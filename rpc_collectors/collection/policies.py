@@ -39,14 +39,15 @@ class RandomPolicy:
         return td
 
 
-def _fast_module(policy: Any) -> TensorDictModule | None:
+def _fast_module(policy: Any, trust: bool = False) -> TensorDictModule | None:
     """The policy as a TensorDictModule whose inner module takes tensors, if it is one.
 
-    A TensorDictModule with hooks of its own is called as a whole, so the hooks run.
+    A TensorDictModule with hooks of its own is called as a whole, so the hooks run; a trusted
+    plain module (TorchRL's ``trust_policy``) is called on the step's TensorDict.
     """
     if type(policy) is TensorDictModule:
         return None if policy._forward_hooks or policy._forward_pre_hooks else policy
-    if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
+    if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase) and not trust:
         return TensorDictModule(policy, in_keys=["observation"], out_keys=["action"])
     return None
 
@@ -59,11 +60,13 @@ class StepPolicy:
         device: where the policy runs; the policy is copied there if its weights live elsewhere.
         action_keys: the env's action keys, which the policy must write (TorchRL's ``env.action_keys``).
         compile_kwargs: if not None, the policy runs through ``torch.compile(..., **compile_kwargs)``.
+        trust: TorchRL's ``trust_policy``: a plain ``nn.Module`` is called on the step's TensorDict
+            (not given ``"observation"``), as any callable.
     """
 
     def __init__(
         self, policy: Any, device: torch.device | None = None, action_keys: list | None = None,
-        compile_kwargs: dict | None = None,
+        compile_kwargs: dict | None = None, trust: bool = False,
     ) -> None:
         if not callable(policy):
             raise TypeError(
@@ -74,7 +77,7 @@ class StepPolicy:
         self.device = device
         self.policy = _to_device(policy, device)
         self.action_keys = [unravel_key(key) for key in (action_keys or ["action"])]
-        self.td_module = _fast_module(self.policy)
+        self.td_module = _fast_module(self.policy, trust)
         self.out_keys: list | None = None
         if self.td_module is not None:
             self.out_keys = list(self.td_module.out_keys)

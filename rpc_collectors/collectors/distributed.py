@@ -57,7 +57,8 @@ class DistributedCollector(RPCCollector):
     ``update_interval``: push the weights every k batches); ``create_env_fn`` is a list with one
     env factory per collector, or one factory with ``num_collectors``. Every other keyword of
     :class:`~rpc_collectors.RPCCollector` is accepted (``elastic``, ``rpc_timeout``, ``cat_results``, ...).
-    ``weight_updater``, ``weight_sync_schemes`` and ``weight_recv_schemes`` are not.
+    TorchRL's ``weight_sync_schemes`` name the weight transport (:mod:`rpc_collectors.core.torchrl_args`);
+    ``weight_updater`` and ``weight_recv_schemes`` are not accepted.
     """
 
     _default_cat_results: str | int = "stack"  # TorchRL stacks its nodes' batches
@@ -90,14 +91,13 @@ class DistributedCollector(RPCCollector):
         max_weight_update_interval: int = -1,
         update_interval: int | None = None,
         launcher: str = "submitit",
-        tcp_port: int | None = None,
+        tcp_port: int | str | None = None,
         weight_updater: Any = None,
         weight_sync_schemes: Any = None,
         weight_recv_schemes: Any = None,
         **kwargs: Any,
     ) -> None:
-        _torchrl_only(weight_updater=weight_updater,
-                      weight_sync_schemes=weight_sync_schemes, weight_recv_schemes=weight_recv_schemes)
+        _torchrl_only(weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
         super().__init__(
             create_env_fn, policy, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
             total_frames=total_frames, device=device,
@@ -106,6 +106,7 @@ class DistributedCollector(RPCCollector):
             reset_at_each_iter=reset_at_each_iter, postproc=postproc, split_trajs=split_trajs,
             exploration_type=exploration_type, collector_kwargs=collector_kwargs, sync=sync,
             slurm_kwargs=slurm_kwargs, backend=backend, launcher=launcher, tcp_port=tcp_port,
+            weight_sync_schemes=weight_sync_schemes,
             **_cadence(update_interval, update_after_each_batch, max_weight_update_interval),
             **_node_collectors(collector_class, num_workers_per_collector), **kwargs,
         )
@@ -142,7 +143,7 @@ class DistributedSyncCollector(DistributedCollector):
         max_weight_update_interval: int = -1,
         update_interval: int | None = 1,
         launcher: str = "submitit",
-        tcp_port: int | None = None,
+        tcp_port: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         if "sync" in kwargs:

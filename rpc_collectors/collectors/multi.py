@@ -7,9 +7,10 @@ run local processes. What a collector does with its workers is :mod:`rpc_collect
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
-from rpc_collectors.core import checks
+from rpc_collectors.core import checks, torchrl_args
 from rpc_collectors.front import settings
 from rpc_collectors.front.collector_front import CollectorFront
 from rpc_collectors.pools.debug import DebugPool
@@ -59,8 +60,8 @@ class RPCCollector(CollectorFront):
             ``slurm_kwargs``). Under torchrun/SLURM the constructor serves collectors on every
             rank but 0 and exits those processes with code 0 when the trainer shuts down.
             ``"submitit_delayed"`` is refused with what to use instead.
-        tcp_port: TorchRL's port argument. ``"submitit"``: the port of the rendezvous the jobs
-            join; ``"mp"``/``"local"``: the port of the weight group's store on 127.0.0.1
+        tcp_port: TorchRL's port argument, an int or a string of digits. ``"submitit"``: the port of
+            the rendezvous the jobs join; ``"mp"``/``"local"``: the port of the weight group's store on 127.0.0.1
             (``weight_transport="broadcast"``; shared memory needs none). None: a free port.
         slurm_kwargs: ``"submitit"`` only: ``"folder"`` (required: where the jobs' logs go, readable
             from every node) and ``submitit.AutoExecutor.update_parameters`` arguments
@@ -87,11 +88,12 @@ class RPCCollector(CollectorFront):
             slots (worker ids), each held by one collector at a time; a failed collector leaves
             its slot vacant (:class:`WorkerLeftWarning`) for the next to join, and collectors
             beyond the slots wait as spares. Weights travel as RPC arguments
-            (``weight_transport="rpc"``) and batches as RPC results. See README "Elastic runs".
+            (``weight_transport="rpc"``) and batches as RPC results. See ``docs/guide/elastic.md``.
         join_timeout: with ``elastic``, seconds a sync round waits for a vacant slot to be taken
             (async: for any collector at all) before raising ``TimeoutError``; also how long a
             collector waits for its trainer to come up.
         update_after_each_batch: push the trainer's weights before each worker's next batch.
+        update_at_each_batch: TorchRL's name for ``update_after_each_batch`` (either one turns it on).
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
@@ -102,10 +104,10 @@ class RPCCollector(CollectorFront):
             ours or TorchRL's classes by name. With ``"sync"``/``"async"`` each worker is a node
             of ``num_workers_per_collector`` local worker processes (shared memory among them)
             that answers each request with one batch: ``[W, (B,) T]`` stacked, or one local
-            worker's batch (see :mod:`rpc_collectors.worker.node` and README "Node collectors").
+            worker's batch (see :mod:`rpc_collectors.worker.node` and ``docs/guide/nodes.md``).
         num_workers_per_collector: W, the local workers of each node (1 with ``"single"``).
-        max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs, postproc,
-        device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
+        max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs: as for ``Collector``.
+        postproc, device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
             device may be TorchRL's list of one per worker (the trainer stores batches on the
             workers' common storing device, or on the CPU if they differ, as TorchRL does);
             ``init_random_frames`` is shared out over the workers. Workers hand batches over in
@@ -115,9 +117,12 @@ class RPCCollector(CollectorFront):
             list of dicts, one per worker.
         policy_factory: a callable (or a list, one per worker) that builds the policy inside each
             worker, instead of ``policy`` (policies that cannot be pickled, or must be built on
-            the worker's device); ``update_policy_weights_`` cannot reach these policies.
+            the worker's device). The trainer then has no weights of its own: the first
+            ``update_policy_weights_(weights)`` (a TensorDict, a state dict or a module of the
+            workers' policy) lays the weight plane out, and a push without weights sends the
+            weights given last (:mod:`rpc_collectors.planes.factory_weights`).
         init_fn: called in each worker process before its env and policy are built.
-        set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs,
+        set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs: as for ``Collector``, in each worker.
         auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
             ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
         use_buffers: as for ``Collector``, in each worker.
@@ -136,6 +141,9 @@ class RPCCollector(CollectorFront):
             worker's steps, then the next worker's; steps a preempted worker did not collect are
             left out) instead of whole batches with ``extend()`` (then without ``postproc`` or
             ``split_trajs``).
+        trust_policy, cudagraph_policy: as for ``Collector`` (``cudagraph_policy`` is checked here).
+        weight_sync_schemes: TorchRL's ``{"policy": scheme}``: the scheme names the weight transport
+            (:mod:`rpc_collectors.core.torchrl_args`); ``NoWeightSyncScheme``: weights are never pushed.
 
     Sync batches and async batches carry ``("collector", "worker_id")``.
     """
@@ -153,7 +161,7 @@ class RPCCollector(CollectorFront):
         sync: bool = True,
         cat_results: str | int | None = None,
         launcher: str = "auto",
-        tcp_port: int | None = None,
+        tcp_port: int | str | None = None,
         slurm_kwargs: dict | None = None,
         backend: str = "gloo",
         rpc_timeout: float = 60.0,
@@ -165,6 +173,7 @@ class RPCCollector(CollectorFront):
         elastic: bool = False,
         join_timeout: float = 300.0,
         update_after_each_batch: bool = False,
+        update_at_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         weight_transport: str = "auto",
         collector_class: Any = "single",
@@ -195,6 +204,9 @@ class RPCCollector(CollectorFront):
         use_buffers: bool | None = None,
         preemptive_threshold: float | None = None,
         extend_buffer: bool = True,
+        trust_policy: bool | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        weight_sync_schemes: dict | None = None,
     ) -> None:
         frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
         super().__init__(
@@ -210,13 +222,18 @@ class RPCCollector(CollectorFront):
             preemptive_threshold, sync, elastic, self.split_trajs or self.trajs_per_batch is not None,
         )
         join_timeout = checks.timeout("join_timeout", join_timeout)
+        torchrl_args.cudagraph_policy(cudagraph_policy)
+        weight_transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, weight_transport)
+        self._no_push = weight_transport == torchrl_args.NO_PUSH  # TorchRL's NoWeightSyncScheme
+        weight_transport = "auto" if self._no_push else weight_transport
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
         checked = settings.check(
             launcher=resolved, rdv=rdv, elastic=elastic, join_timeout=join_timeout, create_env_fn=create_env_fn,
             policy=policy, frames_per_batch=self.frames_per_batch, num_collectors=num_collectors, sync=sync,
             cat_results=cat_results, default_cat_results=self._default_cat_results, backend=backend,
             rpc_timeout=rpc_timeout, collector_kwargs=collector_kwargs, num_threads=num_threads,
-            max_worker_restarts=max_worker_restarts, update_after_each_batch=update_after_each_batch,
+            max_worker_restarts=max_worker_restarts,
+            update_after_each_batch=update_after_each_batch or checks.boolean("update_at_each_batch", update_at_each_batch),
             max_weight_update_interval=max_weight_update_interval, weight_transport=weight_transport,
             worker_kwargs=dict(
                 max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
@@ -227,6 +244,7 @@ class RPCCollector(CollectorFront):
                 reset_when_done=reset_when_done, track_traj_ids=track_traj_ids, compile_policy=compile_policy,
                 compact_obs=compact_obs, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
                 auto_register_policy_transforms=auto_register_policy_transforms, use_buffers=use_buffers,
+                trust_policy=trust_policy,
             ),
             tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
             collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,
@@ -235,17 +253,43 @@ class RPCCollector(CollectorFront):
         self._open(checked, policy, functools.partial(_pool, checked))
 
 
+_RPC_ARGUMENTS = frozenset(inspect.signature(RPCCollector.__init__).parameters) - {"self", "create_env_fn", "policy"}
+
+
+def _workers(cls: type, create_env_fn: Any, num_workers: Any, kwargs: dict) -> dict:
+    """``kwargs`` with TorchRL's ``num_workers`` as ``num_collectors``; an unknown keyword is the
+    TypeError Python gives, naming ``cls``."""
+    unknown = sorted(set(kwargs) - _RPC_ARGUMENTS)
+    if unknown:
+        raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {unknown[0]!r}")
+    if num_workers is None:
+        return kwargs
+    num_workers = checks.positive_int("num_workers", num_workers)
+    given = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else kwargs.get("num_collectors")
+    if given is not None and given != num_workers:
+        raise ValueError(
+            f"num_workers={num_workers} does not match the {given} workers of create_env_fn/num_collectors; "
+            "accepted: the same number, or one env factory and num_workers"
+        )
+    return {**kwargs, "num_collectors": num_workers}
+
+
 class MultiCollector(RPCCollector):
     """N worker processes on this host (``RPCCollector`` with ``launcher="local"``).
 
-    ``create_env_fn`` is a list with one env factory per worker; ``sync`` chooses between
+    ``create_env_fn`` is a list with one env factory per worker, or one env factory for
+    ``num_workers`` workers (TorchRL's argument; ``num_collectors`` too); ``sync`` chooses between
     round-based batches of all workers and first-ready batches of one. Sync batches are
     stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
     """
 
     _default_cat_results: str | int = "stack"
 
-    def __init__(self, create_env_fn: Any, policy: Any = None, *, sync: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, create_env_fn: Any, policy: Any = None, *, num_workers: int | None = None, sync: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        kwargs = _workers(type(self), create_env_fn, num_workers, kwargs)
         if kwargs.get("launcher", "local") not in ("local", "mp", "debug"):
             raise ValueError(f"launcher={kwargs['launcher']!r} is invalid for MultiCollector; accepted: 'local', 'mp' or 'debug'")
         kwargs.setdefault("launcher", "local")
@@ -255,12 +299,16 @@ class MultiCollector(RPCCollector):
 class MultiSyncCollector(MultiCollector):
     """``MultiCollector`` with ``sync=True`` (TorchRL's name)."""
 
-    def __init__(self, create_env_fn: Any, policy: Any = None, **kwargs: Any) -> None:
-        super().__init__(create_env_fn, policy, sync=True, **kwargs)
+    def __init__(self, create_env_fn: Any, policy: Any = None, *, num_workers: int | None = None, **kwargs: Any) -> None:
+        if "sync" in kwargs:
+            raise TypeError("MultiSyncCollector.__init__() got an unexpected keyword argument 'sync'")
+        super().__init__(create_env_fn, policy, num_workers=num_workers, sync=True, **kwargs)
 
 
 class MultiAsyncCollector(MultiCollector):
     """``MultiCollector`` with ``sync=False`` (TorchRL's name)."""
 
-    def __init__(self, create_env_fn: Any, policy: Any = None, **kwargs: Any) -> None:
-        super().__init__(create_env_fn, policy, sync=False, **kwargs)
+    def __init__(self, create_env_fn: Any, policy: Any = None, *, num_workers: int | None = None, **kwargs: Any) -> None:
+        if "sync" in kwargs:
+            raise TypeError("MultiAsyncCollector.__init__() got an unexpected keyword argument 'sync'")
+        super().__init__(create_env_fn, policy, num_workers=num_workers, sync=False, **kwargs)

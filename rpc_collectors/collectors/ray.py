@@ -6,7 +6,7 @@ import functools
 from typing import Any
 
 from rpc_collectors.collection.collector import Collector
-from rpc_collectors.core import checks
+from rpc_collectors.core import checks, torchrl_args
 from rpc_collectors.front import settings
 from rpc_collectors.front.collector_front import CollectorFront
 from rpc_collectors.pools import ray as ray_pool
@@ -21,16 +21,21 @@ class RayCollector(CollectorFront):
 
         create_env_fn: an env factory (with ``num_collectors``) or a list of them, one per actor.
         policy_factory: builds the policy inside each actor instead of ``policy`` (a callable, or
-            a list of one per actor); ``update_policy_weights_`` cannot reach these policies.
+            a list of one per actor); ``update_policy_weights_(weights)`` pushes to them.
         policy, frames_per_batch, total_frames (-1: endless), max_frames_per_traj,
             init_random_frames, reset_at_each_iter, postproc, split_trajs, exploration_type,
             replay_buffer, track_policy_version: as for :class:`~rpc_collectors.RPCCollector`.
         device, storing_device, env_device, policy_device: one device, or a list with one per
             collector (``storing_device``: one device; batches are stored on the trainer).
-        collector_class: ``"single"`` or the single-process ``Collector`` (TorchRL's or ours).
+        collector_class: what each actor runs: ``"single"`` or the single-process ``Collector``
+            (the default), or a node of ``num_workers_per_collector`` local worker processes:
+            ``"sync"``/``MultiSyncCollector`` (each request answered with ``[W, (B,) T]``) or
+            ``"async"``/``MultiAsyncCollector`` (one local worker's batch), as for
+            :class:`~rpc_collectors.RPCCollector`. The local workers are child processes of the
+            actor (reserve their CPUs with ``remote_configs={"num_cpus": W}``).
         collector_kwargs: a dict for every actor's ``Collector``, or a list of dicts, one per
             actor; never modified.
-        num_workers_per_collector: 1 (each actor runs one env process).
+        num_workers_per_collector: W, the local workers of each node actor (1 with ``"single"``).
         sync: True: each batch stacks one batch per actor, ``[N, frames_per_batch / N]``;
             False (default): each batch is one actor's ``[frames_per_batch]``, first ready first served.
         ray_init_config: None attaches to the Ray of this process, or one Ray can find
@@ -49,6 +54,11 @@ class RayCollector(CollectorFront):
             shared memory (default); False sends them through Ray's object store, as for actors
             on other nodes.
         num_threads: torch threads of the trainer while local actors run (as RPCCollector).
+        trust_policy: as for :class:`Collector`, in every actor.
+        weight_sync_schemes: TorchRL's ``{"policy": scheme}``, mapped onto the actors' weight
+            transport (:mod:`rpc_collectors.core.torchrl_args`): ``RayWeightSyncScheme`` and
+            ``MultiProcessWeightSyncScheme`` one ``ray.put`` per version, ``SharedMemWeightSyncScheme``
+            shared memory (actors on the trainer's node), ``NoWeightSyncScheme`` no pushes.
     """
 
     _default_cat_results: str | int = "stack"
@@ -59,6 +69,7 @@ class RayCollector(CollectorFront):
         policy: Any = None,
         *,
         policy_factory: Any = None,
+        trust_policy: bool | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
         device: Any = None,
@@ -86,6 +97,7 @@ class RayCollector(CollectorFront):
         rpc_timeout: float = 60.0,
         shared_memory: bool = True,
         num_threads: int | None = None,
+        weight_sync_schemes: dict | None = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
@@ -93,13 +105,10 @@ class RayCollector(CollectorFront):
         )
         self._closed = self._closing = True  # until the actors are up
         self._ray_started = False
-        _collector_class(collector_class)
-        if num_workers_per_collector != 1:
-            raise ValueError(
-                f"num_workers_per_collector={num_workers_per_collector!r} is not supported; accepted: 1 (one env "
-                "process per actor; for more envs per actor give a vector env as create_env_fn)"
-            )
         shared_memory = checks.boolean("shared_memory", shared_memory)
+        transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto", ray=True)
+        self._no_push = transport == torchrl_args.NO_PUSH
+        transport = "auto" if self._no_push else transport
         count = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else num_collectors
         kwargs_each = _listed("collector_kwargs", collector_kwargs, count) or [collector_kwargs]
         configs = _remote_configs(remote_configs, count)
@@ -111,11 +120,13 @@ class RayCollector(CollectorFront):
                 default_cat_results=self._default_cat_results, backend="gloo", rpc_timeout=rpc_timeout,
                 collector_kwargs=kwargs, num_threads=num_threads, max_worker_restarts=max_worker_restarts,
                 update_after_each_batch=update_after_each_batch, max_weight_update_interval=max_weight_update_interval,
-                weight_transport="auto", worker_kwargs=dict(
+                weight_transport=transport, collector_class=_class_name(collector_class),
+                num_workers_per_collector=num_workers_per_collector, worker_kwargs=dict(
                     device=device, storing_device=storing_device, env_device=env_device, policy_device=policy_device,
                     max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
                     reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type,
                     track_policy_version=track_policy_version, policy_factory=policy_factory,
+                    trust_policy=trust_policy,
                 ),
             )
 
@@ -163,13 +174,12 @@ def _pool(s: settings.Settings, configs: list[dict], shared_memory: bool, on_dea
     return ray_pool.RayPool(s.num_workers, s.rpc_timeout, configs, s.rpc_timeout, shared_memory)
 
 
-def _collector_class(value: Any) -> None:
-    if value in ("single", Collector) or getattr(value, "__name__", None) in SINGLE_COLLECTORS:
-        return
-    raise ValueError(
-        f"collector_class={value!r} is not supported by RayCollector; accepted: 'single' or the single-process "
-        "Collector (TorchRL's or rpc_collectors'), one per actor"
-    )
+def _class_name(value: Any) -> Any:
+    """TorchRL's ``collector_class`` as :func:`~rpc_collectors.node.node_class` takes it: its
+    ``Collector`` (also TorchRL's, in any module) is the single-process one."""
+    if value is Collector or getattr(value, "__name__", None) in SINGLE_COLLECTORS:
+        return "single"
+    return value
 
 
 def _listed(name: str, value: Any, count: int | None) -> list | None:

@@ -210,9 +210,7 @@ def worker_options(kwargs: dict, policy: Any, factories: list) -> None:
     optional_boolean("auto_register_policy_transforms", kwargs["auto_register_policy_transforms"])
     for name in ("init_fn", "pre_collect_hook", "post_collect_hook"):
         optional_callable(name, kwargs[name])
-    for i, factory in enumerate(factories):
-        if factory is not None and policy is not None:
-            raise TypeError("policy and policy_factory were both given; accepted: one of them")
+    for i, factory in enumerate(factories):  # with a policy too, it is the trainer's weight source only
         optional_callable(f"policy_factory[{i}]", factory)
 
 

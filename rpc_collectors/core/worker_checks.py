@@ -44,7 +44,10 @@ def frames_per_worker(value: Any, num_workers: int, sync: bool, cat_results: Any
     different lengths cannot be stacked (TorchRL's cannot either): concatenated along time only."""
     frames = [positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value)]
     if len(frames) != num_workers:
-        raise ValueError(f"frames_per_batch has {len(frames)} entries for {num_workers} workers; accepted: one per worker")
+        raise ValueError(
+            f"frames_per_batch has {len(frames)} entries for {num_workers} workers. If `frames_per_batch` is provided "
+            "as a sequence, it should contain exactly one value per worker."
+        )
     if sync and len(set(frames)) > 1 and cat_results != -1:
         raise ValueError(
             f"frames_per_batch={frames} gives the workers batches of different lengths, which cat_results="
@@ -148,11 +151,15 @@ def tcp_port(value: Any, launcher: str) -> int | None:
     submitit: the rendezvous its jobs join); None: a free port. Torchrun/SLURM use ``MASTER_PORT``."""
     if value is None:
         return None
-    if not _is_int(value) or not 0 < value < 65536:
-        raise ValueError(f"tcp_port={value!r} is invalid; accepted: None (a free port) or a port number in 1..65535")
+    port = int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else value
+    if not _is_int(port) or not 0 < port < 65536:
+        raise ValueError(
+            f"tcp_port={value!r} is invalid; accepted: None (a free port) or a port number in 1..65535, "
+            "as an int or a string of digits"
+        )
     if launcher not in ("local", "submitit"):
         raise ValueError(
             f"tcp_port={value!r} does not apply to launcher={launcher!r} (torchrun and SLURM ranks meet at "
             "MASTER_PORT, debug workers need no port); accepted: None, or launcher 'mp', 'local' or 'submitit'"
         )
-    return int(value)
+    return int(port)

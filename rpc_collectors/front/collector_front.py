@@ -34,7 +34,7 @@ from rpc_collectors.front.roster import WorkerRecord
 from rpc_collectors.front.settings import Settings
 from rpc_collectors.front.threads import TrainerThreads
 from rpc_collectors.front.waits import Call, Waits
-from rpc_collectors.planes import layouts
+from rpc_collectors.planes import factory_weights, layouts
 from rpc_collectors.planes.data import BatchPlane
 from rpc_collectors.planes.membership import Restarts
 from rpc_collectors.planes.rendezvous import host_id
@@ -46,6 +46,7 @@ class CollectorFront(BaseCollector):
     """A multi-worker collector over a worker pool; public classes choose the pool and layout."""
 
     _default_cat_results: str | int = 0
+    _no_push = False  # TorchRL's NoWeightSyncScheme: no weight plane, update_policy_weights_ does nothing
 
     def _open(self, settings: Settings, policy: Any, make_pool: Callable[..., Any]) -> None:
         """Start the workers (``make_pool(on_death, on_arrival)``), build their collectors and planes."""
@@ -60,6 +61,9 @@ class CollectorFront(BaseCollector):
         self.update_after_each_batch = s.update_after_each_batch
         self.max_weight_update_interval = s.max_weight_update_interval
         self.exploration_type = s.exploration_type
+        self.track_policy_version = s.track_policy_version
+        self._transport, self._factory = s.weight_transport, s.policy_factory
+        self._given: Any = None  # policy_factory: the weights pushed last, which a push without weights sends
         self.frames_per_batch, self.worker_frames = s.frames_per_batch, s.worker_frames
         if s.preemptive_threshold is None and (self.sync or self.frames_per_batch == self.worker_frames):
             checks.total_frames_fits(self.total_frames, self.frames_per_batch)  # not when batch sizes vary
@@ -109,10 +113,14 @@ class CollectorFront(BaseCollector):
             self.shutdown()
             raise
 
-    def _init_weights(self, transport: str) -> None:
-        module = self.policy if isinstance(self.policy, nn.Module) else None
-        if module is None:
+    def _init_weights(self, transport: str, given: Any = None) -> None:
+        """The weight plane, for the trainer's policy or (``policy_factory``) the ``given`` weights."""
+        module = self.policy if isinstance(self.policy, nn.Module) else given
+        if module is None or self._no_push:
             return
+        if self._factory:  # the workers' policies must hold what the trainer will push
+            signatures = self.gather({i: self._call(i, "weights_signature") for i in self._serving()})
+            factory_weights.check_workers(dict(zip(self._serving(), signatures)), module)
         same_host = all(info is not None and info["host_id"] == host_id() for info in self.infos)
         kind = choose_transport(
             transport, same_host, self.backend, self.elastic, self.workers.in_process, self.workers.process_groups,
@@ -307,7 +315,7 @@ class CollectorFront(BaseCollector):
                     results[worker_id] = result
             finally:
                 self._round = None
-            batch = self._batches.place(self._combine([results[i] for i in range(self.num_workers)]))
+            batch = self._place(self._combine([results[i] for i in range(self.num_workers)]))
             return batch if self.preempt_after is None else self._without_padding(batch)
         if self._last_async is not None:
             self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
@@ -320,7 +328,15 @@ class CollectorFront(BaseCollector):
         if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
             self._last_async = None
+        return self._place(batch)
+
+    def _place(self, batch: TensorDictBase) -> TensorDictBase:
+        """Read the batch's weight versions where it lies (host memory), then put it on the storing device."""
+        self._versions = BaseCollector._take_versions(self, batch)
         return self._batches.place(batch)
+
+    def _take_versions(self, batch: TensorDictBase) -> tuple[int, int] | None:
+        return self._versions  # read by _place before the batch left host memory
 
     def _preempt(self, worker_ids: list[int]) -> None:
         """Ask ``worker_ids`` to end the batch in progress at their next step (not waited for: a
@@ -364,32 +380,49 @@ class CollectorFront(BaseCollector):
 
         ``policy_or_weights`` (or TorchRL's ``weights=``/``policy=``): an ``nn.Module``, a
         TensorDict of weights or a state dict; None pushes the tensors the policy given to the
-        constructor holds at this call (also after its parameters were replaced). The trainer's
+        constructor holds at this call (also after its parameters were replaced), or, when the
+        workers build their policies (``policy_factory``), the weights given last. The trainer's
         ``policy_version`` goes up by one; each worker applies the weights before its next batch,
         never in the middle of one. With ``non_blocking=True`` this returns once the weights
         are copied out of the policy, and the transfer completes in the background.
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
         self.require_running()
+        if self._no_push:
+            return
         devices = self._policy_device if isinstance(self._policy_device, list) else [self._policy_device]
         device = [run_device(self.policy, d) for d in devices]  # where the workers run their policy
         device = device if isinstance(self._policy_device, list) else device[0]
         ids = [i for i in worker_checks.worker_ids(worker_ids, self.num_workers, device) if self.workers.serves(i)]
-        if self.weights is None:
-            raise TypeError("update_policy_weights_: the policy is not an nn.Module, so it has no weights to push")
         source = None if policy_or_weights is None else weights_of(policy_or_weights)
+        self._open_given(source)
         self._push_weights(ids, source, non_blocking)
 
-    def push_version(self, version: int) -> None:
-        """Push the policy's weights to every worker as ``version`` (a node passing on its trainer's)."""
+    def _open_given(self, source: TensorDictBase | None) -> None:
+        """``policy_factory``: lay the weight plane out from the first weights pushed (checked
+        against every worker's policy); they, or later ones, are what a push without weights sends."""
+        if self.weights is None:
+            if not self._factory:
+                raise TypeError(factory_weights.NOT_A_MODULE)
+            if source is None:
+                raise TypeError(factory_weights.NO_WEIGHTS)
+            with self._lock:
+                self._init_weights(self._transport, given=source)
+        if self._factory and source is not None and not isinstance(self.policy, nn.Module):
+            self._given = source
+
+    def push_version(self, version: int, source: TensorDictBase | None = None) -> None:
+        """Push the policy's weights (or ``source``) to every worker as ``version`` (a node passing on its trainer's)."""
         self.require_running()
-        self._push_weights(self._serving(), version=version)
+        self._open_given(source)
+        self._push_weights(self._serving(), source, version=version)
 
     def _push_weights(
         self, worker_ids: list[int], source: Any = None, non_blocking: bool = False, version: int | None = None,
     ) -> None:
         with self._lock:
             self._finish_push()
+            source = self._given if source is None else source
             version = self.policy_version + 1 if version is None else version
             receive = self.weights.push(worker_ids, source, version)
             self.policy_version = version

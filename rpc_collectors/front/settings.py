@@ -31,7 +31,7 @@ CAT_RESULTS = ("stack", 0, -1)
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
     "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
-    "trajs_per_batch", "traj_format",
+    "trajs_per_batch", "traj_format", "weight_sync_schemes",
 }
 PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
 DEVICES = ("device", "storing_device", "env_device", "policy_device")
@@ -40,7 +40,7 @@ WORKER_DEFAULTS = {
     "frames_per_batch": None, "create_env_kwargs": None, "policy_factory": None, "init_fn": None,
     "set_truncated": False, "reset_when_done": True, "track_traj_ids": True, "compile_policy": None,
     "compact_obs": False, "pre_collect_hook": None, "post_collect_hook": None,
-    "auto_register_policy_transforms": None, "use_buffers": None,
+    "auto_register_policy_transforms": None, "use_buffers": None, "trust_policy": None,
 }
 
 
@@ -72,6 +72,8 @@ class Settings:
     executor: Any = None  # submitit: submits the collector jobs
     node: NodeSpec | None = None  # node collectors: what each worker runs (collector_class, num_workers_per_collector)
     preemptive_threshold: float | None = None  # checked by checks.preemptive_threshold
+    track_policy_version: bool = False  # batches keep ("collector", "policy_version") and TorchRL's keys
+    policy_factory: bool = False  # the workers build their policies: the weight plane waits for pushed weights
 
 
 def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: float) -> tuple[str, Rendezvous | None]:
@@ -112,7 +114,7 @@ def check(
     frames_per_batch: int, num_collectors: int | None, sync: bool, cat_results: Any, default_cat_results: Any,
     backend: str, rpc_timeout: float, collector_kwargs: dict | None, num_threads: int | None,
     max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,
-    weight_transport: str, worker_kwargs: dict, tcp_port: int | None = None, slurm_kwargs: dict | None = None,
+    weight_transport: str, worker_kwargs: dict, tcp_port: int | str | None = None, slurm_kwargs: dict | None = None,
     collector_class: Any = "single", num_workers_per_collector: int = 1, preemptive_threshold: float | None = None,
     node_collector: type | None = None,
 ) -> Settings:
@@ -176,6 +178,8 @@ def check(
             )
         frames_list = worker_checks.frames_per_worker(frames_list, num_workers, sync, cat_results)
         worker_frames, frames_per_batch = max(frames_list), sum(frames_list)
+        if not sync:  # as TorchRL's async collectors: every batch has the list's sum of frames
+            worker_frames, frames_list = frames_per_batch, None
     elif sync:
         worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers * split, "workers") * split
         frames_per_batch = worker_frames * num_workers
@@ -212,7 +216,8 @@ def check(
         worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
         policy_device=devices["policy_device"], storing_device=devices["storing_device"],
         specs=_specs(env_fns, policy, kwargs, per_worker, node), node=node, tcp_port=tcp_port, executor=executor,
-        preemptive_threshold=preemptive_threshold,
+        preemptive_threshold=preemptive_threshold, track_policy_version=kwargs["track_policy_version"],
+        policy_factory=any(factory is not None for factory in per_worker["policy_factory"]),
     )
 
 
@@ -270,8 +275,10 @@ def _per_worker(name: str, value: Any, num_workers: int) -> list:
 def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: NodeSpec | None) -> list[bytes]:
     """What each worker builds its collector from, pickled here so that failures name the argument."""
     worker_kwargs = [dict(kwargs, **{name: values[i] for name, values in per_worker.items()}) for i in range(len(env_fns))]
+    # a worker that builds its policy (policy_factory) is not sent the trainer's, whose weights it gets pushed
+    policies = [policy if kw["policy_factory"] is None else None for kw in worker_kwargs]
     try:
-        return [cloudpickle.dumps((fn, policy, kw, node)) for fn, kw in zip(env_fns, worker_kwargs)]
+        return [cloudpickle.dumps((fn, p, kw, node)) for fn, p, kw in zip(env_fns, policies, worker_kwargs)]
     except Exception:
         named = [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]
         named += [(f"{name}[{i}]", v) for name, values in per_worker.items() for i, v in enumerate(values)]

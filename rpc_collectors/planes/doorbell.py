@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import pickle
 import queue
@@ -49,19 +50,53 @@ class Ready:
     slot: int
 
 
+def file_id(fd: int) -> tuple[int, int]:
+    """Which open file ``fd`` names: (device, inode), unique while the file is open."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _open_checked(path: str, flags: int, expected: tuple[int, int]) -> int:
+    """Open ``path`` (``/proc/<pid>/fd/<n>``) only if it is still the file ``expected`` names.
+
+    A number the trainer closed may name another file of its by now (say, a pipe of the next
+    collector's worker): a worker that comes to open it late (its spawn was given up on) must
+    never take that file over, so the file is checked before the open and again after."""
+    expected = tuple(expected)  # a list, after the spawner's JSON
+    st = os.stat(path)  # FileNotFoundError: closed, its number not reused (yet)
+    fd = os.open(path, flags) if (st.st_dev, st.st_ino) == expected else -1
+    if fd < 0 or file_id(fd) != expected:
+        if fd >= 0:
+            os.close(fd)
+        raise FileNotFoundError(errno.ENOENT, "the trainer closed this descriptor; its number names another file now", path)
+    return fd
+
+
 @dataclass(frozen=True)
 class Ends:
-    """Where a worker opens its ends of the pipes: the trainer's pid and descriptors."""
+    """Where a worker opens its ends of the pipes: the trainer's pid and descriptors, and which
+    pipe each descriptor named (``file_id``) when the trainer handed them out."""
 
     pid: int
     request: int
     answer: int
+    request_file: tuple[int, int]
+    answer_file: tuple[int, int]
+
+    @classmethod
+    def of(cls, request: int, answer: int) -> Ends:
+        """The ends of this process's descriptors ``request`` (read end) and ``answer`` (write end)."""
+        return cls(os.getpid(), request, answer, file_id(request), file_id(answer))
 
     def open(self) -> tuple[int, int]:
-        """The worker's descriptors: (request pipe to read, answer pipe to write)."""
-        request = os.open(f"/proc/{self.pid}/fd/{self.request}", os.O_RDONLY | os.O_CLOEXEC)
+        """The worker's descriptors: (request pipe to read, answer pipe to write).
+
+        ``FileNotFoundError`` if the trainer no longer holds the pipes it handed out (it gave up
+        on this worker): their numbers may name another worker's pipes by now."""
+        request = _open_checked(f"/proc/{self.pid}/fd/{self.request}", os.O_RDONLY | os.O_CLOEXEC, self.request_file)
         try:
-            return request, os.open(f"/proc/{self.pid}/fd/{self.answer}", os.O_WRONLY | os.O_CLOEXEC)
+            return request, _open_checked(f"/proc/{self.pid}/fd/{self.answer}", os.O_WRONLY | os.O_CLOEXEC,
+                                          self.answer_file)
         except BaseException:
             os.close(request)
             raise
@@ -115,7 +150,7 @@ class Doorbell:
     def __init__(self) -> None:
         self._request_r, self._request_w = os.pipe()
         self._answer_r, self._answer_w = os.pipe()
-        self.ends: Ends | Dial = Ends(os.getpid(), self._request_r, self._answer_w)
+        self.ends: Ends | Dial = Ends.of(self._request_r, self._answer_w)
         self._waiting()
 
     def _waiting(self) -> None:
@@ -123,6 +158,7 @@ class Doorbell:
         self._pending: collections.deque[torch.futures.Future] = collections.deque()
         self._lock = threading.Lock()
         self._open = False
+        self._ended = False  # the reader stopped: nothing will answer a request any more
 
     def opened(self) -> None:
         """The worker holds its ends now: close the trainer's copies and start reading answers."""
@@ -142,7 +178,7 @@ class Doorbell:
         with self._lock:  # not while close() runs: the descriptor could already name another file
             self._pending.append(fut)
             try:
-                if self._request_w < 0:
+                if self._request_w < 0 or self._ended:
                     raise OSError("the doorbell is closed")
                 _write_all(self._request_w, REQUEST.pack(slot, min_version))  # 16 bytes: one write in practice
             except OSError as err:
@@ -152,6 +188,7 @@ class Doorbell:
         return fut
 
     def _read(self) -> None:
+        failure: BaseException = EOFError("the reader stopped")
         try:
             while True:
                 kind, value = ANSWER.unpack(_read_exactly(self._answer_r, ANSWER.size))
@@ -170,9 +207,12 @@ class Doorbell:
                 else:
                     fut.set_result(result)
         except (EOFError, OSError) as err:
-            self._fail_pending(err)
-        finally:
+            failure = err
+        finally:  # first no new request is taken, then every one still waiting fails: none is left unanswered
+            with self._lock:
+                self._ended = True
             self._release()
+            self._fail_pending(failure)
 
     def _land(self, slot: int) -> None:
         """The batch announced in ``slot`` is there already (shared memory)."""

@@ -56,6 +56,7 @@ class TransportSpec:
     backend: str = "gloo"
     interface: str | None = None
     timeout: float = 60.0
+    signature: tuple = ()  # (key, dtype, shape) of every tensor, as the trainer lays them out
 
 
 SHM_SLOTS = 2
@@ -260,22 +261,23 @@ class WeightPlane:
     """
 
     def __init__(
-        self, module: torch.nn.Module, kind: str, num_workers: int, timeout: float, keep_fd: bool,
+        self, module: "torch.nn.Module | object", kind: str, num_workers: int, timeout: float, keep_fd: bool,
         backend: str = "gloo", rdv: "object | None" = None,
     ) -> None:
+        """``module``: the trainer's policy, or a TensorDict of the weights its workers' policies hold."""
         flat = FlatWeights(module)
         fd = None
         if kind == "rpc":
             buffer = flat.new_buffer(None)
-            spec = TransportSpec("rpc", flat.nbytes, timeout=timeout)
+            spec = TransportSpec("rpc", flat.nbytes, timeout=timeout, signature=flat.signature)
         elif kind == "shm":
             path, fd, buffer = shm_file(flat.nbytes)
-            spec = TransportSpec("shm", flat.nbytes, path=path, timeout=timeout)
+            spec = TransportSpec("shm", flat.nbytes, path=path, timeout=timeout, signature=flat.signature)
         else:
             spec = TransportSpec(
                 "broadcast", flat.nbytes, addr=rdv.master_addr, port=rdv.master_port,
                 prefix=f"rpc_collectors/weights/{uuid.uuid4().hex}", world_size=num_workers + 1,
-                backend=backend, interface=rdv.interface, timeout=timeout,
+                backend=backend, interface=rdv.interface, timeout=timeout, signature=flat.signature,
             )
             buffer = flat.new_buffer(torch.device("cuda") if backend == "nccl" else None)
         self.num_workers = num_workers

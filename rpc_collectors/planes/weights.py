@@ -45,18 +45,35 @@ def load_weights(module: nn.Module, weights: TensorDictBase) -> None:
     target.update_(weights.select(*target.keys(True, True)))
 
 
+def _tensors_of(holder: nn.Module | TensorDictBase) -> TensorDictBase:
+    return TensorDict.from_module(holder).data if isinstance(holder, nn.Module) else holder
+
+
+def _as_tuple(key: Any) -> tuple:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def holder_of(signature: tuple) -> TensorDictBase:
+    """Empty tensors laid out as ``signature`` (:attr:`FlatWeights.signature`): where a process
+    without a policy of its own (a node whose workers build theirs) keeps the weights it passes on."""
+    return TensorDict({key: torch.empty(shape, dtype=dtype) for key, dtype, shape in signature}, batch_size=[])
+
+
 class FlatWeights:
     """A fixed layout of a module's parameters and buffers inside one flat ``uint8`` buffer.
 
-    The module's tensors are looked up at every ``pack``/``unpack``, so parameters replaced
-    after construction (``TensorDict.from_module(new).data.to_module(module)``,
-    ``load_state_dict(..., assign=True)``) are the ones read and written.
+    ``holder`` is the module, or a TensorDict of weights standing in for one (a trainer whose
+    workers build their policies with ``policy_factory``). Its tensors are looked up at every
+    ``pack``/``unpack``, so parameters replaced after construction
+    (``TensorDict.from_module(new).data.to_module(module)``, ``load_state_dict(..., assign=True)``)
+    are the ones read and written. Tensors are laid out by sorted key, so a module and a
+    TensorDict or state dict of its weights give the same layout.
     """
 
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        td = TensorDict.from_module(module).data
-        self.keys = list(td.keys(include_nested=True, leaves_only=True))
+    def __init__(self, holder: nn.Module | TensorDictBase) -> None:
+        self.module = holder
+        td = _tensors_of(holder)
+        self.keys = sorted(td.keys(include_nested=True, leaves_only=True), key=_as_tuple)
         self.layout, offset = [], 0
         for t in (td.get(k) for k in self.keys):
             nbytes = t.numel() * t.element_size()
@@ -64,6 +81,25 @@ class FlatWeights:
             offset += -(-nbytes // ALIGN) * ALIGN
         self.nbytes = offset
         self.device = td.get(self.keys[0]).device if self.keys else torch.device("cpu")
+        # what the other side checks its own layout against: (key, dtype, shape) of every tensor
+        self.signature = tuple(
+            (_as_tuple(key), dtype, tuple(shape)) for key, (_, _, dtype, shape) in zip(self.keys, self.layout)
+        )
+
+    def check(self, signature: tuple, argument: str = "the pushed weights") -> None:
+        """A ValueError naming the first tensor where ``signature`` differs from this layout."""
+        if signature == self.signature:
+            return
+        theirs = {key: (dtype, shape) for key, dtype, shape in signature}
+        ours = {key: (dtype, shape) for key, dtype, shape in self.signature}
+        for key in sorted(set(theirs) | set(ours)):
+            if theirs.get(key) != ours.get(key):
+                have = "absent" if key not in theirs else f"{theirs[key][0]} {list(theirs[key][1])}"
+                want = "absent" if key not in ours else f"{ours[key][0]} {list(ours[key][1])}"
+                raise ValueError(
+                    f"{argument}: weight {key!r} is {have}, the worker's policy has {want}; accepted: "
+                    "weights of the policy the workers build (same keys, dtypes and shapes)"
+                )
 
     def new_buffer(self, device: torch.device | None = None) -> torch.Tensor:
         return torch.empty(self.nbytes, dtype=torch.uint8, device=device or self.device)
@@ -73,7 +109,7 @@ class FlatWeights:
 
     def tensors(self) -> list[torch.Tensor]:
         """The module's current tensors, checked against the layout."""
-        td = TensorDict.from_module(self.module).data
+        td = _tensors_of(self.module)
         tensors = [td.get(k) for k in self.keys]
         for key, t, (_, _, dtype, shape) in zip(self.keys, tensors, self.layout):
             if t.dtype != dtype or t.shape != shape:
@@ -86,7 +122,8 @@ class FlatWeights:
     def pack(self, buffer: torch.Tensor, source: TensorDictBase | None = None) -> None:
         """Copy the module's current weights (or ``source``'s) into ``buffer``."""
         if self.keys:
-            torch._foreach_copy_(self.views(buffer), self.tensors() if source is None else self._matching(source))
+            with torch.no_grad():
+                torch._foreach_copy_(self.views(buffer), self.tensors() if source is None else self._matching(source))
 
     def _matching(self, source: TensorDictBase, argument: str = "policy_or_weights") -> list[torch.Tensor]:
         """``source``'s tensors in this layout; a ValueError naming what differs from the policy."""

@@ -6,6 +6,7 @@ exit at once; a worker that dies fails the calls it had in flight with its exit 
 """
 from __future__ import annotations
 
+import dataclasses
 import signal
 import socket
 import threading
@@ -62,9 +63,8 @@ class LocalPool(WorkerPool):
     def _spawn(self, worker_id: int) -> None:
         bell = self.channels[worker_id] = Channel()
         bell.hello.add_done_callback(lambda _f: self._notify())
-        ends = bell.ends
         pid = self.spawner.spawn(
-            "rpc_collectors.worker.server:local_main", [worker_id + 1, ends.pid, ends.request, ends.answer],
+            "rpc_collectors.worker.server:local_main", [worker_id + 1, *dataclasses.astuple(bell.ends)],
             self.rpc_timeout, lambda pid, code, i=worker_id: self._on_exit(i, pid, code),
         )
         self.pids[pid] = worker_id

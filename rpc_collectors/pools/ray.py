@@ -21,6 +21,7 @@ import contextlib
 import re
 import socket
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -276,10 +277,11 @@ def connect(ray_init_config: dict | None, timeout: float) -> bool:
     one without starts a local instance with those arguments.
     """
     if ray.is_initialized():
-        if ray_init_config:
-            raise RuntimeError(
-                f"ray_init_config={ray_init_config!r}: Ray already runs in this process; pass ray_init_config=None "
-                "to use it"
+        if ray_init_config:  # TorchRL always passes its full default dict: use the running Ray, as it does
+            warnings.warn(
+                f"ray_init_config={ray_init_config!r} is not applied: Ray already runs in this process, and the "
+                "collector uses it (pass ray_init_config=None to silence this)",
+                UserWarning, stacklevel=3,
             )
         return False
     config = dict(ray_init_config or {})

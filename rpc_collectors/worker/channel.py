@@ -76,7 +76,7 @@ class Channel:
         self._request_r, self._request_w = os.pipe()
         self._answer_r, self._answer_w = os.pipe()
         os.set_blocking(self._request_w, False)
-        self.ends = Ends(os.getpid(), self._request_r, self._answer_w)
+        self.ends = Ends.of(self._request_r, self._answer_w)
         self.hello: torch.futures.Future = torch.futures.Future()
         self._pending: dict[int, torch.futures.Future] = {HELLO: self.hello}
         self._next_id = HELLO + 1

@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
+from rpc_collectors.collection.batch_record import VERSION
 from rpc_collectors.collection.trajectories import TRAJ_IDS
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
 
@@ -83,7 +84,8 @@ class NodeCollector:
         **kwargs: Any,
     ) -> None:
         self.node = node
-        self.module = policy if isinstance(policy, nn.Module) else None
+        # where the trainer's weights land: the policy, or (policy_factory) a TensorDict laid out as they are
+        self.module: nn.Module | TensorDictBase | None = policy if isinstance(policy, nn.Module) else None
         # local worker w's ids x = w + W * c become traj_id_start * W + w + traj_id_stride * W * c
         self._base, self._stride = traj_id_start * node.num_workers, traj_id_stride * node.num_workers
         self._version = 0  # of the weights in this node's policy
@@ -92,6 +94,7 @@ class NodeCollector:
             total_frames=-1, cat_results="stack", rpc_timeout=node.rpc_timeout,
             max_worker_restarts=node.max_worker_restarts, **kwargs,
         )
+        self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
 
     @property
     def num_envs(self) -> int:
@@ -112,15 +115,27 @@ class NodeCollector:
         workers get them through shared memory before their next batch."""
         self._version = version
 
+    def hold_weights(self, holder: TensorDictBase) -> None:
+        """The local workers build their policies (policy_factory): the trainer's weights land in
+        ``holder`` and are passed on from there."""
+        self.module = holder
+
     def _pass_weights_on(self) -> None:
         if self.module is not None and self._version > self.local.policy_version:
-            self.local.push_version(self._version)
+            given = self.module if isinstance(self.module, TensorDictBase) else None
+            self.local.push_version(self._version, given)
 
     def next(self) -> TensorDictBase:
-        """The node's next batch, with trajectory ids in the trainer's numbering."""
+        """The node's next batch, with trajectory ids in the trainer's numbering.
+
+        Every frame of it was collected with the newest weights the node has passed on: an async
+        node drops the local batches its workers collected before (at most the requests in flight).
+        """
         self._pass_weights_on()
         try:
             batch = self.local.next()
+            while batch.get(VERSION).min() < self.local.policy_version:
+                batch = self.local.next()
         except WorkerError as err:  # the trainer's WorkerError names this node and, from this, the local worker
             detail = f"\n{err.remote_traceback}" if err.remote_traceback else ""
             raise LocalWorkerError(

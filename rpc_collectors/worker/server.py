@@ -28,10 +28,11 @@ from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.preemption import Preemption
 from rpc_collectors.planes import doorbell, membership
 from rpc_collectors.planes.doorbell import Ready
+from rpc_collectors.planes.factory_weights import signature_of
 from rpc_collectors.planes.rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
 from rpc_collectors.planes.slots import SlotSpec, SlotWriter
 from rpc_collectors.planes.weight_sync import TransportSpec, WeightReceiver
-from rpc_collectors.planes.weights import FlatWeights
+from rpc_collectors.planes.weights import FlatWeights, holder_of
 from rpc_collectors.worker import channel, spawner
 from rpc_collectors.worker.node import NodeCollector
 from rpc_collectors.worker.spawner import name_process
@@ -73,6 +74,7 @@ class WorkerState:
             )
         else:
             self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, **kwargs)
+        self.collector.keep_version_key = True  # the trainer reads each batch's versions from it
         self.preemption = Preemption() if preemptible else None
         if self.preemption is not None:
             self.collector.preemption = self.preemption
@@ -92,16 +94,29 @@ class WorkerState:
             info["local_pids"] = self.collector.pids
         return info
 
-    def join_weights(self, spec: TransportSpec) -> None:
+    def _module(self) -> Any:
         if isinstance(self.collector, NodeCollector):
-            module = self.collector.module
-        else:
-            module = self.collector.policy.module if self.collector.policy is not None else None
+            return self.collector.module
+        return self.collector.policy.module if self.collector.policy is not None else None
+
+    def weights_signature(self) -> tuple | None:
+        """What this worker's policy holds (:mod:`~rpc_collectors.planes.factory_weights`); None: a node
+        whose local workers build their policies, which takes the weights it is given."""
+        if isinstance(self.collector, NodeCollector) and self.collector.module is None:
+            return None
+        return signature_of(self._module())
+
+    def join_weights(self, spec: TransportSpec) -> None:
+        if isinstance(self.collector, NodeCollector) and self.collector.module is None and spec.signature:
+            self.collector.hold_weights(holder_of(spec.signature))  # passed on to its local workers
+        module = self._module()
         if module is None:
             raise TypeError("the policy has no weights to update")
         self.timeout = spec.timeout
         if spec.kind == "broadcast" and _rdv is not None and _rdv.interface:  # this host's, not the trainer's
             spec = dataclasses.replace(spec, interface=_rdv.interface)
+        if self.receiver is not None:
+            self.receiver.close()
         self.receiver = WeightReceiver(spec, FlatWeights(module), self.rank)
 
     def receive_weights(self, version: int, mode: str, payload: torch.Tensor | None = None) -> None:
@@ -305,11 +320,11 @@ class LocalServer:
             self.state.close()
 
 
-def local_main(rank: int, trainer_pid: int, request_fd: int, answer_fd: int) -> int:
+def local_main(rank: int, *ends: Any) -> int:
     """Entry point of a local worker process started by the spawner: serve the trainer's channel
-    (its ends are the trainer's descriptors ``request_fd``/``answer_fd``) until it closes."""
+    (``ends``: the fields of its :class:`~rpc_collectors.planes.doorbell.Ends`) until it closes."""
     torch.set_num_threads(1)
     name_process(f"rpc-worker{rank - 1}")
     server = LocalServer(rank)
-    channel.serve(doorbell.Ends(trainer_pid, request_fd, answer_fd), server.handle, server.close)
+    channel.serve(doorbell.Ends(*ends), server.handle, server.close)
     return 0

@@ -1,0 +1,99 @@
+"""TorchRL arguments whose meaning here is another setting: ``weight_sync_schemes``,
+``cudagraph_policy`` and ``trust_policy``.
+
+TorchRL's weight-sync scheme objects are recognised by class name (torchrl is never imported)
+and mapped onto this package's weight transport for the link they describe:
+
+========================================  ==========================================
+TorchRL scheme                            weight transport here
+========================================  ==========================================
+``SharedMemWeightSyncScheme``             ``"shm"`` (one shared-memory file)
+``MultiProcessWeightSyncScheme``          ``"rpc"`` (a copy in each worker's message)
+``RPCWeightSyncScheme``                   ``"rpc"``
+``DistributedWeightSyncScheme``           ``"broadcast"`` (a process group of its own)
+``RayWeightSyncScheme`` (RayCollector)    ``"rpc"`` (one ``ray.put`` per version)
+``NoWeightSyncScheme``                    none: ``update_policy_weights_`` does nothing
+========================================  ==========================================
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+SCHEMES = {
+    "SharedMemWeightSyncScheme": "shm",
+    "MultiProcessWeightSyncScheme": "rpc",
+    "RPCWeightSyncScheme": "rpc",
+    "DistributedWeightSyncScheme": "broadcast",
+    "RayWeightSyncScheme": "rpc",
+    "NoWeightSyncScheme": None,
+}
+NO_PUSH = "none"  # the transport of NoWeightSyncScheme: weights never move
+
+
+def weight_sync_schemes(value: Any, weight_transport: str, ray: bool = False) -> str:
+    """The weight transport that TorchRL's ``weight_sync_schemes`` (``{"policy": scheme}``) names;
+    ``weight_transport`` when there is none; :data:`NO_PUSH` for ``NoWeightSyncScheme``."""
+    if value is None or (isinstance(value, Mapping) and not value):
+        return weight_transport
+    if not isinstance(value, Mapping):
+        raise TypeError(f"weight_sync_schemes={value!r} is invalid; accepted: None or a dict {{'policy': scheme}}")
+    others = sorted(str(key) for key in value if key != "policy")
+    if others:
+        raise ValueError(
+            f"weight_sync_schemes has schemes for {others}; only the policy's weights are pushed here; "
+            "accepted keys: 'policy'"
+        )
+    scheme = value["policy"]
+    name = type(scheme).__name__
+    if name not in SCHEMES or type(scheme).__module__.split(".")[0] != "torchrl":
+        raise ValueError(
+            f"weight_sync_schemes={{'policy': {name}}} cannot map onto this collector's weight transports (shared "
+            f"memory, one broadcast, or a copy per worker); accepted: TorchRL's {', '.join(sorted(SCHEMES))}"
+        )
+    if name == "RayWeightSyncScheme" and not ray:
+        raise ValueError(
+            "weight_sync_schemes={'policy': RayWeightSyncScheme} is for RayCollector, whose actors get the weights "
+            "through Ray; accepted here: SharedMemWeightSyncScheme, MultiProcessWeightSyncScheme, "
+            "DistributedWeightSyncScheme, RPCWeightSyncScheme or NoWeightSyncScheme"
+        )
+    transport = SCHEMES[name] or NO_PUSH
+    if weight_transport not in ("auto", transport):
+        raise ValueError(
+            f"weight_sync_schemes={{'policy': {name}}} means weight_transport={transport!r}, which conflicts with "
+            f"weight_transport={weight_transport!r}; accepted: one of the two"
+        )
+    return transport
+
+
+def cudagraph_policy(value: Any) -> None:
+    """TorchRL's ``cudagraph_policy``: None/False; True or a dict of ``CudaGraphModule`` arguments
+    only on a machine without CUDA, where (as TorchRL's ``CudaGraphModule`` does there) the policy
+    runs as it is, with a warning that says so."""
+    if value is None or value is False:
+        return
+    if value is not True and not isinstance(value, Mapping):
+        raise TypeError(f"cudagraph_policy={value!r} is invalid; accepted: None, a bool or a dict of CudaGraphModule arguments")
+    if torch.cuda.is_available():
+        raise ValueError(
+            f"cudagraph_policy={value!r} is not supported on CUDA (the policy would not be captured in a CUDA "
+            "graph); accepted: None or False (compile_policy=True compiles the policy)"
+        )
+    warnings.warn(
+        f"cudagraph_policy={value!r}: this machine has no CUDA device, so the policy runs as it is, without CUDA "
+        "graphs or their speed-up (as TorchRL's CudaGraphModule passes calls through without CUDA)",
+        UserWarning, stacklevel=3,
+    )
+
+
+def trust_policy(value: Any) -> bool:
+    """TorchRL's ``trust_policy``: True calls a policy on the step's TensorDict as it is, even a plain
+    ``nn.Module`` (which otherwise reads ``"observation"`` and writes ``"action"``)."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise TypeError(f"trust_policy={value!r} is invalid; accepted: None or a bool")
+    return value
