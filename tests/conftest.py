@@ -157,3 +157,14 @@ def no_leftover_processes():
     yield
     tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
     assert not wait_gone(descendants() - before - {shared_pid(), tracker}, 10), "worker processes were left behind"
+
+
+@pytest.fixture
+def ctrl_c_raises_here():
+    """SIGINT raises KeyboardInterrupt in this process during the test (as in a terminal), also when
+    the test run was started with SIGINT ignored; the previous handler comes back afterwards."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

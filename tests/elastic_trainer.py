@@ -9,6 +9,8 @@ or on another rank, serves a collector inside the RPCCollector constructor and e
     --batch-sleep S      the trainer's "training step": seconds to sleep after each batch
     --obs-size N         collect from ``test_restarts.StampEnv`` with N floats per observation (a collector
                          process started with ELASTIC_OBS_SIZE set uses that size instead)
+    --resume-action A    start with a policy that always picks the other action, then, before the first
+                         batch, load a state whose policy always picks action A
 
 The trainer pushes new weights after every batch and prints JSON lines: one per batch (its
 shape, the trainer's weights version, the versions in each slot's rows, which collector
@@ -75,11 +77,16 @@ def main() -> None:
     parser.add_argument("--rpc-timeout", type=float, default=5.0)
     parser.add_argument("--join-timeout", type=float, default=60.0)
     parser.add_argument("--obs-size", type=int, default=0)
+    parser.add_argument("--resume-action", type=int, default=None)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     warnings.showwarning = report_warning
     env, policy = (stamp_env(args.obs_size), StampPolicy()) if args.obs_size else ("CartPole-v1", ArgmaxPolicy())
+    if args.resume_action is not None:  # until the state is loaded, the policy picks the other action
+        with torch.no_grad():
+            policy.linear.weight.zero_()
+            policy.linear.bias.copy_(torch.eye(2)[1 - args.resume_action])
     collector = RPCCollector(
         env, policy, frames_per_batch=args.frames_per_batch, total_frames=args.frames,
         num_collectors=args.slots, sync=args.sync, elastic=True, rpc_timeout=args.rpc_timeout,
@@ -87,6 +94,9 @@ def main() -> None:
     )
     # Only the trainer gets here.
     state = collector.state_dict()
+    if args.resume_action is not None:  # a saved policy that always picks this action (CartPole's ArgmaxPolicy)
+        bias = torch.eye(2)[args.resume_action]
+        state = {**state, "policy_state_dict": {"linear.weight": torch.zeros(2, 4), "linear.bias": bias}}
     collector.load_state_dict(state)  # before the first batch: no collector has joined yet
     emit({"event": "start", "address": f"{collector.workers.rdv.master_addr}:{collector.workers.rdv.master_port}",
           "state_workers": state["workers"], "traj_id_bounds": state["traj_id_bounds"], "next_seed": collector.set_seed(7)})
@@ -108,6 +118,7 @@ def main() -> None:
                 "event": "batch", "index": index, "shape": list(batch.shape), "frames": collector.frames,
                 "policy_version": collector.policy_version, "versions": versions, "slots": slots,
                 "paths": [collector._batches.path_of(w) for w in range(args.slots)],
+                "actions": batch["action"].unique().tolist(),
             })
             collector.update_policy_weights_()
             if index == 0:

@@ -71,6 +71,13 @@ def listening_addresses(pid: int) -> set[str]:
 LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
 
 
+def ctrl_c_raises() -> None:
+    """``preexec_fn`` of a process a test sends SIGINT: Python in it turns SIGINT into
+    KeyboardInterrupt, also when the test run itself ignores SIGINT (a background job, nohup,
+    some CI runners), which the process would otherwise inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def kill_sessions(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
     """SIGKILL the process group of each of ``procs`` still running (started with
     ``start_new_session=True``) and reap it."""
@@ -104,10 +111,11 @@ def killed_at_exit(start: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
             run.kill()
 
 
-def run_in_session(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in a session of its own and return its output; its whole process group is
-    killed afterwards (a launcher's children too), also when it hangs or the test fails."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def run_in_session(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (with ``env``, default this process's) in a session of its own and return its output;
+    its whole process group is killed afterwards (a launcher's children too), also when it hangs or the test fails."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import devcluster_module
-from procs import kill_sessions, killed_at_exit
+from procs import ctrl_c_raises, kill_sessions, killed_at_exit
 from rpc_collectors import RPCCollector
 from rpc_collectors.planes.rendezvous import free_port
 
@@ -51,7 +51,8 @@ class Run:
         argv = [sys.executable, str(SCRIPT), *self.args]
         with open(self.tmp_path / f"{name}.stderr", "wb") as err:
             options = dict(env={**base, **env, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL, stderr=err,
-                           cwd=REPO, start_new_session=True, text=True, **{"stdout": subprocess.DEVNULL, **kwargs})
+                           cwd=REPO, start_new_session=True, text=True, preexec_fn=ctrl_c_raises,
+                           **{"stdout": subprocess.DEVNULL, **kwargs})
             proc = self.net.popen(host, argv, **options) if self.net else subprocess.Popen(argv, **options)
         self.procs[name] = proc
         return proc
@@ -155,6 +156,18 @@ def test_async_collector_dies_the_other_goes_on_and_a_newcomer_joins(runs):
     assert run.wait("trainer", 30) != 0  # KeyboardInterrupt
     for name in ("c2", "c3"):
         assert run.wait(name, 30) == 0, run.report()  # stopped by the trainer's shutdown
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_resumed_elastic_trainer_and_the_collectors_that_join_it_use_the_saved_weights(runs):
+    """The state loads into the trainer's policy, as TorchRL's collectors load it, and a collector
+    that joins afterwards collects with those weights from its first batch on."""
+    run = runs(["--slots", "1", "--frames", "300", "--resume-action", "1", "--rpc-timeout", str(RPC_TIMEOUT_S)])
+    run.collector("c1")
+    run.until(lambda r: r["event"] == "summary", 90, "summary")
+    assert run.wait("trainer", 30) == 0, run.report()
+    assert [r["actions"] for r in run.batches()] == [[1]] * 3, run.records
 
 
 @pytest.mark.multiprocess

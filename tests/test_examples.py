@@ -21,6 +21,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from procs import ctrl_c_raises
 from rpc_collectors import Collector, GymEnv
 from rpc_collectors.apps import demo, ppo
 from rpc_collectors.apps.cli import build_parser, main
@@ -158,6 +159,16 @@ def test_demo_short_run_writes_record_and_summary(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_demo_that_reaches_its_target_early_closes_its_progress_bar_as_done_with_the_reason(tmp_path):
+    out = tmp_path / "run"
+    result = run(demo_command("--total-frames", "1000000", "--target-return", "10", "--output-dir", str(out)))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "run.json").read_text())["status"] == "reached 10"
+    final = result.stderr.replace("\r", "\n").strip().splitlines()[-1]  # the bar as the run left it
+    assert final.startswith("reached 10: 100%|"), final
+
+
+@pytest.mark.multiprocess
 def test_demo_async_short_run(tmp_path):
     out = tmp_path / "run"
     result = run(demo_command("--async", "--total-frames", "2048", "--output-dir", str(out)))
@@ -174,6 +185,7 @@ def test_demo_ctrl_c_stops_cleanly_and_keeps_the_record(tmp_path):
     proc = subprocess.Popen(
         demo_command("--total-frames", "10000000", "--target-return", "1e9", "--output-dir", str(out)),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=ctrl_c_raises,
     )
     stderr: list[str] = []
     reader = threading.Thread(target=lambda: stderr.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)

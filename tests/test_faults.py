@@ -9,9 +9,9 @@ import textwrap
 
 import gymnasium as gym
 import pytest
-from torch import nn
 
-from procs import descendants, wait_gone
+from multihost_trainer import ArgmaxPolicy
+from procs import ctrl_c_raises, descendants, wait_gone
 from rpc_collectors import RPCCollector, WorkerError
 from rpc_collectors.worker.spawner import shared_pid
 
@@ -97,7 +97,8 @@ TRAINER_SCRIPT = textwrap.dedent("""
 def test_interrupted_or_killed_trainer_leaves_no_worker(sig, tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_raises)
     try:
         pids = {int(p) for p in proc.stdout.readline().split()}
         assert len(pids) == 2
@@ -175,6 +176,6 @@ def test_update_weights_without_module_policy_is_a_type_error():
     with RPCCollector("CartPole-v1", None, num_collectors=1, frames_per_batch=50, launcher="debug") as c:
         with pytest.raises(TypeError, match="no weights"):
             c.update_policy_weights_()
-    with RPCCollector("CartPole-v1", nn.Linear(4, 2), num_collectors=1, frames_per_batch=50, launcher="debug") as c:
+    with RPCCollector("CartPole-v1", ArgmaxPolicy(), num_collectors=1, frames_per_batch=50, launcher="debug") as c:
         with pytest.raises(ValueError, match="worker_ids=\\[5\\]"):
             c.update_policy_weights_(worker_ids=[5])

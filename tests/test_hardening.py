@@ -35,7 +35,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def interrupt_when(condition, timeout: float = 30.0) -> threading.Thread:
-    """Send SIGINT (Ctrl-C) to the main thread, from a helper thread, as soon as ``condition()`` holds."""
+    """Send SIGINT (Ctrl-C) to the main thread, from a helper thread, as soon as ``condition()`` holds
+    (the test takes the ``ctrl_c_raises_here`` fixture: SIGINT raises KeyboardInterrupt there)."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "use the ctrl_c_raises_here fixture"
     main = threading.main_thread().ident
 
     def watch() -> None:
@@ -52,7 +54,11 @@ def interrupt_when(condition, timeout: float = 30.0) -> threading.Thread:
 
 
 def after_spawning(monkeypatch, action) -> list[int]:
-    """Run ``action(rank, pid)`` on every worker the spawner starts, as soon as it reported the pid."""
+    """Run ``action(rank, pid)`` on every worker the spawner starts, as soon as it reported the pid.
+
+    The shared spawner is started first: one forked while ``Spawner.spawn`` is patched would keep
+    the patch, and so would every worker it forks, node collectors' own spawners included."""
+    spawner.shared_spawner()
     real = Spawner.spawn
     pids: list[int] = []
 
@@ -64,6 +70,13 @@ def after_spawning(monkeypatch, action) -> list[int]:
 
     monkeypatch.setattr(Spawner, "spawn", spawn)
     return pids
+
+
+class ArgmaxLinear(nn.Linear):
+    """A linear policy for CartPole: the argmax of its two outputs is the action."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return super().forward(observation).argmax(-1)
 
 
 def collector(**kwargs) -> RPCCollector:
@@ -134,6 +147,7 @@ def test_worker_dying_while_it_builds_its_collector_is_a_worker_error_naming_it(
 
 
 @pytest.mark.timeout(20)
+@pytest.mark.usefixtures("ctrl_c_raises_here")
 def test_ctrl_c_while_a_stopped_worker_holds_up_the_rendezvous(monkeypatch):
     stopped = signal_when_spawned(monkeypatch, 2, signal.SIGSTOP)
     interrupt_when(lambda: stopped and time.sleep(0.3) is None)
@@ -145,6 +159,7 @@ def test_ctrl_c_while_a_stopped_worker_holds_up_the_rendezvous(monkeypatch):
 
 
 # ------------------------------------------------------------------ 2. Ctrl-C during construction
+@pytest.mark.usefixtures("ctrl_c_raises_here")
 def test_ctrl_c_while_spawning_leaves_no_stale_reply():
     held = spawner.shared_spawner()
     os.kill(held.pid, signal.SIGSTOP)  # the reply to the first request comes only after the Ctrl-C
@@ -197,6 +212,7 @@ def slow_env():
     return GymEnv("CartPole-v1")
 
 
+@pytest.mark.usefixtures("ctrl_c_raises_here")
 def test_ctrl_c_while_the_workers_build_their_collectors_leaves_no_worker(monkeypatch):
     pids = after_spawning(monkeypatch, lambda rank, pid: None)
     spawned = []
@@ -209,6 +225,7 @@ def test_ctrl_c_while_the_workers_build_their_collectors_leaves_no_worker(monkey
 
 
 # ------------------------------------------------------------------ 3. Ctrl-C during shutdown
+@pytest.mark.usefixtures("ctrl_c_raises_here")
 def test_second_shutdown_finishes_an_interrupted_one():
     c = collector()
     next(iter(c))
@@ -277,7 +294,10 @@ def test_trainer_killed_while_workers_join_leaves_no_weights_file(tmp_path):
                 os.kill(os.getpid(), signal.SIGKILL)
             return call(self, worker_id, method, *args)
         LocalPool.call = die_on_join
-        RPCCollector("CartPole-v1", nn.Linear(4, 2), num_collectors=2, frames_per_batch=100, launcher="local")
+        class Argmax(nn.Linear):
+            def forward(self, observation):
+                return super().forward(observation).argmax(-1)
+        RPCCollector("CartPole-v1", Argmax(4, 2), num_collectors=2, frames_per_batch=100, launcher="local")
     """)
     try:
         proc.communicate(timeout=60)
@@ -354,6 +374,26 @@ def test_stopped_worker_is_reported_as_not_answering_within_rpc_timeout():
     c.shutdown()
 
 
+@pytest.mark.timeout(90)
+def test_a_stopped_async_worker_is_reported_while_the_other_keeps_delivering():
+    """Async batches come first-ready first-served; the other worker's batches never stand in for
+    a stopped worker's answer: its request times out after rpc_timeout like any other wait."""
+    paced = lambda: slow_cartpole(0.002)  # noqa: E731
+    c = collector(create_env_fn=[paced, paced], num_collectors=None, sync=False, frames_per_batch=20, rpc_timeout=3)
+    try:
+        it = iter(c)
+        next(it)
+        os.kill(c.infos[1]["pid"], signal.SIGSTOP)
+        from_0 = 0
+        with pytest.raises(WorkerError) as info:
+            for _ in range(1000):  # about 40 s of worker 0's batches
+                from_0 += int(next(it)["collector", "worker_id"][0]) == 0
+        assert info.value.worker_id == 1 and "did not answer within rpc_timeout=3.0 s" in str(info.value)
+        assert from_0 > 0
+    finally:
+        c.shutdown()
+
+
 class RaisingEnvFactory:
     def __call__(self):
         raise OSError("the simulator binary is missing")
@@ -382,7 +422,7 @@ def test_shutdown_from_another_thread_does_not_blame_a_worker():
 
 
 def test_calls_after_shutdown_and_bad_arguments_are_clear_errors():
-    c = collector(policy=nn.Linear(4, 2), launcher="debug")
+    c = collector(policy=ArgmaxLinear(4, 2), launcher="debug")
     with pytest.raises(ValueError, match="worker_ids=True"):
         c.update_policy_weights_(worker_ids=True)
     with pytest.raises(TypeError, match="seed='abc'"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+import time
 
 import pytest
 import torch
@@ -141,9 +142,12 @@ def test_concatenated_rounds_drop_the_steps_a_stopped_worker_did_not_collect(cat
 @pytest.mark.usefixtures("no_leftover_processes")
 @pytest.mark.timeout(120)
 def test_total_frames_counts_only_collected_frames():
-    """Two full rounds would hold 80 frames; preempted ones hold fewer, so the run takes more rounds."""
+    """Two full rounds would hold 80 frames; preempted ones hold fewer, so the run takes more rounds,
+    and ``len()``, which cannot know how many, says so instead of a number the run does not keep."""
     with MultiSyncCollector([cartpole, straggler], None, frames_per_batch=2 * STEPS, total_frames=4 * STEPS,
                             preemptive_threshold=0.5) as c:
+        with pytest.raises(TypeError, match=r"len\(\) .*preemptive_threshold=0.5.*accepted: preemptive_threshold=None"):
+            len(c)
         batches = [b.clone() for b in c]
     assert len(batches) > 2
     assert sum(valid_frames(b) for b in batches) == c.frames >= 4 * STEPS
@@ -153,7 +157,10 @@ def test_total_frames_counts_only_collected_frames():
 @pytest.mark.usefixtures("no_leftover_processes")
 @pytest.mark.timeout(120)
 def test_threshold_zero_stops_every_worker_after_its_first_steps_as_torchrl():
-    with MultiSyncCollector([cartpole, cartpole], None, frames_per_batch=400, total_frames=-1,
+    """The stop goes out as the round starts; 200 steps of 10 ms leave it two seconds to arrive
+    (200 plain CartPole steps take a few milliseconds: about as long as the stop's way there)."""
+    paced = lambda: slow_cartpole(0.01)  # noqa: E731
+    with MultiSyncCollector([paced, paced], None, frames_per_batch=400, total_frames=-1,
                             preemptive_threshold=0.0) as c:
         for batch in itertools.islice(c, 3):
             assert batch.shape == (2, 200) and valid_frames(batch) < 400
@@ -167,7 +174,9 @@ def test_threshold_zero_stops_every_worker_after_its_first_steps_as_torchrl():
 @pytest.mark.timeout(120)
 def test_threshold_one_is_no_preemption():
     with MultiAsyncCollector([cartpole, cartpole], None, frames_per_batch=20, total_frames=40, preemptive_threshold=1.0) as c:
-        assert all(MASK not in b.keys(True) and b.shape == (20,) for b in c)
+        batches = list(c)
+        assert len(c) == len(batches) == 2
+        assert all(MASK not in b.keys(True) and b.shape == (20,) for b in batches)
 
 
 TORCHRUN_TRAINER = """
@@ -203,3 +212,52 @@ def test_torchrun_ranks_are_stopped_over_rpc(tmp_path):
         assert fast == STEPS and 1 <= slow < STEPS
     assert summary["frames"] == sum(map(sum, summary["lanes"]))
     assert not wait_gone(descendants() - before, 10)
+
+
+def vector() -> GymEnv:
+    return GymEnv("CartPole-v1", num_envs=2)
+
+
+def slow_vector() -> GymEnv:
+    """Two CartPoles stepped together, 0.5 s a step."""
+    env = vector()
+    step = env.step_arrays
+    env.step_arrays = lambda action: (time.sleep(0.5), step(action))[1]
+    return env
+
+
+class Buffer:
+    """A replay buffer as TorchRL's with a one-dim storage: it keeps what ``extend`` writes."""
+
+    class storage:  # noqa: N801  (TorchRL's buffers expose their storage's ndim)
+        ndim = 1
+
+    def __init__(self) -> None:
+        self.written: list = []
+
+    def extend(self, td) -> None:
+        self.written.append(td.clone())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collector", ["MultiSyncCollector", "RPCCollector-cat0-vector"])
+def test_a_replay_buffer_gets_only_collected_frames_from_rounds_cut_short(collector):
+    """A preempted worker's padding (zeros, trajectory id -1) is no data: the buffer never gets it,
+    and it holds exactly the frames ``collector.frames`` counts."""
+    buffer = Buffer()
+    if collector == "MultiSyncCollector":
+        c = MultiSyncCollector([cartpole, straggler], None, frames_per_batch=2 * STEPS, total_frames=6 * STEPS,
+                               preemptive_threshold=0.5, replay_buffer=buffer)
+    else:  # [B, T] batches concatenated along dim 0 keep their mask: their padding must not be written either
+        c = RPCCollector([vector, slow_vector], None, frames_per_batch=4 * STEPS, total_frames=12 * STEPS,
+                         launcher="local", cat_results=0, preemptive_threshold=0.5, replay_buffer=buffer)
+    with c:
+        assert all(out is None for out in c)
+        frames = c.frames
+    written = [td.reshape(-1) for td in buffer.written]
+    ids = torch.cat([td[TRAJ] for td in written])
+    assert (ids >= 0).all(), f"{int((ids < 0).sum())} padded frames of {ids.numel()} written to the replay buffer"
+    assert all(MASK not in td.keys(True) for td in written)
+    assert ids.numel() == frames >= 6 * STEPS * (2 if collector != "MultiSyncCollector" else 1)

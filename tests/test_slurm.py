@@ -189,6 +189,15 @@ def blocking_task() -> None:
     time.sleep(600)  # cancelled long before
 
 
+def exit_without_result_once(flag: str) -> None:
+    """Ends, with exit code 0 and no result (as a collector server's task ends), once ``flag`` exists."""
+    import time
+
+    while not os.path.exists(flag):  # bounded by the job's time limit
+        time.sleep(0.1)
+    os._exit(0)
+
+
 # --------------------------------------------------------------------------- 1 node
 
 
@@ -230,6 +239,26 @@ def test_cancelled_job_reported(one_node, log_dir):
     job.cancel()
     with pytest.raises(UncompletedJobError, match="CANCELLED"):
         slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_result_returns_soon_after_a_job_ended_however_long_it_ran(one_node, log_dir):
+    """submitit asks SLURM for the states of old jobs only about once a minute; result() must not
+    report a job that ended as still running until then."""
+    import time
+
+    flag = log_dir / "end"
+    job = slurm.submit(exit_without_result_once, str(flag), log_dir=log_dir, time_min=5)
+    _wait_running(job)
+    submitit.SlurmJob.watcher._start_time -= 240  # as if submitted four minutes ago, as a long run's jobs are
+    assert not job.done(force_check=True)  # submitit has just seen it running
+    flag.touch()
+    deadline = time.monotonic() + 60
+    while _states([job.job_id]).get(job.job_id) != "COMPLETED":  # SLURM's accounting has it ended
+        assert time.monotonic() < deadline, _states([job.job_id])
+        time.sleep(0.2)
+    assert slurm.result(job, timeout_s=15) is None
 
 
 @pytest.mark.slurm
@@ -342,6 +371,24 @@ def test_bad_arguments_rejected_before_submission(tmp_path, options, error, word
     for word in words:
         assert word in str(info.value)
     assert not list(tmp_path.iterdir()), "nothing may be written before the arguments are valid"
+
+
+@pytest.mark.parametrize("where", ["a-file", "under-a-file", "sysfs"])
+def test_an_unwritable_collector_jobs_folder_is_refused_before_anything_starts(tmp_path, where):
+    """launcher="submitit" writes its rendezvous and the jobs' files into slurm_kwargs["folder"]:
+    one it cannot write is a ValueError naming it before any process, agent or job starts."""
+    from procs import descendants
+    from rpc_collectors import DistributedCollector
+
+    (tmp_path / "file").write_text("")
+    folder = {"a-file": tmp_path / "file", "under-a-file": tmp_path / "file" / "logs",
+              "sysfs": Path("/sys/rpc-collectors-logs")}[where]
+    before = descendants()
+    with pytest.raises(ValueError) as info:
+        DistributedCollector(["CartPole-v1"] * 2, None, frames_per_batch=20, launcher="submitit",
+                             slurm_kwargs={"folder": str(folder), "timeout_min": 5})
+    assert f"slurm_kwargs['folder']={str(folder)!r}" in str(info.value) and "accepted" in str(info.value), info.value
+    assert descendants() <= before and not torch.distributed.rpc.api._is_current_rpc_agent_set()
 
 
 @pytest.mark.slurm
@@ -511,7 +558,8 @@ def test_elastic_trainer_job_outlives_a_cancelled_collectors_job(two_nodes, log_
     assert not [r for r in records if r["event"] == "error"], records
     assert all(r["shape"] == [100] for r in records if r["event"] == "batch")
     assert slurm.result(second, timeout_s=60) is None  # its collectors were stopped by the trainer: exit 0
-    assert trainer.state.startswith("COMPLETED") and first.state.startswith("CANCELLED"), (trainer.state, first.state)
+    states = _final_states([trainer.job_id, first.job_id])  # job.state is submitit's last look, maybe a minute old
+    assert states[trainer.job_id] == "COMPLETED" and states[first.job_id].startswith("CANCELLED"), states
 
 
 # --------------------------------------------------------------------------- launcher="submitit"
@@ -530,8 +578,9 @@ def _submitit_collector(log_dir: Path, policy=None, **kwargs):
         return GymEnv(env_class())
 
     slurm_kwargs = {"folder": str(log_dir), "timeout_min": 5, "slurm_cpus_per_task": 8, **kwargs.pop("slurm_kwargs", {})}
+    kwargs.setdefault("join_timeout", 120)
     return DistributedCollector([count_env] * 2, policy, frames_per_batch=20, launcher="submitit",
-                                slurm_kwargs=slurm_kwargs, rpc_timeout=30, join_timeout=120, **kwargs)
+                                slurm_kwargs=slurm_kwargs, rpc_timeout=30, **kwargs)
 
 
 def _check_count_frames(batch) -> None:
@@ -552,6 +601,20 @@ def _states(job_ids) -> dict[str, str]:
     out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
                          capture_output=True, text=True, timeout=30, check=True).stdout
     return dict(line.split("|") for line in out.splitlines())
+
+
+def _final_states(job_ids, timeout_s: float = 30) -> dict[str, str]:
+    """The jobs' states once SLURM's accounting has them ended (it records an end a little after
+    squeue stops listing the job)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = _states(job_ids)
+        ended = len(states) == len(job_ids) and not {"PENDING", "RUNNING", "COMPLETING"} & set(states.values())
+        if ended or time.monotonic() > deadline:
+            return states
+        time.sleep(0.25)
 
 
 def _wait_queue_empty(timeout_s: float) -> list[str]:
@@ -598,22 +661,29 @@ def test_trainer_submits_its_collector_jobs_sync_and_async(two_nodes, log_dir):
             collector.update_policy_weights_()
     assert _queue() == [], "shutdown left collector jobs in the queue"
 
-    with _submitit_collector(log_dir, policy, sync=False, total_frames=200, track_policy_version=True) as collector:
-        workers = set()
+    # async: first ready, first served; a worker slowed down on a loaded machine may deliver its first
+    # batch after many of the other's, so the run goes on until both delivered (a worker that never
+    # answers is a WorkerError after rpc_timeout)
+    with _submitit_collector(log_dir, policy, sync=False, total_frames=-1, track_policy_version=True) as collector:
+        workers, pushed_to = set(), set()  # workers that delivered; those that delivered with the pushed weights
         for i, batch in enumerate(collector):
             assert batch.shape == (20,) and batch["collector", "worker_id"].unique().numel() == 1
             _check_count_frames(batch)
             workers.add(int(batch["collector", "worker_id"][0]))
+            if (batch["collector", "policy_version"] == 1).all():
+                pushed_to.add(int(batch["collector", "worker_id"][0]))
             if i == 0:
                 with torch.no_grad():
                     policy.bias.copy_(torch.tensor([0.0, 1.0]))
                 collector.update_policy_weights_()
             elif i > 2:  # both workers got the push; a batch in flight then may still be the old weights'
                 assert (batch["action"] == 1).all() == (batch["collector", "policy_version"] == 1).all()
-        assert workers == {0, 1} and (batch["collector", "policy_version"] == 1).all()
+            if i >= 9 and pushed_to == {0, 1}:
+                break
+            assert i < 100_000, f"only worker(s) {workers} delivered, {pushed_to} with the pushed weights"
         jobs = [line.split()[0] for line in _queue()]
     assert _queue() == [], "shutdown left collector jobs in the queue"
-    assert set(_states(jobs).values()) == {"COMPLETED"}, "the stopped collectors' jobs completed on their own"
+    assert set(_final_states(jobs).values()) == {"COMPLETED"}, "the stopped collectors' jobs completed on their own"
     assert not list(log_dir.glob("*_rendezvous.json")), "the trainer's rendezvous file is removed"
 
 
@@ -625,13 +695,13 @@ def test_killed_interrupted_or_finished_trainer_leaves_no_collector_job(two_node
     """SIGKILL the trainer mid-run: its guard cancels the jobs; Ctrl-C, or a script that ends
     without shutdown(): it shuts the collector down and they complete. Either way the queue
     empties within a bound."""
-    from procs import alive
+    from procs import alive, ctrl_c_raises
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"),
                                                         os.environ.get("PYTHONPATH", "")])}
     frames = [] if sig else ["200"]
     trainer = subprocess.Popen([sys.executable, str(REPO / "tests" / "submitit_trainer.py"), str(log_dir), *frames],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=ctrl_c_raises)
     try:
         line = trainer.stdout.readline()  # after its first batch
         assert line.startswith("{"), trainer.communicate(timeout=60)
@@ -654,7 +724,7 @@ def test_killed_interrupted_or_finished_trainer_leaves_no_collector_job(two_node
     if sig is None:
         assert trainer.returncode == 0 and err == "", err
     if sig != signal.SIGKILL:
-        assert set(_states(jobs).values()) == {"COMPLETED"}, "the trainer stopped its collectors"
+        assert set(_final_states(jobs).values()) == {"COMPLETED"}, "the trainer stopped its collectors"
 
 
 @pytest.mark.slurm
@@ -686,7 +756,32 @@ def test_cancelled_collector_job_leaves_a_vacant_slot_under_elastic_membership(t
         assert set(after) == {1 - on_n2}, "only the remaining collector delivers"
         assert collector.worker_restarts[on_n2] == 1 and collector.infos[on_n2] is None
     assert _wait_queue_empty(10) == []
-    assert _states([job])[job].startswith("CANCELLED")
+    assert _final_states([job])[job].startswith("CANCELLED")
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_sync_elastic_run_that_lost_its_collector_job_names_the_job_and_what_to_do(two_nodes, log_dir):
+    """The slot stays vacant until join_timeout; the error then names the cancelled job and
+    advice that fits launcher="submitit" (not an elastic trainer job's ``--join``)."""
+    from rpc_collectors import WorkerLeftWarning
+
+    collector = _submitit_collector(log_dir, None, sync=True, elastic=True, total_frames=-1, join_timeout=45)
+    try:
+        batches = iter(collector)
+        next(batches)
+        job = next(line.split()[0] for line in _queue() if line.endswith(" n2"))
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        with pytest.warns(WorkerLeftWarning), pytest.raises(TimeoutError) as info:
+            for _ in range(10_000):
+                next(batches)
+    finally:
+        collector.shutdown()
+    message = str(info.value)
+    assert "join_timeout=45" in message and f"{job} CANCELLED" in message, message
+    assert "launcher='submitit'" in message and "--join" not in message, message
+    assert _wait_queue_empty(10) == []
 
 
 @pytest.mark.slurm

@@ -58,6 +58,28 @@ def test_frames_per_batch_rounded_up_over_envs_with_a_warning():
     assert collector.frames_per_batch == 12 and len(collector) == 2
 
 
+@pytest.mark.parametrize("kind", ["Collector", pytest.param("MultiCollector", marks=pytest.mark.multiprocess)])
+def test_a_total_frames_batches_overshoot_is_told_at_the_users_line(kind, request):
+    """As TorchRL: 1000 frames in batches of 300 are 4 whole batches, 1200 frames, and the user is
+    told so; rounding warnings name the user's own line, not one in the library."""
+    from rpc_collectors import MultiCollector
+
+    if kind == "MultiCollector":
+        request.getfixturevalue("no_leftover_processes")
+    with pytest.warns(UserWarning) as record:
+        if kind == "Collector":
+            collector = Collector(EnvFactory(num_envs=3), None, frames_per_batch=299, total_frames=1000)
+        else:
+            collector = MultiCollector([EnvFactory()] * 2, None, frames_per_batch=299, total_frames=1000)
+    with collector:
+        frames = sum(batch.numel() for batch in collector)
+    overshoot = [w for w in record if "total_frames=1000" in str(w.message)]
+    assert len(overshoot) == 1 and f"collects {frames} frames in 4 batches" in str(overshoot[0].message), \
+        [str(w.message) for w in record]
+    assert frames == 1200
+    assert {w.filename for w in record} == {__file__}, [(w.filename, w.lineno) for w in record]
+
+
 @pytest.mark.parametrize("value", ["sample", 3])
 def test_exploration_type(value):
     refused(ValueError, "exploration_type", repr(value), exploration_type=value)

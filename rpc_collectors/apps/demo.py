@@ -191,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         end = time.perf_counter()
         if bar is not None:
+            if status.startswith("reached"):  # the target ended the run before the frame budget: done
+                bar.total = bar.n
+            bar.set_description_str(status, refresh=False)
             bar.close()
         if collector is not None:
             collector.shutdown()

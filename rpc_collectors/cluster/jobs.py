@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,8 @@ POLL_S = 0.2
 def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
     """The submitit executor of the collector jobs, from ``slurm_kwargs`` (checked; no job is submitted).
 
-    ``slurm_kwargs["folder"]`` is where the jobs' logs go; the other keys are
-    ``submitit.AutoExecutor.update_parameters``'s (``timeout_min``, ``slurm_partition``, ...).
+    ``slurm_kwargs["folder"]`` is where the jobs' logs go (see :func:`writable_folder`); the other
+    keys are ``submitit.AutoExecutor.update_parameters``'s (``timeout_min``, ``slurm_partition``, ...).
     """
     example = "{'folder': '/shared/logs/run1', 'slurm_partition': 'cpu', 'timeout_min': 120}"
     if not isinstance(slurm_kwargs, dict) or not slurm_kwargs.get("folder"):
@@ -54,6 +55,22 @@ def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
             f"submitit.AutoExecutor.update_parameters, e.g. {example}"
         ) from err
     return jobs
+
+
+def writable_folder(folder: Any) -> None:
+    """Make ``slurm_kwargs["folder"]`` if it is missing and check this process can write there
+    (the trainer's rendezvous file and submitit's job files go there); a ``ValueError`` names it otherwise."""
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path, prefix=".rpc-collectors-"):
+            pass
+    except OSError as err:
+        reason = f"{err.strerror or type(err).__name__}" + (f": {err.filename}" if err.filename else "")
+        raise ValueError(
+            f"slurm_kwargs['folder']={str(folder)!r} is not a folder this process can write ({reason}); accepted: "
+            "a folder this process can create or write, on a file system every node reads"
+        ) from None
 
 
 def trainer_interface() -> str:

@@ -45,6 +45,7 @@ _SRUN_ARGS = ("--kill-on-bad-exit=1",)
 _ELASTIC_SRUN_ARGS = ("--kill-on-bad-exit=0",)
 JOB_PORTS = range(20000, 32768)  # a job's MASTER_PORT, below the kernel's ephemeral ports
 JOIN_WAIT_S = 600.0  # how long a joining task waits for its trainer's rendezvous file
+STATE_CHECK_S = 5.0  # result(): seconds between its own asks of SLURM for a job's state
 
 
 @dataclass(frozen=True)
@@ -155,11 +156,19 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
 
     Raises ``submitit.core.utils.FailedJobError`` (with the task's traceback) if a task raised,
     ``UncompletedJobError`` naming the SLURM state if the job was cancelled, timed out or killed,
-    and ``TimeoutError`` if it has not finished after ``timeout_s`` (the job keeps running).
+    and ``TimeoutError`` if it has not finished after ``timeout_s`` (the job keeps running). A job's
+    end is seen within about ``STATE_CHECK_S`` seconds of SLURM's accounting recording it.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not job.done():
-        if deadline is not None and time.monotonic() > deadline:
+    asked = time.monotonic()  # submitit asks SLURM less and less often (up to once a minute): ask it ourselves
+    while True:
+        late = deadline is not None and time.monotonic() > deadline
+        force = late or time.monotonic() - asked >= STATE_CHECK_S  # at the deadline: the state as SLURM has it now
+        if force:
+            asked = time.monotonic()
+        if job.done(force_check=force):
+            break
+        if late:
             raise TimeoutError(f"SLURM job {job.job_id} has not finished after {timeout_s} s "
                                f"(state {job.state}); cancel it with `scancel {job.job_id}`")
         time.sleep(poll_s)

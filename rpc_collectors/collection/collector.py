@@ -13,7 +13,7 @@ from rpc_collectors.collection import batch_edits, preemption
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.dispatching import DispatchingCollector
 from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
-from rpc_collectors.collection.policies import RandomPolicy, StepPolicy, run_device
+from rpc_collectors.collection.policies import RandomPolicy, StepPolicy, check_action_shape, run_device
 from rpc_collectors.collection.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from rpc_collectors.collection.trajectories import TrajectoryIds
 from rpc_collectors.core import checks, torchrl_args, worker_checks
@@ -165,6 +165,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         envs = int(torch.Size(self.env.batch_size).numel())
         self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
         self.frames_per_batch = self.steps_per_batch * envs
+        checks.total_frames_fits(self.total_frames, self.frames_per_batch)
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
             policy, self.devices["policy_device"], self.action_keys, self.compile_policy, trust
         )
@@ -202,6 +203,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         """
         with torch.no_grad(), set_interaction_type(self.exploration_type):
             out = self.rollout.probe(self.policy)
+        if isinstance(self.env, GymEnv):
+            check_action_shape(self.policy.source, out, self.env.action_shape, self.env.action_space)
         # random-action batches carry the policy's other outputs too, zero-filled, as TorchRL's do
         actions = {unravel_key(key) for key in self.action_keys}
         try:

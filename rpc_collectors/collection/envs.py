@@ -193,6 +193,19 @@ class GymEnv:
             return int(action)
         return action.detach().cpu().numpy()
 
+    @property
+    def action_shape(self) -> torch.Size | None:
+        """The shape of the action tensor a policy must give for all envs together (None: a space
+        without one shape, such as Dict)."""
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            per_env = (int(space.n),) if self.one_hot else ()
+        elif isinstance(space, (gym.spaces.Box, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+            per_env = tuple(space.shape)
+        else:
+            return None
+        return torch.Size([*self.batch_size, *per_env])
+
     def sample_action(self) -> torch.Tensor:
         """One random action for every env, as a tensor in this env's action encoding."""
         space = self.env.action_space

@@ -154,3 +154,19 @@ def run_device(policy: Any, policy_device: torch.device | None) -> torch.device:
         return policy_device
     tensor = next(iter(policy.parameters()), None) if isinstance(policy, nn.Module) else None
     return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def check_action_shape(policy: Any, out: Mapping, expected: torch.Size | None, space: Any) -> None:
+    """A ``ValueError`` naming ``policy``, the action shape it returned and the one the env's action
+    ``space`` needs (``expected``, for all envs), when they hold a different number of values
+    (logits where an action is due); ``[1]`` for ``[]`` and the like pass, as the env takes them."""
+    action = out.get("action") if expected is not None else None
+    if not isinstance(action, torch.Tensor) or action.numel() == expected.numel():
+        return
+    described = repr(policy) if len(repr(policy)) <= 200 else f"{type(policy).__name__}(...)"
+    hint = " (logits, or probabilities, instead of an action: pick one, e.g. with .argmax(-1))" \
+        if action.shape == torch.Size([*expected, getattr(space, "n", -1)]) else ""
+    raise ValueError(
+        f"policy={described} returned an action of shape {list(action.shape)}{hint}; the env's action space "
+        f"{space} needs an action of shape {list(expected)} (one per env, batch size included)"
+    )

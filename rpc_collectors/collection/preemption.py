@@ -68,3 +68,13 @@ def drop_padding(batch: TensorDictBase) -> TensorDictBase:
     mask = batch.get(MASK)
     valid = mask.reshape(-1, mask.shape[-1]).any(0)
     return batch[..., valid].exclude(MASK)
+
+
+def no_length(threshold: float) -> TypeError:
+    """The error of ``len()`` on a collector whose rounds may be cut short."""
+    return TypeError(
+        f"len() of a collector with preemptive_threshold={threshold!r} is unknown before the run: rounds cut short "
+        "hold fewer frames, so reaching total_frames takes more batches than total_frames / frames_per_batch; "
+        "iterate until the collector stops (collector.frames counts the frames) or, for a known number of batches, "
+        "accepted: preemptive_threshold=None"
+    )

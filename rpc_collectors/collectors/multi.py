@@ -133,7 +133,9 @@ class RPCCollector(CollectorFront):
             step. Their batches are padded to full length: the steps they did not collect have
             ``("collector", "traj_ids")`` -1 and ``("collector", "mask")`` False (every batch has
             the mask); with ``cat_results=-1`` (or ``0`` over ``[T]`` batches) those steps are
-            dropped instead, without a mask. Only collected frames count towards ``total_frames``.
+            dropped instead, without a mask. Only collected frames count towards ``total_frames``
+            and go into a ``replay_buffer`` (each worker's, one ``extend()`` each); the number of
+            batches is unknown before the run, so ``len()`` raises a ``TypeError``.
             None or 1.0: every worker finishes its batch.
         extend_buffer: False: the ``replay_buffer`` gets each step of each worker with ``add()`` (one
             worker's steps, then the next worker's; steps a preempted worker did not collect are

@@ -1,3 +1,5 @@
-"""What every layer uses: the errors a collector raises (:mod:`.errors`) and the argument checks
-run before any process starts (:mod:`.checks`). Imports nothing of the library.
+"""What every layer uses: the errors a collector raises (:mod:`.errors`), a worker's traceback as
+the user reads it (:mod:`.tracebacks`), the argument checks run before any process starts
+(:mod:`.checks`) and warnings that point at the user's line (:mod:`.user_warnings`). Imports
+nothing of the library.
 """

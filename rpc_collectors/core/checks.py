@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import numbers
-import warnings
 from typing import Any
 
 import cloudpickle
 import torch
 from tensordict.nn import InteractionType
+
+from rpc_collectors.core import user_warnings
 
 MAX_TIMEOUT = 1e6  # seconds (11.6 days): what every timer below the RPC layer can hold
 
@@ -295,10 +296,22 @@ def frames_per_batch_fits(frames_per_batch: int, parts: int, what: str = "envs")
     """
     per_part = -(-frames_per_batch // parts)
     if frames_per_batch % parts:
-        warnings.warn(
+        user_warnings.warn(
             f"frames_per_batch={frames_per_batch} does not divide evenly over {parts} {what}: each batch "
             f"holds {per_part * parts} frames ({per_part} per {what[:-1]}); pass a multiple of {parts} "
-            "to get exactly frames_per_batch",
-            UserWarning, stacklevel=3,
+            "to get exactly frames_per_batch"
         )
     return per_part
+
+
+def total_frames_fits(total_frames: int, frames_per_batch: int) -> None:
+    """As TorchRL, a warning when whole batches of ``frames_per_batch`` overshoot ``total_frames``
+    (the run collects every frame of its last batch)."""
+    if total_frames != -1 and total_frames % frames_per_batch:
+        batches = -(-total_frames // frames_per_batch)
+        user_warnings.warn(
+            f"total_frames={total_frames} is not a multiple of the batch size ({frames_per_batch} frames): the run "
+            f"collects {batches * frames_per_batch} frames in {batches} batch{'es' if batches > 1 else ''}; pass a multiple "
+            f"of {frames_per_batch} "
+            "to get exactly total_frames"
+        )

@@ -1,6 +1,8 @@
 """The one exception a collector raises when a worker fails, and the internal one it starts from."""
 from __future__ import annotations
 
+from rpc_collectors.core import tracebacks
+
 
 class WorkerError(RuntimeError):
     """A collector worker died, became unreachable or raised.
@@ -16,7 +18,9 @@ class WorkerError(RuntimeError):
         where = f"collector worker {worker_id} (rank {rank} on host {host}" + (f", pid {pid})" if pid else ")")
         message = f"{where} {reason}"
         if remote_traceback:
-            message += f"\n--- remote traceback ---\n{remote_traceback}"
+            shown, shortened = tracebacks.for_user(remote_traceback)
+            note = " (without the frames in rpc_collectors: see .remote_traceback)" if shortened else ""
+            message += f"\n--- remote traceback{note} ---\n{shown}"
         super().__init__(message)
 
     @classmethod

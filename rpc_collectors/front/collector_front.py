@@ -24,6 +24,7 @@ from rpc_collectors.collection import preemption
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
+from rpc_collectors.front import buffer_writes, saved_state
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, weak_method
 from rpc_collectors.front.recovery import Recovery
@@ -52,6 +53,7 @@ class CollectorFront(WeightPushes, BaseCollector):
         self.launcher, self.elastic, self.join_timeout = s.launcher, s.elastic, s.join_timeout
         self.num_workers, self.sync, self.cat_results = s.num_workers, s.sync, s.cat_results
         # a sync round stops the other workers once this many handed in (TorchRL's preemptive_threshold)
+        self.preemptive_threshold = s.preemptive_threshold
         self.preempt_after = None if s.preemptive_threshold is None else int(s.num_workers * s.preemptive_threshold)
         self.backend, self.rpc_timeout = s.backend, s.rpc_timeout
         self.update_after_each_batch = s.update_after_each_batch
@@ -61,6 +63,8 @@ class CollectorFront(WeightPushes, BaseCollector):
         self._transport, self._factory = s.weight_transport, s.policy_factory
         self._given: Any = None  # policy_factory: the weights pushed last, which a push without weights sends
         self.frames_per_batch, self.worker_frames = s.frames_per_batch, s.worker_frames
+        if s.preemptive_threshold is None and (self.sync or self.frames_per_batch == self.worker_frames):
+            checks.total_frames_fits(self.total_frames, self.frames_per_batch)  # not when batch sizes vary
         self._policy_device = s.policy_device
         self.specs = s.specs
         self.policy = policy
@@ -187,10 +191,13 @@ class CollectorFront(WeightPushes, BaseCollector):
             raise RuntimeError(f"{type(self).__name__} was shut down")
 
     def _deadline(self) -> float:
-        """Until when to wait for the next batch: an answer to an outstanding request within
-        rpc_timeout; with none outstanding (elastic, vacant slots), a collector within join_timeout."""
-        outstanding = any(r.outstanding for r in self.roster)
-        return self.waits.deadline() if outstanding or not self.elastic else time.monotonic() + self.join_timeout
+        """Until when to wait for the next batch: each outstanding request's answer within rpc_timeout
+        of when its worker began on it (async too: one worker's answers never cover another's silence);
+        with none outstanding (elastic, vacant slots), a collector within join_timeout."""
+        oldest = self.waits.batch_deadline()
+        if oldest is not None:
+            return oldest[0]
+        return self.waits.deadline() if not self.elastic else time.monotonic() + self.join_timeout
 
     def _next_batch(self) -> tuple[int, Any]:
         """The next worker's batch answer (worker id, batch or ``Ready``); collectors that join
@@ -200,10 +207,10 @@ class CollectorFront(WeightPushes, BaseCollector):
             item = self.events.take(lambda e: isinstance(e, Joined) or (isinstance(e, Answer) and e.tag == BATCH),
                                     deadline, self.waits.check)
             if item is None:
-                late = [i for i, r in enumerate(self.roster) if r.outstanding]
-                if not late:
+                oldest = self.waits.batch_deadline()
+                if oldest is None:
                     raise self.recovery.no_collector()
-                raise self.waits.late(late[0])
+                raise self.waits.late(oldest[1])
             if isinstance(item, Joined):
                 self.recovery.admit(item.rank)
                 deadline = self._deadline()
@@ -327,18 +334,13 @@ class CollectorFront(WeightPushes, BaseCollector):
         return layouts.lay_out(stacked, self.cat_results)
 
     def _extend(self, batch: TensorDictBase) -> None:
-        """Write a batch into ``replay_buffer`` as TorchRL's workers write theirs (see :func:`layouts.for_storage`);
-        with ``extend_buffer=False`` each worker's steps one by one (``add``), worker after worker."""
-        if not self.extend_buffer:
-            for part in layouts.worker_parts(batch, self.sync and self.cat_results == "stack"):
-                if preemption.MASK in part.keys(True):
-                    part = preemption.drop_padding(part)
-                for step in part.unbind(part.batch_dims - 1):
-                    self.replay_buffer.add(step)
-            return
-        if self.sync and self.cat_results == "stack" and not self.split_trajs:
-            batch = layouts.for_storage(batch, getattr(getattr(self.replay_buffer, "storage", None), "ndim", None))
-        self.replay_buffer.extend(batch)
+        buffer_writes.write(self.replay_buffer, batch, stacked=self.sync and self.cat_results == "stack",
+                            extend_buffer=self.extend_buffer, split_trajs=self.split_trajs)
+
+    def __len__(self) -> int:
+        if self.preempt_after is not None:  # rounds cut short hold fewer frames: more of them come
+            raise preemption.no_length(self.preemptive_threshold)
+        return super().__len__()
 
     # ---------------------------------------------------------------- state
     def _serving(self) -> list[int]:
@@ -359,39 +361,13 @@ class CollectorFront(WeightPushes, BaseCollector):
         return seed
 
     def state_dict(self) -> dict:
-        """Frames, iteration, weights version and every worker's collector state."""
-        self.require_running()
-        with self._lock:
-            self._finish_push()
-        state = self._base_state()
-        state["policy_version"] = self.policy_version
-        if self.elastic:  # collectors come and go: keep where their trajectory ids continue from
-            state["workers"], state["traj_id_bounds"] = None, self.restarts.bounds()
-            return state
-        state["workers"] = self.gather({i: self._call(i, "state_dict") for i in range(self.num_workers)})
-        return state
+        """Frames, iteration, weights version, the trainer's policy weights and every worker's collector state."""
+        return saved_state.state_of(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from ``state_dict()``; the workers' envs restart, trajectory ids keep increasing."""
-        self.require_running()
-        if self.elastic:
-            if state.get("traj_id_bounds") is None or len(state["traj_id_bounds"]) != self.num_workers:
-                raise ValueError(f"the state is not that of an elastic collector with {self.num_workers} slots")
-            if self._serving():
-                raise RuntimeError("load_state_dict on an elastic collector must come before its first batch")
-            self._load_base_state(state)
-            self.policy_version = int(state["policy_version"])
-            self.restarts.restore(state["traj_id_bounds"])
-            return
-        if state["workers"] is None:
-            raise ValueError("the state is an elastic collector's; load it into a collector with elastic=True")
-        if len(state["workers"]) != self.num_workers:
-            raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {self.num_workers}")
-        self._load_base_state(state)
-        self.policy_version = int(state["policy_version"])
-        self.gather({i: self._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
-        for i, worker_state in enumerate(state["workers"]):
-            self.restarts.loaded(i, int(worker_state["traj_count"]))
+        """Resume from ``state_dict()``: the trainer's policy and the workers get the saved weights, the
+        workers' envs restart, trajectory ids keep increasing."""
+        saved_state.load(self, state)
 
     # ---------------------------------------------------------------- shutdown
     def _shutdown(self, close_env: bool) -> None:

@@ -12,7 +12,6 @@ import functools
 import warnings
 from typing import TYPE_CHECKING
 
-from rpc_collectors.cluster.elastic import JOIN_VARIABLE
 from rpc_collectors.core.errors import Failure, WorkerError, remote_summary
 from rpc_collectors.planes.membership import WorkerLeftWarning
 
@@ -38,10 +37,11 @@ class Recovery:
             front.require_running()
             worker_id, record = failed.worker_id, front.roster[failed.worker_id]
             reason = failed.reason if failed.remote or record.dead is None else record.dead  # a raise comes first
+            cause = None if failed.remote else failed.__cause__  # a raise: its traceback is in the error's message
             if not front.ready:  # a worker that fails while the collector starts is not replaced
-                raise front.fail(front.worker_error(worker_id, f"{reason} during start-up", failed.remote)) from failed.__cause__
+                raise front.fail(front.worker_error(worker_id, f"{reason} during start-up", failed.remote)) from cause
             if not front.restarts.take(worker_id, reason + remote_summary(failed.remote)):
-                raise front.fail(front.worker_error(worker_id, reason, failed.remote)) from failed.__cause__
+                raise front.fail(front.worker_error(worker_id, reason, failed.remote)) from cause
             try:
                 self._replace(worker_id)
                 return True
@@ -120,9 +120,7 @@ class Recovery:
         """The error of an elastic collector that waited ``join_timeout`` for a collector to join."""
         front = self.front
         vacant = [i for i in range(front.num_workers) if not front.workers.serves(i)]
-        rdv = front.workers.rdv
         return front.fail(TimeoutError(
             f"no collector joined within join_timeout={front.join_timeout} s while the trainer waited "
-            f"(vacant collector slots: {vacant}); start collectors with {JOIN_VARIABLE}="
-            f"{rdv.master_addr}:{rdv.master_port} (slurm/submit.py --join JOBID)"
+            f"(vacant collector slots: {vacant}); {front.workers.join_advice()}"
         ))

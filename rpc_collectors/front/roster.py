@@ -1,6 +1,7 @@
 """Per-worker state of a multi-worker collector, one record per worker id (slot)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 
@@ -14,7 +15,10 @@ class WorkerRecord:
     ``dead`` is why it died, as its pool reported, until it is replaced. ``outstanding``
     counts its batch requests in flight; ``redo`` the requests a failed predecessor left
     unanswered, which its replacement is asked again (into the same slots). ``requests`` counts
-    the batches this process was asked for (the number of the latest).
+    the batches this process was asked for (the number of the latest). ``serving_since`` is when
+    it began on the oldest request it has not answered (asked, or its previous answer came):
+    that request's ``rpc_timeout`` runs from there, in async runs too, where other workers'
+    answers keep coming meanwhile.
     """
 
     generation: int = 0
@@ -23,12 +27,14 @@ class WorkerRecord:
     outstanding: int = 0
     redo: int = 0
     requests: int = 0
+    serving_since: float | None = None
 
     def replaced(self) -> None:
         """A new process is taking the slot: what the last one was asked is asked again."""
         self.generation += 1
         self.redo += self.outstanding
         self.outstanding = self.requests = 0
+        self.serving_since = None
         self.dead = None
         self.info = None
 
@@ -40,6 +46,7 @@ class WorkerRecord:
         """The slot is vacant (elastic): nothing asked of the process that left is redone."""
         self.generation += 1
         self.outstanding = self.redo = self.requests = 0
+        self.serving_since = None
         self.dead = None
         self.info = None
 
@@ -48,6 +55,8 @@ class WorkerRecord:
 
     def asked(self, again: bool = False) -> None:
         """A batch request went out (``again``: one a predecessor left unanswered)."""
+        if not self.outstanding:
+            self.serving_since = time.monotonic()
         self.outstanding += 1
         self.requests += 1
         if again and self.redo:
@@ -55,3 +64,4 @@ class WorkerRecord:
 
     def answered(self) -> None:
         self.outstanding -= 1
+        self.serving_since = time.monotonic() if self.outstanding else None

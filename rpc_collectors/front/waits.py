@@ -34,6 +34,15 @@ class Waits:
     def deadline(self) -> float:
         return time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN
 
+    def batch_deadline(self) -> tuple[float, int] | None:
+        """Until when the worker that has waited longest on a batch request may take, and which
+        worker that is; None when no request is outstanding."""
+        serving = [(r.serving_since, i) for i, r in enumerate(self.roster) if r.outstanding and r.serving_since is not None]
+        if not serving:
+            return None
+        since, worker_id = min(serving)
+        return since + self.rpc_timeout + TIMEOUT_MARGIN, worker_id
+
     def check(self, worker_ids: set[int] | None = None) -> None:
         """Raise shutdown, or the failure of a dead worker among ``worker_ids`` (None: any)."""
         self.require_running()

@@ -116,6 +116,7 @@ class WeightReceiver:
         self.group = process_group(spec, rank) if spec.kind == "broadcast" else None
         self.version = 0
         self.source: torch.Tensor | None = None  # where the newest received version lies
+        self.unapplied = False  # a version was received since the last apply
         self._cond = threading.Condition()
 
     @property
@@ -145,17 +146,20 @@ class WeightReceiver:
             else:
                 self.group.recv([self.staging], 0, version).wait()
                 self.source = self.staging
-            self.version = version
+            self.version, self.unapplied = version, True
             self._cond.notify_all()
 
     def apply(self, collector: "object", min_version: int, timeout: float) -> None:
-        """Bring ``collector``'s policy to the newest staged version, waiting for ``min_version``."""
+        """Bring ``collector``'s policy to the newest staged version, waiting for ``min_version``; one
+        received at the collector's own version is applied too (a newcomer's first weights, of a
+        trainer that resumed at that version), one older than it (loaded since) is not."""
         with self._cond:
             if not self._cond.wait_for(lambda: self.version >= min_version, timeout):
                 raise TimeoutError(f"weights version {min_version} did not arrive within {timeout} s")
-            if self.version > collector.policy_version:
+            if self.unapplied and self.version >= collector.policy_version:
                 self.flat.unpack(self.source)
                 collector.policy_version = self.version
+            self.unapplied = False
 
     def close(self) -> None:
         if self.group is not None:

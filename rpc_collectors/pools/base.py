@@ -66,6 +66,10 @@ class WorkerPool:
     def error(self, worker_id: int, reason: str, remote: str = "") -> WorkerError:
         return WorkerError.from_info(worker_id, self.identity(worker_id), reason, remote)
 
+    def join_advice(self) -> str:
+        """Elastic pools: how the user gives the trainer collectors, when none joined in time."""
+        return ""
+
     def weight_rendezvous(self) -> Any:
         """Where the weight process group meets (``weight_transport="broadcast"``)."""
         return self.rdv

@@ -149,10 +149,17 @@ class NodeCollector:
     def set_seed(self, seed: int) -> int:
         return self.local.set_seed(seed)
 
-    def state_dict(self) -> dict:
-        """The local collector's state; ``traj_count`` bounds the local workers' trajectory counts."""
+    def state_dict(self, skipped: int = 0) -> dict:
+        """The local collector's state; ``traj_count`` bounds the local workers' trajectory counts.
+
+        ``skipped``: the counts this node's ids start above the node's first ids (a replacement's,
+        see ``traj_id_start``); they are added to every count, so a node resumed from its first
+        ids continues above every id this one used."""
         self._pass_weights_on()
-        return {"local": self.local.state_dict(), "traj_count": max(self.local.restarts.bounds())}
+        local = self.local.state_dict()
+        for worker in local["workers"]:
+            worker["traj_count"] += skipped
+        return {"local": local, "traj_count": skipped + max(self.local.restarts.bounds())}
 
     def load_state_dict(self, state: dict) -> None:
         self.local.load_state_dict(state["local"])

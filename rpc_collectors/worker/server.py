@@ -67,6 +67,7 @@ class WorkerState:
             init_fn()
         self.rank, self.address = rank, address
         start = worker_id if traj_id_start is None else traj_id_start
+        self.skipped = (start - worker_id) // num_workers  # id counts a replacement starts above its predecessors'
         if node is None:
             self.collector: Collector | NodeCollector = Collector(
                 create_env_fn, policy, traj_id_start=start, traj_id_stride=num_workers, **kwargs
@@ -158,9 +159,15 @@ class WorkerState:
         return self.collector.set_seed(seed)
 
     def state_dict(self) -> dict:
+        """The collector's state; its trajectory count counts from the worker's first id (``worker_id``),
+        so a resumed worker, which starts there, continues above every id this one or a predecessor used."""
         if self.receiver is not None:  # the state holds the newest weights pushed to this worker
             self.receiver.apply(self.collector, 0, self.timeout)
-        return self.collector.state_dict()
+        if isinstance(self.collector, NodeCollector):
+            return self.collector.state_dict(self.skipped)
+        state = self.collector.state_dict()
+        state["traj_count"] += self.skipped
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.collector.load_state_dict(state)

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import traceback
+import warnings
 from typing import Callable
 
 import torch
@@ -188,14 +189,20 @@ class Spawner:
                 _kill(pid)
 
     def reap(self, pids: list[int], timeout: float) -> None:
-        """Wait up to ``timeout`` for ``pids`` to exit, then kill the rest and wait for them."""
+        """Wait up to ``timeout`` for ``pids`` to exit, then kill the rest and wait as long again
+        for their exits; never raises: those whose exit is still not reported get a warning (they
+        were killed; the spawner reaps them when it gets to them)."""
         with self._cond:
             self._cond.wait_for(lambda: self._exited or not set(pids) & set(self._live), timeout)
             for pid in set(pids) & set(self._live):
                 self._live[pid] = lambda *_: None  # killed on purpose: not a failure
                 _kill(pid)
             if not self._cond.wait_for(lambda: self._exited or not set(pids) & set(self._live), timeout):
-                raise TimeoutError(f"worker processes {sorted(set(pids) & set(self._live))} did not exit")
+                warnings.warn(
+                    f"worker processes {sorted(set(pids) & set(self._live))} did not exit within {timeout} s of "
+                    f"shutdown; they were killed (SIGKILL), and their exits were not reported within {timeout} s more",
+                    RuntimeWarning, stacklevel=2,
+                )
 
     def close(self, timeout: float = 5.0) -> None:
         """Kill every child and the spawner (closing its requests tells it to); reap it."""

@@ -14,7 +14,7 @@ import dataclasses
 import threading
 from typing import Callable
 
-from rpc_collectors.cluster.elastic import TRAINER_KEY
+from rpc_collectors.cluster.elastic import JOIN_VARIABLE, TRAINER_KEY
 from rpc_collectors.planes import membership
 from rpc_collectors.planes.rendezvous import Rendezvous
 from rpc_collectors.pools.ranks.static import RankPool
@@ -76,6 +76,11 @@ class ElasticPool(RankPool):
 
     def identity(self, worker_id: int) -> dict:
         return {"rank": self.ranks[worker_id] if self.ranks[worker_id] is not None else "(vacant)"}
+
+    def join_advice(self) -> str:
+        """How a user gives the trainer collectors (the end of its error when none joined in time)."""
+        return (f"start collectors with {JOIN_VARIABLE}={self.rdv.master_addr}:{self.rdv.master_port} "
+                "(slurm/submit.py --join JOBID)")
 
     def _server_names(self) -> list[str]:
         with self._members_lock:

@@ -16,6 +16,7 @@ from typing import Callable
 
 import submitit
 
+from rpc_collectors.cluster.elastic import JOIN_VARIABLE
 from rpc_collectors.cluster.jobs import CollectorJobs, trainer_interface
 from rpc_collectors.planes.rendezvous import Rendezvous, free_port, interface_address
 from rpc_collectors.pools.ranks.elastic import ElasticPool
@@ -82,6 +83,17 @@ class SubmititPool(ElasticPool):
         if ended:
             reason += " (SLURM jobs that ended: " + ", ".join(f"{i} {s}" for i, s in ended.items()) + ")"
         return reason, remote
+
+    def join_advice(self) -> str:
+        """The jobs that ended, and what brings collectors back: these jobs are submitted only at the start."""
+        try:
+            ended = self.jobs.ended()
+        except Exception as err:  # sacct failed: the advice goes without the jobs' states
+            ended = {"?": f"unknown ({err})"}
+        states = ", ".join(f"{job_id} {state}" for job_id, state in ended.items()) or "none"
+        return (f"this trainer's collector jobs that ended: {states} (logs in {self.jobs.folder}); launcher='submitit' "
+                f"submits its jobs only when the collector starts: start the run again, or start collectors with "
+                f"{JOIN_VARIABLE}={self.rdv.master_addr}:{self.rdv.master_port}")
 
     def close(self, timeout: float = 2.0) -> None:
         super().close(timeout)  # stops the collectors: their jobs complete

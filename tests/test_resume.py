@@ -1,0 +1,117 @@
+"""Resuming a multi-worker collector from ``state_dict()`` with real worker processes: what a
+training run that checkpoints and restarts relies on.
+
+Trajectory ids stay unique across the save and the resume, also when workers were replaced
+before the save (``max_worker_restarts``); the trainer's policy gets the saved weights, as
+TorchRL's collectors load them.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import CountEnv
+from procs import wait_gone
+from rpc_collectors import GymEnv, MultiCollector, RPCCollector, WorkerRestartWarning
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
+
+TRAJ = ("collector", "traj_ids")
+
+
+def count_env() -> GymEnv:
+    return GymEnv(CountEnv())  # episodes of 3, 5 and 2 steps: many trajectories per batch
+
+
+def collector(kind: str) -> MultiCollector:
+    """Two workers (``"workers"``) or two nodes of two local workers each (``"nodes"``)."""
+    args = dict(frames_per_batch=40, max_worker_restarts=1, rpc_timeout=30, cat_results="stack")
+    if kind == "workers":
+        return MultiCollector([count_env] * 2, None, **args)
+    return RPCCollector(count_env, None, num_collectors=2, launcher="local", collector_class="sync",
+                        num_workers_per_collector=2, **args)
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    assert not wait_gone({pid}, 10)
+
+
+def ids(batches: list) -> set[int]:
+    return set(torch.cat([b[TRAJ].flatten() for b in batches]).tolist())
+
+
+@pytest.mark.parametrize("kind", ["workers", "nodes"])
+def test_resume_after_a_replacement_never_reuses_a_trajectory_id(kind):
+    """A replaced worker hands out ids above its predecessor's; the saved state must keep that
+    start, or the resumed worker hands out the predecessor's ids again. Nodes replace their
+    own local workers (the warning shows on the node's stderr)."""
+    first = collector(kind)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WorkerRestartWarning)
+            batches = [first.next().clone() for _ in range(6)]  # the first process of worker 1 goes far
+            kill(first.infos[1]["pid"] if kind == "workers" else first.infos[1]["local_pids"][1])
+            batches += [first.next().clone() for _ in range(2)]  # its replacement only starts
+        assert kind == "nodes" or first.worker_restarts == [0, 1]
+        state = first.state_dict()
+    finally:
+        first.shutdown()
+    before = ids(batches)
+    second = collector(kind)
+    try:
+        second.load_state_dict(state)
+        after = ids([second.next().clone() for _ in range(6)])
+    finally:
+        second.shutdown()
+    reused = sorted(before & after)
+    assert not reused, f"{len(reused)} trajectory ids of the saved run came back after the resume: {reused[:10]}"
+
+
+class FixedAction(nn.Module):
+    """Action = argmax(W obs + b) on CartPole's 4 floats; with W = 0 the bias alone picks ``action``."""
+
+    def __init__(self, action: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        with torch.no_grad():
+            self.linear.weight.zero_()
+            self.linear.bias.copy_(torch.eye(2)[action])
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.linear(observation.float()).argmax(-1)
+
+
+def cartpole() -> GymEnv:
+    return GymEnv("CartPole-v1")
+
+
+@pytest.mark.parametrize("kind", ["MultiCollector", "RPCCollector-debug"])
+def test_load_state_dict_gives_the_trainers_policy_the_saved_weights(kind):
+    """As TorchRL's collectors: after ``load_state_dict`` the trainer's module holds the saved
+    weights, so the training loop goes on from them and its next push keeps the workers on them."""
+    def make(policy: nn.Module) -> MultiCollector:
+        if kind == "MultiCollector":
+            return MultiCollector([cartpole] * 2, policy, frames_per_batch=40, rpc_timeout=30)
+        return RPCCollector([cartpole] * 2, policy, frames_per_batch=40, launcher="debug")
+
+    trained = FixedAction(0)
+    with make(trained) as first:
+        first.next()
+        trained.load_state_dict(FixedAction(1).state_dict())  # a training step
+        first.update_policy_weights_()
+        assert (first.next()["action"] == 1).all()
+        state = first.state_dict()
+    fresh = FixedAction(0)
+    with make(fresh) as second:
+        second.load_state_dict(state)
+        for name, value in trained.state_dict().items():
+            assert torch.equal(fresh.state_dict()[name], value), f"the trainer's policy kept its own {name}"
+        assert (second.next()["action"] == 1).all()
+        second.update_policy_weights_()  # the training loop's next push
+        assert (second.next()["action"] == 1).all()
