@@ -8,6 +8,7 @@ namespaces ``rpcc-nc-*``, subnet 10.86.0.0/24): the trainer in host 1, a node in
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,7 +25,7 @@ from torch import nn
 import devcluster_module
 from devcluster_module import namespace_pids
 from multihost_trainer import ArgmaxPolicy
-from procs import descendants, kill_sessions, killed_at_exit
+from procs import descendants, kill_sessions, killed_at_exit, wait_gone
 from rpc_collectors import (
     Collector,
     GymEnv,
@@ -180,6 +181,25 @@ def test_local_worker_killed_on_a_node_is_replaced_under_max_worker_restarts(no_
     # the replacement starts new trajectories, with ids its predecessor never used, of its flat worker (0)
     assert all(i % 4 == 0 for s in ids for i in s)
     assert max(ids[0]) < min(ids[-1])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_hung_local_worker_is_replaced_before_the_trainer_gives_up_on_its_node(no_leftover_processes):
+    """Nested waits, nested deadlines: a node waits for a local worker half the trainer's rpc_timeout, so a
+    stopped local worker is replaced and the node's batch reaches the trainer before the trainer's wait ends."""
+    with RPCCollector(make_env, None, num_collectors=2, frames_per_batch=80, launcher="local", cat_results="stack",
+                      collector_class="sync", num_workers_per_collector=2, max_worker_restarts=1, rpc_timeout=12) as c:
+        c.next()
+        victim = c.infos[1]["local_pids"][0]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            after = [c.next().clone() for _ in range(2)]  # no WorkerError: the node replaced its local worker
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+        assert all(b.shape == (2, 2, 20) for b in after)
+        assert not wait_gone({victim}, 10), "the node left its hung local worker running"
 
 
 @pytest.mark.multiprocess

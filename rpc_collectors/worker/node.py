@@ -12,6 +12,11 @@ Ids: local worker ``w`` of node ``i`` is the flat run's worker ``i * W + w``. It
 ids are the ones that worker would have (``i * W + w + k * N * W``), and seeds pass through
 the nodes' local workers in that order, so a node run yields the frames of the flat run of N x W
 workers with the same seed.
+
+Nested waits, nested deadlines: the trainer waits ``rpc_timeout`` for a node, and a node waits
+``NODE_WAIT_SHARE`` of it (half) for each of its local workers. A local worker that hangs is
+given up by the node first, replaced (``max_worker_restarts``) or reported as the node's
+failure, with the other half of the trainer's wait left for the replacement's batch.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ CLASS_NAMES = {
     "sync": "sync", "MultiSyncCollector": "sync", "MultiSyncDataCollector": "sync",
     "async": "async", "MultiAsyncCollector": "async", "MultiaSyncDataCollector": "async",
 }
+NODE_WAIT_SHARE = 0.5  # of the trainer's rpc_timeout: how long a node waits on one of its local workers
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class NodeSpec:
     num_workers: int
     launcher: str  # "local", or "debug" under the debug launcher: the local workers live in the node too
     max_worker_restarts: int
-    rpc_timeout: float
+    rpc_timeout: float  # the trainer's; the node's own waits take NODE_WAIT_SHARE of it
 
 
 def node_class(collector_class: Any, num_workers_per_collector: Any) -> tuple[str | None, int]:
@@ -91,7 +97,7 @@ class NodeCollector:
         self._version = 0  # of the weights in this node's policy
         self.local = node.collector(
             [create_env_fn] * node.num_workers, policy, sync=node.sync, launcher=node.launcher,
-            total_frames=-1, cat_results="stack", rpc_timeout=node.rpc_timeout,
+            total_frames=-1, cat_results="stack", rpc_timeout=node.rpc_timeout * NODE_WAIT_SHARE,
             max_worker_restarts=node.max_worker_restarts, **kwargs,
         )
         self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
