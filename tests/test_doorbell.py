@@ -3,6 +3,7 @@
 from a :class:`SlotWriter`), or against a hand-made peer that misbehaves."""
 from __future__ import annotations
 
+import pickle
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ from tensordict import TensorDict
 from rpc_collectors.planes.data import BatchPlane
 from rpc_collectors.planes.doorbell import ANSWER, READY, REQUEST, Ready, SocketDoorbell, answer
 from rpc_collectors.planes.layouts import BatchLayout
+from rpc_collectors.planes.local_restarts import LocalRestart, note, unnote
 from rpc_collectors.planes.slots import SlotPool, SlotWriter
 
 pytestmark = pytest.mark.timeout(30)
@@ -52,6 +54,39 @@ def test_each_batch_lands_in_the_slot_it_was_asked_for(pool):
         assert [v for v, _ in asked] == list(range(1, 8))  # each request's weights version reached the worker
     finally:
         bell.close()
+
+
+def test_a_nodes_restarts_ride_with_its_ready_answer_and_the_bytes_still_land(pool):
+    """A node's local restarts make its "ready" answer a pickled one; across hosts the slot's bytes still
+    follow it, and the next plain answer is read in step."""
+    bell = SocketDoorbell("127.0.0.1", pool.memory, 5.0)
+    writer = SlotWriter(pool.spec(0, bell.ends))
+    restarts = (LocalRestart(1, "died with exit code -9 (SIGKILL)", 4321),)
+    asked = []
+
+    def collect(min_version: int, slot: int) -> Ready:
+        asked.append(slot)
+        assert writer.write(slot, batch(len(asked)))
+        return note(Ready(slot), restarts if len(asked) % 2 else ())
+
+    answer(bell.ends, collect, writer.memory)
+    bell.opened()
+    try:
+        for i in range(1, 5):
+            slot = pool.slot_for(0)
+            got, told = unnote(bell.ring(slot, 0).wait())
+            assert got == Ready(slot) and told == (restarts if i % 2 else ())
+            assert (pool.hand_out(slot) == batch(i)).all(), f"batch {i} differs from what the worker wrote"
+    finally:
+        bell.close()
+
+
+def test_a_batch_returned_directly_carries_a_nodes_restarts_around_it():
+    restarts = (LocalRestart(0, "died", 7),)
+    b = batch(3)
+    assert note(b, ()) is b and unnote(b) == (b, ())
+    got, told = unnote(pickle.loads(pickle.dumps(note(b, restarts))))
+    assert (got == b).all() and told == restarts
 
 
 def test_two_requests_in_flight_are_answered_in_order_each_in_its_slot():

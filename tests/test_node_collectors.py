@@ -33,6 +33,7 @@ from rpc_collectors import (
     MultiSyncCollector,
     RPCCollector,
     WorkerError,
+    WorkerRestartWarning,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,6 +182,27 @@ def test_local_worker_killed_on_a_node_is_replaced_under_max_worker_restarts(no_
     # the replacement starts new trajectories, with ids its predecessor never used, of its flat worker (0)
     assert all(i % 4 == 0 for s in ids for i in s)
     assert max(ids[0]) < min(ids[-1])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_nodes_local_restart_reaches_the_trainer_as_a_warning_a_count_and_a_pid(no_leftover_processes):
+    """Node 1 replaces its local worker 0: the trainer warns naming both, counts it for node 1 (not in
+    the trajectory-id bounds of its own restarts) and lists the replacement's pid."""
+    with RPCCollector(make_env, None, num_collectors=2, frames_per_batch=80, launcher="local", cat_results="stack",
+                      collector_class="sync", num_workers_per_collector=2, max_worker_restarts=1) as c:
+        c.next()
+        victim = c.infos[1]["local_pids"][0]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.warns(WorkerRestartWarning, match=r"node 1's local worker 0 .*died with exit code -9") as caught:
+            for _ in range(3):
+                c.next()
+        assert sum("node 1's local worker 0" in str(w.message) for w in caught) == 1
+        assert c.worker_restarts == [0, 1]
+        assert c.restarts.counts == [0, 0]  # the trainer replaced no node
+        pids = c.infos[1]["local_pids"]
+        assert victim not in pids and len(pids) == 2
+        os.kill(pids[0], 0)  # the replacement runs
 
 
 @pytest.mark.multiprocess

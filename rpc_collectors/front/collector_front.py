@@ -24,7 +24,7 @@ from rpc_collectors.collection import preemption
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
-from rpc_collectors.front import buffer_writes, saved_state
+from rpc_collectors.front import buffer_writes, node_restarts, saved_state
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, weak_method
 from rpc_collectors.front.recovery import Recovery
@@ -141,8 +141,8 @@ class CollectorFront(WeightPushes, BaseCollector):
     @property
     def worker_restarts(self) -> list[int]:
         """How many times each worker was replaced (``max_worker_restarts``), or how many
-        collectors left each slot (``elastic``)."""
-        return list(self.restarts.counts)
+        collectors left each slot (``elastic``); with node collectors, plus the local workers each node replaced."""
+        return [count + record.local_restarts for count, record in zip(self.restarts.counts, self.roster)]
 
     def _on_death(self, worker_id: int, reason: str) -> None:
         """A pool saw worker ``worker_id`` die (from its own thread)."""
@@ -220,6 +220,7 @@ class CollectorFront(WeightPushes, BaseCollector):
                 continue  # the answer of a replaced worker
             result = self.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
             record.answered()
+            result = node_restarts.heard(record, item.worker_id, result)  # a node's local restarts come with it
             if self.weights is not None:
                 self.weights.delivered(item.worker_id)
             if self.elastic:

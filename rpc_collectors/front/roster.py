@@ -18,7 +18,8 @@ class WorkerRecord:
     the batches this process was asked for (the number of the latest). ``serving_since`` is when
     it began on the oldest request it has not answered (asked, or its previous answer came):
     that request's ``rpc_timeout`` runs from there, in async runs too, where other workers'
-    answers keep coming meanwhile.
+    answers keep coming meanwhile. ``local_restarts`` counts the local workers that the nodes
+    serving this id replaced (node collectors, :mod:`~rpc_collectors.front.node_restarts`).
     """
 
     generation: int = 0
@@ -28,6 +29,7 @@ class WorkerRecord:
     redo: int = 0
     requests: int = 0
     serving_since: float | None = None
+    local_restarts: int = 0
 
     def replaced(self) -> None:
         """A new process is taking the slot: what the last one was asked is asked again."""

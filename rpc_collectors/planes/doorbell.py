@@ -45,9 +45,11 @@ CLOSE_WAIT = 5.0  # seconds close() waits for the reader of a closed connection 
 
 @dataclass(frozen=True)
 class Ready:
-    """A worker's answer: its batch is in ``slot`` (shared memory, or its bytes follow this answer)."""
+    """A worker's answer: its batch is in ``slot`` (shared memory, or its bytes follow this answer);
+    ``restarts``: a node's local restarts since its last answer (:mod:`~rpc_collectors.planes.local_restarts`)."""
 
     slot: int
+    restarts: tuple = ()
 
 
 def file_id(fd: int) -> tuple[int, int]:
@@ -193,15 +195,14 @@ class Doorbell:
             while True:
                 kind, value = ANSWER.unpack(_read_exactly(self._answer_r, ANSWER.size))
                 payload = b"" if kind == READY else _read_exactly(self._answer_r, value)
-                if kind == READY:
-                    self._land(value)
-                with self._lock:
-                    fut = self._pending.popleft()
                 try:
                     result = Ready(value) if kind == READY else pickle.loads(payload)
                 except Exception as err:  # e.g. a class this process cannot import
-                    fut.set_exception(RuntimeError(f"the worker's answer could not be read: {err!r}"))
-                    continue
+                    kind, result = ERROR, f"the worker's answer could not be read: {err!r}"
+                if isinstance(result, Ready):  # pickled when it carries restarts
+                    self._land(result.slot)
+                with self._lock:
+                    fut = self._pending.popleft()
                 if kind == ERROR:
                     fut.set_exception(RuntimeError(result))
                 else:
@@ -371,7 +372,7 @@ def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callabl
                 try:
                     result = collect(min_version, slot)
                     ready = isinstance(result, Ready)
-                    message = ANSWER.pack(READY, result.slot) if ready else _pickled(BATCH, result)
+                    message = ANSWER.pack(READY, result.slot) if ready and not result.restarts else _pickled(BATCH, result)
                 except Exception:
                     ready, message = False, _pickled(ERROR, traceback.format_exc())
                 if slots is None:  # shared memory: the answer alone, at once

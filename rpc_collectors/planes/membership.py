@@ -128,6 +128,8 @@ class Restarts:
     def __init__(self, budget: int, num_workers: int) -> None:
         self.budget, self.num_workers = budget, num_workers
         self.counts = [0] * num_workers
+        self.name = "collector worker {}"  # how a warning names worker i (a node's local collector: its node too)
+        self.taken: list[tuple[int, str]] = []  # (worker id, reason) of every replacement, in order
         self.seeds: list[int | None] = [None] * num_workers  # the seed each worker was last given
         self._ids = [0] * num_workers  # bound on the id counts worker i's incarnations may have used
 
@@ -139,8 +141,9 @@ class Restarts:
         if self.left <= 0:
             return False
         self.counts[worker_id] += 1
+        self.taken.append((worker_id, reason))
         warnings.warn(
-            f"collector worker {worker_id} {reason}; replacing it ({self.left} of "
+            f"{self.name.format(worker_id)} {reason}; replacing it ({self.left} of "
             f"max_worker_restarts={self.budget} restarts left)",
             WorkerRestartWarning, stacklevel=5,
         )

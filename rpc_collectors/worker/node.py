@@ -30,6 +30,7 @@ from torch import nn
 from rpc_collectors.collection.batch_record import VERSION
 from rpc_collectors.collection.trajectories import TRAJ_IDS
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
+from rpc_collectors.planes.local_restarts import LocalRestart
 
 # collector_class: TorchRL's strings and class names -> the node's local collector (None: a single Collector)
 CLASS_NAMES = {
@@ -82,12 +83,13 @@ class NodeCollector:
     Built by :class:`~rpc_collectors.worker.server.WorkerState` from a spec with a :class:`NodeSpec`;
     it offers what the server uses of a single-process ``Collector``. ``traj_id_start`` and
     ``traj_id_stride`` are the node's trajectory ids as the trainer gives them to any worker
-    (``start + k * stride``, with ``stride`` the trainer's number of nodes).
+    (``start + k * stride``, with ``stride`` the trainer's number of nodes); ``node_id``: the
+    trainer's worker id of this node, which its warnings name.
     """
 
     def __init__(
         self, create_env_fn: Any, policy: Any, node: NodeSpec, traj_id_start: int, traj_id_stride: int,
-        **kwargs: Any,
+        node_id: int = 0, **kwargs: Any,
     ) -> None:
         self.node = node
         # where the trainer's weights land: the policy, or (policy_factory) a TensorDict laid out as they are
@@ -101,6 +103,8 @@ class NodeCollector:
             max_worker_restarts=node.max_worker_restarts, **kwargs,
         )
         self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
+        self.local.restarts.name = f"node {node_id}'s local worker {{}}"
+        self._told = 0  # of the local collector's restarts, how many the trainer was told of
 
     @property
     def num_envs(self) -> int:
@@ -110,6 +114,12 @@ class NodeCollector:
     def pids(self) -> list[int | None]:
         """The local workers' pids."""
         return [info["pid"] for info in self.local.infos]
+
+    def new_restarts(self) -> tuple[LocalRestart, ...]:
+        """The local workers replaced since the last call, for the trainer (with the node's next answer)."""
+        taken = self.local.restarts.taken[self._told:]
+        self._told += len(taken)
+        return tuple(LocalRestart(worker, reason, self.pids[worker]) for worker, reason in taken)
 
     @property
     def policy_version(self) -> int:

@@ -26,7 +26,7 @@ from tensordict import TensorDictBase
 
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.preemption import Preemption
-from rpc_collectors.planes import doorbell, membership
+from rpc_collectors.planes import doorbell, local_restarts, membership
 from rpc_collectors.planes.doorbell import Ready
 from rpc_collectors.planes.factory_weights import signature_of
 from rpc_collectors.planes.rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
@@ -73,7 +73,7 @@ class WorkerState:
                 create_env_fn, policy, traj_id_start=start, traj_id_stride=num_workers, **kwargs
             )
         else:
-            self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, **kwargs)
+            self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, node_id=worker_id, **kwargs)
         self.collector.keep_version_key = True  # the trainer reads each batch's versions from it
         self.preemption = Preemption() if preemptible else None
         if self.preemption is not None:
@@ -133,8 +133,9 @@ class WorkerState:
             return False
         return True
 
-    def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready:
-        """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned."""
+    def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready | local_restarts.Noted:
+        """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned;
+        a node's answer carries the local restarts since its last (:mod:`~rpc_collectors.planes.local_restarts`)."""
         if self.preemption is not None:
             self.preemption.begin()
         if self.receiver is not None:
@@ -142,13 +143,15 @@ class WorkerState:
         if self.writer is not None and isinstance(self.collector, Collector):  # observations go straight into the slot
             self.collector.rollout.out = None if slot is None else self.writer.targets[slot]
         batch = self.collector.next()
+        node = isinstance(self.collector, NodeCollector)
         if slot is not None and self.writer is not None:
-            if self.writer.write(slot, batch):
-                return Ready(slot)
-            return batch.clone()  # does not fit the slot; its observations may lie there already
-        if isinstance(self.collector, NodeCollector):  # its tensors are views of the local workers' shared slots,
-            return batch.clone()  # which an RPC result would carry whole
-        return batch
+            # a batch that does not fit the slot is returned; its observations may lie there already
+            result = Ready(slot) if self.writer.write(slot, batch) else batch.clone()
+        elif node:  # its tensors are views of the local workers' shared slots, which an RPC result would carry whole
+            result = batch.clone()
+        else:
+            return batch
+        return local_restarts.note(result, self.collector.new_restarts()) if node else result
 
     def preempt(self, batch: int) -> None:
         """End the ``batch``-th batch asked of this worker at its next step (TorchRL's preemption)."""
