@@ -346,7 +346,7 @@ class CollectorFront(BaseCollector):
         """Write a batch into ``replay_buffer`` as TorchRL's workers write theirs (see :func:`layouts.for_storage`);
         with ``extend_buffer=False`` each worker's steps one by one (``add``), worker after worker."""
         if not self.extend_buffer:
-            for part in layouts.worker_parts(batch, self.sync and self.cat_results == "stack"):
+            for part in layouts.worker_parts(batch, self.sync and self.cat_results == "stack", self._worker_ids):
                 if preemption.MASK in part.keys(True):
                     part = preemption.drop_padding(part)
                 for step in part.unbind(part.batch_dims - 1):
