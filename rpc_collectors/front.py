@@ -446,7 +446,8 @@ class CollectorFront(BaseCollector):
         return seed
 
     def state_dict(self) -> dict:
-        """Frames, iteration, weights version and every worker's collector state."""
+        """Frames, iteration, weights version and every worker's collector state (``"workers"``, a
+        list; also under TorchRL's ``"worker0"``, ``"worker1"``, ... keys, with its ``"policy_state_dict"``)."""
         self.require_running()
         with self._lock:
             self._finish_push()
@@ -456,6 +457,7 @@ class CollectorFront(BaseCollector):
             state["workers"], state["traj_id_bounds"] = None, self.restarts.bounds()
             return state
         state["workers"] = self.gather({i: self._call(i, "state_dict") for i in range(self.num_workers)})
+        state.update({f"worker{i}": worker for i, worker in enumerate(state["workers"])})  # TorchRL's keys
         return state
 
     def load_state_dict(self, state: dict) -> None:

@@ -356,8 +356,8 @@ def test_calls_after_shutdown_and_bad_arguments_are_clear_errors():
         c.update_policy_weights_(worker_ids=True)
     with pytest.raises(TypeError, match="seed='abc'"):
         c.set_seed("abc")
-    with pytest.raises(ValueError, match=r"policy_or_weights\['weight'\] has shape \[3, 4\]"):
-        c.update_policy_weights_(nn.Linear(4, 3))
+    with pytest.raises(ValueError, match=r"policy_or_weights\['bias'\] has shape \[3\], the policy's is \[2\]"):
+        c.update_policy_weights_(nn.Linear(4, 3))  # the first tensor by name that differs
     with pytest.raises(ValueError, match="policy_or_weights has no 'bias'"):
         c.update_policy_weights_({"weight": torch.zeros(2, 4)})
     c.shutdown()

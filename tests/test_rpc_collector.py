@@ -315,6 +315,9 @@ def test_state_dict_resume_keeps_ids_increasing():
         policy.set_action(1)
         c.update_policy_weights_()
         state = c.state_dict()
+    for w in (0, 1):  # TorchRL's keys too: each worker's state with the weights it runs
+        assert state[f"worker{w}"] is state["workers"][w]
+        assert torch.equal(state[f"worker{w}"]["policy_state_dict"]["linear.bias"], policy.linear.bias.detach())
     with rpc(BiasPolicy(0), total_frames=-1, cat_results="stack", track_policy_version=True) as c:
         c.load_state_dict(state)
         assert c.frames == 200 and c.policy_version == 1
