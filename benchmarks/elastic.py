@@ -50,6 +50,7 @@ def case(sync: bool, window: float, kills: int) -> dict:
     collector = MultiCollector(
         [functools.partial(make_sleep_env, STEP_S)] * WORKERS, policy,
         frames_per_batch=FRAMES * (WORKERS if sync else 1), sync=sync, max_worker_restarts=kills,
+        track_policy_version=True,  # each frame's ("collector", "worker_id") shows the replaced worker's frames
     )
     batches = iter(collector)
 
@@ -93,6 +94,7 @@ def join_case(sync: bool, window: float, kills: int, spare: bool = False) -> dic
     collector = RPCCollector(
         functools.partial(make_sleep_env, STEP_S), ArgmaxLinear(), frames_per_batch=FRAMES * (2 if sync else 1),
         num_collectors=2, sync=sync, launcher="torchrun", elastic=True, rpc_timeout=10, join_timeout=60,
+        track_policy_version=True,
     )
     admitted: dict[int, float] = {}  # rank -> when the trainer admitted it
     admit = collector.recovery.admit

@@ -41,7 +41,7 @@ def main() -> None:
     per_worker = 40 if args.num_envs is None else 60
     collector = RPCCollector(
         envs, None, sync=args.sync, frames_per_batch=per_worker * (2 if args.sync else 1), total_frames=-1,
-        launcher="torchrun", rpc_timeout=20,
+        launcher="torchrun", rpc_timeout=20, track_policy_version=True,  # the checker reads each frame's worker id
     )
     # Only rank 0 gets here.
     checker, kept, checked = Checker(), [], 0

@@ -196,6 +196,7 @@ def test_extend_buffer_false_in_workers_adds_each_workers_steps_in_order(sync, c
     env = (lambda: GymEnv("CartPole-v1", num_envs=num_envs)) if num_envs else cartpole
     collector = MultiSyncCollector if sync else MultiAsyncCollector
     kwargs = {} if cat_results is None else {"cat_results": cat_results}
+    kwargs["track_policy_version"] = True  # each step keeps ("collector", "worker_id"), which says whose it is
     with collector([env] * 2, None, frames_per_batch=16, total_frames=32, replay_buffer=rb, extend_buffer=False, **kwargs) as c:
         assert list(c) == [None, None]
     envs = num_envs or 1
@@ -280,7 +281,8 @@ def test_compile_policy_runs_the_policy_compiled():
 @pytest.mark.multiprocess
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_frames_per_batch_list_gives_each_worker_its_own():
-    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=24, cat_results=-1) as c:
+    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=24, cat_results=-1,
+                            track_policy_version=True) as c:
         batches = list(c)
     assert [b.shape for b in batches] == [(12,), (12,)]
     assert batches[0].get(("collector", "worker_id")).tolist() == [0] * 4 + [1] * 8
@@ -376,7 +378,8 @@ def test_trajs_per_batch_writes_each_trajectory_flat_into_a_replay_buffer():
 @pytest.mark.multiprocess
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_trajs_per_batch_from_workers():
-    with MultiSyncCollector([count_env] * 2, None, frames_per_batch=8, total_frames=80, trajs_per_batch=4) as c:
+    with MultiSyncCollector([count_env] * 2, None, frames_per_batch=8, total_frames=80, trajs_per_batch=4,
+                            track_policy_version=True) as c:
         batches = list(c)
     assert batches and all(b.shape[0] == 4 for b in batches)
     for batch in batches:

@@ -106,6 +106,7 @@ class Checker:
 def collector(num_envs: int | None, sync: bool, frames_per_worker: int = 60, shape: tuple = SHAPE, **kwargs):
     envs = [functools.partial(make_env, w, num_envs, shape) for w in range(2)]
     fpb = frames_per_worker * (2 if sync else 1)
+    kwargs.setdefault("track_policy_version", True)  # the tests read each frame's ("collector", "worker_id")
     return MultiCollector(envs, None, sync=sync, frames_per_batch=fpb, total_frames=-1, **kwargs)
 
 
@@ -237,7 +238,8 @@ class FailingPixelEnv(PixelEnv):
 def test_an_env_error_reaches_the_trainer_with_its_traceback(sync):
     """Workers on this host are asked for batches through their doorbell pipes: an error comes back that way."""
     envs = [functools.partial(make_env, 0, None), lambda: GymEnv(FailingPixelEnv(1))]
-    c = MultiCollector(envs, None, sync=sync, frames_per_batch=120 if sync else 60, total_frames=-1)
+    c = MultiCollector(envs, None, sync=sync, frames_per_batch=120 if sync else 60, total_frames=-1,
+                       track_policy_version=True)
     checker, bells = Checker(), set()
     try:
         with pytest.raises(WorkerError) as failure:
@@ -287,7 +289,8 @@ class GrowingEnv:
 def test_batches_that_stop_fitting_their_slots_arrive_whole(sync):
     """A batch whose keys differ from the first one's is sent back pickled through the doorbell pipe."""
     envs = [functools.partial(GrowingEnv, w) for w in range(2)]
-    with MultiCollector(envs, None, sync=sync, frames_per_batch=120 if sync else 60, total_frames=-1) as c:
+    with MultiCollector(envs, None, sync=sync, frames_per_batch=120 if sync else 60, total_frames=-1,
+                        track_policy_version=True) as c:
         per_worker: dict[int, list] = {0: [], 1: []}
         for batch in c:
             for w in (0, 1):

@@ -75,10 +75,13 @@ def test_distributed_sync_batches_are_stacked_and_weights_reach_the_workers():
 
 def test_distributed_defaults_to_async_batches_of_one_worker():
     with DistributedCollector([count_env] * 2, None, frames_per_batch=20, total_frames=400, launcher="mp") as c:
-        batches = list(c)  # 20 batches: on a loaded machine one worker may deliver the first few alone
-    assert not c.sync and len(batches) == 20
-    assert all(b.shape == (20,) and b[WORKER].unique().numel() == 1 for b in batches)
-    assert {int(b[WORKER][0]) for b in batches} == {0, 1}
+        batches, workers = [], []
+        for batch in c:  # 20 batches: on a loaded machine one worker may deliver the first few alone
+            batches.append(batch)
+            workers.append(c.last_batch.worker_frames)
+    assert not c.sync and len(batches) == 20 and all(b.shape == (20,) for b in batches)
+    assert all(len(w) == 1 and list(w.values()) == [20] for w in workers)  # one worker's batch
+    assert {next(iter(w)) for w in workers} == {0, 1}
 
 
 def test_distributed_sync_collector_pushes_weights_every_round_by_default():

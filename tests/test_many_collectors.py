@@ -31,11 +31,15 @@ def check(collector, batch, size: int, action: int, version: int) -> None:
     """Every row is one of ``collector``'s own workers stepping its env, frames consecutive,
     with the weights this collector pushed last."""
     rows = list(batch.unbind(0)) if batch.batch_dims == 2 else [batch]
-    for row in rows:
-        obs, worker = row["observation"], int(row[WORKER][0])
+    # stacked: row i is worker i's; async: the one worker that collector.last_batch names
+    workers = list(range(len(rows))) if batch.batch_dims == 2 else list(collector.last_batch.worker_frames)
+    for row, worker in zip(rows, workers, strict=True):
+        obs = row["observation"]
         assert obs.shape[-1] == size, "a batch of another collector's env"
         assert (obs[:, 0] == collector.infos[worker]["pid"]).all(), "frames of a process that is not this worker's"
-        assert (obs[:, 2] == row[WORKER]).all(), "a frame of another worker"
+        assert (obs[:, 2] == worker).all(), "a frame of another worker"
+        if collector.track_policy_version:
+            assert (row[WORKER] == worker).all()
         assert (obs[:, 1].diff() == 1).all(), "frames missing or repeated"
         assert (row["action"] == action).all(), "collected with another collector's weights"
         if collector.track_policy_version:

@@ -47,7 +47,8 @@ def make_env() -> GymEnv:
 
 
 def collect(batches: int, launcher: str = "local", **kwargs) -> list:
-    with RPCCollector(make_env, None, frames_per_batch=4 * 20, cat_results="stack", launcher=launcher, **kwargs) as c:
+    with RPCCollector(make_env, None, frames_per_batch=4 * 20, cat_results="stack", launcher=launcher,
+                      track_policy_version=True, **kwargs) as c:  # frames with their versions and worker ids
         c.set_seed(5)
         return [batch.clone() for _, batch in zip(range(batches), c)]
 
@@ -123,7 +124,8 @@ def test_default_layout_concatenates_node_batches_as_torchrl():
 def test_async_nodes_yield_one_local_workers_batch_with_unique_ids(no_leftover_processes):
     frames = 30
     with RPCCollector(make_env, None, num_collectors=2, frames_per_batch=frames, launcher="local", sync=False,
-                      collector_class=MultiAsyncCollector, num_workers_per_collector=2, total_frames=frames * 12) as c:
+                      collector_class=MultiAsyncCollector, num_workers_per_collector=2, total_frames=frames * 12,
+                      track_policy_version=True) as c:
         batches = [batch.clone() for batch in c]
     assert len(batches) == 12 and all(b.shape == (frames,) for b in batches)
     nodes = {int(b[WORKER_ID][0]) for b in batches}

@@ -126,7 +126,7 @@ def test_stacked_rounds_end_when_the_fast_worker_is_done_and_mask_the_slow_ones_
 @pytest.mark.parametrize("cat_results", [-1, 0])
 def test_concatenated_rounds_drop_the_steps_a_stopped_worker_did_not_collect(cat_results):
     with RPCCollector([cartpole, straggler], None, frames_per_batch=2 * STEPS, launcher="local",
-                      cat_results=cat_results, preemptive_threshold=0.5) as c:
+                      cat_results=cat_results, preemptive_threshold=0.5, track_policy_version=True) as c:
         batches = [b.clone() for b in itertools.islice(c, 2)]
         frames = c.frames
     for batch in batches:

@@ -157,7 +157,8 @@ def test_async_layout(ray_cluster):
         workers = set()
         for batch in collector:
             assert batch.shape == (30,)
-            ids = batch["collector", "worker_id"].unique().tolist()
+            assert "worker_id" not in batch["collector"].keys()  # TorchRL's keys; the record says whose
+            ids = list(collector.last_batch.worker_frames)
             assert len(ids) == 1  # one actor's batch, first ready first served
             workers.add(ids[0])
         assert workers == {0, 1} and collector.frames == 300

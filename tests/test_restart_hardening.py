@@ -24,7 +24,8 @@ FRAMES = 40  # per worker and batch; 400 floats per observation: batches go thro
 def two_workers(sync: bool, restarts: int, **env) -> MultiCollector:
     fns = [lambda i=i: GymEnv(StampEnv(i, size=400, **env)) for i in range(2)]
     return MultiCollector(fns, Policy(), frames_per_batch=FRAMES * (2 if sync else 1), sync=sync,
-                          max_worker_restarts=restarts, rpc_timeout=30)
+                          max_worker_restarts=restarts, rpc_timeout=30,
+                          track_policy_version=True)  # check_whole reads each frame's worker id
 
 
 def kill(pid: int) -> None:

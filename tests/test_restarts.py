@@ -167,6 +167,7 @@ def test_killed_workers_are_replaced_until_the_budget_is_spent(sync, size):
 def test_an_env_that_raises_is_replaced_with_its_traceback_in_the_warning():
     collector = MultiCollector(
         env_fns(raise_at=130), Policy(), frames_per_batch=WORKERS * 50, max_worker_restarts=RESTARTS, rpc_timeout=30,
+        track_policy_version=True,  # check_whole reads each frame's worker id
     )
     owners, yielded = TrajectoryOwners(), 0
     try:
@@ -191,7 +192,7 @@ def test_a_hung_worker_is_killed_and_replaced(tmp_path):
     marker = str(tmp_path / "hung")
     collector = MultiCollector(
         env_fns(hang_at=30, marker=marker), Policy(), frames_per_batch=WORKERS * 20, max_worker_restarts=1,
-        rpc_timeout=3,
+        rpc_timeout=3, track_policy_version=True,
     )
     try:
         with pytest.warns(WorkerRestartWarning, match=r"did not answer within rpc_timeout=3.0 s; replacing it"):

@@ -54,7 +54,7 @@ def rpc(policy=None, **kwargs) -> RPCCollector:
 @pytest.mark.parametrize("cat_results, shape", [(None, [100]), ("stack", [2, 50]), (0, [100]), (-1, [100])])
 def test_sync_batches_in_worker_order(cat_results, shape):
     """RPCCollector's default (None) is TorchRL's RPCCollector layout: the workers' [T] concatenated."""
-    with rpc(BiasPolicy(), cat_results=cat_results, total_frames=200) as c:
+    with rpc(BiasPolicy(), cat_results=cat_results, total_frames=200, track_policy_version=True) as c:
         batches = list(c)
     assert len(batches) == 2
     for batch in batches:
@@ -63,8 +63,22 @@ def test_sync_batches_in_worker_order(cat_results, shape):
         workers = batch[WORKER].reshape(2, 50) if cat_results != "stack" else batch[WORKER]
         assert (workers[0] == 0).all() and (workers[1] == 1).all()
         assert batch["next", "reward"].shape == torch.Size(shape + [1])
-        assert VERSION not in batch.keys(True)  # as TorchRL without track_policy_version
-    assert c.last_batch.iteration == 2 and c.last_batch.frames == 100 and c.last_batch.oldest_version == 0
+    assert c.last_batch.iteration == 2 and c.last_batch.frames == 100 and c.last_batch.worker_frames == {0: 50, 1: 50}
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_batches_have_torchrls_keys_and_the_record_says_who_collected_them(sync):
+    """As TorchRL's without track_policy_version: no ("collector", "policy_version"/"worker_id");
+    last_batch has the versions and each worker's frames."""
+    with rpc(BiasPolicy(), sync=sync, total_frames=400) as c:
+        for batch in c:
+            assert set(batch.get("collector").keys()) == {"traj_ids"}
+            record = c.last_batch
+            assert record.oldest_version == record.newest_version == 0 and record.frames == 100
+            if sync:
+                assert record.worker_frames == {0: 50, 1: 50}
+            else:  # one worker's batch
+                assert len(record.worker_frames) == 1 and list(record.worker_frames.values()) == [100]
 
 
 @pytest.mark.parametrize("cat_results, shape", [(None, [4, 50]), ("stack", [2, 2, 50])])
@@ -112,12 +126,14 @@ def test_num_workers_bad_values_name_the_argument(kwargs, error, words):
 
 def test_async_yields_one_worker_batch_first_ready():
     with rpc(BiasPolicy(), sync=False, total_frames=600) as c:
-        batches = list(c)
+        batches, workers = [], []
+        for batch in c:
+            batches.append(batch)
+            workers.append(c.last_batch.worker_frames)
     assert len(batches) == 6
-    for batch in batches:
-        assert list(batch.shape) == [100]
-        assert batch[WORKER].unique().numel() == 1
-    assert {int(b[WORKER][0]) for b in batches} == {0, 1}
+    assert all(list(batch.shape) == [100] for batch in batches)
+    assert all(len(w) == 1 and list(w.values()) == [100] for w in workers)  # one worker's batch
+    assert {next(iter(w)) for w in workers} == {0, 1}
 
 
 def test_trajectory_ids_unique_across_workers_and_kept_across_batches():
@@ -299,6 +315,9 @@ def test_state_dict_resume_keeps_ids_increasing():
         policy.set_action(1)
         c.update_policy_weights_()
         state = c.state_dict()
+    for w in (0, 1):  # TorchRL's keys too: each worker's state with the weights it runs
+        assert state[f"worker{w}"] is state["workers"][w]
+        assert torch.equal(state[f"worker{w}"]["policy_state_dict"]["linear.bias"], policy.linear.bias.detach())
     with rpc(BiasPolicy(0), total_frames=-1, cat_results="stack", track_policy_version=True) as c:
         c.load_state_dict(state)
         assert c.frames == 200 and c.policy_version == 1

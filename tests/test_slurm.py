@@ -735,7 +735,8 @@ def test_cancelled_collector_job_leaves_a_vacant_slot_under_elastic_membership(t
 
     from rpc_collectors import WorkerLeftWarning
 
-    with _submitit_collector(log_dir, None, sync=False, elastic=True, total_frames=-1) as collector:
+    with _submitit_collector(log_dir, None, sync=False, elastic=True, total_frames=-1,
+                             track_policy_version=True) as collector:
         seen, left = set(), []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", WorkerLeftWarning)

@@ -188,12 +188,29 @@ def test_update_without_argument_pushes_replaced_parameters(kind, replace):
 
 
 # ------------------------------------------------------------------ 4. default layouts, against TorchRL's own
-def torchrl_shape(cls_name: str, make_env, **kwargs) -> torch.Size:
+def torchrl_batch(cls_name: str, make_env, **kwargs):
     c = getattr(trl_collectors, cls_name)([make_env] * 2, None, frames_per_batch=100, total_frames=100, **kwargs)
     try:
-        return next(iter(c)).shape
+        return next(iter(c))
     finally:
         c.shutdown()
+
+
+def torchrl_shape(cls_name: str, make_env, **kwargs) -> torch.Size:
+    return torchrl_batch(cls_name, make_env, **kwargs).shape
+
+
+@pytest.mark.parametrize("cls_name", ["MultiSyncCollector", "MultiAsyncCollector"])
+@pytest.mark.parametrize("track", [False, True])
+def test_multi_worker_key_sets_are_torchrls(cls_name, track):
+    """TorchRL's test_collector_output_keys compares key sets exactly; with track_policy_version=True
+    TorchRL adds its "policy_version" keys, and ours keep ("collector", "policy_version"/"worker_id")."""
+    with getattr(rpc_collectors, cls_name)([pendulum] * 2, None, frames_per_batch=100, total_frames=100,
+                                           track_policy_version=track) as c:
+        ours = set(c.next().keys(True, True))
+    theirs = set(torchrl_batch(cls_name, pendulum, track_policy_version=track).keys(True, True))
+    extra = {("collector", "policy_version"), ("collector", "worker_id")} if track else set()
+    assert ours == theirs | extra
 
 
 @pytest.mark.parametrize("make_env", [pendulum, serial_pendulum])
@@ -214,7 +231,8 @@ def test_multi_async_layout_is_torchrls():
 def test_rpc_collector_default_is_one_flat_batch_as_torchrls():
     """TorchRL 0.14.1's RPCCollector (sync) ``torch.cat``s its workers' [T] batches into [N*T]
     (read from its source; starting one takes 6-25 s, so the shape is not compared live)."""
-    with RPCCollector(pendulum, None, num_collectors=2, frames_per_batch=100, launcher="local") as c:
+    with RPCCollector(pendulum, None, num_collectors=2, frames_per_batch=100, launcher="local",
+                      track_policy_version=True) as c:
         batch = c.next()
     assert batch.shape == torch.Size([100]) and batch.names == ["time"]
     assert batch["collector", "worker_id"].tolist() == [0] * 50 + [1] * 50
@@ -535,7 +553,7 @@ def test_extend_buffer_false_adds_each_workers_steps_to_a_torchrl_buffer():
     """TorchRL's workers add() each step they collect: a 1-d storage grows by one frame per add."""
     rb = ReplayBuffer(storage=LazyTensorStorage(256))
     with MultiSyncCollector([plain_pendulum] * 2, None, frames_per_batch=32, total_frames=64, replay_buffer=rb,
-                            extend_buffer=False) as c:
+                            extend_buffer=False, track_policy_version=True) as c:  # steps keep their worker id
         list(c)
     assert len(rb) == 64 and rb.storage._storage.shape == (256,)
     assert rb[:64]["collector", "worker_id"].tolist() == ([0] * 16 + [1] * 16) * 2

@@ -249,7 +249,8 @@ def train(
         )
         yield Iteration(
             frames=frames, batch_frames=batch.numel(), episode_returns=finished, mean_return=mean_return,
-            policy_lag=lag, worker_frames=worker_frames(batch, num_workers), losses=losses, solved=solved,
+            policy_lag=lag, worker_frames=collector.last_batch.worker_frames or worker_frames(batch, num_workers),
+            losses=losses, solved=solved,
         )
         if solved:
             return

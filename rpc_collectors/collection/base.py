@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import torch
 from tensordict import TensorDictBase
 
-from rpc_collectors.collection.batch_record import BatchRecord, take_versions
+from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
 from rpc_collectors.collection.preemption import valid_frames
 from rpc_collectors.collection.trajectories import split_trajectories
 from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit
@@ -35,12 +35,12 @@ class BaseCollector:
 
     ``last_batch`` is the :class:`~rpc_collectors.collection.batch_record.BatchRecord` of the batch handed
     out last (frames, the weight versions that chose its actions, how far they were behind the
-    trainer's), whether or not the batch carries ``("collector", "policy_version")``
-    (``track_policy_version=True``).
+    trainer's, the frames of each worker), whether or not the batch carries
+    ``("collector", "policy_version")`` and ``("collector", "worker_id")`` (``track_policy_version=True``).
     """
 
-    track_policy_version = False  # batches keep ("collector", "policy_version") (and TorchRL's keys)
-    keep_version_key = False  # a worker's collector: its batches keep the key for the trainer to read
+    track_policy_version = False  # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
+    keep_version_key = False  # a worker's or node's collector: its batches keep the keys for the trainer to read
     policy_version = 0
 
     def __init__(
@@ -70,6 +70,7 @@ class BaseCollector:
         self._frames = 0
         self._iter = 0
         self.last_batch: BatchRecord | None = None
+        self._worker_ids: torch.Tensor | None = None  # of the last batch's steps, for extend_buffer=False
         self._iterator: Iterator | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -116,9 +117,11 @@ class BaseCollector:
             frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds
             self._frames += frames
             self._iter += 1
-            versions = self._take_versions(batch)
+            mask = batch.get(MASK, None) if isinstance(batch, TensorDictBase) else None
+            versions, self._worker_ids = take(batch, self.track_policy_version or self.keep_version_key)
             if versions is not None:
-                self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version)
+                workers = frames_per_worker(self._worker_ids, mask)
+                self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version, workers)
             if self.split_trajs:
                 batch = split_trajectories(batch)
             if self.postproc is not None:
@@ -127,10 +130,6 @@ class BaseCollector:
             if self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
-
-    def _take_versions(self, batch: TensorDictBase) -> tuple[int, int] | None:
-        """The oldest and newest weights version in ``batch``; its version key is dropped unless kept."""
-        return take_versions(batch, self.track_policy_version or self.keep_version_key)
 
     def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
         """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay

@@ -1,9 +1,10 @@
 """What a collector knows of each batch it hands out, kept outside the batch.
 
 Workers mark every step with the weights version that chose its action,
-``("collector", "policy_version")``. The collector the user iterates reads those versions into
-a :class:`BatchRecord` (``collector.last_batch``) and removes the key, so a batch has TorchRL's
-key set; with ``track_policy_version=True`` the key stays in the batch too.
+``("collector", "policy_version")``, and a multi-worker collector marks it with the worker that
+collected it, ``("collector", "worker_id")``. The collector the user iterates reads both into a
+:class:`BatchRecord` (``collector.last_batch``) and removes the keys, so a batch has TorchRL's
+key set; with ``track_policy_version=True`` the keys stay in the batch too.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from tensordict import TensorDictBase
 
 VERSION = ("collector", "policy_version")
+WORKER_ID = ("collector", "worker_id")
 MASK = ("collector", "mask")  # steps a preempted worker did not collect are False
 
 
@@ -26,6 +28,8 @@ class BatchRecord:
         oldest_version, newest_version: the oldest and newest weights versions that chose an
             action in it (``policy_version`` counts ``update_policy_weights_`` calls).
         trainer_version: the collector's ``policy_version`` when it handed the batch out.
+        worker_frames: the frames each worker (by id) collected in it; None for a single-process
+            collector. An async batch is one worker's.
     """
 
     iteration: int
@@ -33,6 +37,7 @@ class BatchRecord:
     oldest_version: int
     newest_version: int
     trainer_version: int
+    worker_frames: dict[int, int] | None = None
 
     @property
     def lag(self) -> int:
@@ -40,17 +45,31 @@ class BatchRecord:
         return self.trainer_version - self.oldest_version
 
 
-def take_versions(batch: TensorDictBase, keep: bool) -> tuple[int, int] | None:
-    """The oldest and newest version in ``batch`` (None: it has no versions); the key is removed
-    from ``batch`` unless ``keep``, and so is an empty ``"collector"`` entry."""
-    if not isinstance(batch, TensorDictBase) or VERSION not in batch.keys(True):
-        return None
-    versions = batch.get(VERSION)
-    if MASK in batch.keys(True):
-        versions = versions[batch.get(MASK)]
-    low, high = torch.aminmax(versions) if versions.numel() else (torch.zeros(()), torch.zeros(()))
+def take(batch: TensorDictBase, keep: bool) -> tuple[tuple[int, int] | None, torch.Tensor | None]:
+    """The oldest and newest version in ``batch`` (None: it has no versions) and its worker ids
+    (None: it has none); the keys are removed from ``batch`` unless ``keep``, and so is an empty
+    ``"collector"`` entry."""
+    if not isinstance(batch, TensorDictBase) or "collector" not in batch.keys():
+        return None, None
+    keys = batch.get("collector").keys()
+    ids = batch.get(WORKER_ID) if "worker_id" in keys else None
+    versions = None
+    if "policy_version" in keys and not batch.get(VERSION).is_meta:  # meta: placed where nothing can be read
+        found = batch.get(VERSION)
+        if "mask" in keys:
+            found = found[batch.get(MASK)]
+        low, high = torch.aminmax(found) if found.numel() else (torch.zeros(()), torch.zeros(()))
+        versions = int(low), int(high)
     if not keep:
-        batch.exclude(VERSION, inplace=True)
+        batch.exclude(VERSION, WORKER_ID, inplace=True)
         if not batch.get("collector").keys():
             batch.exclude("collector", inplace=True)
-    return int(low), int(high)
+    return versions, ids
+
+
+def frames_per_worker(ids: torch.Tensor | None, mask: torch.Tensor | None) -> dict[int, int] | None:
+    """Frames per worker id of a batch whose steps carry ``ids`` (its collected steps: ``mask``)."""
+    if ids is None or ids.is_meta:
+        return None
+    workers, counts = torch.unique(ids if mask is None else ids[mask], return_counts=True)
+    return dict(zip(workers.tolist(), counts.tolist()))

@@ -145,7 +145,8 @@ class RPCCollector(CollectorFront):
         weight_sync_schemes: TorchRL's ``{"policy": scheme}``: the scheme names the weight transport
             (:mod:`rpc_collectors.core.torchrl_args`); ``NoWeightSyncScheme``: weights are never pushed.
 
-    Sync batches and async batches carry ``("collector", "worker_id")``.
+    With ``track_policy_version=True`` sync and async batches carry ``("collector", "worker_id")``;
+    ``last_batch.worker_frames`` says whose frames a batch holds either way.
     """
 
     _default_cat_results: str | int = 0  # TorchRL's RPCCollector: torch.cat of the workers' batches

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase
 
 from rpc_collectors.collection import preemption
 from rpc_collectors.planes import layouts
 
 
-def write(buffer: Any, batch: TensorDictBase, *, stacked: bool, extend_buffer: bool, split_trajs: bool) -> None:
-    """Write ``batch`` (``stacked``: a sync ``[N, (B,) T]`` batch) into ``buffer``.
+def write(buffer: Any, batch: TensorDictBase, *, stacked: bool, extend_buffer: bool, split_trajs: bool,
+          worker_ids: torch.Tensor | None = None) -> None:
+    """Write ``batch`` (``stacked``: a sync ``[N, (B,) T]`` batch; ``worker_ids``: whose step each
+    is, when the batch no longer holds them) into ``buffer``.
 
     With ``extend_buffer`` one ``extend()``, merged down to the storage's dims (see
     :func:`layouts.for_storage`); a batch with padded steps one ``extend()`` per worker, of its
@@ -20,7 +23,7 @@ def write(buffer: Any, batch: TensorDictBase, *, stacked: bool, extend_buffer: b
     """
     ndim = getattr(getattr(buffer, "storage", None), "ndim", None)
     if not extend_buffer or preemption.MASK in batch.keys(True):
-        for part in layouts.worker_parts(batch, stacked):
+        for part in layouts.worker_parts(batch, stacked, worker_ids):
             if preemption.MASK in part.keys(True):
                 part = preemption.drop_padding(part)
             if extend_buffer:

@@ -291,7 +291,7 @@ class CollectorFront(WeightPushes, BaseCollector):
                     results[worker_id] = result
             finally:
                 self._round = None
-            batch = self._place(self._combine([results[i] for i in range(self.num_workers)]))
+            batch = self._batches.place(self._combine([results[i] for i in range(self.num_workers)]))
             return batch if self.preempt_after is None else self._without_padding(batch)
         if self._last_async is not None:
             self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
@@ -304,15 +304,7 @@ class CollectorFront(WeightPushes, BaseCollector):
         if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
             self._last_async = None
-        return self._place(batch)
-
-    def _place(self, batch: TensorDictBase) -> TensorDictBase:
-        """Read the batch's weight versions where it lies (host memory), then put it on the storing device."""
-        self._versions = BaseCollector._take_versions(self, batch)
         return self._batches.place(batch)
-
-    def _take_versions(self, batch: TensorDictBase) -> tuple[int, int] | None:
-        return self._versions  # read by _place before the batch left host memory
 
     def _preempt(self, worker_ids: list[int]) -> None:
         """Ask ``worker_ids`` to end the batch in progress at their next step (not waited for: a
@@ -336,7 +328,7 @@ class CollectorFront(WeightPushes, BaseCollector):
 
     def _extend(self, batch: TensorDictBase) -> None:
         buffer_writes.write(self.replay_buffer, batch, stacked=self.sync and self.cat_results == "stack",
-                            extend_buffer=self.extend_buffer, split_trajs=self.split_trajs)
+                            extend_buffer=self.extend_buffer, split_trajs=self.split_trajs, worker_ids=self._worker_ids)
 
     def __len__(self) -> int:
         if self.preempt_after is not None:  # rounds cut short hold fewer frames: more of them come
@@ -362,7 +354,8 @@ class CollectorFront(WeightPushes, BaseCollector):
         return seed
 
     def state_dict(self) -> dict:
-        """Frames, iteration, weights version, the trainer's policy weights and every worker's collector state."""
+        """Frames, iteration, weights version, the trainer's policy weights and every worker's collector
+        state (``"workers"``, a list; also under TorchRL's ``"worker0"``, ``"worker1"``, ... keys)."""
         return saved_state.state_of(self)
 
     def load_state_dict(self, state: dict) -> None:

@@ -31,6 +31,7 @@ def state_of(front: "CollectorFront") -> dict:
         state["workers"], state["traj_id_bounds"] = None, front.restarts.bounds()
         return state
     state["workers"] = front.gather({i: front._call(i, "state_dict") for i in range(front.num_workers)})
+    state.update({f"worker{i}": worker for i, worker in enumerate(state["workers"])})  # TorchRL's keys
     return state
 
 

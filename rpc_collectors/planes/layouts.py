@@ -141,13 +141,14 @@ def for_storage(batch: TensorDictBase, ndim: int | None) -> TensorDictBase:
     return batch
 
 
-def worker_parts(batch: TensorDictBase, stacked: bool) -> list[TensorDictBase]:
+def worker_parts(batch: TensorDictBase, stacked: bool, ids: torch.Tensor | None = None) -> list[TensorDictBase]:
     """Each worker's part of a multi-worker batch, ``[(B,) T]``, in the order the batch holds them:
-    the lanes of a stacked batch, or the runs of one ``WORKER_ID`` along the time dim
-    (``cat_results=-1``, and ``0`` over ``[T]`` batches) or along dim 0 (``0`` over ``[B, T]``)."""
+    the lanes of a stacked batch, or the runs of one worker id (``ids``, else the batch's
+    ``WORKER_ID``) along the time dim (``cat_results=-1``, and ``0`` over ``[T]`` batches) or
+    along dim 0 (``0`` over ``[B, T]``)."""
     if stacked:
         return list(batch.unbind(0))
-    ids = batch.get(WORKER_ID)
+    ids = batch.get(WORKER_ID) if ids is None else ids
     first_row = ids.reshape(-1, ids.shape[-1])[0]
     if (first_row != first_row[0]).any():
         dim, lead = batch.batch_dims - 1, first_row
