@@ -1,0 +1,85 @@
+"""TorchRL's own collector tests run against rpc_collectors' classes, beside TorchRL's own.
+
+TorchRL's ``test/test_collectors.py`` (and the ``test/conftest.py`` beside it) come from a
+pytorch/rl checkout at the release the environment has (0.14.x for torchrl 0.14.1); they are not
+in the torchrl wheel. The test module imports ``Collector``, ``MultiSyncCollector``,
+``MultiAsyncCollector``, ``AsyncCollector``, ``MultiCollector``, ``RPCCollector`` and
+``split_trajectories`` from TorchRL's modules; for "ours" a conftest rebinds those names to
+rpc_collectors' classes before the module is imported, and nothing else changes. Prints, per
+test class, how many of the tests that pass with TorchRL's classes pass with ours.
+
+    python -m venv --system-site-packages .venv-torchrl && .venv-torchrl/bin/pip install torchrl==0.14.1
+    git -C rl show <0.14 release commit>:test/test_collectors.py > /tmp/trl/test_collectors.py
+    git -C rl show <0.14 release commit>:test/conftest.py > /tmp/trl/conftest.py
+    PYTHONPATH=$PWD .venv-torchrl/bin/python benchmarks/torchrl_tests.py /tmp/trl
+
+Takes about 30 minutes on 2 cores (TorchRL's classes take most of it).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+REBIND = '''import warnings
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import torchrl.collectors as _tc
+    import torchrl.collectors._multi_base as _mb
+    import torchrl.collectors.distributed.rpc as _rpc
+    import torchrl.collectors.utils as _utils
+import rpc_collectors as _ours
+for _name in ("Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector", "split_trajectories"):
+    setattr(_tc, _name, getattr(_ours, _name))
+_mb.MultiCollector = _ours.MultiCollector
+_rpc.RPCCollector = _ours.RPCCollector
+_utils.split_trajectories = _ours.split_trajectories
+'''
+
+
+def run(source: str, ours: bool, timeout: int) -> dict[str, str]:
+    """Each test's outcome ("pass", "fail" or "skip") with TorchRL's classes or ours."""
+    folder = tempfile.mkdtemp(prefix="torchrl_tests_")
+    try:
+        shutil.copy(os.path.join(source, "test_collectors.py"), folder)
+        conftest = open(os.path.join(source, "conftest.py")).read().replace("from __future__ import annotations", "")
+        with open(os.path.join(folder, "conftest.py"), "w") as f:
+            f.write((REBIND if ours else "") + conftest)
+        report = os.path.join(folder, "report.xml")
+        subprocess.run([sys.executable, "-m", "pytest", "test_collectors.py", "-q", "-p", "no:cacheprovider",
+                        f"--timeout={timeout}", f"--junitxml={report}"], cwd=folder, check=False)
+        outcomes = {}
+        for case in ET.parse(report).iter("testcase"):
+            tags = {child.tag for child in case}
+            name = f"{case.get('classname').split('.')[-1]}::{case.get('name')}"
+            outcomes[name] = "fail" if tags & {"failure", "error"} else "skip" if "skipped" in tags else "pass"
+        return outcomes
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", help="folder with TorchRL's test_collectors.py and conftest.py")
+    parser.add_argument("--timeout", type=int, default=180, help="seconds per test")
+    args = parser.parse_args()
+    theirs, ours = run(args.source, False, args.timeout), run(args.source, True, args.timeout)
+    passing = [name for name, outcome in theirs.items() if outcome == "pass"]
+    by_class = collections.defaultdict(lambda: [0, 0])
+    for name in passing:
+        counts = by_class[name.split("::")[0]]
+        counts[0] += 1
+        counts[1] += ours.get(name) == "pass"
+    for name, (total, passed) in sorted(by_class.items(), key=lambda item: -item[1][0]):
+        print(f"{name:36s} {passed:4d} / {total}")
+    print(f"{'all':36s} {sum(ours.get(n) == 'pass' for n in passing):4d} / {len(passing)} "
+          f"(of {len(theirs)} tests; TorchRL's classes pass {len(passing)})")
+
+
+if __name__ == "__main__":
+    main()
