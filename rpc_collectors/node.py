@@ -22,8 +22,8 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from .errors import LocalWorkerError, WorkerError
 from .batch_record import VERSION
+from .errors import LocalWorkerError, WorkerError
 from .trajectories import TRAJ_IDS
 
 # collector_class: TorchRL's strings and class names -> the node's local collector (None: a single Collector)

@@ -27,12 +27,12 @@ from tensordict import TensorDictBase
 from . import channel, doorbell, membership, spawner
 from .collector import Collector
 from .data_plane import Ready, SlotSpec, SlotWriter
+from .factory_weights import signature_of
 from .node import NodeCollector
 from .preemption import Preemption
 from .rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
 from .spawner import name_process
 from .weight_sync import TransportSpec, WeightReceiver
-from .factory_weights import signature_of
 from .weights import FlatWeights, holder_of
 
 TRAINER = "trainer"

@@ -114,7 +114,7 @@ def test_update_interval_1_pushes_the_trainers_weights_to_every_node_worker(coll
                                   num_workers_per_collector=1 if collector_class == "Collector" else 2,
                                   frames_per_batch=40, total_frames=200, launcher="mp") as c:
         actions = []
-        for i, batch in enumerate(c):
+        for batch in c:
             actions.append(batch["action"].unique().tolist())
             policy.set_action(1)
     assert actions == [[0]] + [[1]] * 4

@@ -4,7 +4,6 @@ collector class, over every weight transport, with the usual version counting.""
 from __future__ import annotations
 
 import pytest
-import torch
 from tensordict import TensorDict
 from torch import nn
 

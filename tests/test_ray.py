@@ -326,6 +326,7 @@ def test_pause_and_pushed_weights_to_factory_policies(ray_cluster):
     """pause() stops background collection into the buffer; update_policy_weights_(weights) reaches
     policies the actors built (policy_factory)."""
     from tensordict import TensorDict
+
     from test_pause import Buffer
 
     buffer = Buffer()
