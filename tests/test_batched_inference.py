@@ -227,3 +227,13 @@ def test_one_factory_needs_num_envs_and_a_vector_env_is_refused():
 def test_a_policy_returning_logits_is_refused_with_the_shapes():
     with pytest.raises(ValueError, match=r"action of shape \[2\].*needs shape \[\]"):
         AsyncBatchedCollector([lambda: gym.make("CartPole-v1")], policy=nn.Linear(4, 2), frames_per_batch=8)
+
+
+def broken_factory() -> GymEnv:
+    raise OSError("the simulator license server is down")
+
+
+def test_an_env_factory_that_raises_is_a_worker_error_at_start_up():
+    with pytest.raises(WorkerError, match="collector worker 1 .*raised an error during start-up") as info:
+        AsyncBatchedCollector([count_env, broken_factory], policy=BiasPolicy(1, size=3), frames_per_batch=8)
+    assert "license server is down" in info.value.remote_traceback

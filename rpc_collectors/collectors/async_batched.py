@@ -8,6 +8,7 @@ acts for the ready envs and assembles the batches (:mod:`rpc_collectors.front.tr
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from rpc_collectors.pools.local import LocalPool
 
 PRIVATE_VERSION = "_policy_version"  # where versions are staged with policy_version_key=None
 SHUTDOWN_TIMEOUT = 5.0
+ERROR_POLL = 0.2  # seconds between checks for the loop's errors while a batch is awaited
 
 
 class AsyncBatchedCollector(BaseCollector):
@@ -156,20 +158,21 @@ class AsyncBatchedCollector(BaseCollector):
         try:
             self._start()
         except BaseException:
-            self._shutdown(True)
+            self.shutdown()
             raise
 
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:
         for env in range(self.num_envs):
-            self.pool.create(env, self._specs[env]).wait()
+            self._starting(env, lambda i=env: self.pool.create(i, self._specs[i]).wait())
         try:
             row = self.pool.call(0, "step_row").wait()
         except RuntimeError as err:  # the env is not one this collector steps: its TypeError, as the worker raised it
-            raise TypeError(str(err).strip().splitlines()[-1]) from None
+            last = str(err).strip().splitlines()[-1]
+            raise TypeError(last.removeprefix("TypeError: ")) from None
         self.plane = StepPlane(row, self.num_envs)
         for env in range(self.num_envs):
-            self._join(env)
+            self._starting(env, lambda i=env: self._join(i))
         inputs = {key: row.get(key).unsqueeze(0) for key in row.keys(include_nested=True, leaves_only=True)
                   if key != "action" and not (isinstance(key, tuple) and key[0] == "next")}
         with torch.no_grad():
@@ -189,6 +192,14 @@ class AsyncBatchedCollector(BaseCollector):
             max_batch_size=self.batching.max_batch_size, min_batch_size=self.batching.min_batch_size,
             timeout=self.batching.timeout, exploration_type=self.exploration_type, prefetch=self.prefetch,
         )
+
+    def _starting(self, env: int, step: Any) -> None:
+        """Run a start-up ``step`` of ``env``'s worker; its failure is a WorkerError naming the worker."""
+        try:
+            step()
+        except RuntimeError as err:
+            reason, remote = self.pool.failure(env, err)
+            raise self.pool.error(env, f"{reason} during start-up", remote) from None
 
     def _join(self, env: int) -> None:
         """Have the worker of ``env`` step its env through its row of the plane."""
@@ -211,26 +222,28 @@ class AsyncBatchedCollector(BaseCollector):
                 return True
             except Exception as err:  # the replacement failed too: that ends the run
                 reason, remote = f"could not be replaced after it {reason}: {err}", remote
-        self._loop.batches.put(self.pool.error(env, reason, remote))
+        self._loop.errors.put(self.pool.error(env, reason, remote))
         return False
 
     # ------------------------------------------------------------------ batches
     def _collect_batch(self) -> TensorDictBase:
         if self._loop is None:
             raise RuntimeError("AsyncBatchedCollector was shut down")
-        if not self._loop.thread.is_alive() and not self._loop.stop.is_set():
-            self._loop.start()
+        self._loop.start()
         while True:
             try:
-                item = self._loop.batches.get(timeout=1.0)
+                error = self._loop.errors.get_nowait()
+            except queue.Empty:
+                error = None
+            if error is not None:
+                self.shutdown()
+                raise error
+            try:
+                batch = self._loop.batches.get(timeout=ERROR_POLL)
                 break
-            except Exception:  # queue.Empty: the loop keeps going, or it stopped without a word
-                if self._loop.stop.is_set() and self._loop.batches.empty():
+            except queue.Empty:  # the loop keeps going, or it stopped without a word
+                if self._loop.stop.is_set() and self._loop.errors.empty() and self._loop.batches.empty():
                     raise RuntimeError("AsyncBatchedCollector's inference loop stopped") from None
-        if isinstance(item, BaseException):
-            self.shutdown()
-            raise item
-        batch = item
         if self.total_frames != -1 and self._frames + batch.numel() > self.total_frames:
             batch = batch[:self.total_frames - self._frames]
         self._record(batch)

@@ -11,7 +11,7 @@ collector's ``policy_version`` at that moment.
 
 Full batches wait in a queue of ``prefetch``; when it is full the loop waits, and so do the
 envs. An env that ended (its worker died, or its env raised) and an exception of the policy
-are handed to ``on_failure`` / put in the queue; the loop never raises.
+are handed to ``on_failure`` / put in ``errors``; the loop never raises.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class InferenceLoop:
         version: returns the weights version of the policy now.
         on_failure: ``on_failure(env, traceback) -> bool``, called in the loop for an env that
             ended: True if the env was replaced (it answers again), False to stop the loop
-            (``on_failure`` put the error in the queue).
+            (``on_failure`` put the error in ``errors``).
         max_batch_size, min_batch_size, timeout: batching of the forward pass, as TorchRL's server.
         exploration_type: the interaction type set around each forward pass.
         prefetch: full batches that may wait.
@@ -60,13 +60,16 @@ class InferenceLoop:
         self.max_batch_size, self.min_batch_size, self.timeout = max_batch_size, min_batch_size, timeout
         self.exploration_type = exploration_type
         self.batches: queue.Queue = queue.Queue(prefetch)
+        self.errors: queue.SimpleQueue = queue.SimpleQueue()  # what ended the loop, for the user
         self.acting = [False] * plane.num_envs  # an action is in flight: its answer completes a transition
         self.waiting: list[int] = []  # ready envs not acted for yet
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rpc-collectors-inference", daemon=True)
 
     def start(self) -> None:
-        self.thread.start()
+        """Start the loop, once."""
+        if not self.thread.is_alive() and not self.stop.is_set():
+            self.thread.start()
 
     def close(self, timeout: float) -> None:
         """Stop the loop; wait up to ``timeout`` s for its thread."""
@@ -76,7 +79,7 @@ class InferenceLoop:
             self.thread.join(timeout)
 
     def put(self, item: Any) -> None:
-        """Queue a batch or an error for the user, waiting while the queue is full."""
+        """Queue a batch for the user, waiting while the queue is full."""
         while True:
             if self.stop.is_set():
                 raise Stopped
@@ -93,8 +96,9 @@ class InferenceLoop:
         except Stopped:
             pass
         except BaseException as err:  # the policy raised (or the loop failed): the user gets it once
+            self.errors.put(err)
+        finally:  # the loop never starts again
             self.stop.set()
-            self.batches.put(err)
 
     def _turn(self, wait: float) -> None:
         self._poll(0 if self.waiting else wait)
