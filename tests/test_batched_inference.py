@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import traceback
 import warnings
 
@@ -60,9 +61,13 @@ def per_env(batch, env: int):
 def test_batches_hold_each_envs_transitions_in_order():
     with AsyncBatchedCollector([count_env] * 3, policy=BiasPolicy(1, size=3), frames_per_batch=12,
                                total_frames=60, max_batch_size=2) as c:
-        batches = [b.clone() for b in c]
+        held, batches = [], []
+        for batch in c:
+            held.append(batch)
+            batches.append(batch.clone())
         record = c.last_batch
     assert [b.shape for b in batches] == [torch.Size([12])] * 5
+    assert all((a == b).all() for a, b in zip(held, batches))  # none was written over while it was held
     assert set(batches[0].keys(include_nested=True, leaves_only=True)) == KEYS
     whole = torch.cat(batches)
     assert (whole["action"] == 1).all() and (whole["policy_version"] == 0).all()
@@ -237,3 +242,24 @@ def test_an_env_factory_that_raises_is_a_worker_error_at_start_up():
     with pytest.raises(WorkerError, match="collector worker 1 .*raised an error during start-up") as info:
         AsyncBatchedCollector([count_env, broken_factory], policy=BiasPolicy(1, size=3), frames_per_batch=8)
     assert "license server is down" in info.value.remote_traceback
+
+
+class ListBuffer:
+    """A replay buffer that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.batches = []
+
+    def extend(self, batch) -> None:
+        self.batches.append(batch.clone())
+
+
+def test_background_collection_into_a_replay_buffer():
+    buffer = ListBuffer()
+    c = AsyncBatchedCollector([count_env] * 2, policy=BiasPolicy(1, size=3), frames_per_batch=8, replay_buffer=buffer)
+    c.start()
+    deadline = time.monotonic() + 60
+    while len(buffer.batches) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.async_shutdown(timeout=30)
+    assert len(buffer.batches) >= 3 and all(b.shape == (8,) and (b["action"] == 1).all() for b in buffer.batches)
