@@ -55,17 +55,28 @@ def layout(batch) -> dict:
             for key in batch.keys(include_nested=True, leaves_only=True)}
 
 
-def test_batches_have_torchrls_layout_keys_and_counts():
+def policy() -> TensorDictModule:
     torch.manual_seed(0)
-    policy = TensorDictModule(OneHotGreedy(), in_keys=["observation"], out_keys=["action"])
-    kwargs = {"policy": policy, "frames_per_batch": 16, "total_frames": 40}
-    theirs_collector = TorchRLAsyncBatchedCollector([torchrl_env] * 3, env_backend="multiprocessing",
-                                                    transport="driver", **kwargs)
+    return TensorDictModule(OneHotGreedy(), in_keys=["observation"], out_keys=["action"])
+
+
+KWARGS = {"frames_per_batch": 16, "total_frames": 40}
+
+
+@pytest.fixture(scope="module")
+def theirs() -> list:
+    collector = TorchRLAsyncBatchedCollector([torchrl_env] * 3, policy=policy(), env_backend="multiprocessing",
+                                             transport="driver", **KWARGS)
     try:
-        theirs = [b.clone() for b in theirs_collector]
+        return [b.clone() for b in collector]
     finally:
-        theirs_collector.shutdown()
-    with AsyncBatchedCollector([ours_env] * 3, **kwargs) as collector:
+        collector.shutdown()
+
+
+@pytest.mark.parametrize("factory", [torchrl_env, ours_env], ids=["the same TorchRL env", "our GymEnv"])
+def test_batches_have_torchrls_layout_keys_and_counts(theirs, factory):
+    module = policy()
+    with AsyncBatchedCollector([factory] * 3, policy=module, **KWARGS) as collector:
         ours = [b.clone() for b in collector]
     assert [b.batch_size for b in ours] == [b.batch_size for b in theirs] == [torch.Size([16])] * 2 + [torch.Size([8])]
     assert layout(ours[0]) == layout(theirs[0])
@@ -76,5 +87,10 @@ def test_batches_have_torchrls_layout_keys_and_counts():
         assert not whole["done"].any()
         # the same policy on the same env: the one-hot action each observation gets is the same
         with torch.no_grad():
-            expected = policy.module(whole["observation"])
+            expected = module.module(whole["observation"])
         assert torch.equal(whole["action"], expected)
+    whole = torch.cat(ours)
+    for env in range(3):  # each env's own sequence of steps, as the env gave it
+        steps = whole[whole["env_index"] == env]
+        going_on = ~steps["next", "done"][:-1, 0]
+        assert torch.equal(steps["next", "observation"][:-1][going_on], steps["observation"][1:][going_on])

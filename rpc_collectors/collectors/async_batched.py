@@ -51,7 +51,8 @@ class AsyncBatchedCollector(BaseCollector):
 
     Args:
         create_env_fn: a list of env factories (one per env), or one factory with ``num_envs``.
-            An env is one gymnasium env (an id, a ``gymnasium.Env``, or a ``GymEnv`` of one env).
+            An env is one env: a gymnasium id, a ``gymnasium.Env``, a ``GymEnv`` of one env, or a
+            TorchRL env of batch size ``[]``.
         policy: the policy (``TensorDictModule``, ``nn.Module`` reading ``"observation"`` and
             writing ``"action"``, or a callable on TensorDicts); or ``policy_factory``, called here.
         frames_per_batch, total_frames: as every collector (``-1``: endless).
