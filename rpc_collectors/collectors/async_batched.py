@@ -228,23 +228,24 @@ class AsyncBatchedCollector(BaseCollector):
 
     # ------------------------------------------------------------------ batches
     def _collect_batch(self) -> TensorDictBase:
-        if self._loop is None:
+        loop = self._loop
+        if loop is None or self._closing:
             raise RuntimeError("AsyncBatchedCollector was shut down")
-        self._loop.start()
+        loop.start()
         while True:
             try:
-                error = self._loop.errors.get_nowait()
+                error = loop.errors.get_nowait()
             except queue.Empty:
                 error = None
             if error is not None:
                 self.shutdown()
                 raise error
             try:
-                batch = self._loop.batches.get(timeout=ERROR_POLL)
+                batch = loop.batches.get(timeout=ERROR_POLL)
                 break
-            except queue.Empty:  # the loop keeps going, or it stopped without a word
-                if self._loop.stop.is_set() and self._loop.errors.empty() and self._loop.batches.empty():
-                    raise RuntimeError("AsyncBatchedCollector's inference loop stopped") from None
+            except queue.Empty:  # the loop keeps going, or it was stopped: shutdown() in another thread
+                if loop.stop.is_set() and loop.errors.empty() and loop.batches.empty():
+                    raise RuntimeError("AsyncBatchedCollector was shut down") from None
         if self.total_frames != -1 and self._frames + batch.numel() > self.total_frames:
             batch = batch[:self.total_frames - self._frames]
         self._record(batch)
