@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 import torch
 from tensordict import TensorDictBase
+from tensordict.nn import set_interaction_type
 
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.batch_record import BatchRecord
@@ -176,8 +177,8 @@ class AsyncBatchedCollector(BaseCollector):
             self._starting(env, lambda i=env: self._join(i))
         inputs = {key: row.get(key).unsqueeze(0) for key in row.keys(include_nested=True, leaves_only=True)
                   if key != "action" and not (isinstance(key, tuple) and key[0] == "next")}
-        with torch.no_grad():
-            outputs = self.policy(inputs, torch.Size([1]))
+        with torch.no_grad(), set_interaction_type(self.exploration_type):
+            outputs = self.policy(inputs, torch.Size([1]))  # its outputs, laid out in every batch
         action = outputs.get("action") if hasattr(outputs, "get") else None
         if not isinstance(action, torch.Tensor) or action[0].numel() != row.get("action").numel():
             shape = list(action.shape[1:]) if isinstance(action, torch.Tensor) else None
