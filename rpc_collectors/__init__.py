@@ -22,6 +22,7 @@ from rpc_collectors.collection.dispatching import dispatch_with
 from rpc_collectors.collection.envs import GymEnv
 from rpc_collectors.collection.policies import RandomPolicy
 from rpc_collectors.collection.trajectories import split_trajectories
+from rpc_collectors.collectors.async_batched import AsyncBatchedCollector
 from rpc_collectors.collectors.async_collector import AsyncCollector
 from rpc_collectors.collectors.dispatch import resolve
 from rpc_collectors.collectors.distributed import DistributedCollector, DistributedSyncCollector
@@ -47,6 +48,7 @@ def __getattr__(name: str) -> type:
 
 
 __all__ = [
+    "AsyncBatchedCollector",
     "AsyncCollector",
     "BaseCollector",
     "Collector",

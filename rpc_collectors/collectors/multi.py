@@ -11,7 +11,7 @@ import inspect
 from typing import Any
 
 from rpc_collectors.core import checks, torchrl_args
-from rpc_collectors.front import settings
+from rpc_collectors.front import policy_lag, settings
 from rpc_collectors.front.collector_front import CollectorFront
 from rpc_collectors.pools.debug import DebugPool
 from rpc_collectors.pools.local import LocalPool
@@ -96,6 +96,9 @@ class RPCCollector(CollectorFront):
         update_at_each_batch: TorchRL's name for ``update_after_each_batch`` (either one turns it on).
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
+        max_policy_lag: async only: a batch whose oldest step is more than this many weight versions
+            behind the trainer's is dropped (counted in ``dropped_frames``/``dropped_batches``), and
+            its worker gets the trainer's weights and is asked again; None: no bound.
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
             else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
             ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
@@ -176,6 +179,7 @@ class RPCCollector(CollectorFront):
         update_after_each_batch: bool = False,
         update_at_each_batch: bool = False,
         max_weight_update_interval: int = -1,
+        max_policy_lag: int | None = None,
         weight_transport: str = "auto",
         collector_class: Any = "single",
         num_workers_per_collector: int = 1,
@@ -216,6 +220,7 @@ class RPCCollector(CollectorFront):
             traj_format=traj_format,
         )
         self._closed = self._closing = True  # until the workers are up
+        self.max_policy_lag = policy_lag.check(max_policy_lag, sync)
         checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, track_traj_ids)
         checks.use_buffers(use_buffers, self.replay_buffer)
         elastic = checks.boolean("elastic", elastic)
