@@ -134,6 +134,8 @@ class RunCheckpoint:
         state = self.collector.state_dict() if self.collector is not None else None
         frames = int(state["frames"]) if state is not None else self.allocation["frames"]
         self.allocation.update(frames=frames, end=end, saved=files.now())
+        if requeue.signalled_at() is not None:
+            self.allocation["signal_at"] = round(requeue.signalled_at(), 3)
         if state is not None and state.get("workers"):  # frames the workers collected that no batch delivered
             self.allocation["undelivered_frames"] = sum(int(w.get("frames", 0)) for w in state["workers"]) - frames
         content = {
@@ -154,6 +156,8 @@ class RunCheckpoint:
         (a job submitted with ``requeue=True``) it saves, shuts the collector down, requeues the job
         and raises :class:`~rpc_collectors.cluster.requeue.Requeued`, which ends the script."""
         self.batches += 1
+        if self.batches == 1:
+            self.allocation["first_batch_at"] = round(time.time(), 3)
         reason = requeue.stop_requested()
         if reason is None:
             if self.every is not None and self.batches % self.every == 0:
