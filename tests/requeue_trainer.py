@@ -10,6 +10,7 @@ batch trained on lives in the checkpoint's user dict, so the test reads the whol
     --frames N          total_frames
     --batch N           frames_per_batch
     --step-sleep S      seconds added to every env step
+    --slots N           an elastic trainer of N slots (submitted with elastic=True; collector jobs join it)
 """
 from __future__ import annotations
 
@@ -31,13 +32,15 @@ def main() -> None:
     parser.add_argument("--frames", type=int, required=True)
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--slots", type=int)
     args = parser.parse_args()
     torch.set_num_threads(1)
     actor, _ = make_agent("CartPole-v1", hidden=16)
     policy = make_policy(actor)
     # every task runs this line; tasks > 0 serve a collector inside it and leave the script there
+    where = dict(launcher="slurm") if args.slots is None else dict(num_collectors=args.slots, elastic=True)
     collector = RPCCollector(partial(slow_cartpole, args.step_sleep), policy, frames_per_batch=args.batch,
-                             total_frames=args.frames, launcher="slurm", track_policy_version=True, rpc_timeout=120)
+                             total_frames=args.frames, track_policy_version=True, rpc_timeout=120, **where)
     with collector:
         ckpt = RunCheckpoint(collector=collector, modules={"actor": actor})
         extra = ckpt.resume() or {"batches": []}

@@ -84,6 +84,15 @@ def sacct_states(job_id: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def wait_for_batch(job: submitit.Job, number: int, timeout: float = 600) -> None:
+    """Wait until the trainer (task 0) of ``job`` printed that it trained on batch ``number``."""
+    log = Path(job.paths.stdout.as_posix().replace("%t", "0"))
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and f"batch {number} " in log.read_text()):
+        assert time.monotonic() < deadline and not job.done(), f"no batch {number} of job {job.job_id} in {timeout} s"
+        time.sleep(0.5)
+
+
 def check_run(job: submitit.Job, path: Path, frames: int) -> dict:
     """The assertions every requeued run must pass; returns the checkpoint's content."""
     content = checkpoint.read(path)
@@ -125,13 +134,64 @@ def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(cl
 def test_scontrol_requeue_of_a_running_trainer_takes_the_same_path(cluster, tmp_path):
     frames = 40 * BATCH
     job, path = submit(cluster, tmp_path, frames, time_min=30)
-    log = Path(job.paths.stdout.as_posix().replace("%t", "0"))
-    deadline = time.monotonic() + 600
-    while not (log.exists() and "batch 5 " in log.read_text()):
-        assert time.monotonic() < deadline and not job.done(), f"no batch 5 of job {job.job_id} within 600 s"
-        time.sleep(0.5)
+    wait_for_batch(job, 5)
     subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
     assert slurm.result(job, timeout_s=700) is None
     content = check_run(job, path, frames)
     assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
     assert content["allocations"][0]["frames"] >= 5 * BATCH
+
+
+@pytest.mark.timeout(600)
+def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(cluster, tmp_path, monkeypatch):
+    """An elastic trainer's ``launcher="submitit"`` collector job of one minute: SLURM ends it, the
+    trainer submits another in its place (counted), and that one's collector serves the slot."""
+    from functools import partial
+
+    from conftest import slow_cartpole
+    from rpc_collectors import DistributedCollector, WorkerLeftWarning
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests")]))  # the jobs import conftest
+    collector = DistributedCollector(
+        [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=50, elastic=True, launcher="submitit",
+        slurm_kwargs={"folder": str(tmp_path / "jobs"), "timeout_min": 1, "max_resubmits": 1}, rpc_timeout=60,
+    )
+    jobs = collector.workers.jobs
+    ranks, deadline = [], time.monotonic() + 480
+    try:
+        with pytest.warns(WorkerLeftWarning, match="vacant"):
+            for _ in collector:
+                rank = collector.infos[0]["rank"]
+                ranks.append(rank)
+                if jobs.resubmitted and rank != ranks[0] and ranks.count(rank) >= 3:
+                    break
+                assert time.monotonic() < deadline, f"no resubmitted job served the slot: {jobs.resubmitted}, ranks {set(ranks)}"
+    finally:
+        collector.shutdown()
+    (ended, state, successor), = jobs.resubmitted
+    assert ended == jobs.jobs[0].job_id and state.startswith("TIMEOUT") and successor == jobs.jobs[1].job_id
+    assert collector.worker_restarts == [1]
+    assert not jobs.queued()
+
+
+@pytest.mark.timeout(900)
+def test_collector_jobs_that_joined_an_elastic_trainer_come_back_with_it(cluster, tmp_path):
+    """An elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
+    trainer is requeued it requeues the collector job too, which joins its next allocation."""
+    frames = 40 * BATCH
+    args = ["--frames", str(frames), "--batch", str(BATCH), "--step-sleep", str(STEP_SLEEP), "--slots", "2"]
+    trainer = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", elastic=True,
+                           time_min=30, requeue=True, checkpoint_dir=tmp_path / "ckpt")
+    collectors = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", join=trainer.job_id,
+                              tasks_per_node=2, time_min=30, requeue=True)
+    try:
+        wait_for_batch(trainer, 5)
+        subprocess.run(["scontrol", "requeue", trainer.job_id], check=True, timeout=60)
+        assert slurm.result(trainer, timeout_s=700) is None
+        content = check_run(trainer, tmp_path / "ckpt" / checkpoint.FILE_NAME, frames)
+        assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
+        assert slurm.result(collectors, timeout_s=120) is None
+        states = sacct_states(collectors.job_id)
+        assert states[:-1] == ["REQUEUED"] and states[-1] == "COMPLETED", states
+    finally:
+        subprocess.run(["scancel", trainer.job_id, collectors.job_id], timeout=60)

@@ -9,16 +9,24 @@ checkpoints, shuts its collector down and calls :func:`requeue`: for the time-li
 runs ``scontrol requeue`` (submitit's ``_requeue``), while SLURM requeues a preempted job itself.
 It then raises :class:`Requeued`, which ends the task without a result, so the submitter keeps
 waiting for the requeued job. Collector tasks ignore both signals: the trainer stops them.
+
+Collector jobs that joined an elastic trainer (``join=JOBID``, also submitted with ``requeue=True``)
+register in the trainer's followers folder; the trainer requeues them with itself and removes its
+rendezvous file, so that when they start again they wait for the one its next allocation writes.
 """
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 ENV_REQUEUE = "RPC_COLLECTORS_REQUEUE"  # in a job's tasks: how many requeues the job may still use
+ENV_FOLLOWERS = "RPC_COLLECTORS_FOLLOWERS"  # an elastic trainer's: the folder where its --join jobs register
+ENV_RENDEZVOUS = "RPC_COLLECTORS_RENDEZVOUS"  # an elastic trainer's rendezvous file
 TIME_LIMIT = "time limit"
 STOPPED = "stopped by SLURM (SIGTERM: preempted, requeued or cancelled)"
 
@@ -42,9 +50,15 @@ def usr_signal() -> signal.Signals:
     return SlurmJobEnvironment._usr_sig()
 
 
-def install(trainer: bool, max_requeues: int) -> None:
-    """In a task of a requeueable job: note the stop signals (trainer) or ignore them (collectors)."""
+def install(trainer: bool, max_requeues: int, followers: Path | None = None, rendezvous: Path | None = None) -> None:
+    """In a task of a requeueable job: note the stop signals (trainer) or ignore them (collectors).
+    ``followers``: an elastic trainer's folder of its ``--join`` jobs (which register there)."""
     os.environ[ENV_REQUEUE] = str(max(0, max_requeues - restart_count()))
+    if followers is not None and trainer:
+        os.environ[ENV_FOLLOWERS], os.environ[ENV_RENDEZVOUS] = str(followers), str(rendezvous)
+    elif followers is not None:
+        followers.mkdir(parents=True, exist_ok=True)
+        (followers / os.environ["SLURM_JOB_ID"]).touch()
     if trainer:
         signal.signal(usr_signal(), _note)
         signal.signal(signal.SIGTERM, _note)
@@ -82,17 +96,39 @@ def restart_count() -> int:
 def requeue(reason: str) -> bool:
     """Requeue this job after the time-limit signal (``scontrol requeue``); SLURM requeues a preempted
     one itself. False when the job used up its ``max_requeues``; then it ends here."""
-    if reason != TIME_LIMIT:
-        return True
-    left = int(os.environ.get(ENV_REQUEUE, "0"))
-    if left <= 0:
+    if not will_requeue(reason):
         print(f"rpc_collectors: job {os.environ.get('SLURM_JOB_ID')} reached its time limit and has no requeue left "
               "(max_requeues); it ends here", file=sys.stderr, flush=True)
         return False
     from submitit.slurm.slurm import SlurmJobEnvironment
 
-    SlurmJobEnvironment()._requeue(left - 1)
+    if reason == TIME_LIMIT:
+        SlurmJobEnvironment()._requeue(int(os.environ[ENV_REQUEUE]) - 1)
     return True
+
+
+def will_requeue(reason: str) -> bool:
+    """Whether the job comes back after stopping for ``reason`` (the time limit: while ``max_requeues`` lasts)."""
+    return reason != TIME_LIMIT or int(os.environ.get(ENV_REQUEUE, "0")) > 0
+
+
+def requeue_followers() -> list[str]:
+    """An elastic trainer's: requeue the ``--join`` jobs that registered, and remove the rendezvous
+    file they would find stale; the ids requeued (one line on stderr says which)."""
+    folder = os.environ.get(ENV_FOLLOWERS)
+    if folder is None or not Path(folder).is_dir():
+        return []
+    Path(os.environ[ENV_RENDEZVOUS]).unlink(missing_ok=True)
+    requeued = []
+    for job_id in sorted(path.name for path in Path(folder).iterdir()):
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+        if done.returncode == 0:
+            requeued.append(job_id)
+        else:  # it ended for good (cancelled, or no longer known): it is not a follower any more
+            Path(folder, job_id).unlink(missing_ok=True)
+    if requeued:
+        print(f"rpc_collectors: requeued the collector jobs that joined: {', '.join(requeued)}", file=sys.stderr, flush=True)
+    return requeued
 
 
 def reset() -> None:

@@ -164,6 +164,8 @@ class RunCheckpoint:
                 self.save(extra)
             return
         self.save(extra, end=reason)
+        if requeue.will_requeue(reason):
+            requeue.requeue_followers()  # collector jobs that joined an elastic trainer come back with it
         if self.collector is not None:
             self.collector.shutdown()
         requeued = requeue.requeue(reason)

@@ -235,8 +235,10 @@ def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: 
     if stops is not None and "checkpoint_dir" in stops:
         os.environ[checkpoint.ENV_DIR] = stops["checkpoint_dir"]
     if stops is not None and "max_requeues" in stops:  # replaces submitit's handlers (see cluster/requeue.py)
+        trainer_job = join or os.environ["SLURM_JOB_ID"]
         requeue.install(trainer=join is None and os.environ.get("SLURM_PROCID", "0") == "0",
-                        max_requeues=stops["max_requeues"])
+                        max_requeues=stops["max_requeues"], rendezvous=rendezvous_file(log_dir, trainer_job),
+                        followers=Path(log_dir) / f"{trainer_job}_followers" if elastic or join else None)
     if join is not None:
         setup_join_env(rendezvous_file(log_dir, join), interface)
     else:
