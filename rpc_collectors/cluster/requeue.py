@@ -30,6 +30,10 @@ ENV_RENDEZVOUS = "RPC_COLLECTORS_RENDEZVOUS"  # an elastic trainer's rendezvous 
 TIME_LIMIT = "time limit"
 STOPPED = "stopped by SLURM (SIGTERM: preempted, requeued or cancelled)"
 
+# submitit's states of a job that is not over (Job.done), a requeued one's included
+UNFINISHED = ("READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING", "PREEMPTED", "CONFIGURING",
+              "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED")
+
 _reason: str | None = None
 _signalled_at: float | None = None  # time.time() of the first signal
 
@@ -129,6 +133,20 @@ def requeue_followers() -> list[str]:
     if requeued:
         print(f"rpc_collectors: requeued the collector jobs that joined: {', '.join(requeued)}", file=sys.stderr, flush=True)
     return requeued
+
+
+def job_state(job_id: str) -> str | None:
+    """SLURM's state of job ``job_id`` now, from its accounting (``sacct``); None if it cannot say.
+
+    submitit caches a job as finished the first time ``sacct`` shows a state it takes for an end,
+    which a requeued job can pass through; this asks again every time."""
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                             text=True, timeout=60).stdout.split("\n")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    states = [line.split()[0] for line in out if line.strip()]
+    return states[-1] if states else None
 
 
 def reset() -> None:

@@ -191,12 +191,14 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
         force = late or time.monotonic() - asked >= STATE_CHECK_S  # at the deadline: the state as SLURM has it now
         if force:
             asked = time.monotonic()
-        if job.done(force_check=force):
+        state = requeue.job_state(job.job_id) if force else None  # submitit's cache can miss a requeued job's end
+        if job.done(force_check=force) or (state is not None and state not in requeue.UNFINISHED):
             break
         if late:
             raise TimeoutError(f"SLURM job {job.job_id} has not finished after {timeout_s} s "
-                               f"(state {job.state}); cancel it with `scancel {job.job_id}`")
+                               f"(state {state or job.state}); cancel it with `scancel {job.job_id}`")
         time.sleep(poll_s)
+    state = requeue.job_state(job.job_id) or job.state
     tasks = [job.task(i) for i in range(job.num_tasks)]
     for task in tasks:
         if task.paths.result_pickle.exists():
@@ -205,10 +207,10 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
                 raise submitit.core.utils.FailedJobError(
                     f"SLURM job {job.job_id}, task {task.task_id} raised:\n{error}") from error
     if not tasks[0].paths.result_pickle.exists():
-        if job.state.startswith("COMPLETED"):  # collector servers end with exit code 0 and no result
+        if state.startswith("COMPLETED"):  # collector servers end with exit code 0 and no result
             return None
         raise submitit.core.utils.UncompletedJobError(
-            f"SLURM job {job.job_id} ended as {job.state} without a result (cancelled, out of "
+            f"SLURM job {job.job_id} ended as {state} without a result (cancelled, out of "
             f"time or killed); its log: {tasks[0].paths.stderr}\n{tasks[0].stderr() or ''}")
     return tasks[0].result()
 
