@@ -109,7 +109,9 @@ def check_run(job: submitit.Job, path: Path, frames: int) -> dict:
         before = max(b["versions"][1] for b in batches if b["restart"] < r)
         after = min(b["versions"][0] for b in batches if b["restart"] == r)
         assert after > before, f"allocation {r} collected with weights version {after}, the one before with {before}"
-    states = sacct_states(job.job_id)
+    deadline = time.monotonic() + 60  # task 0's result may come before the job's end
+    while (states := sacct_states(job.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
+        time.sleep(1)
     assert states.count("REQUEUED") == len(allocations) - 1 and states[-1] == "COMPLETED", states
     deadline = time.monotonic() + 30
     while job_processes(job.job_id):
@@ -191,7 +193,9 @@ def test_collector_jobs_that_joined_an_elastic_trainer_come_back_with_it(cluster
         content = check_run(trainer, tmp_path / "ckpt" / checkpoint.FILE_NAME, frames)
         assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
         assert slurm.result(collectors, timeout_s=120) is None
-        states = sacct_states(collectors.job_id)
+        deadline = time.monotonic() + 60
+        while (states := sacct_states(collectors.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
+            time.sleep(1)
         assert states[:-1] == ["REQUEUED"] and states[-1] == "COMPLETED", states
     finally:
         subprocess.run(["scancel", trainer.job_id, collectors.job_id], timeout=60)
