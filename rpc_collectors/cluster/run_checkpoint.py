@@ -172,7 +172,8 @@ class RunCheckpoint:
         signalled = requeue.signalled_at()
         after = f" {time.time() - signalled:.1f} s after the signal" if signalled is not None else ""
         job = os.environ.get("SLURM_JOB_ID", "?")
-        outcome = "ends" if not requeued else "requeued" if reason == requeue.TIME_LIMIT else "stops (SLURM requeues it unless cancelled)"
+        outcome = ("ends" if not requeued else "requeued" if reason == requeue.TIME_LIMIT
+                   else "stops (SLURM requeues it unless cancelled)")
         print(f"rpc_collectors: {reason}: job {job} {outcome}{after}, {self.allocation['frames']:,} frames checkpointed",
               file=sys.stderr, flush=True)
         raise requeue.Requeued(reason)
