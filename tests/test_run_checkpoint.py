@@ -33,11 +33,27 @@ def make(obs: int = 3) -> tuple[Collector, nn.Linear, torch.optim.Optimizer]:
     return collector, module, torch.optim.Adam(module.parameters(), lr=1e-3)
 
 
+class ListBuffer:
+    """A replay buffer's checkpoint surface: ``state_dict`` / ``load_state_dict``."""
+
+    def __init__(self) -> None:
+        self.items: list[torch.Tensor] = []
+
+    def state_dict(self) -> dict:
+        return {"items": list(self.items)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.items = list(state["items"])
+
+
 def test_a_resumed_run_continues_where_the_checkpoint_was(tmp_path):
     collector, module, optimizer = make()
-    ckpt = RunCheckpoint(tmp_path / "ckpt", collector=collector, modules={"net": module}, optimizers={"adam": optimizer})
+    buffer = ListBuffer()
+    ckpt = RunCheckpoint(tmp_path / "ckpt", collector=collector, modules={"net": module}, optimizers={"adam": optimizer},
+                         replay_buffer=buffer)
     assert ckpt.resume() is None  # a fresh run
     before = [collector.next()[TRAJ] for _ in range(3)]
+    buffer.items.append(torch.arange(3))
     module(torch.ones(3)).sum().backward()
     optimizer.step()
     ckpt.save({"step": 3})
@@ -45,8 +61,11 @@ def test_a_resumed_run_continues_where_the_checkpoint_was(tmp_path):
     collector.shutdown()
 
     collector2, module2, optimizer2 = make()
-    ckpt2 = RunCheckpoint(tmp_path / "ckpt", collector=collector2, modules={"net": module2}, optimizers={"adam": optimizer2})
+    buffer2 = ListBuffer()
+    ckpt2 = RunCheckpoint(tmp_path / "ckpt", collector=collector2, modules={"net": module2}, optimizers={"adam": optimizer2},
+                          replay_buffer=buffer2)
     assert ckpt2.resume() == {"step": 3}
+    assert len(buffer2.items) == 1 and torch.equal(buffer2.items[0], torch.arange(3))
     assert collector2.frames == 60
     for name, value in saved.items():
         assert torch.equal(module2.state_dict()[name], value)
@@ -98,6 +117,8 @@ def test_bad_arguments_and_an_unwritable_folder_fail_before_any_job(tmp_path):
         RunCheckpoint(tmp_path, modules=[nn.Linear(1, 1)])
     with pytest.raises(TypeError, match=r"optimizers\['adam'\]=.* has no state_dict"):
         RunCheckpoint(tmp_path, optimizers={"adam": object()})
+    with pytest.raises(TypeError, match="replay_buffer=.* has no state_dict / load_state_dict"):
+        RunCheckpoint(tmp_path, replay_buffer=[])
     with pytest.raises(ValueError, match="every=0"):
         RunCheckpoint(tmp_path, every=0)
     # submitting checks the folder and a checkpoint already there before any job is submitted

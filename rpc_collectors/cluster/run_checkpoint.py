@@ -29,11 +29,15 @@ def _named(name: str, value: Any, needs: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise TypeError(f"{name}={value!r} is invalid; accepted: a dict of name -> object, e.g. {{'policy': policy}}")
     for key, obj in value.items():
-        lacking = [method for method in needs if not callable(getattr(obj, method, None))]
-        if lacking:
-            raise TypeError(f"{name}[{key!r}]={obj!r} has no {' / '.join(lacking)}; accepted: objects with "
-                            f"{' and '.join(needs)} (torch modules, optimizers, TorchRL replay buffers)")
+        _check_methods(f"{name}[{key!r}]", obj, needs)
     return dict(value)
+
+
+def _check_methods(label: str, obj: Any, needs: tuple[str, ...]) -> None:
+    lacking = [method for method in needs if not callable(getattr(obj, method, None))]
+    if lacking:
+        raise TypeError(f"{label}={obj!r} has no {' / '.join(lacking)}; accepted: objects with "
+                        f"{' and '.join(needs)} (collectors, torch modules, optimizers, TorchRL replay buffers)")
 
 
 class RunCheckpoint:
@@ -59,12 +63,12 @@ class RunCheckpoint:
         self.record_path = self.directory / files.RECORD_NAME
         self.collector = collector
         if collector is not None:
-            _named("collector", {"collector": collector}, ("state_dict", "load_state_dict"))
+            _check_methods("collector", collector, ("state_dict", "load_state_dict"))
         self.modules = _named("modules", modules, ("state_dict", "load_state_dict"))
         self.optimizers = _named("optimizers", optimizers, ("state_dict", "load_state_dict"))
         self.replay_buffer = replay_buffer
         if replay_buffer is not None:
-            _named("replay_buffer", {"replay_buffer": replay_buffer}, ("state_dict", "load_state_dict"))
+            _check_methods("replay_buffer", replay_buffer, ("state_dict", "load_state_dict"))
         self.every = checks.optional_positive_int("every", every)
         self.batches = 0
         self.allocations: list[dict] = []
