@@ -87,11 +87,6 @@ def signalled_at() -> float | None:
     return _signalled_at
 
 
-def enabled() -> bool:
-    """Whether this process is a task of a job submitted with ``requeue=True``."""
-    return ENV_REQUEUE in os.environ
-
-
 def restart_count() -> int:
     """How many times SLURM restarted this job (``SLURM_RESTART_COUNT``; 0 in its first allocation)."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
