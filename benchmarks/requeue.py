@@ -18,6 +18,7 @@ import datetime
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,7 @@ def main() -> int:
     finally:
         if started is not None:
             devcluster().stop(started.workdir)
+            shutil.rmtree(started.workdir)  # MariaDB's data: hundreds of MB
     allocations = json.loads((root / "ckpt" / "run.json").read_text())["allocations"]
     print("| requeue | signal -> SLURM restarts the job | -> collector up | -> first batch trained | "
           "frames lost | frames trained in the allocation |")
