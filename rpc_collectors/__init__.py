@@ -16,6 +16,7 @@ means, and how its workers exist: independent of each other),
 :mod:`~rpc_collectors.core` (errors and argument checks). ``rpc_collectors.distributed`` and
 ``rpc_collectors.slurm`` are public module paths onto those layers.
 """
+from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.dispatching import dispatch_with
@@ -63,6 +64,7 @@ __all__ = [
     "MultiaSyncDataCollector",
     "RPCCollector",
     "RandomPolicy",
+    "RunCheckpoint",
     "RayCollector",
     "SyncDataCollector",
     "WorkerError",

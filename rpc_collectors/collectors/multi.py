@@ -68,7 +68,8 @@ class RPCCollector(CollectorFront):
             (``timeout_min``, default 10 as TorchRL; ``slurm_partition``, ``slurm_cpus_per_task``, ...).
             The jobs end when the collector shuts down (those still there 5 s later are cancelled),
             and are cancelled if this process dies. A job that ends before it joined is an error
-            naming it and its log, unless ``elastic`` (its slot stays vacant).
+            naming it and its log, unless ``elastic`` (its slot stays vacant). ``elastic``: a job that
+            SLURM ends (time limit, preemption) is submitted again, at most ``"max_resubmits"`` (10) times.
         backend: weight process group backend, ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
         rpc_timeout: seconds any single wait on a worker may take (at most 10^6).
         collector_kwargs: extra keyword arguments for every worker's :class:`Collector`.
