@@ -16,12 +16,14 @@ means, and how its workers exist: independent of each other),
 :mod:`~rpc_collectors.core` (errors and argument checks). ``rpc_collectors.distributed`` and
 ``rpc_collectors.slurm`` are public module paths onto those layers.
 """
+from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.dispatching import dispatch_with
 from rpc_collectors.collection.envs import GymEnv
 from rpc_collectors.collection.policies import RandomPolicy
 from rpc_collectors.collection.trajectories import split_trajectories
+from rpc_collectors.collectors.async_batched import AsyncBatchedCollector
 from rpc_collectors.collectors.async_collector import AsyncCollector
 from rpc_collectors.collectors.dispatch import resolve
 from rpc_collectors.collectors.distributed import DistributedCollector, DistributedSyncCollector
@@ -47,6 +49,7 @@ def __getattr__(name: str) -> type:
 
 
 __all__ = [
+    "AsyncBatchedCollector",
     "AsyncCollector",
     "BaseCollector",
     "Collector",
@@ -61,6 +64,7 @@ __all__ = [
     "MultiaSyncDataCollector",
     "RPCCollector",
     "RandomPolicy",
+    "RunCheckpoint",
     "RayCollector",
     "SyncDataCollector",
     "WorkerError",

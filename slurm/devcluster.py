@@ -326,6 +326,7 @@ def _slurm_conf(workdir: Path, nodes: dict[str, str], ctld_addr: str) -> str:
         f"RealMemory={mem} State=UNKNOWN"
         for name, addr in nodes.items()
     )
+    # cred_expire: also how long a requeued job waits before it may start again (SLURM's default: 120 s)
     return f"""\
 ClusterName=rpccdev
 SlurmctldHost={host}({ctld_addr})
@@ -347,6 +348,7 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=5
+AuthInfo=cred_expire=15
 MailProg=/bin/true
 SlurmctldPort={SLURMCTLD_PORT}
 StateSaveLocation={workdir}/state

@@ -13,6 +13,12 @@ Elastic runs (the script builds its collector with ``elastic=True``): submit the
 
     python slurm/submit.py train.py --elastic --partition gpu --gpus-per-node 1 --log-dir ~/jobs/ppo
     python slurm/submit.py train.py --join 1234 --partition cpu-preempt --tasks-per-node 32 --log-dir ~/jobs/ppo
+
+Runs longer than the time limit (the script checkpoints with ``RunCheckpoint``): ``--requeue
+--checkpoint-dir DIR``; SLURM signals the job ``--signal-delay`` seconds before the limit, the
+trainer checkpoints after its batch and the job requeues (as on preemption), then resumes:
+
+    python slurm/submit.py examples/ppo.py --requeue --checkpoint-dir ~/jobs/ppo/ckpt --time 240 --log-dir ~/jobs/ppo
 """
 from __future__ import annotations
 
@@ -62,6 +68,14 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                         "(--join); a failed task does not end the job")
     parser.add_argument("--join", metavar="JOBID", help="run collectors only, joining the elastic trainer "
                         "of job JOBID (same --log-dir)")
+    parser.add_argument("--requeue", action="store_true", help="at the time limit or on preemption: the "
+                        "trainer checkpoints after its batch and the job requeues")
+    parser.add_argument("--signal-delay", type=int, default=120, metavar="SECONDS",
+                        help="with --requeue: SLURM's signal this many seconds before the time limit")
+    parser.add_argument("--max-requeues", type=int, default=10, help="with --requeue: at most this many "
+                        "requeues at the time limit")
+    parser.add_argument("--checkpoint-dir", type=Path, help="where the script's RunCheckpoint keeps the run "
+                        "($RPC_COLLECTORS_CHECKPOINT_DIR in the job); checked before submitting")
     return parser.parse_known_args(argv)
 
 
@@ -74,12 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_dir=args.log_dir.expanduser().resolve(), nodes=args.nodes, tasks_per_node=args.tasks_per_node,
         gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task, partition=args.partition,
         time_min=args.time, mem=args.mem, sbatch_flags=dict(args.sbatch_flag), interface=args.interface,
-        job_name=args.job_name, elastic=args.elastic, join=args.join,
+        job_name=args.job_name, elastic=args.elastic, join=args.join, requeue=args.requeue,
+        signal_delay_s=args.signal_delay, max_requeues=args.max_requeues, checkpoint_dir=args.checkpoint_dir,
     )
-    if args.dry_run:
-        print(slurm.sbatch_script(slurm.SlurmConfig(**options)))
-        return 0
-    job = slurm.submit(slurm.run_script, str(args.script.resolve()), script_args, **options)
+    try:
+        if args.dry_run:
+            print(slurm.sbatch_script(slurm.SlurmConfig(**options)))
+            return 0
+        job = slurm.submit(slurm.run_script, str(args.script.resolve()), script_args, **options)
+    except (ValueError, TypeError, FileNotFoundError, slurm.CheckpointError) as err:
+        print(f"submit.py: {err}", file=sys.stderr)
+        return 2
     print(f"submitted SLURM job {job.job_id}; logs: {job.paths.stdout} and {job.paths.stderr} "
           f"(%t = task number)", flush=True)
     if not args.wait:

@@ -180,6 +180,8 @@ def test_distributed_policy_factory_builds_the_policy_in_each_worker():
     ({"launcher": "submitit", "slurm_kwargs": {"folder": "/tmp/x", "slurm_bogus": 1}}, ValueError,
      ["slurm_kwargs=", "bogus", "update_parameters"]),
     ({"launcher": "mp", "slurm_kwargs": {"folder": "/tmp/x"}}, ValueError, ["slurm_kwargs=", "launcher='submitit'"]),
+    ({"launcher": "submitit", "slurm_kwargs": {"folder": "/tmp/x", "max_resubmits": -1}}, ValueError,
+     ["slurm_kwargs['max_resubmits']=-1", "an int >= 0"]),
     ({"launcher": "mp", "tcp_port": 70000}, ValueError, ["tcp_port=70000", "1..65535"]),
     ({"launcher": "mp", "tcp_port": "70000"}, ValueError, ["tcp_port='70000'", "1..65535", "string of digits"]),
     ({"launcher": "mp", "tcp_port": "41x01"}, ValueError, ["tcp_port='41x01'", "string of digits"]),

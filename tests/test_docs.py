@@ -37,7 +37,9 @@ COMPILED_ONLY = {"cluster", "slurm"}
 MARKER = re.compile(r"^\s*<!--\s*needs:\s*(?P<name>[^>]*?)\s*-->\s*$")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<ticks>```+|~~~+)\s*(?P<lang>[^\s`{]*)")
 # blocks that start worker processes (local workers, Ray actors): pytest's "multiprocess" marker
-STARTS_WORKERS = re.compile(r"(Multi\w*Collector|RPCCollector|RayCollector|Distributed\w*Collector)\(|num_collectors")
+STARTS_WORKERS = re.compile(
+    r"(Multi\w*Collector|AsyncBatchedCollector|RPCCollector|RayCollector|Distributed\w*Collector)\(|num_collectors"
+)
 
 
 @dataclass

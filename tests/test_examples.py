@@ -225,6 +225,18 @@ def test_ppo_example_short_run():
 
 
 @pytest.mark.multiprocess
+def test_ppo_example_resumes_from_its_checkpoint(tmp_path):
+    first = run([sys.executable, str(EXAMPLES / "ppo.py"), "--total-frames", "2048", "--checkpoint-dir", str(tmp_path)])
+    assert first.returncode == 0, first.stderr
+    assert f"checkpoint saved to {tmp_path / 'checkpoint.pt'} at 2,048 frames" in first.stdout
+    second = run([sys.executable, str(EXAMPLES / "ppo.py"), "--total-frames", "3072", "--checkpoint-dir", str(tmp_path)])
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout and "at 2,048 frames (allocation 2)" in second.stdout
+    assert "frames    1,024" not in second.stdout and "frames    3,072" in second.stdout, second.stdout
+    assert "policy lag 0" in second.stdout and "after 3,072 frames" in second.stdout
+
+
+@pytest.mark.multiprocess
 def test_torchrun_example_short_run():
     """Rank 0 trains, ranks 1 and 2 serve collectors and exit 0 with it."""
     result = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",

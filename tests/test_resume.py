@@ -115,3 +115,47 @@ def test_load_state_dict_gives_the_trainers_policy_the_saved_weights(kind):
         assert (second.next()["action"] == 1).all()
         second.update_policy_weights_()  # the training loop's next push
         assert (second.next()["action"] == 1).all()
+
+
+def test_restarts_spent_and_seed_sequences_carry_over_a_resume():
+    """A resumed run has the restart budget the saved one had left, and its seeded workers do not
+    replay the saved run's first episodes: they draw new seeds from their seed sequences."""
+    def make() -> MultiCollector:
+        return MultiCollector([count_env] * 2, None, frames_per_batch=40, max_worker_restarts=2, rpc_timeout=30,
+                              cat_results="stack")
+
+    first = make()
+    try:
+        first.set_seed(5)
+        opening = first.next()["action"].clone()  # random actions, from the seeded action spaces
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WorkerRestartWarning)
+            kill(first.infos[1]["pid"])
+            first.next()
+        state = first.state_dict()
+    finally:
+        first.shutdown()
+    assert state["restarts"]["counts"] == [0, 1]
+    second = make()
+    try:
+        second.set_seed(5)
+        second.load_state_dict(state)
+        assert second.worker_restarts == [0, 1] and second.restarts.left == 1
+        assert not torch.equal(second.next()["action"], opening), "the resumed workers replayed the run's first actions"
+    finally:
+        second.shutdown()
+
+
+def test_the_weight_update_cadence_carries_over_a_resume():
+    def make() -> MultiCollector:
+        return RPCCollector([cartpole] * 2, FixedAction(0), frames_per_batch=40, launcher="debug",
+                            max_weight_update_interval=5)
+
+    with make() as first:
+        for _ in range(3):
+            first.next()
+        state = first.state_dict()
+    assert state["since_update"] == [3, 3]
+    with make() as second:
+        second.load_state_dict(state)
+        assert second.weights.since_update == [3, 3]

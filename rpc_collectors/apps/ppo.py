@@ -204,20 +204,27 @@ def worker_frames(batch: TensorDictBase, num_workers: int) -> dict[int, int]:
     return {0: batch.numel()}
 
 
+def make_optimizer(actor: nn.Module, critic: nn.Module, cfg: PPOConfig) -> torch.optim.Optimizer:
+    """Adam over the actor's and the critic's parameters."""
+    return torch.optim.Adam([*actor.parameters(), *critic.parameters()], lr=cfg.lr, eps=1e-5)
+
+
 def train(
-    collector, policy: TensorDictModule, critic: nn.Module, cfg: PPOConfig, num_workers: int = 1
+    collector, policy: TensorDictModule, critic: nn.Module, cfg: PPOConfig, num_workers: int = 1,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> Iterator[Iteration]:
     """The PPO loop; yields after every batch and stops when ``cfg.target_return`` is reached.
 
     ``collector`` was built with ``policy`` (from :func:`make_policy`) and ``num_workers``
-    workers; its batches have TorchRL's layout ``[..., T]``.
+    workers; its batches have TorchRL's layout ``[..., T]``. ``optimizer``: default
+    :func:`make_optimizer`'s (pass one to checkpoint it).
     """
     actor = policy.module
-    optimizer = torch.optim.Adam([*actor.parameters(), *critic.parameters()], lr=cfg.lr, eps=1e-5)
+    optimizer = optimizer if optimizer is not None else make_optimizer(actor, critic, cfg)
     returns = EpisodeReturns()
     recent: collections.deque[float] = collections.deque(maxlen=cfg.window)
-    version = 0  # bumped at every weight push, as the collector's policy_version is
-    frames = 0
+    version = getattr(collector, "policy_version", 0)  # bumped at every push, as the collector's (resumed: from there)
+    frames = getattr(collector, "frames", 0)
     for batch in collector:
         frames += batch.numel()
         finished = returns.update(batch)

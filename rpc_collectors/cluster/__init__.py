@@ -1,6 +1,8 @@
 """The cluster: SLURM submission through submitit (:mod:`.slurm`), collector jobs the trainer
 submits itself (:mod:`.jobs`, with :mod:`.job_guard` cancelling them if the trainer dies), and the
-rendezvous of elastic collector processes that join a running trainer (:mod:`.elastic`).
+rendezvous of elastic collector processes that join a running trainer (:mod:`.elastic`), and runs
+longer than an allocation: a run's checkpoint (:mod:`.checkpoint`, :mod:`.run_checkpoint`) and
+the requeue at the time limit or on preemption (:mod:`.requeue`).
 
 May import :mod:`~rpc_collectors.worker` (a collector job runs a worker server) and the layers below.
 """

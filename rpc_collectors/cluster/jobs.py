@@ -7,14 +7,18 @@ dynamic RPC group as any elastic collector does (:func:`collector_job`, see
 :mod:`rpc_collectors.cluster.elastic`). The jobs end when the trainer stops their collectors;
 :meth:`CollectorJobs.end` cancels those still queued or running a few seconds later, and a
 guard process (:mod:`rpc_collectors.cluster.job_guard`) cancels them if the trainer dies first.
+A job that SLURM ends by its time limit, a preemption or a node failure is submitted again
+(:meth:`CollectorJobs.resubmit_ended`, at most ``slurm_kwargs["max_resubmits"]`` times in a run).
 """
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,12 +26,15 @@ from typing import Any
 import submitit
 
 from rpc_collectors.cluster.elastic import join_rendezvous, member_rendezvous
+from rpc_collectors.cluster.requeue import usr_signal
 from rpc_collectors.cluster.slurm import _write_json, setup_join_env
 from rpc_collectors.planes.rendezvous import interface_address, interface_towards
 from rpc_collectors.worker.server import serve
 
 # TorchRL's time limit (its DEFAULT_SLURM_CONF); partition and CPUs per task are the cluster's defaults
 DEFAULT_SLURM_KWARGS = {"timeout_min": 10}
+DEFAULT_MAX_RESUBMITS = 10  # collector jobs submitted again in a run, after SLURM ended them
+RESUBMITTED_STATES = ("TIMEOUT", "PREEMPTED", "NODE_FAIL")  # the ends that are SLURM's, not the collector's
 END_GRACE_S = 5.0  # how long stopped collectors' jobs get to complete before they are cancelled
 POLL_S = 0.2
 
@@ -36,7 +43,8 @@ def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
     """The submitit executor of the collector jobs, from ``slurm_kwargs`` (checked; no job is submitted).
 
     ``slurm_kwargs["folder"]`` is where the jobs' logs go (see :func:`writable_folder`); the other
-    keys are ``submitit.AutoExecutor.update_parameters``'s (``timeout_min``, ``slurm_partition``, ...).
+    keys are ``submitit.AutoExecutor.update_parameters``'s (``timeout_min``, ``slurm_partition``, ...),
+    and ``"max_resubmits"`` (kept as the executor's ``max_resubmits``).
     """
     example = "{'folder': '/shared/logs/run1', 'slurm_partition': 'cpu', 'timeout_min': 120}"
     if not isinstance(slurm_kwargs, dict) or not slurm_kwargs.get("folder"):
@@ -44,7 +52,11 @@ def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
             f"slurm_kwargs={slurm_kwargs!r} is invalid for launcher='submitit': it needs the folder for the "
             f"collector jobs' logs, one every node can read; accepted: a dict such as {example}"
         )
-    params = {**DEFAULT_SLURM_KWARGS, **{k: v for k, v in slurm_kwargs.items() if k != "folder"}}
+    resubmits = slurm_kwargs.get("max_resubmits", DEFAULT_MAX_RESUBMITS)
+    if not isinstance(resubmits, int) or isinstance(resubmits, bool) or resubmits < 0:
+        raise ValueError(f"slurm_kwargs['max_resubmits']={resubmits!r} is invalid; accepted: an int >= 0, how many "
+                         "collector jobs ended by SLURM (time limit, preemption) are submitted again in a run")
+    params = {**DEFAULT_SLURM_KWARGS, **{k: v for k, v in slurm_kwargs.items() if k not in ("folder", "max_resubmits")}}
     try:
         jobs = submitit.AutoExecutor(folder=slurm_kwargs["folder"], cluster="slurm")
         jobs.update_parameters(**params)
@@ -54,6 +66,7 @@ def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
             f"slurm_kwargs={slurm_kwargs!r} is invalid: {reason}; accepted: 'folder' and the parameters of "
             f"submitit.AutoExecutor.update_parameters, e.g. {example}"
         ) from err
+    jobs.max_resubmits = resubmits
     return jobs
 
 
@@ -105,6 +118,7 @@ def controller_address() -> str:
 def collector_job(rendezvous_file: str, join_timeout: float, rpc_timeout: float) -> int:
     """A collector job's task: join the trainer whose rendezvous is in ``rendezvous_file`` and
     serve a collector until the trainer stops it."""
+    signal.signal(usr_signal(), signal.SIG_IGN)  # submitit's signal before the time limit: the trainer resubmits us
     setup_join_env(Path(rendezvous_file), wait_s=join_timeout)
     code = serve(member_rendezvous(join_rendezvous(), join_timeout), rpc_timeout)
     if code:
@@ -120,6 +134,11 @@ class CollectorJobs:
         self.folder = Path(jobs.folder)
         self.rendezvous = self.folder / f"{session}_rendezvous.json"
         self.jobs: list[submitit.Job] = []
+        self.resubmitted: list[tuple[str, str, str]] = []  # (job id, the state it ended in, its successor's id)
+        self.max_resubmits = getattr(jobs, "max_resubmits", DEFAULT_MAX_RESUBMITS)
+        self._seen: set[str] = set()  # ended jobs already looked at
+        self._args: tuple = ()
+        self._lock = threading.Lock()
         self._guard: subprocess.Popen | None = None
 
     def submit(self, count: int, address: str, port: int, join_timeout: float, rpc_timeout: float) -> None:
@@ -131,18 +150,46 @@ class CollectorJobs:
             [sys.executable, "-I", str(guard)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True, text=True,
         )
+        self._args = (str(self.rendezvous), join_timeout, rpc_timeout)
         for _ in range(count):
-            job = self.executor.submit(collector_job, str(self.rendezvous), join_timeout, rpc_timeout)
+            self._submit_one()
+
+    def _submit_one(self) -> submitit.Job:
+        with self._lock:
+            job = self.executor.submit(collector_job, *self._args)
             self.jobs.append(job)
             self._guard.stdin.write(f"{job.job_id}\n")
             self._guard.stdin.flush()
+        return job
 
     def ended(self) -> dict[str, str]:
         """The jobs that ended (id: SLURM state), as SLURM's accounting reports them now."""
-        watcher = submitit.SlurmJob.watcher
-        watcher.update()  # one sacct call for every job
-        return {job.job_id: watcher.get_state(job.job_id, mode="cache") for job in self.jobs
-                if watcher.is_done(job.job_id, mode="cache")}
+        with self._lock:
+            watcher = submitit.SlurmJob.watcher
+            watcher.update()  # one sacct call for every job
+            return {job.job_id: watcher.get_state(job.job_id, mode="cache") for job in self.jobs
+                    if watcher.is_done(job.job_id, mode="cache")}
+
+    def resubmit_ended(self) -> list[str]:
+        """Submit a job again for each that SLURM ended (time limit, preemption, node failure) since the
+        last call, while ``max_resubmits`` lasts; the new jobs' ids. One line on stderr for each."""
+        new = []
+        for job_id, state in self.ended().items():
+            if job_id in self._seen:
+                continue
+            self._seen.add(job_id)
+            if state.split()[0] not in RESUBMITTED_STATES:
+                continue
+            if len(self.resubmitted) >= self.max_resubmits:
+                print(f"rpc_collectors: collector job {job_id} ended as {state}; not submitted again "
+                      f"(max_resubmits={self.max_resubmits} used)", file=sys.stderr, flush=True)
+                continue
+            job = self._submit_one()
+            self.resubmitted.append((job_id, state, job.job_id))
+            new.append(job.job_id)
+            print(f"rpc_collectors: collector job {job_id} ended as {state}; submitted job {job.job_id} in its place "
+                  f"({len(self.resubmitted)} of max_resubmits={self.max_resubmits})", file=sys.stderr, flush=True)
+        return new
 
     def describe(self, job_id: str) -> str:
         """A job's log, and its last lines."""

@@ -9,6 +9,11 @@ Elastic runs (``RPCCollector(elastic=True)``): a trainer job submitted with ``el
 writes its rendezvous address to ``<log_dir>/<job id>_rendezvous.json``; a job submitted with
 ``join=<that job id>`` and the same ``log_dir`` runs collectors only, which join that trainer.
 In both, a task that fails no longer ends the job's other tasks.
+
+Runs longer than an allocation (``requeue=True``, with ``checkpoint_dir``): SLURM signals the job
+``signal_delay_s`` before its time limit; the trainer finishes its batch, checkpoints
+(:class:`~rpc_collectors.cluster.run_checkpoint.RunCheckpoint`) and the job requeues, as on
+preemption (:mod:`rpc_collectors.cluster.requeue`).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import submitit
 from submitit.helpers import TorchDistributedEnvironment
 from submitit.slurm.slurm import _make_sbatch_string
 
+from rpc_collectors.cluster import checkpoint, requeue
 from rpc_collectors.core import checks
 from rpc_collectors.planes.rendezvous import interface_address, interface_towards
 
@@ -65,6 +71,10 @@ class SlurmConfig:
     job_name: str = "rpc_collectors"
     elastic: bool = False  # a trainer that collector jobs may join (writes its rendezvous file)
     join: str | None = None  # job id of an elastic trainer: this job runs collectors that join it
+    requeue: bool = False  # at the time limit or on preemption the trainer checkpoints and the job requeues
+    signal_delay_s: int = 120  # seconds before the time limit that SLURM signals the job (submitit's USR2)
+    max_requeues: int = 10  # requeues at the time limit a job may use (preemptions are SLURM's to count)
+    checkpoint_dir: str | os.PathLike | None = None  # the tasks' $RPC_COLLECTORS_CHECKPOINT_DIR
 
     def __post_init__(self) -> None:
         if not isinstance(self.log_dir, (str, os.PathLike)) or not str(self.log_dir):
@@ -84,6 +94,12 @@ class SlurmConfig:
         if self.join is not None and not (isinstance(self.join, str) and _JOB_ID_RE.match(self.join)):
             raise ValueError(f"join={self.join!r} is invalid; accepted: None or the SLURM job id of an "
                              "elastic trainer job, e.g. '1234'")
+        checks.boolean("requeue", self.requeue)
+        checks.positive_int("signal_delay_s", self.signal_delay_s)
+        checks.non_negative_int("max_requeues", self.max_requeues)
+        if self.signal_delay_s >= self.time_min * 60:
+            raise ValueError(f"signal_delay_s={self.signal_delay_s} is invalid with time_min={self.time_min}; "
+                             f"accepted: fewer seconds than the time limit ({self.time_min * 60} s)")
         if self.join is not None and self.elastic:
             raise ValueError(f"elastic=True and join={self.join!r}: a job either trains (elastic) or runs "
                              "collectors that join a trainer (join); accepted: one of them")
@@ -97,9 +113,11 @@ class SlurmConfig:
             "cpus_per_task": self.cpus_per_task,
             "time": self.time_min,
             "srun_args": list(_ELASTIC_SRUN_ARGS if self.elastic or self.join else _SRUN_ARGS),
+            "signal_delay_s": self.signal_delay_s,
         }
         optional = {"gpus_per_node": self.gpus_per_node or None, "partition": self.partition,
-                    "mem": self.mem, "additional_parameters": dict(self.sbatch_flags) or None}
+                    "mem": self.mem, "additional_parameters": {
+                        **({"requeue": True} if self.requeue else {}), **self.sbatch_flags} or None}
         params.update({k: v for k, v in optional.items() if v is not None})
         return params
 
@@ -138,10 +156,17 @@ def submit(fn: Callable[..., Any], *args: Any, **options: Any) -> submitit.Job:
         raise TypeError(f"unknown option(s) {unknown}; accepted: "
                         f"{sorted(f.name for f in fields(SlurmConfig))}")
     config = SlurmConfig(**options)
+    stops = None
+    if config.checkpoint_dir is not None:  # a bad folder or checkpoint fails here, before the job runs
+        stops = {"checkpoint_dir": str(checkpoint.check_directory(config.checkpoint_dir))}
+        if (Path(stops["checkpoint_dir"]) / checkpoint.FILE_NAME).exists():
+            checkpoint.read(Path(stops["checkpoint_dir"]) / checkpoint.FILE_NAME)
+    if config.requeue:
+        stops = {**(stops or {}), "max_requeues": config.max_requeues}
     executor = submitit.SlurmExecutor(folder=config.log_dir)
     executor.update_parameters(**config.sbatch_parameters())
     return executor.submit(_run_task, fn, args, config.interface, config.gpus_per_node > 0,
-                           config.elastic, config.join, str(config.log_dir))
+                           config.elastic, config.join, str(config.log_dir), stops)
 
 
 def sbatch_script(config: SlurmConfig) -> str:
@@ -166,12 +191,14 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
         force = late or time.monotonic() - asked >= STATE_CHECK_S  # at the deadline: the state as SLURM has it now
         if force:
             asked = time.monotonic()
-        if job.done(force_check=force):
+        state = requeue.job_state(job.job_id) if force else None  # submitit's cache can miss a requeued job's end
+        if job.done(force_check=force) or (state is not None and state not in requeue.UNFINISHED):
             break
         if late:
             raise TimeoutError(f"SLURM job {job.job_id} has not finished after {timeout_s} s "
-                               f"(state {job.state}); cancel it with `scancel {job.job_id}`")
+                               f"(state {state or job.state}); cancel it with `scancel {job.job_id}`")
         time.sleep(poll_s)
+    state = requeue.job_state(job.job_id) or job.state
     tasks = [job.task(i) for i in range(job.num_tasks)]
     for task in tasks:
         if task.paths.result_pickle.exists():
@@ -180,10 +207,10 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
                 raise submitit.core.utils.FailedJobError(
                     f"SLURM job {job.job_id}, task {task.task_id} raised:\n{error}") from error
     if not tasks[0].paths.result_pickle.exists():
-        if job.state.startswith("COMPLETED"):  # collector servers end with exit code 0 and no result
+        if state.startswith("COMPLETED"):  # collector servers end with exit code 0 and no result
             return None
         raise submitit.core.utils.UncompletedJobError(
-            f"SLURM job {job.job_id} ended as {job.state} without a result (cancelled, out of "
+            f"SLURM job {job.job_id} ended as {state} without a result (cancelled, out of "
             f"time or killed); its log: {tasks[0].paths.stderr}\n{tasks[0].stderr() or ''}")
     return tasks[0].result()
 
@@ -195,6 +222,8 @@ def run_script(path: str | os.PathLike, argv: Sequence[str] = ()) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
         runpy.run_path(str(path), run_name="__main__")
+    except requeue.Requeued:
+        raise  # ends the task without a result: the job was requeued
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             raise RuntimeError(f"{path} exited with status {exit_.code!r}") from exit_
@@ -204,7 +233,14 @@ def run_script(path: str | os.PathLike, argv: Sequence[str] = ()) -> None:
 
 
 def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: bool, elastic: bool = False,
-              join: str | None = None, log_dir: str = "") -> Any:
+              join: str | None = None, log_dir: str = "", stops: dict | None = None) -> Any:
+    if stops is not None and "checkpoint_dir" in stops:
+        os.environ[checkpoint.ENV_DIR] = stops["checkpoint_dir"]
+    if stops is not None and "max_requeues" in stops:  # replaces submitit's handlers (see cluster/requeue.py)
+        trainer_job = join or os.environ["SLURM_JOB_ID"]
+        requeue.install(trainer=join is None and os.environ.get("SLURM_PROCID", "0") == "0",
+                        max_requeues=stops["max_requeues"], rendezvous=rendezvous_file(log_dir, trainer_job),
+                        followers=Path(log_dir) / f"{trainer_job}_followers" if elastic or join else None)
     if join is not None:
         setup_join_env(rendezvous_file(log_dir, join), interface)
     else:

@@ -44,6 +44,11 @@ class BatchRecord:
         """How many weight versions the oldest frame of the batch is behind the trainer's."""
         return self.trainer_version - self.oldest_version
 
+    @property
+    def min_lag(self) -> int:
+        """How many weight versions the newest frame of the batch is behind the trainer's."""
+        return self.trainer_version - self.newest_version
+
 
 def take(batch: TensorDictBase, keep: bool) -> tuple[tuple[int, int] | None, torch.Tensor | None]:
     """The oldest and newest version in ``batch`` (None: it has no versions) and its worker ids

@@ -11,7 +11,7 @@ import inspect
 from typing import Any
 
 from rpc_collectors.core import checks, torchrl_args
-from rpc_collectors.front import settings
+from rpc_collectors.front import policy_lag, settings
 from rpc_collectors.front.collector_front import CollectorFront
 from rpc_collectors.pools.debug import DebugPool
 from rpc_collectors.pools.local import LocalPool
@@ -68,7 +68,8 @@ class RPCCollector(CollectorFront):
             (``timeout_min``, default 10 as TorchRL; ``slurm_partition``, ``slurm_cpus_per_task``, ...).
             The jobs end when the collector shuts down (those still there 5 s later are cancelled),
             and are cancelled if this process dies. A job that ends before it joined is an error
-            naming it and its log, unless ``elastic`` (its slot stays vacant).
+            naming it and its log, unless ``elastic`` (its slot stays vacant). ``elastic``: a job that
+            SLURM ends (time limit, preemption) is submitted again, at most ``"max_resubmits"`` (10) times.
         backend: weight process group backend, ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
         rpc_timeout: seconds any single wait on a worker may take (at most 10^6).
         collector_kwargs: extra keyword arguments for every worker's :class:`Collector`.
@@ -96,6 +97,9 @@ class RPCCollector(CollectorFront):
         update_at_each_batch: TorchRL's name for ``update_after_each_batch`` (either one turns it on).
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
+        max_policy_lag: async only: a batch whose oldest step is more than this many weight versions
+            behind the trainer's is dropped (counted in ``dropped_frames``/``dropped_batches``), and
+            its worker gets the trainer's weights and is asked again; None: no bound.
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
             else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
             ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
@@ -176,6 +180,7 @@ class RPCCollector(CollectorFront):
         update_after_each_batch: bool = False,
         update_at_each_batch: bool = False,
         max_weight_update_interval: int = -1,
+        max_policy_lag: int | None = None,
         weight_transport: str = "auto",
         collector_class: Any = "single",
         num_workers_per_collector: int = 1,
@@ -216,6 +221,7 @@ class RPCCollector(CollectorFront):
             traj_format=traj_format,
         )
         self._closed = self._closing = True  # until the workers are up
+        self.max_policy_lag = policy_lag.check(max_policy_lag, sync)
         checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, track_traj_ids)
         checks.use_buffers(use_buffers, self.replay_buffer)
         elastic = checks.boolean("elastic", elastic)

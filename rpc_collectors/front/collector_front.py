@@ -24,7 +24,7 @@ from rpc_collectors.collection import preemption
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
-from rpc_collectors.front import buffer_writes, node_restarts, saved_state
+from rpc_collectors.front import buffer_writes, node_restarts, policy_lag, saved_state
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, weak_method
 from rpc_collectors.front.recovery import Recovery
@@ -45,6 +45,8 @@ class CollectorFront(WeightPushes, BaseCollector):
 
     _default_cat_results: str | int = 0
     _no_push = False  # TorchRL's NoWeightSyncScheme: no weight plane, update_policy_weights_ does nothing
+    max_policy_lag: int | None = None  # async: drop batches further behind (:mod:`.policy_lag`)
+    dropped_frames = dropped_batches = 0
 
     def _open(self, settings: Settings, policy: Any, make_pool: Callable[..., Any]) -> None:
         """Start the workers (``make_pool(on_death, on_arrival)``), build their collectors and planes."""
@@ -301,6 +303,12 @@ class CollectorFront(WeightPushes, BaseCollector):
                     self._request(worker_id)
         self._last_async, result = self._next_answer()
         batch = self._receive(self._last_async, result)
+        while policy_lag.too_old(batch, self.policy_version, self.max_policy_lag):
+            self.dropped_frames, self.dropped_batches = self.dropped_frames + batch.numel(), self.dropped_batches + 1
+            self._push_weights([self._last_async], version=self.policy_version)  # the trainer's weights, first
+            self._request(self._last_async)
+            self._last_async, result = self._next_answer()
+            batch = self._receive(self._last_async, result)
         if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
             self._last_async = None

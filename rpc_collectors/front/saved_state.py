@@ -1,10 +1,12 @@
 """A multi-worker collector's ``state_dict()`` and ``load_state_dict()``.
 
 The state holds the trainer's frames, iteration and weights version, the trainer's policy
-weights, and every worker's collector state (elastic collectors, whose collectors come and go:
+weights, the restarts spent, each worker's seed and the weight-update cadence, and every worker's
+collector state (elastic collectors, whose collectors come and go:
 where each slot's trajectory ids continue from). Loading it gives the trainer's policy the saved
 weights, as TorchRL's collectors do, and the workers (or, elastic, the collectors that join)
-theirs; trajectory ids keep increasing.
+theirs; trajectory ids keep increasing, and workers that were seeded get new seeds from their
+seed sequences (a resumed run does not replay the envs' first episodes).
 """
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ def state_of(front: "CollectorFront") -> dict:
         front._finish_push()
     state = front._base_state()
     state["policy_version"] = front.policy_version
+    state["restarts"] = {"counts": list(front.restarts.counts), "seeds": list(front.restarts.seeds),
+                         "resumes": front.restarts.resumes}
+    if front.weights is not None:  # the weight-update cadence: batches each worker delivered since its last push
+        state["since_update"] = list(front.weights.since_update)
     if isinstance(front.policy, nn.Module):
         state[POLICY] = {name: value.clone() for name, value in front.policy.state_dict().items()}
     if front.elastic:  # collectors come and go: keep where their trajectory ids continue from
@@ -49,6 +55,7 @@ def load(front: "CollectorFront", state: dict) -> None:
         raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {front.num_workers}")
     front._load_base_state(state)
     front.policy_version = int(state["policy_version"])
+    _load_run_state(front, state)
     if state.get(POLICY) is not None and isinstance(front.policy, nn.Module):
         front.policy.load_state_dict(state[POLICY])
     if front.elastic:
@@ -59,3 +66,18 @@ def load(front: "CollectorFront", state: dict) -> None:
     front.gather({i: front._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
     for i, worker_state in enumerate(state["workers"]):
         front.restarts.loaded(i, int(worker_state["traj_count"]))
+    if any(seed is not None for seed in front.restarts.seeds):  # resumed workers draw new seeds from their sequences
+        front.gather({i: front._call(i, "set_seed", front.restarts.seed(i))
+                      for i in range(front.num_workers) if front.restarts.seeds[i] is not None})
+
+
+def _load_run_state(front: "CollectorFront", state: dict) -> None:
+    """The restarts spent, the seed sequences and the weight-update cadence (states saved since they were kept)."""
+    saved = state.get("restarts")
+    if saved is not None and len(saved["counts"]) == front.num_workers:
+        front.restarts.counts = [int(c) for c in saved["counts"]]
+        front.restarts.seeds = [None if s is None else int(s) for s in saved["seeds"]]
+        front.restarts.resumes = int(saved["resumes"]) + 1
+    cadence = state.get("since_update")
+    if cadence is not None and front.weights is not None and len(cadence) == front.num_workers:
+        front.weights.since_update[:] = [int(n) for n in cadence]

@@ -132,6 +132,7 @@ class Restarts:
         self.taken: list[tuple[int, str]] = []  # (worker id, reason) of every replacement, in order
         self.seeds: list[int | None] = [None] * num_workers  # the seed each worker was last given
         self._ids = [0] * num_workers  # bound on the id counts worker i's incarnations may have used
+        self.resumes = 0  # how many times the run was resumed from a saved state
 
     @property
     def left(self) -> int:
@@ -178,8 +179,10 @@ class Restarts:
         return worker_id + self.num_workers * self._ids[worker_id]
 
     def seed(self, worker_id: int) -> int | None:
-        """The seed of ``worker_id``'s current replacement, drawn from its seed's sequence."""
+        """The seed of ``worker_id``'s current replacement (or, after a resume, of the resumed worker),
+        drawn from its seed's sequence."""
         seed = self.seeds[worker_id]
         if seed is None:
             return None
-        return int(np.random.SeedSequence(seed, spawn_key=(self.counts[worker_id],)).generate_state(1)[0])
+        key = (self.counts[worker_id],) if not self.resumes else (self.counts[worker_id], self.resumes)
+        return int(np.random.SeedSequence(seed, spawn_key=key).generate_state(1)[0])

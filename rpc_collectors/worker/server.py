@@ -34,6 +34,7 @@ from rpc_collectors.planes.slots import SlotSpec, SlotWriter
 from rpc_collectors.planes.weight_sync import TransportSpec, WeightReceiver
 from rpc_collectors.planes.weights import FlatWeights, holder_of
 from rpc_collectors.worker import channel, spawner
+from rpc_collectors.worker.env_steps import EnvSteps, step_row
 from rpc_collectors.worker.node import NodeCollector
 from rpc_collectors.worker.spawner import name_process
 
@@ -152,6 +153,14 @@ class WorkerState:
         else:
             return batch
         return local_restarts.note(result, self.collector.new_restarts()) if node else result
+
+    def step_row(self) -> TensorDictBase:
+        """This env's row of a step plane (:mod:`~rpc_collectors.worker.env_steps`), for the trainer to lay out."""
+        return step_row(self.collector.env)
+
+    def join_steps(self, spec: SlotSpec) -> None:
+        """Step this env with the actions the trainer writes into its row of the step plane."""
+        self.steps = EnvSteps(self.collector.env, spec)
 
     def preempt(self, batch: int) -> None:
         """End the ``batch``-th batch asked of this worker at its next step (TorchRL's preemption)."""

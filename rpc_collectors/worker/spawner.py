@@ -281,6 +281,9 @@ def serve(requests_fd: int, replies_fd: int) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up byte is written
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops us
+    if "RPC_COLLECTORS_REQUEUE" in os.environ:  # a requeueable SLURM job signals every process before it stops
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the trainer handles it, and stops us (cluster/requeue.py)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     children: set[int] = set()
     pending = b""
     while True:

@@ -6,9 +6,13 @@ collector (:mod:`rpc_collectors.cluster.jobs`); each job joins the group. With
 leaves its slot vacant. Otherwise the constructor waits until every job joined (a job that
 ends first is an error naming it and its log), and slot i is served by the i-th rank drawn,
 so a failure is a :class:`~rpc_collectors.core.errors.WorkerError` as in any fixed world.
+Elastic: a job that SLURM ends (time limit, preemption) is submitted again, and the new job joins
+a vacant slot (:meth:`~rpc_collectors.cluster.jobs.CollectorJobs.resubmit_ended`).
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -22,6 +26,7 @@ from rpc_collectors.planes.rendezvous import Rendezvous, free_port, interface_ad
 from rpc_collectors.pools.ranks.elastic import ElasticPool
 
 STATE_POLL_S = 2.0  # how often the constructor asks SLURM about jobs that have not joined yet
+RESUBMIT_POLL_S = 10.0  # elastic: how often SLURM is asked which collector jobs it ended
 
 
 class SubmititPool(ElasticPool):
@@ -40,11 +45,16 @@ class SubmititPool(ElasticPool):
         self.jobs = CollectorJobs(executor, uuid.uuid4().hex[:12])
         self._joined: list[int] = []
         self._changed = threading.Condition()
+        self._closing = threading.Event()
+        self._resubmitter: threading.Thread | None = None
         super().__init__(rdv, num_workers, rpc_timeout, on_arrival if elastic else self._joined_at_start)
         try:
             self.jobs.submit(num_workers, address, port, join_timeout, rpc_timeout)
             if not elastic:
                 self.ranks = self._await_jobs(join_timeout)
+            else:
+                self._resubmitter = threading.Thread(target=self._resubmit, name="collector-jobs", daemon=True)
+                self._resubmitter.start()
         except BaseException:
             self.close()
             raise
@@ -76,6 +86,15 @@ class SubmititPool(ElasticPool):
                 self._changed.wait(min(STATE_POLL_S, remaining))
             return sorted(self._joined)[: self.num_workers]
 
+    def _resubmit(self) -> None:
+        """Elastic: submit a job again for each one SLURM ended, until the pool closes."""
+        while not self._closing.wait(RESUBMIT_POLL_S):
+            try:
+                self.jobs.resubmit_ended()
+            except (OSError, subprocess.SubprocessError, RuntimeError) as err:  # sacct or sbatch failed: next time
+                print(f"rpc_collectors: could not check or resubmit collector jobs ({err}); trying again",
+                      file=sys.stderr, flush=True)
+
     def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
         """As any rank's failure, with the jobs that ended by now (a cancelled job, one out of time)."""
         reason, remote = super().failure(worker_id, err)
@@ -92,9 +111,13 @@ class SubmititPool(ElasticPool):
             ended = {"?": f"unknown ({err})"}
         states = ", ".join(f"{job_id} {state}" for job_id, state in ended.items()) or "none"
         return (f"this trainer's collector jobs that ended: {states} (logs in {self.jobs.folder}); launcher='submitit' "
-                f"submits its jobs only when the collector starts: start the run again, or start collectors with "
+                f"submits its jobs when the collector starts (and, elastic, again those SLURM ended): start the run again, "
+                f"or start collectors with "
                 f"{JOIN_VARIABLE}={self.rdv.master_addr}:{self.rdv.master_port}")
 
     def close(self, timeout: float = 2.0) -> None:
+        self._closing.set()
+        if self._resubmitter is not None:
+            self._resubmitter.join(timeout=60)
         super().close(timeout)  # stops the collectors: their jobs complete
         self.jobs.end()

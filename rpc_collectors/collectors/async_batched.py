@@ -1,0 +1,336 @@
+"""``AsyncBatchedCollector``: envs step in worker processes, the policy runs once per step for
+every env that is ready, in the trainer's process, as TorchRL 0.14.1's class of that name.
+
+The envs' workers are local processes (:class:`~rpc_collectors.pools.local.LocalPool`), each
+stepping one env (:mod:`rpc_collectors.worker.env_steps`) through its row of the step plane
+(:mod:`rpc_collectors.planes.step_plane`). The inference loop (:mod:`rpc_collectors.front.inference_loop`)
+acts for the ready envs and assembles the batches (:mod:`rpc_collectors.front.transitions`).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import cloudpickle
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import set_interaction_type
+
+from rpc_collectors.collection.base import BaseCollector
+from rpc_collectors.collection.batch_record import BatchRecord
+from rpc_collectors.collection.policies import StepPolicy
+from rpc_collectors.core import batched_args, checks
+from rpc_collectors.front.inference_loop import InferenceLoop
+from rpc_collectors.front.transitions import ENV_INDEX, Transitions
+from rpc_collectors.planes.membership import Restarts
+from rpc_collectors.planes.step_plane import StepPlane
+from rpc_collectors.planes.weights import load_weights, one_source, weights_of
+from rpc_collectors.pools.local import LocalPool
+
+PRIVATE_VERSION = "_policy_version"  # where versions are staged with policy_version_key=None
+SHUTDOWN_TIMEOUT = 5.0
+ERROR_POLL = 0.2  # seconds between checks for the loop's errors while a batch is awaited
+
+
+class AsyncBatchedCollector(BaseCollector):
+    """Collects from envs in worker processes with one batched policy in this process (TorchRL's
+    ``AsyncBatchedCollector``, same signature and batch layout).
+
+    Each env has a worker process; its observation and the action chosen for it move through
+    shared memory, with one byte down a pipe each way per step. One inference loop, a thread of
+    this process, waits until some envs are ready, calls the policy once on all of them (at most
+    ``max_batch_size``), and writes the actions back. The policy is the object you pass: a weight
+    change is used by the next forward pass, with no weight push. ``update_policy_weights_()``
+    bumps ``policy_version`` (and copies weights in, when given some), under the loop's lock.
+
+    Batches are ``[frames_per_batch]``: the transitions in the order they completed, with
+    ``"env_index"`` and the version that chose each action (``policy_version_key``). ``last_batch``
+    (a :class:`~rpc_collectors.collection.batch_record.BatchRecord`) has their oldest and newest
+    versions and the frames of each env.
+
+    Args:
+        create_env_fn: a list of env factories (one per env), or one factory with ``num_envs``.
+            An env is one env: a gymnasium id, a ``gymnasium.Env``, a ``GymEnv`` of one env, or a
+            TorchRL env of batch size ``[]``.
+        policy: the policy (``TensorDictModule``, ``nn.Module`` reading ``"observation"`` and
+            writing ``"action"``, or a callable on TensorDicts); or ``policy_factory``, called here.
+        frames_per_batch, total_frames: as every collector (``-1``: endless).
+        max_batch_size, min_batch_size, server_timeout: at most ``max_batch_size`` envs per forward
+            pass (default 64); once one env is ready, wait up to ``server_timeout`` s (0.01) for
+            ``min_batch_size`` (1). Or TorchRL's ``server_config`` (``InferenceServerConfig``).
+        device: where the policy runs (or ``device_config.policy_device``).
+        exploration_type: set around each forward pass; default RANDOM.
+        policy_version: the version of the first weights; ``policy_version_key``: the batch key of
+            each frame's version (None: no key).
+        create_env_kwargs: keywords for the factories (a dict, or a list of one dict per env).
+        postproc, replay_buffer, post_collect_hook: as every collector.
+        num_envs: the number of envs when ``create_env_fn`` is one factory.
+        max_worker_restarts: replace this many failed env workers in all (their transition in flight
+            is lost); beyond it, a failure is a :class:`~rpc_collectors.WorkerError`.
+        prefetch: full batches that may wait for you (the envs wait when they are there).
+        rpc_timeout: seconds each env worker may take to start.
+
+    TorchRL's other arguments are accepted where they select this path (``transport`` None,
+    ``"auto"`` or ``"driver"``, ``backend``/``env_backend`` ``"multiprocessing"``,
+    ``policy_backend`` ``"threading"``, ``env_exchange`` ``"auto"``/``"shm"``, ``envs_per_worker=1``,
+    ``transition_chunk_size`` ``"auto"``/1, ``verbose``) and refused otherwise.
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        *,
+        policy: Any = None,
+        policy_factory: Any = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        max_batch_size: int | None = None,
+        min_batch_size: int | None = None,
+        server_timeout: float | None = None,
+        transport: Any = None,
+        device: Any = None,
+        backend: str | None = None,
+        env_backend: str | None = None,
+        env_exchange: str = "auto",
+        envs_per_worker: int = 1,
+        transition_chunk_size: int | str = "auto",
+        policy_backend: str | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Any = None,
+        exploration_type: Any = None,
+        replay_buffer: Any = None,
+        post_collect_hook: Any = None,
+        yield_completed_trajectories: bool = False,
+        weight_sync: Any = None,
+        weight_sync_model_id: str = "policy",
+        verbose: bool = False,
+        create_env_kwargs: dict | list | None = None,
+        worker_affinity: Any = None,
+        driver_affinity: Any = None,
+        server_config: Any = None,
+        device_config: Any = None,
+        policy_version: int = 0,
+        policy_version_key: Any = "policy_version",
+        num_envs: int | None = None,
+        max_worker_restarts: int = 0,
+        prefetch: int = 1,
+        rpc_timeout: float = 60.0,
+    ) -> None:
+        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, postproc=postproc,
+                         replay_buffer=replay_buffer, post_collect_hook=post_collect_hook)
+        if policy is not None and policy_factory is not None:
+            raise TypeError("AsyncBatchedCollector: policy and policy_factory are mutually exclusive; give one")
+        if policy is None and policy_factory is None:
+            raise TypeError("AsyncBatchedCollector: one of policy or policy_factory must be given")
+        factories = batched_args.env_factories(create_env_fn, num_envs)
+        kwargs = batched_args.env_kwargs(create_env_kwargs, len(factories))
+        self.batching = batched_args.batching(server_config, max_batch_size, min_batch_size, server_timeout)
+        batched_args.backends(transport, backend, env_backend, policy_backend, env_exchange, envs_per_worker,
+                              transition_chunk_size)
+        batched_args.unsupported(
+            reset_at_each_iter=reset_at_each_iter, yield_completed_trajectories=yield_completed_trajectories,
+            weight_sync=weight_sync, weight_sync_model_id=weight_sync_model_id, worker_affinity=worker_affinity,
+            driver_affinity=driver_affinity,
+        )
+        checks.boolean("verbose", verbose)
+        device = batched_args.policy_device(device, device_config)
+        self.exploration_type = checks.exploration_type(exploration_type)
+        self.policy_version = checks.non_negative_int("policy_version", policy_version)
+        self.policy_version_key = policy_version_key
+        self.max_worker_restarts = checks.non_negative_int("max_worker_restarts", max_worker_restarts)
+        self.prefetch = checks.positive_int("prefetch", prefetch)
+        self.rpc_timeout = checks.positive_number("rpc_timeout", rpc_timeout)
+        for i, factory in enumerate(factories):
+            checks.picklable(f"create_env_fn[{i}]", factory)
+        if policy_factory is not None:
+            policy = policy_factory()
+        self.policy = StepPolicy(policy, device)
+        self.num_envs = len(factories)
+        self._specs = [cloudpickle.dumps((f, None, {"frames_per_batch": 1, "create_env_kwargs": kw}, None))
+                       for f, kw in zip(factories, kwargs)]
+        self._lock = threading.Lock()
+        self.restarts = Restarts(self.max_worker_restarts, self.num_envs)
+        self.restarts.name = "env worker {}"
+        self._seeds: list[int | None] = [None] * self.num_envs
+        self._loop: InferenceLoop | None = None
+        self.plane: StepPlane | None = None
+        self.pool = LocalPool(self.num_envs, self.rpc_timeout, lambda *_: None)
+        try:
+            self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ------------------------------------------------------------------ start-up
+    def _start(self) -> None:
+        for env in range(self.num_envs):
+            self._starting(env, lambda i=env: self.pool.create(i, self._specs[i]).wait())
+        try:
+            row = self.pool.call(0, "step_row").wait()
+        except RuntimeError as err:  # the env is not one this collector steps: its TypeError, as the worker raised it
+            last = str(err).strip().splitlines()[-1]
+            raise TypeError(last.removeprefix("TypeError: ")) from None
+        self.plane = StepPlane(row, self.num_envs)
+        for env in range(self.num_envs):
+            self._starting(env, lambda i=env: self._join(i))
+        inputs = {key: row.get(key).unsqueeze(0) for key in row.keys(include_nested=True, leaves_only=True)
+                  if key != "action" and not (isinstance(key, tuple) and key[0] == "next")}
+        with torch.no_grad(), set_interaction_type(self.exploration_type):
+            outputs = self.policy(inputs, torch.Size([1]))  # its outputs, laid out in every batch
+        action = outputs.get("action") if hasattr(outputs, "get") else None
+        if not isinstance(action, torch.Tensor) or action[0].numel() != row.get("action").numel():
+            shape = list(action.shape[1:]) if isinstance(action, torch.Tensor) else None
+            raise ValueError(
+                f"policy={self.policy.source!r} returned an action of shape {shape} for one env; the env's action "
+                f"needs shape {list(row.get('action').shape)} (an index for a discrete action, e.g. logits.argmax(-1))"
+            )
+        key = self.policy_version_key if self.policy_version_key is not None else PRIVATE_VERSION
+        transitions = Transitions(self.plane.rows, {k: v[0] for k, v in outputs.items()}, self.frames_per_batch,
+                                  key, self.prefetch)
+        self._loop = InferenceLoop(
+            self.plane, transitions, self.policy, self._lock, lambda: self.policy_version, self._on_failure,
+            max_batch_size=self.batching.max_batch_size, min_batch_size=self.batching.min_batch_size,
+            timeout=self.batching.timeout, exploration_type=self.exploration_type, prefetch=self.prefetch,
+        )
+
+    def _starting(self, env: int, step: Any) -> None:
+        """Run a start-up ``step`` of ``env``'s worker; its failure is a WorkerError naming the worker."""
+        try:
+            step()
+        except RuntimeError as err:
+            reason, remote = self.pool.failure(env, err)
+            raise self.pool.error(env, f"{reason} during start-up", remote) from None
+
+    def _join(self, env: int) -> None:
+        """Have the worker of ``env`` step its env through its row of the plane."""
+        if self._seeds[env] is not None:
+            self.pool.call(env, "set_seed", self._seeds[env]).wait()
+        self.pool.call(env, "join_steps", self.plane.spec(env)).wait()
+        self.plane.opened(env)
+
+    def _on_failure(self, env: int, text: str) -> bool:
+        """In the loop: replace the worker of ``env`` if the budget allows, else queue its WorkerError."""
+        if text:
+            reason, remote = "raised in its env", text
+        else:
+            reason, remote = self.pool.channels[env].exit_reason() or "closed its doorbell", ""
+        if not self._closing and self.restarts.take(env, reason):
+            try:
+                self.pool.replace(env)
+                self.pool.create(env, self._specs[env]).wait()
+                self._join(env)
+                return True
+            except Exception as err:  # the replacement failed too: that ends the run
+                reason, remote = f"could not be replaced after it {reason}: {err}", remote
+        self._loop.errors.put(self.pool.error(env, reason, remote))
+        return False
+
+    # ------------------------------------------------------------------ batches
+    def _collect_batch(self) -> TensorDictBase:
+        loop = self._loop
+        if loop is None or self._closing:
+            raise RuntimeError("AsyncBatchedCollector was shut down")
+        loop.start()
+        while True:
+            try:
+                error = loop.errors.get_nowait()
+            except queue.Empty:
+                error = None
+            if error is not None:
+                self.shutdown()
+                raise error
+            try:
+                batch = loop.batches.get(timeout=ERROR_POLL)
+                break
+            except queue.Empty:  # the loop keeps going, or it was stopped: shutdown() in another thread
+                if loop.stop.is_set() and loop.errors.empty() and loop.batches.empty():
+                    raise RuntimeError("AsyncBatchedCollector was shut down") from None
+        if self.total_frames != -1 and self._frames + batch.numel() > self.total_frames:
+            batch = batch[:self.total_frames - self._frames]
+        self._record(batch)
+        return batch
+
+    def _record(self, batch: TensorDictBase) -> None:
+        key = self.policy_version_key if self.policy_version_key is not None else PRIVATE_VERSION
+        versions = batch.get(key)
+        low, high = torch.aminmax(versions)
+        envs, counts = torch.unique(batch.get(ENV_INDEX), return_counts=True)
+        self.last_batch = BatchRecord(self._iter + 1, batch.numel(), int(low), int(high), self.policy_version,
+                                      dict(zip(envs.tolist(), counts.tolist())))
+        if self.policy_version_key is None:
+            batch.exclude(PRIVATE_VERSION, inplace=True)
+
+    # ------------------------------------------------------------------ weights, seeds, state
+    def update_policy_weights_(
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None, policy: Any = None,
+        model_id: str | None = None,
+    ) -> None:
+        """The next forward pass uses new weights: those given (an ``nn.Module``, a TensorDict of
+        weights or a state dict), copied into the policy, or, with none, the policy as it is now
+        (trained in place; a policy on another ``device`` re-reads the one you passed). Bumps ``policy_version``."""
+        source = one_source(policy_or_weights, weights, policy)
+        if model_id not in (None, "policy"):
+            raise ValueError(f"update_policy_weights_: model_id={model_id!r} is unknown; accepted: None or 'policy'")
+        if worker_ids is not None:
+            raise ValueError(
+                f"update_policy_weights_: worker_ids={worker_ids!r} is not accepted: the one policy is in this "
+                "process; accepted: None"
+            )
+        module = self.policy.module
+        if source is None and module is not None and module is not self.policy.source:
+            source = self.policy.source
+        new = None if source is None else weights_of(source).clone()
+        if new is not None and module is None:
+            raise TypeError("update_policy_weights_: this collector's policy has no weights to update")
+        with self._lock:
+            if new is not None:
+                load_weights(module, new)
+            self.policy_version += 1
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed env i with ``seed + i`` from its next reset on (each env's first reset is done at
+        start-up: seed before iterating, and the next episode of each env starts from its seed)."""
+        seed = checks.seed(seed)
+        for env in range(self.num_envs):
+            self._seeds[env] = seed + env
+            self.pool.call(env, "set_seed", seed + env).wait()
+        return seed + self.num_envs
+
+    def state_dict(self) -> dict:
+        """Frames, iteration and ``policy_version`` (the policy's weights are yours)."""
+        return {**self._base_state(), "policy_version": self.policy_version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._load_base_state(state)
+        self.policy_version = int(state["policy_version"])
+
+    def server_stats(self, *, reset: bool = False) -> dict:
+        """TorchRL's inference statistics: none are kept."""
+        return {}
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        """Stop the inference loop, the envs and their workers; bounded and idempotent."""
+        self._shutdown_timeout = SHUTDOWN_TIMEOUT if timeout is None else timeout
+        super().shutdown(close_env)
+
+    def _shutdown(self, close_env: bool) -> None:
+        timeout = getattr(self, "_shutdown_timeout", SHUTDOWN_TIMEOUT)
+        start = time.monotonic()
+        if self._loop is not None:
+            self._loop.close(timeout)
+        if self.plane is not None:
+            self.plane.close()
+            self.plane = None
+        self.pool.close(max(0.5, (timeout - (time.monotonic() - start)) / 2))
+        self._loop = None
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True) and hasattr(self, "pool"):
+            try:
+                self.shutdown(timeout=2.0)
+            except Exception:
+                pass
+

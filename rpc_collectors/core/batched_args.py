@@ -1,0 +1,157 @@
+"""The arguments of TorchRL's ``AsyncBatchedCollector``, mapped onto ours before any process starts.
+
+Ours runs every env in a worker process of this host and the policy in one inference loop of
+the trainer's process, with observations and actions in shared memory. Arguments that select
+that path are accepted; those that select another (env threads, a policy server process, Ray,
+TorchRL transport objects, CUDA graphs, chunked messages) are refused here, each with a
+``ValueError``/``TypeError`` naming it, its value and what is accepted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rpc_collectors.core import checks
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How the inference loop batches: TorchRL's ``InferenceServerConfig`` fields that map."""
+
+    max_batch_size: int = 64
+    min_batch_size: int = 1
+    timeout: float = 0.01
+
+
+def _refuse(name: str, value: Any, accepted: str, why: str = "") -> ValueError:
+    return ValueError(
+        f"AsyncBatchedCollector: {name}={value!r} is not supported{': ' + why if why else ''}; accepted: {accepted}"
+    )
+
+
+def env_factories(create_env_fn: Any, num_envs: Any) -> list:
+    """One env factory per env: TorchRL's list, or one factory and ``num_envs``."""
+    if isinstance(create_env_fn, (list, tuple)):
+        if num_envs is not None and num_envs != len(create_env_fn):
+            raise ValueError(
+                f"AsyncBatchedCollector: num_envs={num_envs!r} does not match the {len(create_env_fn)} env "
+                "factories in create_env_fn; accepted: None, or the length of the list"
+            )
+        factories = list(create_env_fn)
+    elif callable(create_env_fn) or isinstance(create_env_fn, str):
+        if num_envs is None:
+            raise TypeError(
+                f"AsyncBatchedCollector: create_env_fn={create_env_fn!r} is one factory and num_envs is None; "
+                "accepted: a list of env factories (one per env), or one factory with num_envs=N"
+            )
+        factories = [create_env_fn] * checks.positive_int("num_envs", num_envs)
+    else:
+        raise TypeError(
+            f"AsyncBatchedCollector: create_env_fn={create_env_fn!r} is not accepted; accepted: a list of env "
+            "factories (callables or gymnasium ids), or one factory with num_envs=N"
+        )
+    if not factories:
+        raise ValueError("AsyncBatchedCollector: create_env_fn=[] has no env factory; accepted: a non-empty list")
+    for factory in factories:
+        if not (callable(factory) or isinstance(factory, str)):
+            raise TypeError(
+                f"AsyncBatchedCollector: create_env_fn holds {factory!r}, which is not an env factory; accepted: "
+                "callables returning an env, or gymnasium ids"
+            )
+    return factories
+
+
+def env_kwargs(create_env_kwargs: Any, num_envs: int) -> list[dict]:
+    """One dict of factory keywords per env (TorchRL's dict for all, or list of dicts)."""
+    if create_env_kwargs is None or isinstance(create_env_kwargs, dict):
+        return [dict(create_env_kwargs or {}) for _ in range(num_envs)]
+    if isinstance(create_env_kwargs, (list, tuple)) and len(create_env_kwargs) == num_envs \
+            and all(isinstance(kw, dict) for kw in create_env_kwargs):
+        return [dict(kw) for kw in create_env_kwargs]
+    raise ValueError(
+        f"AsyncBatchedCollector: create_env_kwargs={create_env_kwargs!r} is invalid; accepted: None, a dict, or a "
+        f"list of {num_envs} dicts"
+    )
+
+
+def batching(server_config: Any, max_batch_size: Any, min_batch_size: Any, server_timeout: Any) -> Batching:
+    """The batching of the forward pass, from the keywords or TorchRL's ``InferenceServerConfig``."""
+    given = {k: v for k, v in (("max_batch_size", max_batch_size), ("min_batch_size", min_batch_size),
+                               ("server_timeout", server_timeout)) if v is not None}
+    if server_config is not None:
+        if given:
+            raise ValueError(
+                f"AsyncBatchedCollector: server_config is given with {sorted(given)}; accepted: one of them "
+                "(server_config holds max_batch_size, min_batch_size and timeout)"
+            )
+        backend = getattr(server_config, "service_backend", "thread")
+        if backend != "thread":
+            raise _refuse("server_config.service_backend", backend, "'thread'",
+                          "the policy runs in an inference loop of the trainer's process")
+        if getattr(server_config, "static_batch_size", None) is not None:
+            raise _refuse("server_config.static_batch_size", server_config.static_batch_size, "None",
+                          "CUDA-graph capture is not offered")
+        given = {"max_batch_size": server_config.max_batch_size, "min_batch_size": server_config.min_batch_size,
+                 "server_timeout": server_config.timeout}
+    out = Batching()
+    size = checks.positive_int("max_batch_size", given.get("max_batch_size", out.max_batch_size))
+    low = checks.positive_int("min_batch_size", given.get("min_batch_size", out.min_batch_size))
+    if low > size:
+        raise ValueError(
+            f"AsyncBatchedCollector: min_batch_size={low} exceeds max_batch_size={size}; accepted: at most max_batch_size"
+        )
+    wait = given.get("server_timeout", out.timeout)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+        raise ValueError(f"AsyncBatchedCollector: server_timeout={wait!r} is invalid; accepted: a number of seconds >= 0")
+    return Batching(size, low, float(wait))
+
+
+def backends(transport: Any, backend: Any, env_backend: Any, policy_backend: Any, env_exchange: Any,
+             envs_per_worker: Any, transition_chunk_size: Any) -> None:
+    """Refuse the backends and transports that are not this collector's path."""
+    if transport not in (None, "auto", "driver"):
+        raise _refuse("transport", transport, "None, 'auto' or 'driver'",
+                      "observations and actions always move through the step plane's shared memory")
+    if backend not in (None, "multiprocessing"):
+        raise _refuse("backend", backend, "None or 'multiprocessing'",
+                      "envs step in worker processes and the policy runs in the trainer's process")
+    if env_backend not in (None, "multiprocessing"):
+        raise _refuse("env_backend", env_backend, "None or 'multiprocessing'", "envs step in worker processes")
+    if policy_backend not in (None, "threading"):
+        raise _refuse("policy_backend", policy_backend, "None or 'threading'",
+                      "the policy runs in an inference loop (a thread) of the trainer's process")
+    if env_exchange not in ("auto", "shm"):
+        raise _refuse("env_exchange", env_exchange, "'auto' or 'shm'", "the step plane is shared memory")
+    if envs_per_worker != 1:
+        raise _refuse("envs_per_worker", envs_per_worker, "1", "each env has a worker process of its own")
+    if transition_chunk_size not in ("auto", 1):
+        raise _refuse("transition_chunk_size", transition_chunk_size, "'auto' or 1",
+                      "each transition enters its batch as soon as its env answers")
+
+
+def unsupported(**kwargs: Any) -> None:
+    """Refuse TorchRL arguments whose feature is not offered (each must keep its default)."""
+    defaults = {"reset_at_each_iter": False, "yield_completed_trajectories": False, "weight_sync": None,
+                "weight_sync_model_id": "policy", "worker_affinity": None, "driver_affinity": None}
+    for name, value in kwargs.items():
+        if value is not defaults[name] and value != defaults[name]:
+            raise _refuse(name, value, repr(defaults[name]))
+
+
+def policy_device(device: Any, device_config: Any) -> torch.device | None:
+    """Where the policy runs: ``device``, or ``device_config.policy_device``; the other devices of
+    TorchRL's ``InferenceDeviceConfig`` must be the CPU (batches are assembled there)."""
+    if device_config is None:
+        return checks.device("device", device)
+    if device is not None:
+        raise ValueError(
+            "AsyncBatchedCollector: device and device_config are both given; accepted: one of them"
+        )
+    for name in ("output_device", "env_device", "storing_device"):
+        value = checks.device(f"device_config.{name}", getattr(device_config, name, None))
+        if value is not None and value.type != "cpu":
+            raise _refuse(f"device_config.{name}", str(value), "None or 'cpu'",
+                          "batches are assembled in the trainer's memory")
+    return checks.device("device_config.policy_device", getattr(device_config, "policy_device", None))

@@ -1,0 +1,52 @@
+"""``max_policy_lag`` on async collectors: batches too far behind the trainer's weights are dropped and counted."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import CountEnv
+from rpc_collectors import GymEnv, MultiAsyncCollector, MultiCollector
+from test_rpc_collector import BiasPolicy
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
+
+
+def count_env() -> GymEnv:
+    return GymEnv(CountEnv())
+
+
+def lags(max_policy_lag, batches: int = 30) -> tuple[list, MultiAsyncCollector]:
+    """Run with a trainer that bumps the weights after every batch; each batch's (min, max) lag."""
+    seen = []
+    with MultiAsyncCollector([count_env] * 4, BiasPolicy(1, size=3), frames_per_batch=10,
+                             max_policy_lag=max_policy_lag) as c:
+        for i, _ in enumerate(c):
+            seen.append((c.last_batch.min_lag, c.last_batch.lag, c.last_batch.trainer_version))
+            c.update_policy_weights_()
+            if i + 1 == batches:
+                break
+    return seen, c
+
+
+def test_batches_beyond_the_bound_are_dropped_and_counted():
+    unbounded, free = lags(None)
+    bounded, c = lags(1)
+    assert free.dropped_frames == free.dropped_batches == 0
+    assert max(lag for _, lag, _ in unbounded) > 1  # without the bound, batches do fall behind
+    assert all(0 <= low <= high <= 1 for low, high, _ in bounded)
+    assert c.dropped_batches > 0 and c.dropped_frames == 10 * c.dropped_batches
+    assert [version for _, _, version in bounded] == list(range(30))  # every handed-out batch is counted once
+
+
+def test_zero_lag_hands_out_only_batches_of_the_trainers_weights():
+    bounded, c = lags(0, batches=10)
+    assert all(high == 0 for _, high, _ in bounded) and c.dropped_batches > 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_policy_lag": -1, "sync": False}, "max_policy_lag=-1 is invalid; accepted: None"),
+    ({"max_policy_lag": 1.5, "sync": False}, "max_policy_lag=1.5 is invalid"),
+    ({"max_policy_lag": 2, "sync": True}, "max_policy_lag=2 applies to async collection.*accepted with sync=True: None"),
+])
+def test_bad_max_policy_lag_is_refused_before_any_process_starts(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MultiCollector([count_env] * 2, BiasPolicy(1, size=3), frames_per_batch=10, **kwargs)

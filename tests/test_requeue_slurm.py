@@ -1,0 +1,201 @@
+"""Runs longer than a SLURM allocation, on a real local SLURM cluster (slurm/devcluster.py, root).
+
+A trainer job (task 0) with two collector tasks runs tests/requeue_trainer.py through
+``slurm.submit(run_script, ..., requeue=True, checkpoint_dir=...)``, as ``slurm/submit.py
+--requeue`` does. Its allocations end by the signal before the time limit, or by ``scontrol
+requeue``; each time the trainer checkpoints after its batch and the job comes back. The whole
+run, read from the checkpoint, must hold exactly ``total_frames``, no trajectory id in two
+allocations, and weight versions that only go up across a requeue; SLURM's accounting must show
+the requeues, and no process of the job may outlive it.
+
+The dev cluster uses fixed ports (slurmctld 6817) and MariaDB's socket: while another dev cluster
+runs on this machine, starting this one fails with a ClusterError saying so.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import submitit
+
+import devcluster_module
+from rpc_collectors.cluster import checkpoint, requeue, slurm
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINER = REPO / "tests" / "requeue_trainer.py"
+BATCH, STEP_SLEEP = 100, 0.02  # two collectors of 50 steps of 20 ms: about a second a batch
+
+devcluster = devcluster_module.load()
+pytestmark = [pytest.mark.slurm]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator:
+    root = Path(tempfile.mkdtemp(prefix="rpcc-requeue-"))
+    root.chmod(0o755)  # MariaDB runs as user mysql
+    old_conf = os.environ.get("SLURM_CONF")
+    started = devcluster.start(1, root / "cluster")
+    os.environ["SLURM_CONF"] = str(started.slurm_conf)
+    submitit.SlurmJob.watcher.clear()
+    try:
+        yield started
+    finally:
+        devcluster.stop(started.workdir)
+        shutil.rmtree(root)
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf
+
+
+def submit(cluster, tmp_path: Path, frames: int, time_min: int) -> tuple[submitit.Job, Path]:
+    ckpt_dir = tmp_path / "ckpt"
+    job = slurm.submit(slurm.run_script, str(TRAINER), ["--frames", str(frames), "--batch", str(BATCH),
+                                                        "--step-sleep", str(STEP_SLEEP)],
+                       log_dir=tmp_path / "logs", tasks_per_node=3, time_min=time_min, signal_delay_s=60,
+                       requeue=True, checkpoint_dir=ckpt_dir)
+    return job, ckpt_dir / checkpoint.FILE_NAME
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Pids of the processes that run in SLURM job ``job_id`` (its environment says so)."""
+    marker = f"SLURM_JOB_ID={job_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def sacct_states(job_id: str) -> list[str]:
+    """The job's state in every allocation, as SLURM's accounting recorded them (``sacct -D``)."""
+    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def wait_for_batch(job: submitit.Job, number: int, timeout: float = 600) -> None:
+    """Wait until the trainer (task 0) of ``job`` printed that it trained on batch ``number``."""
+    log = Path(job.paths.stdout.as_posix().replace("%t", "0"))
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and f"batch {number} " in log.read_text()):
+        assert time.monotonic() < deadline and not job.done(), f"no batch {number} of job {job.job_id} in {timeout} s"
+        time.sleep(0.5)
+
+
+def check_run(job: submitit.Job, path: Path, frames: int) -> dict:
+    """The assertions every requeued run must pass; returns the checkpoint's content."""
+    content = checkpoint.read(path)
+    batches, allocations = content["extra"]["batches"], content["allocations"]
+    assert content["frames"] == frames and sum(b["frames"] for b in batches) == frames
+    assert allocations[-1]["end"] == "finished" and allocations[-1]["frames"] == frames
+    assert [a["restart"] for a in allocations] == list(range(len(allocations)))
+    restarts = sorted({b["restart"] for b in batches})
+    assert restarts == list(range(len(allocations))), "an allocation trained on no batch"
+    ids = {r: set().union(*(b["traj_ids"] for b in batches if b["restart"] == r)) for r in restarts}
+    for r in restarts[1:]:
+        shared = set().union(*(ids[r] & ids[q] for q in restarts if q < r))
+        assert not shared, f"allocation {r} reused trajectory ids of an earlier one: {sorted(shared)[:10]}"
+        before = max(b["versions"][1] for b in batches if b["restart"] < r)
+        after = min(b["versions"][0] for b in batches if b["restart"] == r)
+        assert after > before, f"allocation {r} collected with weights version {after}, the one before with {before}"
+    deadline = time.monotonic() + 60  # task 0's result may come before the job's end
+    while (states := sacct_states(job.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
+        time.sleep(1)
+    assert states.count("REQUEUED") == len(allocations) - 1 and states[-1] == "COMPLETED", states
+    deadline = time.monotonic() + 30
+    while job_processes(job.job_id):
+        assert time.monotonic() < deadline, f"processes of job {job.job_id} outlived it: {job_processes(job.job_id)}"
+        time.sleep(0.5)
+    return content
+
+
+@pytest.mark.timeout(1500)
+def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(cluster, tmp_path):
+    """``--time 2``, the signal 60 s before, about 2.5 minutes of collection: several allocations."""
+    frames = 150 * BATCH
+    job, path = submit(cluster, tmp_path, frames, time_min=2)
+    assert slurm.result(job, timeout_s=1300) is None
+    content = check_run(job, path, frames)
+    ends = [a["end"] for a in content["allocations"]]
+    assert ends[:-1] == [requeue.TIME_LIMIT] * (len(ends) - 1) and len(ends) >= 2, ends
+    assert all(a["undelivered_frames"] == 0 for a in content["allocations"][:-1])  # nothing collected was lost
+
+
+@pytest.mark.timeout(900)
+def test_scontrol_requeue_of_a_running_trainer_takes_the_same_path(cluster, tmp_path):
+    frames = 40 * BATCH
+    job, path = submit(cluster, tmp_path, frames, time_min=30)
+    wait_for_batch(job, 5)
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
+    assert slurm.result(job, timeout_s=700) is None
+    content = check_run(job, path, frames)
+    assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
+    assert content["allocations"][0]["frames"] >= 5 * BATCH
+
+
+@pytest.mark.timeout(600)
+def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(cluster, tmp_path, monkeypatch):
+    """An elastic trainer's ``launcher="submitit"`` collector job of one minute: SLURM ends it, the
+    trainer submits another in its place (counted), and that one's collector serves the slot."""
+    from functools import partial
+
+    from conftest import slow_cartpole
+    from rpc_collectors import DistributedCollector, WorkerLeftWarning
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests")]))  # the jobs import conftest
+    collector = DistributedCollector(
+        [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=50, elastic=True, launcher="submitit",
+        slurm_kwargs={"folder": str(tmp_path / "jobs"), "timeout_min": 1, "max_resubmits": 1}, rpc_timeout=60,
+    )
+    jobs = collector.workers.jobs
+    ranks, deadline = [], time.monotonic() + 480
+    try:
+        with pytest.warns(WorkerLeftWarning, match="vacant"):
+            for _ in collector:
+                rank = collector.infos[0]["rank"]
+                ranks.append(rank)
+                if jobs.resubmitted and rank != ranks[0] and ranks.count(rank) >= 3:
+                    break
+                assert time.monotonic() < deadline, f"no resubmitted job served the slot: {jobs.resubmitted}, ranks {set(ranks)}"
+    finally:
+        collector.shutdown()
+    (ended, state, successor), = jobs.resubmitted
+    assert ended == jobs.jobs[0].job_id and state.startswith("TIMEOUT") and successor == jobs.jobs[1].job_id
+    assert collector.worker_restarts == [1]
+    assert not jobs.queued()
+
+
+@pytest.mark.timeout(900)
+def test_collector_jobs_that_joined_an_elastic_trainer_come_back_with_it(cluster, tmp_path):
+    """An elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
+    trainer is requeued it requeues the collector job too, which joins its next allocation."""
+    frames = 40 * BATCH
+    args = ["--frames", str(frames), "--batch", str(BATCH), "--step-sleep", str(STEP_SLEEP), "--slots", "2"]
+    trainer = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", elastic=True,
+                           time_min=30, requeue=True, checkpoint_dir=tmp_path / "ckpt")
+    collectors = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", join=trainer.job_id,
+                              tasks_per_node=2, time_min=30, requeue=True)
+    try:
+        wait_for_batch(trainer, 5)
+        subprocess.run(["scontrol", "requeue", trainer.job_id], check=True, timeout=60)
+        assert slurm.result(trainer, timeout_s=700) is None
+        content = check_run(trainer, tmp_path / "ckpt" / checkpoint.FILE_NAME, frames)
+        assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
+        assert slurm.result(collectors, timeout_s=120) is None
+        deadline = time.monotonic() + 60
+        while (states := sacct_states(collectors.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
+            time.sleep(1)
+        assert states[:-1] == ["REQUEUED"] and states[-1] == "COMPLETED", states
+    finally:
+        subprocess.run(["scancel", trainer.job_id, collectors.job_id], timeout=60)
