@@ -212,7 +212,7 @@ def _round_trips(send, receive, calls: int) -> float:
     return (cpu_self() - c0) / calls
 
 
-def pipe_round_trip(calls: int = 2000) -> float:
+def pipe_round_trip(calls: int = 20000) -> float:
     """Trainer CPU (us) of a 16-byte message to a child process and back on a pipe pair."""
     from_parent, to_child = os.pipe()
     from_child, to_parent = os.pipe()
@@ -249,13 +249,15 @@ def requests_case(case: dict) -> dict:
         it = iter(collector)
         for _ in range(50):
             next(it)
+        call = _round_trips(lambda: None, lambda: collector.workers.call(0, "weights_signature").wait(), 2000)
         batches, start, c0 = 0, time.perf_counter(), cpu_self()
         while time.perf_counter() - start < case["seconds"]:
             next(it)
             batches += 1
         cpu = cpu_self() - c0
     requests = batches * (workers if case["sync"] else 1)
-    return {"pipe_cpu_us": bare, "cpu_us_per_request": 1e6 * cpu / requests, "requests_per_s": requests / case["seconds"]}
+    return {"pipe_cpu_us": bare, "call_cpu_us": 1e6 * call, "cpu_us_per_request": 1e6 * cpu / requests,
+            "requests_per_s": requests / case["seconds"]}
 
 
 # ------------------------------------------------------------------ launching ranks
@@ -393,8 +395,9 @@ def report(results: dict) -> None:
                   f"raw TCP round trip {r['tcp_cpu_us']:.0f} us")
     for r in results.get("requests", []):
         print(f"\n== requests: 8 local workers, 1-step batches, {'sync' if r['sync'] else 'async'} ==\n"
-              f"trainer CPU per request {r['cpu_us_per_request']:.0f} us; pipe round trip {r['pipe_cpu_us']:.0f} us; "
-              f"ratio {r['cpu_us_per_request'] / r['pipe_cpu_us']:.1f}x; {r['requests_per_s']:.0f} requests/s")
+              f"trainer CPU per request {r['cpu_us_per_request']:.0f} us; a no-op call on the worker's pipe "
+              f"{r['call_cpu_us']:.0f} us ({r['cpu_us_per_request'] / r['call_cpu_us']:.1f}x); 16 bytes there and back "
+              f"on a bare pipe {r['pipe_cpu_us']:.1f} us; {r['requests_per_s']:.0f} requests/s")
     rounds = [r for part in ("local", "hosts") for r in results.get(part, []) if r["sync"]]
     if len(rounds) >= 2:
         a, b = fit(rounds)

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import torch
 from tensordict import TensorDictBase
 
-from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
+from rpc_collectors.collection.batch_record import MASK, BatchRecord, steps_by, take
 from rpc_collectors.collection.preemption import valid_frames
 from rpc_collectors.collection.trajectories import split_trajectories
 from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit
@@ -120,8 +120,8 @@ class BaseCollector:
             mask = batch.get(MASK, None) if isinstance(batch, TensorDictBase) else None
             versions, self._worker_ids = take(batch, self.track_policy_version or self.keep_version_key)
             if versions is not None:
-                workers = frames_per_worker(self._worker_ids, mask)
-                self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version, workers)
+                self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version,
+                                              steps_by(self._worker_ids, mask))
             if self.split_trajs:
                 batch = split_trajectories(batch)
             if self.postproc is not None:

@@ -8,7 +8,8 @@ key set; with ``track_policy_version=True`` the keys stay in the batch too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 import torch
 from tensordict import TensorDictBase
@@ -29,7 +30,8 @@ class BatchRecord:
             action in it (``policy_version`` counts ``update_policy_weights_`` calls).
         trainer_version: the collector's ``policy_version`` when it handed the batch out.
         worker_frames: the frames each worker (by id) collected in it; None for a single-process
-            collector. An async batch is one worker's.
+            collector. An async batch is one worker's. Counted from ``steps_by`` (the worker id of
+            each collected step) when first read.
     """
 
     iteration: int
@@ -37,7 +39,14 @@ class BatchRecord:
     oldest_version: int
     newest_version: int
     trainer_version: int
-    worker_frames: dict[int, int] | None = None
+    steps_by: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def worker_frames(self) -> dict[int, int] | None:
+        if self.steps_by is None:
+            return None
+        workers, counts = torch.unique(self.steps_by, return_counts=True)
+        return dict(zip(workers.tolist(), counts.tolist()))
 
     @property
     def lag(self) -> int:
@@ -72,9 +81,8 @@ def take(batch: TensorDictBase, keep: bool) -> tuple[tuple[int, int] | None, tor
     return versions, ids
 
 
-def frames_per_worker(ids: torch.Tensor | None, mask: torch.Tensor | None) -> dict[int, int] | None:
-    """Frames per worker id of a batch whose steps carry ``ids`` (its collected steps: ``mask``)."""
+def steps_by(ids: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The worker id of each collected step of a batch whose steps carry ``ids`` (collected: ``mask``)."""
     if ids is None or ids.is_meta:
         return None
-    workers, counts = torch.unique(ids if mask is None else ids[mask], return_counts=True)
-    return dict(zip(workers.tolist(), counts.tolist()))
+    return ids if mask is None else ids[mask]
