@@ -356,6 +356,21 @@ def test_weight_sync_schemes_map_onto_our_transports(scheme, transport):
         assert (c.next()["action"] == 1.5).all()
 
 
+def test_weight_sync_schemes_attribute_shows_the_scheme_of_the_transport_used():
+    """TorchRL's tests read ``_weight_sync_schemes["policy"]``: the scheme given, or TorchRL's scheme
+    for the transport the weights take (shared memory by default on one host, as TorchRL's default)."""
+    from torchrl.weight_update import MultiProcessWeightSyncScheme, NoWeightSyncScheme, SharedMemWeightSyncScheme
+
+    given = MultiProcessWeightSyncScheme()
+    with MultiSyncCollector([pendulum] * 2, constant_actor(0.5), frames_per_batch=20,
+                            weight_sync_schemes={"policy": given}) as c:
+        assert c._weight_sync_schemes == {"policy": given} and c.weights.spec.kind == "rpc"
+    for kwargs, scheme in [({}, SharedMemWeightSyncScheme), ({"weight_transport": "rpc"}, MultiProcessWeightSyncScheme),
+                           ({"weight_sync_schemes": {"policy": NoWeightSyncScheme()}}, NoWeightSyncScheme)]:
+        with MultiAsyncCollector([pendulum] * 2, constant_actor(0.5), frames_per_batch=20, **kwargs) as c:
+            assert type(c._weight_sync_schemes["policy"]) is scheme, kwargs
+
+
 @pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector"])
 def test_no_weight_sync_scheme_makes_updates_do_nothing(cls):
     from torchrl.weight_update import NoWeightSyncScheme, RayWeightSyncScheme

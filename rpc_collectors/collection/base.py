@@ -6,13 +6,13 @@ import threading
 from typing import Any, Iterator
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
 from rpc_collectors.collection.preemption import valid_frames
 from rpc_collectors.collection.trajectories import split_trajectories
-from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit
-from rpc_collectors.core import checks
+from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit, on_buffer_device
+from rpc_collectors.core import checks, torchrl_args
 
 
 def drop_private_keys(batch: Any) -> Any:
@@ -39,6 +39,8 @@ class BaseCollector:
     ``("collector", "policy_version")`` and ``("collector", "worker_id")`` (``track_policy_version=True``).
     """
 
+    _exclude_private_keys = True  # TorchRL's attribute: False keeps private entries in the batches
+    _use_buffers: bool | None = None  # whether batches are dense TensorDicts (None: not known before the first)
     track_policy_version = False  # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
     keep_version_key = False  # a worker's or node's collector: its batches keep the keys for the trainer to read
     policy_version = 0
@@ -55,8 +57,10 @@ class BaseCollector:
         post_collect_hook: Any = None,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
+        trajs_per_write: int | None = None,
     ) -> None:
         self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
+        self.requested_frames_per_batch = self.frames_per_batch  # before it is rounded to the envs or workers
         self.total_frames = checks.total_frames(total_frames)
         self.split_trajs = checks.boolean("split_trajs", split_trajs)
         self.postproc = checks.optional_callable("postproc", postproc)
@@ -67,10 +71,12 @@ class BaseCollector:
         self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
         self.trajs_per_batch = checks.optional_positive_int("trajs_per_batch", trajs_per_batch)
         self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs)
+        self.trajs_per_write = torchrl_args.trajs_per_write(trajs_per_write, self.trajs_per_batch, self.replay_buffer)
         self._frames = 0
         self._iter = 0
         self.last_batch: BatchRecord | None = None
         self._worker_ids: torch.Tensor | None = None  # of the last batch's steps, for extend_buffer=False
+        self._worker_totals: dict[int, list[int]] = {}  # frames and batches each worker delivered
         self._iterator: Iterator | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -122,18 +128,37 @@ class BaseCollector:
             if versions is not None:
                 workers = frames_per_worker(self._worker_ids, mask)
                 self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version, workers)
+                for worker, count in (workers or {}).items():
+                    totals = self._worker_totals.setdefault(worker, [0, 0])
+                    totals[0], totals[1] = totals[0] + count, totals[1] + 1
+            if self._use_buffers is None and isinstance(batch, TensorDictBase):
+                self._use_buffers = not isinstance(batch, LazyStackedTensorDict)
             if self.split_trajs:
                 batch = split_trajectories(batch)
             if self.postproc is not None:
                 batch = self.postproc(batch)
-            batch = drop_private_keys(batch)
+            if self._exclude_private_keys:
+                batch = drop_private_keys(batch)
             if self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
 
+    def stats(self) -> dict[str, int | bool]:
+        """TorchRL's progress snapshot, plain ints and bools (JSON-serializable): ``"frames"``,
+        ``"batches"``, ``"requested_frames_per_batch"``, ``"total_frames"`` and ``"completed"``
+        (not for an endless run), and ``"policy_version"`` with ``track_policy_version=True``."""
+        stats: dict[str, int | bool] = {"frames": int(self._frames), "batches": int(self._iter)}
+        if self.total_frames >= 0:
+            stats.update(total_frames=int(self.total_frames), completed=self._frames >= self.total_frames)
+        stats["requested_frames_per_batch"] = int(self.requested_frames_per_batch)
+        if self.track_policy_version:
+            stats["policy_version"] = int(self.policy_version)
+        return stats
+
     def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
         """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
-        buffer, each complete trajectory written to it flat (``[T]``) as soon as it ends."""
+        buffer, the trajectories that completed with each batch written to it flat (``[T]``),
+        ``trajs_per_write`` per ``extend()`` (all of them if None)."""
         assembled = WholeTrajectories()
         for batch in self._processed_batches():
             assembled.add(batch)
@@ -141,8 +166,10 @@ class BaseCollector:
                 assembled.drop_in_flight()
             if self.replay_buffer is not None:
                 trajectories = assembled.take()
-                if trajectories:
-                    self.replay_buffer.extend(torch.cat(trajectories, 0))
+                step = self.trajs_per_write or max(len(trajectories), 1)
+                for start in range(0, len(trajectories), step):
+                    written = torch.cat(trajectories[start:start + step], 0)
+                    self.replay_buffer.extend(on_buffer_device(written, self.replay_buffer))
                 yield None
             else:
                 while len(assembled.complete) >= self.trajs_per_batch:
@@ -156,7 +183,7 @@ class BaseCollector:
         """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is, or
         with ``extend_buffer=False`` step by step)."""
         if self.extend_buffer:
-            self.replay_buffer.extend(batch)
+            self.replay_buffer.extend(on_buffer_device(batch, self.replay_buffer))
         else:
             for step in batch.unbind(batch.batch_dims - 1):
                 self.replay_buffer.add(step)
