@@ -4,6 +4,7 @@ collector tests read of a collector: ``stats()``, ``trajs_per_write``, ``_exclud
 ``_use_buffers``, its errors for ``traj_format`` and for a module it cannot call."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -202,3 +203,28 @@ def test_a_module_that_needs_more_than_the_observation_is_refused_before_workers
     env = count_env if cls is Collector else [count_env] * 2
     with pytest.raises(TypeError, match=r"Arguments to policy.forward are incompatible .*\['observation', 'other_stuff'\]"):
         cls(env, TwoInputPolicy(), frames_per_batch=4)
+
+
+# ------------------------------------------------------------------ per-worker weights
+def bias_factory(action: int):
+    return functools.partial(BiasPolicy, action, 3)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("transport", ["shm", "rpc"])
+def test_weights_per_worker_reach_only_their_worker(transport):
+    """TorchRL's ``update_policy_weights_({worker_id: weights})``: workers built by their own
+    factories, each pushed its own weights, as one new version."""
+    with MultiSyncCollector([count_env] * 3, policy_factory=[bias_factory(0), bias_factory(1), bias_factory(0)],
+                            frames_per_batch=12, weight_transport=transport, track_policy_version=True) as c:
+        first = c.next()
+        assert [int(first["action"][i].unique()) for i in range(3)] == [0, 1, 0]
+        c.update_policy_weights_({2: BiasPolicy(1, 3).state_dict()})
+        second = c.next()
+        assert [int(second["action"][i].unique()) for i in range(3)] == [0, 1, 1] and c.policy_version == 1
+        assert second.get(("collector", "policy_version"))[:, -1].tolist() == [0, 0, 1]
+        with pytest.raises(ValueError, match=r"worker_ids=0 with weights per worker \(\[2\]\)"):
+            c.update_policy_weights_({2: BiasPolicy(1, 3).state_dict()}, worker_ids=0)
+        with pytest.raises(ValueError, match="worker_ids=.*is invalid"):
+            c.update_policy_weights_({5: BiasPolicy(1, 3).state_dict()})
