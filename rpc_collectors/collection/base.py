@@ -8,6 +8,7 @@ from typing import Any, Iterator
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
+from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
 from rpc_collectors.collection.preemption import valid_frames
 from rpc_collectors.collection.trajectories import split_trajectories
@@ -39,6 +40,7 @@ class BaseCollector:
     ``("collector", "policy_version")`` and ``("collector", "worker_id")`` (``track_policy_version=True``).
     """
 
+    _runs_post_hook = True  # False where the hook runs in the workers (multi-worker collectors)
     _exclude_private_keys = True  # TorchRL's attribute: False keeps private entries in the batches
     _use_buffers: bool | None = None  # whether batches are dense TensorDicts (None: not known before the first)
     track_policy_version = False  # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
@@ -139,7 +141,7 @@ class BaseCollector:
                 batch = self.postproc(batch)
             if self._exclude_private_keys:
                 batch = drop_private_keys(batch)
-            if self.post_collect_hook is not None:
+            if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
 
@@ -154,6 +156,15 @@ class BaseCollector:
         if self.track_policy_version:
             stats["policy_version"] = int(self.policy_version)
         return stats
+
+    def get_distant_attr(self, attr: str) -> Any:
+        """TorchRL's: the attribute at the dotted path ``attr`` (a multi-worker collector: each worker's)."""
+        return remote_calls.attribute(self, attr)
+
+    def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
+        """TorchRL's: ``method_name`` (a dotted path) called once per entry of ``list_of_args`` and
+        ``list_of_kwargs``; the results in order (a multi-worker collector: one entry per worker)."""
+        return remote_calls.call_entries(self, method_name, list_of_args, list_of_kwargs)
 
     def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
         """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay

@@ -76,6 +76,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         auto_register_policy_transforms: True: a TorchRL env gets the transforms a recurrent
             policy needs (``InitTracker``, ``TensorDictPrimer``) if it lacks them; None (TorchRL
             0.14's default): a ``FutureWarning`` says they lack; False: nothing.
+        worker_idx: TorchRL's index of this collector among a multi-worker collector's workers
+            (their ``get_distant_attr("worker_idx")``); the workers of ours set it themselves.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
         trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
@@ -126,6 +128,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         trust_policy: bool | None = None,
         cudagraph_policy: bool | dict | None = None,
         weight_sync_schemes: dict | None = None,
+        worker_idx: int | None = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
@@ -137,6 +140,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
         checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, self.track_traj_ids)
         self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
+        self.worker_idx = None if worker_idx is None else checks.non_negative_int("worker_idx", worker_idx)
         self.compile_policy = checks.compile_kwargs(compile_policy)
         set_truncated = checks.boolean("set_truncated", set_truncated)
         compact_obs = checks.boolean("compact_obs", compact_obs)

@@ -228,6 +228,7 @@ class RPCCollector(CollectorFront):
         weight_transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, weight_transport)
         self._no_push = weight_transport == torchrl_args.NO_PUSH  # TorchRL's NoWeightSyncScheme
         self._schemes_given, self._use_buffers = weight_sync_schemes, use_buffers
+        self._hooks = {"pre_collect_hook": pre_collect_hook, "post_collect_hook": post_collect_hook}
         weight_transport = "auto" if self._no_push else weight_transport
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
         checked = settings.check(

@@ -1,21 +1,72 @@
 """What TorchRL's multi-worker collectors show of themselves, computed from what this one does:
-``stats()`` with its worker views, and the attributes TorchRL's own tests read
-(``_weight_sync_schemes``: the scheme that describes how weights travel here)."""
+``stats()`` with its worker views, the attributes TorchRL's own tests read
+(``_weight_sync_schemes``: the scheme that describes how weights travel here), and its calls on
+each worker: ``get_distant_attr``, ``map_fn`` and the collect-hook setters."""
 from __future__ import annotations
 
 from typing import Any
 
-from rpc_collectors.core import torchrl_args
+import cloudpickle
+
+from rpc_collectors.collection import remote_calls
+from rpc_collectors.core import checks, torchrl_args
+
+HOOKS = ("pre_collect_hook", "post_collect_hook")
 
 WORKER_VIEWS = ("aggregate", "per_worker", "both")
 
 
 class TorchRLViews:
-    """TorchRL's ``stats(workers=...)`` and ``_weight_sync_schemes`` of
-    :class:`~rpc_collectors.front.collector_front.CollectorFront`."""
+    """TorchRL's ``stats(workers=...)``, ``_weight_sync_schemes``, ``get_distant_attr``, ``map_fn`` and
+    hook setters of :class:`~rpc_collectors.front.collector_front.CollectorFront`."""
 
     _schemes_given: Any = None  # TorchRL's weight_sync_schemes, as given to the constructor
     _ray_actors = False  # RayCollector: the "rpc" transport is one ray.put (TorchRL's RayWeightSyncScheme)
+    _runs_post_hook = False  # the collect hooks run in the workers
+    _hooks: dict | None = None  # the workers' collect hooks, as given to the constructor or set since
+
+    def get_distant_attr(self, attr: str) -> list:
+        """TorchRL's: each worker's collector's attribute at the dotted path ``attr``, in worker order
+        (``"worker_idx"``: the worker ids)."""
+        self.require_running()
+        return self.gather({i: self._call(i, "get_distant_attr", attr) for i in self._serving()})
+
+    def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
+        """TorchRL's: each worker's collector's ``method_name`` (a dotted path) called with its entry of
+        ``list_of_args``/``list_of_kwargs`` (one per worker; None: no arguments); the results in worker order."""
+        args, kwargs = remote_calls.entries(list_of_args, list_of_kwargs, self.num_workers)
+        self.require_running()
+        return self.gather({i: self._call(i, "map_fn", method_name, args[i], kwargs[i]) for i in self._serving()})
+
+    @property
+    def pre_collect_hook(self) -> Any:
+        """Called in each worker before each batch; setting it sets it in every worker (as TorchRL's setter)."""
+        return (self._hooks or {}).get("pre_collect_hook")
+
+    @pre_collect_hook.setter
+    def pre_collect_hook(self, hook: Any) -> None:
+        self._set_hook("pre_collect_hook", hook)
+
+    @property
+    def post_collect_hook(self) -> Any:
+        """Called in each worker with each of its batches; setting it sets it in every worker."""
+        return (self._hooks or {}).get("post_collect_hook")
+
+    @post_collect_hook.setter
+    def post_collect_hook(self, hook: Any) -> None:
+        self._set_hook("post_collect_hook", hook)
+
+    def _set_hook(self, name: str, hook: Any) -> None:
+        hook = checks.optional_callable(name, hook)
+        self._hooks = {**(self._hooks or {}), name: hook}
+        if getattr(self, "specs", None) is None:  # the constructor: the workers get it with their options
+            return
+        self.require_running()
+        for i, spec in enumerate(self.specs):  # a replaced worker is built with it too
+            fn, policy, kwargs, node = cloudpickle.loads(spec)
+            self.specs[i] = cloudpickle.dumps((fn, policy, {**kwargs, name: hook}, node))
+        pickled = cloudpickle.dumps(hook)  # a closure travels as the worker's options do
+        self.gather({i: self._call(i, "set_hook", name, pickled) for i in self._serving()})
 
     @property
     def _weight_sync_schemes(self) -> dict:
