@@ -4,6 +4,7 @@
 in one process and in worker processes."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import warnings
@@ -287,6 +288,31 @@ def test_get_distant_attr_and_map_fn_ask_each_worker(cls):
         assert c.map_fn("set_seed", list_of_args=[(1,), (2,)]) == [2, 3]
         with pytest.raises(ValueError, match="Expected 2 argument entries, got 1"):
             c.map_fn("get_distant_attr", list_of_args=[("worker_idx",)])
+
+
+# ------------------------------------------------------------------ enable_profile
+def test_enable_profile_writes_a_trace_of_the_batches_it_names(tmp_path):
+    c = Collector(cartpole, None, frames_per_batch=8, total_frames=48)
+    c.enable_profile(num_rollouts=3, warmup_rollouts=1, save_path=str(tmp_path / "trace_{worker_idx}.json"))
+    assert c.profile_config.num_rollouts == 3 and c.profile_config.warmup_rollouts == 1
+    traces = []
+    for _ in c:
+        traces.append((tmp_path / "trace_0.json").exists())
+    assert traces == [False, False, True, True, True, True]  # batches 1 and 2 profiled, written after the 3rd
+    assert "traceEvents" in json.load(open(tmp_path / "trace_0.json"))
+    with pytest.raises(RuntimeError, match="Cannot enable profiling after iteration has started"):
+        c.enable_profile()
+    with pytest.raises(ValueError, match="warmup_rollouts=3 are invalid"):
+        Collector(cartpole, None, frames_per_batch=8).enable_profile(num_rollouts=3, warmup_rollouts=3)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_enable_profile_on_a_multi_worker_collector_is_refused():
+    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8) as c:
+        with pytest.raises(ValueError, match=r"enable_profile\(workers=\[0\]\) on MultiSyncCollector: profiling inside"):
+            c.enable_profile()
+        assert c.profile_config is None and c.next().shape == (2, 4)
 
 
 # ------------------------------------------------------------------ compile_policy

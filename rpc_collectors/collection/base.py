@@ -11,6 +11,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
 from rpc_collectors.collection.preemption import valid_frames
+from rpc_collectors.collection.profiling import STARTED, ProfileConfig, RolloutProfiler
 from rpc_collectors.collection.trajectories import split_trajectories
 from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit, on_buffer_device
 from rpc_collectors.core import checks, torchrl_args
@@ -85,6 +86,9 @@ class BaseCollector:
         self._thread_error: BaseException | None = None
         self._batch_lock = threading.Lock()  # held by the background thread while it collects and writes a batch
         self._closed = False  # shutdown() completed
+        self._iteration_started = False
+        self._profile_config: ProfileConfig | None = None
+        self._profiler: RolloutProfiler | None = None  # enable_profile in this process
         self._closing = False  # shutdown() began: no new work, waits end
 
     # ------------------------------------------------------------------ iteration
@@ -118,10 +122,16 @@ class BaseCollector:
                 yield batch
 
     def _processed_batches(self) -> Iterator[TensorDictBase]:
+        self._iteration_started = True
         while not self._finished():
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
+            profiler = self._profiler
+            if profiler is not None:
+                profiler.before_batch()
             batch = self._collect_batch()
+            if profiler is not None:
+                profiler.after_batch()
             frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds
             self._frames += frames
             self._iter += 1
@@ -156,6 +166,41 @@ class BaseCollector:
         if self.track_policy_version:
             stats["policy_version"] = int(self.policy_version)
         return stats
+
+    def enable_profile(
+        self, *, workers: list[int] | None = None, num_rollouts: int = 3, warmup_rollouts: int = 1,
+        save_path: Any = None, activities: list[str] | None = None, record_shapes: bool = True,
+        profile_memory: bool = False, with_stack: bool = True, with_flops: bool = False, on_trace_ready: Any = None,
+    ) -> None:
+        """TorchRL's: ``torch.profiler`` around batches ``warmup_rollouts`` to ``num_rollouts - 1``
+        (from 0), the trace written to ``save_path`` (``{worker_idx}`` filled in; default
+        ``./collector_profile_{worker_idx}.json``) or handed to ``on_trace_ready``. Multi-worker
+        collectors refuse it (``workers`` is accepted and ignored here, as TorchRL's single-process
+        collector does); a RuntimeError once iteration began."""
+        if self._iteration_started:
+            raise RuntimeError(STARTED)
+        config = ProfileConfig(
+            workers=[0] if workers is None else list(workers), num_rollouts=num_rollouts, warmup_rollouts=warmup_rollouts,
+            save_path=save_path, activities=["cpu", "cuda"] if activities is None else list(activities),
+            record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops,
+            on_trace_ready=on_trace_ready,
+        )
+        self._start_profile(config)
+        self._profile_config = config
+
+    def _start_profile(self, config: ProfileConfig) -> None:
+        self._profiler = RolloutProfiler(config, getattr(self, "worker_idx", None) or 0)
+
+    def disable_profile(self) -> None:
+        """Stop a profile in progress (its trace is written) and profile no more batches."""
+        if self._profiler is not None:
+            self._profiler.stop()
+        self._profiler = self._profile_config = None
+
+    @property
+    def profile_config(self) -> ProfileConfig | None:
+        """What ``enable_profile`` was given; None without it."""
+        return self._profile_config
 
     def get_distant_attr(self, attr: str) -> Any:
         """TorchRL's: the attribute at the dotted path ``attr`` (a multi-worker collector: each worker's)."""
@@ -282,6 +327,8 @@ class BaseCollector:
             return
         self._closing = True
         self._stop.set()
+        if self._profiler is not None:  # the batches profiled so far
+            self._profiler.stop()
         self._shutdown(close_env)
         self._closed = True
 

@@ -38,6 +38,12 @@ class TorchRLViews:
         self.require_running()
         return self.gather({i: self._call(i, "map_fn", method_name, args[i], kwargs[i]) for i in self._serving()})
 
+    def _start_profile(self, config: Any) -> None:
+        raise ValueError(
+            f"enable_profile(workers={config.workers!r}) on {type(self).__name__}: profiling inside worker processes "
+            "is not supported; accepted: enable_profile on a single-process Collector"
+        )
+
     @property
     def pre_collect_hook(self) -> Any:
         """Called in each worker before each batch; setting it sets it in every worker (as TorchRL's setter)."""
