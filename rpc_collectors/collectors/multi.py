@@ -130,8 +130,8 @@ class RPCCollector(CollectorFront):
         auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
             ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
         use_buffers: as for ``Collector``, in each worker.
-        trajs_per_batch, traj_format: as for ``Collector``; the trainer assembles the trajectories
-            from all workers' batches.
+        trajs_per_batch, traj_format, trajs_per_write: as for ``Collector``; the trainer assembles the
+            trajectories from all workers' batches.
         preemptive_threshold: sync only, TorchRL's: once this fraction of the workers handed in a
             round's batches (``int(N * threshold)`` of them), the others end theirs at their next
             step. Their batches are padded to full length: the steps they did not collect have
@@ -206,6 +206,7 @@ class RPCCollector(CollectorFront):
         post_collect_hook: Any = None,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
+        trajs_per_write: int | None = None,
         auto_register_policy_transforms: bool | None = None,
         use_buffers: bool | None = None,
         preemptive_threshold: float | None = None,
@@ -218,7 +219,7 @@ class RPCCollector(CollectorFront):
         super().__init__(
             frames_per_batch=checks.frames_total(frames_per_batch), total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer, trajs_per_batch=trajs_per_batch,
-            traj_format=traj_format,
+            traj_format=traj_format, trajs_per_write=trajs_per_write,
         )
         self._closed = self._closing = True  # until the workers are up
         self.max_policy_lag = policy_lag.check(max_policy_lag, sync)
@@ -232,6 +233,8 @@ class RPCCollector(CollectorFront):
         torchrl_args.cudagraph_policy(cudagraph_policy)
         weight_transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, weight_transport)
         self._no_push = weight_transport == torchrl_args.NO_PUSH  # TorchRL's NoWeightSyncScheme
+        self._schemes_given, self._use_buffers = weight_sync_schemes, use_buffers
+        self._hooks = {"pre_collect_hook": pre_collect_hook, "post_collect_hook": post_collect_hook}
         weight_transport = "auto" if self._no_push else weight_transport
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
         checked = settings.check(

@@ -15,12 +15,13 @@ from typing import Any
 
 import cloudpickle
 import torch
+from tensordict.nn import TensorDictModuleBase
 
 from rpc_collectors.cluster import jobs as collector_jobs
 from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.envs import check_env_id
-from rpc_collectors.collection.policies import StepPolicy
+from rpc_collectors.collection.policies import StepPolicy, check_forward
 from rpc_collectors.core import checks, worker_checks
 from rpc_collectors.planes.rendezvous import Rendezvous, detect_launcher, from_environment
 from rpc_collectors.planes.weight_sync import TRANSPORTS
@@ -31,7 +32,7 @@ CAT_RESULTS = ("stack", 0, -1)
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
     "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
-    "trajs_per_batch", "traj_format", "weight_sync_schemes",
+    "trajs_per_batch", "traj_format", "trajs_per_write", "weight_sync_schemes", "worker_idx",
 }
 PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
 DEVICES = ("device", "storing_device", "env_device", "policy_device")
@@ -187,6 +188,8 @@ def check(
         worker_frames = frames_per_batch = checks.frames_per_batch_fits(frames_per_batch, split, "workers") * split
     if policy is not None and not callable(policy):
         StepPolicy(policy)  # raises the TypeError naming the argument
+    if _plain_module(policy) and not worker_kwargs["trust_policy"]:
+        check_forward(policy)  # here, before any worker builds it
     kwargs = dict(worker_kwargs, frames_per_batch=worker_frames)
     per_worker = {name: _per_worker(name, kwargs.pop(name), num_workers) for name in PER_WORKER}
     if frames_list is not None:
@@ -219,6 +222,10 @@ def check(
         preemptive_threshold=preemptive_threshold, track_policy_version=kwargs["track_policy_version"],
         policy_factory=any(factory is not None for factory in per_worker["policy_factory"]),
     )
+
+
+def _plain_module(policy: Any) -> bool:
+    return isinstance(policy, torch.nn.Module) and not isinstance(policy, TensorDictModuleBase)
 
 
 def _env_fns(create_env_fn: Any, num_collectors: int | None, rdv: Rendezvous | None, elastic: bool) -> list:

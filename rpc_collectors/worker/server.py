@@ -24,6 +24,7 @@ import torch.distributed.rpc as rpc
 import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
+from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.preemption import Preemption
 from rpc_collectors.planes import doorbell, local_restarts, membership
@@ -76,6 +77,7 @@ class WorkerState:
         else:
             self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, node_id=worker_id, **kwargs)
         self.collector.keep_version_key = True  # the trainer reads each batch's versions from it
+        self.collector.worker_idx = worker_id  # TorchRL's attribute: which worker this is
         self.preemption = Preemption() if preemptible else None
         if self.preemption is not None:
             self.collector.preemption = self.preemption
@@ -161,6 +163,19 @@ class WorkerState:
     def join_steps(self, spec: SlotSpec) -> None:
         """Step this env with the actions the trainer writes into its row of the step plane."""
         self.steps = EnvSteps(self.collector.env, spec)
+
+    def get_distant_attr(self, attr: str) -> Any:
+        """TorchRL's ``get_distant_attr``: this worker's collector's attribute at the dotted path ``attr``."""
+        return remote_calls.attribute(self.collector, attr)
+
+    def map_fn(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """TorchRL's ``map_fn``: this worker's collector's ``method`` (a dotted path) called with ``args``, ``kwargs``."""
+        return remote_calls.attribute(self.collector, method)(*args, **kwargs)
+
+    def set_hook(self, name: str, hook: bytes) -> None:
+        """Set the collector's ``pre_collect_hook`` or ``post_collect_hook`` (cloudpickled; TorchRL's
+        setters on a multi-worker collector)."""
+        setattr(self.collector, name, cloudpickle.loads(hook))
 
     def preempt(self, batch: int) -> None:
         """End the ``batch``-th batch asked of this worker at its next step (TorchRL's preemption)."""
