@@ -102,6 +102,7 @@ class WorkerState:
         }
         if node:
             info["local_pids"] = self.collector.pids
+            info["inference"] = self.collector.node.inference
         return info
 
     def _module(self) -> Any:
