@@ -24,7 +24,7 @@ from rpc_collectors import GymEnv, RPCCollector, WorkerError, WorkerRestartWarni
 from test_node_collectors import SCRIPT, Run, assert_same_frames, processes_left
 
 PREFIX, SUBNET, MASTER_PORT = "rpcc-ni", "10.91.0", 29591
-VERSION, WORKER_ID = ("collector", "policy_version"), ("collector", "worker_id")
+VERSION, WORKER_ID, TRAJ_IDS = ("collector", "policy_version"), ("collector", "worker_id"), ("collector", "traj_ids")
 
 
 def make_env() -> GymEnv:
@@ -217,6 +217,23 @@ def test_local_worker_killed_under_node_inference_is_replaced(no_leftover_proces
         after = c.next().clone()
     assert after.shape == (2, 2, 20)
     assert after[VERSION].unique().tolist() == [1] and (after["action"] == 0).all()  # the replacement too
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_node_inference_resumes_from_state_dict_with_its_version(no_leftover_processes):
+    args = dict(num_collectors=2, frames_per_batch=80, launcher="local", cat_results="stack", collector_class="sync",
+                num_workers_per_collector=2, track_policy_version=True, inference="node")
+    with RPCCollector(make_env, ArgmaxPolicy(), **args) as c:
+        first = c.next().clone()
+        c.update_policy_weights_()
+        c.update_policy_weights_()
+        state = c.state_dict()
+    with RPCCollector(make_env, ArgmaxPolicy(), **args) as d:
+        d.load_state_dict(state)
+        after = d.next()
+    assert after["collector", "policy_version"].unique().tolist() == [2]
+    assert after[TRAJ_IDS].min() > first[TRAJ_IDS].max()  # new trajectories, ids never used before
 
 
 # --------------------------------------------------------------------------- across namespace hosts

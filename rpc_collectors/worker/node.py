@@ -229,11 +229,12 @@ class NodeCollector:
         local = self.local.state_dict()
         for worker in local["workers"]:
             worker["traj_count"] += skipped
-        return {"local": local, "traj_count": skipped + max(self.local.restarts.bounds())}
+        return {"local": local, "traj_count": skipped + max(self.local.restarts.bounds()), "version": self._version}
 
     def load_state_dict(self, state: dict) -> None:
         self.local.load_state_dict(state["local"])
-        self._version = self.local.policy_version
+        # with inference="node" the version is the node's own (its local workers hold no weights)
+        self._version = state.get("version", 0) if self.inference is not None else self.local.policy_version
 
     def shutdown(self) -> None:
         self.local.shutdown()
