@@ -20,7 +20,14 @@ from torch import nn
 import devcluster_module
 from multihost_trainer import ArgmaxPolicy
 from procs import descendants, killed_at_exit
-from rpc_collectors import GymEnv, RPCCollector, WorkerError, WorkerRestartWarning
+from rpc_collectors import (
+    DistributedCollector,
+    GymEnv,
+    MultiCollector,
+    RPCCollector,
+    WorkerError,
+    WorkerRestartWarning,
+)
 from test_node_collectors import SCRIPT, Run, assert_same_frames, processes_left
 
 PREFIX, SUBNET, MASTER_PORT = "rpcc-ni", "10.91.0", 29591
@@ -81,6 +88,15 @@ def test_bad_inference_arguments_fail_before_any_process(policy, kwargs, words):
     with pytest.raises(ValueError) as err:
         RPCCollector(make_env, policy, num_collectors=2, frames_per_batch=40, launcher="local", **kwargs)
     assert all(word in str(err.value) for word in words), str(err.value)
+    assert descendants() == before
+
+
+@pytest.mark.parametrize("cls, kwargs", [(DistributedCollector, {"launcher": "mp", "num_collectors": 2}),
+                                         (MultiCollector, {"num_workers": 2})])
+def test_every_class_with_node_collectors_refuses_node_inference_without_them(cls, kwargs):
+    before = descendants()
+    with pytest.raises(ValueError, match="inference='node' needs node collectors"):
+        cls(make_env, ArgmaxPolicy(), frames_per_batch=40, inference="node", **kwargs)
     assert descendants() == before
 
 
