@@ -202,6 +202,19 @@ def test_a_policy_exception_in_a_node_surfaces_once_with_its_traceback(no_leftov
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
+def test_a_policy_that_fails_on_the_first_step_fails_the_start_with_its_traceback(no_leftover_processes):
+    policy = FailingPolicy()
+    with torch.no_grad():
+        policy.linear.bias.fill_(1000.0)
+    with pytest.raises(WorkerError) as err:
+        RPCCollector(make_env, policy, num_collectors=2, frames_per_batch=40, launcher="local",
+                     collector_class="sync", num_workers_per_collector=2, inference="node", rpc_timeout=30)
+    assert "policy forward failed on purpose" in f"{err.value}\n{err.value.remote_traceback}"
+    assert "raise ValueError" in err.value.remote_traceback
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
 def test_local_worker_killed_under_node_inference_is_one_worker_error(no_leftover_processes):
     c = RPCCollector(make_env, ArgmaxPolicy(), num_collectors=2, frames_per_batch=80, launcher="local",
                      collector_class="sync", num_workers_per_collector=2, inference="node", rpc_timeout=20)

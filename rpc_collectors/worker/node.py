@@ -130,11 +130,18 @@ class NodeCollector:
         self.inference: NodeInference | None = None
         if node.inference == "node":
             policy = self._serve_policy(policy, kwargs)
-        self.local = node.collector(
-            [create_env_fn] * node.num_workers, policy, sync=node.sync, launcher=node.launcher,
-            total_frames=-1, cat_results="stack", rpc_timeout=node.rpc_timeout * NODE_WAIT_SHARE,
-            max_worker_restarts=node.max_worker_restarts, **kwargs,
-        )
+        try:
+            self.local = node.collector(
+                [create_env_fn] * node.num_workers, policy, sync=node.sync, launcher=node.launcher,
+                total_frames=-1, cat_results="stack", rpc_timeout=node.rpc_timeout * NODE_WAIT_SHARE,
+                max_worker_restarts=node.max_worker_restarts, **kwargs,
+            )
+        except Exception:
+            if self.inference is not None:
+                self.inference.close()
+                if self.inference.error is not None:  # the node's policy raised on the local workers' first step
+                    raise self.inference.error from None
+            raise
         self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
         self.local.restarts.name = f"node {node_id}'s local worker {{}}"
         self._told = 0  # of the local collector's restarts, how many the trainer was told of
