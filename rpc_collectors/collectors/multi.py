@@ -110,6 +110,10 @@ class RPCCollector(CollectorFront):
             that answers each request with one batch: ``[W, (B,) T]`` stacked, or one local
             worker's batch (see :mod:`rpc_collectors.worker.node` and ``docs/guide/nodes.md``).
         num_workers_per_collector: W, the local workers of each node (1 with ``"single"``).
+        inference: ``"worker"`` (a policy in every worker, the default) or ``"node"`` (node
+            collectors only: each node runs one copy of the policy, on ``policy_device`` or else its
+            GPU if it has one, for all its local workers, which send it each step's observations;
+            see ``docs/guide/batched_inference.md``).
         max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs: as for ``Collector``.
         postproc, device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
             device may be TorchRL's list of one per worker (the trainer stores batches on the
@@ -184,6 +188,7 @@ class RPCCollector(CollectorFront):
         weight_transport: str = "auto",
         collector_class: Any = "single",
         num_workers_per_collector: int = 1,
+        inference: str = "worker",
         max_frames_per_traj: int | None = None,
         init_random_frames: int | None = 0,
         reset_at_each_iter: bool = False,
@@ -258,7 +263,7 @@ class RPCCollector(CollectorFront):
             ),
             tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
             collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,
-            preemptive_threshold=preemptive_threshold, node_collector=MultiCollector,
+            preemptive_threshold=preemptive_threshold, node_collector=MultiCollector, inference=inference,
         )
         self._open(checked, policy, functools.partial(_pool, checked))
 

@@ -25,7 +25,7 @@ from rpc_collectors.collection.policies import StepPolicy, check_forward
 from rpc_collectors.core import checks, worker_checks
 from rpc_collectors.planes.rendezvous import Rendezvous, detect_launcher, from_environment
 from rpc_collectors.planes.weight_sync import TRANSPORTS
-from rpc_collectors.worker.node import NodeSpec, node_class
+from rpc_collectors.worker.node import NodeSpec, check_inference, node_class
 from rpc_collectors.worker.server import serve
 
 CAT_RESULTS = ("stack", 0, -1)
@@ -117,7 +117,7 @@ def check(
     max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,
     weight_transport: str, worker_kwargs: dict, tcp_port: int | str | None = None, slurm_kwargs: dict | None = None,
     collector_class: Any = "single", num_workers_per_collector: int = 1, preemptive_threshold: float | None = None,
-    node_collector: type | None = None,
+    node_collector: type | None = None, inference: str = "worker",
 ) -> Settings:
     """Check a multi-worker collector's arguments; ``worker_kwargs`` are those of each worker's
     :class:`Collector` (``init_random_frames`` for the whole collector, shared out here);
@@ -127,8 +127,12 @@ def check(
     ``num_workers_per_collector`` local workers (:mod:`rpc_collectors.worker.node`): frames are
     shared out over every local worker, and ``max_worker_restarts`` is each node's budget for
     replacing its own local workers. ``node_collector`` is the multi-worker class a node runs
-    (the public layer passes its ``MultiCollector``: this layer does not import it)."""
+    (the public layer passes its ``MultiCollector``: this layer does not import it); ``inference``
+    ``"node"`` runs one policy per node (:func:`~rpc_collectors.worker.node.check_inference`)."""
     node_kind, per_node = node_class(collector_class, num_workers_per_collector)
+    factories = worker_kwargs.get("policy_factory")
+    factories = list(factories) if isinstance(factories, (list, tuple)) else [factories]
+    inference = check_inference(inference, node_kind, collector_class, policy, factories)
     if node_kind is not None and node_collector is None:
         raise ValueError(f"collector_class={collector_class!r} runs node collectors, which this collector does not "
                          "support; accepted: collector_class='single'")
@@ -166,7 +170,7 @@ def check(
             collector=node_collector,
             sync=node_kind == "sync", num_workers=per_node, launcher="debug" if launcher == "debug" else "local",
             max_worker_restarts=checks.non_negative_int("max_worker_restarts", max_worker_restarts),
-            rpc_timeout=rpc_timeout,
+            rpc_timeout=rpc_timeout, inference=inference,
         )
         restarts = 0
     split = per_node if node_kind == "sync" else 1  # a sync node's batch holds one batch of each local worker

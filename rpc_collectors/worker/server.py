@@ -37,6 +37,7 @@ from rpc_collectors.planes.weights import FlatWeights, holder_of
 from rpc_collectors.worker import channel, spawner
 from rpc_collectors.worker.env_steps import EnvSteps, step_row
 from rpc_collectors.worker.node import NodeCollector
+from rpc_collectors.worker.node_inference import NodePolicy
 from rpc_collectors.worker.spawner import name_process
 
 TRAINER = "trainer"
@@ -78,12 +79,20 @@ class WorkerState:
             self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, node_id=worker_id, **kwargs)
         self.collector.keep_version_key = True  # the trainer reads each batch's versions from it
         self.collector.worker_idx = worker_id  # TorchRL's attribute: which worker this is
+        # a local worker of a node with inference="node": each batch takes the version its policy calls answer
+        self.node_policy = policy if isinstance(policy, NodePolicy) else None
+        if self.node_policy is not None:
+            self.node_policy.collector = self.collector
         self.preemption = Preemption() if preemptible else None
         if self.preemption is not None:
             self.collector.preemption = self.preemption
         self.receiver: WeightReceiver | None = None
         self.writer: SlotWriter | None = None
         self.timeout = 60.0
+
+    def _weights_lock(self) -> Any:
+        """Held while pushed weights are applied: a node's inference waits meanwhile."""
+        return self.collector.weights_lock if isinstance(self.collector, NodeCollector) else contextlib.nullcontext()
 
     def info(self) -> dict:
         """Who serves this collector: rank, host name, address, pid, machine id; its number of envs and torch threads."""
@@ -95,6 +104,7 @@ class WorkerState:
         }
         if node:
             info["local_pids"] = self.collector.pids
+            info["inference"] = self.collector.node.inference
         return info
 
     def _module(self) -> Any:
@@ -142,7 +152,10 @@ class WorkerState:
         if self.preemption is not None:
             self.preemption.begin()
         if self.receiver is not None:
-            self.receiver.apply(self.collector, min_version, self.timeout)
+            with self._weights_lock():
+                self.receiver.apply(self.collector, min_version, self.timeout)
+        if self.node_policy is not None:
+            self.node_policy.begin()
         if self.writer is not None and isinstance(self.collector, Collector):  # observations go straight into the slot
             self.collector.rollout.out = None if slot is None else self.writer.targets[slot]
         batch = self.collector.next()
@@ -189,7 +202,8 @@ class WorkerState:
         """The collector's state; its trajectory count counts from the worker's first id (``worker_id``),
         so a resumed worker, which starts there, continues above every id this one or a predecessor used."""
         if self.receiver is not None:  # the state holds the newest weights pushed to this worker
-            self.receiver.apply(self.collector, 0, self.timeout)
+            with self._weights_lock():
+                self.receiver.apply(self.collector, 0, self.timeout)
         if isinstance(self.collector, NodeCollector):
             return self.collector.state_dict(self.skipped)
         state = self.collector.state_dict()
