@@ -8,14 +8,17 @@ against our MultiCollector with a policy copy in every worker.
    its own copy of the CNN.
 2. CartPole-v1 with a 2-layer MLP of growing width, ours against the ``MultiCollector`` with
    per-worker policies: where batching one forward pass starts to pay (the crossover).
-3. ``max_policy_lag`` (with ``--lag``): an async ``MultiCollector`` on CartPole whose trainer
+3. Node collectors (with ``--nodes``): the pixel setting's 8 envs as 2 nodes of 4 local workers
+   (local launcher, ``collector_class`` ``"sync"`` and ``"async"``), a Nature-CNN in every local
+   worker against one per node (``inference="node"``).
+4. ``max_policy_lag`` (with ``--lag``): an async ``MultiCollector`` on CartPole whose trainer
    updates the weights after every batch: frames dropped and mean lag against K.
 
 Every case runs in a fresh process for ``--seconds`` after a warm-up; ratios are of cases run
 side by side in this one run. Needs torchrl for TorchRL's cases (run it with the TorchRL venv's
 python); without torchrl they are left out.
 
-    /work/venv-torchrl/bin/python benchmarks/batched_inference.py [--seconds 8] [--lag]
+    /work/venv-torchrl/bin/python benchmarks/batched_inference.py [--seconds 8] [--nodes] [--lag]
 """
 from __future__ import annotations
 
@@ -88,13 +91,19 @@ def _policy(case: dict) -> nn.Module:
 
 def run(case: dict) -> dict:
     _common.quiet()
-    from rpc_collectors import AsyncBatchedCollector, MultiCollector
+    from rpc_collectors import AsyncBatchedCollector, MultiCollector, RPCCollector
 
     kind, seconds = case["kind"], case["seconds"]
     env = functools.partial(_common.make_no_work_env, PIXELS, "uint8") if case["env"] == "pixels" else "CartPole-v1"
     fpb = case["frames_per_batch"]
     if kind == "ours":
         collector = AsyncBatchedCollector([env] * NUM_ENVS, policy=_policy(case), frames_per_batch=fpb)
+    elif kind == "node":  # 2 nodes of NUM_ENVS / 2 local workers
+        per_node = NUM_ENVS // 2
+        collector = RPCCollector(env, _policy(case), num_collectors=2, collector_class=case["node"],
+                                 num_workers_per_collector=per_node, sync=case["node"] == "sync",
+                                 frames_per_batch=fpb if case["node"] == "sync" else fpb // 2,
+                                 inference=case["inference"])
     elif kind == "multi":
         collector = MultiCollector([env] * NUM_ENVS, _policy(case), sync=False, frames_per_batch=fpb // NUM_ENVS)
     else:
@@ -136,6 +145,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--widths", default="64,512,2048")
     parser.add_argument("--lag", action="store_true", help="also the max_policy_lag cases")
+    parser.add_argument("--nodes", action="store_true", help="also node collectors: inference per node or per worker")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
@@ -169,6 +179,13 @@ def main() -> None:
         a = rate("ours", "cartpole", width=width, frames_per_batch=1024)
         b = rate("multi", "cartpole", width=width, frames_per_batch=1024)
         print(f"{width:>6} {a:>10,.0f} {b:>10,.0f} {a / b:>13.2f}")
+    if args.nodes:
+        print(f"\nnode collectors, 2 nodes x {NUM_ENVS // 2} local workers, the pixel envs and Nature-CNN, local launcher")
+        print(f"{'node class':<11} {'per node f/s':>13} {'per worker f/s':>15} {'node / worker':>14}")
+        for node in ("sync", "async"):
+            one = rate("node", "pixels", node=node, inference="node", frames_per_batch=256)
+            each = rate("node", "pixels", node=node, inference="worker", frames_per_batch=256)
+            print(f"{node:<11} {one:>13,.0f} {each:>15,.0f} {one / each:>14.2f}")
     if args.lag:
         print("\nmax_policy_lag, async MultiCollector, 4 CartPole workers, weights bumped after every batch")
         print(f"{'K':>5} {'frames':>8} {'dropped':>8} {'mean lag':>9} {'max lag':>8} {'frames/s':>9}")

@@ -8,6 +8,7 @@ inside the RPCCollector constructor and exit there. Rank 0 prints JSON lines.
                             seed; save both runs to DIR/node.pt and DIR/flat.pt
     --endless               collect until a worker fails; print the nodes' infos first and the
                             WorkerError at the end
+    --inference node        the nodes run one policy each for their local workers (default: worker)
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--out", default=None)
     parser.add_argument("--endless", action="store_true")
+    parser.add_argument("--inference", default="worker")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -65,7 +67,7 @@ def main() -> None:
     collector = RPCCollector(
         make_env, policy, collector_class="sync", num_workers_per_collector=PER_NODE,
         frames_per_batch=NODES * PER_NODE * STEPS, cat_results="stack", launcher="torchrun", rpc_timeout=30,
-        track_policy_version=True,
+        track_policy_version=True, inference=args.inference,
     )
     # Only rank 0 gets here.
     try:

@@ -4,6 +4,7 @@
 in one process and in worker processes."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import warnings
@@ -244,6 +245,74 @@ def test_collect_hooks_run_in_the_workers(tmp_path):
     lines = [line.split() for line in open(path).read().splitlines()]
     assert len(lines) >= 4 and {size for _, size in lines} == {"4"}
     assert len({pid for pid, _ in lines}) == 2 and str(os.getpid()) not in {pid for pid, _ in lines}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_hook_setters_reach_every_worker_and_its_replacement(tmp_path):
+    """TorchRL's setters on a multi-worker collector: the hook runs in each worker from the next
+    batch on, in a worker restarted later too, and never in the trainer."""
+    path = str(tmp_path / "hooks")
+    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8, max_worker_restarts=1) as c:
+        c.next()
+        assert c.post_collect_hook is None
+        c.post_collect_hook = record_pid(path)
+        c.next()
+        first = {line.split()[0] for line in open(path).read().splitlines()}
+        os.kill(c.infos[0]["pid"], 9)
+        with pytest.warns(Warning, match="replacing it"):
+            c.next()
+        pids = {line.split()[0] for line in open(path).read().splitlines()}
+        with pytest.raises(TypeError, match="pre_collect_hook=3"):
+            c.pre_collect_hook = 3
+    assert len(first) == 2 and str(os.getpid()) not in pids and len(pids) == 3  # the replacement's too
+
+
+# ------------------------------------------------------------------ get_distant_attr, map_fn
+def test_get_distant_attr_and_map_fn_on_one_collector():
+    c = Collector(cartpole, None, frames_per_batch=8, worker_idx=5)
+    assert c.get_distant_attr("worker_idx") == 5 and c.get_distant_attr("env.batch_size") == torch.Size([])
+    assert c.map_fn("get_distant_attr", list_of_args=[("worker_idx",), ("frames_per_batch",)]) == [5, 8]
+    with pytest.raises(ValueError, match="must have the same length"):
+        c.map_fn("get_distant_attr", list_of_args=[("worker_idx",)], list_of_kwargs=[{}, {}])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_get_distant_attr_and_map_fn_ask_each_worker(cls):
+    with cls([cartpole] * 2, None, frames_per_batch=8, total_frames=32) as c:
+        assert c.get_distant_attr("worker_idx") == [0, 1]
+        per_worker = 4 if cls is MultiSyncCollector else 8  # a sync round shares frames_per_batch out
+        assert c.get_distant_attr("frames_per_batch") == [per_worker] * 2
+        assert c.map_fn("set_seed", list_of_args=[(1,), (2,)]) == [2, 3]
+        with pytest.raises(ValueError, match="Expected 2 argument entries, got 1"):
+            c.map_fn("get_distant_attr", list_of_args=[("worker_idx",)])
+
+
+# ------------------------------------------------------------------ enable_profile
+def test_enable_profile_writes_a_trace_of_the_batches_it_names(tmp_path):
+    c = Collector(cartpole, None, frames_per_batch=8, total_frames=48)
+    c.enable_profile(num_rollouts=3, warmup_rollouts=1, save_path=str(tmp_path / "trace_{worker_idx}.json"))
+    assert c.profile_config.num_rollouts == 3 and c.profile_config.warmup_rollouts == 1
+    traces = []
+    for _ in c:
+        traces.append((tmp_path / "trace_0.json").exists())
+    assert traces == [False, False, True, True, True, True]  # batches 1 and 2 profiled, written after the 3rd
+    assert "traceEvents" in json.load(open(tmp_path / "trace_0.json"))
+    with pytest.raises(RuntimeError, match="Cannot enable profiling after iteration has started"):
+        c.enable_profile()
+    with pytest.raises(ValueError, match="warmup_rollouts=3 are invalid"):
+        Collector(cartpole, None, frames_per_batch=8).enable_profile(num_rollouts=3, warmup_rollouts=3)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_enable_profile_on_a_multi_worker_collector_is_refused():
+    with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=8) as c:
+        with pytest.raises(ValueError, match=r"enable_profile\(workers=\[0\]\) on MultiSyncCollector: profiling inside"):
+            c.enable_profile()
+        assert c.profile_config is None and c.next().shape == (2, 4)
 
 
 # ------------------------------------------------------------------ compile_policy

@@ -1,7 +1,12 @@
 """TorchRL's ``trust_policy``, ``cudagraph_policy`` and ``weight_sync_schemes`` without torchrl
-installed (TorchRL's scheme objects themselves: tests/test_torchrl_interop.py)."""
+installed (TorchRL's scheme objects themselves: tests/test_torchrl_interop.py), and what TorchRL's
+collector tests read of a collector: ``stats()``, ``trajs_per_write``, ``_exclude_private_keys``,
+``_use_buffers``, its errors for ``traj_format`` and for a module it cannot call."""
 from __future__ import annotations
 
+import functools
+import importlib.util
+import json
 import subprocess
 import sys
 
@@ -10,8 +15,8 @@ import torch
 from torch import nn
 
 from conftest import CountEnv
-from rpc_collectors import Collector, GymEnv, MultiSyncCollector
-from rpc_collectors.core.torchrl_args import weight_sync_schemes
+from rpc_collectors import Collector, GymEnv, MultiAsyncCollector, MultiSyncCollector
+from rpc_collectors.core.torchrl_args import scheme_objects, weight_sync_schemes
 from test_rpc_collector import BiasPolicy
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,3 +87,144 @@ def test_schemes_that_cannot_map_are_refused_naming_them(value, words):
 def test_importing_the_package_does_not_import_torchrl():
     code = "import sys, rpc_collectors, rpc_collectors.core.torchrl_args; assert 'torchrl' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchrl") is not None, reason="without torchrl only")
+def test_weight_sync_schemes_view_is_empty_without_torchrl():
+    given = {"policy": SharedMemWeightSyncScheme()}
+    assert scheme_objects(None, "shm") == {} and scheme_objects(given, "shm") == given
+
+
+# ------------------------------------------------------------------ stats()
+def vector_count_env() -> GymEnv:
+    return GymEnv("CountEnv-v0", num_envs=2)
+
+
+def test_stats_as_torchrl():
+    with pytest.warns(UserWarning, match="each batch holds 6 frames"):
+        c = Collector(vector_count_env, None, frames_per_batch=5, total_frames=12)
+    assert c.stats() == {"frames": 0, "batches": 0, "total_frames": 12, "completed": False,
+                         "requested_frames_per_batch": 5}
+    seen = [(c.stats()["frames"], c.stats()["batches"]) for _ in c]
+    assert seen == [(6, 1), (12, 2)] and c.stats()["completed"]
+    assert json.loads(json.dumps(c.stats())) == c.stats()
+    versioned = Collector(count_env, BiasPolicy(1, size=3), frames_per_batch=4, track_policy_version=True)
+    versioned.update_policy_weights_()
+    assert versioned.stats()["policy_version"] == 1 and "total_frames" not in versioned.stats()  # endless
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_stats_of_a_multi_worker_collector_by_worker():
+    c = MultiAsyncCollector([count_env] * 2, None, frames_per_batch=4, total_frames=40)
+    try:
+        with pytest.raises(ValueError, match="workers='bogus' is invalid: workers must be one of"):
+            c.stats(workers="bogus")
+        assert c._use_buffers is None  # not known before a batch, as TorchRL's
+        batches = list(c)
+        stats = c.stats(workers="both")
+        assert stats["workers"] == 2 and stats["workers_alive"] == 2 and stats["frames"] == 40
+        assert stats["worker_0/frames"] + stats["worker_1/frames"] == 40
+        assert stats["worker_0/batches"] + stats["worker_1/batches"] == len(batches) == stats["batches"]
+        per_worker = c.stats(workers="per_worker")
+        assert "frames" not in per_worker and per_worker["worker_1/frames"] == stats["worker_1/frames"]
+        assert c._use_buffers is True  # dense batches
+    finally:
+        c.shutdown()
+    assert c.stats()["workers_alive"] == 0
+
+
+# ------------------------------------------------------------------ trajs_per_write, a replay buffer's device
+class DeviceBuffer:
+    """A replay buffer whose storage is on the CPU; records each write's shape, device and episodes."""
+
+    def __init__(self) -> None:
+        self.storage = type("Storage", (), {"device": torch.device("cpu")})()
+        self.writes: list[tuple] = []
+
+    def extend(self, td) -> None:
+        self.writes.append((tuple(td.shape), td.device, int(td.get(("next", "done")).sum())))
+
+
+def test_trajs_per_write_sets_the_trajectories_per_replay_buffer_write():
+    one, all_ = DeviceBuffer(), DeviceBuffer()
+    for rb, per_write in ((one, 1), (all_, None)):
+        list(Collector(vector_count_env, None, frames_per_batch=8, total_frames=48, trajs_per_batch=2,
+                       replay_buffer=rb, trajs_per_write=per_write))
+    assert one.writes and all(done == 1 for _, _, done in one.writes)  # one whole trajectory a write
+    assert max(done for _, _, done in all_.writes) > 1  # every trajectory that ended with a batch
+    assert sum(done for _, _, done in one.writes) == sum(done for _, _, done in all_.writes)
+    with pytest.raises(ValueError, match="trajs_per_write=2 .*needs trajs_per_batch and a replay_buffer"):
+        Collector(count_env, None, frames_per_batch=4, trajs_per_batch=2, trajs_per_write=2)
+    with pytest.raises(ValueError, match="trajs_per_write=0 is invalid"):
+        Collector(count_env, None, frames_per_batch=4, trajs_per_batch=2, replay_buffer=DeviceBuffer(), trajs_per_write=0)
+
+
+def test_batches_without_a_device_take_the_replay_buffers():
+    """A postproc that clears the batch's device: it is written with the storage's, as TorchRL does."""
+    for kwargs in ({}, {"trajs_per_batch": 2}):
+        rb = DeviceBuffer()
+        list(Collector(vector_count_env, None, frames_per_batch=8, total_frames=24, replay_buffer=rb,
+                       postproc=lambda td: td.clear_device_(), **kwargs))
+        assert rb.writes and all(device == torch.device("cpu") for _, device, _ in rb.writes), kwargs
+
+
+# ------------------------------------------------------------------ private keys, use_buffers, errors
+def private_key_policy(td):
+    td.set("action", torch.zeros(td.batch_size, dtype=torch.int64))
+    td.set("_noise", torch.ones(td.batch_size))
+    return td
+
+
+def test_exclude_private_keys_false_keeps_private_entries():
+    c = Collector(count_env, private_key_policy, frames_per_batch=4)
+    assert "_noise" not in c.next().keys()
+    c._exclude_private_keys = False  # TorchRL's attribute, which its tests set
+    assert "_noise" in c.next().keys()
+
+
+def test_use_buffers_says_whether_batches_are_dense():
+    assert Collector(count_env, None, frames_per_batch=4)._use_buffers is True
+    assert Collector(count_env, None, frames_per_batch=4, use_buffers=False)._use_buffers is False
+
+
+def test_traj_format_error_has_torchrls_words():
+    with pytest.raises(ValueError, match="traj_format='flat' is invalid: it must be 'padded' or 'cat'"):
+        Collector(count_env, None, frames_per_batch=4, trajs_per_batch=2, traj_format="flat")
+
+
+class TwoInputPolicy(nn.Module):
+    def forward(self, observation, other_stuff):
+        return observation.sum(-1).long() + other_stuff
+
+
+@pytest.mark.parametrize("cls", [Collector, MultiSyncCollector])
+def test_a_module_that_needs_more_than_the_observation_is_refused_before_workers_start(cls):
+    env = count_env if cls is Collector else [count_env] * 2
+    with pytest.raises(TypeError, match=r"Arguments to policy.forward are incompatible .*\['observation', 'other_stuff'\]"):
+        cls(env, TwoInputPolicy(), frames_per_batch=4)
+
+
+# ------------------------------------------------------------------ per-worker weights
+def bias_factory(action: int):
+    return functools.partial(BiasPolicy, action, 3)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("transport", ["shm", "rpc"])
+def test_weights_per_worker_reach_only_their_worker(transport):
+    """TorchRL's ``update_policy_weights_({worker_id: weights})``: workers built by their own
+    factories, each pushed its own weights, as one new version."""
+    with MultiSyncCollector([count_env] * 3, policy_factory=[bias_factory(0), bias_factory(1), bias_factory(0)],
+                            frames_per_batch=12, weight_transport=transport, track_policy_version=True) as c:
+        first = c.next()
+        assert [int(first["action"][i].unique()) for i in range(3)] == [0, 1, 0]
+        c.update_policy_weights_({2: BiasPolicy(1, 3).state_dict()})
+        second = c.next()
+        assert [int(second["action"][i].unique()) for i in range(3)] == [0, 1, 1] and c.policy_version == 1
+        assert second.get(("collector", "policy_version"))[:, -1].tolist() == [0, 0, 1]
+        with pytest.raises(ValueError, match=r"worker_ids=0 with weights per worker \(\[2\]\)"):
+            c.update_policy_weights_({2: BiasPolicy(1, 3).state_dict()}, worker_ids=0)
+        with pytest.raises(ValueError, match="worker_ids=.*is invalid"):
+            c.update_policy_weights_({5: BiasPolicy(1, 3).state_dict()})

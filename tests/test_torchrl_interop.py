@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict
 from torch import nn
 
 if os.environ.get("RPC_COLLECTORS_REQUIRE_TORCHRL"):
@@ -354,6 +354,21 @@ def test_weight_sync_schemes_map_onto_our_transports(scheme, transport):
         assert c.weights.spec.kind == transport and (c.next()["action"] == 0.5).all()
         c.update_policy_weights_(constant_policy_state(1.5))
         assert (c.next()["action"] == 1.5).all()
+
+
+def test_weight_sync_schemes_attribute_shows_the_scheme_of_the_transport_used():
+    """TorchRL's tests read ``_weight_sync_schemes["policy"]``: the scheme given, or TorchRL's scheme
+    for the transport the weights take (shared memory by default on one host, as TorchRL's default)."""
+    from torchrl.weight_update import MultiProcessWeightSyncScheme, NoWeightSyncScheme, SharedMemWeightSyncScheme
+
+    given = MultiProcessWeightSyncScheme()
+    with MultiSyncCollector([pendulum] * 2, constant_actor(0.5), frames_per_batch=20,
+                            weight_sync_schemes={"policy": given}) as c:
+        assert c._weight_sync_schemes == {"policy": given} and c.weights.spec.kind == "rpc"
+    for kwargs, scheme in [({}, SharedMemWeightSyncScheme), ({"weight_transport": "rpc"}, MultiProcessWeightSyncScheme),
+                           ({"weight_sync_schemes": {"policy": NoWeightSyncScheme()}}, NoWeightSyncScheme)]:
+        with MultiAsyncCollector([pendulum] * 2, constant_actor(0.5), frames_per_batch=20, **kwargs) as c:
+            assert type(c._weight_sync_schemes["policy"]) is scheme, kwargs
 
 
 @pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector"])
@@ -750,6 +765,38 @@ def test_dynamic_observation_shape_gives_a_lazy_stack_as_torchrls():
     shapes = [[step.get("observation").shape for step in b.unbind(0)] for b in batches]
     assert shapes[0] == shapes[1] and len(set(shapes[1])) > 1
     assert isinstance(batches[1], type(batches[0]))
+
+
+def dynamic_env():
+    return mocks.EnvWithDynamicSpec()
+
+
+def hetero_env():
+    return TransformedEnv(mocks.HeterogeneousCountingEnv(max_steps=3, batch_size=(4,)), InitTracker())
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_lazy_stacked_batches_come_from_workers_as_torchrls(cls):
+    """Observations whose shape changes between steps, and heterogeneous agents: the workers' lazy
+    stacks reach the trainer (not through shared memory), with the dim name "time", as TorchRL's."""
+    policy = RandomPolicy(mocks.EnvWithDynamicSpec().action_spec)
+    with cls([dynamic_env] * 2, policy, frames_per_batch=16, total_frames=32) as c:
+        batches = list(c)
+    assert len(batches) == 2 and all(b.names[-1] == "time" for b in batches)
+    shapes = {step.get("observation").shape for b in batches for step in b.reshape(-1).unbind(0)}
+    assert len(shapes) > 1  # the steps keep their own shapes
+    hetero_policy = mocks.HeterogeneousCountingEnvPolicy(hetero_env().input_spec["full_action_spec"])
+    with cls([hetero_env], hetero_policy, frames_per_batch=8, total_frames=16) as c:
+        first, second = list(c)
+    assert first.names[-1] == "time" and isinstance(first.get("lazy"), LazyStackedTensorDict)
+    cameras = [b.get("lazy")[..., 0].get("camera") for b in (first, second)]  # agent 0's, as TorchRL indexes it
+    assert not (cameras[0] == cameras[1]).all()  # the env counted on from one batch to the next
+
+
+def test_a_single_process_lazy_stack_has_the_time_dim_name_as_torchrls():
+    batch = Collector(mocks.EnvWithDynamicSpec(), None, frames_per_batch=8, total_frames=8).next()
+    assert isinstance(batch, LazyStackedTensorDict) and batch.names[-1] == "time"
 
 
 def test_non_tensor_entries_of_reset_and_step_follow_the_steps():

@@ -6,13 +6,15 @@ import threading
 from typing import Any, Iterator
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from rpc_collectors.collection.batch_record import MASK, BatchRecord, steps_by, take
+from rpc_collectors.collection import remote_calls
+from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
 from rpc_collectors.collection.preemption import valid_frames
+from rpc_collectors.collection.profiling import STARTED, ProfileConfig, RolloutProfiler
 from rpc_collectors.collection.trajectories import split_trajectories
-from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit
-from rpc_collectors.core import checks
+from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit, on_buffer_device
+from rpc_collectors.core import checks, torchrl_args
 
 
 def drop_private_keys(batch: Any) -> Any:
@@ -39,6 +41,9 @@ class BaseCollector:
     ``("collector", "policy_version")`` and ``("collector", "worker_id")`` (``track_policy_version=True``).
     """
 
+    _runs_post_hook = True  # False where the hook runs in the workers (multi-worker collectors)
+    _exclude_private_keys = True  # TorchRL's attribute: False keeps private entries in the batches
+    _use_buffers: bool | None = None  # whether batches are dense TensorDicts (None: not known before the first)
     track_policy_version = False  # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
     keep_version_key = False  # a worker's or node's collector: its batches keep the keys for the trainer to read
     policy_version = 0
@@ -55,8 +60,10 @@ class BaseCollector:
         post_collect_hook: Any = None,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
+        trajs_per_write: int | None = None,
     ) -> None:
         self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
+        self.requested_frames_per_batch = self.frames_per_batch  # before it is rounded to the envs or workers
         self.total_frames = checks.total_frames(total_frames)
         self.split_trajs = checks.boolean("split_trajs", split_trajs)
         self.postproc = checks.optional_callable("postproc", postproc)
@@ -67,16 +74,21 @@ class BaseCollector:
         self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
         self.trajs_per_batch = checks.optional_positive_int("trajs_per_batch", trajs_per_batch)
         self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs)
+        self.trajs_per_write = torchrl_args.trajs_per_write(trajs_per_write, self.trajs_per_batch, self.replay_buffer)
         self._frames = 0
         self._iter = 0
         self.last_batch: BatchRecord | None = None
         self._worker_ids: torch.Tensor | None = None  # of the last batch's steps, for extend_buffer=False
+        self._worker_totals: dict[int, list[int]] = {}  # frames and batches each worker delivered
         self._iterator: Iterator | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread_error: BaseException | None = None
         self._batch_lock = threading.Lock()  # held by the background thread while it collects and writes a batch
         self._closed = False  # shutdown() completed
+        self._iteration_started = False
+        self._profile_config: ProfileConfig | None = None
+        self._profiler: RolloutProfiler | None = None  # enable_profile in this process
         self._closing = False  # shutdown() began: no new work, waits end
 
     # ------------------------------------------------------------------ iteration
@@ -110,30 +122,99 @@ class BaseCollector:
                 yield batch
 
     def _processed_batches(self) -> Iterator[TensorDictBase]:
+        self._iteration_started = True
         while not self._finished():
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
+            profiler = self._profiler
+            if profiler is not None:
+                profiler.before_batch()
             batch = self._collect_batch()
+            if profiler is not None:
+                profiler.after_batch()
             frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds
             self._frames += frames
             self._iter += 1
             mask = batch.get(MASK, None) if isinstance(batch, TensorDictBase) else None
             versions, self._worker_ids = take(batch, self.track_policy_version or self.keep_version_key)
             if versions is not None:
-                self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version,
-                                              steps_by(self._worker_ids, mask))
+                workers = frames_per_worker(self._worker_ids, mask)
+                self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version, workers)
+                for worker, count in (workers or {}).items():
+                    totals = self._worker_totals.setdefault(worker, [0, 0])
+                    totals[0], totals[1] = totals[0] + count, totals[1] + 1
+            if self._use_buffers is None and isinstance(batch, TensorDictBase):
+                self._use_buffers = not isinstance(batch, LazyStackedTensorDict)
             if self.split_trajs:
                 batch = split_trajectories(batch)
             if self.postproc is not None:
                 batch = self.postproc(batch)
-            batch = drop_private_keys(batch)
-            if self.post_collect_hook is not None:
+            if self._exclude_private_keys:
+                batch = drop_private_keys(batch)
+            if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
 
+    def stats(self) -> dict[str, int | bool]:
+        """TorchRL's progress snapshot, plain ints and bools (JSON-serializable): ``"frames"``,
+        ``"batches"``, ``"requested_frames_per_batch"``, ``"total_frames"`` and ``"completed"``
+        (not for an endless run), and ``"policy_version"`` with ``track_policy_version=True``."""
+        stats: dict[str, int | bool] = {"frames": int(self._frames), "batches": int(self._iter)}
+        if self.total_frames >= 0:
+            stats.update(total_frames=int(self.total_frames), completed=self._frames >= self.total_frames)
+        stats["requested_frames_per_batch"] = int(self.requested_frames_per_batch)
+        if self.track_policy_version:
+            stats["policy_version"] = int(self.policy_version)
+        return stats
+
+    def enable_profile(
+        self, *, workers: list[int] | None = None, num_rollouts: int = 3, warmup_rollouts: int = 1,
+        save_path: Any = None, activities: list[str] | None = None, record_shapes: bool = True,
+        profile_memory: bool = False, with_stack: bool = True, with_flops: bool = False, on_trace_ready: Any = None,
+    ) -> None:
+        """TorchRL's: ``torch.profiler`` around batches ``warmup_rollouts`` to ``num_rollouts - 1``
+        (from 0), the trace written to ``save_path`` (``{worker_idx}`` filled in; default
+        ``./collector_profile_{worker_idx}.json``) or handed to ``on_trace_ready``. Multi-worker
+        collectors refuse it (``workers`` is accepted and ignored here, as TorchRL's single-process
+        collector does); a RuntimeError once iteration began."""
+        if self._iteration_started:
+            raise RuntimeError(STARTED)
+        config = ProfileConfig(
+            workers=[0] if workers is None else list(workers), num_rollouts=num_rollouts, warmup_rollouts=warmup_rollouts,
+            save_path=save_path, activities=["cpu", "cuda"] if activities is None else list(activities),
+            record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops,
+            on_trace_ready=on_trace_ready,
+        )
+        self._start_profile(config)
+        self._profile_config = config
+
+    def _start_profile(self, config: ProfileConfig) -> None:
+        self._profiler = RolloutProfiler(config, getattr(self, "worker_idx", None) or 0)
+
+    def disable_profile(self) -> None:
+        """Stop a profile in progress (its trace is written) and profile no more batches."""
+        if self._profiler is not None:
+            self._profiler.stop()
+        self._profiler = self._profile_config = None
+
+    @property
+    def profile_config(self) -> ProfileConfig | None:
+        """What ``enable_profile`` was given; None without it."""
+        return self._profile_config
+
+    def get_distant_attr(self, attr: str) -> Any:
+        """TorchRL's: the attribute at the dotted path ``attr`` (a multi-worker collector: each worker's)."""
+        return remote_calls.attribute(self, attr)
+
+    def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
+        """TorchRL's: ``method_name`` (a dotted path) called once per entry of ``list_of_args`` and
+        ``list_of_kwargs``; the results in order (a multi-worker collector: one entry per worker)."""
+        return remote_calls.call_entries(self, method_name, list_of_args, list_of_kwargs)
+
     def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
         """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
-        buffer, each complete trajectory written to it flat (``[T]``) as soon as it ends."""
+        buffer, the trajectories that completed with each batch written to it flat (``[T]``),
+        ``trajs_per_write`` per ``extend()`` (all of them if None)."""
         assembled = WholeTrajectories()
         for batch in self._processed_batches():
             assembled.add(batch)
@@ -141,8 +222,10 @@ class BaseCollector:
                 assembled.drop_in_flight()
             if self.replay_buffer is not None:
                 trajectories = assembled.take()
-                if trajectories:
-                    self.replay_buffer.extend(torch.cat(trajectories, 0))
+                step = self.trajs_per_write or max(len(trajectories), 1)
+                for start in range(0, len(trajectories), step):
+                    written = torch.cat(trajectories[start:start + step], 0)
+                    self.replay_buffer.extend(on_buffer_device(written, self.replay_buffer))
                 yield None
             else:
                 while len(assembled.complete) >= self.trajs_per_batch:
@@ -156,7 +239,7 @@ class BaseCollector:
         """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is, or
         with ``extend_buffer=False`` step by step)."""
         if self.extend_buffer:
-            self.replay_buffer.extend(batch)
+            self.replay_buffer.extend(on_buffer_device(batch, self.replay_buffer))
         else:
             for step in batch.unbind(batch.batch_dims - 1):
                 self.replay_buffer.add(step)
@@ -244,6 +327,8 @@ class BaseCollector:
             return
         self._closing = True
         self._stop.set()
+        if self._profiler is not None:  # the batches profiled so far
+            self._profiler.stop()
         self._shutdown(close_env)
         self._closed = True
 

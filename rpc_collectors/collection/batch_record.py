@@ -8,8 +8,7 @@ key set; with ``track_policy_version=True`` the keys stay in the batch too.
 """
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDictBase
@@ -30,8 +29,7 @@ class BatchRecord:
             action in it (``policy_version`` counts ``update_policy_weights_`` calls).
         trainer_version: the collector's ``policy_version`` when it handed the batch out.
         worker_frames: the frames each worker (by id) collected in it; None for a single-process
-            collector. An async batch is one worker's. Counted from ``steps_by`` (the worker id of
-            each collected step) when first read.
+            collector. An async batch is one worker's.
     """
 
     iteration: int
@@ -39,14 +37,7 @@ class BatchRecord:
     oldest_version: int
     newest_version: int
     trainer_version: int
-    steps_by: torch.Tensor | None = field(default=None, repr=False, compare=False)
-
-    @functools.cached_property
-    def worker_frames(self) -> dict[int, int] | None:
-        if self.steps_by is None:
-            return None
-        workers, counts = torch.unique(self.steps_by, return_counts=True)
-        return dict(zip(workers.tolist(), counts.tolist()))
+    worker_frames: dict[int, int] | None = None
 
     @property
     def lag(self) -> int:
@@ -81,8 +72,9 @@ def take(batch: TensorDictBase, keep: bool) -> tuple[tuple[int, int] | None, tor
     return versions, ids
 
 
-def steps_by(ids: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The worker id of each collected step of a batch whose steps carry ``ids`` (collected: ``mask``)."""
+def frames_per_worker(ids: torch.Tensor | None, mask: torch.Tensor | None) -> dict[int, int] | None:
+    """Frames per worker id of a batch whose steps carry ``ids`` (its collected steps: ``mask``)."""
     if ids is None or ids.is_meta:
         return None
-    return ids if mask is None else ids[mask]
+    workers, counts = torch.unique(ids if mask is None else ids[mask], return_counts=True)
+    return dict(zip(workers.tolist(), counts.tolist()))

@@ -68,13 +68,16 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         trajs_per_batch: yield batches of this many whole trajectories (``frames_per_batch`` is then
             the step of collection), trajectories in flight held back, as TorchRL does: ``[n, T_max]``
             zero-padded with ``("collector", "mask")`` (``traj_format="padded"``) or ``[sum T_i]``
-            (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it ends.
+            (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it ends,
+            ``trajs_per_write`` of them per ``extend()`` (None: all that ended with a batch).
         use_buffers: True: steps are stacked into one dense TensorDict (a ``RuntimeError`` for an env
             whose observation shapes change, and a ``TypeError`` with a ``replay_buffer``, as in
             TorchRL); None or False: as TorchRL without buffers, a lazy stack where shapes change.
         auto_register_policy_transforms: True: a TorchRL env gets the transforms a recurrent
             policy needs (``InitTracker``, ``TensorDictPrimer``) if it lacks them; None (TorchRL
             0.14's default): a ``FutureWarning`` says they lack; False: nothing.
+        worker_idx: TorchRL's index of this collector among a multi-worker collector's workers
+            (their ``get_distant_attr("worker_idx")``); the workers of ours set it themselves.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
         trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
@@ -117,6 +120,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         post_collect_hook: Any = None,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
+        trajs_per_write: int | None = None,
         auto_register_policy_transforms: bool | None = None,
         use_buffers: bool | None = None,
         traj_id_start: int = 0,
@@ -124,16 +128,19 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         trust_policy: bool | None = None,
         cudagraph_policy: bool | dict | None = None,
         weight_sync_schemes: dict | None = None,
+        worker_idx: int | None = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
             post_collect_hook=post_collect_hook, trajs_per_batch=trajs_per_batch, traj_format=traj_format,
+            trajs_per_write=trajs_per_write,
         )
         checks.reset_when_done(reset_when_done)
         self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
         checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, self.track_traj_ids)
         self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
+        self.worker_idx = None if worker_idx is None else checks.non_negative_int("worker_idx", worker_idx)
         self.compile_policy = checks.compile_kwargs(compile_policy)
         set_truncated = checks.boolean("set_truncated", set_truncated)
         compact_obs = checks.boolean("compact_obs", compact_obs)
@@ -186,6 +193,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             self.rollout = TensorDictRollout(self.env, self.traj_ids, self.max_frames_per_traj)
         if isinstance(self.rollout, TensorDictRollout):  # a GymEnv's batches are dense always
             self.rollout.dense_only = bool(use_buffers)
+        # TorchRL's attribute: batches are dense unless the env's shapes change (lazy stacks then)
+        self._use_buffers = use_buffers if use_buffers is not None else not getattr(self.env, "_has_dynamic_specs", False)
         self.policy_version = 0
         self._obs_version = 0  # the version the observation the next batch starts from came with
         self._pending: tuple[Any, int] | None = None

@@ -9,6 +9,7 @@ calls the underlying module on tensors directly, so no TensorDict is built per s
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any, Mapping
 
 import gymnasium as gym
@@ -48,8 +49,28 @@ def _fast_module(policy: Any, trust: bool = False) -> TensorDictModule | None:
     if type(policy) is TensorDictModule:
         return None if policy._forward_hooks or policy._forward_pre_hooks else policy
     if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase) and not trust:
+        check_forward(policy)
         return TensorDictModule(policy, in_keys=["observation"], out_keys=["action"])
     return None
+
+
+def check_forward(policy: nn.Module) -> None:
+    """A ``TypeError`` (TorchRL's wording first) when a plain module's ``forward`` needs more than
+    the one tensor it is called with here (the observation)."""
+    try:
+        params = list(inspect.signature(policy.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the first call tells
+        return
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p.name for p in params if p.default is inspect.Parameter.empty
+                and (p.kind in positional or p.kind is inspect.Parameter.KEYWORD_ONLY)]
+    if len(required) > 1:
+        raise TypeError(
+            f"policy={type(policy).__name__}: Arguments to policy.forward are incompatible with entries in the step's "
+            f"TensorDict: forward requires {required}, and a plain nn.Module is called with the observation only; "
+            "accepted: a module whose forward takes one tensor, a TensorDictModule with its in_keys, or "
+            "trust_policy=True (forward called on the step's TensorDict)"
+        )
 
 
 class StepPolicy:

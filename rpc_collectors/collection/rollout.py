@@ -36,8 +36,7 @@ def _stack_steps(steps: list, dim: int, dense_only: bool = False) -> TensorDictB
     env with dynamic specs), a lazy stack; ``dense_only`` (TorchRL's ``use_buffers=True``): a
     ``RuntimeError`` there instead."""
     out = torch.stack(steps, dim=dim) if dense_only else TensorDict.maybe_dense_stack(steps, dim=dim)
-    if not isinstance(out, LazyStackedTensorDict):
-        out.names = _time_names(out.batch_dims)
+    out.names = _time_names(out.batch_dims)
     return out
 
 

@@ -42,6 +42,19 @@ class WholeTrajectories:
         return taken
 
 
+def on_buffer_device(batch: TensorDictBase, replay_buffer: object) -> TensorDictBase:
+    """``batch`` labelled with the device of ``replay_buffer``'s storage when it has none but every
+    tensor is there already (a ``postproc`` cleared it), as TorchRL does before it writes; no copy."""
+    storage = getattr(replay_buffer, "storage", None)
+    device = getattr(storage, "device", None)
+    if not isinstance(batch, TensorDictBase) or batch.device is not None or device in (None, "auto"):
+        return batch
+    device = torch.device(device)
+    if any(value.device != device for value in batch.values(True, True) if isinstance(value, torch.Tensor)):
+        return batch
+    return batch.to(device)
+
+
 def emit(trajectories: list[TensorDictBase], traj_format: str) -> TensorDictBase:
     """``"padded"``: ``[n, T_max]`` zero-padded with ``("collector", "mask")``; ``"cat"``: ``[sum T_i]``."""
     flat = torch.cat(trajectories, 0)

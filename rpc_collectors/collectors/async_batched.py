@@ -256,8 +256,9 @@ class AsyncBatchedCollector(BaseCollector):
         key = self.policy_version_key if self.policy_version_key is not None else PRIVATE_VERSION
         versions = batch.get(key)
         low, high = torch.aminmax(versions)
+        envs, counts = torch.unique(batch.get(ENV_INDEX), return_counts=True)
         self.last_batch = BatchRecord(self._iter + 1, batch.numel(), int(low), int(high), self.policy_version,
-                                      batch.get(ENV_INDEX).clone())
+                                      dict(zip(envs.tolist(), counts.tolist())))
         if self.policy_version_key is None:
             batch.exclude(PRIVATE_VERSION, inplace=True)
 

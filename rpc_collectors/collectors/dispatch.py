@@ -43,12 +43,12 @@ def resolve(args: tuple, kwargs: dict, backend: Any, backend_options: Any, num_c
     options = dict(backend_options or {})
     reserved = sorted(RESERVED_OPTIONS & set(options))
     if reserved:
-        raise ValueError(f"backend_options has the keys {reserved}, which are Collector's own arguments; "
+        raise ValueError(f"backend_options has the keys {reserved}, reserved for Collector's own arguments; "
                          f"accepted: pass them as Collector(..., {reserved[0]}=...)")
     positional = set(("create_env_fn", "policy")[: len(args)])
     duplicates = sorted(set(options) & (set(kwargs) | positional))
     if duplicates:
-        raise ValueError(f"backend_options repeats the arguments {duplicates} given to Collector; accepted: each once")
+        raise ValueError(f"backend_options has duplicate arguments {duplicates}, also given to Collector; accepted: each once")
     if backend == "direct":
         return None, *_direct(args, kwargs, num_collectors, sync, options)
     if sync is not None and not isinstance(sync, bool):

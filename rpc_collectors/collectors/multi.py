@@ -110,6 +110,10 @@ class RPCCollector(CollectorFront):
             that answers each request with one batch: ``[W, (B,) T]`` stacked, or one local
             worker's batch (see :mod:`rpc_collectors.worker.node` and ``docs/guide/nodes.md``).
         num_workers_per_collector: W, the local workers of each node (1 with ``"single"``).
+        inference: ``"worker"`` (a policy in every worker, the default) or ``"node"`` (node
+            collectors only: each node runs one copy of the policy, on ``policy_device`` or else its
+            GPU if it has one, for all its local workers, which send it each step's observations;
+            see ``docs/guide/batched_inference.md``).
         max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs: as for ``Collector``.
         postproc, device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
             device may be TorchRL's list of one per worker (the trainer stores batches on the
@@ -130,8 +134,8 @@ class RPCCollector(CollectorFront):
         auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
             ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
         use_buffers: as for ``Collector``, in each worker.
-        trajs_per_batch, traj_format: as for ``Collector``; the trainer assembles the trajectories
-            from all workers' batches.
+        trajs_per_batch, traj_format, trajs_per_write: as for ``Collector``; the trainer assembles the
+            trajectories from all workers' batches.
         preemptive_threshold: sync only, TorchRL's: once this fraction of the workers handed in a
             round's batches (``int(N * threshold)`` of them), the others end theirs at their next
             step. Their batches are padded to full length: the steps they did not collect have
@@ -184,6 +188,7 @@ class RPCCollector(CollectorFront):
         weight_transport: str = "auto",
         collector_class: Any = "single",
         num_workers_per_collector: int = 1,
+        inference: str = "worker",
         max_frames_per_traj: int | None = None,
         init_random_frames: int | None = 0,
         reset_at_each_iter: bool = False,
@@ -206,6 +211,7 @@ class RPCCollector(CollectorFront):
         post_collect_hook: Any = None,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
+        trajs_per_write: int | None = None,
         auto_register_policy_transforms: bool | None = None,
         use_buffers: bool | None = None,
         preemptive_threshold: float | None = None,
@@ -218,7 +224,7 @@ class RPCCollector(CollectorFront):
         super().__init__(
             frames_per_batch=checks.frames_total(frames_per_batch), total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer, trajs_per_batch=trajs_per_batch,
-            traj_format=traj_format,
+            traj_format=traj_format, trajs_per_write=trajs_per_write,
         )
         self._closed = self._closing = True  # until the workers are up
         self.max_policy_lag = policy_lag.check(max_policy_lag, sync)
@@ -232,6 +238,8 @@ class RPCCollector(CollectorFront):
         torchrl_args.cudagraph_policy(cudagraph_policy)
         weight_transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, weight_transport)
         self._no_push = weight_transport == torchrl_args.NO_PUSH  # TorchRL's NoWeightSyncScheme
+        self._schemes_given, self._use_buffers = weight_sync_schemes, use_buffers
+        self._hooks = {"pre_collect_hook": pre_collect_hook, "post_collect_hook": post_collect_hook}
         weight_transport = "auto" if self._no_push else weight_transport
         resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
         checked = settings.check(
@@ -255,7 +263,7 @@ class RPCCollector(CollectorFront):
             ),
             tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
             collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,
-            preemptive_threshold=preemptive_threshold, node_collector=MultiCollector,
+            preemptive_threshold=preemptive_threshold, node_collector=MultiCollector, inference=inference,
         )
         self._open(checked, policy, functools.partial(_pool, checked))
 

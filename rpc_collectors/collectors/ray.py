@@ -109,6 +109,7 @@ class RayCollector(CollectorFront):
         shared_memory = checks.boolean("shared_memory", shared_memory)
         transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto", ray=True)
         self._no_push = transport == torchrl_args.NO_PUSH
+        self._schemes_given, self._ray_actors = weight_sync_schemes, True
         transport = "auto" if self._no_push else transport
         count = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else num_collectors
         kwargs_each = _listed("collector_kwargs", collector_kwargs, count) or [collector_kwargs]

@@ -146,7 +146,9 @@ def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool) -> s
         raise ValueError(f"traj_format={value!r} needs trajs_per_batch; accepted without it: None")
     if trajs_per_batch is not None and split_trajs:
         raise ValueError("trajs_per_batch yields whole trajectories; accepted with it: split_trajs=False")
-    return choice("traj_format", "padded" if value is None else value, ("padded", "cat"))
+    if value not in (None, "padded", "cat"):  # TorchRL's wording, which its users match on
+        raise ValueError(f"traj_format={value!r} is invalid: it must be 'padded' or 'cat'")
+    return "padded" if value is None else value
 
 
 def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:

@@ -14,9 +14,14 @@ TorchRL scheme                            weight transport here
 ``RayWeightSyncScheme`` (RayCollector)    ``"rpc"`` (one ``ray.put`` per version)
 ``NoWeightSyncScheme``                    none: ``update_policy_weights_`` does nothing
 ========================================  ==========================================
+
+:func:`scheme_objects` is the other direction: TorchRL's scheme object for the transport a
+collector chose, as its ``_weight_sync_schemes`` shows it.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +37,9 @@ SCHEMES = {
     "NoWeightSyncScheme": None,
 }
 NO_PUSH = "none"  # the transport of NoWeightSyncScheme: weights never move
+# the TorchRL scheme that describes each transport chosen here (TorchRL's default for local workers: shared memory)
+SCHEME_OF = {"shm": "SharedMemWeightSyncScheme", "rpc": "MultiProcessWeightSyncScheme",
+             "broadcast": "DistributedWeightSyncScheme", NO_PUSH: "NoWeightSyncScheme"}
 
 
 def weight_sync_schemes(value: Any, weight_transport: str, ray: bool = False) -> str:
@@ -67,6 +75,35 @@ def weight_sync_schemes(value: Any, weight_transport: str, ray: bool = False) ->
             f"weight_transport={weight_transport!r}; accepted: one of the two"
         )
     return transport
+
+
+def scheme_objects(given: Mapping | None, transport: str, ray: bool = False) -> dict:
+    """``{"policy": scheme}``: the TorchRL scheme object given to the constructor, or else a new
+    one of TorchRL's class for ``transport`` (the weight transport chosen: ``"shm"``, ``"rpc"``
+    (with ``ray``: ``RayWeightSyncScheme``), ``"broadcast"`` or :data:`NO_PUSH`). Empty where
+    torchrl is not installed, or no transport is chosen yet (``"auto"``, before the workers are up)."""
+    if given:
+        return dict(given)
+    if transport not in SCHEME_OF or importlib.util.find_spec("torchrl") is None:
+        return {}
+    module = importlib.import_module("torchrl.weight_update")
+    name = "RayWeightSyncScheme" if ray and transport == "rpc" else SCHEME_OF[transport]
+    return {"policy": getattr(module, name)()}
+
+
+def trajs_per_write(value: Any, trajs_per_batch: int | None, replay_buffer: Any) -> int | None:
+    """TorchRL's ``trajs_per_write``: how many whole trajectories (``trajs_per_batch``) go into
+    the ``replay_buffer`` per ``extend()``; None: all that completed with a batch."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"trajs_per_write={value!r} is invalid; accepted: None or an int >= 1")
+    if trajs_per_batch is None or replay_buffer is None:
+        raise ValueError(
+            f"trajs_per_write={value!r} sets how many whole trajectories go into the replay buffer per write, "
+            "which needs trajs_per_batch and a replay_buffer; accepted without them: None"
+        )
+    return value
 
 
 def cudagraph_policy(value: Any) -> None:

@@ -88,6 +88,17 @@ def worker_ids(value: Any, num_workers: int, device: torch.device | list) -> lis
     return sorted(set(ids))
 
 
+def per_worker_weights(value: Any, worker_ids: Any) -> bool:
+    """Whether ``update_policy_weights_`` was given TorchRL's per-worker form ``{worker_id: weights}``
+    (int keys; a state dict has str keys); with ``worker_ids`` too, a ``ValueError``."""
+    if not isinstance(value, dict) or not value or not all(type(key) is int for key in value):
+        return False
+    if worker_ids is not None:
+        raise ValueError(f"worker_ids={worker_ids!r} with weights per worker ({sorted(value)}): the keys name the "
+                         "workers; accepted with them: worker_ids=None")
+    return True
+
+
 _COLLECTOR_KWARG_CHECKS = {
     "init_random_frames": lambda name, value: init_random_frames(value, name),
     "exploration_type": lambda name, value: exploration_type(value, name),

@@ -31,6 +31,7 @@ from rpc_collectors.front.recovery import Recovery
 from rpc_collectors.front.roster import WorkerRecord
 from rpc_collectors.front.settings import Settings
 from rpc_collectors.front.threads import TrainerThreads
+from rpc_collectors.front.torchrl_views import TorchRLViews
 from rpc_collectors.front.waits import Call, Waits
 from rpc_collectors.front.weight_pushes import WeightPushes
 from rpc_collectors.planes import layouts
@@ -40,7 +41,7 @@ from rpc_collectors.planes.rendezvous import host_id
 from rpc_collectors.planes.weight_sync import WeightPlane
 
 
-class CollectorFront(WeightPushes, BaseCollector):
+class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
     """A multi-worker collector over a worker pool; public classes choose the pool and layout."""
 
     _default_cat_results: str | int = 0

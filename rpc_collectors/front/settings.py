@@ -15,23 +15,24 @@ from typing import Any
 
 import cloudpickle
 import torch
+from tensordict.nn import TensorDictModuleBase
 
 from rpc_collectors.cluster import jobs as collector_jobs
 from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.envs import check_env_id
-from rpc_collectors.collection.policies import StepPolicy
+from rpc_collectors.collection.policies import StepPolicy, check_forward
 from rpc_collectors.core import checks, worker_checks
 from rpc_collectors.planes.rendezvous import Rendezvous, detect_launcher, from_environment
 from rpc_collectors.planes.weight_sync import TRANSPORTS
-from rpc_collectors.worker.node import NodeSpec, node_class
+from rpc_collectors.worker.node import NodeSpec, check_inference, node_class
 from rpc_collectors.worker.server import serve
 
 CAT_RESULTS = ("stack", 0, -1)
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
     "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
-    "trajs_per_batch", "traj_format", "weight_sync_schemes",
+    "trajs_per_batch", "traj_format", "trajs_per_write", "weight_sync_schemes", "worker_idx",
 }
 PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
 DEVICES = ("device", "storing_device", "env_device", "policy_device")
@@ -116,7 +117,7 @@ def check(
     max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,
     weight_transport: str, worker_kwargs: dict, tcp_port: int | str | None = None, slurm_kwargs: dict | None = None,
     collector_class: Any = "single", num_workers_per_collector: int = 1, preemptive_threshold: float | None = None,
-    node_collector: type | None = None,
+    node_collector: type | None = None, inference: str = "worker",
 ) -> Settings:
     """Check a multi-worker collector's arguments; ``worker_kwargs`` are those of each worker's
     :class:`Collector` (``init_random_frames`` for the whole collector, shared out here);
@@ -126,8 +127,12 @@ def check(
     ``num_workers_per_collector`` local workers (:mod:`rpc_collectors.worker.node`): frames are
     shared out over every local worker, and ``max_worker_restarts`` is each node's budget for
     replacing its own local workers. ``node_collector`` is the multi-worker class a node runs
-    (the public layer passes its ``MultiCollector``: this layer does not import it)."""
+    (the public layer passes its ``MultiCollector``: this layer does not import it); ``inference``
+    ``"node"`` runs one policy per node (:func:`~rpc_collectors.worker.node.check_inference`)."""
     node_kind, per_node = node_class(collector_class, num_workers_per_collector)
+    factories = worker_kwargs.get("policy_factory")
+    factories = list(factories) if isinstance(factories, (list, tuple)) else [factories]
+    inference = check_inference(inference, node_kind, collector_class, policy, factories)
     if node_kind is not None and node_collector is None:
         raise ValueError(f"collector_class={collector_class!r} runs node collectors, which this collector does not "
                          "support; accepted: collector_class='single'")
@@ -165,7 +170,7 @@ def check(
             collector=node_collector,
             sync=node_kind == "sync", num_workers=per_node, launcher="debug" if launcher == "debug" else "local",
             max_worker_restarts=checks.non_negative_int("max_worker_restarts", max_worker_restarts),
-            rpc_timeout=rpc_timeout,
+            rpc_timeout=rpc_timeout, inference=inference,
         )
         restarts = 0
     split = per_node if node_kind == "sync" else 1  # a sync node's batch holds one batch of each local worker
@@ -187,6 +192,8 @@ def check(
         worker_frames = frames_per_batch = checks.frames_per_batch_fits(frames_per_batch, split, "workers") * split
     if policy is not None and not callable(policy):
         StepPolicy(policy)  # raises the TypeError naming the argument
+    if _plain_module(policy) and not worker_kwargs["trust_policy"]:
+        check_forward(policy)  # here, before any worker builds it
     kwargs = dict(worker_kwargs, frames_per_batch=worker_frames)
     per_worker = {name: _per_worker(name, kwargs.pop(name), num_workers) for name in PER_WORKER}
     if frames_list is not None:
@@ -219,6 +226,10 @@ def check(
         preemptive_threshold=preemptive_threshold, track_policy_version=kwargs["track_policy_version"],
         policy_factory=any(factory is not None for factory in per_worker["policy_factory"]),
     )
+
+
+def _plain_module(policy: Any) -> bool:
+    return isinstance(policy, torch.nn.Module) and not isinstance(policy, TensorDictModuleBase)
 
 
 def _env_fns(create_env_fn: Any, num_collectors: int | None, rdv: Rendezvous | None, elastic: bool) -> list:

@@ -59,7 +59,8 @@ class WeightPushes:
         TorchRL's form: the ``torch.device`` the workers' policy runs on).
 
         ``policy_or_weights`` (or TorchRL's ``weights=``/``policy=``): an ``nn.Module``, a
-        TensorDict of weights or a state dict; None pushes the tensors the policy given to the
+        TensorDict of weights or a state dict, or TorchRL's per-worker form ``{worker_id: weights}``
+        (each of those workers gets its own; without ``worker_ids``); None pushes the tensors the policy given to the
         constructor holds at this call (also after its parameters were replaced), or, when the
         workers build their policies (``policy_factory``), the weights given last. The trainer's
         ``policy_version`` goes up by one; each worker applies the weights before its next batch,
@@ -70,6 +71,9 @@ class WeightPushes:
         self.require_running()
         if self._no_push:
             return
+        if worker_checks.per_worker_weights(policy_or_weights, worker_ids):
+            self._push_each(policy_or_weights)
+            return
         devices = self._policy_device if isinstance(self._policy_device, list) else [self._policy_device]
         device = [run_device(self.policy, d) for d in devices]  # where the workers run their policy
         device = device if isinstance(self._policy_device, list) else device[0]
@@ -78,7 +82,18 @@ class WeightPushes:
         self._open_given(source)
         self._push_weights(ids, source, non_blocking)
 
-    def _open_given(self, source: TensorDictBase | None) -> None:
+    def _push_each(self, per_worker: dict) -> None:
+        """TorchRL's per-worker weights, ``{worker_id: weights}``: each of those workers gets its own,
+        all as one new version (one push each, one after the other)."""
+        ids = worker_checks.worker_ids(list(per_worker), self.num_workers, None)
+        version = self.policy_version + 1
+        for worker_id in ids:
+            source = weights_of(per_worker[worker_id])
+            self._open_given(source, remember=False)
+            if self.workers.serves(worker_id):
+                self._push_weights([worker_id], source, version=version)
+
+    def _open_given(self, source: TensorDictBase | None, remember: bool = True) -> None:
         """``policy_factory``: lay the weight plane out from the first weights pushed (checked
         against every worker's policy); they, or later ones, are what a push without weights sends."""
         if self.weights is None:
@@ -88,7 +103,7 @@ class WeightPushes:
                 raise TypeError(factory_weights.NO_WEIGHTS)
             with self._lock:
                 self._init_weights(self._transport, given=source)
-        if self._factory and source is not None and not isinstance(self.policy, nn.Module):
+        if remember and self._factory and source is not None and not isinstance(self.policy, nn.Module):
             self._given = source
 
     def push_version(self, version: int, source: TensorDictBase | None = None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 WORKER_ID = ("collector", "worker_id")
 ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
@@ -18,6 +18,13 @@ ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's ali
 def aligned(nbytes: int, to: int = ALIGN) -> int:
     """``nbytes`` rounded up to a multiple of ``to``."""
     return -(-nbytes // to) * to
+
+
+def _has_lazy_stack(td: TensorDictBase) -> bool:
+    """Whether ``td`` or an entry of it is a lazy stack (shapes that differ between its parts)."""
+    return isinstance(td, LazyStackedTensorDict) or any(
+        _has_lazy_stack(value) for value in td.values() if isinstance(value, TensorDictBase)
+    )
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,10 @@ class BatchLayout:
 
     @classmethod
     def of(cls, batch: TensorDictBase) -> "BatchLayout | None":
-        """The layout of ``batch``; None if it cannot go through shared memory."""
+        """The layout of ``batch``; None if it cannot go through shared memory (lazy stacks: an env
+        whose shapes change from step to step, or heterogeneous agents)."""
+        if _has_lazy_stack(batch):
+            return None
         leaves = []
         for key, value in batch.items(include_nested=True, leaves_only=True):
             if type(value) is not torch.Tensor or value.device.type != "cpu":

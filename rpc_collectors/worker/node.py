@@ -17,9 +17,14 @@ Nested waits, nested deadlines: the trainer waits ``rpc_timeout`` for a node, an
 ``NODE_WAIT_SHARE`` of it (half) for each of its local workers. A local worker that hangs is
 given up by the node first, replaced (``max_worker_restarts``) or reported as the node's
 failure, with the other half of the trainer's wait left for the replacement's batch.
+
+With ``inference="node"`` the node holds the only policy: its local workers send each step's
+observations to it (:mod:`rpc_collectors.worker.node_inference`), and the trainer's weights land
+in it, to be used by the next forward pass.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +33,12 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from rpc_collectors.collection.batch_record import VERSION
+from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.collection.trajectories import TRAJ_IDS
+from rpc_collectors.core import checks
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
 from rpc_collectors.planes.local_restarts import LocalRestart
+from rpc_collectors.worker.node_inference import NodeInference
 
 # collector_class: TorchRL's strings and class names -> the node's local collector (None: a single Collector)
 CLASS_NAMES = {
@@ -39,6 +47,7 @@ CLASS_NAMES = {
     "async": "async", "MultiAsyncCollector": "async", "MultiaSyncDataCollector": "async",
 }
 NODE_WAIT_SHARE = 0.5  # of the trainer's rpc_timeout: how long a node waits on one of its local workers
+INFERENCE = ("worker", "node")
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class NodeSpec:
     launcher: str  # "local", or "debug" under the debug launcher: the local workers live in the node too
     max_worker_restarts: int
     rpc_timeout: float  # the trainer's; the node's own waits take NODE_WAIT_SHARE of it
+    inference: str = "worker"  # "node": one policy in the node, called by its local workers
 
 
 def node_class(collector_class: Any, num_workers_per_collector: Any) -> tuple[str | None, int]:
@@ -77,6 +87,26 @@ def node_class(collector_class: Any, num_workers_per_collector: Any) -> tuple[st
     return kind, int(num_workers_per_collector)
 
 
+def check_inference(inference: Any, node_kind: str | None, collector_class: Any, policy: Any, factories: list) -> str:
+    """``inference`` checked against the rest: ``"node"`` needs node collectors and a policy with
+    ``in_keys`` (a ``TensorDictModule`` or an ``nn.Module``) given as ``policy``."""
+    if not isinstance(inference, str) or inference not in INFERENCE:
+        raise ValueError(f"inference={inference!r} is invalid; accepted: 'worker' (a policy in every worker) or "
+                         "'node' (one policy per node collector, with collector_class='sync' or 'async')")
+    if inference == "worker":
+        return inference
+    if node_kind is None:
+        raise ValueError(f"inference='node' needs node collectors; collector_class={collector_class!r} runs none; "
+                         "accepted: collector_class='sync' or 'async' (with num_workers_per_collector), "
+                         "or inference='worker'")
+    if any(factory is not None for factory in factories):
+        raise ValueError("inference='node' takes the policy itself; accepted: policy=<module>, policy_factory=None")
+    if policy is None or StepPolicy(policy).td_module is None:
+        raise ValueError(f"inference='node': policy={policy!r} has no in_keys to send to the node; accepted: "
+                         "a TensorDictModule or an nn.Module (reading 'observation')")
+    return inference
+
+
 class NodeCollector:
     """A node's collector: W local workers behind the one server the trainer calls.
 
@@ -97,14 +127,42 @@ class NodeCollector:
         # local worker w's ids x = w + W * c become traj_id_start * W + w + traj_id_stride * W * c
         self._base, self._stride = traj_id_start * node.num_workers, traj_id_stride * node.num_workers
         self._version = 0  # of the weights in this node's policy
-        self.local = node.collector(
-            [create_env_fn] * node.num_workers, policy, sync=node.sync, launcher=node.launcher,
-            total_frames=-1, cat_results="stack", rpc_timeout=node.rpc_timeout * NODE_WAIT_SHARE,
-            max_worker_restarts=node.max_worker_restarts, **kwargs,
-        )
+        self.inference: NodeInference | None = None
+        if node.inference == "node":
+            policy = self._serve_policy(policy, kwargs)
+        try:
+            self.local = node.collector(
+                [create_env_fn] * node.num_workers, policy, sync=node.sync, launcher=node.launcher,
+                total_frames=-1, cat_results="stack", rpc_timeout=node.rpc_timeout * NODE_WAIT_SHARE,
+                max_worker_restarts=node.max_worker_restarts, **kwargs,
+            )
+        except Exception:
+            if self.inference is not None:
+                self.inference.close()
+                if self.inference.error is not None:  # the node's policy raised on the local workers' first step
+                    raise self.inference.error from None
+            raise
         self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
         self.local.restarts.name = f"node {node_id}'s local worker {{}}"
         self._told = 0  # of the local collector's restarts, how many the trainer was told of
+
+    def _serve_policy(self, policy: Any, kwargs: dict) -> Any:
+        """Run ``policy`` here, on the policy device (else a GPU if there is one), for every local
+        worker; returns what the local workers call instead."""
+        device = kwargs.pop("policy_device", None)
+        device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+        if isinstance(policy, nn.Module):
+            policy.to(device)  # in place: the trainer's weights land where it runs
+        self.inference = NodeInference(
+            policy, device, kwargs.get("exploration_type"), lambda: self._version,
+            checks.compile_kwargs(kwargs.pop("compile_policy", None)),
+        )
+        return self.inference.stub(self.node.rpc_timeout * NODE_WAIT_SHARE)
+
+    @property
+    def weights_lock(self) -> Any:
+        """Held while weights land in the node's policy (none: the local workers have their own)."""
+        return self.inference.lock if self.inference is not None else contextlib.nullcontext()
 
     @property
     def num_envs(self) -> int:
@@ -137,7 +195,7 @@ class NodeCollector:
         self.module = holder
 
     def _pass_weights_on(self) -> None:
-        if self.module is not None and self._version > self.local.policy_version:
+        if self.inference is None and self.module is not None and self._version > self.local.policy_version:
             given = self.module if isinstance(self.module, TensorDictBase) else None
             self.local.push_version(self._version, given)
 
@@ -148,11 +206,14 @@ class NodeCollector:
         node drops the local batches its workers collected before (at most the requests in flight).
         """
         self._pass_weights_on()
+        newest = self._version if self.inference is not None else self.local.policy_version
         try:
             batch = self.local.next()
-            while batch.get(VERSION).min() < self.local.policy_version:
+            while batch.get(VERSION).min() < newest:
                 batch = self.local.next()
         except WorkerError as err:  # the trainer's WorkerError names this node and, from this, the local worker
+            if self.inference is not None and self.inference.error is not None:
+                raise self.inference.error from None  # the node's policy raised: its own traceback
             detail = f"\n{err.remote_traceback}" if err.remote_traceback else ""
             raise LocalWorkerError(
                 f"lost its local worker {err.worker_id} (pid {err.pid}), which {err.reason}{detail}"
@@ -175,11 +236,14 @@ class NodeCollector:
         local = self.local.state_dict()
         for worker in local["workers"]:
             worker["traj_count"] += skipped
-        return {"local": local, "traj_count": skipped + max(self.local.restarts.bounds())}
+        return {"local": local, "traj_count": skipped + max(self.local.restarts.bounds()), "version": self._version}
 
     def load_state_dict(self, state: dict) -> None:
         self.local.load_state_dict(state["local"])
-        self._version = self.local.policy_version
+        # with inference="node" the version is the node's own (its local workers hold no weights)
+        self._version = state.get("version", 0) if self.inference is not None else self.local.policy_version
 
     def shutdown(self) -> None:
         self.local.shutdown()
+        if self.inference is not None:
+            self.inference.close()

@@ -24,6 +24,7 @@ import torch.distributed.rpc as rpc
 import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
+from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.preemption import Preemption
 from rpc_collectors.planes import doorbell, local_restarts, membership
@@ -36,6 +37,7 @@ from rpc_collectors.planes.weights import FlatWeights, holder_of
 from rpc_collectors.worker import channel, spawner
 from rpc_collectors.worker.env_steps import EnvSteps, step_row
 from rpc_collectors.worker.node import NodeCollector
+from rpc_collectors.worker.node_inference import NodePolicy
 from rpc_collectors.worker.spawner import name_process
 
 TRAINER = "trainer"
@@ -76,12 +78,21 @@ class WorkerState:
         else:
             self.collector = NodeCollector(create_env_fn, policy, node, start, num_workers, node_id=worker_id, **kwargs)
         self.collector.keep_version_key = True  # the trainer reads each batch's versions from it
+        self.collector.worker_idx = worker_id  # TorchRL's attribute: which worker this is
+        # a local worker of a node with inference="node": each batch takes the version its policy calls answer
+        self.node_policy = policy if isinstance(policy, NodePolicy) else None
+        if self.node_policy is not None:
+            self.node_policy.collector = self.collector
         self.preemption = Preemption() if preemptible else None
         if self.preemption is not None:
             self.collector.preemption = self.preemption
         self.receiver: WeightReceiver | None = None
         self.writer: SlotWriter | None = None
         self.timeout = 60.0
+
+    def _weights_lock(self) -> Any:
+        """Held while pushed weights are applied: a node's inference waits meanwhile."""
+        return self.collector.weights_lock if isinstance(self.collector, NodeCollector) else contextlib.nullcontext()
 
     def info(self) -> dict:
         """Who serves this collector: rank, host name, address, pid, machine id; its number of envs and torch threads."""
@@ -93,6 +104,7 @@ class WorkerState:
         }
         if node:
             info["local_pids"] = self.collector.pids
+            info["inference"] = self.collector.node.inference
         return info
 
     def _module(self) -> Any:
@@ -140,7 +152,10 @@ class WorkerState:
         if self.preemption is not None:
             self.preemption.begin()
         if self.receiver is not None:
-            self.receiver.apply(self.collector, min_version, self.timeout)
+            with self._weights_lock():
+                self.receiver.apply(self.collector, min_version, self.timeout)
+        if self.node_policy is not None:
+            self.node_policy.begin()
         if self.writer is not None and isinstance(self.collector, Collector):  # observations go straight into the slot
             self.collector.rollout.out = None if slot is None else self.writer.targets[slot]
         batch = self.collector.next()
@@ -162,6 +177,19 @@ class WorkerState:
         """Step this env with the actions the trainer writes into its row of the step plane."""
         self.steps = EnvSteps(self.collector.env, spec)
 
+    def get_distant_attr(self, attr: str) -> Any:
+        """TorchRL's ``get_distant_attr``: this worker's collector's attribute at the dotted path ``attr``."""
+        return remote_calls.attribute(self.collector, attr)
+
+    def map_fn(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """TorchRL's ``map_fn``: this worker's collector's ``method`` (a dotted path) called with ``args``, ``kwargs``."""
+        return remote_calls.attribute(self.collector, method)(*args, **kwargs)
+
+    def set_hook(self, name: str, hook: bytes) -> None:
+        """Set the collector's ``pre_collect_hook`` or ``post_collect_hook`` (cloudpickled; TorchRL's
+        setters on a multi-worker collector)."""
+        setattr(self.collector, name, cloudpickle.loads(hook))
+
     def preempt(self, batch: int) -> None:
         """End the ``batch``-th batch asked of this worker at its next step (TorchRL's preemption)."""
         self.preemption.stop(batch)
@@ -174,7 +202,8 @@ class WorkerState:
         """The collector's state; its trajectory count counts from the worker's first id (``worker_id``),
         so a resumed worker, which starts there, continues above every id this one or a predecessor used."""
         if self.receiver is not None:  # the state holds the newest weights pushed to this worker
-            self.receiver.apply(self.collector, 0, self.timeout)
+            with self._weights_lock():
+                self.receiver.apply(self.collector, 0, self.timeout)
         if isinstance(self.collector, NodeCollector):
             return self.collector.state_dict(self.skipped)
         state = self.collector.state_dict()
