@@ -133,10 +133,11 @@ def local_case(case: dict) -> dict:
     _common.quiet()
     torch.set_num_threads(1)
     nodes, per, sync = case["nodes"], case["per"], case["sync"]
+    kind = "single" if case.get("flat") else "sync" if sync else "async"
     t0 = time.perf_counter()
     collector = RPCCollector(
         functools.partial(make_sleep_env, case["step_s"]), ScalePolicy(), num_collectors=nodes, launcher="local",
-        collector_class="sync" if sync else "async", num_workers_per_collector=per, sync=sync, rpc_timeout=120,
+        collector_class=kind, num_workers_per_collector=per, sync=sync, rpc_timeout=120,
         frames_per_batch=(nodes * per if sync else 1) * case["steps"], track_policy_version=True,
     )
     out = measure(collector, case["seconds"], nodes if sync else 1, t0)
@@ -260,6 +261,44 @@ def requests_case(case: dict) -> dict:
             "requests_per_s": requests / case["seconds"]}
 
 
+def bare_case(case: dict) -> dict:
+    """No collector: N forked processes each sleeping ``steps`` x ``step_s`` per round (with a
+    ``Linear(4, 2)`` call per step), a barrier ending every round: the best a sync round of N
+    workers can do on this machine."""
+    import multiprocessing
+
+    torch.set_num_threads(1)
+    ctx = multiprocessing.get_context("fork")
+    workers, rounds = case["workers"], case["rounds"]
+    barrier = ctx.Barrier(workers + 1)
+    procs = [ctx.Process(target=_bare_worker, args=(barrier, case["steps"], case["step_s"], rounds)) for _ in range(workers)]
+    for proc in procs:
+        proc.start()
+    try:
+        barrier.wait(timeout=120)  # all started
+        start = time.perf_counter()
+        for _ in range(rounds):
+            barrier.wait(timeout=120)
+        wall = time.perf_counter() - start
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    return {"ratio": rounds * case["steps"] * case["step_s"] / wall}
+
+
+def _bare_worker(barrier, steps: int, step_s: float, rounds: int) -> None:
+    policy, observation = nn.Linear(4, 2), torch.zeros(4)
+    barrier.wait(timeout=120)
+    for _ in range(rounds):
+        for _ in range(steps):
+            time.sleep(step_s)
+            with torch.no_grad():
+                policy(observation).argmax()
+        barrier.wait(timeout=120)
+
+
 # ------------------------------------------------------------------ launching ranks
 
 
@@ -323,6 +362,13 @@ def part_local(args) -> list[dict]:
     case = {"nodes": 8, "per": max(args.per_node), "sync": False, "step_s": STEP_S, "steps": args.steps,
             "seconds": args.seconds}
     out.append({**case, **run_case(__file__, case, timeout=600)})
+    for workers in args.flat:  # flat local workers: a request per worker
+        case = {"nodes": workers, "per": 1, "flat": True, "sync": True, "step_s": STEP_S, "steps": args.steps,
+                "seconds": args.seconds}
+        out.append({**case, **run_case(__file__, case, timeout=600)})
+    bare = {"workers": 8 * max(args.per_node), "rounds": 8, "steps": args.steps, "step_s": STEP_S}
+    print(f"{bare['workers']} bare processes, sync rounds of {args.steps} steps, no collector: "
+          f"{run_case(__file__, bare, timeout=300)['ratio']:.2f} of ideal", flush=True)
     for row in out:
         row["workers"] = row["nodes"] * row["per"]
         row["ratio"] = row["frames_per_s"] / (row["workers"] / STEP_S)
@@ -337,7 +383,7 @@ def part_hosts(args) -> list[dict]:
 
     out = []
     with devcluster_module.load().HostNetwork(args.hosts + 1, prefix=PREFIX, subnet=SUBNET) as net:
-        for per in (8, 32):
+        for per in (1, 8, 32):
             row = hosts_case(net, args.hosts + 1, per, args)
             row.update(workers=row["nodes"] * per, sync=True, steps=args.steps, frames_per_round=row["nodes"] * per * args.steps,
                        requests_per_round=row["nodes"])
@@ -361,25 +407,28 @@ def part_requests(args) -> list[dict]:
                          {"requests": 1, "workers": 8, "sync": False, "steps": 1, "seconds": args.seconds})]
 
 
-def fit(rows: list[dict]) -> tuple[float, float]:
-    """Least squares ``cpu_ms_per_round = a * requests + b * frames`` (no intercept), in ms."""
-    x = torch.tensor([[r["requests_per_round"], r["frames_per_round"]] for r in rows], dtype=torch.float64)
+def fit(rows: list[dict]) -> list[float]:
+    """Least squares ``cpu_ms_per_round = c + a * requests + b * frames`` over ``rows``: ``[c, a, b]`` in ms."""
+    x = torch.tensor([[1, r["requests_per_round"], r["frames_per_round"]] for r in rows], dtype=torch.float64)
     y = torch.tensor([r["cpu_ms_per_round"] for r in rows], dtype=torch.float64)
-    solution = torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1)
-    return float(solution[0]), float(solution[1])
+    return torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1).tolist()
+
+
+TITLES = {"local": "8 node collectors x W local workers (and flat local workers)",
+          "hosts": "one node collector of W local workers in each namespace host"}
 
 
 def report(results: dict) -> None:
-    print("\n== local: 8 node collectors x W local workers, 50 ms env ==")
     head = f"{'N':>5}{'mode':>7}{'ratio':>7}{'first s':>9}{'cpu ms/round':>14}{'us/request':>12}{'push ms':>9}" \
            f"{'shutdown s':>11}{'left':>6}{'USS MiB':>9}"
     for part in ("local", "hosts"):
         rows = results.get(part)
         if not rows:
             continue
-        print(f"\n== {part} ==\n{head}")
+        print(f"\n== {part}: {TITLES[part]}, 50 ms env ==\n{head}")
         for r in rows:
-            print(f"{r['workers']:>5}{'sync' if r['sync'] else 'async':>7}{r['ratio']:>7.2f}{r['first_batch_s']:>9.1f}"
+            mode = "flat" if r.get("flat") else "sync" if r["sync"] else "async"
+            print(f"{r['workers']:>5}{mode:>7}{r['ratio']:>7.2f}{r['first_batch_s']:>9.1f}"
                   f"{r['cpu_ms_per_round']:>14.2f}{r['cpu_us_per_request']:>12.0f}{r['push_ms']:>9.1f}"
                   f"{r['shutdown_s']:>11.2f}{r['workers_left']:>6}{r['uss_mib_median']:>9.1f}")
     if results.get("ranks"):
@@ -398,15 +447,28 @@ def report(results: dict) -> None:
               f"trainer CPU per request {r['cpu_us_per_request']:.0f} us; a no-op call on the worker's pipe "
               f"{r['call_cpu_us']:.0f} us ({r['cpu_us_per_request'] / r['call_cpu_us']:.1f}x); 16 bytes there and back "
               f"on a bare pipe {r['pipe_cpu_us']:.1f} us; {r['requests_per_s']:.0f} requests/s")
-    rounds = [r for part in ("local", "hosts") for r in results.get(part, []) if r["sync"]]
-    if len(rounds) >= 2:
-        a, b = fit(rounds)
-        print(f"\n== cost model: trainer CPU per sync round = {a:.3f} ms x requests + {1e3 * b:.3f} us x frames ==")
+    rounds = [r for r in results.get("local", []) if r["sync"]]
+    if len({r["requests_per_round"] for r in rounds}) >= 2 and len(rounds) >= 3:
+        c, a, b = fit(rounds)
+        print(f"\n== cost model (local workers): trainer CPU per sync round = {c:.2f} ms + {a:.3f} ms x requests "
+              f"+ {1e3 * b:.3f} us x frames ==")
         for r in rounds:
-            model = a * r["requests_per_round"] + b * r["frames_per_round"]
+            model = c + a * r["requests_per_round"] + b * r["frames_per_round"]
             print(f"  N={r['workers']:>4} requests={r['requests_per_round']:>3} frames={r['frames_per_round']:>6}: "
                   f"measured {r['cpu_ms_per_round']:.2f} ms, model {model:.2f} ms ({model / r['cpu_ms_per_round'] - 1:+.0%})")
-        results["model"] = {"ms_per_request": a, "ms_per_frame": b}
+        results["model"] = {"ms_per_round": c, "ms_per_request": a, "ms_per_frame": b}
+    for part in ("hosts", "ranks"):  # a request's cost over RPC: the slope of CPU per round against requests
+        rows = results.get(part, [])
+        if len(rows) >= 2:
+            requests = [r.get("requests_per_round", r["workers"]) for r in rows]
+            cpu = [r["cpu_ms_per_round"] for r in rows]
+            if len(set(requests)) > 1:
+                slope = statistics.linear_regression(requests, cpu)
+                print(f"{part}: trainer CPU per sync round = {slope.intercept:.2f} ms + {slope.slope:.3f} ms x requests")
+            else:
+                print(f"{part}: trainer CPU per request {statistics.mean(c / n for c, n in zip(cpu, requests)):.2f} ms "
+                      f"({requests[0]} requests per round, {min(r['frames_per_round'] for r in rows)}-"
+                      f"{max(r['frames_per_round'] for r in rows)} frames)")
 
 
 def main() -> None:
@@ -416,6 +478,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--steps", type=int, default=20, help="steps per worker per batch")
     parser.add_argument("--per-node", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    parser.add_argument("--flat", type=int, nargs="+", default=[32, 64], help="flat local workers (no nodes)")
     parser.add_argument("--hosts", type=int, default=4, help="node collector hosts (besides the trainer's)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--case", help=argparse.SUPPRESS)
@@ -423,7 +486,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.case:
         case = json.loads(args.case)
-        emit(requests_case(case) if "requests" in case else local_case(case))
+        emit(requests_case(case) if "requests" in case else bare_case(case) if "rounds" in case else local_case(case))
         return
     if args.rank_case:
         result = rank_trainer(json.loads(args.rank_case))
