@@ -201,6 +201,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self._lock = threading.Lock()
         self._busy = threading.Lock()  # held by a batch in progress: state changes wait for its end
         self.preemption: preemption.Preemption | None = None  # a worker's, when the trainer may end its batches early
+        self._interrupted = threading.Event()  # the worker process is closing: the batch in progress ends
         if self.policy is not None:
             self._check_policy()
 
@@ -239,9 +240,13 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             self.rollout.invalidate()
         random = self._frames < self.init_random_frames
         fresh_obs = self.rollout.needs_reset
-        stopped = self.preemption.stopped if self.preemption is not None else None
+        preempted = self.preemption.stopped if self.preemption is not None else None
+        interrupted = self._interrupted.is_set
+        stopped = interrupted if preempted is None else lambda: interrupted() or preempted()
         with torch.no_grad(), set_interaction_type(self.exploration_type):
             batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy, stopped)
+        if interrupted():
+            raise RuntimeError("the collector was interrupted: its worker process is closing")
         batch.set(POLICY_VERSION, torch.full(batch.shape, self.policy_version, dtype=torch.int64))
         if self.track_policy_version:
             self._set_torchrl_versions(batch, self.policy_version if fresh_obs else self._obs_version)
@@ -343,6 +348,11 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             if "policy_state_dict" in state and self.policy is not None and self.policy.module is not None:
                 self.policy.module.load_state_dict(state["policy_state_dict"])
             self.rollout.invalidate()
+
+    def interrupt(self) -> None:
+        """End the batch in progress (in another thread) at its next step, with an error instead of a
+        batch: the worker process that runs this collector is closing, and nobody waits for the batch."""
+        self._interrupted.set()
 
     def _shutdown(self, close_env: bool) -> None:
         if close_env and hasattr(self.env, "close"):

@@ -30,7 +30,7 @@ def _pool(s: settings.Settings, on_death: Any, on_arrival: Any) -> Any:
         return ElasticPool(s.rdv, s.num_workers, s.rpc_timeout, on_arrival)
     if s.rdv is not None:
         return RankPool(s.rdv, s.num_workers, s.rpc_timeout)
-    return LocalPool(s.num_workers, s.rpc_timeout, on_death, s.tcp_port)
+    return LocalPool(s.num_workers, s.rpc_timeout, on_death, s.tcp_port, nodes=s.node is not None)
 
 
 class RPCCollector(CollectorFront):

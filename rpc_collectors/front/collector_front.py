@@ -26,7 +26,7 @@ from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
 from rpc_collectors.front import buffer_writes, node_restarts, policy_lag, saved_state
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
-from rpc_collectors.front.lifetime import Resources, release_with, weak_method
+from rpc_collectors.front.lifetime import Resources, release_with, wait_gone, weak_method
 from rpc_collectors.front.recovery import Recovery
 from rpc_collectors.front.roster import WorkerRecord
 from rpc_collectors.front.settings import Settings
@@ -39,6 +39,7 @@ from rpc_collectors.planes.data import BatchPlane
 from rpc_collectors.planes.membership import Restarts
 from rpc_collectors.planes.rendezvous import host_id
 from rpc_collectors.planes.weight_sync import WeightPlane
+from rpc_collectors.worker.spawner import KILL_WAIT
 
 
 class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
@@ -375,5 +376,9 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
     # ---------------------------------------------------------------- shutdown
     def _shutdown(self, close_env: bool) -> None:
         self.events.wake()  # a wait in another thread sees the shutdown
+        here = host_id()
+        local_workers = [pid for info in self.infos if info is not None and info.get("host_id") == here
+                         for pid in info.get("local_pids", ())]  # of nodes on this host
         self._resources.close()
+        wait_gone(local_workers, KILL_WAIT)
         self._release.detach()

@@ -9,6 +9,9 @@ enough to free it and its workers.
 """
 from __future__ import annotations
 
+import os
+import time
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -53,3 +56,27 @@ def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
         return None if bound is None else bound(*args)
 
     return call
+
+
+def wait_gone(pids: list[int], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``pids`` to exit (processes of this host that are not this
+    process's children: the local workers of its nodes, which a node takes down with it); warn
+    naming those still running then."""
+    deadline = time.monotonic() + timeout
+    left = [pid for pid in pids if pid is not None and pid != os.getpid()]
+    while left:
+        left = [pid for pid in left if _running(pid)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    if left:
+        warnings.warn(f"local worker processes {left} of this collector's nodes were still running "
+                      f"{timeout} s after their nodes ended", RuntimeWarning, stacklevel=3)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # gone (or no /proc: nothing to wait for)
+        return False

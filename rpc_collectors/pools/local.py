@@ -20,6 +20,9 @@ from rpc_collectors.pools.base import OnDeath, WorkerPool, traceback_failure
 from rpc_collectors.worker import spawner
 from rpc_collectors.worker.channel import EXIT_WAIT, Channel, ChannelClosed
 
+CLOSE_WAIT = 2.0  # seconds for a worker to end its batch, close its envs and exit once its channel closes
+NODE_CLOSE_WAIT = CLOSE_WAIT + spawner.KILL_WAIT + 0.5  # a node reaps its own local workers first
+
 
 def describe_exit(code: int) -> str:
     if code < 0:
@@ -40,8 +43,12 @@ class LocalPool(WorkerPool):
 
     replaceable = True
 
-    def __init__(self, num_workers: int, rpc_timeout: float, on_death: OnDeath, port: int | None = None) -> None:
+    def __init__(
+        self, num_workers: int, rpc_timeout: float, on_death: OnDeath, port: int | None = None, nodes: bool = False,
+    ) -> None:
         self.num_workers, self.rpc_timeout, self.on_death = num_workers, rpc_timeout, on_death
+        # how long close() waits for the processes to exit: a node first closes its own local workers
+        self.close_wait = NODE_CLOSE_WAIT if nodes else CLOSE_WAIT
         self.port = port  # of the weight group's store (None: a free one)
         self.spawner = spawner.shared_spawner()
         self.channels: dict[int, Channel] = {}
@@ -156,14 +163,16 @@ class LocalPool(WorkerPool):
             self.rdv = Rendezvous("local", 0, self.num_workers + 1, "127.0.0.1", port, "lo")
         return self.rdv
 
-    def close(self, timeout: float = 2.0) -> None:
-        """Close every channel (each worker closes its collector and exits), then reap the processes
-        within about ``timeout`` seconds, killing those still there. Each step is forgotten only
-        once done, so a call interrupted by Ctrl-C leaves the rest to the next call."""
+    def close(self, timeout: float | None = None) -> None:
+        """Close every channel (each worker ends its batch in progress, closes its collector and
+        exits), then reap the processes within ``timeout`` seconds (default ``close_wait``), killing
+        those still there.
+        Each step is forgotten only once done, so a call interrupted by Ctrl-C leaves the rest to the
+        next call."""
         self._closing = True
         for bell in self.channels.values():
             bell.close()
         if self.pids:
-            self.spawner.reap(list(self.pids), timeout)
+            self.spawner.reap(list(self.pids), self.close_wait if timeout is None else timeout)
         self.pids = {}
         self._store = None

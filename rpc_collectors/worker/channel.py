@@ -212,10 +212,13 @@ class Channel:
         self.fail("the collector closed its channel")
 
 
-def serve(ends: Ends, handle: Callable[[str, tuple], Any], on_end: Callable[[], None]) -> None:
+def serve(
+    ends: Ends, handle: Callable[[str, tuple], Any], on_end: Callable[[], None],
+    interrupt: Callable[[], None] | None = None,
+) -> None:
     """Worker side: open ``ends``, say hello, and answer each request with ``handle(method, args)``
-    (in a thread of a pool) until the trainer closes its end; then ``on_end()`` once the calls
-    in progress are answered."""
+    (in a thread of a pool) until the trainer closes its end; then ``interrupt()`` (the calls in
+    progress end early) and ``on_end()`` once they have ended."""
     request, reply = ends.open()
     lock = threading.Lock()
 
@@ -248,6 +251,8 @@ def serve(ends: Ends, handle: Callable[[str, tuple], Any], on_end: Callable[[], 
     except (EOFError, OSError):
         pass  # the trainer closed its end, or went away
     finally:
+        if interrupt is not None:
+            interrupt()
         pool.shutdown(wait=True)
         on_end()
         os.close(request)

@@ -213,6 +213,14 @@ class WorkerState:
     def load_state_dict(self, state: dict) -> None:
         self.collector.load_state_dict(state)
 
+    def interrupt(self) -> None:
+        """The process is closing: the batch in progress ends at its next step (a node's: its local
+        collector shuts down, which ends its local workers' batches likewise)."""
+        if isinstance(self.collector, NodeCollector):
+            self.collector.shutdown()
+        else:
+            self.collector.interrupt()
+
     def close(self) -> None:
         if self.receiver is not None:
             self.receiver.close()
@@ -356,6 +364,10 @@ class LocalServer:
             raise RuntimeError(f"collector worker {self.rank - 1} has no collector yet")
         return getattr(self.state, method)(*args)
 
+    def interrupt(self) -> None:
+        if self.state is not None:
+            self.state.interrupt()
+
     def close(self) -> None:
         if self.state is not None:
             self.state.close()
@@ -367,5 +379,5 @@ def local_main(rank: int, *ends: Any) -> int:
     torch.set_num_threads(1)
     name_process(f"rpc-worker{rank - 1}")
     server = LocalServer(rank)
-    channel.serve(doorbell.Ends(*ends), server.handle, server.close)
+    channel.serve(doorbell.Ends(*ends), server.handle, server.close, server.interrupt)
     return 0

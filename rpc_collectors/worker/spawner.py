@@ -37,6 +37,7 @@ PRELOAD = ("torch", "tensordict", "gymnasium", "numpy", "cloudpickle", "rpc_coll
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 SPAWNER_NAME = "rpc-spawner"
+KILL_WAIT = 1.0  # seconds from SIGKILL to a reported exit, at most, before shutdown goes on without it
 
 
 def _prctl(option: int, arg: object) -> None:
@@ -188,21 +189,24 @@ class Spawner:
             if pid in self._live:
                 _kill(pid)
 
-    def reap(self, pids: list[int], timeout: float) -> None:
-        """Wait up to ``timeout`` for ``pids`` to exit, then kill the rest and wait as long again
-        for their exits; never raises: those whose exit is still not reported get a warning (they
-        were killed; the spawner reaps them when it gets to them)."""
+    def reap(self, pids: list[int], timeout: float, kill_wait: float = KILL_WAIT) -> None:
+        """Wait up to ``timeout`` for ``pids`` to exit, then kill the rest and wait up to ``kill_wait``
+        for their exits; never raises: those that had to be killed are named in a warning (those whose
+        exit is still not reported are reaped by the spawner when it gets to them)."""
         with self._cond:
-            self._cond.wait_for(lambda: self._exited or not set(pids) & set(self._live), timeout)
-            for pid in set(pids) & set(self._live):
+            def gone() -> bool:
+                return self._exited or not set(pids) & set(self._live)
+
+            self._cond.wait_for(gone, timeout)
+            slow = sorted(set(pids) & set(self._live))
+            for pid in slow:
                 self._live[pid] = lambda *_: None  # killed on purpose: not a failure
                 _kill(pid)
-            if not self._cond.wait_for(lambda: self._exited or not set(pids) & set(self._live), timeout):
-                warnings.warn(
-                    f"worker processes {sorted(set(pids) & set(self._live))} did not exit within {timeout} s of "
-                    f"shutdown; they were killed (SIGKILL), and their exits were not reported within {timeout} s more",
-                    RuntimeWarning, stacklevel=2,
-                )
+            reported = self._cond.wait_for(gone, kill_wait)
+        if slow:
+            late = "" if reported else f", and their exits were not reported within {kill_wait} s more"
+            warnings.warn(f"worker processes {slow} did not exit within {timeout} s of shutdown; "
+                          f"they were killed (SIGKILL){late}", RuntimeWarning, stacklevel=2)
 
     def close(self, timeout: float = 5.0) -> None:
         """Kill every child and the spawner (closing its requests tells it to); reap it."""

@@ -1,0 +1,507 @@
+"""Cluster scale: how a run's start-up, rounds, weight pushes and the trainer's CPU grow with workers.
+
+Parts (``--parts``, all by default), each case in fresh processes:
+
+- ``local``: 8 node collectors x W local workers (``collector_class="sync"``,
+  ``num_workers_per_collector=W``, local launcher), W = 1, 4, 8, 16, 32 (N = 8 ... 256 workers),
+  sync; and N = 256 async (``collector_class="async"``, ``sync=False``: one local worker's batch
+  per request). The env's step sleeps 50 ms (``_common.SleepEnv``): ideal = N / 0.05 frames/s.
+- ``hosts``: 4 network-namespace hosts (root), the trainer in host 1, one node collector of W
+  local workers in each of hosts 2-4 and ... (``--hosts`` nodes), W = 8 and 32, sync, over RPC
+  and the data plane's TCP connections.
+- ``ranks``: ``torchrun`` with N = 8, 16, 32, 64 flat collector ranks on this host.
+- ``requests``: the trainer's CPU per request for small batches (1 step of a no-work env per
+  worker) against the bare round trip of the same transport measured in the same process: a
+  16-byte message to a child process and back on a pipe (local workers), a no-op ``rpc_sync``
+  and a raw TCP message (ranks).
+
+Per case, in the trainer: constructor to first batch; frames/s over ``--seconds`` after a warm-up
+(ratio to ideal); the trainer's CPU (user + system, all threads) per round and per request;
+``update_policy_weights_()`` of a 1M-parameter policy (median of 5; it returns when every node
+or rank has the version, and a node's local workers copy it from shared memory before their next
+batch); ``shutdown()`` time, its warnings, and the processes left; local workers' USS (private
+memory) during collection. The policy: argmax of ``Linear(4, 2)`` plus a 1M-float table the
+forward does not use, so the push moves 4 MB while a step costs what a small policy costs.
+
+The cost model (``docs/scaling.md``) is fitted to the trainer's CPU per sync round of the
+``local`` and ``hosts`` cases: ``a * requests + b * frames``, each point printed with the model's
+value and the relative error; the push times give ``c * bytes + d * nodes``.
+
+    python benchmarks/scale.py [--parts local hosts ranks requests] [--seconds 8] [--steps 20]
+
+``hosts`` needs root and runs under the cluster lock (``flock /tmp/rpc-cluster.lock``).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import _common
+from _common import children_of, emit, make_sleep_env, run_case
+
+REPO = Path(__file__).resolve().parents[1]
+STEP_S = 0.05
+PUSHES = 5
+PREFIX, SUBNET, HOST_PORT = "rpcc-sc", "10.89.0", 29789
+
+
+class ScalePolicy(nn.Module):
+    """argmax(Linear(4, 2)(observation)), carrying a 1M-float table that a weight push moves."""
+
+    def __init__(self, table: int = 1_000_000) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.table = nn.Parameter(torch.zeros(table))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.linear(observation).argmax(-1)
+
+
+def cpu_self() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def uss_mib(pid: int) -> float:
+    """Private (unshared) memory of ``pid`` in MiB."""
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def local_worker_pids(collector) -> list[int]:
+    return [pid for info in collector.infos for pid in info.get("local_pids", [info["pid"]])]
+
+
+def measure(collector, seconds: float, requests_per_batch: int, t0: float) -> dict:
+    """Everything a case reports, from a collector built at ``t0``."""
+    it = iter(collector)
+    next(it)
+    first = time.perf_counter() - t0
+    warm = time.perf_counter()
+    while time.perf_counter() - warm < min(3.0, seconds / 2):
+        next(it)
+    uss = [uss_mib(pid) for pid in local_worker_pids(collector)]
+    frames, batches, start, c0 = 0, 0, time.perf_counter(), cpu_self()
+    while time.perf_counter() - start < seconds:
+        frames += next(it).numel()
+        batches += 1
+    wall, cpu = time.perf_counter() - start, cpu_self() - c0
+    pushes = []
+    for _ in range(PUSHES):
+        begin = time.perf_counter()
+        collector.update_policy_weights_()
+        pushes.append(time.perf_counter() - begin)
+        next(it)
+    version = int(next(it)["collector", "policy_version"].min())  # every frame of the batch after the pushes
+    workers_before = local_worker_pids(collector)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        begin = time.perf_counter()
+        collector.shutdown()
+        shutdown = time.perf_counter() - begin
+    left = [pid for pid in workers_before if _common.alive(pid)]
+    return {
+        "first_batch_s": first, "frames_per_s": frames / wall, "batches": batches,
+        "cpu_ms_per_round": 1e3 * cpu / batches, "cpu_us_per_request": 1e6 * cpu / (batches * requests_per_batch),
+        "frames_per_request": frames / (batches * requests_per_batch), "push_ms": 1e3 * statistics.median(pushes),
+        "version_after_pushes": version, "shutdown_s": shutdown, "shutdown_warnings": [str(w.message)[:200] for w in caught],
+        "workers_left": len(left), "uss_mib_median": statistics.median(uss), "uss_mib_max": max(uss),
+    }
+
+
+def local_case(case: dict) -> dict:
+    from rpc_collectors import RPCCollector
+
+    _common.quiet()
+    torch.set_num_threads(1)
+    nodes, per, sync = case["nodes"], case["per"], case["sync"]
+    kind = "single" if case.get("flat") else "sync" if sync else "async"
+    t0 = time.perf_counter()
+    collector = RPCCollector(
+        functools.partial(make_sleep_env, case["step_s"]), ScalePolicy(), num_collectors=nodes, launcher="local",
+        collector_class=kind, num_workers_per_collector=per, sync=sync, rpc_timeout=120,
+        frames_per_batch=(nodes * per if sync else 1) * case["steps"], track_policy_version=True,
+    )
+    out = measure(collector, case["seconds"], nodes if sync else 1, t0)
+    out["spawners_left"] = [pid for pid in children_of() if _common.alive(pid)]
+    return out
+
+
+def rank_trainer(case: dict) -> dict:
+    """Rank 0 under torchrun or in a namespace host (the other ranks serve inside the constructor)."""
+    from rpc_collectors import RPCCollector
+
+    _common.quiet()
+    torch.set_num_threads(1)
+    world = int(os.environ["WORLD_SIZE"])
+    per = case.get("per", 1)
+    t0 = time.perf_counter()
+    collector = RPCCollector(
+        functools.partial(make_sleep_env, case["step_s"]), ScalePolicy(), launcher="torchrun", rpc_timeout=120,
+        collector_class="sync" if per > 1 else "single", num_workers_per_collector=per, sync=True,
+        frames_per_batch=(world - 1) * per * case["steps"], track_policy_version=True,
+    )
+    if not case.get("rtt"):
+        return measure(collector, case["seconds"], world - 1, t0)
+    return {**rank_round_trips(collector), **measure(collector, case["seconds"], world - 1, t0)}
+
+
+def rank_round_trips(collector, calls: int = 300) -> dict:
+    """Trainer CPU of a no-op ``rpc_sync`` to rank 1 and of a raw TCP round trip on loopback."""
+    from torch.distributed import rpc
+
+    from rpc_collectors.worker import server
+
+    name = collector.workers._name(0)
+    rpc.rpc_sync(name, server.ping, args=(0,))
+    c0 = cpu_self()
+    for _ in range(calls):
+        rpc.rpc_sync(name, server.ping, args=(0,))
+    rpc_us = 1e6 * (cpu_self() - c0) / calls
+    return {"rpc_noop_cpu_us": rpc_us, "tcp_cpu_us": tcp_round_trip(calls)}
+
+
+def tcp_round_trip(calls: int) -> float:
+    """Trainer CPU (us) of a 16-byte message to another process and back over loopback TCP."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    echo = subprocess.Popen([sys.executable, "-c", ECHO.format(port=port)])
+    try:
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return 1e6 * _round_trips(lambda: conn.sendall(b"x" * 16), lambda: conn.recv(16), calls)
+    finally:
+        echo.kill()
+        echo.wait()
+        listener.close()
+
+
+ECHO = """
+import socket
+s = socket.create_connection(("127.0.0.1", {port}))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while (data := s.recv(16)):
+    s.sendall(data)
+"""
+
+
+def _round_trips(send, receive, calls: int) -> float:
+    send()
+    receive()
+    c0 = cpu_self()
+    for _ in range(calls):
+        send()
+        receive()
+    return (cpu_self() - c0) / calls
+
+
+def pipe_round_trip(calls: int = 20000) -> float:
+    """Trainer CPU (us) of a 16-byte message to a child process and back on a pipe pair."""
+    from_parent, to_child = os.pipe()
+    from_child, to_parent = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(to_child)
+        os.close(from_child)
+        while data := os.read(from_parent, 16):
+            os.write(to_parent, data)
+        os._exit(0)
+    os.close(from_parent)
+    os.close(to_parent)
+    try:
+        return 1e6 * _round_trips(lambda: os.write(to_child, b"x" * 16), lambda: os.read(from_child, 16), calls)
+    finally:
+        os.close(to_child)
+        os.waitpid(pid, 0)
+        os.close(from_child)
+
+
+def requests_case(case: dict) -> dict:
+    """Small batches from 8 local workers: the trainer's CPU per request against a pipe round trip."""
+    from rpc_collectors import RPCCollector
+
+    _common.quiet()
+    torch.set_num_threads(1)
+    bare = pipe_round_trip()
+    workers = case["workers"]
+    collector = RPCCollector(
+        functools.partial(_common.make_no_work_env), _common.ArgmaxLinear(), num_collectors=workers, launcher="local",
+        sync=case["sync"], frames_per_batch=(workers if case["sync"] else 1) * case["steps"], rpc_timeout=120,
+    )
+    with collector:
+        it = iter(collector)
+        for _ in range(50):
+            next(it)
+        call = _round_trips(lambda: None, lambda: collector.workers.call(0, "weights_signature").wait(), 2000)
+        batches, start, c0 = 0, time.perf_counter(), cpu_self()
+        while time.perf_counter() - start < case["seconds"]:
+            next(it)
+            batches += 1
+        cpu = cpu_self() - c0
+    requests = batches * (workers if case["sync"] else 1)
+    return {"pipe_cpu_us": bare, "call_cpu_us": 1e6 * call, "cpu_us_per_request": 1e6 * cpu / requests,
+            "requests_per_s": requests / case["seconds"]}
+
+
+def bare_case(case: dict) -> dict:
+    """No collector: N forked processes each sleeping ``steps`` x ``step_s`` per round (with a
+    ``Linear(4, 2)`` call per step), a barrier ending every round: the best a sync round of N
+    workers can do on this machine."""
+    import multiprocessing
+
+    torch.set_num_threads(1)
+    ctx = multiprocessing.get_context("fork")
+    workers, rounds = case["workers"], case["rounds"]
+    barrier = ctx.Barrier(workers + 1)
+    procs = [ctx.Process(target=_bare_worker, args=(barrier, case["steps"], case["step_s"], rounds)) for _ in range(workers)]
+    for proc in procs:
+        proc.start()
+    try:
+        barrier.wait(timeout=120)  # all started
+        start = time.perf_counter()
+        for _ in range(rounds):
+            barrier.wait(timeout=120)
+        wall = time.perf_counter() - start
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    return {"ratio": rounds * case["steps"] * case["step_s"] / wall}
+
+
+def _bare_worker(barrier, steps: int, step_s: float, rounds: int) -> None:
+    policy, observation = nn.Linear(4, 2), torch.zeros(4)
+    barrier.wait(timeout=120)
+    for _ in range(rounds):
+        for _ in range(steps):
+            time.sleep(step_s)
+            with torch.no_grad():
+                policy(observation).argmax()
+        barrier.wait(timeout=120)
+
+
+# ------------------------------------------------------------------ launching ranks
+
+
+def torchrun_case(ranks: int, args) -> dict:
+    """``torchrun --nproc-per-node=ranks+1`` of this script's rank trainer."""
+    torchrun = shutil.which("torchrun")
+    case = {"step_s": STEP_S, "steps": args.steps, "seconds": args.seconds, "rtt": ranks == 8}
+    cmd = [torchrun, f"--nproc-per-node={ranks + 1}", "--master-port", str(_free_port()), __file__,
+           "--rank-case", json.dumps(case)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, start_new_session=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"torchrun with {ranks} ranks failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {**json.loads(lines[-1]), "ranks": ranks, "launch_to_exit_s": time.perf_counter() - start}
+
+
+def _free_port() -> int:
+    from rpc_collectors.planes.rendezvous import free_port
+
+    return free_port()
+
+
+def hosts_case(net, hosts: int, per: int, args) -> dict:
+    """The trainer in host 1, a node collector of ``per`` local workers in each other host."""
+    case = {"step_s": STEP_S, "steps": args.steps, "seconds": args.seconds, "per": per}
+    env = {**os.environ, "WORLD_SIZE": str(hosts), "MASTER_ADDR": f"{SUBNET}.1", "MASTER_PORT": str(HOST_PORT),
+           "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": f"{REPO}:{REPO / 'benchmarks'}:{os.environ.get('PYTHONPATH', '')}"}
+    procs = []
+    try:
+        for rank in range(hosts):
+            argv = [sys.executable, __file__, "--rank-case", json.dumps(case)]
+            if rank > 0:  # a machine of its own name: the collector must not take it for the trainer's
+                argv = ["unshare", "--uts", "sh", "-c", f'hostname sc-host{rank + 1} && exec "$@"', "sh", *argv]
+            procs.append(net.popen(rank + 1, argv, env={**env, "RANK": str(rank), "LOCAL_RANK": "0"},
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        out, err = procs[0].communicate(timeout=600)
+        for proc in procs[1:]:
+            proc.wait(timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if procs[0].returncode != 0 or not lines:
+        raise RuntimeError(f"hosts case failed ({procs[0].returncode}):\n{err[-3000:]}")
+    return {**json.loads(lines[-1]), "nodes": hosts - 1, "per": per}
+
+
+# ------------------------------------------------------------------ the parts
+
+
+def part_local(args) -> list[dict]:
+    out = []
+    for per in args.per_node:
+        case = {"nodes": 8, "per": per, "sync": True, "step_s": STEP_S, "steps": args.steps, "seconds": args.seconds}
+        out.append({**case, **run_case(__file__, case, timeout=600)})
+    case = {"nodes": 8, "per": max(args.per_node), "sync": False, "step_s": STEP_S, "steps": args.steps,
+            "seconds": args.seconds}
+    out.append({**case, **run_case(__file__, case, timeout=600)})
+    for workers in args.flat:  # flat local workers: a request per worker
+        case = {"nodes": workers, "per": 1, "flat": True, "sync": True, "step_s": STEP_S, "steps": args.steps,
+                "seconds": args.seconds}
+        out.append({**case, **run_case(__file__, case, timeout=600)})
+    bare = {"workers": 8 * max(args.per_node), "rounds": 8, "steps": args.steps, "step_s": STEP_S}
+    print(f"{bare['workers']} bare processes, sync rounds of {args.steps} steps, no collector: "
+          f"{run_case(__file__, bare, timeout=300)['ratio']:.2f} of ideal", flush=True)
+    for row in out:
+        row["workers"] = row["nodes"] * row["per"]
+        row["ratio"] = row["frames_per_s"] / (row["workers"] / STEP_S)
+        row["frames_per_round"] = row["workers"] * row["steps"] if row["sync"] else row["steps"]
+        row["requests_per_round"] = row["nodes"] if row["sync"] else 1
+    return out
+
+
+def part_hosts(args) -> list[dict]:
+    sys.path.insert(0, str(REPO / "tests"))
+    import devcluster_module
+
+    out = []
+    with devcluster_module.load().HostNetwork(args.hosts + 1, prefix=PREFIX, subnet=SUBNET) as net:
+        for per in (1, 8, 32):
+            row = hosts_case(net, args.hosts + 1, per, args)
+            row.update(workers=row["nodes"] * per, sync=True, steps=args.steps, frames_per_round=row["nodes"] * per * args.steps,
+                       requests_per_round=row["nodes"])
+            row["ratio"] = row["frames_per_s"] / (row["workers"] / STEP_S)
+            out.append(row)
+    return out
+
+
+def part_ranks(args) -> list[dict]:
+    out = []
+    for ranks in args.ranks:
+        row = torchrun_case(ranks, args)
+        row.update(workers=ranks, ratio=row["frames_per_s"] / (ranks / STEP_S))
+        out.append(row)
+    return out
+
+
+def part_requests(args) -> list[dict]:
+    return [{**case, **run_case(__file__, case, timeout=300)}
+            for case in ({"requests": 1, "workers": 8, "sync": True, "steps": 1, "seconds": args.seconds},
+                         {"requests": 1, "workers": 8, "sync": False, "steps": 1, "seconds": args.seconds})]
+
+
+def fit(rows: list[dict]) -> list[float]:
+    """Least squares ``cpu_ms_per_round = c + a * requests + b * frames`` over ``rows``: ``[c, a, b]`` in ms."""
+    x = torch.tensor([[1, r["requests_per_round"], r["frames_per_round"]] for r in rows], dtype=torch.float64)
+    y = torch.tensor([r["cpu_ms_per_round"] for r in rows], dtype=torch.float64)
+    return torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1).tolist()
+
+
+TITLES = {"local": "8 node collectors x W local workers (and flat local workers)",
+          "hosts": "one node collector of W local workers in each namespace host"}
+
+
+def report(results: dict) -> None:
+    head = f"{'N':>5}{'mode':>7}{'ratio':>7}{'first s':>9}{'cpu ms/round':>14}{'us/request':>12}{'push ms':>9}" \
+           f"{'shutdown s':>11}{'left':>6}{'USS MiB':>9}"
+    for part in ("local", "hosts"):
+        rows = results.get(part)
+        if not rows:
+            continue
+        print(f"\n== {part}: {TITLES[part]}, 50 ms env ==\n{head}")
+        for r in rows:
+            mode = "flat" if r.get("flat") else "sync" if r["sync"] else "async"
+            print(f"{r['workers']:>5}{mode:>7}{r['ratio']:>7.2f}{r['first_batch_s']:>9.1f}"
+                  f"{r['cpu_ms_per_round']:>14.2f}{r['cpu_us_per_request']:>12.0f}{r['push_ms']:>9.1f}"
+                  f"{r['shutdown_s']:>11.2f}{r['workers_left']:>6}{r['uss_mib_median']:>9.1f}")
+    if results.get("ranks"):
+        print(f"\n== ranks: torchrun, N flat collector ranks, 50 ms env ==\n"
+              f"{'N':>5}{'ratio':>7}{'first s':>9}{'cpu ms/round':>14}{'push ms':>9}{'shutdown s':>11}{'torchrun s':>11}")
+        for r in results["ranks"]:
+            print(f"{r['ranks']:>5}{r['ratio']:>7.2f}{r['first_batch_s']:>9.1f}{r['cpu_ms_per_round']:>14.2f}"
+                  f"{r['push_ms']:>9.1f}{r['shutdown_s']:>11.2f}{r['launch_to_exit_s']:>11.1f}")
+        rtt = [r for r in results["ranks"] if "rpc_noop_cpu_us" in r]
+        for r in rtt:
+            print(f"ranks={r['ranks']}: trainer CPU per request {r['cpu_us_per_request']:.0f} us "
+                  f"({r['frames_per_request']:.0f} frames); no-op rpc_sync {r['rpc_noop_cpu_us']:.0f} us, "
+                  f"raw TCP round trip {r['tcp_cpu_us']:.0f} us")
+    for r in results.get("requests", []):
+        print(f"\n== requests: 8 local workers, 1-step batches, {'sync' if r['sync'] else 'async'} ==\n"
+              f"trainer CPU per request {r['cpu_us_per_request']:.0f} us; a no-op call on the worker's pipe "
+              f"{r['call_cpu_us']:.0f} us ({r['cpu_us_per_request'] / r['call_cpu_us']:.1f}x); 16 bytes there and back "
+              f"on a bare pipe {r['pipe_cpu_us']:.1f} us; {r['requests_per_s']:.0f} requests/s")
+    rounds = [r for r in results.get("local", []) if r["sync"]]
+    if len({r["requests_per_round"] for r in rounds}) >= 2 and len(rounds) >= 3:
+        c, a, b = fit(rounds)
+        print(f"\n== cost model (local workers): trainer CPU per sync round = {c:.2f} ms + {a:.3f} ms x requests "
+              f"+ {1e3 * b:.3f} us x frames ==")
+        for r in rounds:
+            model = c + a * r["requests_per_round"] + b * r["frames_per_round"]
+            print(f"  N={r['workers']:>4} requests={r['requests_per_round']:>3} frames={r['frames_per_round']:>6}: "
+                  f"measured {r['cpu_ms_per_round']:.2f} ms, model {model:.2f} ms ({model / r['cpu_ms_per_round'] - 1:+.0%})")
+        results["model"] = {"ms_per_round": c, "ms_per_request": a, "ms_per_frame": b}
+    for part in ("hosts", "ranks"):  # a request's cost over RPC: the slope of CPU per round against requests
+        rows = results.get(part, [])
+        if len(rows) >= 2:
+            requests = [r.get("requests_per_round", r["workers"]) for r in rows]
+            cpu = [r["cpu_ms_per_round"] for r in rows]
+            if len(set(requests)) > 1:
+                slope = statistics.linear_regression(requests, cpu)
+                print(f"{part}: trainer CPU per sync round = {slope.intercept:.2f} ms + {slope.slope:.3f} ms x requests")
+            else:
+                print(f"{part}: trainer CPU per request {statistics.mean(c / n for c, n in zip(cpu, requests)):.2f} ms "
+                      f"({requests[0]} requests per round, {min(r['frames_per_round'] for r in rows)}-"
+                      f"{max(r['frames_per_round'] for r in rows)} frames)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["local", "hosts", "ranks", "requests"],
+                        choices=["local", "hosts", "ranks", "requests"])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--steps", type=int, default=20, help="steps per worker per batch")
+    parser.add_argument("--per-node", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    parser.add_argument("--flat", type=int, nargs="+", default=[32, 64], help="flat local workers (no nodes)")
+    parser.add_argument("--hosts", type=int, default=4, help="node collector hosts (besides the trainer's)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--rank-case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        case = json.loads(args.case)
+        emit(requests_case(case) if "requests" in case else bare_case(case) if "rounds" in case else local_case(case))
+        return
+    if args.rank_case:
+        result = rank_trainer(json.loads(args.rank_case))
+        if int(os.environ.get("RANK", "0")) == 0:
+            emit(result)
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    parts = {"local": part_local, "hosts": part_hosts, "ranks": part_ranks, "requests": part_requests}
+    results = {}
+    for name in args.parts:
+        print(f"running {name} ...", flush=True)
+        results[name] = parts[name](args)
+    report(results)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
