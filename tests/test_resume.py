@@ -163,18 +163,23 @@ def test_the_weight_update_cadence_carries_over_a_resume():
 
 
 def make_resumable(kind: str, total_frames: int = -1):
-    """A collector of CountEnv: one process (a vector env of 2), two worker processes, or two debug workers."""
+    """A collector of CountEnv: one process (a vector env of 2), two worker processes, two debug workers, or
+    two nodes of two local workers each."""
     if kind == "Collector":
         return Collector(lambda: GymEnv(gym.vector.SyncVectorEnv([CountEnv] * 2)), None, frames_per_batch=40,
                          total_frames=total_frames)
     if kind == "MultiCollector":
         return MultiCollector([count_env] * 2, None, frames_per_batch=40, total_frames=total_frames, rpc_timeout=30,
                               cat_results="stack")
+    if kind == "nodes":
+        return RPCCollector(count_env, None, num_collectors=2, launcher="local", collector_class="sync",
+                            num_workers_per_collector=2, frames_per_batch=40, total_frames=total_frames,
+                            rpc_timeout=30, cat_results="stack")
     return RPCCollector([count_env] * 2, None, frames_per_batch=40, total_frames=total_frames, launcher="debug",
                         cat_results="stack")
 
 
-@pytest.mark.parametrize("kind", ["Collector", "MultiCollector", "RPCCollector-debug"])
+@pytest.mark.parametrize("kind", ["Collector", "MultiCollector", "RPCCollector-debug", "nodes"])
 def test_after_a_resume_every_env_starts_a_new_trajectory_and_no_frame_is_collected_twice(kind):
     """What the guide promises a PPO loop: the trajectory in progress at the save ends at the last
     step delivered before it (not done: a value estimator bootstraps there, as at every batch end);
