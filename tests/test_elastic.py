@@ -331,3 +331,17 @@ def test_cut_host_leaves_and_a_collector_on_a_third_host_joins(hosts, runs):
     assert run.wait("h2", 30) == 0 and run.wait("h4", 30) == 0, run.report()
     # The cut collector finds its trainer unreachable and exits on its own.
     assert run.wait("h3", 3 * RPC_TIMEOUT_S + 15) == 1, run.report()
+
+
+def test_a_new_elastic_group_forgets_the_ranks_an_earlier_one_evicted():
+    """Ranks count from 1 in every group: a trainer process that runs a second elastic collector
+    (one after the other) must not take its first collectors for ones it evicted before."""
+    from rpc_collectors.planes import membership
+
+    membership._evicted.add(1)  # what the first group's eviction of rank 1 left
+    try:
+        membership.listen(lambda rank: None)  # the next group's pool
+        assert membership.is_member(1)
+    finally:
+        membership.listen(None)
+        membership._evicted.discard(1)

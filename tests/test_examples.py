@@ -25,6 +25,7 @@ from procs import ctrl_c_raises
 from rpc_collectors import Collector, GymEnv
 from rpc_collectors.apps import demo, ppo
 from rpc_collectors.apps.cli import build_parser, main
+from rpc_collectors.cluster import requeue
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -129,6 +130,19 @@ def test_cli_rejects_zero_workers():
         main(["demo", "--workers", "0"])
 
 
+
+def test_cli_rejects_a_bad_checkpoint_folder_before_any_process_starts(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match=f"--checkpoint-dir='{blocker}/ckpt' is not a writable folder"):
+        main(["demo", "--checkpoint-dir", str(blocker / "ckpt")])
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "checkpoint.pt").write_bytes(b"garbage")
+    with pytest.raises(SystemExit, match=f"{tmp_path / 'ckpt' / 'checkpoint.pt'} is not a readable checkpoint"):
+        main(["demo", "--checkpoint-dir", str(tmp_path / "ckpt")])
+    with pytest.raises(SystemExit, match="--checkpoint-every=0"):
+        main(["demo", "--checkpoint-dir", str(tmp_path / "other"), "--checkpoint-every", "0"])
+
 def test_plot_is_skipped_with_a_notice_without_matplotlib(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     record = {"episodes": [], "curve": [], "settings": {"env": "CartPole-v1", "workers": 2, "sync": True}}
@@ -214,6 +228,55 @@ def test_demo_ctrl_c_stops_cleanly_and_keeps_the_record(tmp_path):
             break
         assert time.monotonic() < deadline, "processes of the demo are still alive after Ctrl-C"
         time.sleep(0.2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_a_demo_stopped_for_a_requeue_resumes_and_its_record_lists_both_allocations(tmp_path, monkeypatch):
+    """As in a requeueable SLURM job: SIGTERM (preemption) in the middle of a run checkpoints after
+    the batch and ends the demo with Requeued; started again, the demo resumes there and its
+    run.json shows each allocation's start, frames and how it ended."""
+    ckpt = tmp_path / "ckpt"
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR2), torch.get_num_threads()
+    requeue.install(trainer=True, max_requeues=1)
+
+    def stop_after_the_first_checkpoint() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not (ckpt / "checkpoint.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_after_the_first_checkpoint, daemon=True)
+    try:
+        stopper.start()
+        args = build_parser().parse_args(["demo", "--total-frames", "1024000", "--target-return", "1e9",
+                                          "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"])
+        with pytest.raises(requeue.Requeued):
+            demo.run(args)
+    finally:
+        stopper.join(TIMEOUT)
+        requeue.reset()
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGUSR2, previous[1])
+        torch.set_num_threads(previous[2])
+        os.environ.pop(requeue.ENV_REQUEUE, None)
+    stopped = json.loads((ckpt / "run.json").read_text())
+    first = stopped["allocations"][0]
+    assert len(stopped["allocations"]) == 1 and first["end"] == requeue.STOPPED and first["job_id"] == "7"
+    assert stopped["status"].startswith(f"stopped ({requeue.STOPPED})") and first["frames"] == stopped["frames"] > 0
+    total = first["frames"] + 2048
+    monkeypatch.delenv("SLURM_JOB_ID")
+    result = run(demo_command("--total-frames", str(total), "--target-return", "1e9", "--checkpoint-dir", str(ckpt)))
+    assert result.returncode == 0, result.stderr
+    assert f"resumed from {ckpt / 'checkpoint.pt'} at {first['frames']:,} frames" in result.stdout
+    record = json.loads((ckpt / "run.json").read_text())
+    assert record["status"] == "frame budget spent" and record["frames"] == total
+    assert [(a["start_frames"], a["frames"], a["end"]) for a in record["allocations"]] == [
+        (0, first["frames"], requeue.STOPPED), (first["frames"], total, "finished")]
+    frames = [point["frames"] for point in record["curve"]]
+    assert frames == list(range(1024, total + 1, 1024)), "the record lost or repeated batches across the resume"
 
 
 @pytest.mark.multiprocess

@@ -145,23 +145,28 @@ def test_scontrol_requeue_of_a_running_trainer_takes_the_same_path(cluster, tmp_
 
 
 @pytest.mark.timeout(600)
-def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(cluster, tmp_path, monkeypatch):
-    """An elastic trainer's ``launcher="submitit"`` collector job of one minute: SLURM ends it, the
-    trainer submits another in its place (counted), and that one's collector serves the slot."""
+@pytest.mark.parametrize("elastic", [True, False], ids=["elastic", "fixed"])
+def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(cluster, tmp_path, monkeypatch, elastic):
+    """A ``launcher="submitit"`` collector job of one minute: SLURM ends it, the trainer submits
+    another in its place (counted), and that one's collector serves the slot: elastic, as any
+    newcomer to a vacant slot; fixed, as the failed worker's replacement (``max_worker_restarts``)."""
     from functools import partial
 
     from conftest import slow_cartpole
-    from rpc_collectors import DistributedCollector, WorkerLeftWarning
+    from rpc_collectors import DistributedCollector, WorkerLeftWarning, WorkerRestartWarning
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests")]))  # the jobs import conftest
+    membership = dict(elastic=True) if elastic else dict(max_worker_restarts=1, weight_transport="rpc")
     collector = DistributedCollector(
-        [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=50, elastic=True, launcher="submitit",
-        slurm_kwargs={"folder": str(tmp_path / "jobs"), "timeout_min": 1, "max_resubmits": 1}, rpc_timeout=60,
+        [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=50, launcher="submitit",
+        slurm_kwargs={"folder": str(tmp_path / "jobs"), "timeout_min": 1, "max_resubmits": 1,
+                      "slurm_signal_delay_s": 15},  # submitit's 90 s would signal a one-minute job as it starts
+        rpc_timeout=60, **membership,
     )
     jobs = collector.workers.jobs
     ranks, deadline = [], time.monotonic() + 480
     try:
-        with pytest.warns(WorkerLeftWarning, match="vacant"):
+        with pytest.warns(WorkerLeftWarning if elastic else WorkerRestartWarning, match="vacant" if elastic else "replacing"):
             for _ in collector:
                 rank = collector.infos[0]["rank"]
                 ranks.append(rank)

@@ -227,6 +227,8 @@ def test_debug_launcher_replaces_a_raising_collector():
     (dict(max_worker_restarts=1.5), "max_worker_restarts=1.5 is invalid"),
     (dict(max_worker_restarts=2, launcher="torchrun"), "max_worker_restarts=2 needs a launcher that starts the workers"),
     (dict(max_worker_restarts=2, weight_transport="broadcast"), "needs the shared-memory weight transport"),
+    (dict(max_worker_restarts=2, launcher="submitit", slurm_kwargs={"folder": "/tmp"}),
+     "max_worker_restarts=2 with launcher='submitit' needs weight_transport='rpc'"),
 ])
 def test_bad_restart_arguments_are_refused_before_any_process_starts(kwargs, message, monkeypatch):
     monkeypatch.setenv("RANK", "0")

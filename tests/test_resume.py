@@ -1,5 +1,5 @@
-"""Resuming a multi-worker collector from ``state_dict()`` with real worker processes: what a
-training run that checkpoints and restarts relies on.
+"""Resuming a collector from ``state_dict()`` (with real worker processes for the multi-worker
+ones): what a training run that checkpoints and restarts relies on.
 
 Trajectory ids stay unique across the save and the resume, also when workers were replaced
 before the save (``max_worker_restarts``); the trainer's policy gets the saved weights, as
@@ -11,13 +11,14 @@ import os
 import signal
 import warnings
 
+import gymnasium as gym
 import pytest
 import torch
 from torch import nn
 
 from conftest import CountEnv
 from procs import wait_gone
-from rpc_collectors import GymEnv, MultiCollector, RPCCollector, WorkerRestartWarning
+from rpc_collectors import Collector, GymEnv, MultiCollector, RPCCollector, WorkerRestartWarning
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
 
@@ -159,3 +160,58 @@ def test_the_weight_update_cadence_carries_over_a_resume():
     with make() as second:
         second.load_state_dict(state)
         assert second.weights.since_update == [3, 3]
+
+
+def make_resumable(kind: str, total_frames: int = -1):
+    """A collector of CountEnv: one process (a vector env of 2), two worker processes, two debug workers, or
+    two nodes of two local workers each."""
+    if kind == "Collector":
+        return Collector(lambda: GymEnv(gym.vector.SyncVectorEnv([CountEnv] * 2)), None, frames_per_batch=40,
+                         total_frames=total_frames)
+    if kind == "MultiCollector":
+        return MultiCollector([count_env] * 2, None, frames_per_batch=40, total_frames=total_frames, rpc_timeout=30,
+                              cat_results="stack")
+    if kind == "nodes":
+        return RPCCollector(count_env, None, num_collectors=2, launcher="local", collector_class="sync",
+                            num_workers_per_collector=2, frames_per_batch=40, total_frames=total_frames,
+                            rpc_timeout=30, cat_results="stack")
+    return RPCCollector([count_env] * 2, None, frames_per_batch=40, total_frames=total_frames, launcher="debug",
+                        cat_results="stack")
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiCollector", "RPCCollector-debug", "nodes"])
+def test_after_a_resume_every_env_starts_a_new_trajectory_and_no_frame_is_collected_twice(kind):
+    """What the guide promises a PPO loop: the trajectory in progress at the save ends at the last
+    step delivered before it (not done: a value estimator bootstraps there, as at every batch end);
+    the first batch after the resume starts every env from a reset, with ids the saved run never
+    used; frames and the frame budget continue from the save."""
+    with make_resumable(kind, total_frames=200) as first:
+        batches = [first.next().clone() for _ in range(3)]
+        state = first.state_dict()
+    assert not batches[-1]["next", "done"][..., -1].all(), "no trajectory was in progress at the save"
+    with make_resumable(kind, total_frames=200) as second:
+        second.load_state_dict(state)
+        after = [batch.clone() for batch in second]
+    assert sum(b.numel() for b in batches + after) == 200
+    first_steps = after[0]["observation"][..., 0, :]  # every env's first step: [t, episode, last action]
+    assert (first_steps[..., 0] == 0).all() and (first_steps[..., 2] == -1).all(), "an env did not start from a reset"
+    reused = sorted(ids(batches) & ids(after))
+    assert not reused, f"trajectory ids of the saved run continued after the resume: {reused}"
+
+
+def test_a_resumed_single_process_collector_does_not_replay_its_seeded_episodes():
+    def make() -> Collector:
+        return Collector(count_env, None, frames_per_batch=40)
+
+    with make() as first:
+        first.set_seed(5)
+        opening = first.next()["action"].clone()  # random actions, from the seeded action space
+        state = first.state_dict()
+    with make() as again:
+        again.set_seed(5)
+        assert torch.equal(again.next()["action"], opening), "the seed does not make the run repeat"
+    with make() as resumed:
+        resumed.set_seed(5)
+        resumed.load_state_dict(state)
+        assert not torch.equal(resumed.next()["action"], opening), "the resumed run replayed its first actions"
+        assert resumed.state_dict()["resumes"] == 1

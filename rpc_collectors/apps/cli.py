@@ -2,7 +2,7 @@
 
 ```text
 rpc-collectors demo [--workers 2] [--total-frames N] [--seed S] [--env ID] [--sync|--async]
-                    [--output-dir DIR]
+                    [--output-dir DIR] [--checkpoint-dir DIR] [--checkpoint-every N]
 ```
 """
 from __future__ import annotations
@@ -24,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="train PPO on CartPole-v1 with 2 local collector workers until it reaches 475",
         description="Train PPO with a collector of local worker processes until the mean return of the "
         "last 20 episodes reaches the target; print a summary and write run.json and "
-        "learning_curve.png to the output folder. Ctrl-C stops cleanly and keeps the record.",
+        "learning_curve.png to the output folder. Ctrl-C stops cleanly and keeps the record. "
+        "With --checkpoint-dir the run is checkpointed there and resumes when started again (also as a "
+        "requeued SLURM job).",
     )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.run)

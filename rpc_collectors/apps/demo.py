@@ -5,12 +5,17 @@ worker processes with ``envs_per_worker`` envs each, and trains until the mean r
 last 20 episodes reaches the target. Shows a progress bar, prints a summary table, and writes
 ``run.json`` (the record of the run) and ``learning_curve.png`` to the output folder.
 Ctrl-C stops cleanly: the collector is shut down and the record so far is saved.
+
+With ``--checkpoint-dir`` the run is checkpointed (:class:`~rpc_collectors.cluster.run_checkpoint.RunCheckpoint`)
+and resumed from there when started again, also as a SLURM job submitted with ``--requeue``, which
+checkpoints and requeues at its time limit; ``run.json`` then lists every allocation of the run.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import sys
 import time
@@ -24,6 +29,9 @@ import torch
 from tqdm import tqdm
 
 from rpc_collectors.apps import ppo
+from rpc_collectors.cluster import checkpoint as checkpoint_files
+from rpc_collectors.cluster import requeue
+from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
 from rpc_collectors.collection.envs import GymEnv
 from rpc_collectors.collectors.multi import RPCCollector
 
@@ -44,7 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--async", dest="sync", action="store_false",
                       help="first ready worker's batch first; policy lag may exceed 0")
     parser.add_argument("--output-dir", type=Path, default=None,
-                        help="where run.json and learning_curve.png go (default runs/<env>-<date>-<time>)")
+                        help="where run.json and learning_curve.png go (default: the checkpoint folder if "
+                        "there is one, else runs/<env>-<date>-<time>)")
+    parser.add_argument("--checkpoint-dir", type=Path, default=os.environ.get(checkpoint_files.ENV_DIR),
+                        help="checkpoint the run there and resume from it when started again (default "
+                        f"${checkpoint_files.ENV_DIR}, set in SLURM jobs submitted with --checkpoint-dir)")
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="batches between checkpoints (default 10)")
 
 
 def make_collector(
@@ -79,10 +92,20 @@ class RunRecord:
             "episodes": [],  # [frames when it ended, return]
         }
         self.worker_frames: dict[int, int] = {}
+        self.start_frames, self.earlier_s = 0, 0.0  # a resumed run's frames and training time before this allocation
+
+    def carried(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the record, for the allocation that resumes from it."""
+        return {"curve": self.data["curve"], "episodes": self.data["episodes"],
+                "train_s": self.data["curve"][-1]["time_s"] if self.data["curve"] else self.earlier_s}
+
+    def resume(self, carried: dict[str, Any], frames: int) -> None:
+        self.data["curve"], self.data["episodes"] = list(carried["curve"]), list(carried["episodes"])
+        self.start_frames, self.earlier_s = frames, float(carried["train_s"])
 
     def add(self, it: ppo.Iteration, elapsed: float) -> None:
         self.data["curve"].append({
-            "frames": it.frames, "time_s": round(elapsed, 3), "mean_return": it.mean_return,
+            "frames": it.frames, "time_s": round(self.earlier_s + elapsed, 3), "mean_return": it.mean_return,
             "policy_lag": it.policy_lag, **{k: round(v, 5) for k, v in it.losses.items()},
         })
         self.data["episodes"].extend([it.frames, r] for r in it.episode_returns)
@@ -91,13 +114,13 @@ class RunRecord:
 
     def finish(self, status: str, startup_s: float, train_s: float) -> dict[str, Any]:
         curve = self.data["curve"]
-        frames = curve[-1]["frames"] if curve else 0
+        frames = curve[-1]["frames"] if curve else self.start_frames
         self.data.update(
             status=status,
             frames=frames,
             startup_s=round(startup_s, 3),
             wall_time_s=round(train_s, 3),
-            frames_per_s=round(frames / train_s, 1) if train_s > 0 else None,
+            frames_per_s=round((frames - self.start_frames) / train_s, 1) if train_s > 0 else None,
             worker_frames_per_s={str(w): round(n / train_s, 1) for w, n in sorted(self.worker_frames.items())}
             if train_s > 0 else {},
             final_mean_return=curve[-1]["mean_return"] if curve else None,
@@ -155,20 +178,39 @@ def summary_table(record: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def _checkpoint_dir(args: argparse.Namespace) -> Path | None:
+    """``--checkpoint-dir`` checked before any process starts: writable, and a checkpoint there readable."""
+    if args.checkpoint_dir is None:
+        return None
+    if args.checkpoint_every < 1:
+        raise SystemExit(f"--checkpoint-every={args.checkpoint_every} is invalid; it must be >= 1")
+    try:
+        folder = checkpoint_files.check_directory(args.checkpoint_dir, "--checkpoint-dir")
+        if (folder / checkpoint_files.FILE_NAME).exists():
+            checkpoint_files.read(folder / checkpoint_files.FILE_NAME)
+    except (ValueError, checkpoint_files.CheckpointError) as err:
+        raise SystemExit(str(err)) from None
+    return folder
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the demo with parsed ``args``; returns the exit code (0, or 130 when interrupted)."""
+    """Run the demo with parsed ``args``; returns the exit code (0, or 130 when interrupted). A
+    requeueable SLURM job's stop signal ends it with :class:`~rpc_collectors.cluster.requeue.Requeued`
+    once the run is checkpointed and the record written."""
     for name in ("workers", "envs_per_worker", "steps", "total_frames"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; it must be >= 1")
-    output = args.output_dir or Path("runs") / f"{args.env}-{datetime.now():%Y%m%d-%H%M%S}"
+    checkpoint_dir = _checkpoint_dir(args)
+    output = args.output_dir or checkpoint_dir or Path("runs") / f"{args.env}-{datetime.now():%Y%m%d-%H%M%S}"
     torch.set_num_threads(1)  # small networks: threads only compete with the workers for cores
     torch.manual_seed(args.seed)
     cfg = ppo.PPOConfig(target_return=args.target_return)
     actor, critic = ppo.make_agent(args.env, cfg.hidden)
     policy = ppo.make_policy(actor)
+    optimizer = ppo.make_optimizer(actor, critic, cfg)
     record = RunRecord(args, cfg)
     status, start = "failed", time.perf_counter()
-    collector, bar, train_start = None, None, start
+    collector, ckpt, bar, train_start, stop = None, None, None, start, None
     print(f"PPO on {args.env}: starting {args.workers} collector workers ({'sync' if args.sync else 'async'}, "
           f"{args.envs_per_worker} envs each)", flush=True)
     try:
@@ -177,17 +219,30 @@ def run(args: argparse.Namespace) -> int:
             total_frames=args.total_frames, sync=args.sync,
         )
         collector.set_seed(args.seed)
-        bar = tqdm(total=args.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True)
+        if checkpoint_dir is not None:
+            ckpt = RunCheckpoint(checkpoint_dir, collector=collector, modules={"actor": actor, "critic": critic},
+                                 optimizers={"adam": optimizer}, every=args.checkpoint_every)
+            carried = ckpt.resume()
+            if carried is not None:
+                record.resume(carried, collector.frames)
+        bar = tqdm(total=args.total_frames, initial=record.start_frames, unit="frame", unit_scale=True,
+                   dynamic_ncols=True)
         train_start = time.perf_counter()
         status = "frame budget spent"
-        for it in ppo.train(collector, policy, critic, cfg, num_workers=args.workers):
+        for it in ppo.train(collector, policy, critic, cfg, num_workers=args.workers, optimizer=optimizer):
             record.add(it, time.perf_counter() - train_start)
             bar.update(it.batch_frames)
             bar.set_postfix(ret="-" if it.mean_return is None else f"{it.mean_return:.1f}", lag=it.policy_lag)
             if it.solved:
                 status = f"reached {args.target_return:g}"
+            if ckpt is not None and not it.solved:
+                ckpt.after_batch(record.carried())  # after a stop signal: checkpoints, requeues, raises Requeued
+        if ckpt is not None:
+            ckpt.finish(record.carried())
     except KeyboardInterrupt:
         status = "interrupted"
+    except requeue.Requeued as requeued:
+        status, stop = f"stopped ({requeued.reason}), resumes from {checkpoint_dir}", requeued
     finally:
         end = time.perf_counter()
         if bar is not None:
@@ -198,6 +253,10 @@ def run(args: argparse.Namespace) -> int:
         if collector is not None:
             collector.shutdown()
         data = record.finish(status, train_start - start, end - train_start)
+        if ckpt is not None:  # every allocation of the run: start, frames, how it ended
+            current = {**ckpt.allocation, "frames": data["frames"]}
+            current["end"] = status if current["end"] == "running" else current["end"]
+            data["allocations"] = [*ckpt.allocations, current]
         path = record.save(output)
     print(summary_table(data))
     if data["status"].startswith("reached"):
@@ -205,4 +264,6 @@ def run(args: argparse.Namespace) -> int:
               f"{data['frames']:,} frames in {data['wall_time_s']:.1f} s")
     plot = plot_curve(data, output / "learning_curve.png")
     print(f"run record: {path}" + (f"\nlearning curve: {plot}" if plot else ""))
+    if stop is not None:
+        raise stop
     return 130 if status == "interrupted" else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
@@ -21,6 +22,11 @@ from rpc_collectors.planes.weights import load_weights, one_source, weights_of
 
 POLICY_VERSION = ("collector", "policy_version")
 TORCHRL_VERSION = "policy_version"  # TorchRL's track_policy_version key, at the root and under "next"
+
+
+def resumed_seed(seed: int, resumes: int) -> int:
+    """The env seed of the ``resumes``-th resume of a run seeded with ``seed`` (from its seed sequence)."""
+    return int(np.random.SeedSequence(seed, spawn_key=(resumes,)).generate_state(1)[0])
 
 
 class Collector(BaseCollector, metaclass=DispatchingCollector):
@@ -198,6 +204,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self.policy_version = 0
         self._obs_version = 0  # the version the observation the next batch starts from came with
         self._pending: tuple[Any, int] | None = None
+        self._seed: int | None = None  # the last set_seed's seed: a resume draws the env's next seed from its sequence
+        self._resumes = 0
         self._lock = threading.Lock()
         self._busy = threading.Lock()  # held by a batch in progress: state changes wait for its end
         self.preemption: preemption.Preemption | None = None  # a worker's, when the trainer may end its batches early
@@ -327,26 +335,36 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         with self._busy:
             next_seed = self.env.set_seed(int(seed))
             self.rollout.invalidate()
+            self._seed, self._resumes = int(seed), 0
         return int(next_seed) if next_seed is not None else int(seed) + 1
 
     def state_dict(self) -> dict:
-        """Frames, iteration, trajectory counter, policy weights and version: enough to resume
-        (between batches: a batch in progress in another thread is finished first)."""
+        """Frames, iteration, trajectory counter, policy weights and version, the env's seed sequence:
+        enough to resume (between batches: a batch in progress in another thread is finished first)."""
         with self._busy:
             state = self._base_state()
-            state.update(traj_count=self.traj_ids.count, policy_version=self.policy_version)
+            state.update(traj_count=self.traj_ids.count, policy_version=self.policy_version,
+                         seed=self._seed, resumes=self._resumes)
             if self.policy is not None and self.policy.module is not None:
                 state["policy_state_dict"] = {k: v.clone() for k, v in self.policy.module.state_dict().items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from ``state_dict()``: envs restart, trajectory ids keep increasing."""
+        """Resume from ``state_dict()``: envs restart from a reset (the trajectories in progress at the
+        save end there; new ones get ids above every id handed out before), and an env that was
+        seeded gets a new seed drawn from its seed's sequence, so the resumed run does not replay the
+        saved run's first episodes (call ``set_seed`` before, not after, this)."""
         with self._busy:
             self._load_base_state(state)
             self.traj_ids.count = int(state["traj_count"])
             self.policy_version = int(state["policy_version"])
             if "policy_state_dict" in state and self.policy is not None and self.policy.module is not None:
                 self.policy.module.load_state_dict(state["policy_state_dict"])
+            if state.get("seed") is not None:
+                if not hasattr(self.env, "set_seed"):
+                    raise TypeError(f"load_state_dict: the state is of a seeded env; this env {self.env!r} has no set_seed")
+                self._seed, self._resumes = int(state["seed"]), int(state.get("resumes", 0)) + 1
+                self.env.set_seed(resumed_seed(self._seed, self._resumes))
             self.rollout.invalidate()
 
     def interrupt(self) -> None:

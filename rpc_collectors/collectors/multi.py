@@ -83,6 +83,8 @@ class RPCCollector(CollectorFront):
             fresh one, with the same worker id, the current weights and new trajectory ids; a
             warning names each. 0: the first failure raises :class:`WorkerError`. With node
             collectors: how many times each node replaces its own local workers, under any launcher.
+            ``launcher="submitit"`` (with ``weight_transport="rpc"``): a collector whose job SLURM ended
+            (time limit, preemption, node failure) is replaced by the job the trainer submits in its place.
         elastic: torchrun/SLURM only. Collector processes may join the running trainer (any
             process that runs this script with ``RPC_COLLECTORS_JOIN=<host>:<port>`` of the
             trainer's rendezvous set) and leave it. ``num_collectors`` is then the number of

@@ -131,8 +131,16 @@ def collector_kwargs(kwargs: dict) -> None:
 
 def max_worker_restarts(value: Any, launcher: str, weight_transport: str, backend: str) -> int:
     """A restart budget >= 0; above 0 only where the collector starts its workers itself and
-    a newcomer can get the weights (shared memory; the broadcast group is fixed)."""
+    a newcomer can get the weights (shared memory; the broadcast group is fixed): local, debug
+    and Ray workers, and collector jobs the trainer submits (``launcher="submitit"``) with RPC weights."""
     count = non_negative_int("max_worker_restarts", value)
+    if count and launcher == "submitit":  # a job submitted in a failed one's place, on any node: weights by RPC
+        if weight_transport != "rpc":
+            raise ValueError(
+                f"max_worker_restarts={value!r} with launcher='submitit' needs weight_transport='rpc' (the job that "
+                f"replaces a failed one may run on any node); accepted with weight_transport={weight_transport!r}: 0"
+            )
+        return count
     if count and launcher not in ("local", "debug", "ray"):
         raise ValueError(
             f"max_worker_restarts={value!r} needs a launcher that starts the workers itself; accepted with "

@@ -39,9 +39,12 @@ def arrive(rank: int) -> None:
 
 
 def listen(callback: Callable[[int], None] | None) -> None:
-    """Hand every arrival to ``callback(rank)`` (the elastic trainer's pool); None: no longer."""
+    """Hand every arrival to ``callback(rank)`` (the elastic trainer's pool); None: no longer. A new
+    callback starts a new group, whose ranks count from 1 again: the ranks evicted before are forgotten."""
     global _listener
     _listener = callback
+    if callback is not None:
+        _evicted.clear()
 
 
 # Private torch details: TensorPipe's dynamic group lists its members in the store key

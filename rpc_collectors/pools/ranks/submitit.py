@@ -6,8 +6,9 @@ collector (:mod:`rpc_collectors.cluster.jobs`); each job joins the group. With
 leaves its slot vacant. Otherwise the constructor waits until every job joined (a job that
 ends first is an error naming it and its log), and slot i is served by the i-th rank drawn,
 so a failure is a :class:`~rpc_collectors.core.errors.WorkerError` as in any fixed world.
-Elastic: a job that SLURM ends (time limit, preemption) is submitted again, and the new job joins
-a vacant slot (:meth:`~rpc_collectors.cluster.jobs.CollectorJobs.resubmit_ended`).
+A job that SLURM ends (time limit, preemption, node failure) is submitted again
+(:meth:`~rpc_collectors.cluster.jobs.CollectorJobs.resubmit_ended`): elastic, the new job joins a
+vacant slot; otherwise, with ``max_worker_restarts``, it replaces the failed worker (:meth:`SubmititPool.replace`).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from rpc_collectors.planes.rendezvous import Rendezvous, free_port, interface_ad
 from rpc_collectors.pools.ranks.elastic import ElasticPool
 
 STATE_POLL_S = 2.0  # how often the constructor asks SLURM about jobs that have not joined yet
-RESUBMIT_POLL_S = 10.0  # elastic: how often SLURM is asked which collector jobs it ended
+RESUBMIT_POLL_S = 10.0  # how often SLURM is asked which collector jobs it ended
 
 
 class SubmititPool(ElasticPool):
@@ -47,14 +48,17 @@ class SubmititPool(ElasticPool):
         self._changed = threading.Condition()
         self._closing = threading.Event()
         self._resubmitter: threading.Thread | None = None
+        self._used: set[int] = set()  # ranks that served a slot (non-elastic)
+        self._waited_out: dict[int, int] = {}  # worker id -> resubmissions when a wait for its replacement timed out
+        self.join_timeout = join_timeout
         super().__init__(rdv, num_workers, rpc_timeout, on_arrival if elastic else self._joined_at_start)
         try:
             self.jobs.submit(num_workers, address, port, join_timeout, rpc_timeout)
             if not elastic:
                 self.ranks = self._await_jobs(join_timeout)
-            else:
-                self._resubmitter = threading.Thread(target=self._resubmit, name="collector-jobs", daemon=True)
-                self._resubmitter.start()
+                self._used.update(self.ranks)
+            self._resubmitter = threading.Thread(target=self._resubmit, name="collector-jobs", daemon=True)
+            self._resubmitter.start()
         except BaseException:
             self.close()
             raise
@@ -86,8 +90,41 @@ class SubmititPool(ElasticPool):
                 self._changed.wait(min(STATE_POLL_S, remaining))
             return sorted(self._joined)[: self.num_workers]
 
+    def replace(self, worker_id: int) -> None:
+        """Non-elastic, with ``max_worker_restarts``: the job serving ``worker_id`` failed. A job that
+        SLURM ended is submitted again (see :meth:`_resubmit`); the first collector that joins from
+        such a job serves ``worker_id``. A :class:`WorkerError` if none joins within ``join_timeout``."""
+        resubmitted = len(self.jobs.resubmitted)
+        if self._waited_out.get(worker_id) == resubmitted:  # nothing was submitted since the last wait: no newcomer
+            raise self.error(worker_id, self._no_replacement())
+        self.vacate(worker_id)
+        deadline = time.monotonic() + self.join_timeout
+        with self._changed:
+            while True:
+                newcomers = sorted(set(self._joined) - self._used)
+                if newcomers:
+                    self.ranks[worker_id] = newcomers[0]
+                    self._used.add(newcomers[0])
+                    self._waited_out.pop(worker_id, None)
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._waited_out[worker_id] = len(self.jobs.resubmitted)
+                    raise self.error(worker_id, self._no_replacement())
+                self._changed.wait(min(STATE_POLL_S, remaining))
+
+    def _no_replacement(self) -> str:
+        try:
+            ended = ", ".join(f"{i} {s}" for i, s in self.jobs.ended().items()) or "none"
+        except Exception as err:  # sacct failed: the reason goes without the jobs' states
+            ended = f"unknown ({err})"
+        return (f"failed, and no collector job joined in its place within join_timeout={self.join_timeout:g} s "
+                f"(collector jobs are submitted again only when SLURM ended them by a time limit, a preemption or a "
+                f"node failure, at most max_resubmits={self.jobs.max_resubmits} times; submitted again so far: "
+                f"{len(self.jobs.resubmitted)}; jobs that ended: {ended}; logs in {self.jobs.folder})")
+
     def _resubmit(self) -> None:
-        """Elastic: submit a job again for each one SLURM ended, until the pool closes."""
+        """Submit a job again for each one SLURM ended, until the pool closes."""
         while not self._closing.wait(RESUBMIT_POLL_S):
             try:
                 self.jobs.resubmit_ended()
@@ -111,7 +148,7 @@ class SubmititPool(ElasticPool):
             ended = {"?": f"unknown ({err})"}
         states = ", ".join(f"{job_id} {state}" for job_id, state in ended.items()) or "none"
         return (f"this trainer's collector jobs that ended: {states} (logs in {self.jobs.folder}); launcher='submitit' "
-                f"submits its jobs when the collector starts (and, elastic, again those SLURM ended): start the run again, "
+                f"submits its jobs when the collector starts (and again those SLURM ended): start the run again, "
                 f"or start collectors with "
                 f"{JOIN_VARIABLE}={self.rdv.master_addr}:{self.rdv.master_port}")
 
