@@ -200,6 +200,36 @@ def run_case(script: str, case: dict, timeout: float = 240.0, flag: str = "--cas
     return json.loads(lines[-1])
 
 
+def run_on_hosts(net, argv: list[str], env: dict, hosts: list[int], name: str, timeout: float) -> dict:
+    """Run ``argv`` as rank r in namespace host ``hosts[r]`` of ``net`` (``slurm/devcluster.py``'s
+    ``HostNetwork``; torchrun's variables in ``env``, ``RANK`` added), ranks > 0 under a host name of
+    their own (``name`` + host number); return the JSON line rank 0 prints last. Every rank is
+    killed if still running at the end."""
+    import json
+    import subprocess
+
+    procs = []
+    try:
+        for rank, host in enumerate(hosts):
+            cmd = list(argv)
+            if rank > 0:  # a machine of its own name: the collector must not take it for the trainer's
+                cmd = ["unshare", "--uts", "sh", "-c", f'hostname {name}{host} && exec "$@"', "sh", *cmd]
+            procs.append(net.popen(host, cmd, env={**env, "RANK": str(rank), "LOCAL_RANK": "0"},
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        out, err = procs[0].communicate(timeout=timeout)
+        for proc in procs[1:]:
+            proc.wait(timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if procs[0].returncode != 0 or not lines:
+        raise RuntimeError(f"the trainer failed ({procs[0].returncode})\n{err[-3000:]}")
+    return json.loads(lines[-1])
+
+
 def emit(result: dict) -> None:
     """Print a case's result as the JSON line ``run_case`` reads."""
     import json

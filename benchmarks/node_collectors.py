@@ -25,13 +25,14 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
+
+import _common
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -103,28 +104,10 @@ def run_setup(net, setup: str, seconds: float, steps: int, warmup: float) -> dic
     env = {**os.environ, "WORLD_SIZE": str(ranks + 1), "MASTER_ADDR": f"{SUBNET}.1", "MASTER_PORT": str(PORT),
            "OMP_NUM_THREADS": "1",
            "PYTHONPATH": f"{REPO}:{REPO / 'benchmarks'}:{os.environ.get('PYTHONPATH', '')}"}
-    procs = []
-    try:
-        for rank in range(ranks + 1):
-            host = 1 if rank == 0 else 2 + (rank - 1) * 2 // ranks  # collector ranks split over hosts 2 and 3
-            argv = [sys.executable, __file__, "--trainer", setup, "--seconds", str(seconds), "--steps", str(steps),
-                    "--warmup", str(warmup)]
-            if rank > 0:  # a machine of its own name: the collector must not take it for the trainer's
-                argv = ["unshare", "--uts", "sh", "-c", f'hostname nb-host{host} && exec "$@"', "sh", *argv]
-            procs.append(net.popen(host, argv, env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True))
-        out, err = procs[0].communicate(timeout=warmup + seconds + 120)
-        for proc in procs[1:]:
-            proc.wait(timeout=30)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if procs[0].returncode != 0 or not lines:
-        raise RuntimeError(f"{setup}: the trainer failed ({procs[0].returncode})\n{err[-3000:]}")
-    return json.loads(lines[-1])
+    argv = [sys.executable, __file__, "--trainer", setup, "--seconds", str(seconds), "--steps", str(steps),
+            "--warmup", str(warmup)]
+    hosts = [1] + [2 + (rank - 1) * 2 // ranks for rank in range(1, ranks + 1)]  # collector ranks split over hosts 2 and 3
+    return _common.run_on_hosts(net, argv, env, hosts, "nb-host", timeout=warmup + seconds + 120)
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 import _common
-from _common import children_of, emit, make_sleep_env, run_case
+from _common import children_of, emit, make_sleep_env, run_case, run_on_hosts
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_S = 0.05
@@ -329,26 +329,9 @@ def hosts_case(net, hosts: int, per: int, args) -> dict:
     env = {**os.environ, "WORLD_SIZE": str(hosts), "MASTER_ADDR": f"{SUBNET}.1", "MASTER_PORT": str(HOST_PORT),
            "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": f"{REPO}:{REPO / 'benchmarks'}:{os.environ.get('PYTHONPATH', '')}"}
-    procs = []
-    try:
-        for rank in range(hosts):
-            argv = [sys.executable, __file__, "--rank-case", json.dumps(case)]
-            if rank > 0:  # a machine of its own name: the collector must not take it for the trainer's
-                argv = ["unshare", "--uts", "sh", "-c", f'hostname sc-host{rank + 1} && exec "$@"', "sh", *argv]
-            procs.append(net.popen(rank + 1, argv, env={**env, "RANK": str(rank), "LOCAL_RANK": "0"},
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        out, err = procs[0].communicate(timeout=600)
-        for proc in procs[1:]:
-            proc.wait(timeout=60)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if procs[0].returncode != 0 or not lines:
-        raise RuntimeError(f"hosts case failed ({procs[0].returncode}):\n{err[-3000:]}")
-    return {**json.loads(lines[-1]), "nodes": hosts - 1, "per": per}
+    argv = [sys.executable, __file__, "--rank-case", json.dumps(case)]
+    result = run_on_hosts(net, argv, env, list(range(1, hosts + 1)), "sc-host", timeout=600)
+    return {**result, "nodes": hosts - 1, "per": per}
 
 
 # ------------------------------------------------------------------ the parts
