@@ -8,6 +8,11 @@ run, read from the checkpoint, must hold exactly ``total_frames``, no trajectory
 allocations, and weight versions that only go up across a requeue; SLURM's accounting must show
 the requeues, and no process of the job may outlive it.
 
+The cluster has two namespace nodes, as tests/test_slurm.py's: this process runs a trainer (the
+submitit collector test), and torch keeps the address of a process's first RPC agent for every
+later one, so both modules' trainers must listen on the same bridge address (a one-node cluster
+runs on loopback).
+
 The dev cluster uses fixed ports (slurmctld 6817) and MariaDB's socket: while another dev cluster
 runs on this machine, starting this one fails with a ClusterError saying so.
 """
@@ -40,7 +45,7 @@ def cluster() -> Iterator:
     root = Path(tempfile.mkdtemp(prefix="rpcc-requeue-"))
     root.chmod(0o755)  # MariaDB runs as user mysql
     old_conf = os.environ.get("SLURM_CONF")
-    started = devcluster.start(1, root / "cluster")
+    started = devcluster.start(2, root / "cluster")
     os.environ["SLURM_CONF"] = str(started.slurm_conf)
     submitit.SlurmJob.watcher.clear()
     try:

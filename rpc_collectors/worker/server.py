@@ -288,8 +288,25 @@ def ping(rank: int) -> bool:
     return membership.is_member(rank)
 
 
+_agent_started = False  # whether this process started an RPC agent
+_listening_on: str | None = None  # the address its first one bound to its interface (None: TensorPipe's own pick)
+
+
 def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
-    """Start this process's RPC agent as ``name``, bound to the rendezvous's interface."""
+    """Start this process's RPC agent as ``name``, bound to the rendezvous's interface.
+
+    TensorPipe picks its listening address once per process, from the first agent's interface;
+    an agent asked to listen elsewhere later would advertise an address its peers cannot reach,
+    so that is refused here, before anything starts.
+    """
+    global _agent_started, _listening_on
+    address = rdv.address() if rdv.interface else None
+    if address and _listening_on and address != _listening_on:
+        raise RuntimeError(
+            f"this process's first RPC agent listened on {_listening_on}, and torch's TensorPipe keeps that address "
+            f"for every later agent of the process; this one's peers reach it on {address} (interface "
+            f"{rdv.interface!r}): run this collector in a new process"
+        )
     # TCP ("uv") only: TensorPipe's shared-memory transport busy-polls a core in every process
     options = rpc.TensorPipeRpcBackendOptions(
         init_method=rdv.init_method(rpc_timeout), rpc_timeout=rpc_timeout, _transports=["uv"]
@@ -305,6 +322,8 @@ def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
             rpc.init_rpc(name, rank=rdv.rank, world_size=world_size, rpc_backend_options=options)
     finally:
         rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = default_timeout
+    if not _agent_started:
+        _agent_started, _listening_on = True, address
 
 
 def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
