@@ -118,9 +118,9 @@ def test_batches_hold_exactly_what_each_env_produced(sync, num_envs):
         for i, batch in enumerate(c):
             checker.check(batch)
             seen.update(batch["collector", "worker_id"].unique().tolist())
-            if i == 7:
+            if i >= 7 and seen == {0, 1}:  # async on a loaded machine: one worker may deliver many batches first
                 break
-        assert seen == {0, 1}
+            assert i < 500, f"only workers {seen} delivered in 500 batches"
         assert [c._batches.path_of(w) for w in range(2)] == ["shm", "shm"]  # the path under test
 
 
