@@ -184,9 +184,9 @@ def test_share_memory_on_a_batch_leaves_its_slot_to_the_workers(sync):
                 moved.append((batch, batch.clone()))
             else:
                 batch.share_memory_()
-            if i == 15:
+            if i >= 15 and c._batches.path_of(0) == "shm":  # async: worker 0's first batch may come late
                 break
-        assert c._batches.path_of(0) == "shm"  # the path under test
+            assert i < 500, "worker 0's batches never went through shared memory"
     assert all(batch["observation"].is_shared() for batch, _ in moved)
     assert all((batch == snapshot).all() for batch, snapshot in moved)
 
@@ -364,9 +364,12 @@ KILLED_TRAINER = textwrap.dedent("""
     envs = [functools.partial(make_env, w, 2) for w in range(2)]
     c = MultiCollector(envs, None, sync={sync}, frames_per_batch=120, total_frames=-1)
     print(" ".join(str(i["pid"]) for i in c.infos), flush=True)
-    for i, batch in enumerate(c):
-        if i == 2:
-            print("shm" if c._batches.path_of(0) == "shm" else "rpc", flush=True)
+    told = False
+    for i, batch in enumerate(c):  # collects until the test kills this process
+        # async: a worker's first batch, which sets up its slots, may come after the other's third
+        if not told and (i == 200 or all(c._batches.path_of(w) == "shm" for w in range(2))):
+            print("shm" if c._batches.path_of(0) == c._batches.path_of(1) == "shm" else "rpc", flush=True)
+            told = True
 """)
 
 

@@ -293,12 +293,8 @@ _listening_on: str | None = None  # the address its first one bound to its inter
 
 
 def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
-    """Start this process's RPC agent as ``name``, bound to the rendezvous's interface.
-
-    TensorPipe picks its listening address once per process, from the first agent's interface;
-    an agent asked to listen elsewhere later would advertise an address its peers cannot reach,
-    so that is refused here, before anything starts.
-    """
+    """Start this process's RPC agent as ``name``, bound to the rendezvous's interface. TensorPipe
+    keeps the first agent's address for the whole process: one asked to listen elsewhere is refused."""
     global _agent_started, _listening_on
     address = rdv.address() if rdv.interface else None
     if address and _listening_on and address != _listening_on:
