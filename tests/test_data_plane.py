@@ -125,6 +125,17 @@ def test_batches_hold_exactly_what_each_env_produced(sync, num_envs):
 
 
 @pytest.mark.parametrize("cat_results", ["stack", 0, -1])
+def test_one_sync_worker_gives_every_batch_the_same_shape(cat_results):
+    """TorchRL's shapes for one worker: stacked ``[1, T]``, concatenated ``[T]``, from the first
+    batch (an RPC result) to the later ones (from shared memory)."""
+    envs = [functools.partial(make_env, 0, None, SHAPE)]
+    with MultiCollector(envs, None, sync=True, frames_per_batch=60, total_frames=300, cat_results=cat_results) as c:
+        shapes = {tuple(batch.shape) for batch in c}
+        assert c._batches.path_of(0) == "shm"
+    assert shapes == {(1, 60) if cat_results == "stack" else (60,)}
+
+
+@pytest.mark.parametrize("cat_results", ["stack", 0, -1])
 def test_sync_layouts_from_shared_memory(cat_results):
     with collector(2, True, frames_per_worker=60, cat_results=cat_results) as c:
         it = iter(c)

@@ -187,11 +187,12 @@ class BatchPlane:
     def round(self, results: list) -> TensorDict | None:
         """A sync round ``[N, (B,) T]`` where the workers wrote it, or None if it is not in one buffer.
 
-        The first round (RPC results) sets the round buffer up when it can.
+        The first round (RPC results) sets the round buffer up when it can; a single worker's
+        batches take the per-worker path, whose slot holds one batch, not a row of a round.
         """
         if self._round is not None and all(isinstance(r, Ready) for r in results):
             return self._round.hand_out(results[0].slot)
-        if self._sync and [self._pending.get(i) for i in range(len(results))] == ["shm"] * len(results):
+        if self._sync and len(results) > 1 and [self._pending.get(i) for i in range(len(results))] == ["shm"] * len(results):
             self._sync = False  # one attempt
             layouts = {BatchLayout.of(r) if isinstance(r, TensorDictBase) else None for r in results}
             layout = layouts.pop() if len(layouts) == 1 else None
