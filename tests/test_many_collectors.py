@@ -47,8 +47,11 @@ def check(collector, batch, size: int, action: int, version: int) -> None:
     assert collector.last_batch.oldest_version == collector.last_batch.newest_version == version
 
 
-def test_sync_and_async_collectors_side_by_side_each_with_its_own_workers_and_weights():
-    train_policy, eval_policy = BiasPolicy(0, size=3), BiasPolicy(0, size=300)  # eval batches: shared memory
+def test_sync_and_async_collectors_side_by_side_each_with_its_own_workers_and_weights(monkeypatch):
+    from rpc_collectors.planes import data
+
+    monkeypatch.setattr(data, "MIN_BYTES", 64 * 1024)  # train batches (a few KB) as RPC results, eval's (hundreds of KB) in slots
+    train_policy, eval_policy = BiasPolicy(0, size=3), BiasPolicy(0, size=300)
     train = MultiCollector(stamp_envs(3), train_policy, frames_per_batch=40, sync=True, rpc_timeout=30,
                            track_policy_version=True)
     evaluate = MultiCollector(stamp_envs(300), eval_policy, frames_per_batch=100, sync=False, rpc_timeout=30,
