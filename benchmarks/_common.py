@@ -6,6 +6,7 @@ module the same way the benchmark script did (``benchmarks/`` is on ``sys.path``
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import time
 import warnings
@@ -154,6 +155,23 @@ def cpu_seconds(pids: list[int]) -> float:
         except OSError:
             pass
     return total / tick
+
+
+def own_cpu_seconds() -> float:
+    """User + system CPU seconds used so far by this process (all its threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def push_seconds(collector, it, pushes: int) -> list[float]:
+    """The time of each of ``pushes`` calls to ``update_policy_weights_()``, a batch from ``it`` after each."""
+    times = []
+    for _ in range(pushes):
+        start = time.perf_counter()
+        collector.update_policy_weights_()
+        times.append(time.perf_counter() - start)
+        next(it)
+    return times
 
 
 def median(xs: list[float]) -> float:

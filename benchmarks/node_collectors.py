@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -57,11 +56,6 @@ def make_env():
     return GymEnv("CartPole-v1")
 
 
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def trainer(setup: str, seconds: float, steps: int, warmup: float) -> dict:
     """Rank 0 of one set-up (other ranks serve collectors inside the constructor and exit there)."""
     from rpc_collectors import RPCCollector
@@ -78,18 +72,13 @@ def trainer(setup: str, seconds: float, steps: int, warmup: float) -> dict:
         start = time.perf_counter()
         while time.perf_counter() - start < warmup:  # the first batches of fresh workers are slow
             next(it)
-        frames, batches, t0, c0 = 0, 0, time.perf_counter(), cpu_seconds()
+        frames, batches, t0, c0 = 0, 0, time.perf_counter(), _common.own_cpu_seconds()
         while time.perf_counter() - t0 < seconds:
             frames += next(it).numel()
             batches += 1
-        wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        wall, cpu = time.perf_counter() - t0, _common.own_cpu_seconds() - c0
         requests = batches * collector.num_workers
-        pushes = []
-        for _ in range(PUSHES):
-            start = time.perf_counter()
-            collector.update_policy_weights_()
-            pushes.append(time.perf_counter() - start)
-            next(it)
+        pushes = _common.push_seconds(collector, it, PUSHES)
     return {
         "frames_per_s": frames / wall, "cpu_us_per_frame": 1e6 * cpu / frames, "requests_per_s": requests / wall,
         "cpu_us_per_request": 1e6 * cpu / requests, "push_ms": 1e3 * statistics.median(pushes),

@@ -37,7 +37,6 @@ import argparse
 import functools
 import json
 import os
-import resource
 import shutil
 import socket
 import statistics
@@ -71,11 +70,6 @@ class ScalePolicy(nn.Module):
         return self.linear(observation).argmax(-1)
 
 
-def cpu_self() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def uss_mib(pid: int) -> float:
     """Private (unshared) memory of ``pid`` in MiB."""
     total = 0
@@ -99,17 +93,12 @@ def measure(collector, seconds: float, requests_per_batch: int, t0: float) -> di
     while time.perf_counter() - warm < min(3.0, seconds / 2):
         next(it)
     uss = [uss_mib(pid) for pid in local_worker_pids(collector)]
-    frames, batches, start, c0 = 0, 0, time.perf_counter(), cpu_self()
+    frames, batches, start, c0 = 0, 0, time.perf_counter(), _common.own_cpu_seconds()
     while time.perf_counter() - start < seconds:
         frames += next(it).numel()
         batches += 1
-    wall, cpu = time.perf_counter() - start, cpu_self() - c0
-    pushes = []
-    for _ in range(PUSHES):
-        begin = time.perf_counter()
-        collector.update_policy_weights_()
-        pushes.append(time.perf_counter() - begin)
-        next(it)
+    wall, cpu = time.perf_counter() - start, _common.own_cpu_seconds() - c0
+    pushes = _common.push_seconds(collector, it, PUSHES)
     version = int(next(it)["collector", "policy_version"].min())  # every frame of the batch after the pushes
     workers_before = local_worker_pids(collector)
     with warnings.catch_warnings(record=True) as caught:
@@ -172,10 +161,10 @@ def rank_round_trips(collector, calls: int = 300) -> dict:
 
     name = collector.workers._name(0)
     rpc.rpc_sync(name, server.ping, args=(0,))
-    c0 = cpu_self()
+    c0 = _common.own_cpu_seconds()
     for _ in range(calls):
         rpc.rpc_sync(name, server.ping, args=(0,))
-    rpc_us = 1e6 * (cpu_self() - c0) / calls
+    rpc_us = 1e6 * (_common.own_cpu_seconds() - c0) / calls
     return {"rpc_noop_cpu_us": rpc_us, "tcp_cpu_us": tcp_round_trip(calls)}
 
 
@@ -206,11 +195,11 @@ while (data := s.recv(16)):
 def _round_trips(send, receive, calls: int) -> float:
     send()
     receive()
-    c0 = cpu_self()
+    c0 = _common.own_cpu_seconds()
     for _ in range(calls):
         send()
         receive()
-    return (cpu_self() - c0) / calls
+    return (_common.own_cpu_seconds() - c0) / calls
 
 
 def pipe_round_trip(calls: int = 20000) -> float:
@@ -251,11 +240,11 @@ def requests_case(case: dict) -> dict:
         for _ in range(50):
             next(it)
         call = _round_trips(lambda: None, lambda: collector.workers.call(0, "weights_signature").wait(), 2000)
-        batches, start, c0 = 0, time.perf_counter(), cpu_self()
+        batches, start, c0 = 0, time.perf_counter(), _common.own_cpu_seconds()
         while time.perf_counter() - start < case["seconds"]:
             next(it)
             batches += 1
-        cpu = cpu_self() - c0
+        cpu = _common.own_cpu_seconds() - c0
     requests = batches * (workers if case["sync"] else 1)
     return {"pipe_cpu_us": bare, "call_cpu_us": 1e6 * call, "cpu_us_per_request": 1e6 * cpu / requests,
             "requests_per_s": requests / case["seconds"]}
