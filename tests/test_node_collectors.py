@@ -156,8 +156,13 @@ def test_weights_reach_every_local_worker_once_per_push():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_local_worker_killed_on_a_node_is_one_worker_error_naming_node_and_worker(no_leftover_processes):
-    c = RPCCollector(make_env, None, num_collectors=2, frames_per_batch=80, launcher="local",
-                     collector_class="sync", num_workers_per_collector=2, rpc_timeout=20)
+    assert_killed_local_worker_is_one_worker_error(None)
+
+
+def assert_killed_local_worker_is_one_worker_error(policy, **kwargs) -> None:
+    """SIGKILL node 1's local worker 1: the next batches raise one WorkerError naming the node and the worker."""
+    c = RPCCollector(make_env, policy, num_collectors=2, frames_per_batch=80, launcher="local",
+                     collector_class="sync", num_workers_per_collector=2, rpc_timeout=20, **kwargs)
     with c:
         c.next()
         node = c.infos[1]

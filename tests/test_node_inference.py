@@ -28,7 +28,7 @@ from rpc_collectors import (
     WorkerError,
     WorkerRestartWarning,
 )
-from test_node_collectors import SCRIPT, Run, assert_same_frames, processes_left
+from test_node_collectors import SCRIPT, Run, assert_killed_local_worker_is_one_worker_error, assert_same_frames, processes_left
 
 PREFIX, SUBNET, MASTER_PORT = "rpcc-ni", "10.91.0", 29591
 VERSION, WORKER_ID, TRAJ_IDS = ("collector", "policy_version"), ("collector", "worker_id"), ("collector", "traj_ids")
@@ -216,18 +216,7 @@ def test_a_policy_that_fails_on_the_first_step_fails_the_start_with_its_tracebac
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_local_worker_killed_under_node_inference_is_one_worker_error(no_leftover_processes):
-    c = RPCCollector(make_env, ArgmaxPolicy(), num_collectors=2, frames_per_batch=80, launcher="local",
-                     collector_class="sync", num_workers_per_collector=2, inference="node", rpc_timeout=20)
-    with c:
-        c.next()
-        node = c.infos[1]
-        victim = node["local_pids"][1]
-        os.kill(victim, signal.SIGKILL)
-        with pytest.raises(WorkerError) as err:
-            for _ in range(10):
-                c.next()
-    assert err.value.worker_id == 1 and err.value.pid == node["pid"]
-    assert err.value.reason == f"lost its local worker 1 (pid {victim}), which died with exit code -9 (SIGKILL)"
+    assert_killed_local_worker_is_one_worker_error(ArgmaxPolicy(), inference="node")
 
 
 @pytest.mark.multiprocess
