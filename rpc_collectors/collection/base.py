@@ -43,6 +43,7 @@ class BaseCollector:
 
     _runs_post_hook = True  # False where the hook runs in the workers (multi-worker collectors)
     _exclude_private_keys = True  # TorchRL's attribute: False keeps private entries in the batches
+    _sources_drop_private_keys = False  # True where batches come from collectors that dropped them (workers)
     _use_buffers: bool | None = None  # whether batches are dense TensorDicts (None: not known before the first)
     track_policy_version = False  # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
     keep_version_key = False  # a worker's or node's collector: its batches keep the keys for the trainer to read
@@ -149,7 +150,7 @@ class BaseCollector:
                 batch = split_trajectories(batch)
             if self.postproc is not None:
                 batch = self.postproc(batch)
-            if self._exclude_private_keys:
+            if self._exclude_private_keys and (self.postproc is not None or not self._sources_drop_private_keys):
                 batch = drop_private_keys(batch)
             if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)

@@ -54,27 +54,42 @@ def take(batch: TensorDictBase, keep: bool) -> tuple[tuple[int, int] | None, tor
     """The oldest and newest version in ``batch`` (None: it has no versions) and its worker ids
     (None: it has none); the keys are removed from ``batch`` unless ``keep``, and so is an empty
     ``"collector"`` entry."""
-    if not isinstance(batch, TensorDictBase) or "collector" not in batch.keys():
+    if not isinstance(batch, TensorDictBase):
         return None, None
-    keys = batch.get("collector").keys()
-    ids = batch.get(WORKER_ID) if "worker_id" in keys else None
+    marks = batch.get("collector", None)
+    if marks is None:
+        return None, None
+    ids = marks.get("worker_id", None)
+    found = marks.get("policy_version", None)
     versions = None
-    if "policy_version" in keys and not batch.get(VERSION).is_meta:  # meta: placed where nothing can be read
-        found = batch.get(VERSION)
-        if "mask" in keys:
-            found = found[batch.get(MASK)]
-        low, high = torch.aminmax(found) if found.numel() else (torch.zeros(()), torch.zeros(()))
-        versions = int(low), int(high)
+    if found is not None and not found.is_meta:  # meta: placed where nothing can be read
+        mask = marks.get("mask", None)
+        if mask is not None:
+            found = found[mask]
+        versions = _low_high(found) if found.numel() else (0, 0)
     if not keep:
-        batch.exclude(VERSION, WORKER_ID, inplace=True)
-        if not batch.get("collector").keys():
-            batch.exclude("collector", inplace=True)
+        marks.pop("policy_version", None)
+        marks.pop("worker_id", None)
+        if not marks.keys():
+            batch.del_("collector")
     return versions, ids
+
+
+def _low_high(values: torch.Tensor) -> tuple[int, int]:
+    low, high = torch.aminmax(values)
+    return int(low), int(high)
 
 
 def frames_per_worker(ids: torch.Tensor | None, mask: torch.Tensor | None) -> dict[int, int] | None:
     """Frames per worker id of a batch whose steps carry ``ids`` (its collected steps: ``mask``)."""
     if ids is None or ids.is_meta:
         return None
-    workers, counts = torch.unique(ids if mask is None else ids[mask], return_counts=True)
+    if mask is not None:
+        ids = ids[mask]
+    if not ids.numel():
+        return {}
+    low, high = _low_high(ids)
+    if low == high:  # one worker's batch (async collectors): no need to count
+        return {low: ids.numel()}
+    workers, counts = torch.unique(ids, return_counts=True)
     return dict(zip(workers.tolist(), counts.tolist()))

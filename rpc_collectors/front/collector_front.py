@@ -47,6 +47,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
 
     _default_cat_results: str | int = 0
     _no_push = False  # TorchRL's NoWeightSyncScheme: no weight plane, update_policy_weights_ does nothing
+    _sources_drop_private_keys = True  # every worker runs one of our collectors
     max_policy_lag: int | None = None  # async: drop batches further behind (:mod:`.policy_lag`)
     dropped_frames = dropped_batches = 0
 
