@@ -183,6 +183,21 @@ def test_exclude_private_keys_false_keeps_private_entries():
     assert "_noise" in c.next().keys()
 
 
+
+def add_private_entry(batch):
+    batch.set("_trainer_note", torch.zeros(batch.batch_size))
+    return batch
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_multi_worker_batches_have_no_private_entries(sync):
+    """Private entries a policy writes in the workers, and those a trainer-side ``postproc`` adds, are dropped."""
+    for postproc in (None, add_private_entry):
+        with (MultiSyncCollector if sync else MultiAsyncCollector)(
+                [count_env, count_env], private_key_policy, frames_per_batch=8, total_frames=24, postproc=postproc) as c:
+            for batch in c:
+                assert "action" in batch.keys() and not {"_noise", "_trainer_note"} & set(batch.keys())
 def test_use_buffers_says_whether_batches_are_dense():
     assert Collector(count_env, None, frames_per_batch=4)._use_buffers is True
     assert Collector(count_env, None, frames_per_batch=4, use_buffers=False)._use_buffers is False
