@@ -193,6 +193,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         self.traj_ids = TrajectoryIds(traj_id_start, traj_id_stride)
         if isinstance(self.env, GymEnv):
             self.rollout = ArrayRollout(self.env, self.traj_ids, self.max_frames_per_traj)
+            if self.devices["storing_device"] == torch.device("cpu"):
+                self.rollout.device = self.devices["storing_device"]
         elif torchrl_env:
             self.rollout = EnvBaseRollout(self.env, self.traj_ids)
         else:
@@ -267,7 +269,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             batch = preemption.padded(batch, self.steps_per_batch)
         if not self.track_traj_ids:
             batch_edits.drop_traj_ids(batch)
-        if self.devices["storing_device"] is not None:
+        if self.devices["storing_device"] is not None and batch.device != self.devices["storing_device"]:
             batch = batch.to(self.devices["storing_device"])
         return batch
 

@@ -16,6 +16,7 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from rpc_collectors.collection.envs import GymEnv, _where
 from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.collection.trajectories import TRAJ_IDS, TrajectoryIds
+from rpc_collectors.planes.layouts import nested_tensordict
 
 FLAGS = ("done", "terminated", "truncated")
 
@@ -55,7 +56,8 @@ class ArrayRollout:
     """Fast rollout of a GymEnv: per step only numpy work and the policy call.
 
     ``out``, if set, is a TensorDict of the batch's layout (a shared-memory slot): the
-    observations are stacked straight into it instead of into new tensors.
+    observations are stacked straight into it instead of into new tensors. ``device``: the CPU,
+    where the collector stores batches on it (they are made there), else None (no device).
     """
 
     def __init__(self, env: GymEnv, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
@@ -64,6 +66,7 @@ class ArrayRollout:
         self.traj: Any = None
         self.out: TensorDictBase | None = None
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
+        self.device: torch.device | None = None
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -141,11 +144,14 @@ class ArrayRollout:
         return self._to_tensordict(obs_rec, next_rec, out_rec, rewards, terms, truncs, tids, counts)
 
     def _to_tensordict(self, obs_rec, next_rec, out_rec, rewards, terms, truncs, tids, counts) -> TensorDict:
-        axis = 1 if self.env.is_vector else 0
+        vector = self.env.is_vector
+        axis = 1 if vector else 0
         shape = (*self.env.batch_size, len(obs_rec))
 
         def stack(values: list, dtype: Any = None) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(np.stack(values, axis=axis), dtype=dtype))
+            if vector:
+                return torch.from_numpy(np.ascontiguousarray(np.stack(values, axis=1), dtype=dtype))
+            return torch.from_numpy(np.array(values, dtype=dtype))  # one env: scalars, or arrays along a new first dim
 
         def flag(values: list) -> torch.Tensor:
             return stack(values, np.bool_).reshape(*shape, 1)
@@ -159,30 +165,33 @@ class ArrayRollout:
             np.stack(values, axis=axis, out=target.numpy())
             return target
 
-        td = TensorDict(batch_size=shape)
+        terminated, truncated = flag(terms), flag(truncs)
+        root = {name: torch.zeros(*shape, 1, dtype=torch.bool) for name in FLAGS}
+        nxt = {"reward": stack(rewards, np.float32).reshape(*shape, 1), "done": terminated | truncated,
+               "terminated": terminated, "truncated": truncated}
+        root["collector"] = {TRAJ_IDS[1]: stack(tids, np.int64)}
+        if counts:
+            before = stack(counts, np.int64).reshape(*shape, 1)
+            root["step_count"], nxt["step_count"] = before, before + 1
         for key in obs_rec[0]:
-            next_key = ("next", key) if isinstance(key, str) else ("next", *key)
-            td.set(key, stack_obs(key, [o[key] for o in obs_rec]))
-            td.set(next_key, stack_obs(next_key, [o[key] for o in next_rec]))
-        for key in out_rec[0].keys():
+            _put(root, key, stack_obs(key, [o[key] for o in obs_rec]))
+            _put(nxt, key, stack_obs(("next", key) if isinstance(key, str) else ("next", *key), [o[key] for o in next_rec]))
+        root["next"] = nxt
+        td = nested_tensordict(root, torch.Size(shape), _time_names(len(shape)), device=self.device)
+        for key in out_rec[0].keys():  # the policy's outputs: checked as they are set
             td.set(key, torch.stack([o[key] for o in out_rec], dim=axis).cpu())
         for key, zero in self.policy_zeros.items():  # random actions: the policy's other outputs as zeros
             if key not in td.keys(include_nested=True):
                 td.set(key, zero.cpu().unsqueeze(axis).expand(*shape, *zero.shape[axis:]).clone())
-        terminated, truncated = flag(terms), flag(truncs)
-        td.set(("next", "reward"), stack(rewards, np.float32).reshape(*shape, 1))
-        td.set(("next", "done"), terminated | truncated)
-        td.set(("next", "terminated"), terminated)
-        td.set(("next", "truncated"), truncated)
-        for name in FLAGS:
-            td.set(name, torch.zeros(*shape, 1, dtype=torch.bool))
-        td.set(TRAJ_IDS, stack(tids, np.int64))
-        if counts:
-            before = stack(counts, np.int64).reshape(*shape, 1)
-            td.set("step_count", before)
-            td.set(("next", "step_count"), before + 1)
-        td.names = _time_names(len(shape))
         return td
+
+
+def _put(tree: dict, key: str | tuple, value: torch.Tensor) -> None:
+    """``tree[key] = value``, a tuple key going through nested dicts."""
+    *path, name = (key,) if isinstance(key, str) else key
+    for part in path:
+        tree = tree.setdefault(part, {})
+    tree[name] = value
 
 
 class TensorDictRollout:

@@ -7,6 +7,7 @@ along the time dim. Every layout keeps the dim name ``"time"`` on the last dim.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
@@ -83,7 +84,7 @@ class BatchLayout:
         typed = [slot.view(dtype) for dtype in plan.dtypes]
         tensors = [typed[i].as_strided(shape, stride, typed[i].storage_offset() + offset)
                    for i, shape, stride, offset in plan.tensors]
-        return _assemble(plan.tree, tensors, plan.batch_size, plan.names)
+        return nested_tensordict(plan.tree, plan.batch_size, plan.names, tensors.__getitem__)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class _ViewPlan:
     nbytes: int
     dtypes: tuple
     tensors: tuple  # (dtype index, shape, stride, offset in elements of that dtype), per leaf
-    tree: dict  # {name: leaf index, or the same for a nested TensorDict}
+    tree: dict  # {name: leaf index, or a dict for a nested TensorDict}
     batch_size: torch.Size
     names: list | None
 
@@ -123,11 +124,14 @@ def _contiguous_strides(shape: tuple) -> tuple:
     return tuple(reversed(strides))
 
 
-def _assemble(tree: dict, tensors: list, batch_size: torch.Size, names: list | None) -> TensorDict:
-    """The TensorDict ``tree`` describes, its leaves taken from ``tensors`` (checked once, by the plan)."""
-    source = {name: tensors[node] if isinstance(node, int) else _assemble(node, tensors, batch_size, names)
+def nested_tensordict(tree: dict, batch_size: torch.Size, names: list | None, leaf: Callable = lambda value: value,
+                      device: torch.device | None = None) -> TensorDict:
+    """The TensorDict of ``tree`` (``{name: leaf, or a dict for a nested TensorDict}``, each leaf
+    ``leaf(value)``), built without checking each entry: every tensor must start with ``batch_size``
+    (and be on ``device``, if given)."""
+    source = {name: nested_tensordict(node, batch_size, names, leaf, device) if isinstance(node, dict) else leaf(node)
               for name, node in tree.items()}
-    return TensorDict._new_unsafe(source=source, batch_size=batch_size, names=names)
+    return TensorDict._new_unsafe(source=source, batch_size=batch_size, names=names, device=device)
 
 
 def signature_of(batch: TensorDictBase) -> dict:
