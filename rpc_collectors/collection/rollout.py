@@ -16,7 +16,7 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from rpc_collectors.collection.envs import GymEnv, _where
 from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.collection.trajectories import TRAJ_IDS, TrajectoryIds
-from rpc_collectors.planes.layouts import nested_tensordict
+from rpc_collectors.planes.layouts import nested_tensordict, put_nested
 
 FLAGS = ("done", "terminated", "truncated")
 
@@ -174,8 +174,8 @@ class ArrayRollout:
             before = stack(counts, np.int64).reshape(*shape, 1)
             root["step_count"], nxt["step_count"] = before, before + 1
         for key in obs_rec[0]:
-            _put(root, key, stack_obs(key, [o[key] for o in obs_rec]))
-            _put(nxt, key, stack_obs(("next", key) if isinstance(key, str) else ("next", *key), [o[key] for o in next_rec]))
+            put_nested(root, key, stack_obs(key, [o[key] for o in obs_rec]))
+            put_nested(nxt, key, stack_obs(("next", key) if isinstance(key, str) else ("next", *key), [o[key] for o in next_rec]))
         root["next"] = nxt
         td = nested_tensordict(root, torch.Size(shape), _time_names(len(shape)), device=self.device)
         for key in out_rec[0].keys():  # the policy's outputs: checked as they are set
@@ -184,14 +184,6 @@ class ArrayRollout:
             if key not in td.keys(include_nested=True):
                 td.set(key, zero.cpu().unsqueeze(axis).expand(*shape, *zero.shape[axis:]).clone())
         return td
-
-
-def _put(tree: dict, key: str | tuple, value: torch.Tensor) -> None:
-    """``tree[key] = value``, a tuple key going through nested dicts."""
-    *path, name = (key,) if isinstance(key, str) else key
-    for part in path:
-        tree = tree.setdefault(part, {})
-    tree[name] = value
 
 
 class TensorDictRollout:

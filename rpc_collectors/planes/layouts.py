@@ -108,10 +108,7 @@ def _view_plan(layout: BatchLayout, rows: int | None) -> _ViewPlan:
         shape = (*lead, *leaf.shape)
         tensors.append((dtypes.index(leaf.dtype), shape, _contiguous_strides(shape), offset // leaf.dtype.itemsize))
         offset += aligned(leaf.nbytes * (rows or 1))
-        node = tree
-        for name in leaf.key[:-1]:
-            node = node.setdefault(name, {})
-        node[leaf.key[-1]] = index
+        put_nested(tree, leaf.key, index)
     names = [None] * len(lead) + list(layout.names) if layout.names else None
     return _ViewPlan(offset, dtypes, tuple(tensors), tree, torch.Size((*lead, *layout.batch_size)), names)
 
@@ -122,6 +119,14 @@ def _contiguous_strides(shape: tuple) -> tuple:
         strides.append(step)
         step *= size
     return tuple(reversed(strides))
+
+
+def put_nested(tree: dict, key: str | tuple, value: object) -> None:
+    """``tree[key] = value``, a tuple key going through nested dicts (made where missing)."""
+    *path, name = (key,) if isinstance(key, str) else key
+    for part in path:
+        tree = tree.setdefault(part, {})
+    tree[name] = value
 
 
 def nested_tensordict(tree: dict, batch_size: torch.Size, names: list | None, leaf: Callable = lambda value: value,
