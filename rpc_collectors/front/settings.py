@@ -289,7 +289,13 @@ def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: Nod
     # a worker that builds its policy (policy_factory) is not sent the trainer's, whose weights it gets pushed
     policies = [policy if kw["policy_factory"] is None else None for kw in worker_kwargs]
     try:
-        return [cloudpickle.dumps((fn, p, kw, node)) for fn, p, kw in zip(env_fns, policies, worker_kwargs)]
+        specs, pickled = [], {}  # workers given the same factory, policy and options share one pickle
+        for fn, p, kw in zip(env_fns, policies, worker_kwargs):
+            key = (id(fn), id(p), cloudpickle.dumps(kw))
+            if key not in pickled:
+                pickled[key] = cloudpickle.dumps((fn, p, kw, node))
+            specs.append(pickled[key])
+        return specs
     except Exception:
         named = [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]
         named += [(f"{name}[{i}]", v) for name, values in per_worker.items() for i, v in enumerate(values)]
