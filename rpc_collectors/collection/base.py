@@ -6,7 +6,7 @@ import threading
 from typing import Any, Iterator
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase, is_non_tensor, is_tensor_collection
 
 from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
@@ -22,9 +22,21 @@ def drop_private_keys(batch: Any) -> Any:
     exploration module's ``"_ou_prev_noise"``), as TorchRL's collectors drop them after ``postproc``."""
     if not isinstance(batch, TensorDictBase):
         return batch
-    private = [key for key in batch.keys(include_nested=True)
-               if any(part.startswith("_") for part in ((key,) if isinstance(key, str) else key))]
+    private = _private_keys(batch, ())
     return batch.exclude(*private, inplace=True) if private else batch
+
+
+def _private_keys(td: TensorDictBase, prefix: tuple) -> list[tuple]:
+    found = []
+    for name, value in td.items():
+        if name.startswith("_"):
+            found.append((*prefix, name))
+        elif isinstance(value, TensorDictBase):
+            found += _private_keys(value, (*prefix, name))
+        elif is_tensor_collection(value) and not is_non_tensor(value):  # a tensorclass: its fields, as keys(True) has them
+            found += [(*prefix, name, *key) for key in value.keys(include_nested=True)
+                      if any(part.startswith("_") for part in ((key,) if isinstance(key, str) else key))]
+    return found
 
 
 class BaseCollector:

@@ -18,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from rpc_collectors.planes import shm
 from rpc_collectors.planes.doorbell import Dial, Ends
-from rpc_collectors.planes.layouts import BatchLayout, aligned, signature_of
+from rpc_collectors.planes.layouts import BatchLayout, aligned
 
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
 
@@ -54,6 +54,8 @@ class SlotWriter:
         self.slots = [whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes] for i in range(spec.slots)]
         self.targets = [spec.layout.view(slot, spec.rows)[spec.row] for slot in self.slots]
         self.signature = spec.layout.signature()
+        # each slot's tensors by key, with the shape and dtype a batch's tensor must have there
+        self._dests = [{key: (target.get(key), *self.signature[key]) for key in self.signature} for target in self.targets]
 
     def memory(self, slot: int) -> memoryview:
         """The bytes of ``slot``, as sent to a trainer on another host."""
@@ -61,11 +63,16 @@ class SlotWriter:
 
     def write(self, slot: int, batch: TensorDictBase) -> bool:
         """Copy ``batch`` into ``slot``; False (nothing written) if it does not fit the layout."""
-        if signature_of(batch) != self.signature:
-            return False
-        target = self.targets[slot]
+        dests, pairs = self._dests[slot], []
         for key, value in batch.items(include_nested=True, leaves_only=True):
-            dest = target.get(key)
+            key = key if isinstance(key, tuple) else (key,)
+            dest, shape, dtype = dests.get(key, (None, None, None))
+            if dest is None or type(value) is not torch.Tensor or tuple(value.shape) != shape or value.dtype != dtype:
+                return False
+            pairs.append((dest, value))
+        if len(pairs) != len(dests):
+            return False
+        for dest, value in pairs:
             if dest.data_ptr() != value.data_ptr():  # not already written there by the rollout
                 dest.copy_(value)
         return True
