@@ -27,6 +27,7 @@ def drop_private_keys(batch: Any) -> Any:
 
 
 def _private_keys(td: TensorDictBase, prefix: tuple) -> list[tuple]:
+    """The keys under ``prefix`` with a part starting with ``"_"`` (a private entry's own entries not listed)."""
     found = []
     for name, value in td.items():
         if name.startswith("_"):

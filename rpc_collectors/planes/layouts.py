@@ -79,7 +79,9 @@ class BatchLayout:
 
     def view(self, slot: torch.Tensor, rows: int | None) -> TensorDict:
         """A TensorDict of views into ``slot`` (flat uint8): ``[rows, *batch_size]``, or one batch if rows is None."""
-        plan = self._plans.get(rows) or self._plans.setdefault(rows, _view_plan(self, rows))
+        plan = self._plans.get(rows)
+        if plan is None:
+            plan = self._plans[rows] = _view_plan(self, rows)
         slot = slot[:plan.nbytes]
         typed = [slot.view(dtype) for dtype in plan.dtypes]
         tensors = [typed[i].as_strided(shape, stride, typed[i].storage_offset() + offset)
