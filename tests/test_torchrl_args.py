@@ -12,10 +12,12 @@ import sys
 
 import pytest
 import torch
+from tensordict import LazyStackedTensorDict, TensorDict
 from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import Collector, GymEnv, MultiAsyncCollector, MultiSyncCollector
+from rpc_collectors.collection.base import drop_private_keys
 from rpc_collectors.core.torchrl_args import scheme_objects, weight_sync_schemes
 from test_rpc_collector import BiasPolicy
 
@@ -182,6 +184,14 @@ def test_exclude_private_keys_false_keeps_private_entries():
     c._exclude_private_keys = False  # TorchRL's attribute, which its tests set
     assert "_noise" in c.next().keys()
 
+
+
+def test_private_entries_are_dropped_from_a_lazy_stack_of_different_shapes():
+    """Heterogeneous parts (agents, envs whose shapes change) cannot be stacked: their private entries go all the same."""
+    parts = [TensorDict({"obs": torch.zeros(size), "agent": {"x": torch.zeros(size + 1)}, "_noise": torch.zeros(1)})
+             for size in (3, 2)]
+    batch = drop_private_keys(LazyStackedTensorDict.lazy_stack(parts))
+    assert set(batch.keys(True)) == {"obs", "agent", ("agent", "x")}
 
 
 def add_private_entry(batch):

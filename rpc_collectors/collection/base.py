@@ -6,7 +6,7 @@ import threading
 from typing import Any, Iterator
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDictBase, is_non_tensor, is_tensor_collection
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_non_tensor, is_tensor_collection
 
 from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
@@ -27,16 +27,18 @@ def drop_private_keys(batch: Any) -> Any:
 
 
 def _private_keys(td: TensorDictBase, prefix: tuple) -> list[tuple]:
-    """The keys under ``prefix`` with a part starting with ``"_"`` (a private entry's own entries not listed)."""
+    """The keys under ``prefix`` with a part starting with ``"_"`` (a private entry's own entries not
+    listed): a TensorDict level by level; anything else (a lazy stack, whose ``items()`` would
+    stack its parts' tensors, or a tensorclass) by its nested keys."""
+    if type(td) is not TensorDict:
+        keys = ((key,) if isinstance(key, str) else key for key in td.keys(include_nested=True))
+        return [(*prefix, *key) for key in keys if any(part.startswith("_") for part in key)]
     found = []
     for name, value in td.items():
         if name.startswith("_"):
             found.append((*prefix, name))
-        elif isinstance(value, TensorDictBase):
+        elif is_tensor_collection(value) and not is_non_tensor(value):
             found += _private_keys(value, (*prefix, name))
-        elif is_tensor_collection(value) and not is_non_tensor(value):  # a tensorclass: its fields, as keys(True) has them
-            found += [(*prefix, name, *key) for key in value.keys(include_nested=True)
-                      if any(part.startswith("_") for part in ((key,) if isinstance(key, str) else key))]
     return found
 
 
