@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDictBase
 
-VERSION = ("collector", "policy_version")
-WORKER_ID = ("collector", "worker_id")
-MASK = ("collector", "mask")  # steps a preempted worker did not collect are False
+MARKS = "collector"  # the entry holding the keys below
+VERSION = (MARKS, "policy_version")
+WORKER_ID = (MARKS, "worker_id")
+MASK = (MARKS, "mask")  # steps a preempted worker did not collect are False
 
 
 @dataclass(frozen=True)
@@ -56,22 +57,22 @@ def take(batch: TensorDictBase, keep: bool) -> tuple[tuple[int, int] | None, tor
     ``"collector"`` entry."""
     if not isinstance(batch, TensorDictBase):
         return None, None
-    marks = batch.get("collector", None)
+    marks = batch.get(MARKS, None)  # the entry is read once: each nested get walks the batch again
     if marks is None:
         return None, None
-    ids = marks.get("worker_id", None)
-    found = marks.get("policy_version", None)
+    ids = marks.get(WORKER_ID[1], None)
+    found = marks.get(VERSION[1], None)
     versions = None
     if found is not None and not found.is_meta:  # meta: placed where nothing can be read
-        mask = marks.get("mask", None)
+        mask = marks.get(MASK[1], None)
         if mask is not None:
             found = found[mask]
         versions = _low_high(found) if found.numel() else (0, 0)
     if not keep:
-        marks.pop("policy_version", None)
-        marks.pop("worker_id", None)
+        marks.pop(VERSION[1], None)
+        marks.pop(WORKER_ID[1], None)
         if not marks.keys():
-            batch.del_("collector")
+            batch.del_(MARKS)
     return versions, ids
 
 

@@ -53,9 +53,9 @@ class SlotWriter:
             whole = torch.from_file(spec.path, shared=True, size=size, dtype=torch.uint8)
         self.slots = [whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes] for i in range(spec.slots)]
         self.targets = [spec.layout.view(slot, spec.rows)[spec.row] for slot in self.slots]
-        self.signature = spec.layout.signature()
+        signature = spec.layout.signature()
         # each slot's tensors by key, with the shape and dtype a batch's tensor must have there
-        self._dests = [{key: (target.get(key), *self.signature[key]) for key in self.signature} for target in self.targets]
+        self._dests = [{key: (target.get(key), *signature[key]) for key in signature} for target in self.targets]
 
     def memory(self, slot: int) -> memoryview:
         """The bytes of ``slot``, as sent to a trainer on another host."""
