@@ -15,10 +15,8 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from rpc_collectors.collection.envs import GymEnv, _where
 from rpc_collectors.collection.policies import StepPolicy
+from rpc_collectors.collection.step_records import FLAGS, StepRecords, Targets, time_names
 from rpc_collectors.collection.trajectories import TRAJ_IDS, TrajectoryIds
-from rpc_collectors.planes.layouts import nested_tensordict, put_nested
-
-FLAGS = ("done", "terminated", "truncated")
 
 
 def _dense(td: TensorDictBase) -> TensorDictBase:
@@ -27,17 +25,13 @@ def _dense(td: TensorDictBase) -> TensorDictBase:
     return td.contiguous() if isinstance(td, LazyStackedTensorDict) else td
 
 
-def _time_names(batch_dims: int) -> list:
-    return [None] * (batch_dims - 1) + ["time"]
-
-
 def _stack_steps(steps: list, dim: int, dense_only: bool = False) -> TensorDictBase:
     """The steps of a batch stacked along time, as TorchRL stacks them: one TensorDict (entries that
     are heterogeneous lazy stacks stay so), or, where an entry's shape changes from step to step (an
     env with dynamic specs), a lazy stack; ``dense_only`` (TorchRL's ``use_buffers=True``): a
     ``RuntimeError`` there instead."""
     out = torch.stack(steps, dim=dim) if dense_only else TensorDict.maybe_dense_stack(steps, dim=dim)
-    out.names = _time_names(out.batch_dims)
+    out.names = time_names(out.batch_dims)
     return out
 
 
@@ -55,8 +49,8 @@ def end_of_trajectory(nxt: TensorDictBase, done_keys: list, batch_size: torch.Si
 class ArrayRollout:
     """Fast rollout of a GymEnv: per step only numpy work and the policy call.
 
-    ``out``, if set, is a TensorDict of the batch's layout (a shared-memory slot): the
-    observations are stacked straight into it instead of into new tensors. ``device``: the CPU,
+    ``out``, if set, is a TensorDict of the batch's layout (a shared-memory slot): the steps
+    are stacked straight into its tensors instead of into new ones. ``device``: the CPU,
     where the collector stores batches on it (they are made there), else None (no device).
     """
 
@@ -67,6 +61,7 @@ class ArrayRollout:
         self.out: TensorDictBase | None = None
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
         self.device: torch.device | None = None
+        self._targets = Targets()
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -103,8 +98,7 @@ class ArrayRollout:
             self.traj = ids if self.env.is_vector else int(ids[0])
         env, vector, max_steps = self.env, self.env.is_vector, self.max_steps
         batch = env.batch_size
-        obs_rec, next_rec, out_rec = [], [], []
-        rewards, terms, truncs, tids, counts = [], [], [], [], []
+        rec = StepRecords()
         for _ in range(num_steps):
             obs = self.obs
             if policy is None:
@@ -112,17 +106,17 @@ class ArrayRollout:
             else:
                 out = policy({k: torch.from_numpy(v) for k, v in obs.items()}, batch)
             next_obs, reward, term, trunc = env.step_arrays(env.action_to_numpy(out["action"]))
-            obs_rec.append(obs)
-            next_rec.append(next_obs)
-            out_rec.append(out)
-            rewards.append(reward)
-            tids.append(self.traj)
+            rec.obs.append(obs)
+            rec.next_obs.append(next_obs)
+            rec.outputs.append(out)
+            rec.rewards.append(reward)
+            rec.traj_ids.append(self.traj)
             if max_steps is not None:
-                counts.append(self.steps)
+                rec.counts.append(self.steps)
                 self.steps = self.steps + 1
                 trunc = np.logical_or(trunc, self.steps >= max_steps) if vector else trunc or self.steps >= max_steps
-            terms.append(term)
-            truncs.append(trunc)
+            rec.terminated.append(term)
+            rec.truncated.append(trunc)
             if vector:
                 done = np.logical_or(term, trunc)
                 if done.any():
@@ -141,49 +135,7 @@ class ArrayRollout:
                 self.obs = next_obs
             if stopped is not None and stopped():
                 break
-        return self._to_tensordict(obs_rec, next_rec, out_rec, rewards, terms, truncs, tids, counts)
-
-    def _to_tensordict(self, obs_rec, next_rec, out_rec, rewards, terms, truncs, tids, counts) -> TensorDict:
-        vector = self.env.is_vector
-        axis = 1 if vector else 0
-        shape = (*self.env.batch_size, len(obs_rec))
-
-        def stack(values: list, dtype: Any = None) -> torch.Tensor:
-            if vector:
-                return torch.from_numpy(np.ascontiguousarray(np.stack(values, axis=1), dtype=dtype))
-            return torch.from_numpy(np.array(values, dtype=dtype))  # one env: scalars, or arrays along a new first dim
-
-        def flag(values: list) -> torch.Tensor:
-            return stack(values, np.bool_).reshape(*shape, 1)
-
-        def stack_obs(key: Any, values: list) -> torch.Tensor:
-            target = self.out.get(key, None) if self.out is not None else None
-            first = values[0]
-            stacked = (*first.shape[:axis], len(values), *first.shape[axis:])
-            if target is None or tuple(target.shape) != stacked or target.numpy().dtype != first.dtype:
-                return stack(values)
-            np.stack(values, axis=axis, out=target.numpy())
-            return target
-
-        terminated, truncated = flag(terms), flag(truncs)
-        root = {name: torch.zeros(*shape, 1, dtype=torch.bool) for name in FLAGS}
-        nxt = {"reward": stack(rewards, np.float32).reshape(*shape, 1), "done": terminated | truncated,
-               "terminated": terminated, "truncated": truncated}
-        root["collector"] = {TRAJ_IDS[1]: stack(tids, np.int64)}
-        if counts:
-            before = stack(counts, np.int64).reshape(*shape, 1)
-            root["step_count"], nxt["step_count"] = before, before + 1
-        for key in obs_rec[0]:
-            put_nested(root, key, stack_obs(key, [o[key] for o in obs_rec]))
-            put_nested(nxt, key, stack_obs(("next", key) if isinstance(key, str) else ("next", *key), [o[key] for o in next_rec]))
-        root["next"] = nxt
-        td = nested_tensordict(root, torch.Size(shape), _time_names(len(shape)), device=self.device)
-        for key in out_rec[0].keys():  # the policy's outputs: checked as they are set
-            td.set(key, torch.stack([o[key] for o in out_rec], dim=axis).cpu())
-        for key, zero in self.policy_zeros.items():  # random actions: the policy's other outputs as zeros
-            if key not in td.keys(include_nested=True):
-                td.set(key, zero.cpu().unsqueeze(axis).expand(*shape, *zero.shape[axis:]).clone())
-        return td
+        return rec.to_tensordict(batch, vector, self._targets.of(self.out), self.policy_zeros, self.device)
 
 
 class TensorDictRollout:

@@ -1,0 +1,147 @@
+"""A GymEnv rollout's recorded steps, and the batch they make in TorchRL's layout.
+
+:class:`StepRecords` holds a batch's steps as the env gave them (numpy arrays and scalars) and
+the policy's outputs; :meth:`StepRecords.to_tensordict` stacks them along time. Where a target
+TensorDict (a worker's shared-memory slot, :class:`Targets`) has a tensor of the right shape and
+dtype for an entry, the steps are written into it with numpy and the batch holds that tensor: a
+worker's batch then lies in its slot already, at the cost of a few numpy calls. A sync round of
+many workers on few cores waits for the last of them to finish its batch, so this work is what
+the round's end costs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from rpc_collectors.collection.trajectories import TRAJ_IDS
+from rpc_collectors.planes.layouts import nested_tensordict, put_nested
+
+FLAGS = ("done", "terminated", "truncated")
+MAX_TARGETS = 8  # TensorDicts remembered by Targets: a worker's slots, which take turns
+
+
+def time_names(batch_dims: int) -> list:
+    return [None] * (batch_dims - 1) + ["time"]
+
+
+class Targets:
+    """The tensors of the TensorDicts that batches are written into, by key tuple, each with its numpy view."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[TensorDictBase, dict]] = {}
+
+    def of(self, out: TensorDictBase | None) -> dict:
+        """``{key tuple: (tensor, numpy view)}`` of ``out``'s tensors, worked out once per ``out``."""
+        if out is None:
+            return {}
+        known = self._known.get(id(out))
+        if known is None or known[0] is not out:
+            if len(self._known) >= MAX_TARGETS:  # the slots of an earlier buffer
+                self._known.clear()
+            arrays = {(key,) if isinstance(key, str) else key: (tensor, tensor.numpy())
+                      for key, tensor in out.items(include_nested=True, leaves_only=True) if type(tensor) is torch.Tensor}
+            known = self._known[id(out)] = (out, arrays)
+        return known[1]
+
+
+@dataclass
+class StepRecords:
+    """One batch's steps: observations before and after, the policy's outputs, rewards, flags,
+    trajectory ids and (with a step limit) step counts, one entry per step."""
+
+    obs: list = field(default_factory=list)
+    next_obs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    rewards: list = field(default_factory=list)
+    terminated: list = field(default_factory=list)
+    truncated: list = field(default_factory=list)
+    traj_ids: list = field(default_factory=list)
+    counts: list = field(default_factory=list)
+
+    def to_tensordict(self, batch_size: torch.Size, vector: bool, targets: dict, policy_zeros: dict,
+                      device: torch.device | None) -> TensorDict:
+        """The batch ``[*batch_size, steps]`` (``vector``: the env's arrays hold ``batch_size``
+        envs), written into ``targets`` (:meth:`Targets.of`) where they fit; ``policy_zeros``: the
+        policy's outputs but the action, as zeros of one step (random actions)."""
+        axis = 1 if vector else 0
+        shape = (*batch_size, len(self.obs))
+
+        def stack(key: tuple, values: list, dtype: Any = None, flag: bool = False) -> torch.Tensor:
+            """The steps' ``values`` (scalars, or one step's arrays) along time; ``flag``: with a
+            trailing dim of 1 (rewards, done flags, step counts)."""
+            first = np.asarray(values[0], dtype=dtype)
+            stacked = (*first.shape[:axis], len(values), *first.shape[axis:], *((1,) if flag else ()))
+            tensor, array = targets.get(key, (None, None))
+            if array is not None and array.shape == stacked and array.dtype == first.dtype:
+                dest = array[..., 0] if flag else array
+                if vector:
+                    np.stack(values, axis=1, out=dest)
+                else:
+                    dest[...] = values
+                return tensor
+            if vector:
+                out = torch.from_numpy(np.ascontiguousarray(np.stack(values, axis=1), dtype=dtype))
+            else:
+                out = torch.from_numpy(np.array(values, dtype=dtype))  # one env: along a new first dim
+            return out.reshape(stacked) if flag else out
+
+        def zeros(key: tuple) -> torch.Tensor:
+            tensor, array = targets.get(key, (None, None))
+            if array is not None and array.shape == (*shape, 1) and array.dtype == np.bool_:
+                array[...] = False
+                return tensor
+            return torch.zeros(*shape, 1, dtype=torch.bool)
+
+        def done(terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+            """``terminated | truncated``, in the target where both lie there."""
+            tensor, array = targets.get(("next", "done"), (None, None))
+            term, term_array = targets.get(("next", "terminated"), (None, None))
+            trunc, trunc_array = targets.get(("next", "truncated"), (None, None))
+            if array is not None and term is terminated and trunc is truncated and array.shape == term_array.shape \
+                    and array.dtype == np.bool_:
+                np.logical_or(term_array, trunc_array, out=array)
+                return tensor
+            return terminated | truncated
+
+        root = {name: zeros((name,)) for name in FLAGS}
+        terminated = stack(("next", "terminated"), self.terminated, np.bool_, flag=True)
+        truncated = stack(("next", "truncated"), self.truncated, np.bool_, flag=True)
+        nxt = {"reward": stack(("next", "reward"), self.rewards, np.float32, flag=True),
+               "done": done(terminated, truncated), "terminated": terminated, "truncated": truncated}
+        root["collector"] = {TRAJ_IDS[1]: stack(TRAJ_IDS, self.traj_ids, np.int64)}
+        if self.counts:
+            root["step_count"] = stack(("step_count",), self.counts, np.int64, flag=True)
+            nxt["step_count"] = stack(("next", "step_count"), [count + 1 for count in self.counts], np.int64, flag=True)
+        for key in self.obs[0]:
+            path = (key,) if isinstance(key, str) else tuple(key)
+            put_nested(root, key, stack(path, [o[key] for o in self.obs]))
+            put_nested(nxt, key, stack(("next", *path), [o[key] for o in self.next_obs]))
+        root["next"] = nxt
+        checked = []  # the policy's outputs that do not start with the batch's shape on the CPU: set with checks
+        for key in self.outputs[0].keys():
+            value = _stack_output([o[key] for o in self.outputs], axis, targets.get((key,) if isinstance(key, str) else key))
+            if type(value) is torch.Tensor and value.device.type == "cpu" and value.shape[:len(shape)] == shape:
+                put_nested(root, key, value)
+            else:
+                checked.append((key, value))
+        td = nested_tensordict(root, torch.Size(shape), time_names(len(shape)), device=device)
+        for key, value in checked:
+            td.set(key, value.cpu())
+        for key, zero in policy_zeros.items():  # random actions: the policy's other outputs as zeros
+            if key not in td.keys(include_nested=True):
+                td.set(key, zero.cpu().unsqueeze(axis).expand(*shape, *zero.shape[axis:]).clone())
+        return td
+
+
+def _stack_output(values: list, axis: int, target: tuple | None) -> Any:
+    """A policy output's steps along time: into the ``target`` (tensor, array) where it fits."""
+    first = values[0]
+    tensor = target[0] if target is not None else None
+    if tensor is not None and type(first) is torch.Tensor and first.device.type == "cpu" and first.dtype == tensor.dtype \
+            and tensor.shape == (*first.shape[:axis], len(values), *first.shape[axis:]):
+        return torch.stack(values, dim=axis, out=tensor)
+    return torch.stack(values, dim=axis)

@@ -1,0 +1,55 @@
+"""A worker's batch written straight into its slot (shared memory that held an earlier batch)
+holds what the same batch built in fresh tensors holds."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from conftest import CountEnv
+from rpc_collectors import Collector, GymEnv
+
+
+class ActionAndLogits(nn.Module):
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features, 2)
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.linear(observation)
+        return logits.argmax(-1), logits
+
+
+def _collector(num_envs: int | None) -> Collector:
+    torch.manual_seed(0)
+    policy = TensorDictModule(ActionAndLogits(4 if num_envs else 3), in_keys=["observation"],
+                              out_keys=["action", "logits"])
+    env = GymEnv("CartPole-v1", num_envs=num_envs) if num_envs else GymEnv(CountEnv())
+    env.set_seed(3)
+    steps = 6
+    return Collector(env, policy, frames_per_batch=steps * (num_envs or 1), total_frames=-1, max_frames_per_traj=4)
+
+
+@pytest.mark.parametrize("num_envs", [None, 3])
+def test_a_batch_written_into_a_used_slot_equals_the_batch_built_apart(num_envs):
+    apart, into_slot = _collector(num_envs), _collector(num_envs)
+    try:
+        first = apart.next()
+        into_slot.next()
+        slot = first.clone().apply(lambda t: torch.ones_like(t))  # what an earlier batch left there
+        into_slot.rollout.out = slot
+        for _ in range(3):  # episodes end inside these batches (step limit 4 for 6 steps a batch)
+            expected, got = apart.next(), into_slot.next()
+            keys = set(expected.keys(True, True))
+            assert set(got.keys(True, True)) == keys
+            for key in keys:
+                assert torch.equal(got[key], expected[key]), key
+            # the entries the rollout makes lie in the slot (the worker then copies none of them)
+            for key in ["observation", ("next", "observation"), ("next", "reward"), ("next", "done"),
+                        ("next", "step_count"), "done", "action", "logits", ("collector", "traj_ids")]:
+                assert got[key].data_ptr() == slot[key].data_ptr(), key
+        assert expected["next", "truncated"].any() or expected["next", "terminated"].any()
+    finally:
+        apart.shutdown()
+        into_slot.shutdown()
