@@ -28,7 +28,8 @@ def _collector(num_envs: int | None) -> Collector:
     env = GymEnv("CartPole-v1", num_envs=num_envs) if num_envs else GymEnv(CountEnv())
     env.set_seed(3)
     steps = 6
-    return Collector(env, policy, frames_per_batch=steps * (num_envs or 1), total_frames=-1, max_frames_per_traj=4)
+    return Collector(env, policy, frames_per_batch=steps * (num_envs or 1), total_frames=-1, max_frames_per_traj=4,
+                     track_policy_version=True)
 
 
 @pytest.mark.parametrize("num_envs", [None, 3])
@@ -40,6 +41,8 @@ def test_a_batch_written_into_a_used_slot_equals_the_batch_built_apart(num_envs)
         slot = first.clone().apply(lambda t: torch.ones_like(t))  # what an earlier batch left there
         into_slot.rollout.out = slot
         for _ in range(3):  # episodes end inside these batches (step limit 4 for 6 steps a batch)
+            apart.update_policy_weights_()  # the weight versions differ between a batch's first step and the others
+            into_slot.update_policy_weights_()
             expected, got = apart.next(), into_slot.next()
             keys = set(expected.keys(True, True))
             assert set(got.keys(True, True)) == keys
@@ -47,9 +50,11 @@ def test_a_batch_written_into_a_used_slot_equals_the_batch_built_apart(num_envs)
                 assert torch.equal(got[key], expected[key]), key
             # the entries the rollout makes lie in the slot (the worker then copies none of them)
             for key in ["observation", ("next", "observation"), ("next", "reward"), ("next", "done"),
-                        ("next", "step_count"), "done", "action", "logits", ("collector", "traj_ids")]:
+                        ("next", "step_count"), "done", "action", "logits", ("collector", "traj_ids"),
+                        ("collector", "policy_version"), "policy_version", ("next", "policy_version")]:
                 assert got[key].data_ptr() == slot[key].data_ptr(), key
         assert expected["next", "truncated"].any() or expected["next", "terminated"].any()
+        assert expected["policy_version"][..., 0].max() < expected["policy_version"][..., 1].min()
     finally:
         apart.shutdown()
         into_slot.shutdown()

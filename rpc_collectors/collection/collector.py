@@ -253,14 +253,16 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         preempted = self.preemption.stopped if self.preemption is not None else None
         interrupted = self._interrupted.is_set
         stopped = interrupted if preempted is None else lambda: interrupted() or preempted()
+        version = self.policy_version
+        marks = {POLICY_VERSION: (version, version)}
+        if self.track_policy_version:  # TorchRL's keys; at the root, the first step's observation is the previous batch's
+            marks[TORCHRL_VERSION] = (version if fresh_obs else self._obs_version, version)
+            marks[("next", TORCHRL_VERSION)] = (version, version)
         with torch.no_grad(), set_interaction_type(self.exploration_type):
-            batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy, stopped)
+            batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy, stopped, marks)
         if interrupted():
             raise RuntimeError("the collector was interrupted: its worker process is closing")
-        batch.set(POLICY_VERSION, torch.full(batch.shape, self.policy_version, dtype=torch.int64))
-        if self.track_policy_version:
-            self._set_torchrl_versions(batch, self.policy_version if fresh_obs else self._obs_version)
-        self._obs_version = self.policy_version
+        self._obs_version = version
         if self.truncated_keys:
             batch_edits.set_truncated(batch, self.truncated_keys)
         if self.compact_keys:
@@ -272,16 +274,6 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         if self.devices["storing_device"] is not None and batch.device != self.devices["storing_device"]:
             batch = batch.to(self.devices["storing_device"])
         return batch
-
-    @staticmethod
-    def _set_torchrl_versions(batch: TensorDictBase, first: int) -> None:
-        """TorchRL's keys: the batch's version under "next"; at the root too, but for the first
-        step, whose observation came from the previous batch's last step."""
-        version = batch.get(POLICY_VERSION)
-        root = version.clone()
-        root[..., 0] = first
-        batch.set(TORCHRL_VERSION, root)
-        batch.set(("next", TORCHRL_VERSION), version.clone())
 
     # ------------------------------------------------------------------ weights
     def update_policy_weights_(

@@ -15,7 +15,7 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from rpc_collectors.collection.envs import GymEnv, _where
 from rpc_collectors.collection.policies import StepPolicy
-from rpc_collectors.collection.step_records import FLAGS, StepRecords, Targets, time_names
+from rpc_collectors.collection.step_records import FLAGS, StepRecords, Targets, set_marks, time_names
 from rpc_collectors.collection.trajectories import TRAJ_IDS, TrajectoryIds
 
 
@@ -88,9 +88,11 @@ class ArrayRollout:
             self.reset()
         return policy({k: torch.from_numpy(v) for k, v in self.obs.items()}, self.env.batch_size)
 
-    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None) -> TensorDict:
+    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None,
+                marks: dict | None = None) -> TensorDict:
         """Step ``num_steps`` times with ``policy`` (random actions if None); fewer if ``stopped()``
-        turns True (checked after each step)."""
+        turns True (checked after each step); ``marks``: entries set on every step (see
+        :func:`~rpc_collectors.collection.step_records.set_marks`)."""
         if self.obs is None:
             self.reset()
         if self.traj is None:
@@ -135,7 +137,7 @@ class ArrayRollout:
                 self.obs = next_obs
             if stopped is not None and stopped():
                 break
-        return rec.to_tensordict(batch, vector, self._targets.of(self.out), self.policy_zeros, self.device)
+        return rec.to_tensordict(batch, vector, self._targets.of(self.out), self.policy_zeros, self.device, marks or {})
 
 
 class TensorDictRollout:
@@ -184,7 +186,8 @@ class TensorDictRollout:
             self.reset()
         return policy(self.td.clone(), self.env.batch_size)
 
-    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None) -> TensorDictBase:
+    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None,
+                marks: dict | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
         if not self.stepped:
@@ -218,7 +221,7 @@ class TensorDictRollout:
             self.td = self._next_root(nxt, td)
             if stopped is not None and stopped():
                 break
-        return _stack_steps(steps, len(batch), self.dense_only)
+        return set_marks(_stack_steps(steps, len(batch), self.dense_only), marks or {})
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The root of the next step: the next state, with finished envs reset."""
@@ -273,7 +276,8 @@ class EnvBaseRollout(TensorDictRollout):
         self.td = _dense(self.env.reset())
         self.stepped = False
 
-    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None) -> TensorDictBase:
+    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None,
+                marks: dict | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
         env, batch, steps = self.env, self.env.batch_size, []
@@ -306,4 +310,4 @@ class EnvBaseRollout(TensorDictRollout):
             self.td = root
             if stopped is not None and stopped():
                 break
-        return _stack_steps(steps, len(batch), self.dense_only)
+        return set_marks(_stack_steps(steps, len(batch), self.dense_only), marks or {})

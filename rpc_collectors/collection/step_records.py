@@ -63,10 +63,11 @@ class StepRecords:
     counts: list = field(default_factory=list)
 
     def to_tensordict(self, batch_size: torch.Size, vector: bool, targets: dict, policy_zeros: dict,
-                      device: torch.device | None) -> TensorDict:
+                      device: torch.device | None, marks: dict) -> TensorDict:
         """The batch ``[*batch_size, steps]`` (``vector``: the env's arrays hold ``batch_size``
         envs), written into ``targets`` (:meth:`Targets.of`) where they fit; ``policy_zeros``: the
-        policy's outputs but the action, as zeros of one step (random actions)."""
+        policy's outputs but the action, as zeros of one step (random actions); ``marks``: see
+        :func:`set_marks`."""
         axis = 1 if vector else 0
         shape = (*batch_size, len(self.obs))
 
@@ -128,6 +129,14 @@ class StepRecords:
                 put_nested(root, key, value)
             else:
                 checked.append((key, value))
+        for key, (first, rest) in marks.items():
+            tensor, array = targets.get((key,) if isinstance(key, str) else key, (None, None))
+            if array is not None and array.shape == shape and array.dtype == np.int64:
+                array[...] = rest
+                array[..., 0] = first
+                put_nested(root, key, tensor)
+            else:
+                put_nested(root, key, _mark(shape, first, rest))
         td = nested_tensordict(root, torch.Size(shape), time_names(len(shape)), device=device)
         for key, value in checked:
             td.set(key, value.cpu())
@@ -145,3 +154,17 @@ def _stack_output(values: list, axis: int, target: tuple | None) -> Any:
             and tensor.shape == (*first.shape[:axis], len(values), *first.shape[axis:]):
         return torch.stack(values, dim=axis, out=tensor)
     return torch.stack(values, dim=axis)
+
+
+def _mark(shape: tuple, first: int, rest: int) -> torch.Tensor:
+    value = torch.full(shape, rest, dtype=torch.int64)
+    value[..., 0] = first
+    return value
+
+
+def set_marks(batch: TensorDictBase, marks: dict) -> TensorDictBase:
+    """``batch`` with ``marks`` (``{key: (first step's value, the other steps')}``, such as the
+    weight versions that collected it) set as int64 entries of its shape."""
+    for key, (first, rest) in marks.items():
+        batch.set(key, _mark(batch.shape, first, rest))
+    return batch
