@@ -100,7 +100,7 @@ class ArrayRollout:
             self.traj = ids if self.env.is_vector else int(ids[0])
         env, vector, max_steps = self.env, self.env.is_vector, self.max_steps
         batch = env.batch_size
-        rec = StepRecords()
+        rec = StepRecords(self._targets.of(self.out))
         for _ in range(num_steps):
             obs = self.obs
             if policy is None:
@@ -110,7 +110,7 @@ class ArrayRollout:
             next_obs, reward, term, trunc = env.step_arrays(env.action_to_numpy(out["action"]))
             rec.obs.append(obs)
             rec.next_obs.append(next_obs)
-            rec.outputs.append(out)
+            rec.add_outputs(out)
             rec.rewards.append(reward)
             rec.traj_ids.append(self.traj)
             if max_steps is not None:
@@ -137,7 +137,7 @@ class ArrayRollout:
                 self.obs = next_obs
             if stopped is not None and stopped():
                 break
-        return rec.to_tensordict(batch, vector, self._targets.of(self.out), self.policy_zeros, self.device, marks or {})
+        return rec.to_tensordict(batch, vector, self.policy_zeros, self.device, marks or {})
 
 
 class TensorDictRollout:

@@ -51,25 +51,44 @@ class Targets:
 @dataclass
 class StepRecords:
     """One batch's steps: observations before and after, the policy's outputs, rewards, flags,
-    trajectory ids and (with a step limit) step counts, one entry per step."""
+    trajectory ids and (with a step limit) step counts, one entry per step; ``targets``: where
+    the batch is written (:meth:`Targets.of`)."""
 
+    targets: dict = field(default_factory=dict)
     obs: list = field(default_factory=list)
     next_obs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
+    output_arrays: dict = field(default_factory=dict)  # outputs kept as numpy arrays too: {key: [one per step]}
     rewards: list = field(default_factory=list)
     terminated: list = field(default_factory=list)
     truncated: list = field(default_factory=list)
     traj_ids: list = field(default_factory=list)
     counts: list = field(default_factory=list)
 
-    def to_tensordict(self, batch_size: torch.Size, vector: bool, targets: dict, policy_zeros: dict,
-                      device: torch.device | None, marks: dict) -> TensorDict:
+    def add_outputs(self, out: Any) -> None:
+        """Record a step's policy outputs; those with a target are kept as numpy arrays as well
+        (views, taken step by step): the batch's end then stacks them with numpy, not torch."""
+        if not self.outputs and self.targets:  # the first step: which outputs can be
+            for key, value in out.items():
+                target = self.targets.get((key,) if isinstance(key, str) else key)
+                if target is not None and type(value) is torch.Tensor and value.device.type == "cpu" \
+                        and not value.requires_grad and _numpy_dtype(value.dtype) == target[1].dtype:
+                    self.output_arrays[key] = []
+        self.outputs.append(out)
+        for key in list(self.output_arrays):
+            try:
+                self.output_arrays[key].append(out[key].numpy())
+            except (AttributeError, TypeError, RuntimeError):  # not one after all: stacked with torch
+                del self.output_arrays[key]
+
+    def to_tensordict(self, batch_size: torch.Size, vector: bool, policy_zeros: dict, device: torch.device | None,
+                      marks: dict) -> TensorDict:
         """The batch ``[*batch_size, steps]`` (``vector``: the env's arrays hold ``batch_size``
-        envs), written into ``targets`` (:meth:`Targets.of`) where they fit; ``policy_zeros``: the
-        policy's outputs but the action, as zeros of one step (random actions); ``marks``: see
-        :func:`set_marks`."""
+        envs), written into the targets where they fit; ``policy_zeros``: the policy's outputs but
+        the action, as zeros of one step (random actions); ``marks``: see :func:`set_marks`."""
         axis = 1 if vector else 0
         shape = (*batch_size, len(self.obs))
+        targets = self.targets
 
         def stack(key: tuple, values: list, dtype: Any = None, flag: bool = False) -> torch.Tensor:
             """The steps' ``values`` (scalars, or one step's arrays) along time; ``flag``: with a
@@ -124,7 +143,10 @@ class StepRecords:
         root["next"] = nxt
         checked = []  # the policy's outputs that do not start with the batch's shape on the CPU: set with checks
         for key in self.outputs[0].keys():
-            value = _stack_output([o[key] for o in self.outputs], axis, targets.get((key,) if isinstance(key, str) else key))
+            if key in self.output_arrays:
+                value = stack((key,) if isinstance(key, str) else key, self.output_arrays[key])
+            else:
+                value = torch.stack([o[key] for o in self.outputs], dim=axis)
             if type(value) is torch.Tensor and value.device.type == "cpu" and value.shape[:len(shape)] == shape:
                 put_nested(root, key, value)
             else:
@@ -146,14 +168,12 @@ class StepRecords:
         return td
 
 
-def _stack_output(values: list, axis: int, target: tuple | None) -> Any:
-    """A policy output's steps along time: into the ``target`` (tensor, array) where it fits."""
-    first = values[0]
-    tensor = target[0] if target is not None else None
-    if tensor is not None and type(first) is torch.Tensor and first.device.type == "cpu" and first.dtype == tensor.dtype \
-            and tensor.shape == (*first.shape[:axis], len(values), *first.shape[axis:]):
-        return torch.stack(values, dim=axis, out=tensor)
-    return torch.stack(values, dim=axis)
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    """The numpy dtype of torch's ``dtype`` (None: numpy has none, such as bfloat16)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        return None
 
 
 def _mark(shape: tuple, first: int, rest: int) -> torch.Tensor:
