@@ -253,16 +253,21 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         preempted = self.preemption.stopped if self.preemption is not None else None
         interrupted = self._interrupted.is_set
         stopped = interrupted if preempted is None else lambda: interrupted() or preempted()
-        version = self.policy_version
-        marks = {POLICY_VERSION: (version, version)}
-        if self.track_policy_version:  # TorchRL's keys; at the root, the first step's observation is the previous batch's
-            marks[TORCHRL_VERSION] = (version if fresh_obs else self._obs_version, version)
-            marks[("next", TORCHRL_VERSION)] = (version, version)
+
+        def marks() -> dict:
+            """The versions to set, read at the batch's end (a node's policy tells its version at the first step)."""
+            version = self.policy_version
+            out = {POLICY_VERSION: (version, version)}
+            if self.track_policy_version:  # TorchRL's keys; at the root, the first step's observation is the previous batch's
+                out[TORCHRL_VERSION] = (version if fresh_obs else self._obs_version, version)
+                out[("next", TORCHRL_VERSION)] = (version, version)
+            return out
+
         with torch.no_grad(), set_interaction_type(self.exploration_type):
             batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy, stopped, marks)
         if interrupted():
             raise RuntimeError("the collector was interrupted: its worker process is closing")
-        self._obs_version = version
+        self._obs_version = self.policy_version
         if self.truncated_keys:
             batch_edits.set_truncated(batch, self.truncated_keys)
         if self.compact_keys:

@@ -89,10 +89,10 @@ class ArrayRollout:
         return policy({k: torch.from_numpy(v) for k, v in self.obs.items()}, self.env.batch_size)
 
     def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None,
-                marks: dict | None = None) -> TensorDict:
+                marks: Callable[[], dict] | None = None) -> TensorDict:
         """Step ``num_steps`` times with ``policy`` (random actions if None); fewer if ``stopped()``
-        turns True (checked after each step); ``marks``: entries set on every step (see
-        :func:`~rpc_collectors.collection.step_records.set_marks`)."""
+        turns True (checked after each step); ``marks()``, called once the steps are done: entries
+        set on every step (see :func:`~rpc_collectors.collection.step_records.set_marks`)."""
         if self.obs is None:
             self.reset()
         if self.traj is None:
@@ -137,7 +137,7 @@ class ArrayRollout:
                 self.obs = next_obs
             if stopped is not None and stopped():
                 break
-        return rec.to_tensordict(batch, vector, self.policy_zeros, self.device, marks or {})
+        return rec.to_tensordict(batch, vector, self.policy_zeros, self.device, marks() if marks is not None else {})
 
 
 class TensorDictRollout:
@@ -187,7 +187,7 @@ class TensorDictRollout:
         return policy(self.td.clone(), self.env.batch_size)
 
     def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None,
-                marks: dict | None = None) -> TensorDictBase:
+                marks: Callable[[], dict] | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
         if not self.stepped:
@@ -221,7 +221,7 @@ class TensorDictRollout:
             self.td = self._next_root(nxt, td)
             if stopped is not None and stopped():
                 break
-        return set_marks(_stack_steps(steps, len(batch), self.dense_only), marks or {})
+        return set_marks(_stack_steps(steps, len(batch), self.dense_only), marks() if marks is not None else {})
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The root of the next step: the next state, with finished envs reset."""
@@ -277,7 +277,7 @@ class EnvBaseRollout(TensorDictRollout):
         self.stepped = False
 
     def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None,
-                marks: dict | None = None) -> TensorDictBase:
+                marks: Callable[[], dict] | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
         env, batch, steps = self.env, self.env.batch_size, []
@@ -310,4 +310,4 @@ class EnvBaseRollout(TensorDictRollout):
             self.td = root
             if stopped is not None and stopped():
                 break
-        return set_marks(_stack_steps(steps, len(batch), self.dense_only), marks or {})
+        return set_marks(_stack_steps(steps, len(batch), self.dense_only), marks() if marks is not None else {})
