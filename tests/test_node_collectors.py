@@ -108,6 +108,44 @@ def test_sync_nodes_give_the_flat_runs_frames(collector_class, launcher, no_left
     assert_same_frames(flat, nodes, 2)
 
 
+class TablePolicy(nn.Module):
+    """argmax of ``Linear(4, 2)``, and the sum of a table of 2M floats: a spec larger than a pipe holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.table = nn.Parameter(torch.rand(2_000_000, generator=torch.Generator().manual_seed(0)), requires_grad=False)
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.linear(observation).argmax(-1), self.table.double().sum().expand(observation.shape[:-1])
+
+
+def shared_files(pid: int) -> list[str]:
+    """The shared-memory files of large specs that process ``pid`` holds open."""
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return [link for link in links if "rpc_collectors_bytes_" in link]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_large_policy_reaches_every_local_worker_whole_and_leaves_no_shared_file(no_leftover_processes):
+    from tensordict.nn import TensorDictModule
+
+    policy = TablePolicy()
+    expected = float(policy.table.double().sum())
+    module = TensorDictModule(policy, in_keys=["observation"], out_keys=["action", "table_sum"])
+    with RPCCollector(make_env, module, num_collectors=2, frames_per_batch=4 * 20, launcher="local",
+                      collector_class="sync", num_workers_per_collector=2, cat_results="stack") as c:
+        batch = c.next()
+        assert batch.shape == (2, 2, 20)
+        assert (batch["table_sum"] == expected).all()  # every frame of every local worker of both nodes
+        for pid in [os.getpid()] + [info["pid"] for info in c.infos]:
+            assert shared_files(pid) == [], pid
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_default_layout_concatenates_node_batches_as_torchrl():

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import os
 import pickle
 import queue
@@ -37,6 +36,8 @@ from typing import Any, Callable
 
 import torch
 
+from rpc_collectors.planes.shm import file_id, open_checked
+
 REQUEST = struct.Struct("<qq")  # slot, the weights version to collect with (at least)
 ANSWER = struct.Struct("<Bq")  # kind, then the slot (READY) or the pickled payload's length
 READY, BATCH, ERROR = 0, 1, 2
@@ -50,28 +51,6 @@ class Ready:
 
     slot: int
     restarts: tuple = ()
-
-
-def file_id(fd: int) -> tuple[int, int]:
-    """Which open file ``fd`` names: (device, inode), unique while the file is open."""
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
-
-
-def _open_checked(path: str, flags: int, expected: tuple[int, int]) -> int:
-    """Open ``path`` (``/proc/<pid>/fd/<n>``) only if it is still the file ``expected`` names.
-
-    A number the trainer closed may name another file of its by now (say, a pipe of the next
-    collector's worker): a worker that comes to open it late (its spawn was given up on) must
-    never take that file over, so the file is checked before the open and again after."""
-    expected = tuple(expected)  # a list, after the spawner's JSON
-    st = os.stat(path)  # FileNotFoundError: closed, its number not reused (yet)
-    fd = os.open(path, flags) if (st.st_dev, st.st_ino) == expected else -1
-    if fd < 0 or file_id(fd) != expected:
-        if fd >= 0:
-            os.close(fd)
-        raise FileNotFoundError(errno.ENOENT, "the trainer closed this descriptor; its number names another file now", path)
-    return fd
 
 
 @dataclass(frozen=True)
@@ -95,9 +74,9 @@ class Ends:
 
         ``FileNotFoundError`` if the trainer no longer holds the pipes it handed out (it gave up
         on this worker): their numbers may name another worker's pipes by now."""
-        request = _open_checked(f"/proc/{self.pid}/fd/{self.request}", os.O_RDONLY | os.O_CLOEXEC, self.request_file)
+        request = open_checked(f"/proc/{self.pid}/fd/{self.request}", os.O_RDONLY | os.O_CLOEXEC, self.request_file)
         try:
-            return request, _open_checked(f"/proc/{self.pid}/fd/{self.answer}", os.O_WRONLY | os.O_CLOEXEC,
+            return request, open_checked(f"/proc/{self.pid}/fd/{self.answer}", os.O_WRONLY | os.O_CLOEXEC,
                                           self.answer_file)
         except BaseException:
             os.close(request)

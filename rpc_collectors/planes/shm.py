@@ -1,4 +1,5 @@
-"""Nameless shared-memory files: what the weight plane and the data plane map on one host.
+"""Nameless shared-memory files: what the weight plane and the data plane map on one host, and
+large call arguments (:class:`SharedBytes`) that local workers read instead of a pipe's stream.
 
 A file is made in /dev/shm and its name removed at once. Other processes on this host open it
 through the creating process's descriptor (``/proc/<pid>/fd/<fd>``) while that process keeps
@@ -11,6 +12,29 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from dataclasses import dataclass
+
+
+def file_id(fd: int) -> tuple[int, int]:
+    """Which open file ``fd`` names: (device, inode), unique while the file is open."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def open_checked(path: str, flags: int, expected: tuple[int, int]) -> int:
+    """Open ``path`` (``/proc/<pid>/fd/<n>``) only if it is still the file ``expected`` names.
+
+    A number the trainer closed may name another file of its by now (say, a pipe of the next
+    collector's worker): a worker that comes to open it late (its spawn was given up on) must
+    never take that file over, so the file is checked before the open and again after."""
+    expected = tuple(expected)  # a list, after the spawner's JSON
+    st = os.stat(path)  # FileNotFoundError: closed, its number not reused (yet)
+    fd = os.open(path, flags) if (st.st_dev, st.st_ino) == expected else -1
+    if fd < 0 or file_id(fd) != expected:
+        if fd >= 0:
+            os.close(fd)
+        raise FileNotFoundError(errno.ENOENT, "the trainer closed this descriptor; its number names another file now", path)
+    return fd
 
 
 def directory() -> str:
@@ -54,3 +78,43 @@ def nameless_file(prefix: str, nbytes: int, what: str, detail: str, advice: str)
             raise
         raise no_space(_free_bytes(where)) from err
     return fd, f"/proc/{os.getpid()}/fd/{fd}"
+
+
+@dataclass(frozen=True)
+class SharedBytes:
+    """Bytes that another process on this host holds in a nameless shared-memory file (its
+    descriptor ``fd``, naming the file ``file``), read while that process keeps the file open."""
+
+    pid: int
+    fd: int
+    size: int
+    file: tuple[int, int]
+
+    @classmethod
+    def of(cls, data: bytes, what: str, advice: str) -> tuple[SharedBytes, int]:
+        """``data`` in a new file: the bytes to send, and the descriptor to close once every
+        reader has read them (``what`` and ``advice`` word the error when /dev/shm lacks the space)."""
+        fd, _ = nameless_file("bytes", len(data), what, "", advice)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(os.getpid(), fd, len(data), file_id(fd)), fd
+
+    def read(self) -> bytes:
+        """The bytes; ``FileNotFoundError`` once their holder closed the file."""
+        fd = open_checked(f"/proc/{self.pid}/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC, self.file)
+        try:
+            parts, left = [], self.size
+            while left:
+                part = os.read(fd, left)
+                if not part:
+                    raise EOFError(f"a shared file of {self.size} bytes ended {left} bytes early")
+                parts.append(part)
+                left -= len(part)
+            return b"".join(parts)
+        finally:
+            os.close(fd)

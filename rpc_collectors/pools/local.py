@@ -7,6 +7,7 @@ exit at once; a worker that dies fails the calls it had in flight with its exit 
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import socket
 import threading
@@ -16,11 +17,13 @@ from typing import Any
 import torch
 
 from rpc_collectors.planes.rendezvous import Rendezvous, serve_store
+from rpc_collectors.planes.shm import SharedBytes
 from rpc_collectors.pools.base import OnDeath, WorkerPool, traceback_failure
 from rpc_collectors.worker import spawner
 from rpc_collectors.worker.channel import EXIT_WAIT, Channel, ChannelClosed
 
 CLOSE_WAIT = 2.0  # seconds for a worker to end its batch, close its envs and exit once its channel closes
+SHARE_SPEC = 1 << 20  # bytes: a larger spec is read by the workers from one shared-memory file, not sent down each pipe
 NODE_CLOSE_WAIT = CLOSE_WAIT + spawner.KILL_WAIT + 0.5  # a node reaps its own local workers first
 
 
@@ -31,6 +34,14 @@ def describe_exit(code: int) -> str:
         except ValueError:
             pass
     return f"exited with code {code}"
+
+
+@dataclasses.dataclass
+class _SharedSpec:
+    spec: bytes
+    shared: SharedBytes
+    fd: int
+    readers: int = 0  # create calls not answered yet
 
 
 class LocalPool(WorkerPool):
@@ -57,6 +68,8 @@ class LocalPool(WorkerPool):
         self._closing = False
         self._store: Any = None  # served on first use: the weight process group meets there
         self._changed = threading.Condition()  # a hello or an exit during start-up
+        self._shared: dict[int, _SharedSpec] = {}  # id(spec) -> the spec's shared-memory file, while workers read it
+        self._shared_lock = threading.Lock()
         self._start_exits: dict[int, str] = {}  # worker id -> exit reason, before it said hello
         self._joined: set[int] = set()  # worker ids whose current process said hello
         try:
@@ -122,7 +135,33 @@ class LocalPool(WorkerPool):
             self._changed.notify_all()
 
     def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
-        return self.channels[worker_id].call("create", spec, worker_id, self.num_workers, traj_id_start)
+        """Build worker ``worker_id``'s collector from ``spec``; a large spec (a policy of many
+        weights) is written once to shared memory for every worker given it, not to each pipe."""
+        sent = self._share(spec) if len(spec) >= SHARE_SPEC else spec
+        fut = self.channels[worker_id].call("create", sent, worker_id, self.num_workers, traj_id_start)
+        if sent is not spec:
+            fut.add_done_callback(lambda _: self._unshare(spec))
+        return fut
+
+    def _share(self, spec: bytes) -> SharedBytes:
+        with self._shared_lock:
+            entry = self._shared.get(id(spec))
+            if entry is None or entry.spec is not spec:
+                shared, fd = SharedBytes.of(spec, "a worker's spec (its env factory, policy and options)",
+                                            "pass a smaller policy (or a policy_factory)")
+                entry = self._shared[id(spec)] = _SharedSpec(spec, shared, fd)
+            entry.readers += 1
+            return entry.shared
+
+    def _unshare(self, spec: bytes) -> None:
+        """A worker given ``spec`` answered: the file goes once no worker is left to read it."""
+        with self._shared_lock:
+            entry = self._shared.get(id(spec))
+            if entry is not None and entry.spec is spec:
+                entry.readers -= 1
+                if entry.readers == 0:
+                    os.close(entry.fd)
+                    del self._shared[id(spec)]
 
     def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
         return self.channels[worker_id].call(method, *args)
@@ -172,6 +211,10 @@ class LocalPool(WorkerPool):
         self._closing = True
         for bell in self.channels.values():
             bell.close()
+        with self._shared_lock:  # specs of create calls that will never be answered
+            for entry in self._shared.values():
+                os.close(entry.fd)
+            self._shared.clear()
         if self.pids:
             self.spawner.reap(list(self.pids), self.close_wait if timeout is None else timeout)
         self.pids = {}

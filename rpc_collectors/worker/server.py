@@ -31,6 +31,7 @@ from rpc_collectors.planes import doorbell, local_restarts, membership
 from rpc_collectors.planes.doorbell import Ready
 from rpc_collectors.planes.factory_weights import signature_of
 from rpc_collectors.planes.rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
+from rpc_collectors.planes.shm import SharedBytes
 from rpc_collectors.planes.slots import SlotSpec, SlotWriter
 from rpc_collectors.planes.weight_sync import TransportSpec, WeightReceiver
 from rpc_collectors.planes.weights import FlatWeights, holder_of
@@ -373,6 +374,7 @@ class LocalServer:
     def handle(self, method: str, args: tuple) -> Any:
         if method == "create":
             spec, worker_id, num_workers, traj_id_start = args
+            spec = spec.read() if isinstance(spec, SharedBytes) else spec
             self.state = WorkerState(spec, worker_id, num_workers, self.rank, traj_id_start, "127.0.0.1")
             return self.state.info()
         if self.state is None:
