@@ -44,11 +44,13 @@ def main() -> None:
         launcher="torchrun", rpc_timeout=20, track_policy_version=True,  # the checker reads each frame's worker id
     )
     # Only rank 0 gets here.
-    checker, kept, checked = Checker(), [], 0
+    checker, kept, checked, seen, started = Checker(), [], 0, set(), False
     try:
         with collector:
             for i, batch in enumerate(collector):
-                if i == 1:  # the first batches set the paths up
+                seen.update(batch["collector", "worker_id"].unique().tolist())
+                if not started and i >= 1 and seen == {0, 1}:  # each worker's first batch set its path up
+                    started = True  # (async, on a loaded machine: one worker may deliver twice before the other once)
                     emit({"event": "start", "paths": [collector._batches.path_of(w) for w in range(2)],
                           "in_flight": [collector._batches.depth(w) for w in range(2)],
                           "pids": [info["pid"] for info in collector.infos],
