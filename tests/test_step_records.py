@@ -58,3 +58,30 @@ def test_a_batch_written_into_a_used_slot_equals_the_batch_built_apart(num_envs)
     finally:
         apart.shutdown()
         into_slot.shutdown()
+
+
+def test_a_vector_envs_steps_of_other_dtypes_are_cast_into_the_slot_as_into_a_fresh_batch():
+    import numpy as np
+
+    from rpc_collectors.collection.step_records import StepRecords, Targets
+
+    def records(targets: dict) -> StepRecords:
+        rec = StepRecords(targets)
+        for t in range(4):  # 2 envs: int flags (0/1), float64 rewards, int64 observations
+            rec.obs.append({"observation": np.full((2, 3), t, np.int64)})
+            rec.next_obs.append({"observation": np.full((2, 3), t + 1, np.int64)})
+            rec.add_outputs({"action": torch.tensor([t % 2, 1 - t % 2])})
+            rec.rewards.append(np.array([0.5 * t, -0.5 * t]))
+            rec.terminated.append(np.array([t == 3, 0], dtype=np.int64))
+            rec.truncated.append(np.array([0, t == 2], dtype=np.int64))
+            rec.traj_ids.append(np.array([0, 1]))
+        return rec
+
+    shape = torch.Size([2])
+    expected = records({}).to_tensordict(shape, True, {}, None, {})
+    slot = expected.clone().apply(lambda t: torch.ones_like(t))
+    got = records(Targets().of(slot)).to_tensordict(shape, True, {}, None, {})
+    for key in expected.keys(True, True):
+        assert got[key].dtype == expected[key].dtype and torch.equal(got[key], expected[key]), key
+        assert got[key].data_ptr() == slot[key].data_ptr(), key
+    assert got["next", "done"][:, :, 0].tolist() == [[False, False, False, True], [False, False, True, False]]

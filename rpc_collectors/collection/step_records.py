@@ -98,10 +98,12 @@ class StepRecords:
             tensor, array = targets.get(key, (None, None))
             if array is not None and array.shape == stacked and array.dtype == first.dtype:
                 dest = array[..., 0] if flag else array
-                if vector:
-                    np.stack(values, axis=1, out=dest)
-                else:
+                if not vector:
                     dest[...] = values
+                elif np.asarray(values[0]).dtype == array.dtype:
+                    np.stack(values, axis=1, out=dest)
+                else:  # cast as a fresh batch's entry is (0/1 flags of ints, float64 rewards)
+                    np.copyto(dest, np.stack(values, axis=1), casting="unsafe")
                 return tensor
             if vector:
                 out = torch.from_numpy(np.ascontiguousarray(np.stack(values, axis=1), dtype=dtype))
