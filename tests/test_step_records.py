@@ -9,6 +9,7 @@ from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import Collector, GymEnv
+from rpc_collectors.planes.slots import tensors_by_key
 
 
 class ActionAndLogits(nn.Module):
@@ -39,7 +40,7 @@ def test_a_batch_written_into_a_used_slot_equals_the_batch_built_apart(num_envs)
         first = apart.next()
         into_slot.next()
         slot = first.clone().apply(lambda t: torch.ones_like(t))  # what an earlier batch left there
-        into_slot.rollout.out = slot
+        into_slot.rollout.out = tensors_by_key(slot)
         for _ in range(3):  # episodes end inside these batches (step limit 4 for 6 steps a batch)
             apart.update_policy_weights_()  # the weight versions differ between a batch's first step and the others
             into_slot.update_policy_weights_()
@@ -63,7 +64,7 @@ def test_a_batch_written_into_a_used_slot_equals_the_batch_built_apart(num_envs)
 def test_a_vector_envs_steps_of_other_dtypes_are_cast_into_the_slot_as_into_a_fresh_batch():
     import numpy as np
 
-    from rpc_collectors.collection.step_records import StepRecords, Targets
+    from rpc_collectors.collection.step_records import StepRecords
 
     def records(targets: dict) -> StepRecords:
         rec = StepRecords(targets)
@@ -80,8 +81,35 @@ def test_a_vector_envs_steps_of_other_dtypes_are_cast_into_the_slot_as_into_a_fr
     shape = torch.Size([2])
     expected = records({}).to_tensordict(shape, True, {}, None, {})
     slot = expected.clone().apply(lambda t: torch.ones_like(t))
-    got = records(Targets().of(slot)).to_tensordict(shape, True, {}, None, {})
+    got = records(tensors_by_key(slot)).to_tensordict(shape, True, {}, None, {})
     for key in expected.keys(True, True):
         assert got[key].dtype == expected[key].dtype and torch.equal(got[key], expected[key]), key
         assert got[key].data_ptr() == slot[key].data_ptr(), key
     assert got["next", "done"][:, :, 0].tolist() == [[False, False, False, True], [False, False, True, False]]
+
+
+def test_a_policy_output_numpy_cannot_hold_goes_through_a_slot_as_torch():
+    """A bfloat16 output has no numpy view in the slot: it is stacked with torch and copied there."""
+    import numpy as np
+
+    from rpc_collectors.collection.step_records import StepRecords
+
+    def records(targets: dict) -> StepRecords:
+        rec = StepRecords(targets)
+        for t in range(3):
+            rec.obs.append({"observation": np.full(2, t, np.float32)})
+            rec.next_obs.append({"observation": np.full(2, t + 1, np.float32)})
+            rec.add_outputs({"action": torch.tensor(t % 2), "logits": torch.full((2,), t / 4, dtype=torch.bfloat16)})
+            rec.rewards.append(1.0)
+            rec.terminated.append(False)
+            rec.truncated.append(t == 2)
+            rec.traj_ids.append(0)
+        return rec
+
+    expected = records({}).to_tensordict(torch.Size([]), False, {}, None, {})
+    slot = expected.clone().apply(lambda t: torch.ones_like(t))
+    got = records(tensors_by_key(slot)).to_tensordict(torch.Size([]), False, {}, None, {})
+    for key in expected.keys(True, True):
+        assert got[key].dtype == expected[key].dtype and torch.equal(got[key], expected[key]), key
+    assert got["logits"].data_ptr() != slot["logits"].data_ptr()  # the slot writer copies it there
+    assert got["action"].data_ptr() == slot["action"].data_ptr()

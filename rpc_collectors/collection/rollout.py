@@ -15,7 +15,7 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from rpc_collectors.collection.envs import GymEnv, _where
 from rpc_collectors.collection.policies import StepPolicy
-from rpc_collectors.collection.step_records import FLAGS, StepRecords, Targets, set_marks, time_names
+from rpc_collectors.collection.step_records import FLAGS, StepRecords, set_marks, time_names
 from rpc_collectors.collection.trajectories import TRAJ_IDS, TrajectoryIds
 
 
@@ -49,8 +49,9 @@ def end_of_trajectory(nxt: TensorDictBase, done_keys: list, batch_size: torch.Si
 class ArrayRollout:
     """Fast rollout of a GymEnv: per step only numpy work and the policy call.
 
-    ``out``, if set, is a TensorDict of the batch's layout (a shared-memory slot): the steps
-    are stacked straight into its tensors instead of into new ones. ``device``: the CPU,
+    ``out``, if not empty, holds the tensors of a shared-memory slot by key
+    (:func:`~rpc_collectors.planes.slots.tensors_by_key`): the steps are stacked straight into
+    them instead of into new ones. ``device``: the CPU,
     where the collector stores batches on it (they are made there), else None (no device).
     """
 
@@ -58,10 +59,9 @@ class ArrayRollout:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.obs: dict | None = None
         self.traj: Any = None
-        self.out: TensorDictBase | None = None
+        self.out: dict = {}  # the tensors of the slot the next batch goes to, by key (see tensors_by_key)
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
         self.device: torch.device | None = None
-        self._targets = Targets()
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -100,7 +100,7 @@ class ArrayRollout:
             self.traj = ids if self.env.is_vector else int(ids[0])
         env, vector, max_steps = self.env, self.env.is_vector, self.max_steps
         batch = env.batch_size
-        rec = StepRecords(self._targets.of(self.out))
+        rec = StepRecords(self.out)
         for _ in range(num_steps):
             obs = self.obs
             if policy is None:

@@ -1,9 +1,10 @@
 """A GymEnv rollout's recorded steps, and the batch they make in TorchRL's layout.
 
 :class:`StepRecords` holds a batch's steps as the env gave them (numpy arrays and scalars) and
-the policy's outputs; :meth:`StepRecords.to_tensordict` stacks them along time. Where a target
-TensorDict (a worker's shared-memory slot, :class:`Targets`) has a tensor of the right shape and
-dtype for an entry, the steps are written into it with numpy and the batch holds that tensor: a
+the policy's outputs; :meth:`StepRecords.to_tensordict` stacks them along time. Where the
+batch's targets (a worker's shared-memory slot, see
+:func:`~rpc_collectors.planes.slots.tensors_by_key`) have a tensor of the right shape and dtype
+for an entry, the steps are written into it with numpy and the batch holds that tensor: a
 worker's batch then lies in its slot already, at the cost of a few numpy calls. A sync round of
 many workers on few cores waits for the last of them to finish its batch, so this work is what
 the round's end costs.
@@ -21,38 +22,17 @@ from rpc_collectors.collection.trajectories import TRAJ_IDS
 from rpc_collectors.planes.layouts import nested_tensordict, put_nested
 
 FLAGS = ("done", "terminated", "truncated")
-MAX_TARGETS = 8  # TensorDicts remembered by Targets: a worker's slots, which take turns
 
 
 def time_names(batch_dims: int) -> list:
     return [None] * (batch_dims - 1) + ["time"]
 
 
-class Targets:
-    """The tensors of the TensorDicts that batches are written into, by key tuple, each with its numpy view."""
-
-    def __init__(self) -> None:
-        self._known: dict[int, tuple[TensorDictBase, dict]] = {}
-
-    def of(self, out: TensorDictBase | None) -> dict:
-        """``{key tuple: (tensor, numpy view)}`` of ``out``'s tensors, worked out once per ``out``."""
-        if out is None:
-            return {}
-        known = self._known.get(id(out))
-        if known is None or known[0] is not out:
-            if len(self._known) >= MAX_TARGETS:  # the slots of an earlier buffer
-                self._known.clear()
-            arrays = {(key,) if isinstance(key, str) else key: (tensor, tensor.numpy())
-                      for key, tensor in out.items(include_nested=True, leaves_only=True) if type(tensor) is torch.Tensor}
-            known = self._known[id(out)] = (out, arrays)
-        return known[1]
-
-
 @dataclass
 class StepRecords:
     """One batch's steps: observations before and after, the policy's outputs, rewards, flags,
     trajectory ids and (with a step limit) step counts, one entry per step; ``targets``: where
-    the batch is written (:meth:`Targets.of`)."""
+    the batch is written (:func:`~rpc_collectors.planes.slots.tensors_by_key`)."""
 
     targets: dict = field(default_factory=dict)
     obs: list = field(default_factory=list)
@@ -71,8 +51,9 @@ class StepRecords:
         if not self.outputs and self.targets:  # the first step: which outputs can be
             for key, value in out.items():
                 target = self.targets.get((key,) if isinstance(key, str) else key)
-                if target is not None and type(value) is torch.Tensor and value.device.type == "cpu" \
-                        and not value.requires_grad and _numpy_dtype(value.dtype) == target[1].dtype:
+                if target is not None and target[1] is not None and type(value) is torch.Tensor \
+                        and value.device.type == "cpu" and not value.requires_grad \
+                        and _numpy_dtype(value.dtype) == target[1].dtype:
                     self.output_arrays[key] = []
         self.outputs.append(out)
         for key in list(self.output_arrays):

@@ -13,6 +13,7 @@ import mmap
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -42,6 +43,19 @@ class SlotSpec:
         return f"/proc/{self.pid}/fd/{self.fd}"
 
 
+def tensors_by_key(target: TensorDictBase) -> dict[tuple, tuple[torch.Tensor, np.ndarray | None]]:
+    """``{key tuple: (tensor, its numpy view, or None where numpy has no such dtype)}`` of the
+    tensors of ``target`` (a slot's TensorDict of views): where a batch's entries go."""
+    out = {}
+    for key, tensor in target.items(include_nested=True, leaves_only=True):
+        try:
+            array = tensor.numpy()
+        except TypeError:  # bfloat16 and the like
+            array = None
+        out[(key,) if isinstance(key, str) else key] = (tensor, array)
+    return out
+
+
 class SlotWriter:
     """Worker side: copy each batch into its row of the slot the trainer named."""
 
@@ -53,9 +67,7 @@ class SlotWriter:
             whole = torch.from_file(spec.path, shared=True, size=size, dtype=torch.uint8)
         self.slots = [whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes] for i in range(spec.slots)]
         self.targets = [spec.layout.view(slot, spec.rows)[spec.row] for slot in self.slots]
-        signature = spec.layout.signature()
-        # each slot's tensors by key, with the shape and dtype a batch's tensor must have there
-        self._dests = [{key: (target.get(key), *signature[key]) for key in signature} for target in self.targets]
+        self.tensors = [tensors_by_key(target) for target in self.targets]
 
     def memory(self, slot: int) -> memoryview:
         """The bytes of ``slot``, as sent to a trainer on another host."""
@@ -63,11 +75,10 @@ class SlotWriter:
 
     def write(self, slot: int, batch: TensorDictBase) -> bool:
         """Copy ``batch`` into ``slot``; False (nothing written) if it does not fit the layout."""
-        dests, pairs = self._dests[slot], []
+        dests, pairs = self.tensors[slot], []
         for key, value in batch.items(include_nested=True, leaves_only=True):
-            key = key if isinstance(key, tuple) else (key,)
-            dest, shape, dtype = dests.get(key, (None, None, None))
-            if dest is None or type(value) is not torch.Tensor or tuple(value.shape) != shape or value.dtype != dtype:
+            dest, _ = dests.get(key if isinstance(key, tuple) else (key,), (None, None))
+            if dest is None or type(value) is not torch.Tensor or value.shape != dest.shape or value.dtype != dest.dtype:
                 return False
             pairs.append((dest, value))
         if len(pairs) != len(dests):

@@ -158,7 +158,7 @@ class WorkerState:
         if self.node_policy is not None:
             self.node_policy.begin()
         if self.writer is not None and isinstance(self.collector, Collector):  # observations go straight into the slot
-            self.collector.rollout.out = None if slot is None else self.writer.targets[slot]
+            self.collector.rollout.out = {} if slot is None else self.writer.tensors[slot]
         batch = self.collector.next()
         node = isinstance(self.collector, NodeCollector)
         if slot is not None and self.writer is not None:
