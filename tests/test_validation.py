@@ -218,3 +218,18 @@ def test_env_error_surfaces_and_earlier_batches_stay_valid(env_cls):
     assert "raise EnvBroke" in raised_in.line
     for batch, copy in zip(batches, copies):
         assert (batch == copy).all()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
+@pytest.mark.parametrize("kind, argument", [
+    ("AsyncBatchedCollector", "rpc_timeout"), ("AsyncBatchedCollector", "server_timeout"),
+    ("RPCCollector", "rpc_timeout"), ("RPCCollector", "join_timeout"),
+])
+def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused_before_any_process_starts(kind, argument, value):
+    import rpc_collectors
+    from procs import descendants
+
+    before = descendants()
+    with pytest.raises(ValueError, match=f"{argument}={value!r} is invalid; accepted: a number of seconds"):
+        getattr(rpc_collectors, kind)([EnvFactory()] * 2, policy=nn.Linear(3, 2), frames_per_batch=8, **{argument: value})
+    assert not descendants() - before

@@ -141,7 +141,7 @@ class AsyncBatchedCollector(BaseCollector):
         self.policy_version_key = policy_version_key
         self.max_worker_restarts = checks.non_negative_int("max_worker_restarts", max_worker_restarts)
         self.prefetch = checks.positive_int("prefetch", prefetch)
-        self.rpc_timeout = checks.positive_number("rpc_timeout", rpc_timeout)
+        self.rpc_timeout = checks.timeout("rpc_timeout", rpc_timeout)
         for i, factory in enumerate(factories):
             checks.picklable(f"create_env_fn[{i}]", factory)
         if policy_factory is not None:

@@ -102,10 +102,8 @@ def batching(server_config: Any, max_batch_size: Any, min_batch_size: Any, serve
         raise ValueError(
             f"AsyncBatchedCollector: min_batch_size={low} exceeds max_batch_size={size}; accepted: at most max_batch_size"
         )
-    wait = given.get("server_timeout", out.timeout)
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
-        raise ValueError(f"AsyncBatchedCollector: server_timeout={wait!r} is invalid; accepted: a number of seconds >= 0")
-    return Batching(size, low, float(wait))
+    wait = checks.timeout("server_timeout", given.get("server_timeout", out.timeout), zero=True)
+    return Batching(size, low, wait)
 
 
 def backends(transport: Any, backend: Any, env_backend: Any, policy_backend: Any, env_exchange: Any,

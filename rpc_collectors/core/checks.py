@@ -36,16 +36,12 @@ def choice(name: str, value: Any, accepted: tuple) -> Any:
     return value
 
 
-def positive_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{name}={value!r} is invalid; accepted: a number > 0")
-    return float(value)
-
-
-def timeout(name: str, value: Any) -> float:
-    """A finite number of seconds, > 0 and at most ``MAX_TIMEOUT``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= MAX_TIMEOUT:
-        raise ValueError(f"{name}={value!r} is invalid; accepted: a number of seconds > 0 and <= {MAX_TIMEOUT:.0f}")
+def timeout(name: str, value: Any, *, zero: bool = False) -> float:
+    """A finite number of seconds, > 0 (>= 0 with ``zero``) and at most ``MAX_TIMEOUT``; NaN is refused."""
+    number = not isinstance(value, bool) and isinstance(value, numbers.Real)
+    if not number or not (0 <= value if zero else 0 < value) or not value <= MAX_TIMEOUT:
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(f"{name}={value!r} is invalid; accepted: a number of seconds {bound} and <= {MAX_TIMEOUT:.0f}")
     return float(value)
 
 
