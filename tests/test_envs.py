@@ -9,6 +9,7 @@ import pytest
 import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict
+from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import Collector, GymEnv, RandomPolicy
@@ -17,20 +18,29 @@ FLAGS = ("done", "terminated", "truncated")
 
 
 class DictObsEnv(gym.Env):
-    """Dict observation {"pos": Box(2), "count": Discrete(10)}; MultiDiscrete([3, 4]) actions."""
+    """Dict observation {"pos": Box(2), "count": Discrete(10)}; MultiDiscrete([3, 4]) actions.
 
-    def __init__(self, reuse_arrays: bool = True) -> None:
-        self.reuse_arrays = reuse_arrays
-        self.observation_space = gym.spaces.Dict(
-            {"pos": gym.spaces.Box(-10, 10, (2,), np.float32), "count": gym.spaces.Discrete(10)}
-        )
+    ``nested=True`` adds a Dict inside: ``{"inner": {"count": Discrete(10), "half": Box(1)}}``.
+    """
+
+    def __init__(self, reuse_arrays: bool = True, nested: bool = False) -> None:
+        self.reuse_arrays, self.nested = reuse_arrays, nested
+        spaces = {"pos": gym.spaces.Box(-10, 10, (2,), np.float32), "count": gym.spaces.Discrete(10)}
+        if nested:
+            spaces["inner"] = gym.spaces.Dict(
+                {"count": gym.spaces.Discrete(10), "half": gym.spaces.Box(-10, 10, (1,), np.float32)}
+            )
+        self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.MultiDiscrete([3, 4])
         self.t = 0
         self.pos = np.zeros(2, np.float32)
 
     def _obs(self):
         # by default the same array every step: the adapter must copy
-        return {"pos": self.pos if self.reuse_arrays else self.pos.copy(), "count": self.t}
+        obs = {"pos": self.pos if self.reuse_arrays else self.pos.copy(), "count": self.t}
+        if self.nested:
+            obs["inner"] = {"count": self.t, "half": np.array([self.t / 2], np.float32)}
+        return obs
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -146,6 +156,53 @@ def test_vector_dict_observations_final(mode):
         assert batch[i]["next", "observation", "count"].tolist() == [1, 2, 3, 4] * 2 + [1, 2]
         assert batch[i]["observation", "count"].tolist() == [0, 1, 2, 3] * 2 + [0, 1]
         assert torch.equal(batch[i]["next", "observation", "pos"], batch[i]["action"].float())
+
+
+def check_nested_counts(batch: TensorDict) -> None:
+    """A batch of ``DictObsEnv(nested=True)`` steps: the nested Dict's leaves follow the step count."""
+    for prefix in ((), ("next",)):
+        count = batch[(*prefix, "observation", "count")]
+        assert torch.equal(batch[(*prefix, "observation", "inner", "count")], count)
+        assert torch.equal(batch[(*prefix, "observation", "inner", "half")], count.unsqueeze(-1).float() / 2)
+    assert torch.equal(batch["next", "observation", "count"], batch["observation", "count"] + 1)
+    assert set(batch["next", "observation", "count"].unique().tolist()) == {1, 2, 3, 4}
+
+
+def test_nested_dict_observations_single_and_vector():
+    make = partial(DictObsEnv, reuse_arrays=False, nested=True)
+    check_nested_counts(Collector(lambda: GymEnv(make()), None, frames_per_batch=8).next())
+    env = GymEnv(SyncVectorEnv([make, make], autoreset_mode=AutoresetMode.SAME_STEP))
+    batch = Collector(env, None, frames_per_batch=2 * 8).next()
+    assert batch["observation", "inner", "half"].shape == (2, 8, 1)
+    check_nested_counts(batch)
+
+
+def nested_dict_env() -> GymEnv:
+    return GymEnv(DictObsEnv(reuse_arrays=False, nested=True))
+
+
+class CountInputs(nn.Module):
+    """A policy reading the nested Dict observation: action ``[count % 3, inner count % 4]``."""
+
+    def forward(self, count: torch.Tensor, inner_count: torch.Tensor) -> torch.Tensor:
+        return torch.stack([count % 3, inner_count % 4], -1)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["MultiSyncCollector", "AsyncBatchedCollector"])
+def test_nested_dict_observations_in_worker_processes(kind):
+    from tensordict.nn import TensorDictModule
+
+    import rpc_collectors
+
+    policy = TensorDictModule(CountInputs(), in_keys=[("observation", "count"), ("observation", "inner", "count")],
+                              out_keys=["action"])
+    with getattr(rpc_collectors, kind)([nested_dict_env] * 2, policy=policy, frames_per_batch=16,
+                                       total_frames=32) as collector:
+        for batch in collector:
+            check_nested_counts(batch)
+            count = batch["observation", "count"]
+            assert torch.equal(batch["action"], torch.stack([count % 3, count % 4], -1))
 
 
 def test_random_policy():

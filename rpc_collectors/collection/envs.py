@@ -20,10 +20,18 @@ ObsDict = dict  # {key or key tuple: np.ndarray}
 PARTIAL_RESETS = (SyncVectorEnv, AsyncVectorEnv)  # vector envs that reset some of their envs (reset_mask)
 
 
-def _obs_keys(space: gym.Space) -> list:
+def _obs_keys(space: gym.Space, path: tuple = ("observation",)) -> list:
+    """The key of each observation leaf: ``"observation"``, or ``("observation", name, ...)`` down a (nested) Dict."""
     if isinstance(space, gym.spaces.Dict):
-        return [("observation", name) for name in space.spaces]
-    return ["observation"]
+        return [key for name, sub in space.spaces.items() for key in _obs_keys(sub, (*path, name))]
+    return [path] if len(path) > 1 else ["observation"]
+
+
+def _leaf(obs: Any, key: Any) -> Any:
+    """The part of a (nested) Dict observation, or of its space, at an observation key."""
+    for name in key[1:] if isinstance(key, tuple) else ():
+        obs = obs[name]
+    return obs
 
 
 def _check_space(space: gym.Space, what: str) -> None:
@@ -35,7 +43,7 @@ def _check_space(space: gym.Space, what: str) -> None:
     if not isinstance(space, accepted):
         raise TypeError(
             f"GymEnv: unsupported {what} space {space!r}; accepted: Box, Discrete, MultiDiscrete, "
-            f"MultiBinary{' or a Dict of those' if what == 'observation' else ''}"
+            f"MultiBinary{' or a (nested) Dict of those' if what == 'observation' else ''}"
         )
 
 
@@ -71,6 +79,9 @@ class GymEnv:
         categorical_action_encoding: discrete actions as integer indices (default) or, if False,
             one-hot vectors as TorchRL's ``GymEnv`` does by default.
         **make_kwargs: passed to ``gymnasium.make`` / ``gymnasium.make_vec``.
+
+    Observation spaces: Box, Discrete, MultiDiscrete, MultiBinary, or a Dict of those (nested
+    Dicts too), whose leaves are recorded under ``("observation", name, ...)``.
 
     Vector envs step in ``AutoresetMode.DISABLED`` (those built here) or ``SAME_STEP`` mode, so
     ``("next", "observation")`` is always the true final observation of an episode. Both reset
@@ -143,7 +154,7 @@ class GymEnv:
     # ----------------------------------------------------------------- array interface
     def _obs_dict(self, obs: Any) -> ObsDict:
         if isinstance(obs, dict):
-            return {key: np.array(obs[key[1]]) for key in self.obs_keys}
+            return {key: np.array(_leaf(obs, key)) for key in self.obs_keys}
         return {"observation": np.array(obs)}
 
     def reset_arrays(self, mask: np.ndarray | None = None) -> ObsDict:
@@ -180,8 +191,7 @@ class GymEnv:
                 obs = {key: arr.copy() for key, arr in self._final_pending.items()}
                 for i in np.flatnonzero(done):
                     for key in self.obs_keys:
-                        value = final[i][key[1]] if isinstance(key, tuple) else final[i]
-                        obs[key][i] = value
+                        obs[key][i] = _leaf(final[i], key)
                 return obs, reward, terminated, truncated
         return self._obs_dict(obs), reward, terminated, truncated
 
@@ -192,6 +202,10 @@ class GymEnv:
         if not self.is_vector and isinstance(self.action_space, gym.spaces.Discrete):
             return int(action)
         return action.detach().cpu().numpy()
+
+    def obs_space(self, key: Any) -> gym.Space:
+        """The observation space of one observation key (of ``obs_keys``)."""
+        return _leaf(self.observation_space, key)
 
     @property
     def action_shape(self) -> torch.Size | None:

@@ -50,7 +50,7 @@ def step_row(env: Any) -> TensorDict:
 def _gym_row(env: GymEnv) -> TensorDict:
     row = TensorDict()
     for key in env.obs_keys:
-        space = env.observation_space[key[1]] if isinstance(key, tuple) else env.observation_space
+        space = env.obs_space(key)
         zeros = torch.from_numpy(np.zeros(space.shape, space.dtype))
         row.set(key, zeros)
         row.set(_next_key(key), zeros.clone())
