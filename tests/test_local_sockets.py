@@ -171,3 +171,16 @@ def test_a_silent_peer_is_closed_and_a_peer_with_the_token_admitted_meanwhile():
             listener.close()
             for sock in admitted:
                 sock.close()
+
+
+@pytest.mark.timeout(180)
+def test_node_inference_listeners_close_with_the_collector():
+    before = unix_listeners(os.getpid())
+    c = RPCCollector(make_env, ArgmaxPolicy(), num_collectors=2, frames_per_batch=40, launcher="debug",
+                     collector_class="sync", num_workers_per_collector=2, inference="node")
+    try:
+        c.next()
+        assert len(unix_listeners(os.getpid()) - before) == 2  # one per node, in this process (debug launcher)
+    finally:
+        c.shutdown()
+    assert unix_listeners(os.getpid()) == before

@@ -110,7 +110,7 @@ class PrivateListener:
     def _accept(self) -> None:
         try:
             sock, _ = self._sock.accept()
-        except (BlockingIOError, ConnectionAbortedError):
+        except OSError:  # gone already, or no descriptor left: the listener stays ready, tried again
             return
         if peer_uid(sock) != self._uid:
             sock.close()
