@@ -16,6 +16,7 @@ import selectors
 import signal
 import socket
 import struct
+import threading
 import time
 
 import pytest
@@ -68,8 +69,24 @@ def attempt(address: str, payload: bytes) -> str:
             return "closed"
 
 
-def attempt_as_nobody(address: str, payload: bytes) -> str:
-    """:func:`attempt` from a forked child running as uid and gid 65534 with no supplementary groups."""
+def opened_fds(pids: set[int]) -> str:
+    """How many of the descriptors of ``pids`` (their pipes, shared-memory files, sockets) this
+    process can open through /proc/<pid>/fd, as a worker opens its ends."""
+    opened = 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK))
+                opened += 1
+    return str(opened)
+
+
+def as_nobody(fn, *args) -> str:
+    """``fn(*args)`` in a forked child running as uid and gid 65534 with no supplementary groups."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -78,7 +95,7 @@ def attempt_as_nobody(address: str, payload: bytes) -> str:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-            os.write(write, attempt(address, payload).encode())
+            os.write(write, fn(*args).encode())
         finally:
             os._exit(0)
     os.close(write)
@@ -122,11 +139,12 @@ def test_node_inference_listener_runs_nothing_of_another_user_or_a_peer_without_
         listeners = {address for pid in descendants() for address in unix_listeners(pid)}
         outcomes["listeners"] = {address for pid in nodes for address in unix_listeners(pid)}
         for address in sorted(listeners):
-            outcomes.setdefault("other user", []).append(attempt_as_nobody(address, request(str(other_user))))
+            outcomes.setdefault("other user", []).append(as_nobody(attempt, address, request(str(other_user))))
             outcomes.setdefault("same user", []).append(attempt(address, request(str(same_user))))
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # connected, silent, while batches go on
             silent.append(sock)
             sock.connect(address)
+        outcomes["fds opened by another user"] = as_nobody(opened_fds, descendants() | {os.getpid()})
 
     try:
         attacked = collect("node", 4, attack)
@@ -137,6 +155,7 @@ def test_node_inference_listener_runs_nothing_of_another_user_or_a_peer_without_
     assert not other_user.exists() and not same_user.exists()
     assert all(outcome in ("refused", "closed") for outcome in outcomes["other user"]), outcomes
     assert all(outcome == "closed" for outcome in outcomes["same user"]), outcomes
+    assert outcomes["fds opened by another user"] == "0"  # the pipes and shared memory of the job
     reference = collect("worker", 4)
     for a, b in zip(reference, attacked, strict=True):
         assert set(a.keys(True, True)) == set(b.keys(True, True))
@@ -144,28 +163,35 @@ def test_node_inference_listener_runs_nothing_of_another_user_or_a_peer_without_
             assert torch.equal(a.get(key), b.get(key)), key
 
 
-def test_a_silent_peer_is_closed_and_a_peer_with_the_token_admitted_meanwhile():
+def test_silent_and_wrong_token_peers_are_closed_and_a_peer_with_the_token_admitted_meanwhile():
     with selectors.DefaultSelector() as selector:
         listener = PrivateListener(selector, "test", auth_wait=1.0)
         admitted: list[socket.socket] = []
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as quiet, \
+                    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wrong, \
                     listener.address.connect(ANSWER_WAIT) as good:
                 quiet.connect(listener.address.name)
                 quiet.sendall(listener.address.token[:TOKEN_BYTES // 2])  # half the token, then nothing
+                wrong.connect(listener.address.name)
+                wrong.sendall(bytes(TOKEN_BYTES))
                 good.sendall(b"after the token")
-                quiet.setblocking(False)
-                closed = False
+                closed: set[socket.socket] = set()
+                for sock in (quiet, wrong):
+                    sock.setblocking(False)
                 deadline = time.monotonic() + ANSWER_WAIT
-                while not (closed and admitted) and time.monotonic() < deadline:
+                while not (len(closed) == 2 and admitted) and time.monotonic() < deadline:
                     for key, _ in selector.select(0.05):
                         sock = listener.ready(key.fileobj)
                         if sock is not None:
                             admitted.append(sock)
                     listener.expire()
-                    with contextlib.suppress(BlockingIOError):
-                        closed = quiet.recv(1) == b""
-                assert closed, "a peer that never finished its token was not closed"
+                    for sock in {quiet, wrong} - closed:
+                        with contextlib.suppress(BlockingIOError):
+                            if sock.recv(1) == b"":
+                                closed.add(sock)
+                assert quiet in closed, "a peer that never finished its token was not closed"
+                assert wrong in closed, "a peer with a wrong token was not closed"
                 assert len(admitted) == 1 and admitted[0].recv(15, socket.MSG_WAITALL) == b"after the token"
         finally:
             listener.close()
@@ -184,3 +210,29 @@ def test_node_inference_listeners_close_with_the_collector():
     finally:
         c.shutdown()
     assert unix_listeners(os.getpid()) == before
+
+
+def test_another_user_is_refused_even_with_the_token():
+    with selectors.DefaultSelector() as selector:
+        listener = PrivateListener(selector, "test")
+        admitted: list[socket.socket] = []
+        stop = threading.Event()
+
+        def serve() -> None:
+            while not stop.is_set():
+                for key, _ in selector.select(0.05):
+                    sock = listener.ready(key.fileobj)
+                    if sock is not None:
+                        admitted.append(sock)
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        try:
+            outcome = as_nobody(attempt, listener.address.name, listener.address.token + b"a request")
+        finally:
+            stop.set()
+            server.join(ANSWER_WAIT)
+            listener.close()
+            for sock in admitted:
+                sock.close()
+    assert outcome == "closed" and not admitted
