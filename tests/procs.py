@@ -48,8 +48,7 @@ def wait_gone(pids: set[int], timeout: float = 10.0) -> set[int]:
         time.sleep(0.05)
 
 
-def listening_addresses(pid: int) -> set[str]:
-    """IPv4/IPv6 addresses (hex, as in /proc/net/tcp) that ``pid`` listens on over TCP."""
+def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -58,6 +57,25 @@ def listening_addresses(pid: int) -> set[str]:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
+    return inodes
+
+
+def unix_listeners(pid: int) -> set[str]:
+    """Addresses of the Unix sockets that ``pid`` listens on, as ``connect`` takes them (an abstract
+    name, shown with a leading "@" in /proc/net/unix, starts with NUL)."""
+    inodes, found = _socket_inodes(pid), set()
+    with open(f"/proc/{pid}/net/unix") as f:
+        for line in list(f)[1:]:
+            cols = line.split(maxsplit=7)  # Num RefCount Protocol Flags Type St Inode Path
+            if len(cols) == 8 and int(cols[3], 16) & 0x10000 and cols[6] in inodes:  # __SO_ACCEPTCON: listening
+                path = cols[7].rstrip("\n")
+                found.add("\0" + path[1:] if path.startswith("@") else path)
+    return found
+
+
+def listening_addresses(pid: int) -> set[str]:
+    """IPv4/IPv6 addresses (hex, as in /proc/net/tcp) that ``pid`` listens on over TCP."""
+    inodes = _socket_inodes(pid)
     addresses = set()
     for table in ("tcp", "tcp6"):
         with open(f"/proc/{pid}/net/{table}") as f:

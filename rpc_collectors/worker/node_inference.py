@@ -8,6 +8,8 @@ worker's socket at once, runs the policy once on all requests that are ready (co
 the batch dim, on the node's device), and answers each worker with its rows of the outputs and
 the version of the weights that chose them. The trainer's weights land in that one policy.
 
+The node's socket admits only the node's user's processes that present its token
+(:mod:`rpc_collectors.planes.local_socket`), once per connection, before any request is read.
 Per connection, the first request carries its layout (keys, batch size, shapes, dtypes), pickled
 once, and so does the first answer. A local worker that dies closes its socket (the node forgets
 it; its replacement connects anew). An exception of the policy ends the loop: the node closes
@@ -16,19 +18,18 @@ every socket (the local workers' steps fail) and raises the exception in its nex
 from __future__ import annotations
 
 import math
-import os
 import pickle
 import selectors
 import socket
 import struct
 import threading
-import uuid
 from typing import Any
 
 import torch
 from tensordict.nn import set_interaction_type
 
 from rpc_collectors.collection.policies import StepPolicy
+from rpc_collectors.planes.local_socket import Address, PrivateListener
 
 HEADER = struct.Struct("<I")  # length of the pickled layout that follows (0: none)
 VERSION = struct.Struct("<q")
@@ -78,7 +79,7 @@ class NodePolicy:
     its ``policy_version``, once :meth:`begin` was called for the batch.
     """
 
-    def __init__(self, address: str, in_keys: list, timeout: float) -> None:
+    def __init__(self, address: Address, in_keys: list, timeout: float) -> None:
         self.address, self.in_keys, self.timeout = address, in_keys, timeout
         self._sock: socket.socket | None = None
         self._out_layout: Layout | None = None
@@ -99,9 +100,7 @@ class NodePolicy:
         tensors = [td.get(key) for key in self.in_keys]
         head = b""
         if self._sock is None:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._sock.settimeout(self.timeout)
-            self._sock.connect(self.address)
+            self._sock = self.address.connect(self.timeout)
             described = pickle.dumps((tuple(td.batch_size), _layout(tensors, self.in_keys)))
             head = HEADER.pack(len(described)) + described
         else:
@@ -154,31 +153,29 @@ class NodeInference:
         self.exploration_type, self.version = exploration_type, version
         self.lock = threading.Lock()  # held around each forward pass; weights change under it
         self.error: BaseException | None = None
-        self.address = f"\0rpc-collectors-node-{os.getpid()}-{uuid.uuid4().hex}"  # abstract: nothing to remove
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.address)
-        self._listener.listen(64)
         self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._listener = PrivateListener(self._selector, "node")
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rpc-collectors-node-inference", daemon=True)
         self.thread.start()
 
     def stub(self, timeout: float) -> NodePolicy:
         """The policy a local worker is given."""
-        return NodePolicy(self.address, list(self.policy.in_keys), timeout)
+        return NodePolicy(self._listener.address, list(self.policy.in_keys), timeout)
 
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 ready = []
                 for key, _ in self._selector.select(POLL):
-                    if key.data is None:
-                        sock, _ = self._listener.accept()
-                        sock.settimeout(POLL * 20)
-                        self._selector.register(sock, selectors.EVENT_READ, _Client(sock))
+                    if key.data is self._listener:
+                        sock = self._listener.ready(key.fileobj)
+                        if sock is not None:
+                            sock.settimeout(POLL * 20)
+                            self._selector.register(sock, selectors.EVENT_READ, _Client(sock))
                     elif self._read(key.data):
                         ready.append(key.data)
+                self._listener.expire()
                 if ready:
                     self._act(ready)
         except BaseException as err:  # the policy raised: the node's next answer raises it
@@ -230,6 +227,7 @@ class NodeInference:
         client.sock.close()
 
     def _close_all(self) -> None:
+        self._listener.close()
         for key in list(self._selector.get_map().values()):
             key.fileobj.close()
         self._selector.close()
