@@ -23,7 +23,7 @@ from rpc_collectors.collection.batch_record import BatchRecord
 from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.core import batched_args, checks
 from rpc_collectors.front.inference_loop import InferenceLoop
-from rpc_collectors.front.transitions import ENV_INDEX, Transitions
+from rpc_collectors.front.transitions import BATCH_KEYS, ENV_INDEX, Transitions
 from rpc_collectors.planes.membership import Restarts
 from rpc_collectors.planes.step_plane import StepPlane
 from rpc_collectors.planes.weight_updates import whole_update
@@ -139,7 +139,7 @@ class AsyncBatchedCollector(BaseCollector):
         device = batched_args.policy_device(device, device_config)
         self.exploration_type = checks.exploration_type(exploration_type)
         self.policy_version = checks.non_negative_int("policy_version", policy_version)
-        self.policy_version_key = policy_version_key
+        self.policy_version_key = batched_args.version_key(policy_version_key, BATCH_KEYS)
         self.max_worker_restarts = checks.non_negative_int("max_worker_restarts", max_worker_restarts)
         self.prefetch = checks.positive_int("prefetch", prefetch)
         self.rpc_timeout = checks.positive_number("rpc_timeout", rpc_timeout)
