@@ -70,21 +70,21 @@ def worker_devices(worker_ids: Any, devices: list[torch.device]) -> list[int] | 
     return [i for i, d in enumerate(devices) if _canonical(d) in wanted]
 
 
-def worker_ids(value: Any, num_workers: int, device: torch.device | list, argument: str = "worker_ids") -> list[int]:
+def worker_ids(value: Any, num_workers: int, device: torch.device | list) -> list[int]:
     """``worker_ids`` of ``update_policy_weights_``: None (all), ids in ``0..num_workers - 1``, or
     TorchRL's form, the ``torch.device`` where the workers' policy runs (``device``: every worker's,
-    or a list of one per worker); ``argument`` names them in the error."""
+    or a list of one per worker)."""
     if value is None:
         return list(range(num_workers))
     on_device = worker_devices(value, device if isinstance(device, list) else [device] * num_workers)
     if on_device is not None:
         if not on_device:
-            raise ValueError(f"{argument}={value!r}: no worker runs its policy there; the workers' policy device is {device}")
+            raise ValueError(f"worker_ids={value!r}: no worker runs its policy there; the workers' policy device is {device}")
         return on_device
     ids = [value] if isinstance(value, int) else list(value)
     bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_workers]
     if bad or not ids:
-        raise ValueError(f"{argument}={value!r} is invalid; accepted: None or ids in 0..{num_workers - 1}")
+        raise ValueError(f"worker_ids={value!r} is invalid; accepted: None or ids in 0..{num_workers - 1}")
     return sorted(set(ids))
 
 

@@ -29,7 +29,7 @@ def whole_update(
     (TorchRL's ``worker_ids`` form). A ValueError or TypeError names what is wrong.
     """
     if worker_checks.per_worker_weights(given, worker_ids):
-        ids = worker_checks.worker_ids(list(given), num_workers, None, "worker ids in policy_or_weights")
+        ids = worker_checks.worker_ids(list(given), num_workers, None)
         update = {}
         for worker_id in ids:
             argument = f"policy_or_weights[{worker_id}]"

@@ -57,8 +57,9 @@ def check_layout(given: tuple, layout: tuple, argument: str, whose: str = "the p
         if theirs.get(key) != ours.get(key):
             have = "absent" if key not in theirs else f"{theirs[key][0]} {list(theirs[key][1])}"
             want = "absent" if key not in ours else f"{ours[key][0]} {list(ours[key][1])}"
+            name = key[0] if len(key) == 1 else key
             raise ValueError(
-                f"{argument}: weight {key!r} is {have}, {whose} has {want}; accepted: weights with the same "
+                f"{argument}: weight {name!r} is {have}, {whose} has {want}; accepted: weights with the same "
                 f"keys, dtypes and shapes as {whose}"
             )
 
@@ -129,7 +130,7 @@ class FlatWeights:
     def tensors(self, source: Any = None) -> list[torch.Tensor]:
         """``source``'s tensors (None: the module's now) in this layout, :func:`checked` against it."""
         weights = checked(self.module if source is None else source, self.signature,
-                          "update_policy_weights_" if source is not None else "the policy", "the workers' policies")
+                          "update_policy_weights_" if source is not None else "the policy", "the workers' policy")
         return [weights.get(key) for key in self.keys]
 
     def pack(self, buffer: torch.Tensor, source: TensorDictBase | None = None) -> None:
