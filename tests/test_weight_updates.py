@@ -83,8 +83,8 @@ def batch_at(c, version: int, action: int) -> None:
         batch = c.next()
         versions = batch.get(key)
         assert versions.max() <= version
+        assert (batch["action"][versions == version] == action).all()
         if (versions == version).all():
-            assert (batch["action"] == action).all()
             return
         assert not isinstance(c, (Collector, MultiSyncCollector)), f"a frame of {c} is older than {version}"
     raise AssertionError(f"no batch all at version {version} after 5")
