@@ -434,9 +434,10 @@ def test_calls_after_shutdown_and_bad_arguments_are_clear_errors():
     with pytest.raises(TypeError, match="seed='abc'"):
         c.set_seed("abc")
     # the first tensor that differs, in key order
-    with pytest.raises(ValueError, match=r"policy_or_weights\['bias'\] has shape \[3\], the policy's is \[2\]"):
+    with pytest.raises(ValueError, match=r"policy_or_weights: weight 'bias' is torch.float32 \[3\], the policy has "
+                                         r"torch.float32 \[2\]"):
         c.update_policy_weights_(nn.Linear(4, 3))
-    with pytest.raises(ValueError, match="policy_or_weights has no 'bias'"):
+    with pytest.raises(ValueError, match="policy_or_weights: weight 'bias' is absent"):
         c.update_policy_weights_({"weight": torch.zeros(2, 4)})
     c.shutdown()
     with pytest.raises(RuntimeError, match="was shut down"):

@@ -17,8 +17,9 @@ from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, wit
 from rpc_collectors.collection.policies import RandomPolicy, StepPolicy, check_action_shape, run_device
 from rpc_collectors.collection.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from rpc_collectors.collection.trajectories import TrajectoryIds
-from rpc_collectors.core import checks, torchrl_args, worker_checks
-from rpc_collectors.planes.weights import load_weights, one_source, weights_of
+from rpc_collectors.core import checks, torchrl_args
+from rpc_collectors.planes.weight_updates import whole_update
+from rpc_collectors.planes.weights import load_weights, one_source, signature_of
 
 POLICY_VERSION = ("collector", "policy_version")
 TORCHRL_VERSION = "policy_version"  # TorchRL's track_policy_version key, at the root and under "next"
@@ -287,24 +288,23 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         """Use new policy weights from the next batch on, and bump ``policy_version``.
 
         ``policy_or_weights`` (or TorchRL's ``weights=``/``policy=``) may be an ``nn.Module``, a
-        TensorDict of weights or a state dict; None re-reads the policy given to the constructor
-        (needed when the collector runs a copy of it on another device). ``worker_ids`` must be
-        None, 0 or the policy's device for a single-process collector.
+        TensorDict of weights, a state dict or TorchRL's per-worker ``{0: weights}``; None re-reads
+        the policy given to the constructor (needed when the collector runs a copy of it on another
+        device). ``worker_ids`` must be None, 0 or the policy's device for a single-process
+        collector. The update is checked whole first: one that raises changed no weight and no version.
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
         if self._no_push:  # TorchRL's NoWeightSyncScheme
             return
-        device = run_device(self.policy.module if self.policy else None, self.devices["policy_device"])
-        if worker_ids not in (None, 0, [0], (0,)) and worker_checks.worker_devices(worker_ids, [device]) != [0]:
-            raise ValueError(
-                f"worker_ids={worker_ids!r} is invalid for a single-process Collector; accepted: None, 0 "
-                f"or its policy device {device}"
-            )
-        weights = None
-        if policy_or_weights is not None:
-            weights = weights_of(policy_or_weights).clone()
-        elif self.policy is not None and self.policy.module is not self.policy.source:
-            weights = weights_of(self.policy.source).clone()
+        module = self.policy.module if self.policy is not None else None
+        device = run_device(module, self.devices["policy_device"])
+        if policy_or_weights is None and module is not None and module is not self.policy.source:
+            policy_or_weights = self.policy.source  # the policy given, re-read into the copy this collector runs
+        if policy_or_weights is not None and module is None:
+            raise TypeError("update_policy_weights_: this collector's policy has no weights to update")
+        layout = signature_of(module) if module is not None else None
+        weights = whole_update(policy_or_weights, worker_ids, layout, 1, device)[0]
+        weights = weights.clone() if weights is not None else None
         with self._lock:
             self._pending = (weights, self.policy_version + 1 if self._pending is None else self._pending[1] + 1)
         if not self.running:
@@ -317,8 +317,6 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             return
         weights, version = pending
         if weights is not None:
-            if self.policy is None or self.policy.module is None:
-                raise TypeError("update_policy_weights_: this collector's policy has no weights to update")
             load_weights(self.policy.module, weights)
         self.policy_version = version
 

@@ -23,10 +23,11 @@ from rpc_collectors.collection.batch_record import BatchRecord
 from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.core import batched_args, checks
 from rpc_collectors.front.inference_loop import InferenceLoop
-from rpc_collectors.front.transitions import ENV_INDEX, Transitions
+from rpc_collectors.front.transitions import BATCH_KEYS, ENV_INDEX, Transitions
 from rpc_collectors.planes.membership import Restarts
 from rpc_collectors.planes.step_plane import StepPlane
-from rpc_collectors.planes.weights import load_weights, one_source, weights_of
+from rpc_collectors.planes.weight_updates import whole_update
+from rpc_collectors.planes.weights import load_weights, one_source, signature_of
 from rpc_collectors.pools.local import LocalPool
 
 PRIVATE_VERSION = "_policy_version"  # where versions are staged with policy_version_key=None
@@ -138,7 +139,7 @@ class AsyncBatchedCollector(BaseCollector):
         device = batched_args.policy_device(device, device_config)
         self.exploration_type = checks.exploration_type(exploration_type)
         self.policy_version = checks.non_negative_int("policy_version", policy_version)
-        self.policy_version_key = policy_version_key
+        self.policy_version_key = batched_args.version_key(policy_version_key, BATCH_KEYS)
         self.max_worker_restarts = checks.non_negative_int("max_worker_restarts", max_worker_restarts)
         self.prefetch = checks.positive_int("prefetch", prefetch)
         self.rpc_timeout = checks.timeout("rpc_timeout", rpc_timeout)
@@ -269,7 +270,8 @@ class AsyncBatchedCollector(BaseCollector):
     ) -> None:
         """The next forward pass uses new weights: those given (an ``nn.Module``, a TensorDict of
         weights or a state dict), copied into the policy, or, with none, the policy as it is now
-        (trained in place; a policy on another ``device`` re-reads the one you passed). Bumps ``policy_version``."""
+        (trained in place; a policy on another ``device`` re-reads the one you passed). Bumps ``policy_version``.
+        The update is checked whole first: one that raises changed no weight and no version."""
         source = one_source(policy_or_weights, weights, policy)
         if model_id not in (None, "policy"):
             raise ValueError(f"update_policy_weights_: model_id={model_id!r} is unknown; accepted: None or 'policy'")
@@ -281,9 +283,10 @@ class AsyncBatchedCollector(BaseCollector):
         module = self.policy.module
         if source is None and module is not None and module is not self.policy.source:
             source = self.policy.source
-        new = None if source is None else weights_of(source).clone()
-        if new is not None and module is None:
+        if source is not None and module is None:
             raise TypeError("update_policy_weights_: this collector's policy has no weights to update")
+        new = whole_update(source, None, signature_of(module) if module is not None else None, 1, None)[0]
+        new = new.clone() if new is not None else None
         with self._lock:
             if new is not None:
                 load_weights(module, new)

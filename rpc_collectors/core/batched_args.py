@@ -138,6 +138,42 @@ def unsupported(**kwargs: Any) -> None:
             raise _refuse(name, value, repr(defaults[name]))
 
 
+def version_key(value: Any, taken: Any) -> Any:
+    """TorchRL's ``policy_version_key``: None (no key), or a key (a str or a tuple of str) of its
+    own, apart from every key in ``taken`` (the batch's other keys) and from their nested keys, and
+    not private (a name part starting with ``"_"``: batches drop those)."""
+    if value is None:
+        return None
+    parts = (value,) if isinstance(value, str) else value
+    if not (isinstance(parts, tuple) and parts and all(isinstance(p, str) and p for p in parts)):
+        raise TypeError(
+            f"AsyncBatchedCollector: policy_version_key={value!r} is not a key; accepted: None, or a str or a "
+            "tuple of str, apart from the batch's other keys (e.g. 'policy_version')"
+        )
+    if any(part.startswith("_") for part in parts):
+        raise ValueError(
+            f"AsyncBatchedCollector: policy_version_key={value!r} is private (a name part starts with '_'), so "
+            "batches drop it; accepted: None, or a key of its own without such a part (e.g. 'policy_version')"
+        )
+    return free_key(value, taken)
+
+
+def free_key(value: Any, taken: Any) -> Any:
+    """``value``, a key where versions go, if it is none of ``taken`` and neither holds the other."""
+    parts = (value,) if isinstance(value, str) else value
+    for key in taken:
+        key = (key,) if isinstance(key, str) else tuple(key)
+        common = min(len(key), len(parts))
+        if key[:common] == parts[:common]:  # the same key, or one nested in the other
+            shown = key[0] if len(key) == 1 else key
+            raise ValueError(
+                f"AsyncBatchedCollector: policy_version_key={value!r} is a key of the batch already ({shown!r}, which "
+                "the env, the policy or the collector writes); accepted: None, or a key of its own (e.g. "
+                "'policy_version')"
+            )
+    return value
+
+
 def policy_device(device: Any, device_config: Any) -> torch.device | None:
     """Where the policy runs: ``device``, or ``device_config.policy_device``; the other devices of
     TorchRL's ``InferenceDeviceConfig`` must be the CPU (batches are assembled there)."""

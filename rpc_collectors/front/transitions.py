@@ -20,11 +20,15 @@ from typing import Any, Mapping
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from rpc_collectors.collection.batch_record import MARKS
+from rpc_collectors.core import batched_args
 from rpc_collectors.planes.layouts import BatchLayout
 from rpc_collectors.planes.slots import SLOTS, SlotPool
 
 ENV_INDEX = "env_index"
 ROOT_FLAGS = ("done", "terminated", "truncated")
+# keys of every batch: the collector's own (its records under MARKS), and TorchRL's names for an env's step
+BATCH_KEYS = (ENV_INDEX, MARKS, *ROOT_FLAGS, "action", "next", "observation", "reward")
 
 
 class Transitions:
@@ -42,6 +46,8 @@ class Transitions:
         self, rows: TensorDict, outputs: Mapping, frames_per_batch: int, version_key: Any, prefetch: int,
     ) -> None:
         num_envs = rows.batch_size[0]
+        if version_key is not None:  # the env's and the policy's keys are known now
+            batched_args.free_key(version_key, [*BATCH_KEYS, *rows.keys(True, True), *outputs])
         self.rows, self.frames_per_batch, self.version_key = rows, frames_per_batch, version_key
         self.obs_keys = [key for key in rows.keys(include_nested=True, leaves_only=True)
                          if key != "action" and not (isinstance(key, tuple) and key[0] == "next")]

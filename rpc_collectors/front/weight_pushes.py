@@ -19,7 +19,8 @@ from rpc_collectors.core import worker_checks
 from rpc_collectors.planes import factory_weights
 from rpc_collectors.planes.rendezvous import host_id
 from rpc_collectors.planes.weight_sync import WeightPlane, choose_transport
-from rpc_collectors.planes.weights import one_source, weights_of
+from rpc_collectors.planes.weight_updates import whole_update
+from rpc_collectors.planes.weights import one_source
 
 
 class WeightPushes:
@@ -71,25 +72,19 @@ class WeightPushes:
         self.require_running()
         if self._no_push:
             return
-        if worker_checks.per_worker_weights(policy_or_weights, worker_ids):
-            self._push_each(policy_or_weights)
-            return
         devices = self._policy_device if isinstance(self._policy_device, list) else [self._policy_device]
         device = [run_device(self.policy, d) for d in devices]  # where the workers run their policy
         device = device if isinstance(self._policy_device, list) else device[0]
-        ids = [i for i in worker_checks.worker_ids(worker_ids, self.num_workers, device) if self.workers.serves(i)]
-        source = None if policy_or_weights is None else weights_of(policy_or_weights)
-        self._open_given(source)
-        self._push_weights(ids, source, non_blocking)
-
-    def _push_each(self, per_worker: dict) -> None:
-        """TorchRL's per-worker weights, ``{worker_id: weights}``: each of those workers gets its own,
-        all as one new version (one push each, one after the other)."""
-        ids = worker_checks.worker_ids(list(per_worker), self.num_workers, None)
-        version = self.policy_version + 1
-        for worker_id in ids:
-            source = weights_of(per_worker[worker_id])
-            self._open_given(source, remember=False)
+        layout = self.weights.sender.flat.signature if self.weights is not None else None
+        update = whole_update(policy_or_weights, worker_ids, layout, self.num_workers, device)
+        per_worker = worker_checks.per_worker_weights(policy_or_weights, worker_ids)
+        first = next(iter(update.values()))
+        self._open_given(first, remember=not per_worker)
+        if not per_worker:
+            self._push_weights([i for i in update if self.workers.serves(i)], first, non_blocking)
+            return
+        version = self.policy_version + 1  # each of those workers gets its own, all as one new version
+        for worker_id, source in update.items():
             if self.workers.serves(worker_id):
                 self._push_weights([worker_id], source, version=version)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpc_collectors.planes.weights import FlatWeights, holder_of
+from rpc_collectors.planes import weights
 
 NO_WEIGHTS = (
     "update_policy_weights_: the workers build their policies (policy_factory) and no weights were "
@@ -25,15 +25,15 @@ NOT_A_MODULE = "update_policy_weights_: the policy is not an nn.Module, so it ha
 def check_workers(signatures: dict[int, tuple | None], source: Any) -> None:
     """A ValueError if ``source`` (weights, or the trainer's policy) does not fit a worker's policy
     (None: a node, which takes any)."""
-    mine = FlatWeights(source).signature
+    mine = weights.signature_of(source)
     for worker_id, theirs in sorted(signatures.items()):
         if theirs is None:
             continue
         if not theirs:
             raise TypeError(f"update_policy_weights_: worker {worker_id}'s policy has no weights to update")
-        FlatWeights(holder_of(theirs)).check(mine, f"update_policy_weights_ to worker {worker_id}")
+        weights.check_layout(mine, theirs, f"update_policy_weights_ to worker {worker_id}", "the worker's policy")
 
 
 def signature_of(policy: Any) -> tuple:
     """What a worker's policy holds, for :func:`check_workers` (empty: no weights at all)."""
-    return FlatWeights(policy).signature if policy is not None else ()
+    return weights.signature_of(policy) if policy is not None else ()

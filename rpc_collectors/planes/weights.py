@@ -36,13 +36,50 @@ def one_source(policy_or_weights: Any, weights: Any, policy: Any) -> Any:
     return given[0] if given else None
 
 
+def signature_of(weights: nn.Module | TensorDictBase) -> tuple:
+    """``(key, dtype, shape)`` of every tensor of a module or a TensorDict of weights, by sorted key:
+    what :func:`checked` compares and :class:`FlatWeights` lays out."""
+    td = _tensors_of(weights)
+    return tuple(sorted(
+        ((_as_tuple(key), t.dtype, tuple(t.shape)) for key, t in td.items(include_nested=True, leaves_only=True)),
+        key=lambda entry: entry[0],
+    ))
+
+
+def check_layout(given: tuple, layout: tuple, argument: str, whose: str = "the policy") -> None:
+    """A ValueError naming the first tensor where ``given`` (a :func:`signature_of`) differs from
+    ``layout``: absent from either, or of another dtype or shape."""
+    if given == layout:
+        return
+    theirs = {key: (dtype, shape) for key, dtype, shape in given}
+    ours = {key: (dtype, shape) for key, dtype, shape in layout}
+    for key in sorted(set(theirs) | set(ours)):
+        if theirs.get(key) != ours.get(key):
+            have = "absent" if key not in theirs else f"{theirs[key][0]} {list(theirs[key][1])}"
+            want = "absent" if key not in ours else f"{ours[key][0]} {list(ours[key][1])}"
+            name = key[0] if len(key) == 1 else key
+            raise ValueError(
+                f"{argument}: weight {name!r} is {have}, {whose} has {want}; accepted: weights with the same "
+                f"keys, dtypes and shapes as {whose}"
+            )
+
+
+def checked(source: Any, layout: tuple, argument: str = "policy_or_weights", whose: str = "the policy") -> TensorDictBase:
+    """``source`` (an ``nn.Module``, a TensorDict of weights or a state dict) as a TensorDict of weights,
+    checked whole against ``layout`` (the policy's :func:`signature_of`) before anything changes.
+
+    Every weight update, whatever its form and collector, passes here before a policy or a version
+    changes: what passes holds exactly the policy's tensors, so copying it in cannot fail half way
+    (:func:`load_weights`, :meth:`FlatWeights.pack`), and what fails changed nothing.
+    """
+    weights = weights_of(source, argument)
+    check_layout(signature_of(weights), layout, argument, whose)
+    return weights
+
+
 def load_weights(module: nn.Module, weights: TensorDictBase) -> None:
-    """Copy ``weights`` into ``module``'s parameters and buffers, in place."""
-    target = TensorDict.from_module(module).data
-    missing = set(target.keys(True, True)) - set(weights.keys(True, True))
-    if missing:
-        raise KeyError(f"the new weights lack {sorted(map(str, missing))[:5]} of the policy")
-    target.update_(weights.select(*target.keys(True, True)))
+    """Copy ``weights`` (:func:`checked` against ``module``'s layout) into ``module``'s tensors, in place."""
+    TensorDict.from_module(module).data.update_(weights)
 
 
 def _tensors_of(holder: nn.Module | TensorDictBase) -> TensorDictBase:
@@ -82,24 +119,7 @@ class FlatWeights:
         self.nbytes = offset
         self.device = td.get(self.keys[0]).device if self.keys else torch.device("cpu")
         # what the other side checks its own layout against: (key, dtype, shape) of every tensor
-        self.signature = tuple(
-            (_as_tuple(key), dtype, tuple(shape)) for key, (_, _, dtype, shape) in zip(self.keys, self.layout)
-        )
-
-    def check(self, signature: tuple, argument: str = "the pushed weights") -> None:
-        """A ValueError naming the first tensor where ``signature`` differs from this layout."""
-        if signature == self.signature:
-            return
-        theirs = {key: (dtype, shape) for key, dtype, shape in signature}
-        ours = {key: (dtype, shape) for key, dtype, shape in self.signature}
-        for key in sorted(set(theirs) | set(ours)):
-            if theirs.get(key) != ours.get(key):
-                have = "absent" if key not in theirs else f"{theirs[key][0]} {list(theirs[key][1])}"
-                want = "absent" if key not in ours else f"{ours[key][0]} {list(ours[key][1])}"
-                raise ValueError(
-                    f"{argument}: weight {key!r} is {have}, the worker's policy has {want}; accepted: "
-                    "weights of the policy the workers build (same keys, dtypes and shapes)"
-                )
+        self.signature = signature_of(td)
 
     def new_buffer(self, device: torch.device | None = None) -> torch.Tensor:
         return torch.empty(self.nbytes, dtype=torch.uint8, device=device or self.device)
@@ -107,38 +127,17 @@ class FlatWeights:
     def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         return [buffer[o:o + n].view(dtype).view(shape) for o, n, dtype, shape in self.layout]
 
-    def tensors(self) -> list[torch.Tensor]:
-        """The module's current tensors, checked against the layout."""
-        td = _tensors_of(self.module)
-        tensors = [td.get(k) for k in self.keys]
-        for key, t, (_, _, dtype, shape) in zip(self.keys, tensors, self.layout):
-            if t.dtype != dtype or t.shape != shape:
-                raise ValueError(
-                    f"weight {key!r} is now {t.dtype} {list(t.shape)}; the collector's workers hold "
-                    f"{dtype} {list(shape)}: a policy's weights may change values, not shapes or dtypes"
-                )
-        return tensors
+    def tensors(self, source: Any = None) -> list[torch.Tensor]:
+        """``source``'s tensors (None: the module's now) in this layout, :func:`checked` against it."""
+        weights = checked(self.module if source is None else source, self.signature,
+                          "update_policy_weights_" if source is not None else "the policy", "the workers' policy")
+        return [weights.get(key) for key in self.keys]
 
     def pack(self, buffer: torch.Tensor, source: TensorDictBase | None = None) -> None:
         """Copy the module's current weights (or ``source``'s) into ``buffer``."""
         if self.keys:
             with torch.no_grad():
-                torch._foreach_copy_(self.views(buffer), self.tensors() if source is None else self._matching(source))
-
-    def _matching(self, source: TensorDictBase, argument: str = "policy_or_weights") -> list[torch.Tensor]:
-        """``source``'s tensors in this layout; a ValueError naming what differs from the policy."""
-        tensors = []
-        for key, (_, _, _, shape) in zip(self.keys, self.layout):
-            tensor = source.get(key, None)
-            if tensor is None:
-                raise ValueError(f"{argument} has no {key!r}, which the policy has; accepted: weights of the same architecture")
-            if tensor.shape != shape:
-                raise ValueError(
-                    f"{argument}[{key!r}] has shape {list(tensor.shape)}, the policy's is {list(shape)}; "
-                    "accepted: weights of the same architecture"
-                )
-            tensors.append(tensor)
-        return tensors
+                torch._foreach_copy_(self.views(buffer), self.tensors(source))
 
     def unpack(self, buffer: torch.Tensor) -> None:
         """Copy weights from ``buffer`` into the module's current tensors, in place."""
