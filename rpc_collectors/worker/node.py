@@ -25,6 +25,7 @@ in it, to be used by the next forward pass.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +146,7 @@ class NodeCollector:
         self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
         self.local.restarts.name = f"node {node_id}'s local worker {{}}"
         self._told = 0  # of the local collector's restarts, how many the trainer was told of
+        self._busy = threading.Lock()  # held by a batch in progress: a cut waits for its end
 
     def _serve_policy(self, policy: Any, kwargs: dict) -> Any:
         """Run ``policy`` here, on the policy device (else a GPU if there is one), for every local
@@ -199,17 +201,29 @@ class NodeCollector:
             given = self.module if isinstance(self.module, TensorDictBase) else None
             self.local.push_version(self._version, given)
 
+    def cut(self) -> None:
+        """The trainer dropped a batch of this node: every local worker's stream is cut
+        (:mod:`~rpc_collectors.front.continuity`)."""
+        with self._busy:
+            self.local.continuity.cut()
+
     def next(self) -> TensorDictBase:
         """The node's next batch, with trajectory ids in the trainer's numbering.
 
-        Every frame of it was collected with the newest weights the node has passed on: an async
-        node drops the local batches its workers collected before (at most the requests in flight).
+        Every frame of it was collected with the newest weights the node has passed on: the node
+        drops the local batches its workers collected before (at most the requests in flight),
+        which cuts those workers' streams (:mod:`~rpc_collectors.front.continuity`).
         """
+        with self._busy:
+            return self._next()
+
+    def _next(self) -> TensorDictBase:
         self._pass_weights_on()
         newest = self._version if self.inference is not None else self.local.policy_version
         try:
             batch = self.local.next()
             while batch.get(VERSION).min() < newest:
+                self.local.continuity.drop(batch)
                 batch = self.local.next()
         except WorkerError as err:  # the trainer's WorkerError names this node and, from this, the local worker
             if self.inference is not None and self.inference.error is not None:

@@ -1,0 +1,107 @@
+"""Trajectory continuity where a worker's stream is cut: a batch dropped for ``max_policy_lag`` (by
+the trainer, or by a node collector for its local workers), a worker replaced, a resume.
+
+Each path is run on ``CountEnv``, whose observations say ``[t, episode, last action]``: within
+one trajectory id the steps must be consecutive (:mod:`continuity`), and where the path allows,
+each worker's frames must be those of a single-process ``Collector`` on the same env, less the
+frames dropped.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from conftest import CountEnv
+from continuity import assert_no_gaps, steps
+from rpc_collectors import Collector, GymEnv, MultiAsyncCollector, RPCCollector, WorkerRestartWarning
+from test_rpc_collector import BiasPolicy
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(240)]
+
+FRAMES = 7  # batches end mid-episode
+
+
+def count_env() -> GymEnv:
+    """Episodes longer than a batch, so a dropped batch falls inside one."""
+    return GymEnv(CountEnv(lengths=(20, 31, 9)))
+
+
+def single_process(batches: int) -> list[torch.Tensor]:
+    """The steps of a single-process ``Collector``'s first ``batches`` batches on ``CountEnv``."""
+    with Collector(count_env, BiasPolicy(1, size=3), frames_per_batch=FRAMES) as c:
+        return [steps(c.next())[0] for _ in range(batches)]
+
+
+def assert_single_process_less_the_dropped(per_worker: dict[int, list[torch.Tensor]]) -> None:
+    """Each worker's batches, in order, are batches of the single-process stream, in order (the
+    ones between them were dropped): the env was neither reset nor stepped by a dropped batch twice."""
+    longest = max(len(kept) for kept in per_worker.values())
+    reference = single_process(4 * longest + 8)
+    for worker, kept in per_worker.items():
+        position = 0
+        for n, batch in enumerate(kept):
+            while position < len(reference) and not torch.equal(reference[position], batch):
+                position += 1
+            assert position < len(reference), f"worker {worker}'s batch {n} is not the single-process stream's next"
+            position += 1
+
+
+def lag_run(make, batches: int = 40) -> tuple[list, dict, int]:
+    """A trainer that bumps the weights after every batch; the batches, each worker's, the drops."""
+    handed, per_worker = [], {}
+    with make() as c:
+        for i, batch in enumerate(c):
+            handed.append(batch.clone())
+            for worker in c.last_batch.worker_frames:
+                per_worker.setdefault(worker, []).append(steps(batch)[0])
+            c.update_policy_weights_()
+            if i + 1 == batches:
+                break
+        dropped = c.dropped_batches
+    return handed, per_worker, dropped
+
+
+def test_a_batch_dropped_for_lag_ends_its_trajectories():
+    """Trajectories in progress when a batch is dropped continue under new ids after it; the
+    frames kept are the single-process stream less the dropped batches."""
+    handed, per_worker, dropped = lag_run(lambda: MultiAsyncCollector(
+        [count_env] * 4, BiasPolicy(1, size=3), frames_per_batch=FRAMES, max_policy_lag=0))
+    assert dropped > 0, "no batch was dropped: the test shows nothing"
+    assert_no_gaps(handed)
+    assert_single_process_less_the_dropped(per_worker)
+
+
+@pytest.mark.parametrize("inference", ["worker", "node"])
+def test_a_node_batch_dropped_for_lag_ends_its_local_workers_trajectories(inference):
+    """The trainer drops a node's batch: every local worker of the node starts new ids; a node
+    that drops its local workers' stale batches does the same."""
+    handed, _, dropped = lag_run(lambda: RPCCollector(
+        count_env, BiasPolicy(1, size=3), num_collectors=2, launcher="local", collector_class="async",
+        num_workers_per_collector=2, frames_per_batch=FRAMES, rpc_timeout=60, sync=False, max_policy_lag=0,
+        inference=inference), batches=30)
+    assert dropped > 0, "no batch was dropped: the test shows nothing"
+    assert_no_gaps(handed)
+
+
+def test_a_replaced_worker_starts_new_trajectories():
+    """A worker killed mid-run is replaced: its replacement's env starts afresh under new ids."""
+    from test_resume import kill
+
+    handed = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WorkerRestartWarning)
+        with MultiAsyncCollector([count_env] * 2, BiasPolicy(1, size=3), frames_per_batch=FRAMES,
+                                 max_worker_restarts=2, rpc_timeout=60) as c:
+            replaced_at = None
+            for i, batch in enumerate(c):  # until 10 batches after the replacement (its death shows in a wait)
+                handed.append(batch.clone())
+                if i == 5:
+                    kill(c.infos[1]["pid"])
+                if replaced_at is None and c.worker_restarts == [0, 1]:
+                    replaced_at = i
+                if i == 2000 or (replaced_at is not None and i == replaced_at + 10):
+                    break
+            assert c.worker_restarts == [0, 1]
+    assert_no_gaps(handed)
