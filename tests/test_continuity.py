@@ -105,3 +105,52 @@ def test_a_replaced_worker_starts_new_trajectories():
                     break
             assert c.worker_restarts == [0, 1]
     assert_no_gaps(handed)
+
+
+def test_after_a_lag_drop_a_worker_keeps_its_own_weights():
+    """Weights per worker (``{worker_id: weights}``) with ``max_policy_lag``: a worker whose batch was
+    dropped collects on with the weights pushed to it, and each frame's version names them."""
+    own = {0: BiasPolicy(0, size=3), 1: BiasPolicy(1, size=3)}
+    dropped, checked = 0, 0
+    with MultiAsyncCollector([count_env] * 2, BiasPolicy(0, size=3), frames_per_batch=FRAMES, max_policy_lag=0,
+                             track_policy_version=True) as c:
+        for i, batch in enumerate(c):
+            (worker,) = c.last_batch.worker_frames
+            versions = batch.get(("collector", "policy_version"))
+            pushed = versions >= 1  # chosen by the weights pushed per worker (version 0: the trainer's policy)
+            wrong = (batch["action"][pushed] != worker).sum()
+            assert not wrong, f"batch {i}: {int(wrong)} steps of worker {worker} ran other weights than its own"
+            checked += int(pushed.sum())
+            c.update_policy_weights_({w: policy.state_dict() for w, policy in own.items()})
+            if i == 40:
+                dropped = c.dropped_batches
+                break
+    assert dropped > 0 and checked > 0, "no batch was dropped: the test shows nothing"
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiCollector"])
+def test_ids_never_repeat_across_resumes_of_a_killed_run(kind, tmp_path):
+    """A run killed with SIGKILL two batches after its checkpoint, resumed twice by ``RunCheckpoint``:
+    the batches handed out after the checkpoint and those of the resumes never share an id."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from procs import wait_gone
+
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
+    handed = []
+    for run in range(3):
+        proc = subprocess.run([sys.executable, str(tests / "killed_run.py"), kind, str(tmp_path / "ckpt"),
+                               str(tmp_path), str(run)], env=env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == -9, proc.stderr[-2000:]
+        pids = tmp_path / f"{run}.pids"
+        if pids.exists():
+            left = wait_gone({int(p) for p in pids.read_text().split()}, 30)
+            assert not left, f"worker processes {left} outlived their killed trainer"
+        batches = sorted(tmp_path.glob(f"{run}-*.pt"))
+        assert len(batches) == 5
+        handed += [torch.load(path, weights_only=False) for path in batches]
+    assert_no_gaps(handed)
