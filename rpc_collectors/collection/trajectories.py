@@ -37,7 +37,8 @@ def shift_ids(batch: Any, start: int) -> None:
     first, unchanged): a resume from a checkpoint never hands out an id that a start before it
     handed out after that checkpoint. Workers number ids as if each start were the first."""
     if start and isinstance(batch, TensorDictBase) and TRAJ_IDS in batch.keys(include_nested=True):
-        batch.set(TRAJ_IDS, batch.get(TRAJ_IDS) + start * STARTS_APART)
+        ids = batch.get(TRAJ_IDS)
+        batch.set(TRAJ_IDS, torch.where(ids >= 0, ids + start * STARTS_APART, ids))  # -1: a preempted worker's padding
 
 
 def split_trajectories(
