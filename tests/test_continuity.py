@@ -73,14 +73,14 @@ def test_a_batch_dropped_for_lag_ends_its_trajectories():
     assert_single_process_less_the_dropped(per_worker)
 
 
-@pytest.mark.parametrize("inference", ["worker", "node"])
-def test_a_node_batch_dropped_for_lag_ends_its_local_workers_trajectories(inference):
+@pytest.mark.parametrize("node, inference", [("async", "worker"), ("async", "node"), ("sync", "node")])
+def test_a_node_batch_dropped_for_lag_ends_its_local_workers_trajectories(node, inference):
     """The trainer drops a node's batch: every local worker of the node starts new ids; a node
-    that drops its local workers' stale batches does the same."""
+    that drops its local workers' stale batches (or rounds) does the same."""
     handed, _, dropped = lag_run(lambda: RPCCollector(
-        count_env, BiasPolicy(1, size=3), num_collectors=2, launcher="local", collector_class="async",
-        num_workers_per_collector=2, frames_per_batch=FRAMES, rpc_timeout=60, sync=False, max_policy_lag=0,
-        inference=inference), batches=30)
+        count_env, BiasPolicy(1, size=3), num_collectors=2, launcher="local", collector_class=node,
+        num_workers_per_collector=2, frames_per_batch=FRAMES * (2 if node == "sync" else 1), rpc_timeout=60,
+        sync=False, max_policy_lag=0, inference=inference), batches=30)
     assert dropped > 0, "no batch was dropped: the test shows nothing"
     assert_no_gaps(handed)
 
@@ -154,3 +154,21 @@ def test_ids_never_repeat_across_resumes_of_a_killed_run(kind, tmp_path):
         assert len(batches) == 5
         handed += [torch.load(path, weights_only=False) for path in batches]
     assert_no_gaps(handed)
+
+
+def test_a_batch_asked_before_load_state_dict_is_not_handed_out_after_it():
+    """An async collector keeps its workers busy between batches: a state loaded meanwhile
+    restarts their envs, and the batch they were collecting from the old ones is dropped."""
+    with MultiAsyncCollector([count_env] * 2, BiasPolicy(1, size=3), frames_per_batch=FRAMES) as c:
+        for _ in range(3):
+            c.next()
+        state = c.state_dict()
+        for _ in range(3):
+            c.next()
+        c.load_state_dict(state)
+        first = {}
+        while len(first) < 2:
+            batch = c.next()
+            first.setdefault(next(iter(c.last_batch.worker_frames)), steps(batch)[0, 0])
+    for worker, step in first.items():
+        assert step[0] == 0 and step[2] == -1, f"worker {worker}'s first batch after the load starts at {step.tolist()}"

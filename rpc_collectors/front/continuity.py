@@ -10,7 +10,9 @@ of a worker's stream goes through :class:`Continuity`, which owns the rule:
 * a worker's batches asked before its cut reached it continue the dropped one: they are dropped too;
 * a worker replaced (``max_worker_restarts``) or a collector that joins starts afresh: a new env
   under ids above any its slot used (:class:`~rpc_collectors.planes.membership.Restarts`), and
-  what its predecessor was asked is asked of it again (nothing stale).
+  what its predecessor was asked is asked of it again (nothing stale);
+* a resume (``load_state_dict``) restarts every env under ids above the saved ones: batches
+  asked before it are dropped.
 
 The frames before such a cut were handed out already (the last batch kept) or are dropped, so
 none is left to mark truncated here; a resume starts ids in a range of its own
@@ -60,6 +62,11 @@ class Continuity:
     def _count(self, batch: TensorDictBase) -> None:
         front = self.front
         front.dropped_frames, front.dropped_batches = front.dropped_frames + batch.numel(), front.dropped_batches + 1
+
+    def resumed(self) -> None:
+        """Every worker loaded a saved state (its envs restart): what they were asked before is stale."""
+        for worker_id, record in enumerate(self.front.roster):
+            self.stale[worker_id] = record.outstanding
 
     def replaced(self, worker_id: int) -> None:
         """A new process serves ``worker_id`` (fresh env, fresh ids): nothing it answers is stale."""
