@@ -91,7 +91,7 @@ class RunCheckpoint:
     def _start(self) -> None:
         """Count this start of the run (:mod:`.run_starts`), once, and give the collector its id range."""
         if self.start is None:
-            self.start = run_starts.next_start(self.directory)
+            self.start = self.allocation["run_start"] = run_starts.next_start(self.directory)
             if isinstance(self.collector, BaseCollector):
                 self.collector.run_start = self.start
 
