@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import CountEnv
+from conftest import CountEnv, TDCountEnv
 from continuity import assert_no_gaps, steps
 from rpc_collectors import Collector, GymEnv, MultiAsyncCollector, RPCCollector, WorkerRestartWarning
 from test_rpc_collector import BiasPolicy
@@ -28,17 +28,22 @@ def count_env() -> GymEnv:
     return GymEnv(CountEnv(lengths=(20, 31, 9)))
 
 
-def single_process(batches: int) -> list[torch.Tensor]:
-    """The steps of a single-process ``Collector``'s first ``batches`` batches on ``CountEnv``."""
-    with Collector(count_env, BiasPolicy(1, size=3), frames_per_batch=FRAMES) as c:
+def td_count_env() -> TDCountEnv:
+    """The same episodes behind TorchRL's ``EnvBase`` protocol."""
+    return TDCountEnv(lengths=(20, 31, 9))
+
+
+def single_process(make_env, batches: int) -> list[torch.Tensor]:
+    """The steps of a single-process ``Collector``'s first ``batches`` batches on ``make_env()``."""
+    with Collector(make_env, BiasPolicy(1, size=3), frames_per_batch=FRAMES) as c:
         return [steps(c.next())[0] for _ in range(batches)]
 
 
-def assert_single_process_less_the_dropped(per_worker: dict[int, list[torch.Tensor]]) -> None:
+def assert_single_process_less_the_dropped(make_env, per_worker: dict[int, list[torch.Tensor]]) -> None:
     """Each worker's batches, in order, are batches of the single-process stream, in order (the
     ones between them were dropped): the env was neither reset nor stepped by a dropped batch twice."""
     longest = max(len(kept) for kept in per_worker.values())
-    reference = single_process(4 * longest + 8)
+    reference = single_process(make_env, 4 * longest + 8)
     for worker, kept in per_worker.items():
         position = 0
         for n, batch in enumerate(kept):
@@ -63,14 +68,15 @@ def lag_run(make, batches: int = 40) -> tuple[list, dict, int]:
     return handed, per_worker, dropped
 
 
-def test_a_batch_dropped_for_lag_ends_its_trajectories():
+@pytest.mark.parametrize("make_env", [count_env, td_count_env], ids=["gymnasium", "EnvBase"])
+def test_a_batch_dropped_for_lag_ends_its_trajectories(make_env):
     """Trajectories in progress when a batch is dropped continue under new ids after it; the
     frames kept are the single-process stream less the dropped batches."""
     handed, per_worker, dropped = lag_run(lambda: MultiAsyncCollector(
-        [count_env] * 4, BiasPolicy(1, size=3), frames_per_batch=FRAMES, max_policy_lag=0))
+        [make_env] * 4, BiasPolicy(1, size=3), frames_per_batch=FRAMES, max_policy_lag=0))
     assert dropped > 0, "no batch was dropped: the test shows nothing"
     assert_no_gaps(handed)
-    assert_single_process_less_the_dropped(per_worker)
+    assert_single_process_less_the_dropped(make_env, per_worker)
 
 
 @pytest.mark.parametrize("node, inference", [("async", "worker"), ("async", "node"), ("sync", "node")])
