@@ -6,7 +6,7 @@ of a worker's stream goes through :class:`Continuity`, which owns the rule:
 * a batch dropped (``max_policy_lag``, or a node's stale local batch) is counted in
   ``dropped_frames``/``dropped_batches`` and cuts its workers' streams: each is told to go on
   under new trajectory ids from its next step (:meth:`~rpc_collectors.collection.collector.Collector.cut`;
-  a node cuts every local worker's), its env not reset;
+  a node cuts those of the local workers in the batch), its env not reset;
 * a worker's batches asked before its cut reached it continue the dropped one: they are dropped too;
 * a worker replaced (``max_worker_restarts``) or a collector that joins starts afresh: a new env
   under ids above any its slot used (:class:`~rpc_collectors.planes.membership.Restarts`), and
@@ -48,7 +48,8 @@ class Continuity:
         worker_ids = [i for i in (range(front.num_workers) if worker_ids is None else worker_ids) if front.workers.serves(i)]
         for worker_id in worker_ids:
             self.stale[worker_id] = front.roster[worker_id].outstanding
-        front.gather({i: front._call(i, "cut") for i in worker_ids})
+        # which answer of the worker's process the cut follows (a node cuts the local workers in it)
+        front.gather({i: front._call(i, "cut", front.roster[i].requests - front.roster[i].outstanding) for i in worker_ids})
 
     def kept(self, worker_id: int, batch: TensorDictBase) -> bool:
         """Whether ``batch``, the answer of ``worker_id``, goes on: False (counted as dropped) if it was

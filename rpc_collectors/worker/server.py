@@ -196,8 +196,7 @@ class WorkerState:
         torch.manual_seed(seed)
         return self.collector.set_seed(seed)
 
-    def state_dict(self) -> dict:
-        """The collector's state; its trajectory count from ``worker_id``: a resumed worker continues above every id used."""
+    def state_dict(self) -> dict:  # trajectory count from worker_id: a resumed worker continues above every id used
         if self.receiver is not None:  # the state holds the newest weights pushed to this worker
             with self._weights_lock():
                 self.receiver.apply(self.collector, 0, self.timeout)
@@ -210,9 +209,10 @@ class WorkerState:
     def load_state_dict(self, state: dict) -> None:
         self.collector.load_state_dict(state)
 
-    def cut(self) -> None:
-        """End the trajectories in progress: new ids from the next step on (a node: of every local worker)."""
-        self.collector.cut()
+    def cut(self, batch: int) -> None:
+        """The trainer dropped this worker's ``batch``-th batch: its trajectories in progress end (a node's: those of the local
+        workers in that batch)."""
+        self.collector.cut(batch) if isinstance(self.collector, NodeCollector) else self.collector.cut()
 
     def interrupt(self) -> None:
         """The process is closing: the batch in progress ends at its next step (a node's: its local
