@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rpc_collectors.cluster import checkpoint as files
-from rpc_collectors.cluster import requeue
+from rpc_collectors.cluster import requeue, run_starts
+from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
 
 
@@ -71,6 +72,7 @@ class RunCheckpoint:
             _check_methods("replay_buffer", replay_buffer, ("state_dict", "load_state_dict"))
         self.every = checks.optional_positive_int("every", every)
         self.batches = 0
+        self.start: int | None = None  # which start of the run this is, once counted (resume or load)
         self.allocations: list[dict] = []
         self.allocation = {"job_id": os.environ.get("SLURM_JOB_ID"), "restart": requeue.restart_count(),
                            "host": socket.gethostname(), "start": files.now(), "start_frames": 0,
@@ -81,8 +83,17 @@ class RunCheckpoint:
 
     # ---------------------------------------------------------------- load
     def resume(self) -> dict | None:
-        """Load the checkpoint if there is one (see :meth:`load`); None on a fresh run."""
+        """Load the checkpoint if there is one (see :meth:`load`); None on a fresh run. Call it before
+        collecting: it counts this start of the run, whose trajectory ids lie in a range of their own."""
+        self._start()
         return self.load() if self.exists() else None
+
+    def _start(self) -> None:
+        """Count this start of the run (:mod:`.run_starts`), once, and give the collector its id range."""
+        if self.start is None:
+            self.start = self.allocation["run_start"] = run_starts.next_start(self.directory)
+            if isinstance(self.collector, BaseCollector):
+                self.collector.run_start = self.start
 
     def load(self) -> dict:
         """Restore every object from the checkpoint and return its user dict. FileNotFoundError if
@@ -90,6 +101,7 @@ class RunCheckpoint:
         run (other objects, keys or shapes); nothing is changed then."""
         content = files.read(self.path)
         self._check_same(content)
+        self._start()
         if self.collector is not None:
             self.collector.load_state_dict(content["collector"])
         for group, objects in (("modules", self.modules), ("optimizers", self.optimizers)):

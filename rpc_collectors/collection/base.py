@@ -12,7 +12,7 @@ from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
 from rpc_collectors.collection.preemption import valid_frames
 from rpc_collectors.collection.profiling import STARTED, ProfileConfig, RolloutProfiler
-from rpc_collectors.collection.trajectories import split_trajectories
+from rpc_collectors.collection.trajectories import shift_ids, split_trajectories
 from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit, on_buffer_device
 from rpc_collectors.core import checks, torchrl_args
 
@@ -63,6 +63,7 @@ class BaseCollector:
     track_policy_version = False  # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
     keep_version_key = False  # a worker's or node's collector: its batches keep the keys for the trainer to read
     policy_version = 0
+    run_start = 0  # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
 
     def __init__(
         self,
@@ -146,6 +147,7 @@ class BaseCollector:
             if profiler is not None:
                 profiler.before_batch()
             batch = self._collect_batch()
+            shift_ids(batch, self.run_start)
             if profiler is not None:
                 profiler.after_batch()
             frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds

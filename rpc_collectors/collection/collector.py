@@ -364,6 +364,12 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
                 self.env.set_seed(resumed_seed(self._seed, self._resumes))
             self.rollout.invalidate()
 
+    def cut(self) -> None:
+        """End the trajectories in progress where the last batch ended: they continue under new ids
+        (the env is not reset). A batch in progress in another thread is finished first."""
+        with self._busy:
+            self.rollout.cut()
+
     def interrupt(self) -> None:
         """End the batch in progress (in another thread) at its next step, with an error instead of a
         batch: the worker process that runs this collector is closing, and nobody waits for the batch."""

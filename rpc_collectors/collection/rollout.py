@@ -77,6 +77,12 @@ class ArrayRollout:
         """The next batch starts from a reset."""
         return self.obs is None
 
+    def cut(self) -> None:
+        """The trajectories in progress continue under new ids from the next step (the env goes on)."""
+        if self.obs is not None and self.traj is not None:
+            ids = self.traj_ids.new(self.env.num_envs)
+            self.traj = ids if self.env.is_vector else int(ids[0])
+
     def reset(self) -> None:
         self.obs = self.env.reset_arrays()
         self.traj = None  # ids are handed out at the first step: a reset never stepped costs none
@@ -171,6 +177,12 @@ class TensorDictRollout:
     def needs_reset(self) -> bool:
         """The next batch starts from a reset."""
         return self.td is None
+
+    def cut(self) -> None:
+        """The trajectories in progress continue under new ids from the next step (the env goes on)."""
+        if self.td is not None and self.stepped:
+            ids = self.td.get(TRAJ_IDS)
+            self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(ids.numel())).reshape(ids.shape))
 
     def reset(self) -> None:
         self.td = _dense(self.env.reset())

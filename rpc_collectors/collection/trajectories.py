@@ -1,4 +1,9 @@
-"""Trajectory bookkeeping: run-unique trajectory ids and splitting batches into trajectories."""
+"""Trajectory bookkeeping: run-unique trajectory ids and splitting batches into trajectories.
+
+Ids never repeat within a run: worker ``w`` of ``n`` hands out ``w + k * n`` (:class:`TrajectoryIds`),
+a replacement or resumed worker continues above every ``k`` its slot used, and each start of the
+run (the first, and every resume, counted outside the saved state: :mod:`~rpc_collectors.cluster.run_starts`)
+hands its ids out in a range of its own (:func:`shift_ids`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,6 +13,7 @@ import torch
 from tensordict import TensorDictBase
 
 TRAJ_IDS = ("collector", "traj_ids")
+STARTS_APART = 2**44  # the ids of one start of a run (its first, each resume) lie in [n, n + 1) * STARTS_APART
 
 
 class TrajectoryIds:
@@ -24,6 +30,15 @@ class TrajectoryIds:
         ids = self.start + self.stride * np.arange(self.count, self.count + n, dtype=np.int64)
         self.count += n
         return ids
+
+
+def shift_ids(batch: Any, start: int) -> None:
+    """Move ``batch``'s trajectory ids into the range of the ``start``-th start of the run (0: the
+    first, unchanged): a resume from a checkpoint never hands out an id that a start before it
+    handed out after that checkpoint. Workers number ids as if each start were the first."""
+    if start and isinstance(batch, TensorDictBase) and TRAJ_IDS in batch.keys(include_nested=True):
+        ids = batch.get(TRAJ_IDS)
+        batch.set(TRAJ_IDS, torch.where(ids >= 0, ids + start * STARTS_APART, ids))  # -1: a preempted worker's padding
 
 
 def split_trajectories(

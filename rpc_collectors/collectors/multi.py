@@ -100,8 +100,8 @@ class RPCCollector(CollectorFront):
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
         max_policy_lag: async only: a batch whose oldest step is more than this many weight versions
-            behind the trainer's is dropped (counted in ``dropped_frames``/``dropped_batches``), and
-            its worker gets the trainer's weights and is asked again; None: no bound.
+            behind the trainer's is dropped (counted in ``dropped_frames``/``dropped_batches``), its
+            worker's trajectories go on under new ids, and it is asked again (``front.policy_lag``); None: no bound.
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
             else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
             ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).

@@ -25,6 +25,7 @@ from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
 from rpc_collectors.front import buffer_writes, node_restarts, policy_lag, saved_state
+from rpc_collectors.front.continuity import Continuity
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, wait_gone, weak_method
 from rpc_collectors.front.recovery import Recovery
@@ -78,6 +79,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         self.roster = [WorkerRecord() for _ in range(self.num_workers)]
         self.restarts = Restarts(s.max_worker_restarts, self.num_workers)
         self.recovery = Recovery(self)
+        self.continuity = Continuity(self)
         self.ready = False  # failures are recovered only once the collector is up
         self.weights: WeightPlane | None = None
         self._batches: BatchPlane | None = None
@@ -304,18 +306,25 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
             if worker_id != self._last_async:
                 for _ in range(self._batches.depth(worker_id) - self.roster[worker_id].outstanding):
                     self._request(worker_id)
-        self._last_async, result = self._next_answer()
-        batch = self._receive(self._last_async, result)
-        while policy_lag.too_old(batch, self.policy_version, self.max_policy_lag):
-            self.dropped_frames, self.dropped_batches = self.dropped_frames + batch.numel(), self.dropped_batches + 1
-            self._push_weights([self._last_async], version=self.policy_version)  # the trainer's weights, first
-            self._request(self._last_async)
-            self._last_async, result = self._next_answer()
-            batch = self._receive(self._last_async, result)
+        batch = self._next_kept()
         if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
             self._last_async = None
         return self._batches.place(batch)
+
+    def _next_kept(self) -> TensorDictBase:
+        """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's stream
+        was cut, or collected with weights more than ``max_policy_lag`` behind (:mod:`.policy_lag`)."""
+        while True:
+            self._last_async, result = self._next_answer()
+            worker_id, batch = self._last_async, self._receive(self._last_async, result)
+            if self.continuity.kept(worker_id, batch):
+                if not policy_lag.too_old(batch, self.policy_version, self.max_policy_lag):
+                    return batch
+                if policy_lag.left_behind(self.weights, worker_id, self.policy_version, self.max_policy_lag):
+                    self._push_weights([worker_id], version=self.policy_version)
+                self.continuity.drop(batch, [worker_id])
+            self._request(worker_id)
 
     def _preempt(self, worker_ids: list[int]) -> None:
         """Ask ``worker_ids`` to end the batch in progress at their next step (not waited for: a

@@ -66,6 +66,7 @@ class Recovery:
         info = front.gather({worker_id: create}, recover=False)[0]
         front.roster[worker_id].served(info)
         front.restarts.started(worker_id, info["envs"])
+        front.continuity.replaced(worker_id)
         steps = []
         seed = front.restarts.seed(worker_id)
         if seed is not None:

@@ -64,6 +64,7 @@ def load(front: "CollectorFront", state: dict) -> None:
             front._push_weights([], version=front.policy_version)
         return
     front.gather({i: front._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
+    front.continuity.resumed()
     for i, worker_state in enumerate(state["workers"]):
         front.restarts.loaded(i, int(worker_state["traj_count"]))
     if any(seed is not None for seed in front.restarts.seeds):  # resumed workers draw new seeds from their sequences

@@ -25,6 +25,7 @@ in it, to be used by the next forward pass.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from rpc_collectors.collection.batch_record import VERSION
+from rpc_collectors.collection.batch_record import VERSION, WORKER_ID
 from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.collection.trajectories import TRAJ_IDS
 from rpc_collectors.core import checks
@@ -48,6 +49,7 @@ CLASS_NAMES = {
 }
 NODE_WAIT_SHARE = 0.5  # of the trainer's rpc_timeout: how long a node waits on one of its local workers
 INFERENCE = ("worker", "node")
+KEEP_HANDED = 4  # how many of its last batches a node remembers the local workers of (the trainer asks at most 2 ahead)
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,9 @@ class NodeCollector:
         self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
         self.local.restarts.name = f"node {node_id}'s local worker {{}}"
         self._told = 0  # of the local collector's restarts, how many the trainer was told of
+        self._busy = threading.Lock()  # held by a batch in progress: a cut waits for its end
+        self._handed: dict[int, list[int]] = {}  # the local workers in each of the last batches handed out, by number
+        self._count = 0  # batches handed out
 
     def _serve_policy(self, policy: Any, kwargs: dict) -> Any:
         """Run ``policy`` here, on the policy device (else a GPU if there is one), for every local
@@ -199,17 +204,29 @@ class NodeCollector:
             given = self.module if isinstance(self.module, TensorDictBase) else None
             self.local.push_version(self._version, given)
 
+    def cut(self, batch: int) -> None:
+        """The trainer dropped this node's ``batch``-th batch: the streams of the local workers in it are
+        cut (:mod:`~rpc_collectors.front.continuity`; every local worker's if it is no longer known)."""
+        with self._busy:
+            self.local.continuity.cut(self._handed.get(batch))
+
     def next(self) -> TensorDictBase:
         """The node's next batch, with trajectory ids in the trainer's numbering.
 
-        Every frame of it was collected with the newest weights the node has passed on: an async
-        node drops the local batches its workers collected before (at most the requests in flight).
+        Every frame of it was collected with the newest weights the node has passed on: the node
+        drops the local batches its workers collected before (at most the requests in flight),
+        which cuts those workers' streams (:mod:`~rpc_collectors.front.continuity`).
         """
+        with self._busy:
+            return self._next()
+
+    def _next(self) -> TensorDictBase:
         self._pass_weights_on()
         newest = self._version if self.inference is not None else self.local.policy_version
         try:
             batch = self.local.next()
             while batch.get(VERSION).min() < newest:
+                self.local.continuity.drop(batch)
                 batch = self.local.next()
         except WorkerError as err:  # the trainer's WorkerError names this node and, from this, the local worker
             if self.inference is not None and self.inference.error is not None:
@@ -218,6 +235,9 @@ class NodeCollector:
             raise LocalWorkerError(
                 f"lost its local worker {err.worker_id} (pid {err.pid}), which {err.reason}{detail}"
             ) from None
+        self._count += 1
+        self._handed[self._count] = sorted(set(batch.get(WORKER_ID).reshape(-1).tolist()))
+        self._handed.pop(self._count - KEEP_HANDED, None)
         ids = batch.get(TRAJ_IDS)
         width = self.node.num_workers
         batch.set_(TRAJ_IDS, self._base + ids % width + self._stride * torch.div(ids, width, rounding_mode="floor"))

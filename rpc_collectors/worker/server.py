@@ -114,8 +114,7 @@ class WorkerState:
         return self.collector.policy.module if self.collector.policy is not None else None
 
     def weights_signature(self) -> tuple | None:
-        """What this worker's policy holds (:mod:`~rpc_collectors.planes.factory_weights`); None: a node
-        whose local workers build their policies, which takes the weights it is given."""
+        """What this worker's policy holds (:mod:`~rpc_collectors.planes.factory_weights`); None: a node taking any."""
         if isinstance(self.collector, NodeCollector) and self.collector.module is None:
             return None
         return signature_of(self._module())
@@ -137,8 +136,7 @@ class WorkerState:
         self.receiver.receive(version, mode, payload)
 
     def join_batches(self, spec: SlotSpec) -> bool:
-        """Map the trainer's shared batch buffer (or, from another host, make slots of its own)
-        and answer its doorbell; False if this process cannot open them."""
+        """Map the trainer's batch slots (another host: make its own), answer its doorbell; False if it cannot."""
         try:
             self.writer = SlotWriter(spec)
             doorbell.answer(spec.doorbell, self.collect, self.writer.memory if spec.fd is None else None)
@@ -187,8 +185,7 @@ class WorkerState:
         return remote_calls.attribute(self.collector, method)(*args, **kwargs)
 
     def set_hook(self, name: str, hook: bytes) -> None:
-        """Set the collector's ``pre_collect_hook`` or ``post_collect_hook`` (cloudpickled; TorchRL's
-        setters on a multi-worker collector)."""
+        """Set the collector's ``pre_collect_hook`` or ``post_collect_hook`` (cloudpickled; TorchRL's setters)."""
         setattr(self.collector, name, cloudpickle.loads(hook))
 
     def preempt(self, batch: int) -> None:
@@ -199,9 +196,7 @@ class WorkerState:
         torch.manual_seed(seed)
         return self.collector.set_seed(seed)
 
-    def state_dict(self) -> dict:
-        """The collector's state; its trajectory count counts from the worker's first id (``worker_id``),
-        so a resumed worker, which starts there, continues above every id this one or a predecessor used."""
+    def state_dict(self) -> dict:  # trajectory count from worker_id: a resumed worker continues above every id used
         if self.receiver is not None:  # the state holds the newest weights pushed to this worker
             with self._weights_lock():
                 self.receiver.apply(self.collector, 0, self.timeout)
@@ -213,6 +208,11 @@ class WorkerState:
 
     def load_state_dict(self, state: dict) -> None:
         self.collector.load_state_dict(state)
+
+    def cut(self, batch: int) -> None:
+        """The trainer dropped this worker's ``batch``-th batch: its trajectories in progress end (a node's: those of the local
+        workers in that batch)."""
+        self.collector.cut(batch) if isinstance(self.collector, NodeCollector) else self.collector.cut()
 
     def interrupt(self) -> None:
         """The process is closing: the batch in progress ends at its next step (a node's: its local
