@@ -22,6 +22,7 @@ from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.batch_record import BatchRecord
 from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.core import batched_args, checks
+from rpc_collectors.core.futures import outcome
 from rpc_collectors.front.inference_loop import InferenceLoop
 from rpc_collectors.front.transitions import ENV_INDEX, Transitions
 from rpc_collectors.planes.membership import Restarts
@@ -166,9 +167,9 @@ class AsyncBatchedCollector(BaseCollector):
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:
         for env in range(self.num_envs):
-            self._starting(env, lambda i=env: self.pool.create(i, self._specs[i]).wait())
+            self._starting(env, lambda i=env: outcome(self.pool.create(i, self._specs[i])))
         try:
-            row = self.pool.call(0, "step_row").wait()
+            row = outcome(self.pool.call(0, "step_row"))
         except RuntimeError as err:  # the env is not one this collector steps: its TypeError, as the worker raised it
             last = str(err).strip().splitlines()[-1]
             raise TypeError(last.removeprefix("TypeError: ")) from None
@@ -206,8 +207,8 @@ class AsyncBatchedCollector(BaseCollector):
     def _join(self, env: int) -> None:
         """Have the worker of ``env`` step its env through its row of the plane."""
         if self._seeds[env] is not None:
-            self.pool.call(env, "set_seed", self._seeds[env]).wait()
-        self.pool.call(env, "join_steps", self.plane.spec(env)).wait()
+            outcome(self.pool.call(env, "set_seed", self._seeds[env]))
+        outcome(self.pool.call(env, "join_steps", self.plane.spec(env)))
         self.plane.opened(env)
 
     def _on_failure(self, env: int, text: str) -> bool:
@@ -219,7 +220,7 @@ class AsyncBatchedCollector(BaseCollector):
         if not self._closing and self.restarts.take(env, reason):
             try:
                 self.pool.replace(env)
-                self.pool.create(env, self._specs[env]).wait()
+                outcome(self.pool.create(env, self._specs[env]))
                 self._join(env)
                 return True
             except Exception as err:  # the replacement failed too: that ends the run
@@ -295,7 +296,7 @@ class AsyncBatchedCollector(BaseCollector):
         seed = checks.seed(seed)
         for env in range(self.num_envs):
             self._seeds[env] = seed + env
-            self.pool.call(env, "set_seed", seed + env).wait()
+            outcome(self.pool.call(env, "set_seed", seed + env))
         return seed + self.num_envs
 
     def state_dict(self) -> dict:
