@@ -3,7 +3,7 @@
 A future completed with an exception holds that exception object where the garbage collector
 cannot see it, and ``wait()`` raises the object itself. Each wait would add its frames to the
 exception's traceback, and those frames (with the collector in their locals, and the collector
-holding the future) would live as long as the future, in a cycle the collector never breaks.
+holding the future) would live as long as the future, in a cycle the garbage collector never breaks.
 :func:`outcome` leaves the held exception without a traceback and raises a copy of it.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def outcome(fut: "torch.futures.Future") -> Any:
+def outcome(fut: torch.futures.Future) -> Any:
     """``fut.wait()``; a failed future raises a copy of its exception (same type, message and
     attributes), never the exception it holds."""
     try:
