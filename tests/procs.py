@@ -1,8 +1,12 @@
-"""Process helpers for multi-process tests: who descends from whom, who is alive, who listens."""
+"""Process helpers for multi-process tests: who descends from whom, who is alive, who listens, what
+this process holds."""
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import os
+import re
 import signal
 import subprocess
 import time
@@ -141,3 +145,64 @@ def run_in_session(cmd: list[str], timeout: float, env: dict | None = None) -> s
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _what(target: str) -> str:
+    """What an open file or mapping names, without the parts that differ between two of a kind
+    (inode numbers, the random part of a temporary name)."""
+    return re.sub(r"_[A-Za-z0-9_]{8}( \(deleted\))?$", "", re.sub(r"\[\d+\]", "", target))
+
+
+def _shm_names() -> set[str]:
+    """The names in /dev/shm this process may have made: this package's, and those with its pid
+    (torch's, Python's); other programs' files come and go meanwhile."""
+    mine = re.compile(rf"^rpc_collectors|(?<!\d){os.getpid()}(?!\d)")
+    return {name for name in os.listdir("/dev/shm") if mine.search(name)} if os.path.isdir("/dev/shm") else set()
+
+
+@dataclasses.dataclass
+class Holdings:
+    """What this process holds: live descendants, threads (kernel tasks, so native ones too), open
+    descriptors and shared-memory mappings (each counted by what it names), and its names in /dev/shm."""
+
+    processes: set[int]
+    threads: int
+    fds: collections.Counter
+    shm_maps: collections.Counter
+    shm_names: set[str]
+
+    @classmethod
+    def now(cls) -> "Holdings":
+        fds: collections.Counter = collections.Counter()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                fds[_what(os.readlink(f"/proc/self/fd/{fd}"))] += 1
+            except OSError:  # the descriptor listdir itself used, closed since
+                continue
+        shm_maps: collections.Counter = collections.Counter()
+        with open("/proc/self/maps") as f:
+            for path in {line.split(maxsplit=5)[5].strip() for line in f if " /dev/shm/" in line}:
+                shm_maps[_what(path)] += 1
+        return cls(descendants(), len(os.listdir("/proc/self/task")), fds, shm_maps, _shm_names())
+
+    def beyond(self, before: "Holdings", ignore: set[int] = frozenset()) -> dict:
+        """What this holds that ``before`` did not (processes in ``ignore`` aside); empty: nothing."""
+        more = {
+            "processes": self.processes - before.processes - set(ignore),
+            "threads": self.threads - before.threads,
+            "fds": dict(self.fds - before.fds),
+            "shm_maps": dict(self.shm_maps - before.shm_maps),
+            "shm_names": self.shm_names - before.shm_names,
+        }
+        return {what: held for what, held in more.items() if held and (what != "threads" or held > 0)}
+
+
+def holds_beyond(before: Holdings, timeout: float = 10.0, ignore: set[int] = frozenset()) -> dict:
+    """Wait up to ``timeout`` s until this process holds nothing ``before`` did not (processes
+    exit, threads end and descriptors close a little after a shutdown); return what it still holds then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = Holdings.now().beyond(before, ignore)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import gymnasium as gym
 import numpy as np
@@ -24,7 +26,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from procs import run_in_session, wait_gone  # noqa: E402
+from procs import Holdings, holds_beyond, run_in_session, wait_gone  # noqa: E402
 from rpc_collectors import GymEnv, WorkerError, WorkerRestartWarning  # noqa: E402
 from rpc_collectors.collectors.ray import RayCollector  # noqa: E402
 from test_restarts import StampEnv  # noqa: E402
@@ -244,6 +246,42 @@ def test_sigkilled_actor(ray_cluster, restarts):
     finally:
         collector.shutdown()
     assert_gone_and_ray_alive(pids)
+
+
+@pytest.mark.parametrize("shutdown", [True, False], ids=["shut-down", "dropped"])
+def test_a_dropped_collector_is_freed_with_its_actors_fds_and_shared_memory(ray_cluster, shutdown):
+    def iterated_and_dropped() -> tuple[weakref.ref, set[int]]:
+        collector = RayCollector([functools.partial(stamp_env, 0)], None, frames_per_batch=10, sync=True)
+        batches = iter(collector)
+        next(batches)
+        next(batches)
+        if shutdown:
+            collector.shutdown()
+        return weakref.ref(collector), actor_pids(collector)
+
+    iterated_and_dropped()  # Ray's connections of the driver, opened on first use, are the baseline
+    gc.collect()
+    before = Holdings.now()
+    ref, pids = iterated_and_dropped()
+    gc.collect()
+    assert ref() is None, "a RayCollector that was iterated and dropped is still alive after gc.collect()"
+    assert_gone_and_ray_alive(pids)
+    # Ray's own processes, threads and gRPC connections come and go with its pools: the collector's files stay flat
+    left = holds_beyond(before)
+    ours = {"fds": {name: n for name, n in left.get("fds", {}).items() if name != "socket:"},
+            "shm_maps": left.get("shm_maps"), "shm_names": left.get("shm_names")}
+    assert not any(ours.values()), f"a dropped RayCollector left behind {ours}"
+
+
+def test_a_collector_whose_actor_failed_to_start_leaves_no_pool_behind(ray_cluster):
+    from rpc_collectors.pools.ray import RayPool
+    from test_batched_inference import broken_factory
+
+    for _ in range(2):
+        with pytest.raises(WorkerError, match="simulator license server is down"):
+            RayCollector([functools.partial(stamp_env, 0), broken_factory], None, frames_per_batch=10, sync=True)
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is RayPool], "a failed collector's pool is still alive"
 
 
 def test_actor_pending_for_resources_is_a_clear_error(ray_cluster):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from typing import Any
 
 import cloudpickle
@@ -22,7 +23,9 @@ from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.batch_record import BatchRecord
 from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.core import batched_args, checks
+from rpc_collectors.core.futures import outcome
 from rpc_collectors.front.inference_loop import InferenceLoop
+from rpc_collectors.front.lifetime import weak_method
 from rpc_collectors.front.transitions import BATCH_KEYS, ENV_INDEX, Transitions
 from rpc_collectors.planes.membership import Restarts
 from rpc_collectors.planes.step_plane import StepPlane
@@ -163,13 +166,15 @@ class AsyncBatchedCollector(BaseCollector):
         except BaseException:
             self.shutdown()
             raise
+        # the loop's thread reaches this object only weakly: dropping it stops the loop and the envs
+        self._release = weakref.finalize(self, _close, self._loop, self.plane, self.pool, SHUTDOWN_TIMEOUT)
 
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:
         for env in range(self.num_envs):
-            self._starting(env, lambda i=env: self.pool.create(i, self._specs[i]).wait())
+            self._starting(env, lambda i=env: outcome(self.pool.create(i, self._specs[i])))
         try:
-            row = self.pool.call(0, "step_row").wait()
+            row = outcome(self.pool.call(0, "step_row"))
         except RuntimeError as err:  # the env is not one this collector steps: its TypeError, as the worker raised it
             last = str(err).strip().splitlines()[-1]
             raise TypeError(last.removeprefix("TypeError: ")) from None
@@ -191,10 +196,13 @@ class AsyncBatchedCollector(BaseCollector):
         transitions = Transitions(self.plane.rows, {k: v[0] for k, v in outputs.items()}, self.frames_per_batch,
                                   key, self.prefetch)
         self._loop = InferenceLoop(
-            self.plane, transitions, self.policy, self._lock, lambda: self.policy_version, self._on_failure,
+            self.plane, transitions, self.policy, self._lock, weak_method(self._version), weak_method(self._on_failure),
             max_batch_size=self.batching.max_batch_size, min_batch_size=self.batching.min_batch_size,
             timeout=self.batching.timeout, exploration_type=self.exploration_type, prefetch=self.prefetch,
         )
+
+    def _version(self) -> int:
+        return self.policy_version
 
     def _starting(self, env: int, step: Any) -> None:
         """Run a start-up ``step`` of ``env``'s worker; its failure is a WorkerError naming the worker."""
@@ -207,8 +215,8 @@ class AsyncBatchedCollector(BaseCollector):
     def _join(self, env: int) -> None:
         """Have the worker of ``env`` step its env through its row of the plane."""
         if self._seeds[env] is not None:
-            self.pool.call(env, "set_seed", self._seeds[env]).wait()
-        self.pool.call(env, "join_steps", self.plane.spec(env)).wait()
+            outcome(self.pool.call(env, "set_seed", self._seeds[env]))
+        outcome(self.pool.call(env, "join_steps", self.plane.spec(env)))
         self.plane.opened(env)
 
     def _on_failure(self, env: int, text: str) -> bool:
@@ -220,7 +228,7 @@ class AsyncBatchedCollector(BaseCollector):
         if not self._closing and self.restarts.take(env, reason):
             try:
                 self.pool.replace(env)
-                self.pool.create(env, self._specs[env]).wait()
+                outcome(self.pool.create(env, self._specs[env]))
                 self._join(env)
                 return True
             except Exception as err:  # the replacement failed too: that ends the run
@@ -298,7 +306,7 @@ class AsyncBatchedCollector(BaseCollector):
         seed = checks.seed(seed)
         for env in range(self.num_envs):
             self._seeds[env] = seed + env
-            self.pool.call(env, "set_seed", seed + env).wait()
+            outcome(self.pool.call(env, "set_seed", seed + env))
         return seed + self.num_envs
 
     def state_dict(self) -> dict:
@@ -320,20 +328,20 @@ class AsyncBatchedCollector(BaseCollector):
         super().shutdown(close_env)
 
     def _shutdown(self, close_env: bool) -> None:
-        timeout = getattr(self, "_shutdown_timeout", SHUTDOWN_TIMEOUT)
-        start = time.monotonic()
-        if self._loop is not None:
-            self._loop.close(timeout)
-        if self.plane is not None:
-            self.plane.close()
-            self.plane = None
-        self.pool.close(max(0.5, (timeout - (time.monotonic() - start)) / 2))
-        self._loop = None
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release.detach()
+        _close(self._loop, self.plane, self.pool, getattr(self, "_shutdown_timeout", SHUTDOWN_TIMEOUT))
+        self.plane = self._loop = None
 
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True) and hasattr(self, "pool"):
-            try:
-                self.shutdown(timeout=2.0)
-            except Exception:
-                pass
+
+def _close(loop: InferenceLoop | None, plane: StepPlane | None, pool: LocalPool, timeout: float) -> None:
+    """Stop the inference loop, the envs and their workers within about ``timeout`` s: at
+    ``shutdown()``, or when the collector is garbage-collected or the interpreter exits before."""
+    start = time.monotonic()
+    if loop is not None:
+        loop.close(timeout)
+    if plane is not None:
+        plane.close()
+    pool.close(max(0.5, (timeout - (time.monotonic() - start)) / 2))
 

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from rpc_collectors.core.errors import Failure
+from rpc_collectors.core.futures import outcome
 from rpc_collectors.front.events import Answer, Events
 from rpc_collectors.front.roster import WorkerRecord
 
@@ -53,7 +54,7 @@ class Waits:
     def result(self, worker_id: int, fut: torch.futures.Future) -> Any:
         """The answer in ``fut``; a failed call raises :class:`Failure` with what went wrong."""
         try:
-            return fut.wait()
+            return outcome(fut)
         except Exception as err:
             reason, remote = self.pool.failure(worker_id, err)
             raise Failure(worker_id, reason, remote) from err

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rpc_collectors.core.futures import outcome
 from rpc_collectors.planes.rendezvous import Rendezvous, serve_store
 from rpc_collectors.planes.shm import SharedBytes
 from rpc_collectors.pools.base import OnDeath, WorkerPool, traceback_failure
@@ -106,7 +107,7 @@ class LocalPool(WorkerPool):
                     raise self.error(dead[0], reason)
                 for worker_id in [i for i in waiting if self.channels[i].hello.done()]:
                     try:
-                        self.channels[worker_id].hello.wait()  # raises if it failed
+                        outcome(self.channels[worker_id].hello)  # raises if it failed
                     except ChannelClosed:  # its pipe ended before the spawner reported the exit
                         self._changed.wait_for(lambda i=worker_id: i in self._start_exits, EXIT_WAIT)
                         reason = self._start_exits.pop(worker_id, "closed its channel")

@@ -113,8 +113,8 @@ def _torch_future(ref: ray.ObjectRef, then: Callable[[Any], Any] = from_numpy) -
     def done(ray_fut: concurrent.futures.Future) -> None:
         try:
             fut.set_result(then(ray_fut.result()))
-        except BaseException as err:
-            fut.set_exception(err)
+        except BaseException as err:  # without its traceback: this frame, holding the future, would keep it for ever
+            fut.set_exception(err.with_traceback(None))
 
     ref.future().add_done_callback(done)
     return fut
