@@ -11,6 +11,7 @@ The file format and its atomic write are in :mod:`.checkpoint`; the signals in :
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -61,6 +62,7 @@ class RunCheckpoint:
         self.directory = files.check_directory(directory, "directory")
         self.path = self.directory / files.FILE_NAME
         self.record_path = self.directory / files.RECORD_NAME
+        files.remove_stale_temporaries(self.path)
         self.collector = collector
         if collector is not None:
             _check_methods("collector", collector, ("state_dict", "load_state_dict"))
@@ -133,7 +135,22 @@ class RunCheckpoint:
 
     # ---------------------------------------------------------------- save
     def save(self, extra: Mapping[str, Any] | None = None, end: str = "running") -> Path:
-        """Write the checkpoint (atomically) and ``run.json``; one line on stdout says so."""
+        """Write the checkpoint (atomically) and ``run.json``; one line on stdout says so.
+
+        A collector collecting in the background (``start()``) is held between two batches while
+        the checkpoint is written, so its state counts exactly the frames in the replay buffer.
+        A checkpoint that cannot be written (a full disk) shuts the collector down and raises
+        :class:`~rpc_collectors.cluster.checkpoint.CheckpointWriteError`; the previous one stays."""
+        held = getattr(self.collector, "between_batches", contextlib.nullcontext)
+        try:
+            with held():
+                return self._save(extra, end)
+        except files.CheckpointWriteError:
+            if self.collector is not None:
+                self.collector.shutdown()
+            raise
+
+    def _save(self, extra: Mapping[str, Any] | None, end: str) -> Path:
         started = time.monotonic()
         state = self.collector.state_dict() if self.collector is not None else None
         frames = int(state["frames"]) if state is not None else self.allocation["frames"]
