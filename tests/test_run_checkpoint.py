@@ -131,6 +131,11 @@ def test_bad_arguments_and_an_unwritable_folder_fail_before_any_job(tmp_path):
         slurm.submit(print, log_dir=tmp_path / "logs", requeue=True, checkpoint_dir=tmp_path / "ckpt")
     with pytest.raises(ValueError, match="signal_delay_s=120 is invalid with time_min=2"):
         slurm.SlurmConfig(log_dir=tmp_path, time_min=2, requeue=True)
+    # a signal 5 s into each allocation would come while the job starts
+    with pytest.raises(ValueError, match=r"signal_delay_s=115 is invalid with time_min=2 and requeue=True: .* 5 s after "
+                                         r"it starts.*accepted: signal_delay_s <= 60"):
+        slurm.SlurmConfig(log_dir=tmp_path, time_min=2, signal_delay_s=115, requeue=True)
+    slurm.SlurmConfig(log_dir=tmp_path, time_min=2, signal_delay_s=60, requeue=True)
     cli = subprocess.run([sys.executable, str(REPO / "slurm" / "submit.py"), str(REPO / "examples" / "ppo.py"),
                           "--log-dir", str(tmp_path), "--requeue", "--checkpoint-dir", str(blocker / "x")],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})

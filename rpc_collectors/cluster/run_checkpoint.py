@@ -185,18 +185,16 @@ class RunCheckpoint:
                 self.save(extra)
             return
         self.save(extra, end=reason)
-        if requeue.will_requeue(reason):
+        requeued = requeue.will_requeue(reason)
+        if requeued is not False:
             requeue.requeue_followers()  # collector jobs that joined an elastic trainer come back with it
         if self.collector is not None:
             self.collector.shutdown()
-        requeued = requeue.requeue(reason)
+        requeue.requeue(reason)
         signalled = requeue.signalled_at()
         after = f" {time.time() - signalled:.1f} s after the signal" if signalled is not None else ""
-        job = os.environ.get("SLURM_JOB_ID", "?")
-        outcome = ("ends" if not requeued else "requeued" if reason == requeue.TIME_LIMIT
-                   else "stops (SLURM requeues it unless cancelled)")
-        print(f"rpc_collectors: {reason}: job {job} {outcome}{after}, {self.allocation['frames']:,} frames checkpointed",
-              file=sys.stderr, flush=True)
+        print(f"rpc_collectors: {reason}: job {os.environ.get('SLURM_JOB_ID', '?')} {requeue.outcome(reason, requeued)}"
+              f"{after}, {self.allocation['frames']:,} frames checkpointed", file=sys.stderr, flush=True)
         raise requeue.Requeued(reason)
 
     def finish(self, extra: Mapping[str, Any] | None = None) -> Path:
