@@ -157,8 +157,8 @@ class RunCheckpoint:
         self.allocation.update(frames=frames, end=end, saved=files.now())
         if requeue.signalled_at() is not None:
             self.allocation["signal_at"] = round(requeue.signalled_at(), 3)
-        if state is not None and state.get("workers"):  # frames the workers collected that no batch delivered
-            self.allocation["undelivered_frames"] = sum(int(w.get("frames", 0)) for w in state["workers"]) - frames
+        if state is not None and state.get("undelivered_frames") is not None:  # collected, in no batch yet
+            self.allocation["undelivered_frames"] = int(state["undelivered_frames"])
         content = {
             "format": files.FORMAT, "frames": frames, "collector": state,
             "modules": {name: m.state_dict() for name, m in self.modules.items()},

@@ -171,6 +171,10 @@ class BaseCollector:
                 self.post_collect_hook(batch)
             yield batch
 
+    def _delivered_frames(self, worker: int) -> int:
+        """The frames of worker ``worker`` in the batches handed out so far."""
+        return self._worker_totals.get(worker, (0, 0))[0]
+
     def stats(self) -> dict[str, int | bool]:
         """TorchRL's progress snapshot, plain ints and bools (JSON-serializable): ``"frames"``,
         ``"batches"``, ``"requested_frames_per_batch"``, ``"total_frames"`` and ``"completed"``
