@@ -237,6 +237,14 @@ def test_a_flipped_bit_is_refused(tmp_path):
     assert all(torch.equal(module.state_dict()[k], v) for k, v in kept.items())
 
 
+def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
+    module = nn.Linear(4, 4)
+    ckpt = RunCheckpoint(tmp_path, modules={"net": module})
+    ckpt.save({"step": 1})
+    ckpt.path.write_bytes(ckpt.path.read_bytes()[files.HEADER_SIZE:])  # torch's file alone, as saves wrote it before
+    assert RunCheckpoint(tmp_path, modules={"net": nn.Linear(4, 4)}).load() == {"step": 1}
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB file system of its own (tmpfs), unmounted afterwards."""

@@ -68,23 +68,49 @@ def read(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    data = path.read_bytes()
-    if data.startswith(CHECKSUM):
-        digest, data = data[len(CHECKSUM):HEADER_SIZE - 1].decode("ascii", "replace"), memoryview(data)[HEADER_SIZE:]
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise CheckpointError(f"{path} is not a readable checkpoint (its content does not match its SHA-256 "
-                                  "checksum: corrupt or truncated); delete it to start afresh, or restore a copy")
-    elif not data.startswith(ZIP_START):
-        raise CheckpointError(f"{path} is not a readable checkpoint (neither an rpc_collectors checksum line nor "
-                              "torch's format at its start); delete it to start afresh, or restore a copy")
-    try:
-        content = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
-        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt: {err}); "
-                              "delete it to start afresh, or restore a copy") from None
+    with open(path, "rb") as file:  # one open file: what is checked is what is loaded
+        head = file.read(HEADER_SIZE)
+        if head.startswith(CHECKSUM):
+            digest = hashlib.sha256()
+            while chunk := file.read(2**24):
+                digest.update(chunk)
+            if digest.hexdigest().encode() != head[len(CHECKSUM):-1]:
+                raise CheckpointError(f"{path} is not a readable checkpoint (its content does not match its SHA-256 "
+                                      "checksum: corrupt or truncated); delete it to start afresh, or restore a copy")
+            start = HEADER_SIZE
+        elif head.startswith(ZIP_START):  # written before checkpoints carried a checksum
+            start = 0
+        else:
+            raise CheckpointError(f"{path} is not a readable checkpoint (neither an rpc_collectors checksum line nor "
+                                  "torch's format at its start); delete it to start afresh, or restore a copy")
+        try:
+            content = torch.load(_From(file, start), map_location="cpu", weights_only=False)
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+            raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt: {err}); "
+                                  "delete it to start afresh, or restore a copy") from None
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an rpc_collectors checkpoint (no {FORMAT!r} format mark)")
     return content
+
+
+class _From:
+    """A binary file read from ``start`` on, as if it began there (torch reads the zip after the checksum line)."""
+
+    def __init__(self, file: io.BufferedReader, start: int) -> None:
+        self.file, self.start = file, start
+        file.seek(start)
+
+    def read(self, size: int = -1) -> bytes:
+        return self.file.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        return self.file.readinto(buffer)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.file.seek(offset + self.start if whence == os.SEEK_SET else offset, whence) - self.start
+
+    def tell(self) -> int:
+        return self.file.tell() - self.start
 
 
 class _HashingFile:
