@@ -141,10 +141,11 @@ def outcome(reason: str, requeued: bool | None) -> str:
         return "stops; SLURM requeues it (preempted or `scontrol requeue`)"
     if requeued is None:
         return "stops; SLURM requeues it if it was preempted or requeued, not if it was cancelled or only signalled"
-    if (_slurm_job() or {}).get("JobState") == "RUNNING":
+    state = (_slurm_job() or {}).get("JobState", "unknown")
+    if state == "RUNNING":
         return ("ends here: the SIGTERM was neither a preemption nor a requeue (`scancel -s TERM`?), so SLURM does not "
                 "requeue it; submit it again with the same checkpoint_dir to continue")
-    return "ends here: it was cancelled"
+    return f"ends here: SLURM is ending it without a requeue (cancelled or out of time; its state: {state})"
 
 
 def _slurm_job() -> dict[str, str] | None:
