@@ -80,3 +80,29 @@ def test_pause_without_start_is_an_error():
         with c.pause():
             pass
     c.shutdown()
+
+
+def test_a_nested_pause_holds_until_the_outer_one_ends():
+    buffer = Buffer()
+    c = Collector(count_env, None, frames_per_batch=10, replay_buffer=buffer)
+    c.start()
+    try:
+        assert buffer.wait_for(1), "background collection wrote nothing"
+        seen: list[int] = []
+
+        def nested() -> None:
+            with c.pause():
+                seen.append(buffer.writes)
+                with c.pause():
+                    time.sleep(0.1)
+                time.sleep(0.2)  # still paused: the outer block holds it
+                seen.append(buffer.writes)
+
+        worker = threading.Thread(target=nested, daemon=True)
+        worker.start()
+        worker.join(WAIT)
+        assert len(seen) == 2, "a nested pause() did not return"
+        assert seen[0] == seen[1], "a batch reached the buffer after the inner pause() ended"
+        assert buffer.wait_for(buffer.writes + 1), "collection did not resume after the outer pause()"
+    finally:
+        c.async_shutdown(timeout=WAIT)

@@ -18,6 +18,7 @@ runs on this machine, starting this one fails with a ClusterError saying so.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -57,6 +58,12 @@ def cluster() -> Iterator:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old_conf
+
+
+def trainer_log(job: submitit.Job) -> str:
+    """What the trainer (task 0) of ``job`` wrote to stderr."""
+    path = Path(job.paths.stderr.as_posix().replace("%t", "0"))
+    return path.read_text() if path.exists() else ""
 
 
 def submit(cluster, tmp_path: Path, frames: int, time_min: int) -> tuple[submitit.Job, Path]:
@@ -147,6 +154,62 @@ def test_scontrol_requeue_of_a_running_trainer_takes_the_same_path(cluster, tmp_
     content = check_run(job, path, frames)
     assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
     assert content["allocations"][0]["frames"] >= 5 * BATCH
+    assert "SLURM requeues it (preempted or `scontrol requeue`)" in trainer_log(job)
+
+
+def started_tasks(job_id: str, tasks: int, timeout: float = 300) -> None:
+    """Wait until the ``tasks`` processes of job ``job_id`` run Python (starting: importing torch)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for pid in job_processes(job_id):
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if Path(argv[0].decode()).name.startswith("python") and b"submitit.core._submit" in argv \
+                        and not any(arg.endswith(b"task_start.py") for arg in argv):  # Python itself, not srun
+                    found.append(pid)
+        if len(found) >= tasks:
+            return
+        assert time.monotonic() < deadline, f"the {tasks} tasks of job {job_id} did not start in {timeout} s"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(900)
+def test_the_time_limit_signal_while_the_job_starts_checkpoints_after_the_first_batch_and_requeues(cluster, tmp_path):
+    """SLURM's signal as the tasks start Python (before any handler could be installed): it waits
+    for the handler, the trainer checkpoints after its first batch, and the job comes back."""
+    frames = 10 * BATCH
+    job, path = submit(cluster, tmp_path, frames, time_min=30)
+    started_tasks(job.job_id, 3)
+    subprocess.run(["scancel", "-s", "USR2", job.job_id], check=True, timeout=60)
+    assert slurm.result(job, timeout_s=700) is None
+    content = check_run(job, path, frames)
+    first = content["allocations"][0]
+    assert [a["end"] for a in content["allocations"]] == [requeue.TIME_LIMIT, "finished"]
+    assert first["frames"] == BATCH and first["signal_at"] < first["first_batch_at"]
+
+
+@pytest.mark.timeout(900)
+def test_a_plain_sigterm_says_the_job_ends_and_it_does(cluster, tmp_path):
+    """``scancel -s TERM``: neither a requeue nor a cancel. The trainer checkpoints after its batch
+    and says the job ends there, which it does: SLURM does not requeue it."""
+    job, path = submit(cluster, tmp_path, 40 * BATCH, time_min=30)
+    wait_for_batch(job, 3)
+    subprocess.run(["scancel", "-s", "TERM", job.job_id], check=True, timeout=60)
+    with pytest.raises(submitit.core.utils.UncompletedJobError, match="without a result"):
+        slurm.result(job, timeout_s=700)
+    log = trainer_log(job)
+    assert "ends here: the SIGTERM was neither a preemption nor a requeue" in log and "requeues it" not in log, log
+    deadline = time.monotonic() + 60
+    while (states := sacct_states(job.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
+        time.sleep(1)
+    assert "REQUEUED" not in states and len(states) == 1, states
+    allocations = checkpoint.read(path)["allocations"]
+    assert len(allocations) == 1 and allocations[0]["end"] == requeue.STOPPED and allocations[0]["frames"] >= 3 * BATCH
+    deadline = time.monotonic() + 30
+    while job_processes(job.job_id):
+        assert time.monotonic() < deadline, f"processes of job {job.job_id} outlived it: {job_processes(job.job_id)}"
+        time.sleep(0.5)
 
 
 @pytest.mark.timeout(600)

@@ -7,6 +7,7 @@ TorchRL's collectors load them.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import warnings
@@ -18,7 +19,7 @@ from torch import nn
 
 from conftest import CountEnv
 from procs import wait_gone
-from rpc_collectors import Collector, GymEnv, MultiCollector, RPCCollector, WorkerRestartWarning
+from rpc_collectors import Collector, GymEnv, MultiCollector, RPCCollector, RunCheckpoint, WorkerRestartWarning
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
 
@@ -215,3 +216,34 @@ def test_a_resumed_single_process_collector_does_not_replay_its_seeded_episodes(
         resumed.load_state_dict(state)
         assert not torch.equal(resumed.next()["action"], opening), "the resumed run replayed its first actions"
         assert resumed.state_dict()["resumes"] == 1
+
+
+@pytest.mark.parametrize("kind", ["workers", "nodes"])
+def test_run_json_counts_no_undelivered_frames_of_a_sync_run_after_a_replacement_and_a_resume(kind, tmp_path):
+    """A sync run asks for no batch beyond the round it hands out: ``undelivered_frames`` is 0 in
+    ``run.json``, also for nodes, after a worker was replaced (its lost batch was never counted)
+    and after a resume."""
+    def undelivered(ckpt: RunCheckpoint) -> int:
+        ckpt.save()
+        return json.loads(ckpt.record_path.read_text())["allocations"][-1]["undelivered_frames"]
+
+    first = collector(kind)
+    try:
+        ckpt = RunCheckpoint(tmp_path, collector=first)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WorkerRestartWarning)
+            [first.next() for _ in range(3)]
+            assert undelivered(ckpt) == 0
+            kill(first.infos[1]["pid"] if kind == "workers" else first.infos[1]["local_pids"][1])
+            [first.next() for _ in range(2)]
+        assert undelivered(ckpt) == 0
+    finally:
+        first.shutdown()
+    second = collector(kind)
+    try:
+        resumed = RunCheckpoint(tmp_path, collector=second)
+        resumed.resume()
+        [second.next() for _ in range(2)]
+        assert undelivered(resumed) == 0
+    finally:
+        second.shutdown()

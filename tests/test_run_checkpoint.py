@@ -20,6 +20,7 @@ from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import Collector, GymEnv, RunCheckpoint
+from rpc_collectors.cluster import checkpoint as files
 from rpc_collectors.cluster import requeue, slurm
 from rpc_collectors.cluster.checkpoint import CheckpointError
 
@@ -130,6 +131,11 @@ def test_bad_arguments_and_an_unwritable_folder_fail_before_any_job(tmp_path):
         slurm.submit(print, log_dir=tmp_path / "logs", requeue=True, checkpoint_dir=tmp_path / "ckpt")
     with pytest.raises(ValueError, match="signal_delay_s=120 is invalid with time_min=2"):
         slurm.SlurmConfig(log_dir=tmp_path, time_min=2, requeue=True)
+    # a signal 5 s into each allocation would come while the job starts
+    with pytest.raises(ValueError, match=r"signal_delay_s=115 is invalid with time_min=2 and requeue=True: .* 5 s after "
+                                         r"it starts.*accepted: signal_delay_s <= 60"):
+        slurm.SlurmConfig(log_dir=tmp_path, time_min=2, signal_delay_s=115, requeue=True)
+    slurm.SlurmConfig(log_dir=tmp_path, time_min=2, signal_delay_s=60, requeue=True)
     cli = subprocess.run([sys.executable, str(REPO / "slurm" / "submit.py"), str(REPO / "examples" / "ppo.py"),
                           "--log-dir", str(tmp_path), "--requeue", "--checkpoint-dir", str(blocker / "x")],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -198,6 +204,105 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
         proc.kill()
         proc.wait(30)
         proc.stdout.close()
+    assert list(tmp_path.glob(".checkpoint.pt.*.tmp")), "the killed save left no temporary file"
     net = nn.Linear(2048, 2048)
     extra = RunCheckpoint(tmp_path, modules={"net": net}).load()
     assert extra["step"] >= 1 and (net.bias == extra["step"]).all()
+    assert not list(tmp_path.glob(".checkpoint.pt.*.tmp")), "the killed save's temporary file is still there"
+
+
+def test_a_temporary_file_a_live_save_holds_is_kept(tmp_path):
+    RunCheckpoint(tmp_path).save({"a": 1})
+    fd, live = files._locked_temporary(tmp_path / files.FILE_NAME)  # as a save in progress holds it
+    try:
+        stale = tmp_path / ".checkpoint.pt.killed.tmp"
+        stale.write_bytes(b"half a checkpoint")
+        RunCheckpoint(tmp_path).save({"a": 2})
+        assert Path(live).exists() and not stale.exists()
+    finally:
+        os.close(fd)
+        os.unlink(live)
+
+
+def test_a_flipped_bit_is_refused(tmp_path):
+    module = nn.Linear(64, 64)
+    ckpt = RunCheckpoint(tmp_path, modules={"net": module})
+    ckpt.save({"step": 1})
+    data = bytearray(ckpt.path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # one bit, inside the weights: torch alone would load it
+    ckpt.path.write_bytes(bytes(data))
+    kept = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(CheckpointError, match=f"{ckpt.path} is not a readable checkpoint .*SHA-256 checksum"):
+        ckpt.load()
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in kept.items())
+
+
+def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
+    module = nn.Linear(4, 4)
+    ckpt = RunCheckpoint(tmp_path, modules={"net": module})
+    ckpt.save({"step": 1})
+    ckpt.path.write_bytes(ckpt.path.read_bytes()[files.HEADER_SIZE:])  # torch's file alone, as saves wrote it before
+    assert RunCheckpoint(tmp_path, modules={"net": nn.Linear(4, 4)}).load() == {"step": 1}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB file system of its own (tmpfs), unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True, timeout=30)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True, timeout=30)
+
+
+def test_a_full_disk_names_the_folder_keeps_the_checkpoint_and_shuts_the_collector_down(small_disk):
+    collector, module, _ = make()
+    ckpt = RunCheckpoint(small_disk, collector=collector, modules={"net": module})
+    collector.next()
+    ckpt.save({"step": 1})
+    collector.next()
+    with pytest.raises(files.CheckpointWriteError,
+                       match=rf"could not write checkpoint.pt to {small_disk}: .*\(the disk is full\); [0-9.]+ MiB free"):
+        ckpt.save({"step": 2, "big": torch.zeros(2**19)})  # 2 MiB
+    assert collector._closed
+    assert not list(small_disk.glob(".checkpoint.pt.*.tmp"))
+    resumed = RunCheckpoint(small_disk, collector=make()[0], modules={"net": module})
+    assert resumed.load() == {"step": 1} and resumed.collector.frames == 20
+    resumed.collector.shutdown()
+
+
+class FrameBuffer:
+    """A replay buffer that counts the frames written to it, with a checkpoint surface."""
+
+    def __init__(self) -> None:
+        self.frames = 0
+
+    def extend(self, td) -> None:
+        self.frames += td.numel()
+
+    def state_dict(self) -> dict:
+        return {"frames": self.frames}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.frames = state["frames"]
+
+
+@pytest.mark.timeout(120)
+def test_saves_during_background_collection_count_what_the_buffer_holds(tmp_path):
+    buffer = FrameBuffer()
+    collector = Collector(GymEnv(CountEnv()), None, frames_per_batch=20, replay_buffer=buffer)
+    ckpt = RunCheckpoint(tmp_path, collector=collector, replay_buffer=buffer)
+    collector.start()
+    try:
+        for _ in range(8):
+            deadline = time.monotonic() + 60
+            while buffer.frames == 0:
+                assert time.monotonic() < deadline, "background collection wrote nothing"
+                time.sleep(0.01)
+            ckpt.save()
+            content = files.read(ckpt.path)
+            assert content["replay_buffer"]["frames"] == content["collector"]["frames"] == content["frames"]
+    finally:
+        collector.async_shutdown(timeout=60)

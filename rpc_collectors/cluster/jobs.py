@@ -26,8 +26,9 @@ from typing import Any
 import submitit
 
 from rpc_collectors.cluster.elastic import join_rendezvous, member_rendezvous
-from rpc_collectors.cluster.requeue import usr_signal
+from rpc_collectors.cluster.requeue import unblock, usr_signal
 from rpc_collectors.cluster.slurm import _write_json, setup_join_env
+from rpc_collectors.cluster.task_start import python_command
 from rpc_collectors.planes.rendezvous import interface_address, interface_towards
 from rpc_collectors.worker.server import serve
 
@@ -58,7 +59,7 @@ def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
                          "collector jobs ended by SLURM (time limit, preemption) are submitted again in a run")
     params = {**DEFAULT_SLURM_KWARGS, **{k: v for k, v in slurm_kwargs.items() if k not in ("folder", "max_resubmits")}}
     try:
-        jobs = submitit.AutoExecutor(folder=slurm_kwargs["folder"], cluster="slurm")
+        jobs = submitit.AutoExecutor(folder=slurm_kwargs["folder"], cluster="slurm", slurm_python=python_command())
         jobs.update_parameters(**params)
     except (AssertionError, NameError, TypeError, ValueError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -119,6 +120,7 @@ def collector_job(rendezvous_file: str, join_timeout: float, rpc_timeout: float)
     """A collector job's task: join the trainer whose rendezvous is in ``rendezvous_file`` and
     serve a collector until the trainer stops it."""
     signal.signal(usr_signal(), signal.SIG_IGN)  # submitit's signal before the time limit: the trainer resubmits us
+    unblock()  # the task started with it blocked (see task_start), so that it cannot end the task as it starts
     setup_join_env(Path(rendezvous_file), wait_s=join_timeout)
     code = serve(member_rendezvous(join_rendezvous(), join_timeout), rpc_timeout)
     if code:

@@ -1,12 +1,14 @@
 """Requeueing a SLURM job that runs out of time or is preempted, after the trainer checkpointed.
 
 A job submitted with ``requeue=True`` asks SLURM for submitit's signal (``SIGUSR2``)
-``signal_delay_s`` seconds before its time limit. In every task, :func:`install` replaces
+``signal_delay_s`` seconds before its time limit. Every task starts with both signals blocked
+(:mod:`.task_start`), so one that comes while it starts waits for its handler. :func:`install` replaces
 submitit's handlers, which would checkpoint from inside the signal handler, in the middle of a
 batch: the signal, and SIGTERM (preemption, ``scontrol requeue``, ``scancel``), only note that the
 run must stop. The trainer sees it after the batch in progress (:func:`stop_requested`),
 checkpoints, shuts its collector down and calls :func:`requeue`: for the time-limit signal that
-runs ``scontrol requeue`` (submitit's ``_requeue``), while SLURM requeues a preempted job itself.
+runs ``scontrol requeue`` (submitit's ``_requeue``), while SLURM requeues a preempted job itself;
+after a SIGTERM that is neither (``scancel -s TERM``), :func:`outcome` says the job ends there.
 It then raises :class:`Requeued`, which ends the task without a result, so the submitter keeps
 waiting for the requeued job. Collector tasks ignore both signals: the trainer stops them.
 
@@ -27,8 +29,9 @@ from typing import Any
 ENV_REQUEUE = "RPC_COLLECTORS_REQUEUE"  # in a job's tasks: how many requeues the job may still use
 ENV_FOLLOWERS = "RPC_COLLECTORS_FOLLOWERS"  # an elastic trainer's: the folder where its --join jobs register
 ENV_RENDEZVOUS = "RPC_COLLECTORS_RENDEZVOUS"  # an elastic trainer's rendezvous file
+RUN_BEFORE_SIGNAL_S = 60  # a requeueable job's least run before its time-limit signal (start-up and a batch)
 TIME_LIMIT = "time limit"
-STOPPED = "stopped by SLURM (SIGTERM: preempted, requeued or cancelled)"
+STOPPED = "stopped by SLURM (SIGTERM: preempted, requeued, cancelled or signalled)"
 
 # submitit's states of a job that is not over (Job.done), a requeued one's included
 UNFINISHED = ("READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING", "PREEMPTED", "CONFIGURING",
@@ -45,6 +48,18 @@ class Requeued(SystemExit):
     def __init__(self, reason: str) -> None:
         super().__init__(3)
         self.reason = reason
+
+
+def check_signal_delay(signal_delay_s: int, time_min: int, requeueable: bool) -> None:
+    """Refuse a ``signal_delay_s`` that leaves a job no run before its signal (a requeueable one:
+    less than ``RUN_BEFORE_SIGNAL_S``, or it would be signalled while it starts, every allocation)."""
+    least = RUN_BEFORE_SIGNAL_S if requeueable else 1
+    if time_min * 60 - signal_delay_s < least:
+        why = (f" and requeue=True: SLURM would signal each allocation {time_min * 60 - signal_delay_s} s after it "
+               "starts, so each would stop after its first batch" if requeueable else "")
+        raise ValueError(f"signal_delay_s={signal_delay_s} is invalid with time_min={time_min}{why}; accepted: "
+                         f"signal_delay_s <= {time_min * 60 - least} (a run of {least} s before the signal at least), "
+                         "or a longer time_min")
 
 
 def usr_signal() -> signal.Signals:
@@ -71,6 +86,12 @@ def install(trainer: bool, max_requeues: int, followers: Path | None = None, ren
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def unblock() -> None:
+    """Deliver the stop signals to their handlers from now on (the task started with them blocked,
+    see :mod:`.task_start`); one that came while the task started is handled now."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {usr_signal(), signal.SIGTERM})
+
+
 def _note(signum: int, frame: Any) -> None:
     global _reason, _signalled_at
     if _reason is None:
@@ -92,23 +113,53 @@ def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
-def requeue(reason: str) -> bool:
-    """Requeue this job after the time-limit signal (``scontrol requeue``); SLURM requeues a preempted
-    one itself. False when the job used up its ``max_requeues``; then it ends here."""
-    if not will_requeue(reason):
-        print(f"rpc_collectors: job {os.environ.get('SLURM_JOB_ID')} reached its time limit and has no requeue left "
-              "(max_requeues); it ends here", file=sys.stderr, flush=True)
-        return False
-    from submitit.slurm.slurm import SlurmJobEnvironment
+def requeue(reason: str) -> None:
+    """Requeue this job after the time-limit signal (``scontrol requeue``), while ``max_requeues``
+    lasts; SLURM requeues a preempted one itself."""
+    if reason == TIME_LIMIT and will_requeue(reason):
+        from submitit.slurm.slurm import SlurmJobEnvironment
 
-    if reason == TIME_LIMIT:
         SlurmJobEnvironment()._requeue(int(os.environ[ENV_REQUEUE]) - 1)
-    return True
 
 
-def will_requeue(reason: str) -> bool:
-    """Whether the job comes back after stopping for ``reason`` (the time limit: while ``max_requeues`` lasts)."""
-    return reason != TIME_LIMIT or int(os.environ.get(ENV_REQUEUE, "0")) > 0
+def will_requeue(reason: str) -> bool | None:
+    """Whether the job comes back after stopping for ``reason``: after the time-limit signal while
+    ``max_requeues`` lasts; after SIGTERM if SLURM is requeueing it (preempted, ``scontrol requeue``:
+    its restart count went up), not if it was cancelled or only signalled (``scancel -s TERM``).
+    None when SLURM cannot say."""
+    if reason == TIME_LIMIT:
+        return int(os.environ.get(ENV_REQUEUE, "0")) > 0
+    state = _slurm_job()
+    return None if state is None else int(state.get("Restarts", 0)) > restart_count()
+
+
+def outcome(reason: str, requeued: bool | None) -> str:
+    """What happens to the job after stopping for ``reason`` (``requeued``: :func:`will_requeue`'s answer), in words."""
+    if reason == TIME_LIMIT:
+        return "requeued" if requeued else "ends here: it reached its time limit and has no requeue left (max_requeues)"
+    if requeued:
+        return "stops; SLURM requeues it (preempted or `scontrol requeue`)"
+    if requeued is None:
+        return "stops; SLURM requeues it if it was preempted or requeued, not if it was cancelled or only signalled"
+    state = (_slurm_job() or {}).get("JobState", "unknown")
+    if state == "RUNNING":
+        return ("ends here: the SIGTERM was neither a preemption nor a requeue (`scancel -s TERM`?), so SLURM does not "
+                "requeue it; submit it again with the same checkpoint_dir to continue")
+    return f"ends here: SLURM is ending it without a requeue (cancelled or out of time; its state: {state})"
+
+
+def _slurm_job() -> dict[str, str] | None:
+    """This job's fields in SLURM's controller now (``scontrol show job``), or None if it cannot say."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    try:
+        done = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return dict(field.split("=", 1) for field in done.stdout.split() if "=" in field)
 
 
 def requeue_followers() -> list[str]:

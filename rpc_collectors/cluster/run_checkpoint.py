@@ -11,6 +11,7 @@ The file format and its atomic write are in :mod:`.checkpoint`; the signals in :
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -62,6 +63,7 @@ class RunCheckpoint:
         self.directory = files.check_directory(directory, "directory")
         self.path = self.directory / files.FILE_NAME
         self.record_path = self.directory / files.RECORD_NAME
+        files.remove_stale_temporaries(self.path)
         self.collector = collector
         if collector is not None:
             _check_methods("collector", collector, ("state_dict", "load_state_dict"))
@@ -145,15 +147,30 @@ class RunCheckpoint:
 
     # ---------------------------------------------------------------- save
     def save(self, extra: Mapping[str, Any] | None = None, end: str = "running") -> Path:
-        """Write the checkpoint (atomically) and ``run.json``; one line on stdout says so."""
+        """Write the checkpoint (atomically) and ``run.json``; one line on stdout says so.
+
+        A collector collecting in the background (``start()``) is held between two batches while
+        the checkpoint is written, so its state counts exactly the frames in the replay buffer.
+        A checkpoint that cannot be written (a full disk) shuts the collector down and raises
+        :class:`~rpc_collectors.cluster.checkpoint.CheckpointWriteError`; the previous one stays."""
+        held = getattr(self.collector, "between_batches", contextlib.nullcontext)
+        try:
+            with held():
+                return self._save(extra, end)
+        except files.CheckpointWriteError:
+            if self.collector is not None:
+                self.collector.shutdown()
+            raise
+
+    def _save(self, extra: Mapping[str, Any] | None, end: str) -> Path:
         started = time.monotonic()
         state = self.collector.state_dict() if self.collector is not None else None
         frames = int(state["frames"]) if state is not None else self.allocation["frames"]
         self.allocation.update(frames=frames, end=end, saved=files.now())
         if requeue.signalled_at() is not None:
             self.allocation["signal_at"] = round(requeue.signalled_at(), 3)
-        if state is not None and state.get("workers"):  # frames the workers collected that no batch delivered
-            self.allocation["undelivered_frames"] = sum(int(w.get("frames", 0)) for w in state["workers"]) - frames
+        if state is not None and state.get("undelivered_frames") is not None:  # collected, in no batch yet
+            self.allocation["undelivered_frames"] = int(state["undelivered_frames"])
         content = {
             "format": files.FORMAT, "frames": frames, "collector": state,
             "modules": {name: m.state_dict() for name, m in self.modules.items()},
@@ -180,18 +197,16 @@ class RunCheckpoint:
                 self.save(extra)
             return
         self.save(extra, end=reason)
-        if requeue.will_requeue(reason):
+        requeued = requeue.will_requeue(reason)
+        if requeued is not False:
             requeue.requeue_followers()  # collector jobs that joined an elastic trainer come back with it
         if self.collector is not None:
             self.collector.shutdown()
-        requeued = requeue.requeue(reason)
+        requeue.requeue(reason)
         signalled = requeue.signalled_at()
         after = f" {time.time() - signalled:.1f} s after the signal" if signalled is not None else ""
-        job = os.environ.get("SLURM_JOB_ID", "?")
-        outcome = ("ends" if not requeued else "requeued" if reason == requeue.TIME_LIMIT
-                   else "stops (SLURM requeues it unless cancelled)")
-        print(f"rpc_collectors: {reason}: job {job} {outcome}{after}, {self.allocation['frames']:,} frames checkpointed",
-              file=sys.stderr, flush=True)
+        print(f"rpc_collectors: {reason}: job {os.environ.get('SLURM_JOB_ID', '?')} {requeue.outcome(reason, requeued)}"
+              f"{after}, {self.allocation['frames']:,} frames checkpointed", file=sys.stderr, flush=True)
         raise requeue.Requeued(reason)
 
     def finish(self, extra: Mapping[str, Any] | None = None) -> Path:

@@ -35,7 +35,7 @@ import submitit
 from submitit.helpers import TorchDistributedEnvironment
 from submitit.slurm.slurm import _make_sbatch_string
 
-from rpc_collectors.cluster import checkpoint, requeue
+from rpc_collectors.cluster import checkpoint, requeue, task_start
 from rpc_collectors.core import checks
 from rpc_collectors.planes.rendezvous import interface_address, interface_towards
 
@@ -97,9 +97,7 @@ class SlurmConfig:
         checks.boolean("requeue", self.requeue)
         checks.positive_int("signal_delay_s", self.signal_delay_s)
         checks.non_negative_int("max_requeues", self.max_requeues)
-        if self.signal_delay_s >= self.time_min * 60:
-            raise ValueError(f"signal_delay_s={self.signal_delay_s} is invalid with time_min={self.time_min}; "
-                             f"accepted: fewer seconds than the time limit ({self.time_min * 60} s)")
+        requeue.check_signal_delay(self.signal_delay_s, self.time_min, self.requeue)
         if self.join is not None and self.elastic:
             raise ValueError(f"elastic=True and join={self.join!r}: a job either trains (elastic) or runs "
                              "collectors that join a trainer (join); accepted: one of them")
@@ -163,7 +161,7 @@ def submit(fn: Callable[..., Any], *args: Any, **options: Any) -> submitit.Job:
             checkpoint.read(Path(stops["checkpoint_dir"]) / checkpoint.FILE_NAME)
     if config.requeue:
         stops = {**(stops or {}), "max_requeues": config.max_requeues}
-    executor = submitit.SlurmExecutor(folder=config.log_dir)
+    executor = submitit.SlurmExecutor(folder=config.log_dir, python=task_start.python_command())
     executor.update_parameters(**config.sbatch_parameters())
     return executor.submit(_run_task, fn, args, config.interface, config.gpus_per_node > 0,
                            config.elastic, config.join, str(config.log_dir), stops)
@@ -171,8 +169,7 @@ def submit(fn: Callable[..., Any], *args: Any, **options: Any) -> submitit.Job:
 
 def sbatch_script(config: SlurmConfig) -> str:
     """The sbatch script ``submit`` would use for ``config`` (nothing is submitted)."""
-    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit",
-                        shlex.quote(str(config.log_dir))])
+    command = " ".join([task_start.python_command(), "-u -m submitit.core._submit", shlex.quote(str(config.log_dir))])
     return _make_sbatch_string(command=command, folder=config.log_dir, **config.sbatch_parameters())
 
 
@@ -241,6 +238,7 @@ def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: 
         requeue.install(trainer=join is None and os.environ.get("SLURM_PROCID", "0") == "0",
                         max_requeues=stops["max_requeues"], rendezvous=rendezvous_file(log_dir, trainer_job),
                         followers=Path(log_dir) / f"{trainer_job}_followers" if elastic or join else None)
+    requeue.unblock()  # a signal that came while the task started is handled now (submitit's, without requeue)
     if join is not None:
         setup_join_env(rendezvous_file(log_dir, join), interface)
     else:

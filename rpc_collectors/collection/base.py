@@ -101,7 +101,7 @@ class BaseCollector:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread_error: BaseException | None = None
-        self._batch_lock = threading.Lock()  # held by the background thread while it collects and writes a batch
+        self._batch_lock = threading.RLock()  # held by the background thread while it collects and writes a batch
         self._closed = False  # shutdown() completed
         self._iteration_started = False
         self._profile_config: ProfileConfig | None = None
@@ -172,6 +172,10 @@ class BaseCollector:
             if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
+
+    def _delivered_frames(self, worker: int) -> int:
+        """The frames of worker ``worker`` in the batches handed out so far."""
+        return self._worker_totals.get(worker, (0, 0))[0]
 
     def stats(self) -> dict[str, int | bool]:
         """TorchRL's progress snapshot, plain ints and bools (JSON-serializable): ``"frames"``,
@@ -295,7 +299,8 @@ class BaseCollector:
     def pause(self) -> Iterator[None]:
         """Pause background collection (``start()``) for the ``with`` block, as TorchRL's
         ``pause()``: the batch in progress is written first, then nothing reaches the replay
-        buffer until the block ends and collection resumes. A RuntimeError if it is not running."""
+        buffer until the block ends and collection resumes. A RuntimeError if it is not running.
+        Pauses nest: an inner ``pause()`` in the same thread returns at once."""
         while not (self.running and self._batch_lock.acquire(timeout=0.1)):
             if not self.running:
                 raise RuntimeError(
@@ -305,6 +310,14 @@ class BaseCollector:
             yield
         finally:
             self._batch_lock.release()
+
+    @contextlib.contextmanager
+    def between_batches(self) -> Iterator[None]:
+        """Hold background collection (``start()``) between two batches for the ``with`` block, as
+        :meth:`pause` does, and do nothing when it is not running: the collector's state and the
+        replay buffer's content then agree (``RunCheckpoint.save`` uses it)."""
+        with self._batch_lock:
+            yield
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
         """Stop background collection after the current batch, then shut down.

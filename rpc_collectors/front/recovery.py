@@ -65,6 +65,7 @@ class Recovery:
         create = functools.partial(pool.create, worker_id, front.specs[worker_id], start)
         info = front.gather({worker_id: create}, recover=False)[0]
         front.roster[worker_id].served(info)
+        front.roster[worker_id].uncounted = front._delivered_frames(worker_id)  # the new process counts from 0
         front.restarts.started(worker_id, info["envs"])
         front.continuity.replaced(worker_id)
         steps = []

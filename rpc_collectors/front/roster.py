@@ -20,6 +20,8 @@ class WorkerRecord:
     that request's ``rpc_timeout`` runs from there, in async runs too, where other workers'
     answers keep coming meanwhile. ``local_restarts`` counts the local workers that the nodes
     serving this id replaced (node collectors, :mod:`~rpc_collectors.front.node_restarts`).
+    ``uncounted`` is how many of the frames this id delivered the process's own frame count does
+    not hold (a predecessor's; after a resume, less the count the process resumed from).
     """
 
     generation: int = 0
@@ -30,6 +32,7 @@ class WorkerRecord:
     requests: int = 0
     serving_since: float | None = None
     local_restarts: int = 0
+    uncounted: int = 0
 
     def replaced(self) -> None:
         """A new process is taking the slot: what the last one was asked is asked again."""

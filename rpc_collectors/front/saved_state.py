@@ -1,6 +1,7 @@
 """A multi-worker collector's ``state_dict()`` and ``load_state_dict()``.
 
-The state holds the trainer's frames, iteration and weights version, the trainer's policy
+The state holds the trainer's frames, iteration and weights version, the frames the workers
+collected that no batch delivered yet (``undelivered_frames``), the trainer's policy
 weights, the restarts spent, each worker's seed and the weight-update cadence, and every worker's
 collector state (elastic collectors, whose collectors come and go:
 where each slot's trajectory ids continue from). Loading it gives the trainer's policy the saved
@@ -38,7 +39,14 @@ def state_of(front: "CollectorFront") -> dict:
         return state
     state["workers"] = front.gather({i: front._call(i, "state_dict") for i in range(front.num_workers)})
     state.update({f"worker{i}": worker for i, worker in enumerate(state["workers"])})  # TorchRL's keys
+    state["undelivered_frames"] = sum(_collected(w) - front._delivered_frames(i) + front.roster[i].uncounted
+                                      for i, w in enumerate(state["workers"]))
     return state
+
+
+def _collected(worker_state: dict) -> int:
+    """The frames a worker's collector counts (a node's: its local collector's)."""
+    return int(worker_state["local"]["frames"] if "local" in worker_state else worker_state["frames"])
 
 
 def load(front: "CollectorFront", state: dict) -> None:
@@ -67,6 +75,7 @@ def load(front: "CollectorFront", state: dict) -> None:
     front.continuity.resumed()
     for i, worker_state in enumerate(state["workers"]):
         front.restarts.loaded(i, int(worker_state["traj_count"]))
+        front.roster[i].uncounted = front._delivered_frames(i) - _collected(worker_state)  # it counts on from there
     if any(seed is not None for seed in front.restarts.seeds):  # resumed workers draw new seeds from their sequences
         front.gather({i: front._call(i, "set_seed", front.restarts.seed(i))
                       for i in range(front.num_workers) if front.restarts.seeds[i] is not None})
