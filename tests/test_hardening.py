@@ -146,8 +146,12 @@ def test_worker_dying_while_it_builds_its_collector_is_a_worker_error_naming_it(
     works_again()
 
 
+# a stopped or interrupted worker is killed at shutdown, which warns
+KILLED_AT_SHUTDOWN = "ignore:worker processes .* did not exit within:RuntimeWarning"
+
 @pytest.mark.timeout(20)
 @pytest.mark.usefixtures("ctrl_c_raises_here")
+@pytest.mark.filterwarnings(KILLED_AT_SHUTDOWN)
 def test_ctrl_c_while_a_stopped_worker_holds_up_the_rendezvous(monkeypatch):
     stopped = signal_when_spawned(monkeypatch, 2, signal.SIGSTOP)
     interrupt_when(lambda: stopped and time.sleep(0.3) is None)
@@ -213,6 +217,7 @@ def slow_env():
 
 
 @pytest.mark.usefixtures("ctrl_c_raises_here")
+@pytest.mark.filterwarnings(KILLED_AT_SHUTDOWN)
 def test_ctrl_c_while_the_workers_build_their_collectors_leaves_no_worker(monkeypatch):
     pids = after_spawning(monkeypatch, lambda rank, pid: None)
     spawned = []
@@ -226,6 +231,7 @@ def test_ctrl_c_while_the_workers_build_their_collectors_leaves_no_worker(monkey
 
 # ------------------------------------------------------------------ 3. Ctrl-C during shutdown
 @pytest.mark.usefixtures("ctrl_c_raises_here")
+@pytest.mark.filterwarnings(KILLED_AT_SHUTDOWN)
 def test_second_shutdown_finishes_an_interrupted_one():
     c = collector()
     next(iter(c))

@@ -221,7 +221,8 @@ def test_local_worker_killed_on_a_node_is_replaced_under_max_worker_restarts(no_
                       collector_class="sync", num_workers_per_collector=2, max_worker_restarts=1) as c:
         before = c.next().clone()
         os.kill(c.infos[0]["local_pids"][0], signal.SIGKILL)
-        after = [c.next().clone() for _ in range(3)]
+        with pytest.warns(WorkerRestartWarning, match=r"node 0's local worker 0 died with exit code -9"):
+            after = [c.next().clone() for _ in range(3)]
     assert all(b.shape == (2, 2, 20) for b in after)
     ids = [set(b[TRAJ_IDS][0, 0].tolist()) for b in (before, *after)]
     # the replacement starts new trajectories, with ids its predecessor never used, of its flat worker (0)
@@ -260,8 +261,9 @@ def test_hung_local_worker_is_replaced_before_the_trainer_gives_up_on_its_node(n
         c.next()
         victim = c.infos[1]["local_pids"][0]
         os.kill(victim, signal.SIGSTOP)
-        try:
-            after = [c.next().clone() for _ in range(2)]  # no WorkerError: the node replaced its local worker
+        try:  # no WorkerError: the node replaced its local worker
+            with pytest.warns(WorkerRestartWarning, match=r"node 1's local worker 0 did not answer within rpc_timeout"):
+                after = [c.next().clone() for _ in range(2)]
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGCONT)
