@@ -3,10 +3,18 @@
 When the trainer acts for some envs, it keeps what chose each action (the observation, the
 policy's outputs, the weights version) in one staging row per env. When an env answers, its
 transition is complete: the staged row and the step's result in the env's row of the step
-plane are copied into the next free places of the batch being filled, one indexed copy per key
-for every env that answered together. A full batch lies in one of a few preallocated buffers
-(:class:`~rpc_collectors.planes.slots.SlotPool`): it is handed out as it lies while the user
-can no longer hold it, as a copy otherwise.
+plane are copied into the env's held row, and the transition held there before (the env's
+previous one) goes into the next free place of the batch being filled, one indexed copy per
+key for every env that answered together. A full batch lies in one of a few preallocated
+buffers (:class:`~rpc_collectors.planes.slots.SlotPool`): it is handed out as it lies while the
+user can no longer hold it, as a copy otherwise.
+
+Continuity: each env's latest transition stays held until the env's next one completes, so
+when an env's stream is cut (its worker replaced: the step in flight is lost, and the new env
+starts from a reset), the frame before the cut is still here, and :meth:`Transitions.cut`
+marks it ``("next", "truncated")`` and ``("next", "done")`` (unless its episode ended there)
+before it joins a batch. No frame of a batch is ever followed, in its env's stream, by a
+frame of another episode without a ``done`` between them.
 
 A batch is ``[frames_per_batch]``: the keys of the env's step, ``"done"``, ``"terminated"`` and
 ``"truncated"`` (False: an action is never chosen on a finished episode), the policy's outputs,
@@ -56,6 +64,12 @@ class Transitions:
             staged.set(version_key, torch.zeros(num_envs, dtype=torch.int64))
         self.staged = staged
         self.staged_keys = list(staged.keys(include_nested=True, leaves_only=True))
+        self.output_shapes = {key: staged.get(key).shape[1:] for key in outputs}
+        held = staged.clone()
+        for key in self.next_keys:
+            held.set(key, torch.zeros_like(rows.get(key)))
+        self.held = held  # each env's latest transition, until its next one completes or its stream is cut
+        self.holding = [False] * num_envs
         example = TensorDict(batch_size=[frames_per_batch])
         for key in self.staged_keys:
             value = staged.get(key)
@@ -73,7 +87,10 @@ class Transitions:
         self._filled = 0
 
     def stage(self, envs: torch.Tensor, inputs: Mapping, outputs: Mapping, version: int) -> None:
-        """What chose the actions of ``envs`` (an int64 index): observations, outputs, version."""
+        """What chose the actions of ``envs`` (an int64 index): observations, outputs, version.
+
+        Raises ValueError if the outputs' keys or shapes are not those the policy gave at start-up."""
+        self._check_outputs(outputs, len(envs))
         staged = self.staged
         for key in self.obs_keys:
             staged.get(key).index_copy_(0, envs, inputs[key])
@@ -82,9 +99,47 @@ class Transitions:
         if self.version_key is not None:
             staged.get(self.version_key).index_fill_(0, envs, version)
 
+    def _check_outputs(self, outputs: Mapping, n: int) -> None:
+        shapes = self.output_shapes
+        if set(outputs.keys()) != set(shapes):
+            raise ValueError(
+                f"AsyncBatchedCollector: the policy returned the keys {sorted(map(str, outputs.keys()))}; accepted: "
+                f"the keys it returned at start-up, {sorted(map(str, shapes))}"
+            )
+        for key, value in outputs.items():
+            if tuple(value.shape) != (n, *shapes[key]):
+                raise ValueError(
+                    f"AsyncBatchedCollector: the policy returned {key!r} of shape {list(value.shape)} for {n} envs; "
+                    f"accepted: shape {[n, *shapes[key]]}, as at start-up ({list(shapes[key])} per env)"
+                )
+
     def record(self, envs: list[int]) -> list[TensorDictBase]:
-        """The transitions of ``envs``, whose rows hold their steps' results now; returns the
-        batches this completed."""
+        """The transitions of ``envs``, whose rows hold their steps' results now: each is held,
+        and the one each env held before goes into the batch. Returns the batches this completed."""
+        full = self._release([env for env in envs if self.holding[env]])
+        index = torch.tensor(envs, dtype=torch.int64)
+        for key in self.staged_keys:
+            self.held.get(key).index_copy_(0, index, self.staged.get(key).index_select(0, index))
+        for key in self.next_keys:
+            self.held.get(key).index_copy_(0, index, self.rows.get(key).index_select(0, index))
+        for env in envs:
+            self.holding[env] = True
+        return full
+
+    def cut(self, env: int) -> list[TensorDictBase]:
+        """``env``'s stream is cut (its next frame starts from a reset of another env): its held
+        transition, the last before the cut, is marked truncated and done (unless its episode
+        ended there) and goes into the batch. Returns the batches this completed."""
+        if not self.holding[env]:  # no frame before the cut: the env had not completed a step
+            return []
+        done = self.held.get(("next", "done"))[env]
+        if ("next", "truncated") in self.next_keys:
+            self.held.get(("next", "truncated"))[env] |= ~done
+        done.fill_(True)
+        return self._release([env])
+
+    def _release(self, envs: list[int]) -> list[TensorDictBase]:
+        """Move the held transitions of ``envs`` into the next free places of the batch."""
         full = []
         index = torch.tensor(envs, dtype=torch.int64)
         done = 0
@@ -95,14 +150,14 @@ class Transitions:
             part = index[done:done + n]
             lo, hi = self._filled, self._filled + n
             batch = self._batch
-            for key in self.staged_keys:
-                torch.index_select(self.staged.get(key), 0, part, out=batch.get(key)[lo:hi])
-            for key in self.next_keys:
-                torch.index_select(self.rows.get(key), 0, part, out=batch.get(key)[lo:hi])
+            for key in self.staged_keys + self.next_keys:
+                torch.index_select(self.held.get(key), 0, part, out=batch.get(key)[lo:hi])
             batch.get(ENV_INDEX)[lo:hi] = part
             self._filled, done = hi, done + n
             if self._filled == self.frames_per_batch:
                 full.append(self._hand_out())
+        for env in envs:
+            self.holding[env] = False
         return full
 
     def _open(self) -> None:
