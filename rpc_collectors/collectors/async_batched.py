@@ -126,7 +126,8 @@ class AsyncBatchedCollector(BaseCollector):
             raise TypeError("AsyncBatchedCollector: one of policy or policy_factory must be given")
         factories = batched_args.env_factories(create_env_fn, num_envs)
         kwargs = batched_args.env_kwargs(create_env_kwargs, len(factories))
-        self.batching = batched_args.batching(server_config, max_batch_size, min_batch_size, server_timeout)
+        self.batching = batched_args.batching(server_config, max_batch_size, min_batch_size, server_timeout,
+                                              len(factories))
         batched_args.backends(transport, backend, env_backend, policy_backend, env_exchange, envs_per_worker,
                               transition_chunk_size)
         batched_args.unsupported(
