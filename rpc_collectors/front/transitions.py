@@ -1,13 +1,14 @@
 """Transitions of a batched-inference collector, assembled into flat batches in TorchRL's layout.
 
-When the trainer acts for some envs, it keeps what chose each action (the observation, the
-policy's outputs, the weights version) in one staging row per env. When an env answers, its
-transition is complete: the staged row and the step's result in the env's row of the step
-plane are copied into the env's held row, and the transition held there before (the env's
-previous one) goes into the next free place of the batch being filled, one indexed copy per
-key for every env that answered together. A full batch lies in one of a few preallocated
-buffers (:class:`~rpc_collectors.planes.slots.SlotPool`): it is handed out as it lies while the
-user can no longer hold it, as a copy otherwise.
+Each env has two frame rows. When the trainer acts for some envs, it keeps what chose each
+action (the observation, the policy's outputs, the weights version) in the env's staging row.
+When an env answers, its transition is complete: the step's result in the env's row of the
+step plane is copied into the staging row, which now holds the env's latest transition, and
+the transition the other row held (the env's previous one) goes into the next free place of
+the batch being filled, one indexed copy per key for every env that answered together; that
+row stages the env's next transition. A full batch lies in one of a few preallocated buffers
+(:class:`~rpc_collectors.planes.slots.SlotPool`): it is handed out as it lies while the user
+can no longer hold it, as a copy otherwise.
 
 Continuity: each env's latest transition stays held until the env's next one completes, so
 when an env's stream is cut (its worker replaced: the step in flight is lost, and the new env
@@ -33,10 +34,29 @@ from rpc_collectors.planes.slots import SLOTS, SlotPool
 
 ENV_INDEX = "env_index"
 ROOT_FLAGS = ("done", "terminated", "truncated")
+LARGE_ROW = 1024  # bytes: rows at least this large are scattered by slices (an indexed copy costs per element)
+
+
+def scatter_rows(dst: torch.Tensor, rows: list[int], index: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[rows[i]] = src[i]`` (``index``: ``rows`` as an int64 tensor): one indexed copy of
+    small rows; large rows (pixels) by one slice copy per run of consecutive rows."""
+    if dst[0].numel() * dst.element_size() < LARGE_ROW:
+        dst.index_copy_(0, index, src)
+        return
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1:
+            dst[rows[start]:rows[i - 1] + 1].copy_(src[start:i])
+            start = i
 
 
 class Transitions:
-    """Staging rows for ``rows`` (the step plane's ``[N]`` TensorDict) and the batches they fill.
+    """Two frame rows per env of ``rows`` (the step plane's ``[N]`` TensorDict), and the batches
+    they fill.
+
+    Env ``e``'s rows are ``e`` and ``N + e``: one stages the transition in flight (what chose its
+    action, then the step's result), the other holds its latest complete transition; they swap
+    roles when the transition in flight completes, so nothing is copied between them.
 
     Args:
         rows: the step plane's rows.
@@ -51,31 +71,29 @@ class Transitions:
     ) -> None:
         num_envs = rows.batch_size[0]
         self.rows, self.frames_per_batch, self.version_key = rows, frames_per_batch, version_key
+        self.num_envs = num_envs
         self.obs_keys = [key for key in rows.keys(include_nested=True, leaves_only=True)
                          if key != "action" and not (isinstance(key, tuple) and key[0] == "next")]
         self.next_keys = [key for key in rows.keys(include_nested=True, leaves_only=True)
                           if isinstance(key, tuple) and key[0] == "next"]
-        staged = TensorDict(batch_size=[num_envs])
+        frames = TensorDict(batch_size=[2 * num_envs])
         for key in self.obs_keys:
-            staged.set(key, torch.zeros_like(rows.get(key)))
+            frames.set(key, torch.zeros(2 * num_envs, *rows.get(key).shape[1:], dtype=rows.get(key).dtype))
         for key, value in outputs.items():
-            staged.set(key, torch.zeros(num_envs, *value.shape, dtype=value.dtype))
+            frames.set(key, torch.zeros(2 * num_envs, *value.shape, dtype=value.dtype))
         if version_key is not None:
-            staged.set(version_key, torch.zeros(num_envs, dtype=torch.int64))
-        self.staged = staged
-        self.staged_keys = list(staged.keys(include_nested=True, leaves_only=True))
-        self.output_shapes = {key: staged.get(key).shape[1:] for key in outputs}
-        held = staged.clone()
+            frames.set(version_key, torch.zeros(2 * num_envs, dtype=torch.int64))
         for key in self.next_keys:
-            held.set(key, torch.zeros_like(rows.get(key)))
-        self.held = held  # each env's latest transition, until its next one completes or its stream is cut
-        self.holding = [False] * num_envs
+            frames.set(key, torch.zeros(2 * num_envs, *rows.get(key).shape[1:], dtype=rows.get(key).dtype))
+        self.frame_keys = list(frames.keys(include_nested=True, leaves_only=True))
+        self._frame = {key: frames.get(key) for key in self.frame_keys}  # the tensors, looked up once
+        self._next = [(frames.get(key), rows.get(key)) for key in self.next_keys]
+        self.output_shapes = {key: frames.get(key).shape[1:] for key in outputs}
+        self.staging = list(range(num_envs))  # the row env e stages its transition in flight in
+        self.holding = [False] * num_envs  # its other row holds its latest complete transition
         example = TensorDict(batch_size=[frames_per_batch])
-        for key in self.staged_keys:
-            value = staged.get(key)
-            example.set(key, torch.zeros(frames_per_batch, *value.shape[1:], dtype=value.dtype))
-        for key in self.next_keys:
-            value = rows.get(key)
+        for key in self.frame_keys:
+            value = frames.get(key)
             example.set(key, torch.zeros(frames_per_batch, *value.shape[1:], dtype=value.dtype))
         for flag in ROOT_FLAGS:
             example.set(flag, torch.zeros(frames_per_batch, 1, dtype=torch.bool))
@@ -84,6 +102,7 @@ class Transitions:
         self.buffers = SlotPool(self.layout, 1, shared=False, slots=SLOTS + prefetch)
         self._slot: int | None = None
         self._batch: TensorDict | None = None
+        self._into: list[tuple[torch.Tensor, torch.Tensor]] = []  # (frame rows, batch) of each key
         self._filled = 0
 
     def stage(self, envs: torch.Tensor, inputs: Mapping, outputs: Mapping, version: int) -> None:
@@ -91,13 +110,14 @@ class Transitions:
 
         Raises ValueError if the outputs' keys or shapes are not those the policy gave at start-up."""
         self._check_outputs(outputs, len(envs))
-        staged = self.staged
+        frame, rows = self._frame, [self.staging[env] for env in envs.tolist()]
+        index = torch.tensor(rows, dtype=torch.int64)
         for key in self.obs_keys:
-            staged.get(key).index_copy_(0, envs, inputs[key])
+            scatter_rows(frame[key], rows, index, inputs[key])
         for key, value in outputs.items():
-            staged.get(key).index_copy_(0, envs, value.to(staged.get(key).dtype))
+            scatter_rows(frame[key], rows, index, value.to(frame[key].dtype))
         if self.version_key is not None:
-            staged.get(self.version_key).index_fill_(0, envs, version)
+            frame[self.version_key].index_fill_(0, index, version)
 
     def _check_outputs(self, outputs: Mapping, n: int) -> None:
         shapes = self.output_shapes
@@ -117,14 +137,17 @@ class Transitions:
         """The transitions of ``envs``, whose rows hold their steps' results now: each is held,
         and the one each env held before goes into the batch. Returns the batches this completed."""
         full = self._release([env for env in envs if self.holding[env]])
-        index = torch.tensor(envs, dtype=torch.int64)
-        for key in self.staged_keys:
-            self.held.get(key).index_copy_(0, index, self.staged.get(key).index_select(0, index))
-        for key in self.next_keys:
-            self.held.get(key).index_copy_(0, index, self.rows.get(key).index_select(0, index))
-        for env in envs:
+        rows = [self.staging[env] for env in envs]
+        index, plane = torch.tensor(rows, dtype=torch.int64), torch.tensor(envs, dtype=torch.int64)
+        for frames, plane_rows in self._next:
+            scatter_rows(frames, rows, index, plane_rows.index_select(0, plane))
+        for env, row in zip(envs, rows):
             self.holding[env] = True
+            self.staging[env] = self._other(env, row)
         return full
+
+    def _other(self, env: int, row: int) -> int:
+        return env + self.num_envs if row == env else env
 
     def cut(self, env: int) -> list[TensorDictBase]:
         """``env``'s stream is cut (its next frame starts from a reset of another env): its held
@@ -132,16 +155,17 @@ class Transitions:
         ended there) and goes into the batch. Returns the batches this completed."""
         if not self.holding[env]:  # no frame before the cut: the env had not completed a step
             return []
-        done = self.held.get(("next", "done"))[env]
-        if ("next", "truncated") in self.next_keys:
-            self.held.get(("next", "truncated"))[env] |= ~done
+        row = self._other(env, self.staging[env])
+        done = self._frame["next", "done"][row]
+        if ("next", "truncated") in self._frame:
+            self._frame["next", "truncated"][row] |= ~done
         done.fill_(True)
         return self._release([env])
 
     def _release(self, envs: list[int]) -> list[TensorDictBase]:
         """Move the held transitions of ``envs`` into the next free places of the batch."""
         full = []
-        index = torch.tensor(envs, dtype=torch.int64)
+        index = torch.tensor([self._other(env, self.staging[env]) for env in envs], dtype=torch.int64)
         done = 0
         while done < len(envs):
             if self._batch is None:
@@ -149,10 +173,9 @@ class Transitions:
             n = min(len(envs) - done, self.frames_per_batch - self._filled)
             part = index[done:done + n]
             lo, hi = self._filled, self._filled + n
-            batch = self._batch
-            for key in self.staged_keys + self.next_keys:
-                torch.index_select(self.held.get(key), 0, part, out=batch.get(key)[lo:hi])
-            batch.get(ENV_INDEX)[lo:hi] = part
+            for frames, batch in self._into:
+                torch.index_select(frames, 0, part, out=batch[lo:hi])
+            self._env_index[lo:hi] = torch.tensor(envs[done:done + n], dtype=torch.int64)
             self._filled, done = hi, done + n
             if self._filled == self.frames_per_batch:
                 full.append(self._hand_out())
@@ -168,6 +191,8 @@ class Transitions:
             self._batch = self.layout.view(self.buffers.slots[self._slot], None)
         for flag in ROOT_FLAGS:
             self._batch.get(flag).zero_()
+        self._into = [(self._frame[key], self._batch.get(key)) for key in self.frame_keys]
+        self._env_index = self._batch.get(ENV_INDEX)
         self._filled = 0
 
     def _hand_out(self) -> TensorDictBase:
