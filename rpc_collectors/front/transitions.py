@@ -40,7 +40,7 @@ LARGE_ROW = 1024  # bytes: rows at least this large are scattered by slices (an 
 def scatter_rows(dst: torch.Tensor, rows: list[int], index: torch.Tensor, src: torch.Tensor) -> None:
     """``dst[rows[i]] = src[i]`` (``index``: ``rows`` as an int64 tensor): one indexed copy of
     small rows; large rows (pixels) by one slice copy per run of consecutive rows."""
-    if dst[0].numel() * dst.element_size() < LARGE_ROW:
+    if dst.stride(0) * dst.element_size() < LARGE_ROW:
         dst.index_copy_(0, index, src)
         return
     start = 0
@@ -85,6 +85,7 @@ class Transitions:
             frames.set(version_key, torch.zeros(2 * num_envs, dtype=torch.int64))
         for key in self.next_keys:
             frames.set(key, torch.zeros(2 * num_envs, *rows.get(key).shape[1:], dtype=rows.get(key).dtype))
+        frames.set(ENV_INDEX, torch.arange(num_envs).repeat(2))  # row r is env r % N's
         self.frame_keys = list(frames.keys(include_nested=True, leaves_only=True))
         self._frame = {key: frames.get(key) for key in self.frame_keys}  # the tensors, looked up once
         self._next = [(frames.get(key), rows.get(key)) for key in self.next_keys]
@@ -97,7 +98,6 @@ class Transitions:
             example.set(key, torch.zeros(frames_per_batch, *value.shape[1:], dtype=value.dtype))
         for flag in ROOT_FLAGS:
             example.set(flag, torch.zeros(frames_per_batch, 1, dtype=torch.bool))
-        example.set(ENV_INDEX, torch.zeros(frames_per_batch, dtype=torch.int64))
         self.layout = BatchLayout.of(example)
         self.buffers = SlotPool(self.layout, 1, shared=False, slots=SLOTS + prefetch)
         self._slot: int | None = None
@@ -120,18 +120,20 @@ class Transitions:
             frame[self.version_key].index_fill_(0, index, version)
 
     def _check_outputs(self, outputs: Mapping, n: int) -> None:
-        shapes = self.output_shapes
-        if set(outputs.keys()) != set(shapes):
+        shapes, seen = self.output_shapes, 0
+        for key, value in outputs.items():
+            want = shapes.get(key)
+            if want is not None and (value.shape[0] != n or value.shape[1:] != want):
+                raise ValueError(
+                    f"AsyncBatchedCollector: the policy returned {key!r} of shape {list(value.shape)} for {n} envs; "
+                    f"accepted: shape {[n, *want]}, as at start-up ({list(want)} per env)"
+                )
+            seen += want is not None
+        if seen != len(shapes) or seen != len(outputs.keys()):
             raise ValueError(
                 f"AsyncBatchedCollector: the policy returned the keys {sorted(map(str, outputs.keys()))}; accepted: "
                 f"the keys it returned at start-up, {sorted(map(str, shapes))}"
             )
-        for key, value in outputs.items():
-            if tuple(value.shape) != (n, *shapes[key]):
-                raise ValueError(
-                    f"AsyncBatchedCollector: the policy returned {key!r} of shape {list(value.shape)} for {n} envs; "
-                    f"accepted: shape {[n, *shapes[key]]}, as at start-up ({list(shapes[key])} per env)"
-                )
 
     def record(self, envs: list[int]) -> list[TensorDictBase]:
         """The transitions of ``envs``, whose rows hold their steps' results now: each is held,
@@ -175,7 +177,6 @@ class Transitions:
             lo, hi = self._filled, self._filled + n
             for frames, batch in self._into:
                 torch.index_select(frames, 0, part, out=batch[lo:hi])
-            self._env_index[lo:hi] = torch.tensor(envs[done:done + n], dtype=torch.int64)
             self._filled, done = hi, done + n
             if self._filled == self.frames_per_batch:
                 full.append(self._hand_out())
@@ -192,7 +193,6 @@ class Transitions:
         for flag in ROOT_FLAGS:
             self._batch.get(flag).zero_()
         self._into = [(self._frame[key], self._batch.get(key)) for key in self.frame_keys]
-        self._env_index = self._batch.get(ENV_INDEX)
         self._filled = 0
 
     def _hand_out(self) -> TensorDictBase:
