@@ -210,6 +210,8 @@ def second_episode(steps) -> int | None:
     ({"transition_chunk_size": 64}, ValueError, "transition_chunk_size=64 is not supported"),
     ({"yield_completed_trajectories": True}, ValueError, "yield_completed_trajectories=True is not supported"),
     ({"max_batch_size": 2, "min_batch_size": 3}, ValueError, "min_batch_size=3 exceeds max_batch_size=2"),
+    ({"max_batch_size": 4, "min_batch_size": 3}, ValueError,
+     r"min_batch_size=3 exceeds the 2 envs.*accepted: at most num_envs \(2\)"),
     ({"server_timeout": -1}, ValueError, "server_timeout=-1 is invalid"),
     ({"policy_factory": lambda: BiasPolicy(1, size=3)}, TypeError, "mutually exclusive"),
     ({"policy": None}, TypeError, "one of policy or policy_factory"),

@@ -49,7 +49,8 @@ class AsyncBatchedCollector(BaseCollector):
     change is used by the next forward pass, with no weight push. ``update_policy_weights_()``
     bumps ``policy_version`` (and copies weights in, when given some), under the loop's lock.
 
-    Batches are ``[frames_per_batch]``: the transitions in the order they completed, with
+    Batches are ``[frames_per_batch]``: the transitions in the order they completed (each env's
+    joins once the env's next one completed, see :class:`~rpc_collectors.front.transitions.Transitions`), with
     ``"env_index"`` and the version that chose each action (``policy_version_key``). ``last_batch``
     (a :class:`~rpc_collectors.collection.batch_record.BatchRecord`) has their oldest and newest
     versions and the frames of each env.
@@ -63,7 +64,8 @@ class AsyncBatchedCollector(BaseCollector):
         frames_per_batch, total_frames: as every collector (``-1``: endless).
         max_batch_size, min_batch_size, server_timeout: at most ``max_batch_size`` envs per forward
             pass (default 64); once one env is ready, wait up to ``server_timeout`` s (0.01) for
-            ``min_batch_size`` (1). Or TorchRL's ``server_config`` (``InferenceServerConfig``).
+            ``min_batch_size`` (1, at most the number of envs). Or TorchRL's ``server_config``
+            (``InferenceServerConfig``).
         device: where the policy runs (or ``device_config.policy_device``).
         exploration_type: set around each forward pass; default RANDOM.
         policy_version: the version of the first weights; ``policy_version_key``: the batch key of
@@ -72,7 +74,8 @@ class AsyncBatchedCollector(BaseCollector):
         postproc, replay_buffer, post_collect_hook: as every collector.
         num_envs: the number of envs when ``create_env_fn`` is one factory.
         max_worker_restarts: replace this many failed env workers in all (their transition in flight
-            is lost); beyond it, a failure is a :class:`~rpc_collectors.WorkerError`.
+            is lost, the one before it is marked truncated and done); beyond it, a failure is a
+            :class:`~rpc_collectors.WorkerError`.
         prefetch: full batches that may wait for you (the envs wait when they are there).
         rpc_timeout: seconds each env worker may take to start.
 
@@ -130,7 +133,8 @@ class AsyncBatchedCollector(BaseCollector):
             raise TypeError("AsyncBatchedCollector: one of policy or policy_factory must be given")
         factories = batched_args.env_factories(create_env_fn, num_envs)
         kwargs = batched_args.env_kwargs(create_env_kwargs, len(factories))
-        self.batching = batched_args.batching(server_config, max_batch_size, min_batch_size, server_timeout)
+        self.batching = batched_args.batching(server_config, max_batch_size, min_batch_size, server_timeout,
+                                              len(factories))
         batched_args.backends(transport, backend, env_backend, policy_backend, env_exchange, envs_per_worker,
                               transition_chunk_size)
         batched_args.unsupported(

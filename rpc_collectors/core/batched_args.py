@@ -76,8 +76,10 @@ def env_kwargs(create_env_kwargs: Any, num_envs: int) -> list[dict]:
     )
 
 
-def batching(server_config: Any, max_batch_size: Any, min_batch_size: Any, server_timeout: Any) -> Batching:
-    """The batching of the forward pass, from the keywords or TorchRL's ``InferenceServerConfig``."""
+def batching(server_config: Any, max_batch_size: Any, min_batch_size: Any, server_timeout: Any,
+             num_envs: int) -> Batching:
+    """The batching of the forward pass, from the keywords or TorchRL's ``InferenceServerConfig``;
+    ``min_batch_size`` at most ``num_envs`` (no forward pass sees more ready envs)."""
     given = {k: v for k, v in (("max_batch_size", max_batch_size), ("min_batch_size", min_batch_size),
                                ("server_timeout", server_timeout)) if v is not None}
     if server_config is not None:
@@ -101,6 +103,11 @@ def batching(server_config: Any, max_batch_size: Any, min_batch_size: Any, serve
     if low > size:
         raise ValueError(
             f"AsyncBatchedCollector: min_batch_size={low} exceeds max_batch_size={size}; accepted: at most max_batch_size"
+        )
+    if low > num_envs:
+        raise ValueError(
+            f"AsyncBatchedCollector: min_batch_size={low} exceeds the {num_envs} envs, so every forward pass would "
+            f"wait server_timeout for envs that cannot be ready; accepted: at most num_envs ({num_envs})"
         )
     wait = checks.timeout("server_timeout", given.get("server_timeout", out.timeout), zero=True)
     return Batching(size, low, wait)

@@ -11,7 +11,8 @@ collector's ``policy_version`` at that moment.
 
 Full batches wait in a queue of ``prefetch``; when it is full the loop waits, and so do the
 envs. An env that ended (its worker died, or its env raised) and an exception of the policy
-are handed to ``on_failure`` / put in ``errors``; the loop never raises.
+are handed to ``on_failure`` / put in ``errors``; the loop never raises. An env that
+``on_failure`` replaced has its stream cut there (:meth:`Transitions.cut`).
 """
 from __future__ import annotations
 
@@ -118,6 +119,8 @@ class InferenceLoop:
             self.waiting = [e for e in self.waiting if e != env]
             if not self.on_failure(env, text):
                 raise Stopped
+            for batch in self.transitions.cut(env):  # the replacement starts from a reset
+                self.put(batch)
         self._answered(ready)
 
     def _answered(self, ready: list[int]) -> None:
@@ -137,9 +140,9 @@ class InferenceLoop:
         with self.lock, torch.no_grad(), set_interaction_type(self.exploration_type):
             outputs = self.policy(inputs, torch.Size([len(envs)]))
             version = self.version()
+        self.transitions.stage(index, inputs, outputs, version)  # raises if the outputs changed their shapes
         action = rows.get("action")
         action.index_copy_(0, index, outputs["action"].reshape(len(envs), *action.shape[1:]).to(action.dtype))
-        self.transitions.stage(index, inputs, outputs, version)
         for env in envs:
             self.acting[env] = True
         gone = self.plane.go(envs)

@@ -4,7 +4,8 @@ writes into its row of the step plane (:mod:`rpc_collectors.planes.step_plane`),
 Per step: wait for the "go" byte, read the action from the row, step the env, write the step's
 result (``"next"``) and the next observation (after a reset, if the episode ended) into the
 row, answer with the ready byte. No pickle: a gymnasium env's arrays are copied into shared
-memory directly; a TorchRL env's TensorDict entries are copied there.
+memory directly; a TorchRL env's TensorDict entries are copied there. An entry whose shape is
+not its row's (an observation that changed its shape) is a ValueError naming it, never broadcast.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ class EnvSteps:
     ``step_and_maybe_reset``, its root and ``"next"`` entries copied into the row."""
 
     def __init__(self, env: Any, spec: SlotSpec) -> None:
-        self.env = env
+        self.env, self.index = env, spec.row
         self.writer = SlotWriter(spec)  # maps the plane; this env's row is target 0
         self.row = row = self.writer.targets[0]
         self.action = row.get("action")
@@ -87,9 +88,19 @@ class EnvSteps:
         self.thread = threading.Thread(target=self._serve, name="rpc-collectors-env-steps", daemon=True)
         self.thread.start()
 
+    def _fits(self, key: str | tuple, shape: tuple, want: tuple) -> None:
+        """Raise ValueError unless the env gave ``key`` the shape its row holds (no broadcast)."""
+        if tuple(shape) != tuple(want):
+            raise ValueError(
+                f"AsyncBatchedCollector: env {self.index} gave {key!r} of shape {list(shape)}; accepted: shape "
+                f"{list(want)}, the shape it had at start-up (an env's entries keep their shapes)"
+            )
+
     def _write_obs(self, obs: dict) -> None:
         for key, value in obs.items():
-            np.copyto(self.obs[key], value, casting="unsafe")
+            dest = self.obs[key]
+            self._fits(key, np.shape(value), dest.shape)
+            np.copyto(dest, value, casting="unsafe")
 
     def _gym_reset(self) -> None:
         self._write_obs(self.env.reset_arrays())
@@ -98,7 +109,9 @@ class EnvSteps:
         env = self.env
         next_obs, reward, term, trunc = env.step_arrays(env.action_to_numpy(self.action))
         for key, value in next_obs.items():
-            np.copyto(self.next_obs[key], value, casting="unsafe")
+            dest = self.next_obs[key]
+            self._fits(_next_key(key), np.shape(value), dest.shape)
+            np.copyto(dest, value, casting="unsafe")
         self.reward[0] = reward
         done = bool(term) or bool(trunc)
         self.flags[0][0], self.flags[1][0], self.flags[2][0] = done, bool(term), bool(trunc)
@@ -107,7 +120,12 @@ class EnvSteps:
     def _write_root(self, root: TensorDictBase) -> None:
         self.root = root
         for key in self.root_keys:
-            self.row.get(key).copy_(root.get(key))
+            self._copy(key, root.get(key))
+
+    def _copy(self, key: str | tuple, value: torch.Tensor) -> None:
+        dest = self.row.get(key)
+        self._fits(key, value.shape, dest.shape)
+        dest.copy_(value)
 
     def _torchrl_reset(self) -> None:
         self._write_root(self.env.reset())
@@ -117,7 +135,7 @@ class EnvSteps:
         td.set("action", self.action.clone())
         td, root = self.env.step_and_maybe_reset(td)
         for key in self.next_keys:
-            self.row.get(key).copy_(td.get(key))
+            self._copy(key, td.get(key))
         self._write_root(root)
 
     def _serve(self) -> None:
