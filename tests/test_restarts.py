@@ -26,18 +26,20 @@ WORKERS, RESTARTS = 4, 3
 
 
 class StampEnv(gym.Env):
-    """Observation ``[pid, step counter, worker, 0...]`` (``size`` floats); episodes of 9 steps.
+    """Observation ``[pid, step counter, worker, 0...]`` (``size`` floats); episodes of 9 steps;
+    ``Discrete(actions)``.
 
-    ``raise_at``: raise at that step of every process; ``hang_at``: the first process to
-    reach that step (``marker`` file) sleeps forever; ``step_s``: seconds per step.
+    ``raise_at``: raise at that step of every process (with ``marker``: of the first process to
+    reach it only); ``hang_at``: the first process to reach that step (``marker`` file) sleeps
+    forever; ``step_s``: seconds per step.
     """
 
     metadata: dict = {"render_modes": []}
 
     def __init__(self, worker: int, size: int = 3, step_s: float = 0.0, raise_at: int = 0,
-                 hang_at: int = 0, marker: str = "") -> None:
+                 hang_at: int = 0, marker: str = "", actions: int = 2) -> None:
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float64)
-        self.action_space = gym.spaces.Discrete(2)
+        self.action_space = gym.spaces.Discrete(actions)
         self.worker, self.size, self.step_s = worker, size, step_s
         self.raise_at, self.hang_at, self.marker = raise_at, hang_at, marker
         self.counter = self.t = 0
@@ -57,21 +59,27 @@ class StampEnv(gym.Env):
         self.t += 1
         if self.step_s:
             time.sleep(self.step_s)
-        if self.counter == self.raise_at:
+        if self.counter == self.raise_at and (not self.marker or self._first()):
             raise RuntimeError(f"simulator crashed at step {self.counter}")
-        if self.counter == self.hang_at and self.marker:
-            try:
-                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
-                time.sleep(3600)
-            except FileExistsError:
-                pass
+        if self.counter == self.hang_at and self.marker and self._first():
+            time.sleep(3600)
         return self._obs(), 1.0, False, self.t == 9, {}
+
+    def _first(self) -> bool:
+        """Whether this process is the first of the test to get here (it creates ``marker``)."""
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return False
+        return True
 
 
 class Policy(nn.Module):
-    def __init__(self) -> None:
+    """Action = argmax of the bias (the observation is multiplied by 0)."""
+
+    def __init__(self, actions: int = 2) -> None:
         super().__init__()
-        self.linear = nn.Linear(3, 2)
+        self.linear = nn.Linear(3, actions)
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return self.linear(observation[..., :3].float() * 0).argmax(-1)
@@ -201,6 +209,58 @@ def test_a_hung_worker_is_killed_and_replaced(tmp_path):
         assert os.path.exists(marker) and sum(collector.worker_restarts) == 1
         hung = [i for i, n in enumerate(collector.worker_restarts) if n]
         assert len(pids) == 4 and len(hung) == 1 and collector.infos[hung[0]]["pid"] in pids[-1]
+    finally:
+        collector.shutdown()
+
+
+ACTIONS = 4
+
+
+def acting(action: int) -> dict:
+    """Weights of ``Policy(ACTIONS)`` that take ``action`` whatever the observation."""
+    return {"linear.weight": torch.zeros(ACTIONS, 3), "linear.bias": nn.functional.one_hot(torch.tensor(action), ACTIONS).float()}
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_a_replacement_collects_with_the_weights_its_slot_was_given(sync, tmp_path):
+    """Each worker gets weights of its own (TorchRL's ``{worker_id: weights}``), worker 2 twice; then
+    worker 1's env crashes once. Every frame of every worker, its replacement's too, was chosen by
+    the weights its slot was given under the version it carries: the replacement's are worker 1's
+    at version 1, neither worker 2's nor the trainer's, nor stamped with a later version."""
+    workers, frames = 3, 10
+    marker = str(tmp_path / "crashed")
+    fns = [lambda i=i: GymEnv(StampEnv(i, actions=ACTIONS, raise_at=45 if i == 1 else 0, marker=marker))
+           for i in range(workers)]
+    policy = Policy(ACTIONS)
+    policy.load_state_dict(acting(0))
+    collector = MultiCollector(fns, policy, frames_per_batch=frames * (workers if sync else 1), sync=sync,
+                               max_worker_restarts=1, rpc_timeout=30, track_policy_version=True)
+    given = {w: {0: 0} for w in range(workers)}  # worker -> {version: the action of the weights it was given}
+    pushes = [{0: 1, 1: 2, 2: 3}, {2: 1}]  # after the first two batches: worker -> action
+    first_pid, replaced = collector.infos[1]["pid"], 0
+    try:
+        with pytest.warns(WorkerRestartWarning, match="collector worker 1 raised an error"):
+            batches = iter(collector)
+            for k in range(200):
+                batch = next(batches)
+                check_whole(batch, frames)
+                for row in rows(batch):
+                    worker = int(row["collector", "worker_id"][0])
+                    versions, actions = row["collector", "policy_version"].tolist(), row["action"].tolist()
+                    for version, action in zip(versions, actions):
+                        assert given[worker].get(version) == action, \
+                            f"batch {k}: worker {worker} took action {action} at version {version}; given {given[worker]}"
+                    if sync:  # a round is collected with the weights given last
+                        assert versions == [max(given[worker])] * frames
+                    replaced += frames if worker == 1 and int(row["observation"][0, 0]) != first_pid else 0
+                if k < len(pushes):
+                    collector.update_policy_weights_({w: acting(a) for w, a in pushes[k].items()})
+                    for w, a in pushes[k].items():
+                        given[w][collector.policy_version] = a
+                if replaced >= 3 * frames:
+                    break
+        assert collector.worker_restarts == [0, 1, 0]
+        assert replaced >= 3 * frames, "the replacement handed out too few frames: the test shows nothing"
     finally:
         collector.shutdown()
 

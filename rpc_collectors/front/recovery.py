@@ -3,7 +3,7 @@
 The front's waits raise :class:`~rpc_collectors.core.errors.Failure`; the front hands it to
 :meth:`Recovery.recover` between waits, never from inside one. A failed worker is replaced
 while ``max_worker_restarts`` lasts (same worker id, a fresh process, new trajectory ids,
-its seed's sequence, the current weights and batch slots); an elastic collector that fails
+its seed's sequence, the weights its slot holds and its batch slots); an elastic collector that fails
 leaves its slot vacant for a spare or the next collector to join (:meth:`Recovery.admit`).
 """
 from __future__ import annotations
@@ -75,10 +75,9 @@ class Recovery:
         weights = front.weights
         if weights is not None:
             steps.append(functools.partial(pool.call, worker_id, "join_weights", weights.spec))
-            latest = weights.latest(front.policy_version)
-            if latest is not None:
-                steps.append(functools.partial(pool.call, worker_id, "receive_weights", *latest))
-            weights.caught_up(worker_id, front.policy_version)
+            held = weights.rejoin(worker_id)  # what its slot holds: its own weights, or the trainer's
+            if held is not None:
+                steps.append(functools.partial(pool.call, worker_id, "receive_weights", *held))
         for step in steps:
             front.gather({worker_id: step}, recover=False)
         front.rejoin_batches(worker_id)

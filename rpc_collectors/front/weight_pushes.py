@@ -40,7 +40,7 @@ class WeightPushes:
         )
         rdv = self.workers.weight_rendezvous() if kind == "broadcast" else None
         self.weights = self._resources.sender = WeightPlane(
-            module, kind, self.num_workers, self.rpc_timeout, keep_fd=self.restarts.budget > 0,
+            module, kind, self.num_workers, self.rpc_timeout, refill=self.restarts.budget > 0 or self.elastic,
             backend=self.backend, rdv=rdv,
         )
         joins = {i: self._call(i, "join_weights", self.weights.spec) for i in range(self.num_workers) if self.roster[i].info}
@@ -81,12 +81,12 @@ class WeightPushes:
         first = next(iter(update.values()))
         self._open_given(first, remember=not per_worker)
         if not per_worker:
-            self._push_weights([i for i in update if self.workers.serves(i)], first, non_blocking)
+            self._push_weights([i for i in update if self.workers.serves(i)], first, non_blocking, slots=list(update))
             return
-        version = self.policy_version + 1  # each of those workers gets its own, all as one new version
-        for worker_id, source in update.items():
-            if self.workers.serves(worker_id):
-                self._push_weights([worker_id], source, version=version)
+        with self._lock:  # each of those workers gets its own, all as one new version
+            self._finish_push()
+            version = self.policy_version + 1
+            self._start_push(self.weights.push_own(update, version, self._serving()), version, non_blocking)
 
     def _open_given(self, source: TensorDictBase | None, remember: bool = True) -> None:
         """``policy_factory``: lay the weight plane out from the first weights pushed (checked
@@ -109,17 +109,23 @@ class WeightPushes:
 
     def _push_weights(
         self, worker_ids: list[int], source: Any = None, non_blocking: bool = False, version: int | None = None,
+        slots: list[int] | None = None,
     ) -> None:
+        """Push the trainer's weights (or ``source``) to ``worker_ids`` as ``version`` (default: a new
+        one); ``slots`` (default: ``worker_ids``) hold them from now on."""
         with self._lock:
             self._finish_push()
             source = self._given if source is None else source
             version = self.policy_version + 1 if version is None else version
-            receive = self.weights.push(worker_ids, source, version)
-            self.policy_version = version
-            self._push = {i: self._call(i, "receive_weights", *args) for i, args in receive.items()}
-            self._pushed = {i: call() for i, call in self._push.items()}
-            if not non_blocking:
-                self._finish_push()
+            self._start_push(self.weights.push(worker_ids, source, version, slots), version, non_blocking)
+
+    def _start_push(self, receive: dict[int, tuple], version: int, non_blocking: bool) -> None:
+        """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on."""
+        self.policy_version = version
+        self._push = {i: self._call(i, "receive_weights", *args) for i, args in receive.items()}
+        self._pushed = {i: call() for i, call in self._push.items()}
+        if not non_blocking:
+            self._finish_push()
 
     def _finish_push(self) -> None:
         """Wait until the previous weight push reached its workers."""

@@ -24,6 +24,13 @@ subset (``"shm-copy:<slot>"``) is copied into the worker's staging buffer on rec
 only slot a worker may still read later is the slot of the latest all-workers push, which the
 trainer never writes next; and a worker applying weights holds its lock, which the receipt of
 the next version waits for, so no worker ever reads a slot while the trainer writes it.
+
+Weights of one worker's own (TorchRL's per-worker ``{worker_id: weights}``) never enter the
+shared buffers, which so always hold the trainer's latest pushed weights: each is packed into
+a copy of its own that travels in the worker's ``receive_weights`` call, as with ``"rpc"``.
+Where a worker's process may be replaced or a collector may join its slot, the slot keeps that
+copy until the trainer's weights reach it (one flat copy per slot at most), so the new process
+gets what its slot holds (:meth:`WeightPlane.rejoin`).
 """
 from __future__ import annotations
 
@@ -177,7 +184,7 @@ class WeightSender:
         or only by :meth:`close` with ``keep_fd`` (workers that join later open the file through it)."""
         self.flat, self.spec = flat, spec
         self.fd, self.keep_fd = fd, keep_fd
-        self.latest: str | None = None  # how a worker that joins now receives the latest version
+        self.latest: tuple[int, str] | None = None  # the latest version, and how a worker that joins now receives it
         self.slots = map_slots(spec.path, spec.nbytes) if spec.kind == "shm" else [buffer]
         self._next = 0  # the slot the next version is packed into
         self.group: dist.ProcessGroup | None = None
@@ -209,13 +216,13 @@ class WeightSender:
         if self.spec.kind == "shm":
             self.joined()
             slot = self._next
-            self.latest = f"shm-copy:{slot}"  # the slot holds this version until the next pack
+            self.latest = version, f"shm-copy:{slot}"  # the slot holds this version until the next pack
             if all_workers:  # workers read this slot lazily: the next version goes to the other
                 self._next = (slot + 1) % SHM_SLOTS
                 return f"shm:{slot}"
             return f"shm-copy:{slot}"  # the workers copy it now; the slot is free once they answered
         if self.spec.kind == "rpc":
-            self.latest = "rpc"
+            self.latest = version, "rpc"
             return "rpc"  # the caller sends the buffer with each worker's call
         if all_workers:
             self.work = [self.group.broadcast(self.buffer, 0)]
@@ -255,13 +262,15 @@ def choose_transport(
 
 class WeightPlane:
     """Trainer side of the weight plane for one collector: its transport, each push, and how far
-    behind each worker's weights are (the version it must collect with, batches since its last push).
+    behind each worker's weights are (the version it must collect with, batches since its last push),
+    and which weights each worker's slot holds.
 
+    ``refill``: a worker's slot may get a new process (a replacement, or a collector that joins);
     ``rdv`` (broadcast only): where the weight process group meets.
     """
 
     def __init__(
-        self, module: "torch.nn.Module | object", kind: str, num_workers: int, timeout: float, keep_fd: bool,
+        self, module: "torch.nn.Module | object", kind: str, num_workers: int, timeout: float, refill: bool,
         backend: str = "gloo", rdv: "object | None" = None,
     ) -> None:
         """``module``: the trainer's policy, or a TensorDict of the weights its workers' policies hold."""
@@ -280,30 +289,61 @@ class WeightPlane:
                 backend=backend, interface=rdv.interface, timeout=timeout, signature=flat.signature,
             )
             buffer = flat.new_buffer(torch.device("cuda") if backend == "nccl" else None)
-        self.num_workers = num_workers
-        self.sender = WeightSender(flat, spec, buffer, fd, keep_fd=keep_fd)
+        self.num_workers, self.refill = num_workers, refill
+        self.sender = WeightSender(flat, spec, buffer, fd, keep_fd=refill)  # a new process opens the shm file
         self.min_version = [0] * num_workers  # the version worker i's next batch must be collected with
         self.since_update = [0] * num_workers  # batches worker i delivered since its last push
+        self.own: dict[int, tuple[int, torch.Tensor]] = {}  # refill: slot i's own weights and their version
 
     @property
     def spec(self) -> TransportSpec:
         return self.sender.spec
 
-    def push(self, worker_ids: list[int], source: "object | None", version: int) -> dict[int, tuple]:
+    def push(
+        self, worker_ids: list[int], source: "object | None", version: int, slots: list[int] | None = None,
+    ) -> dict[int, tuple]:
         """Pack ``source`` (None: the module's tensors now) as ``version`` and start sending it to
-        ``worker_ids``; returns the arguments of each one's ``receive_weights`` call."""
+        ``worker_ids``; ``slots`` (default: ``worker_ids``; an update names vacant ones too) hold
+        these weights from now on. Returns the arguments of each one's ``receive_weights`` call."""
         self.sender.flat.pack(self.sender.buffer, source)
         mode = self.sender.push([i + 1 for i in worker_ids], version, all_workers=len(worker_ids) == self.num_workers)
+        for worker_id in worker_ids if slots is None else slots:
+            self.own.pop(worker_id, None)
         for worker_id in worker_ids:
             self.caught_up(worker_id, version)
         return {worker_id: self._receive_args(version, mode) for worker_id in worker_ids}
 
+    def push_own(self, weights: dict, version: int, serving: list[int]) -> dict[int, tuple]:
+        """TorchRL's per-worker form: pack each ``{worker_id: weights}`` entry as ``version`` into a
+        copy of its own and start sending it to those of the workers ``serving``; with ``refill``
+        each slot keeps its copy until the trainer's weights reach it. Returns the arguments of
+        each one's ``receive_weights`` call."""
+        receive = {}
+        for worker_id, source in weights.items():
+            copy = self.sender.flat.new_buffer(torch.device("cpu"))
+            self.sender.flat.pack(copy, source)
+            if self.refill:
+                self.own[worker_id] = version, copy
+            if worker_id in serving:
+                self.caught_up(worker_id, version)
+                receive[worker_id] = version, "rpc", copy
+        return receive
+
     def _receive_args(self, version: int, mode: str) -> tuple:
         return (version, mode, self.sender.buffer) if mode == "rpc" else (version, mode)
 
-    def latest(self, version: int) -> tuple | None:
-        """``receive_weights`` arguments that bring a newcomer to ``version`` (None: nothing was pushed yet)."""
-        return None if self.sender.latest is None else self._receive_args(version, self.sender.latest)
+    def rejoin(self, worker_id: int) -> tuple | None:
+        """``receive_weights`` arguments that give the new process serving ``worker_id`` what its
+        slot holds, under the version they were pushed with: its own weights if they reached it
+        last, else the trainer's latest (None: nothing was pushed yet; it keeps its policy's own,
+        version 0). Its next batch is collected with them."""
+        if worker_id in self.own:
+            version, copy = self.own[worker_id]
+            args = version, "rpc", copy
+        else:
+            args = None if self.sender.latest is None else self._receive_args(*self.sender.latest)
+        self.caught_up(worker_id, 0 if args is None else args[0])
+        return args
 
     def caught_up(self, worker_id: int, version: int) -> None:
         """Worker ``worker_id`` was sent ``version``: its next batch is collected with it."""
