@@ -43,7 +43,7 @@ class Noted:
 
 def note(result: Any, restarts: tuple[LocalRestart, ...], dropped: Dropped = Dropped()) -> Any:
     """``result`` (``Ready`` or a batch) carrying ``restarts`` and ``dropped``; as it is without any."""
-    if not restarts and not dropped.batches:
+    if not restarts and dropped == Dropped():
         return result
     if isinstance(result, Ready):
         return dataclasses.replace(result, restarts=restarts, dropped=dropped)
