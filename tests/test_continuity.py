@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import CountEnv, TDCountEnv
-from continuity import assert_no_gaps, steps
+from continuity import TRAJ, assert_no_gaps, rows, steps
 from rpc_collectors import Collector, GymEnv, MultiAsyncCollector, RPCCollector, WorkerRestartWarning
 from test_rpc_collector import BiasPolicy
 
@@ -88,6 +88,48 @@ def test_a_node_batch_dropped_for_lag_ends_its_local_workers_trajectories(node, 
         num_workers_per_collector=2, frames_per_batch=FRAMES * (2 if node == "sync" else 1), rpc_timeout=60,
         sync=False, max_policy_lag=0, inference=inference), batches=30)
     assert dropped > 0, "no batch was dropped: the test shows nothing"
+    assert_no_gaps(handed)
+
+
+def steps_before(t: float, episode: float, lengths=(20, 31, 9)) -> int:
+    """How many steps a ``CountEnv`` took before the step that observes ``(t, episode)``."""
+    return sum(lengths[j % len(lengths)] for j in range(int(episode))) + int(t)
+
+
+@pytest.mark.parametrize("inference", ["worker", "node"])
+def test_the_frames_a_node_drops_itself_count_in_the_trainers_dropped_frames(inference):
+    """Nodes drop their local workers' stale batches themselves, the trainer drops nodes' batches:
+    every step each env took up to the last one handed out was handed out once or is counted in
+    the trainer's ``dropped_frames``. The weights change after each of the first batches, then no
+    more, until every env handed out a batch collected with the last weights (each env's stream
+    dropped nothing after it)."""
+    nodes, width, bumps = 2, 2, 30
+    envs = nodes * width  # local worker w of node i: trajectory ids i * width + w + k * envs
+    handed, last_version, last_step, delivered = [], {}, {}, {}
+    with RPCCollector(count_env, BiasPolicy(1, size=3), num_collectors=nodes, launcher="local", collector_class="async",
+                      num_workers_per_collector=width, frames_per_batch=FRAMES, rpc_timeout=60, sync=False,
+                      max_policy_lag=0, inference=inference,
+                      track_policy_version=True) as c:
+        for i, batch in enumerate(c):
+            handed.append(batch.clone())
+            for row in rows(batch):
+                env = int(row.get(TRAJ)[0]) % envs
+                last_version[env] = int(row.get(("collector", "policy_version")).min())
+                last_step[env] = row.get("observation")[-1, :2].tolist()
+                delivered[env] = delivered.get(env, 0) + row.numel()
+            if i < bumps:
+                c.update_policy_weights_()
+            elif len(last_version) == envs and min(last_version.values()) == c.policy_version or i == bumps + 400:
+                break
+        assert sorted(last_version) == list(range(envs)) and min(last_version.values()) == c.policy_version, \
+            f"not every env handed out a batch of the last weights (version {c.policy_version}): {last_version}"
+        dropped_by_nodes = sum(c.get_distant_attr("local.dropped_frames"))
+        dropped = c.dropped_frames
+    assert dropped_by_nodes > 0, "no node dropped a local batch: the test shows nothing"
+    collected = sum(steps_before(*last_step[env]) + 1 for env in range(envs))
+    assert dropped == collected - sum(delivered.values()), (
+        f"the envs took {collected} steps, {sum(delivered.values())} were handed out, "
+        f"{dropped} counted as dropped ({dropped_by_nodes} by the nodes)")
     assert_no_gaps(handed)
 
 

@@ -227,7 +227,8 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
                 continue  # the answer of a replaced worker
             result = self.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
             record.answered()
-            result = node_restarts.heard(record, item.worker_id, result)  # a node's local restarts come with it
+            result, dropped = node_restarts.heard(record, item.worker_id, result)  # a node's restarts and drops come with it
+            self.continuity.count(dropped.frames, dropped.batches)
             if self.weights is not None:
                 self.weights.delivered(item.worker_id)
             if self.elastic:

@@ -4,7 +4,8 @@ Within one trajectory id the steps a collector hands out are consecutive. Whatev
 of a worker's stream goes through :class:`Continuity`, which owns the rule:
 
 * a batch dropped (``max_policy_lag``, or a node's stale local batch) is counted in
-  ``dropped_frames``/``dropped_batches`` and cuts its workers' streams: each is told to go on
+  ``dropped_frames``/``dropped_batches`` (a node's own drops as it tells them, with its next
+  answer) and cuts its workers' streams: each is told to go on
   under new trajectory ids from its next step (:meth:`~rpc_collectors.collection.collector.Collector.cut`;
   a node cuts those of the local workers in the batch), its env not reset;
 * a worker's batches asked before its cut reached it continue the dropped one: they are dropped too;
@@ -61,8 +62,12 @@ class Continuity:
         return False
 
     def _count(self, batch: TensorDictBase) -> None:
+        self.count(batch.numel(), 1)
+
+    def count(self, frames: int, batches: int) -> None:
+        """Count ``frames`` in ``batches`` dropped: here, or by a node, which tells them with its answers."""
         front = self.front
-        front.dropped_frames, front.dropped_batches = front.dropped_frames + batch.numel(), front.dropped_batches + 1
+        front.dropped_frames, front.dropped_batches = front.dropped_frames + frames, front.dropped_batches + batches
 
     def resumed(self) -> None:
         """Every worker loaded a saved state (its envs restart): what they were asked before is stale."""

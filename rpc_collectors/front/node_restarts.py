@@ -1,7 +1,8 @@
-"""What the trainer hears of the local workers its node collectors replaced.
+"""What the trainer hears of the local workers its node collectors replaced, and of their drops.
 
 A node replaces its own local workers (``max_worker_restarts``) and tells the trainer with its
-next batch answer (:mod:`~rpc_collectors.planes.local_restarts`): the trainer warns, counts
+next batch answer (:mod:`~rpc_collectors.planes.local_restarts`), as it tells the frames it
+dropped itself (which the trainer counts in ``dropped_frames``, :mod:`.continuity`): the trainer warns, counts
 them for the node (``worker_restarts``; not in the trajectory-id bounds of
 :class:`~rpc_collectors.planes.membership.Restarts`, which only the trainer's own replacements move)
 and lists the replacement's pid in the node's ``info["local_pids"]``.
@@ -12,13 +13,14 @@ import warnings
 from typing import Any
 
 from rpc_collectors.front.roster import WorkerRecord
-from rpc_collectors.planes.local_restarts import unnote
+from rpc_collectors.planes.local_restarts import Dropped, unnote
 from rpc_collectors.planes.membership import WorkerRestartWarning
 
 
-def heard(record: WorkerRecord, node: int, result: Any) -> Any:
-    """The answer of ``node`` (``record``) as the data plane takes it; the restarts it carried are told."""
-    result, restarts = unnote(result)
+def heard(record: WorkerRecord, node: int, result: Any) -> tuple[Any, Dropped]:
+    """The answer of ``node`` (``record``) as the data plane takes it, and the node's drops it
+    carried; the restarts it carried are told."""
+    result, restarts, dropped = unnote(result)
     for restart in restarts:
         record.local_restarts += 1
         info = record.info
@@ -31,4 +33,4 @@ def heard(record: WorkerRecord, node: int, result: Any) -> Any:
             f"(pid {restart.pid}; {record.local_restarts} of its local workers replaced so far)",
             WorkerRestartWarning, stacklevel=5,
         )
-    return result
+    return result, dropped

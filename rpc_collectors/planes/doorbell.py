@@ -47,10 +47,17 @@ CLOSE_WAIT = 5.0  # seconds close() waits for the reader of a closed connection 
 @dataclass(frozen=True)
 class Ready:
     """A worker's answer: its batch is in ``slot`` (shared memory, or its bytes follow this answer);
-    ``restarts``: a node's local restarts since its last answer (:mod:`~rpc_collectors.planes.local_restarts`)."""
+    ``restarts``, ``dropped``: a node's local restarts and own drops since its last answer
+    (:mod:`~rpc_collectors.planes.local_restarts`)."""
 
     slot: int
     restarts: tuple = ()
+    dropped: Any = None
+
+    @property
+    def noted(self) -> bool:
+        """Whether it carries a node's restarts or drops (then it travels pickled)."""
+        return bool(self.restarts) or self.dropped is not None
 
 
 @dataclass(frozen=True)
@@ -178,7 +185,7 @@ class Doorbell:
                     result = Ready(value) if kind == READY else pickle.loads(payload)
                 except Exception as err:  # e.g. a class this process cannot import
                     kind, result = ERROR, f"the worker's answer could not be read: {err!r}"
-                if isinstance(result, Ready):  # pickled when it carries restarts
+                if isinstance(result, Ready):  # pickled when it carries a node's restarts or drops
                     self._land(result.slot)
                 with self._lock:
                     fut = self._pending.popleft()
@@ -351,7 +358,7 @@ def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callabl
                 try:
                     result = collect(min_version, slot)
                     ready = isinstance(result, Ready)
-                    message = ANSWER.pack(READY, result.slot) if ready and not result.restarts else _pickled(BATCH, result)
+                    message = ANSWER.pack(READY, result.slot) if ready and not result.noted else _pickled(BATCH, result)
                 except Exception:
                     ready, message = False, _pickled(ERROR, traceback.format_exc())
                 if slots is None:  # shared memory: the answer alone, at once

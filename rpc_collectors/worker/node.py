@@ -38,7 +38,7 @@ from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.collection.trajectories import TRAJ_IDS
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
-from rpc_collectors.planes.local_restarts import LocalRestart
+from rpc_collectors.planes.local_restarts import Dropped, LocalRestart
 from rpc_collectors.worker.node_inference import NodeInference
 
 # collector_class: TorchRL's strings and class names -> the node's local collector (None: a single Collector)
@@ -147,6 +147,8 @@ class NodeCollector:
         self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
         self.local.restarts.name = f"node {node_id}'s local worker {{}}"
         self._told = 0  # of the local collector's restarts, how many the trainer was told of
+        self._dropped_told = Dropped()  # of the local collector's drops, what the trainer was told of
+        self._telling = threading.Lock()  # answers may leave side by side (RPC): each drop is told once
         self._busy = threading.Lock()  # held by a batch in progress: a cut waits for its end
         self._handed: dict[int, list[int]] = {}  # the local workers in each of the last batches handed out, by number
         self._count = 0  # batches handed out
@@ -183,6 +185,14 @@ class NodeCollector:
         taken = self.local.restarts.taken[self._told:]
         self._told += len(taken)
         return tuple(LocalRestart(worker, reason, self.pids[worker]) for worker, reason in taken)
+
+    def new_drops(self) -> Dropped:
+        """The frames and batches the node dropped since the last call, for the trainer's
+        ``dropped_frames`` (with the node's next answer)."""
+        with self._telling:
+            told, now = self._dropped_told, Dropped(self.local.dropped_frames, self.local.dropped_batches)
+            self._dropped_told = now
+        return Dropped(now.frames - told.frames, now.batches - told.batches)
 
     @property
     def policy_version(self) -> int:

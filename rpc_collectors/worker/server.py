@@ -147,7 +147,8 @@ class WorkerState:
 
     def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready | local_restarts.Noted:
         """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned;
-        a node's answer carries the local restarts since its last (:mod:`~rpc_collectors.planes.local_restarts`)."""
+        a node's answer carries its local restarts and own drops since its last
+        (:mod:`~rpc_collectors.planes.local_restarts`)."""
         if self.preemption is not None:
             self.preemption.begin()
         if self.receiver is not None:
@@ -166,7 +167,7 @@ class WorkerState:
             result = batch.clone()
         else:
             return batch
-        return local_restarts.note(result, self.collector.new_restarts()) if node else result
+        return local_restarts.note(result, self.collector.new_restarts(), self.collector.new_drops()) if node else result
 
     def step_row(self) -> TensorDictBase:
         """This env's row of a step plane (:mod:`~rpc_collectors.worker.env_steps`), for the trainer to lay out."""
