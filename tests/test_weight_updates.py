@@ -203,3 +203,29 @@ def test_the_trainers_policy_of_another_layout_is_not_pushed():
         refused_then_whole(c, None, bad, good, r"weight \('linear', 'bias'\) is torch.float64 \[2\]")
     finally:
         c.shutdown()
+
+
+@pytest.mark.parametrize("loaded", [True, False])
+def test_weights_a_worker_received_before_it_loaded_a_state_are_not_applied_after_it(loaded):
+    """An async worker may take a push, then a saved state (older weights and version) before its
+    next batch: that batch and the later ones collect with the loaded weights, not the push's."""
+    from types import SimpleNamespace
+
+    from rpc_collectors.planes.weight_sync import TransportSpec, WeightReceiver
+    from rpc_collectors.planes.weights import FlatWeights
+
+    policy, pushed = nn.Linear(2, 1), nn.Linear(2, 1)
+    with torch.no_grad():
+        policy.weight.fill_(1.0)
+        pushed.weight.fill_(7.0)
+    flat = FlatWeights(policy)
+    receiver = WeightReceiver(TransportSpec("rpc", flat.nbytes), flat, 1)
+    payload = flat.new_buffer()
+    FlatWeights(pushed).pack(payload)
+    receiver.receive(1, "rpc", payload)
+    collector = SimpleNamespace(policy_version=0)  # the state it loads: version 0, weights of 1.0
+    if loaded:
+        receiver.superseded()
+    receiver.apply(collector, 1, timeout=5)
+    expected = 1.0 if loaded else 7.0
+    assert (policy.weight == expected).all() and collector.policy_version == (0 if loaded else 1)

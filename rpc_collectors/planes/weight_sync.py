@@ -168,6 +168,11 @@ class WeightReceiver:
                 collector.policy_version = self.version
             self.unapplied = False
 
+    def superseded(self) -> None:
+        """The collector loaded a saved state: weights received before it are not applied after it."""
+        with self._cond:
+            self.unapplied = False
+
     def close(self) -> None:
         if self.group is not None:
             self.group.shutdown()

@@ -8,7 +8,6 @@ worker process (:func:`local_main`), or directly in the debug launcher.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import datetime
 import os
@@ -16,7 +15,7 @@ import socket
 import sys
 import threading
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import cloudpickle
 import torch
@@ -35,7 +34,7 @@ from rpc_collectors.planes.shm import SharedBytes
 from rpc_collectors.planes.slots import SlotSpec, SlotWriter
 from rpc_collectors.planes.weight_sync import TransportSpec, WeightReceiver
 from rpc_collectors.planes.weights import FlatWeights, holder_of
-from rpc_collectors.worker import channel, spawner
+from rpc_collectors.worker import channel, cpp_log, spawner
 from rpc_collectors.worker.env_steps import EnvSteps, step_row
 from rpc_collectors.worker.node import NodeCollector
 from rpc_collectors.worker.node_inference import NodePolicy
@@ -208,6 +207,9 @@ class WorkerState:
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        if self.receiver is not None:
+            with self._weights_lock():
+                self.receiver.superseded()
         self.collector.load_state_dict(state)
 
     def cut(self, batch: int) -> None:
@@ -260,29 +262,8 @@ def stop() -> None:
     state, _state = _state, None
     if state is not None:
         state.close()
-    _cpp_log_level().value = CPP_ERROR
+    cpp_log.level().value = cpp_log.ERROR
     _stop.set()
-
-
-CPP_ERROR = 2  # c10's log level that drops warnings
-
-
-def _cpp_log_level() -> ctypes.c_int:
-    """torch's C++ log threshold (``TORCH_CPP_LOG_LEVEL``, read only at start-up), settable here."""
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
-    return ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level")
-
-
-@contextlib.contextmanager
-def cpp_warnings_off() -> Iterator[None]:
-    """Drop torch's C++ warnings meanwhile: a stopping RPC agent warns of every pipe it closes."""
-    level = _cpp_log_level()
-    saved = level.value
-    level.value = max(saved, CPP_ERROR)
-    try:
-        yield
-    finally:
-        level.value = saved
 
 
 def ping(rank: int) -> bool:
@@ -333,7 +314,7 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     name_process(f"rpc-worker{rdv.rank - 1}")
     spawner.rpc_starts_here(fork_now=False)  # a node collector's local workers must not inherit the agent
     if rdv.dynamic:  # its peers may die and be replaced: TensorPipe would log each of their connections
-        _cpp_log_level().value = CPP_ERROR
+        cpp_log.level().value = cpp_log.ERROR
     name = worker_name(rdv.rank, rdv.session)
     store = store_client(rdv, rpc_timeout)
     if rdv.dynamic:  # one join at a time (see membership.membership_lock)

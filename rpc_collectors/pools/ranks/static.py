@@ -16,8 +16,8 @@ import torch.distributed.rpc as rpc
 
 from rpc_collectors.planes.rendezvous import Rendezvous, serve_store, stopped_key, store_client
 from rpc_collectors.pools.base import WorkerPool, traceback_failure
+from rpc_collectors.worker import cpp_log, spawner
 from rpc_collectors.worker import server as worker
-from rpc_collectors.worker import spawner
 
 RPC_TIMED_OUT = "ran for more than set timeout"  # torch's message for an RPC past its timeout
 _starting = threading.Lock()  # held while an RPC agent of this process starts
@@ -55,7 +55,7 @@ class RankPool(WorkerPool):
             self._client = store_client(rdv, rpc_timeout)
             self._start_agent()
             if rdv.dynamic:  # a death makes TensorPipe log each connection it had
-                self._quiet.enter_context(worker.cpp_warnings_off())
+                self._quiet.enter_context(cpp_log.warnings_off())
         except BaseException:
             self.close()
             raise
@@ -140,7 +140,7 @@ class RankPool(WorkerPool):
                 fut.wait()
             except RuntimeError:
                 pass
-        with worker.cpp_warnings_off():
+        with cpp_log.warnings_off():
             rpc.shutdown(graceful=False)
         if self._client is not None:
             try:
