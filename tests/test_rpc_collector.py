@@ -157,7 +157,7 @@ def test_trajectory_ids_unique_across_workers_and_kept_across_batches():
 
 
 def test_len_and_total_frames():
-    with rpc(BiasPolicy(), total_frames=450) as c:
+    with pytest.warns(UserWarning, match="total_frames=450 is not a multiple"), rpc(BiasPolicy(), total_frames=450) as c:
         assert len(c) == 5
         assert sum(b.numel() for b in c) == 500
 
