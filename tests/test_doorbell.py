@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from rpc_collectors.planes.data import BatchPlane
 from rpc_collectors.planes.doorbell import ANSWER, READY, REQUEST, Ready, SocketDoorbell, answer
 from rpc_collectors.planes.layouts import BatchLayout
-from rpc_collectors.planes.local_restarts import LocalRestart, note, unnote
+from rpc_collectors.planes.local_restarts import Dropped, LocalRestart, note, unnote
 from rpc_collectors.planes.slots import SlotPool, SlotWriter
 
 pytestmark = pytest.mark.timeout(30)
@@ -56,7 +56,7 @@ def test_each_batch_lands_in_the_slot_it_was_asked_for(pool):
         bell.close()
 
 
-def test_a_nodes_restarts_ride_with_its_ready_answer_and_the_bytes_still_land(pool):
+def test_a_nodes_restarts_and_drops_ride_with_its_ready_answer_and_the_bytes_still_land(pool):
     """A node's local restarts make its "ready" answer a pickled one; across hosts the slot's bytes still
     follow it, and the next plain answer is read in step."""
     bell = SocketDoorbell("127.0.0.1", pool.memory, 5.0)
@@ -67,26 +67,29 @@ def test_a_nodes_restarts_ride_with_its_ready_answer_and_the_bytes_still_land(po
     def collect(min_version: int, slot: int) -> Ready:
         asked.append(slot)
         assert writer.write(slot, batch(len(asked)))
-        return note(Ready(slot), restarts if len(asked) % 2 else ())
+        return note(Ready(slot), restarts if len(asked) % 2 else (), Dropped(20, 1) if len(asked) == 2 else Dropped())
 
     answer(bell.ends, collect, writer.memory)
     bell.opened()
     try:
         for i in range(1, 5):
             slot = pool.slot_for(0)
-            got, told = unnote(bell.ring(slot, 0).wait())
+            got, told, dropped = unnote(bell.ring(slot, 0).wait())
             assert got == Ready(slot) and told == (restarts if i % 2 else ())
+            assert dropped == (Dropped(20, 1) if i == 2 else Dropped())
             assert (pool.hand_out(slot) == batch(i)).all(), f"batch {i} differs from what the worker wrote"
     finally:
         bell.close()
 
 
-def test_a_batch_returned_directly_carries_a_nodes_restarts_around_it():
+def test_a_batch_returned_directly_carries_a_nodes_restarts_and_drops_around_it():
     restarts = (LocalRestart(0, "died", 7),)
     b = batch(3)
-    assert note(b, ()) is b and unnote(b) == (b, ())
-    got, told = unnote(pickle.loads(pickle.dumps(note(b, restarts))))
-    assert (got == b).all() and told == restarts
+    assert note(b, ()) is b and unnote(b) == (b, (), Dropped())
+    got, told, dropped = unnote(pickle.loads(pickle.dumps(note(b, restarts))))
+    assert (got == b).all() and told == restarts and dropped == Dropped()
+    got, told, dropped = unnote(pickle.loads(pickle.dumps(note(b, (), Dropped(40, 2)))))
+    assert (got == b).all() and told == () and dropped == Dropped(40, 2)
 
 
 def test_two_requests_in_flight_are_answered_in_order_each_in_its_slot():
