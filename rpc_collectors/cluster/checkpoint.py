@@ -162,11 +162,32 @@ def write_atomically(path: Path, content: Any) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _sync_folder(path.parent)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """``text`` to ``path`` through one temporary file beside it (a kill leaves one at most), fsynced
+    and renamed over it, so that a reader (or a kill) never meets half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """fsync ``folder``: a rename in it outlasts a crash of the machine."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _locked_temporary(path: Path) -> tuple[int, str]:
@@ -242,11 +263,5 @@ def now() -> str:
 
 
 def write_record(path: Path, allocations: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
     with _written(path):
-        try:
-            tmp.write_text(json.dumps({"allocations": allocations}, indent=1))
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_text_atomically(path, json.dumps({"allocations": allocations}, indent=1))

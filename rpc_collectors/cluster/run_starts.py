@@ -8,10 +8,9 @@ the last checkpoint by a start that was killed never come back.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from rpc_collectors.cluster.checkpoint import CheckpointError
+from rpc_collectors.cluster.checkpoint import CheckpointError, write_text_atomically
 
 STARTS_NAME = "starts"
 
@@ -26,15 +25,5 @@ def next_start(directory: Path) -> int:
     except ValueError:
         raise CheckpointError(f"{path} does not hold a count of the run's starts; restore it, or delete the "
                               "folder's checkpoint to start afresh") from None
-    temporary = directory / f".{STARTS_NAME}.tmp"  # one name: a start killed while it writes leaves one file at most
-    with open(temporary, "w") as f:
-        f.write(f"{start}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-    folder = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    write_text_atomically(path, f"{start}\n")
     return start

@@ -81,6 +81,11 @@ def _low_high(values: torch.Tensor) -> tuple[int, int]:
     return int(low), int(high)
 
 
+def workers_in(batch: TensorDictBase) -> list[int]:
+    """The ids of the workers whose steps ``batch`` holds, ascending."""
+    return sorted(frames_per_worker(batch.get(WORKER_ID), None))
+
+
 def frames_per_worker(ids: torch.Tensor | None, mask: torch.Tensor | None) -> dict[int, int] | None:
     """Frames per worker id of a batch whose steps carry ``ids`` (its collected steps: ``mask``)."""
     if ids is None or ids.is_meta:

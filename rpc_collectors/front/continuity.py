@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from tensordict import TensorDictBase
 
-from rpc_collectors.planes.layouts import WORKER_ID
+from rpc_collectors.collection.batch_record import workers_in
 
 if TYPE_CHECKING:
     from rpc_collectors.front.collector_front import CollectorFront
@@ -41,7 +41,7 @@ class Continuity:
     def drop(self, batch: TensorDictBase, worker_ids: list[int] | None = None) -> None:
         """Drop ``batch`` (of ``worker_ids``; default: the workers its steps name): count it, cut their streams."""
         self._count(batch)
-        self.cut(sorted(set(batch.get(WORKER_ID).reshape(-1).tolist())) if worker_ids is None else worker_ids)
+        self.cut(workers_in(batch) if worker_ids is None else worker_ids)
 
     def cut(self, worker_ids: list[int] | None = None) -> None:
         """Cut the streams of ``worker_ids`` (default: every worker) where their last batch ended."""

@@ -33,7 +33,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from rpc_collectors.collection.batch_record import VERSION, WORKER_ID
+from rpc_collectors.collection.batch_record import VERSION, workers_in
 from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.collection.trajectories import TRAJ_IDS
 from rpc_collectors.core import checks
@@ -246,7 +246,7 @@ class NodeCollector:
                 f"lost its local worker {err.worker_id} (pid {err.pid}), which {err.reason}{detail}"
             ) from None
         self._count += 1
-        self._handed[self._count] = sorted(set(batch.get(WORKER_ID).reshape(-1).tolist()))
+        self._handed[self._count] = workers_in(batch)
         self._handed.pop(self._count - KEEP_HANDED, None)
         ids = batch.get(TRAJ_IDS)
         width = self.node.num_workers
