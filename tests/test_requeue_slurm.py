@@ -67,11 +67,13 @@ def trainer_log(job: submitit.Job) -> str:
 
 
 def submit(cluster, tmp_path: Path, frames: int, time_min: int) -> tuple[submitit.Job, Path]:
+    """A requeueable trainer job of ``frames``. On a loaded machine the tasks take longer to start,
+    so each allocation collects less and the run needs more of them: ``max_requeues`` allows for it."""
     ckpt_dir = tmp_path / "ckpt"
     job = slurm.submit(slurm.run_script, str(TRAINER), ["--frames", str(frames), "--batch", str(BATCH),
                                                         "--step-sleep", str(STEP_SLEEP)],
                        log_dir=tmp_path / "logs", tasks_per_node=3, time_min=time_min, signal_delay_s=60,
-                       requeue=True, checkpoint_dir=ckpt_dir)
+                       requeue=True, max_requeues=40, checkpoint_dir=ckpt_dir)
     return job, ckpt_dir / checkpoint.FILE_NAME
 
 

@@ -324,19 +324,7 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
             rpc.rpc_sync(TRAINER, membership.arrive, args=(rdv.rank,), timeout=rpc_timeout)
     else:
         start_agent(name, rdv, rpc_timeout)
-    code = 0
-    while not _stop.wait(min(PING_EVERY, rpc_timeout)):
-        try:
-            member = rpc.rpc_sync(TRAINER, ping, args=(rdv.rank,), timeout=max(rpc_timeout, PING_EVERY))
-        except RuntimeError as err:
-            print(f"{name}: the trainer is unreachable ({err}); exiting", file=sys.stderr)
-            code = 1
-            break
-        if not member:  # it stopped answering for a while (a stopped process, a cut link): its slot went on
-            print(f"{name}: the trainer evicted this collector (it did not answer within rpc_timeout={rpc_timeout} s); "
-                  "exiting", file=sys.stderr)
-            code = 1
-            break
+    code = watch_trainer(name, rdv.rank, rpc_timeout)
     if _stop.is_set():  # stopped by the trainer: let its agent stop first (see stop())
         with contextlib.suppress(RuntimeError):
             store.wait([stopped_key(rdv)], datetime.timedelta(seconds=min(rpc_timeout, STOP_GRACE)))
@@ -344,6 +332,31 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
         _state.close()
     rpc.shutdown(graceful=False)
     return code
+
+
+def watch_trainer(name: str, rank: int, rpc_timeout: float) -> int:
+    """Ping the trainer until it stops this server (exit code 0) or is gone (1, said on stderr)."""
+    while not _stop.wait(min(PING_EVERY, rpc_timeout)):
+        gone = _trainer_gone(name, rank, rpc_timeout)
+        if gone is None:
+            continue
+        if _stop.is_set():  # the trainer stopped us, then its agent, while the ping was on its way
+            return 0
+        print(gone, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _trainer_gone(name: str, rank: int, rpc_timeout: float) -> str | None:
+    """Ping the trainer: why this server must exit on its own (unreachable, or evicted), or None."""
+    try:
+        member = rpc.rpc_sync(TRAINER, ping, args=(rank,), timeout=max(rpc_timeout, PING_EVERY))
+    except RuntimeError as err:
+        return f"{name}: the trainer is unreachable ({err}); exiting"
+    if not member:  # it stopped answering for a while (a stopped process, a cut link): its slot went on
+        return (f"{name}: the trainer evicted this collector (it did not answer within rpc_timeout={rpc_timeout} s); "
+                "exiting")
+    return None
 
 
 class LocalServer:
