@@ -147,6 +147,21 @@ def test_sync_layouts_from_shared_memory(cat_results):
     assert tuple(batch.shape) == expected and batch.names[-1] == "time"
 
 
+@pytest.mark.parametrize("sync, kwargs", [
+    (True, {}), (True, {"cat_results": 0}), (False, {}),
+    (True, {"collector_class": "sync", "num_workers_per_collector": 2}),
+    (False, {"collector_class": "async", "num_workers_per_collector": 2}),
+], ids=["sync", "sync-cat", "async", "sync-nodes", "async-nodes"])
+def test_every_batch_reports_the_storing_device(sync, kwargs):
+    """``storing_device="cpu"``: every batch (and its nested TensorDicts) says ``device=cpu``, as
+    TorchRL's do: the first ones (RPC results) and the later ones, views of the shared-memory slots."""
+    with collector(None, sync, frames_per_worker=20, storing_device="cpu", **kwargs) as c:
+        devices = [{batch.device, batch.get("next").device, batch.get("collector").device}
+                   for batch, _ in zip(c, range(6))]
+        assert c._batches.path_of(0) == "shm"  # the path under test
+    assert devices == [{torch.device("cpu")}] * 6
+
+
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 def test_a_user_keeping_every_batch_finds_them_intact(sync):
     with collector(None, sync) as c:

@@ -816,12 +816,20 @@ def test_torchrl_random_policy_without_a_spec_gets_the_envs():
 
 
 @pytest.mark.usefixtures("no_leftover_processes")
-@pytest.mark.parametrize("device", [None, "cpu"])
-def test_multi_worker_batches_report_device_as_torchrls(device):
-    """TorchRL's batches have device None unless a device was given."""
-    with MultiSyncCollector([pendulum] * 2, None, frames_per_batch=20, total_frames=20, device=device) as c:
-        batch = c.next()
-    assert batch.device == (None if device is None else torch.device(device))
+@pytest.mark.parametrize("devices", [{}, {"device": "cpu"}, {"storing_device": "cpu"}], ids=["none", "device", "storing"])
+@pytest.mark.parametrize("name", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_multi_worker_batches_report_device_as_torchrls(name, devices):
+    """Every batch reports TorchRL's device: None unless a device was given, else that device
+    (ours: the first batches and those from shared memory alike)."""
+    reported = []
+    for cls in (getattr(trl_collectors, name), getattr(rpc_collectors, name)):
+        c = cls([pendulum] * 2, None, frames_per_batch=20, total_frames=100, **devices)
+        try:
+            reported.append([batch.device for batch in c])
+        finally:
+            c.shutdown()
+    expected = torch.device("cpu") if devices else None
+    assert reported[1] == reported[0] == [expected] * 5, reported
 
 
 # ------------------------------------------------------------------ 8. issue 18: TorchRL's arguments, compared with its Collector
