@@ -176,7 +176,9 @@ def test_distributed_policy_factory_builds_the_policy_in_each_worker():
                                                                   "cannot map", "SharedMemWeightSyncScheme"]),
     ({"weight_recv_schemes": {}}, ValueError, ["weight_recv_schemes={}", "not supported"]),
     ({"launcher": "submitit_delayed"}, ValueError, ["submitit_delayed", "slurm/submit.py"]),
-    ({"launcher": "submitit"}, ValueError, ["slurm_kwargs=None", "folder"]),
+    ({"launcher": "submitit", "slurm_kwargs": {"folder": ""}}, ValueError, ["slurm_kwargs={'folder': ''}",
+                                                                            "without it ./log_test"]),
+    ({"launcher": "submitit", "slurm_kwargs": ["log_test"]}, ValueError, ["slurm_kwargs=['log_test']", "None or a dict"]),
     ({"launcher": "submitit", "slurm_kwargs": {"folder": "/tmp/x", "slurm_bogus": 1}}, ValueError,
      ["slurm_kwargs=", "bogus", "update_parameters"]),
     ({"launcher": "mp", "slurm_kwargs": {"folder": "/tmp/x"}}, ValueError, ["slurm_kwargs=", "launcher='submitit'"]),
@@ -303,9 +305,21 @@ def test_collector_submitit_backend_is_distributed_collector_with_the_submitit_l
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(DistributedCollector, "__init__", spy)
-    with pytest.raises(ValueError, match="slurm_kwargs=None is invalid for launcher='submitit'"):
-        Collector(count_env, None, num_collectors=2, backend="submitit", frames_per_batch=20)
+    with pytest.raises(ValueError, match="slurm_kwargs=.*slurm_bogus.* is invalid"):
+        Collector(count_env, None, num_collectors=2, backend="submitit", frames_per_batch=20,
+                  backend_options={"slurm_kwargs": {"slurm_bogus": 1}})
     assert seen["launcher"] == "submitit" and seen["sync"] is False and len(seen) > 2
+
+
+def test_submitit_jobs_log_to_torchrls_folder_when_slurm_kwargs_has_none(monkeypatch, tmp_path):
+    """TorchRL's distributed collectors never pass a folder: theirs is ./log_test, and so is ours."""
+    from rpc_collectors.cluster import jobs
+
+    monkeypatch.chdir(tmp_path)
+    for slurm_kwargs in (None, {"timeout_min": 100, "slurm_partition": "train"}):
+        executor = jobs.executor(slurm_kwargs)
+        assert executor.folder == tmp_path / "log_test" and executor.default_folder
+    assert not jobs.executor({"folder": str(tmp_path / "mine")}).default_folder
 
 
 def test_collector_ray_backend_builds_a_ray_collector_or_says_what_is_missing():

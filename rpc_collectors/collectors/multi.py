@@ -63,8 +63,9 @@ class RPCCollector(CollectorFront):
         tcp_port: TorchRL's port argument, an int or a string of digits. ``"submitit"``: the port of
             the rendezvous the jobs join; ``"mp"``/``"local"``: the port of the weight group's store on 127.0.0.1
             (``weight_transport="broadcast"``; shared memory needs none). None: a free port.
-        slurm_kwargs: ``"submitit"`` only: ``"folder"`` (required: where the jobs' logs go, readable
-            from every node) and ``submitit.AutoExecutor.update_parameters`` arguments
+        slurm_kwargs: ``"submitit"`` only: ``"folder"`` (where the jobs' logs go, readable from every
+            node; without it ``./log_test``, as TorchRL, named in a line on stderr) and
+            ``submitit.AutoExecutor.update_parameters`` arguments
             (``timeout_min``, default 10 as TorchRL; ``slurm_partition``, ``slurm_cpus_per_task``, ...).
             The jobs end when the collector shuts down (those still there 5 s later are cancelled),
             and are cancelled if this process dies. A job that ends before it joined is an error
