@@ -17,6 +17,7 @@ from rpc_collectors import (
     DistributedSyncCollector,
     GymEnv,
     MultiCollector,
+    MultiSyncCollector,
     RPCCollector,
     distributed,
 )
@@ -206,6 +207,54 @@ def test_torchrl_module_names():
     assert distributed.DistributedCollector is DistributedCollector
     assert distributed.DistributedSyncCollector is DistributedSyncCollector
     assert distributed.RPCCollector is RPCCollector
+
+
+# ------------------------------------------------------------------ TorchRL's RPCCollector keywords
+def test_torchrls_single_machine_rpc_call_collects_each_workers_steps():
+    """TorchRL's single_machine/rpc.py on a machine without CUDA (``visible_devices=None``): each
+    worker's frames are a single-process Collector's, frame for frame."""
+    with RPCCollector([count_env] * 2, ActionPolicy(1), num_workers_per_collector=1, frames_per_batch=20,
+                      total_frames=160, collector_class=Collector,
+                      collector_kwargs={"device": "cpu", "storing_device": "cpu"}, sync=False, storing_device="cpu",
+                      launcher="mp", visible_devices=None) as c:
+        per_worker = {0: [], 1: []}
+        for batch in c:
+            (worker,) = c.last_batch.worker_frames
+            per_worker[worker].append(batch)
+    with Collector(count_env, ActionPolicy(1), frames_per_batch=20, total_frames=160) as single:
+        expected = torch.cat(list(single))
+    keys = [OBS, "action", ("next", OBS), ("next", "reward"), ("next", "done")]
+    assert per_worker[0] and per_worker[1], "both workers delivered"
+    for batches in per_worker.values():
+        ours = torch.cat(batches)
+        assert ours.device == torch.device("cpu")
+        for key in keys:
+            assert torch.equal(ours[key], expected[key][:ours.numel()]), key
+
+
+@pytest.mark.parametrize("cls", [RPCCollector, DistributedCollector])
+@pytest.mark.parametrize("name, value, words", [
+    ("visible_devices", [1, 2], ["visible_devices=[1, 2]", "device map", "host memory", "storing_device"]),
+    ("tensorpipe_options", {"num_worker_threads": 4}, ["tensorpipe_options={'num_worker_threads': 4}", "rpc_timeout"]),
+    ("weight_updater", "updater", ["weight_updater='updater'", "update_policy_weights_"]),
+    ("weight_recv_schemes", {}, ["weight_recv_schemes={}", "update_policy_weights_"]),
+])
+def test_torchrls_rpc_arguments_without_a_counterpart_are_refused_saying_why(cls, name, value, words):
+    """TorchRL's RPCCollector keywords that cannot mean anything here: None, their default, is
+    accepted; any other value is a ValueError before any process starts."""
+    from procs import descendants
+
+    before = descendants()
+    with pytest.raises(ValueError) as info:
+        cls([count_env] * 2, ActionPolicy(), frames_per_batch=20, launcher="mp", **{name: value})
+    assert all(w in str(info.value) for w in [*words, "not supported", "accepted: None"]), str(info.value)
+    assert descendants() == before
+
+
+@pytest.mark.parametrize("name", ["visible_devices", "tensorpipe_options"])
+def test_local_multi_collectors_take_no_rpc_keywords_as_torchrls(name):
+    with pytest.raises(TypeError, match=f"MultiSyncCollector.__init__.. got an unexpected keyword argument '{name}'"):
+        MultiSyncCollector([count_env] * 2, None, frames_per_batch=20, **{name: None})
 
 
 # ------------------------------------------------------------------ "mp" and tcp_port
