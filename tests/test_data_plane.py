@@ -156,10 +156,15 @@ def test_every_batch_reports_the_storing_device(sync, kwargs):
     """``storing_device="cpu"``: every batch (and its nested TensorDicts) says ``device=cpu``, as
     TorchRL's do: the first ones (RPC results) and the later ones, views of the shared-memory slots."""
     with collector(None, sync, frames_per_worker=20, storing_device="cpu", **kwargs) as c:
-        devices = [{batch.device, batch.get("next").device, batch.get("collector").device}
-                   for batch, _ in zip(c, range(6))]
-        assert c._batches.path_of(0) == "shm"  # the path under test
-    assert devices == [{torch.device("cpu")}] * 6
+        devices, seen = [], set()
+        for i, batch in enumerate(c):
+            devices.append({batch.device, batch.get("next").device, batch.get("collector").device})
+            seen.update(c.last_batch.worker_frames)
+            if i >= 5 and seen == {0, 1}:  # async on a loaded machine: one worker may deliver many batches first
+                break
+            assert i < 500, f"only workers {seen} delivered in 500 batches"
+        assert [c._batches.path_of(w) for w in range(2)] == ["shm", "shm"]  # the path under test
+    assert devices == [{torch.device("cpu")}] * len(devices)
 
 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
