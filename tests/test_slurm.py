@@ -391,6 +391,21 @@ def test_an_unwritable_collector_jobs_folder_is_refused_before_anything_starts(t
     assert descendants() <= before and not torch.distributed.rpc.api._is_current_rpc_agent_set()
 
 
+def test_an_unwritable_default_collector_jobs_folder_is_refused_naming_it(tmp_path, monkeypatch):
+    """Without slurm_kwargs["folder"] the jobs' folder is ./log_test: a file there is refused by its path."""
+    from procs import descendants
+    from rpc_collectors import DistributedCollector
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "log_test").write_text("")
+    before = descendants()
+    with pytest.raises(ValueError) as info:
+        DistributedCollector(["CartPole-v1"] * 2, None, frames_per_batch=20, launcher="submitit")
+    expected = f"the collector jobs' folder {str(tmp_path / 'log_test')!r} (slurm_kwargs has no 'folder') is not a folder"
+    assert expected in str(info.value) and "accepted" in str(info.value), info.value
+    assert descendants() <= before
+
+
 @pytest.mark.slurm
 def test_submit_rejects_non_callable(tmp_path):
     with pytest.raises(TypeError, match="fn=42 is not callable"):

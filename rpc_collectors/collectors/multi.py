@@ -279,7 +279,7 @@ class RPCCollector(CollectorFront):
         self._open(checked, policy, functools.partial(_pool, checked))
 
 
-# TorchRL's local multi-worker collectors take RPCCollector's keywords but its RPC ones
+# the Multi*Collector classes take RPCCollector's keywords but its RPC-only ones, as TorchRL's do
 _RPC_ARGUMENTS = frozenset(inspect.signature(RPCCollector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "visible_devices", "tensorpipe_options",
 }
