@@ -147,6 +147,26 @@ def test_sync_layouts_from_shared_memory(cat_results):
     assert tuple(batch.shape) == expected and batch.names[-1] == "time"
 
 
+@pytest.mark.parametrize("sync, kwargs", [
+    (True, {}), (True, {"cat_results": 0}), (False, {}),
+    (True, {"collector_class": "sync", "num_workers_per_collector": 2}),
+    (False, {"collector_class": "async", "num_workers_per_collector": 2}),
+], ids=["sync", "sync-cat", "async", "sync-nodes", "async-nodes"])
+def test_every_batch_reports_the_storing_device(sync, kwargs):
+    """``storing_device="cpu"``: every batch (and its nested TensorDicts) says ``device=cpu``, as
+    TorchRL's do: the first ones (RPC results) and the later ones, views of the shared-memory slots."""
+    with collector(None, sync, frames_per_worker=20, storing_device="cpu", **kwargs) as c:
+        devices, seen = [], set()
+        for i, batch in enumerate(c):
+            devices.append({batch.device, batch.get("next").device, batch.get("collector").device})
+            seen.update(c.last_batch.worker_frames)
+            if i >= 5 and seen == {0, 1}:  # async on a loaded machine: one worker may deliver many batches first
+                break
+            assert i < 500, f"only workers {seen} delivered in 500 batches"
+        assert [c._batches.path_of(w) for w in range(2)] == ["shm", "shm"]  # the path under test
+    assert devices == [{torch.device("cpu")}] * len(devices)
+
+
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 def test_a_user_keeping_every_batch_finds_them_intact(sync):
     with collector(None, sync) as c:

@@ -17,6 +17,7 @@ from rpc_collectors import (
     DistributedSyncCollector,
     GymEnv,
     MultiCollector,
+    MultiSyncCollector,
     RPCCollector,
     distributed,
 )
@@ -176,7 +177,9 @@ def test_distributed_policy_factory_builds_the_policy_in_each_worker():
                                                                   "cannot map", "SharedMemWeightSyncScheme"]),
     ({"weight_recv_schemes": {}}, ValueError, ["weight_recv_schemes={}", "not supported"]),
     ({"launcher": "submitit_delayed"}, ValueError, ["submitit_delayed", "slurm/submit.py"]),
-    ({"launcher": "submitit"}, ValueError, ["slurm_kwargs=None", "folder"]),
+    ({"launcher": "submitit", "slurm_kwargs": {"folder": ""}}, ValueError, ["slurm_kwargs={'folder': ''}",
+                                                                            "without it ./log_test"]),
+    ({"launcher": "submitit", "slurm_kwargs": ["log_test"]}, ValueError, ["slurm_kwargs=['log_test']", "None or a dict"]),
     ({"launcher": "submitit", "slurm_kwargs": {"folder": "/tmp/x", "slurm_bogus": 1}}, ValueError,
      ["slurm_kwargs=", "bogus", "update_parameters"]),
     ({"launcher": "mp", "slurm_kwargs": {"folder": "/tmp/x"}}, ValueError, ["slurm_kwargs=", "launcher='submitit'"]),
@@ -204,6 +207,54 @@ def test_torchrl_module_names():
     assert distributed.DistributedCollector is DistributedCollector
     assert distributed.DistributedSyncCollector is DistributedSyncCollector
     assert distributed.RPCCollector is RPCCollector
+
+
+# ------------------------------------------------------------------ TorchRL's RPCCollector keywords
+def test_torchrls_single_machine_rpc_call_collects_each_workers_steps():
+    """TorchRL's single_machine/rpc.py on a machine without CUDA (``visible_devices=None``): each
+    worker's frames are a single-process Collector's, frame for frame."""
+    with RPCCollector([count_env] * 2, ActionPolicy(1), num_workers_per_collector=1, frames_per_batch=20,
+                      total_frames=160, collector_class=Collector,
+                      collector_kwargs={"device": "cpu", "storing_device": "cpu"}, sync=False, storing_device="cpu",
+                      launcher="mp", visible_devices=None) as c:
+        per_worker = {0: [], 1: []}
+        for batch in c:
+            (worker,) = c.last_batch.worker_frames
+            per_worker[worker].append(batch)
+    with Collector(count_env, ActionPolicy(1), frames_per_batch=20, total_frames=160) as single:
+        expected = torch.cat(list(single))
+    keys = [OBS, "action", ("next", OBS), ("next", "reward"), ("next", "done")]
+    assert per_worker[0] and per_worker[1], "both workers delivered"
+    for batches in per_worker.values():
+        ours = torch.cat(batches)
+        assert ours.device == torch.device("cpu")
+        for key in keys:
+            assert torch.equal(ours[key], expected[key][:ours.numel()]), key
+
+
+@pytest.mark.parametrize("cls", [RPCCollector, DistributedCollector])
+@pytest.mark.parametrize("name, value, words", [
+    ("visible_devices", [1, 2], ["visible_devices=[1, 2]", "device map", "host memory", "storing_device"]),
+    ("tensorpipe_options", {"num_worker_threads": 4}, ["tensorpipe_options={'num_worker_threads': 4}", "rpc_timeout"]),
+    ("weight_updater", "updater", ["weight_updater='updater'", "update_policy_weights_"]),
+    ("weight_recv_schemes", {}, ["weight_recv_schemes={}", "update_policy_weights_"]),
+])
+def test_torchrls_rpc_arguments_without_a_counterpart_are_refused_saying_why(cls, name, value, words):
+    """TorchRL's RPCCollector keywords that cannot mean anything here: None, their default, is
+    accepted; any other value is a ValueError before any process starts."""
+    from procs import descendants
+
+    before = descendants()
+    with pytest.raises(ValueError) as info:
+        cls([count_env] * 2, ActionPolicy(), frames_per_batch=20, launcher="mp", **{name: value})
+    assert all(w in str(info.value) for w in [*words, "not supported", "accepted: None"]), str(info.value)
+    assert descendants() == before
+
+
+@pytest.mark.parametrize("name", ["visible_devices", "tensorpipe_options"])
+def test_local_multi_collectors_take_no_rpc_keywords_as_torchrls(name):
+    with pytest.raises(TypeError, match=f"MultiSyncCollector.__init__.. got an unexpected keyword argument '{name}'"):
+        MultiSyncCollector([count_env] * 2, None, frames_per_batch=20, **{name: None})
 
 
 # ------------------------------------------------------------------ "mp" and tcp_port
@@ -303,9 +354,21 @@ def test_collector_submitit_backend_is_distributed_collector_with_the_submitit_l
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(DistributedCollector, "__init__", spy)
-    with pytest.raises(ValueError, match="slurm_kwargs=None is invalid for launcher='submitit'"):
-        Collector(count_env, None, num_collectors=2, backend="submitit", frames_per_batch=20)
+    with pytest.raises(ValueError, match="slurm_kwargs=.*slurm_bogus.* is invalid"):
+        Collector(count_env, None, num_collectors=2, backend="submitit", frames_per_batch=20,
+                  backend_options={"slurm_kwargs": {"slurm_bogus": 1}})
     assert seen["launcher"] == "submitit" and seen["sync"] is False and len(seen) > 2
+
+
+def test_submitit_jobs_log_to_torchrls_folder_when_slurm_kwargs_has_none(monkeypatch, tmp_path):
+    """TorchRL's distributed collectors never pass a folder: theirs is ./log_test, and so is ours."""
+    from rpc_collectors.cluster import jobs
+
+    monkeypatch.chdir(tmp_path)
+    for slurm_kwargs in (None, {"timeout_min": 100, "slurm_partition": "train"}):
+        executor = jobs.executor(slurm_kwargs)
+        assert executor.folder == tmp_path / "log_test" and executor.default_folder
+    assert not jobs.executor({"folder": str(tmp_path / "mine")}).default_folder
 
 
 def test_collector_ray_backend_builds_a_ray_collector_or_says_what_is_missing():

@@ -391,6 +391,21 @@ def test_an_unwritable_collector_jobs_folder_is_refused_before_anything_starts(t
     assert descendants() <= before and not torch.distributed.rpc.api._is_current_rpc_agent_set()
 
 
+def test_an_unwritable_default_collector_jobs_folder_is_refused_naming_it(tmp_path, monkeypatch):
+    """Without slurm_kwargs["folder"] the jobs' folder is ./log_test: a file there is refused by its path."""
+    from procs import descendants
+    from rpc_collectors import DistributedCollector
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "log_test").write_text("")
+    before = descendants()
+    with pytest.raises(ValueError) as info:
+        DistributedCollector(["CartPole-v1"] * 2, None, frames_per_batch=20, launcher="submitit")
+    expected = f"the collector jobs' folder {str(tmp_path / 'log_test')!r} (slurm_kwargs has no 'folder') is not a folder"
+    assert expected in str(info.value) and "accepted" in str(info.value), info.value
+    assert descendants() <= before
+
+
 @pytest.mark.slurm
 def test_submit_rejects_non_callable(tmp_path):
     with pytest.raises(TypeError, match="fn=42 is not callable"):
@@ -813,3 +828,53 @@ def test_cancelled_collector_job_is_one_worker_error_without_elastic_membership(
         collector.shutdown()
     assert "(rank" in str(info.value) and f"SLURM jobs that ended: {job} CANCELLED" in str(info.value), str(info.value)
     assert _wait_queue_empty(10) == []
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script", ["generic", "sync", "impala"])
+def test_torchrls_submitit_scripts_run_without_a_folder(two_nodes, tmp_path, monkeypatch, capfd, script):
+    """The calls of TorchRL's multi_nodes/generic.py, sync.py and IMPALA's impala_multi_node_submitit.py
+    (slurm_kwargs without "folder"; CPU settings, on this cluster's partition): the jobs' logs go to
+    ./log_test, as TorchRL's, which one line on stderr names; the batches are the envs' steps."""
+    import conftest
+    from rpc_collectors import Collector, DistributedCollector, DistributedSyncCollector, GymEnv
+
+    cloudpickle.register_pickle_by_value(conftest)  # the jobs cannot import the tests' conftest
+    env_class = conftest.CountEnv
+
+    def make_env():
+        return GymEnv(env_class())
+
+    monkeypatch.chdir(tmp_path)
+    slurm_conf = {"timeout_min": 100, "slurm_partition": "debug", "slurm_cpus_per_task": 1}
+    collector_kwargs = {"device": "cpu", "storing_device": "cpu"}
+    if script == "impala":
+        collector = Collector(
+            create_env_fn=make_env, backend="submitit", num_collectors=2, policy=None, frames_per_batch=40,
+            total_frames=160, backend_options={"backend": "gloo", "collector_class": Collector,
+                                               "collector_kwargs": collector_kwargs, "num_workers_per_collector": 1,
+                                               "slurm_kwargs": slurm_conf},
+            storing_device="cpu",
+        )
+    else:
+        cls, sync = (DistributedCollector, {"sync": False}) if script == "generic" else (DistributedSyncCollector, {})
+        collector = cls([make_env] * 2, None, num_workers_per_collector=1, frames_per_batch=40, total_frames=160,
+                        collector_class=Collector, collector_kwargs=collector_kwargs, slurm_kwargs=slurm_conf,
+                        storing_device="cpu", launcher="submitit", backend="gloo", **sync)
+    try:
+        frames = 0
+        for batch in collector:
+            assert batch.device == torch.device("cpu")
+            _check_count_frames(batch)
+            frames += batch.numel()
+        jobs = [job.job_id for job in collector.workers.jobs.jobs]
+    finally:
+        collector.shutdown()
+    folder = tmp_path / "log_test"
+    said = [line for line in capfd.readouterr().err.splitlines() if "log_test" in line]
+    assert said == [f"rpc_collectors: the collector jobs' logs go to {folder} (slurm_kwargs has no 'folder')"], said
+    assert frames == 160 and len(jobs) == 2
+    assert all((folder / f"{job}_0_log.err").exists() for job in jobs), sorted(p.name for p in folder.iterdir())
+    assert _wait_queue_empty(30) == []

@@ -275,10 +275,9 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
     theirs = inspect.signature(getattr(trl_distributed, name).__init__).parameters
     ours = inspect.signature(getattr(distributed, name).__init__).parameters
     if name == "RPCCollector":  # our RPCCollector keeps its own defaults (README "Coming from TorchRL")
-        expected = {"visible_devices", "tensorpipe_options", "weight_updater",
-                    "weight_sync_schemes", "weight_recv_schemes", "collector_class", "num_workers_per_collector"}
-        assert set(theirs) - set(ours) <= expected, set(theirs) - set(ours)
-        assert {"launcher", "tcp_port", "slurm_kwargs"} <= set(ours)
+        assert set(theirs) <= set(ours), set(theirs) - set(ours)
+        for arg in ("visible_devices", "tensorpipe_options", "weight_updater", "weight_recv_schemes"):
+            assert ours[arg].default is theirs[arg].default is None, arg
         return
     assert set(theirs) <= set(ours), set(theirs) - set(ours)
     for arg, parameter in theirs.items():
@@ -288,6 +287,33 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
         else:
             assert ours[arg].default == default, (arg, ours[arg].default, default)
         assert ours[arg].kind == parameter.kind, arg
+
+
+def test_torchrls_single_machine_rpc_script_call_runs():
+    """examples/distributed/collectors/single_machine/rpc.py's call on a machine without CUDA, with
+    TorchRL's EnvCreator, RandomPolicy and Collector class: every batch one worker's, on the CPU."""
+    from torchrl.envs import EnvCreator
+
+    make_env = EnvCreator(pendulum)
+    collector = RPCCollector(
+        [make_env] * 2, RandomPolicy(make_env().action_spec), num_workers_per_collector=1, frames_per_batch=20,
+        total_frames=100, collector_class=trl_collectors.Collector,
+        collector_kwargs={"device": "cpu", "storing_device": "cpu"}, sync=False, storing_device="cpu", launcher="mp",
+        visible_devices=None,
+    )
+    try:
+        batches = list(collector)
+    finally:
+        collector.shutdown()
+    assert [(tuple(b.shape), b.device) for b in batches] == [((20,), torch.device("cpu"))] * 5
+    assert all(torch.equal(b["next", "step_count"], b["step_count"] + 1) for b in batches)  # each frame a step
+
+
+def test_rpc_collector_has_no_collector_infos_keyword_as_torchrls():
+    """``collector_infos`` is an attribute of TorchRL's RPCCollector (its workers' RPC infos), not a keyword."""
+    for cls in (trl_distributed.RPCCollector, RPCCollector):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'collector_infos'"):
+            cls([pendulum] * 2, None, frames_per_batch=20, launcher="mp", collector_infos=None)
 
 
 @pytest.mark.parametrize("name", ["MultiSyncCollector", "MultiAsyncCollector", "MultiCollector"])
@@ -816,12 +842,20 @@ def test_torchrl_random_policy_without_a_spec_gets_the_envs():
 
 
 @pytest.mark.usefixtures("no_leftover_processes")
-@pytest.mark.parametrize("device", [None, "cpu"])
-def test_multi_worker_batches_report_device_as_torchrls(device):
-    """TorchRL's batches have device None unless a device was given."""
-    with MultiSyncCollector([pendulum] * 2, None, frames_per_batch=20, total_frames=20, device=device) as c:
-        batch = c.next()
-    assert batch.device == (None if device is None else torch.device(device))
+@pytest.mark.parametrize("devices", [{}, {"device": "cpu"}, {"storing_device": "cpu"}], ids=["none", "device", "storing"])
+@pytest.mark.parametrize("name", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_multi_worker_batches_report_device_as_torchrls(name, devices):
+    """Every batch reports TorchRL's device: None unless a device was given, else that device
+    (ours: the first batches and those from shared memory alike)."""
+    reported = []
+    for cls in (getattr(trl_collectors, name), getattr(rpc_collectors, name)):
+        c = cls([pendulum] * 2, None, frames_per_batch=20, total_frames=100, **devices)
+        try:
+            reported.append([batch.device for batch in c])
+        finally:
+            c.shutdown()
+    expected = torch.device("cpu") if devices else None
+    assert reported[1] == reported[0] == [expected] * 5, reported
 
 
 # ------------------------------------------------------------------ 8. issue 18: TorchRL's arguments, compared with its Collector

@@ -34,6 +34,7 @@ from rpc_collectors.worker.server import serve
 
 # TorchRL's time limit (its DEFAULT_SLURM_CONF); partition and CPUs per task are the cluster's defaults
 DEFAULT_SLURM_KWARGS = {"timeout_min": 10}
+DEFAULT_FOLDER = "log_test"  # TorchRL's folder for the jobs' logs, in the working directory, when slurm_kwargs has none
 DEFAULT_MAX_RESUBMITS = 10  # collector jobs submitted again in a run, after SLURM ended them
 RESUBMITTED_STATES = ("TIMEOUT", "PREEMPTED", "NODE_FAIL")  # the ends that are SLURM's, not the collector's
 END_GRACE_S = 5.0  # how long stopped collectors' jobs get to complete before they are cancelled
@@ -43,23 +44,27 @@ POLL_S = 0.2
 def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
     """The submitit executor of the collector jobs, from ``slurm_kwargs`` (checked; no job is submitted).
 
-    ``slurm_kwargs["folder"]`` is where the jobs' logs go (see :func:`writable_folder`); the other
-    keys are ``submitit.AutoExecutor.update_parameters``'s (``timeout_min``, ``slurm_partition``, ...),
-    and ``"max_resubmits"`` (kept as the executor's ``max_resubmits``).
+    ``slurm_kwargs["folder"]`` is where the jobs' logs go (see :func:`writable_folder`), by default
+    :data:`DEFAULT_FOLDER` in the working directory, as TorchRL's (the executor's ``default_folder``
+    says so); the other keys are ``submitit.AutoExecutor.update_parameters``'s (``timeout_min``,
+    ``slurm_partition``, ...), and ``"max_resubmits"`` (kept as the executor's ``max_resubmits``).
     """
     example = "{'folder': '/shared/logs/run1', 'slurm_partition': 'cpu', 'timeout_min': 120}"
-    if not isinstance(slurm_kwargs, dict) or not slurm_kwargs.get("folder"):
+    given = {} if slurm_kwargs is None else slurm_kwargs
+    if not isinstance(given, dict) or ("folder" in given and not given["folder"]):
         raise ValueError(
-            f"slurm_kwargs={slurm_kwargs!r} is invalid for launcher='submitit': it needs the folder for the "
-            f"collector jobs' logs, one every node can read; accepted: a dict such as {example}"
+            f"slurm_kwargs={slurm_kwargs!r} is invalid for launcher='submitit'; accepted: None or a dict such as "
+            f"{example} ('folder': where the collector jobs' logs go, one every node can read; "
+            f"without it ./{DEFAULT_FOLDER}, as TorchRL)"
         )
-    resubmits = slurm_kwargs.get("max_resubmits", DEFAULT_MAX_RESUBMITS)
+    resubmits = given.get("max_resubmits", DEFAULT_MAX_RESUBMITS)
     if not isinstance(resubmits, int) or isinstance(resubmits, bool) or resubmits < 0:
         raise ValueError(f"slurm_kwargs['max_resubmits']={resubmits!r} is invalid; accepted: an int >= 0, how many "
                          "collector jobs ended by SLURM (time limit, preemption) are submitted again in a run")
-    params = {**DEFAULT_SLURM_KWARGS, **{k: v for k, v in slurm_kwargs.items() if k not in ("folder", "max_resubmits")}}
+    params = {**DEFAULT_SLURM_KWARGS, **{k: v for k, v in given.items() if k not in ("folder", "max_resubmits")}}
     try:
-        jobs = submitit.AutoExecutor(folder=slurm_kwargs["folder"], cluster="slurm", slurm_python=python_command())
+        jobs = submitit.AutoExecutor(folder=given.get("folder", DEFAULT_FOLDER), cluster="slurm",
+                                     slurm_python=python_command())
         jobs.update_parameters(**params)
     except (AssertionError, NameError, TypeError, ValueError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -68,21 +73,24 @@ def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
             f"submitit.AutoExecutor.update_parameters, e.g. {example}"
         ) from err
     jobs.max_resubmits = resubmits
+    jobs.default_folder = "folder" not in given
     return jobs
 
 
-def writable_folder(folder: Any) -> None:
-    """Make ``slurm_kwargs["folder"]`` if it is missing and check this process can write there
-    (the trainer's rendezvous file and submitit's job files go there); a ``ValueError`` names it otherwise."""
-    path = Path(folder).expanduser()
+def writable_folder(jobs: submitit.AutoExecutor) -> None:
+    """Make the jobs' folder if it is missing and check this process can write there (the
+    trainer's rendezvous file and submitit's job files go there); a ``ValueError`` names it otherwise."""
+    path = Path(jobs.folder)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path, prefix=".rpc-collectors-"):
             pass
     except OSError as err:
         reason = f"{err.strerror or type(err).__name__}" + (f": {err.filename}" if err.filename else "")
+        name = f"the collector jobs' folder {str(path)!r} (slurm_kwargs has no 'folder')" if jobs.default_folder \
+            else f"slurm_kwargs['folder']={str(path)!r}"
         raise ValueError(
-            f"slurm_kwargs['folder']={str(folder)!r} is not a folder this process can write ({reason}); accepted: "
+            f"{name} is not a folder this process can write ({reason}); accepted: "
             "a folder this process can create or write, on a file system every node reads"
         ) from None
 
@@ -138,14 +146,19 @@ class CollectorJobs:
         self.jobs: list[submitit.Job] = []
         self.resubmitted: list[tuple[str, str, str]] = []  # (job id, the state it ended in, its successor's id)
         self.max_resubmits = getattr(jobs, "max_resubmits", DEFAULT_MAX_RESUBMITS)
+        self.default_folder = getattr(jobs, "default_folder", False)
         self._seen: set[str] = set()  # ended jobs already looked at
         self._args: tuple = ()
         self._lock = threading.Lock()
         self._guard: subprocess.Popen | None = None
 
     def submit(self, count: int, address: str, port: int, join_timeout: float, rpc_timeout: float) -> None:
-        """Write the trainer's rendezvous and submit ``count`` collector jobs that join it."""
+        """Write the trainer's rendezvous and submit ``count`` collector jobs that join it; one line
+        on stderr says where their logs go when ``slurm_kwargs`` named no folder."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.default_folder:
+            print(f"rpc_collectors: the collector jobs' logs go to {self.folder} (slurm_kwargs has no 'folder')",
+                  file=sys.stderr, flush=True)
         _write_json(self.rendezvous, {"master_addr": address, "master_port": port})
         guard = Path(__file__).with_name("job_guard.py")
         self._guard = subprocess.Popen(

@@ -15,16 +15,6 @@ from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collectors.multi import RPCCollector
 
 
-def _torchrl_only(**arguments: Any) -> None:
-    """TorchRL's weight-sync arguments, which have no counterpart here."""
-    for name, value in arguments.items():
-        if value is not None:
-            raise ValueError(
-                f"{name}={value!r} is not supported; accepted: None (weights go through the collector's own "
-                "weight plane: update_policy_weights_; the policy is sent to every worker)"
-            )
-
-
 def _cadence(update_interval: int | None, update_after_each_batch: bool, max_weight_update_interval: int) -> dict:
     """TorchRL's ``update_interval`` (push the weights every k batches) in this front's terms:
     k=1 is ``update_after_each_batch``, k>1 ``max_weight_update_interval=k-1``."""
@@ -58,7 +48,7 @@ class DistributedCollector(RPCCollector):
     env factory per collector, or one factory with ``num_collectors``. Every other keyword of
     :class:`~rpc_collectors.RPCCollector` is accepted (``elastic``, ``rpc_timeout``, ``cat_results``, ...).
     TorchRL's ``weight_sync_schemes`` name the weight transport (:mod:`rpc_collectors.core.torchrl_args`);
-    ``weight_updater`` and ``weight_recv_schemes`` are not accepted.
+    ``weight_updater`` and ``weight_recv_schemes`` are accepted as None only, as for ``RPCCollector``.
     """
 
     _default_cat_results: str | int = "stack"  # TorchRL stacks its nodes' batches
@@ -97,7 +87,6 @@ class DistributedCollector(RPCCollector):
         weight_recv_schemes: Any = None,
         **kwargs: Any,
     ) -> None:
-        _torchrl_only(weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
         super().__init__(
             create_env_fn, policy, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
             total_frames=total_frames, device=device,
@@ -106,7 +95,7 @@ class DistributedCollector(RPCCollector):
             reset_at_each_iter=reset_at_each_iter, postproc=postproc, split_trajs=split_trajs,
             exploration_type=exploration_type, collector_kwargs=collector_kwargs, sync=sync,
             slurm_kwargs=slurm_kwargs, backend=backend, launcher=launcher, tcp_port=tcp_port,
-            weight_sync_schemes=weight_sync_schemes,
+            weight_updater=weight_updater, weight_sync_schemes=weight_sync_schemes, weight_recv_schemes=weight_recv_schemes,
             **_cadence(update_interval, update_after_each_batch, max_weight_update_interval),
             **_node_collectors(collector_class, num_workers_per_collector), **kwargs,
         )

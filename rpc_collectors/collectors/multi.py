@@ -63,8 +63,9 @@ class RPCCollector(CollectorFront):
         tcp_port: TorchRL's port argument, an int or a string of digits. ``"submitit"``: the port of
             the rendezvous the jobs join; ``"mp"``/``"local"``: the port of the weight group's store on 127.0.0.1
             (``weight_transport="broadcast"``; shared memory needs none). None: a free port.
-        slurm_kwargs: ``"submitit"`` only: ``"folder"`` (required: where the jobs' logs go, readable
-            from every node) and ``submitit.AutoExecutor.update_parameters`` arguments
+        slurm_kwargs: ``"submitit"`` only: ``"folder"`` (where the jobs' logs go, readable from every
+            node; without it ``./log_test``, as TorchRL, named in a line on stderr) and
+            ``submitit.AutoExecutor.update_parameters`` arguments
             (``timeout_min``, default 10 as TorchRL; ``slurm_partition``, ``slurm_cpus_per_task``, ...).
             The jobs end when the collector shuts down (those still there 5 s later are cancelled),
             and are cancelled if this process dies. A job that ends before it joined is an error
@@ -154,6 +155,8 @@ class RPCCollector(CollectorFront):
         trust_policy, cudagraph_policy: as for ``Collector`` (``cudagraph_policy`` is checked here).
         weight_sync_schemes: TorchRL's ``{"policy": scheme}``: the scheme names the weight transport
             (:mod:`rpc_collectors.core.torchrl_args`); ``NoWeightSyncScheme``: weights are never pushed.
+        visible_devices, tensorpipe_options, weight_updater, weight_recv_schemes: TorchRL's, accepted as
+            None (its default); other values are refused, with why (``torchrl_args.NOT_HERE``).
 
     With ``track_policy_version=True`` sync and async batches carry ``("collector", "worker_id")``;
     ``last_batch.worker_frames`` says whose frames a batch holds either way.
@@ -221,7 +224,13 @@ class RPCCollector(CollectorFront):
         trust_policy: bool | None = None,
         cudagraph_policy: bool | dict | None = None,
         weight_sync_schemes: dict | None = None,
+        visible_devices: Any = None,
+        tensorpipe_options: dict | None = None,
+        weight_updater: Any = None,
+        weight_recv_schemes: dict | None = None,
     ) -> None:
+        torchrl_args.not_here(visible_devices=visible_devices, tensorpipe_options=tensorpipe_options,
+                              weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
         frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
         super().__init__(
             frames_per_batch=checks.frames_total(frames_per_batch), total_frames=total_frames, split_trajs=split_trajs,
@@ -270,7 +279,10 @@ class RPCCollector(CollectorFront):
         self._open(checked, policy, functools.partial(_pool, checked))
 
 
-_RPC_ARGUMENTS = frozenset(inspect.signature(RPCCollector.__init__).parameters) - {"self", "create_env_fn", "policy"}
+# the Multi*Collector classes take RPCCollector's keywords but its RPC-only ones, as TorchRL's do
+_RPC_ARGUMENTS = frozenset(inspect.signature(RPCCollector.__init__).parameters) - {
+    "self", "create_env_fn", "policy", "visible_devices", "tensorpipe_options",
+}
 
 
 def _workers(cls: type, create_env_fn: Any, num_workers: Any, kwargs: dict) -> dict:

@@ -1,5 +1,5 @@
 """TorchRL arguments whose meaning here is another setting: ``weight_sync_schemes``,
-``cudagraph_policy`` and ``trust_policy``.
+``cudagraph_policy`` and ``trust_policy``; and those that have none (:data:`NOT_HERE`), accepted as None.
 
 TorchRL's weight-sync scheme objects are recognised by class name (torchrl is never imported)
 and mapped onto this package's weight transport for the link they describe:
@@ -40,6 +40,28 @@ NO_PUSH = "none"  # the transport of NoWeightSyncScheme: weights never move
 # the TorchRL scheme that describes each transport chosen here (TorchRL's default for local workers: shared memory)
 SCHEME_OF = {"shm": "SharedMemWeightSyncScheme", "rpc": "MultiProcessWeightSyncScheme",
              "broadcast": "DistributedWeightSyncScheme", NO_PUSH: "NoWeightSyncScheme"}
+
+
+# TorchRL's arguments with no counterpart here: None (TorchRL's default) is accepted, anything else refused with why
+_WEIGHT_PLANE = "weights go through the collector's own weight plane (update_policy_weights_; the policy is sent to every worker)"
+NOT_HERE = {
+    "weight_updater": _WEIGHT_PLANE,
+    "weight_recv_schemes": _WEIGHT_PLANE,
+    "visible_devices": (
+        "TorchRL's RPC device map, over which its workers hand CUDA tensors to the trainer; these workers hand "
+        "their batches over in host memory and the trainer puts them on storing_device, so no device map is used"
+    ),
+    "tensorpipe_options": (
+        "the collector's RPC agents set their own TensorPipe options (TCP transport; rpc_timeout sets their timeout)"
+    ),
+}
+
+
+def not_here(**arguments: Any) -> None:
+    """Refuse each of TorchRL's :data:`NOT_HERE` arguments that is not None, saying why."""
+    for name, value in arguments.items():
+        if value is not None:
+            raise ValueError(f"{name}={value!r} is not supported: {NOT_HERE[name]}; accepted: None")
 
 
 def weight_sync_schemes(value: Any, weight_transport: str, ray: bool = False) -> str:

@@ -214,7 +214,7 @@ def check(
     kwargs["preemptible"] = preemptive_threshold is not None  # the worker numbers its batches and pads cut ones
     per_worker.pop("storing_device", None)
     if executor is not None:  # the last check: it makes the folder if it is missing
-        collector_jobs.writable_folder(slurm_kwargs["folder"])
+        collector_jobs.writable_folder(executor)
     return Settings(
         launcher=launcher, rdv=rdv, elastic=elastic, join_timeout=join_timeout, num_workers=num_workers, sync=sync,
         cat_results=cat_results, num_threads=num_threads, backend=backend, rpc_timeout=rpc_timeout,

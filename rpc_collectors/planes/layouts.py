@@ -45,6 +45,7 @@ class BatchLayout:
     batch_size: tuple
     names: tuple
     leaves: tuple
+    device: torch.device | None = None  # the device the batch reports (a worker's: its storing device, the CPU)
     _plans: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # rows -> _ViewPlan
 
     @classmethod
@@ -62,7 +63,7 @@ class BatchLayout:
                 return None
             leaves.append(Leaf(key, tuple(value.shape), value.dtype, value.numel() * value.element_size()))
         names = tuple(batch.names) if batch._has_names() else ()
-        return cls(tuple(batch.batch_size), names, tuple(leaves))
+        return cls(tuple(batch.batch_size), names, tuple(leaves), batch.device)
 
     @property
     def nbytes(self) -> int:
@@ -78,7 +79,8 @@ class BatchLayout:
         return {leaf.key: (leaf.shape, leaf.dtype) for leaf in self.leaves}
 
     def view(self, slot: torch.Tensor, rows: int | None) -> TensorDict:
-        """A TensorDict of views into ``slot`` (flat uint8): ``[rows, *batch_size]``, or one batch if rows is None."""
+        """A TensorDict of views into ``slot`` (flat uint8): ``[rows, *batch_size]``, or one batch if rows is
+        None, on the layout's device (as the batch it was made from)."""
         plan = self._plans.get(rows)
         if plan is None:
             plan = self._plans[rows] = _view_plan(self, rows)
@@ -86,7 +88,7 @@ class BatchLayout:
         typed = [slot.view(dtype) for dtype in plan.dtypes]
         tensors = [typed[i].as_strided(shape, stride, typed[i].storage_offset() + offset)
                    for i, shape, stride, offset in plan.tensors]
-        return nested_tensordict(plan.tree, plan.batch_size, plan.names, tensors.__getitem__)
+        return nested_tensordict(plan.tree, plan.batch_size, plan.names, tensors.__getitem__, self.device)
 
 
 @dataclass(frozen=True)
