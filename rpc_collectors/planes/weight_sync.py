@@ -355,6 +355,11 @@ class WeightPlane:
         self.min_version[worker_id] = version
         self.since_update[worker_id] = 0
 
+    def worker_versions(self, serving: set[int], in_flight: set[int]) -> list[int | None]:
+        """The version each slot's worker acknowledged: the one it was sent last, once its
+        ``receive_weights`` returned (None for one ``in_flight``, or a slot not ``serving``)."""
+        return [version if i in serving and i not in in_flight else None for i, version in enumerate(self.min_version)]
+
     def delivered(self, worker_id: int) -> None:
         self.since_update[worker_id] += 1
 
