@@ -10,7 +10,7 @@ preempted worker's) are not frames and are not counted.
 """
 from __future__ import annotations
 
-import torch
+import numpy as np
 from tensordict import TensorDictBase
 
 DONE = ("next", "done")
@@ -38,23 +38,24 @@ class TrajectoryProgress:
         """Count the frames of ``batch`` (before ``split_trajs`` and ``postproc``)."""
         if not isinstance(batch, TensorDictBase) or DONE not in batch.keys(True):
             return
-        done = batch.get(DONE).reshape(*batch.shape, -1).any(-1).reshape(-1)
+        done = batch.get(DONE).reshape(*batch.shape, -1).any(-1).reshape(-1).cpu().numpy()
         streams = batch.get(self.key, None)
         if streams is None:  # one stream per row: a row's steps are one env's
             rows = batch.shape[:-1].numel() if batch.batch_dims > 1 else 1
-            streams = torch.arange(rows).repeat_interleave(batch.shape[-1])
-        streams = streams.reshape(-1).to("cpu", torch.int64)
-        done, valid = done.to("cpu"), streams >= 0
+            streams = np.repeat(np.arange(rows), batch.shape[-1])
+        else:
+            streams = streams.reshape(-1).cpu().numpy()
+        valid = streams >= 0
         streams, done = streams[valid], done[valid]
         if not len(streams):
             return
-        ids, inverse = torch.unique(streams, return_inverse=True)
-        steps = torch.arange(len(streams))
-        last_done = torch.full((len(ids),), -1, dtype=torch.int64).scatter_reduce(
-            0, inverse, torch.where(done, steps, -1), "amax")
-        frames = torch.bincount(inverse, minlength=len(ids))
-        after = torch.bincount(inverse, weights=(steps > last_done[inverse]).double(), minlength=len(ids)).long()
-        ends = torch.bincount(inverse, weights=done.double(), minlength=len(ids)).long()
+        ids, inverse = np.unique(streams, return_inverse=True)
+        steps = np.arange(len(streams))
+        last_done = np.full(len(ids), -1)
+        np.maximum.at(last_done, inverse[done], steps[done])
+        frames = np.bincount(inverse, minlength=len(ids))
+        after = np.bincount(inverse, weights=steps > last_done[inverse], minlength=len(ids)).astype(np.int64)
+        ends = np.bincount(inverse[done], minlength=len(ids))
         self.completed_trajectories += int(ends.sum())
         for stream, count, left, ended in zip(ids.tolist(), frames.tolist(), after.tolist(), ends.tolist()):
             before = self.pending.pop(stream, 0)
