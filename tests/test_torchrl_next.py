@@ -146,6 +146,23 @@ def test_acknowledged_policy_version(cls):
         assert c.policy_version == 3 and c.worker_policy_versions() == [3, 3] and c.stats()["policy_version"] == 3
 
 
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_a_resumed_collector_reports_the_versions_its_workers_saved():
+    with MultiSyncCollector([count_env] * 2, BiasPolicy(0, 3), frames_per_batch=8, track_policy_version=True) as c:
+        c.next()
+        c.update_policy_weights_()
+        c.update_policy_weights_(TensorDict.from_module(BiasPolicy(1, 3)), worker_ids=[1])
+        c.next()
+        state = c.state_dict()
+    with MultiSyncCollector([count_env] * 2, BiasPolicy(0, 3), frames_per_batch=8, track_policy_version=True) as resumed:
+        resumed.load_state_dict(state)
+        assert resumed.worker_policy_versions() == [1, 2] and resumed.policy_version is None
+        assert [row.unique().tolist() for row in resumed.next().get(VERSION)] == [[1], [2]]
+        resumed.update_policy_weights_()
+        assert resumed.policy_version == 3 and resumed.worker_policy_versions() == [3, 3]
+
+
 def test_single_process_collector_is_its_own_one_worker():
     c = Collector(count_env, BiasPolicy(0, 3), frames_per_batch=4)
     c.update_policy_weights_(TensorDict.from_module(BiasPolicy(1, 3)))

@@ -73,6 +73,9 @@ def load(front: "CollectorFront", state: dict) -> None:
         return
     front.gather({i: front._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
     front.continuity.resumed()
+    if front.weights is not None:  # each worker holds the weights it saved, under their version
+        for i, worker_state in enumerate(state["workers"]):
+            front.weights.loaded(i, int(worker_state["version"] if "local" in worker_state else worker_state["policy_version"]))
     for i, worker_state in enumerate(state["workers"]):
         front.restarts.loaded(i, int(worker_state["traj_count"]))
         front.roster[i].uncounted = front._delivered_frames(i) - _collected(worker_state)  # it counts on from there
