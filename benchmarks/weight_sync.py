@@ -140,7 +140,7 @@ def ours(transport: str, hidden: int, repeats: int) -> dict:
             collector.update_policy_weights_(non_blocking=True)
             returns.append(time.perf_counter() - t0)
             batch = next(it)
-            versions_ok.append(bool((batch[POLICY_VERSION] == collector.policy_version).all()))
+            versions_ok.append(bool((batch[POLICY_VERSION] == collector.last_batch.trainer_version).all()))
         # the last weights really arrived: compare every worker's copy with the trainer's
         trainer = policy.state_dict()
         weights_ok = all(

@@ -34,6 +34,7 @@ def test_batches_beyond_the_bound_are_dropped_and_counted():
     assert max(lag for _, lag, _ in unbounded) > 1  # without the bound, batches do fall behind
     assert all(0 <= low <= high <= 1 for low, high, _ in bounded)
     assert c.dropped_batches > 0 and c.dropped_frames == 10 * c.dropped_batches
+    assert c.stats()["stepped_frames"] == c.frames + c.dropped_frames  # TorchRL's counter: stepped, handed out or not
     assert [version for _, _, version in bounded] == list(range(30))  # every handed-out batch is counted once
 
 

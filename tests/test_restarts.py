@@ -255,8 +255,8 @@ def test_a_replacement_collects_with_the_weights_its_slot_was_given(sync, tmp_pa
                     replaced += frames if worker == 1 and int(row["observation"][0, 0]) != first_pid else 0
                 if k < len(pushes):
                     collector.update_policy_weights_({w: acting(a) for w, a in pushes[k].items()})
-                    for w, a in pushes[k].items():
-                        given[w][collector.policy_version] = a
+                    for w, a in pushes[k].items():  # the version each worker acknowledged
+                        given[w][collector.worker_policy_versions()[w]] = a
                 if replaced >= 3 * frames:
                     break
         assert collector.worker_restarts == [0, 1, 0]

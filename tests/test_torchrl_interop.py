@@ -568,6 +568,20 @@ def test_private_keys_are_dropped_from_batches_and_replay_buffers():
     assert len(rb) > 0 and not set(private) & set(rb.sample(4).keys(True, True))
 
 
+def test_torchrls_checkpoint_saves_and_restores_our_collector(tmp_path):
+    """TorchRL's ``Checkpoint`` (what its ``RunCheckpointer`` saves) takes our collector as a component:
+    frames, batches and the ``stats()`` progress counters come back."""
+    from torchrl.checkpoint import Checkpoint
+
+    c = Collector(plain_pendulum, None, frames_per_batch=20, total_frames=100)
+    for _ in range(2):
+        c.next()
+    Checkpoint(collector=c).save(tmp_path / "run")
+    resumed = Collector(plain_pendulum, None, frames_per_batch=20, total_frames=100)
+    Checkpoint(collector=resumed).load(tmp_path / "run")
+    assert resumed.stats() == c.stats() and resumed.stats()["trajectory_pending_frames"] == 40
+
+
 def test_max_frames_per_traj_on_an_env_with_a_step_counter_is_refused():
     """As TorchRL: the env counts its steps already, so max_frames_per_traj is a ValueError."""
     with pytest.raises(ValueError, match="max_frames_per_traj=30 conflicts with the env's own step counter"):

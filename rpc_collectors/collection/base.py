@@ -6,40 +6,17 @@ import threading
 from typing import Any, Iterator
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_non_tensor, is_tensor_collection
+from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.batch_record import MASK, BatchRecord, frames_per_worker, take
 from rpc_collectors.collection.preemption import valid_frames
+from rpc_collectors.collection.private_keys import drop_private_keys
 from rpc_collectors.collection.profiling import STARTED, ProfileConfig, RolloutProfiler
-from rpc_collectors.collection.trajectories import shift_ids, split_trajectories
+from rpc_collectors.collection.trajectories import TRAJ_IDS, shift_ids, split_trajectories
+from rpc_collectors.collection.trajectory_progress import TrajectoryProgress
 from rpc_collectors.collection.whole_trajectories import WholeTrajectories, emit, on_buffer_device
 from rpc_collectors.core import checks, torchrl_args
-
-
-def drop_private_keys(batch: Any) -> Any:
-    """``batch`` without its private entries (a name part starting with ``"_"``, such as an
-    exploration module's ``"_ou_prev_noise"``), as TorchRL's collectors drop them after ``postproc``."""
-    if not isinstance(batch, TensorDictBase):
-        return batch
-    private = _private_keys(batch, ())
-    return batch.exclude(*private, inplace=True) if private else batch
-
-
-def _private_keys(td: TensorDictBase, prefix: tuple) -> list[tuple]:
-    """The keys under ``prefix`` with a part starting with ``"_"`` (a private entry's own entries not
-    listed): a TensorDict level by level; anything else (a lazy stack, whose ``items()`` would
-    stack its parts' tensors, or a tensorclass) by its nested keys."""
-    if type(td) is not TensorDict:
-        keys = ((key,) if isinstance(key, str) else key for key in td.keys(include_nested=True))
-        return [(*prefix, *key) for key in keys if any(part.startswith("_") for part in key)]
-    found = []
-    for name, value in td.items():
-        if name.startswith("_"):
-            found.append((*prefix, name))
-        elif is_tensor_collection(value) and not is_non_tensor(value):
-            found += _private_keys(value, (*prefix, name))
-    return found
 
 
 class BaseCollector:
@@ -62,7 +39,9 @@ class BaseCollector:
     _use_buffers: bool | None = None  # whether batches are dense TensorDicts (None: not known before the first)
     track_policy_version = False  # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
     keep_version_key = False  # a worker's or node's collector: its batches keep the keys for the trainer to read
-    policy_version = 0
+    policy_version = 0  # the weights version every worker acknowledged (a multi-worker collector: None if they differ)
+    dropped_frames = 0  # frames collected and not handed out (multi-worker collectors drop some)
+    _stream_key: str | tuple = TRAJ_IDS  # what tells a batch's trajectories apart (stats() counters)
     run_start = 0  # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
 
     def __init__(
@@ -78,6 +57,7 @@ class BaseCollector:
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
         trajs_per_write: int | None = None,
+        replay_write_mode: str | None = None,
     ) -> None:
         self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
         self.requested_frames_per_batch = self.frames_per_batch  # before it is rounded to the envs or workers
@@ -91,7 +71,10 @@ class BaseCollector:
         self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
         self.trajs_per_batch = checks.optional_positive_int("trajs_per_batch", trajs_per_batch)
         self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs)
-        self.trajs_per_write = torchrl_args.trajs_per_write(trajs_per_write, self.trajs_per_batch, self.replay_buffer)
+        self.replay_write_mode = torchrl_args.replay_write_mode(replay_write_mode, self.replay_buffer, self.trajs_per_batch)
+        self.trajs_per_write = torchrl_args.trajs_per_write(
+            trajs_per_write, self.replay_write_mode == "trajectory", self.replay_buffer)
+        self.progress = TrajectoryProgress(self._stream_key)
         self._frames = 0
         self._iter = 0
         self.last_batch: BatchRecord | None = None
@@ -114,6 +97,11 @@ class BaseCollector:
         """Frames collected so far in this run."""
         return self._frames
 
+    @property
+    def whole_trajectories(self) -> bool:
+        """Whether batches are cut into whole trajectories (``trajs_per_batch``, ``replay_write_mode="trajectory"``)."""
+        return self.trajs_per_batch is not None or self.replay_write_mode == "trajectory"
+
     def _finished(self) -> bool:
         return self.total_frames != -1 and self._frames >= self.total_frames
 
@@ -128,12 +116,13 @@ class BaseCollector:
     def iterator(self) -> Iterator[TensorDictBase | None]:
         """Yield batches until ``total_frames`` frames were collected (with ``trajs_per_batch``:
         batches of whole trajectories, from those frames)."""
-        if self.trajs_per_batch is not None:
+        if self.whole_trajectories:
             yield from self._whole_trajectories()
             return
         for batch in self._processed_batches():
             if self.replay_buffer is not None:
                 self._extend(batch)
+                self.progress.written_frames += valid_frames(batch)
                 yield None
             else:
                 yield batch
@@ -153,11 +142,12 @@ class BaseCollector:
             frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds
             self._frames += frames
             self._iter += 1
+            self.progress.add(batch)
             mask = batch.get(MASK, None) if isinstance(batch, TensorDictBase) else None
             versions, self._worker_ids = take(batch, self.track_policy_version or self.keep_version_key)
             if versions is not None:
                 workers = frames_per_worker(self._worker_ids, mask)
-                self.last_batch = BatchRecord(self._iter, frames, *versions, self.policy_version, workers)
+                self.last_batch = BatchRecord(self._iter, frames, *versions, self._newest_version(), workers)
                 for worker, count in (workers or {}).items():
                     totals = self._worker_totals.setdefault(worker, [0, 0])
                     totals[0], totals[1] = totals[0] + count, totals[1] + 1
@@ -180,14 +170,33 @@ class BaseCollector:
     def stats(self) -> dict[str, int | bool]:
         """TorchRL's progress snapshot, plain ints and bools (JSON-serializable): ``"frames"``,
         ``"batches"``, ``"requested_frames_per_batch"``, ``"total_frames"`` and ``"completed"``
-        (not for an endless run), and ``"policy_version"`` with ``track_policy_version=True``."""
+        (not for an endless run), ``"policy_version"`` with ``track_policy_version=True`` (while
+        every worker acknowledged one), and the progress counters of TorchRL's next release:
+        ``"stepped_frames"`` (``frames`` + ``dropped_frames``), ``"trajectory_completed_frames"`` and
+        ``"trajectory_pending_frames"`` (the frames handed out of ended and of running trajectories:
+        they add up to ``frames``), ``"completed_trajectories"`` and ``"replay_written_frames"``."""
         stats: dict[str, int | bool] = {"frames": int(self._frames), "batches": int(self._iter)}
         if self.total_frames >= 0:
             stats.update(total_frames=int(self.total_frames), completed=self._frames >= self.total_frames)
         stats["requested_frames_per_batch"] = int(self.requested_frames_per_batch)
-        if self.track_policy_version:
+        if self.track_policy_version and self.policy_version is not None:
             stats["policy_version"] = int(self.policy_version)
+        progress = self.progress
+        stats.update(
+            stepped_frames=int(self._frames + self.dropped_frames), trajectory_completed_frames=progress.completed_frames,
+            trajectory_pending_frames=progress.pending_frames, replay_written_frames=progress.written_frames,
+            completed_trajectories=progress.completed_trajectories,
+        )
         return stats
+
+    def worker_policy_versions(self) -> list[int | None]:
+        """TorchRL's: the weights version each worker acknowledged (None: a push to it is in
+        flight, or its slot has no worker); a single-process collector is its own one worker."""
+        return [self.policy_version]
+
+    def _newest_version(self) -> int:
+        """The version of the newest weights given to ``update_policy_weights_`` (``BatchRecord.trainer_version``)."""
+        return self.policy_version
 
     def enable_profile(
         self, *, workers: list[int] | None = None, num_rollouts: int = 3, warmup_rollouts: int = 1,
@@ -235,8 +244,8 @@ class BaseCollector:
 
     def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
         """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
-        buffer, the trajectories that completed with each batch written to it flat (``[T]``),
-        ``trajs_per_write`` per ``extend()`` (all of them if None)."""
+        buffer (``replay_write_mode="trajectory"``), the trajectories that completed with each batch
+        written to it flat (``[T]``), ``trajs_per_write`` per ``extend()`` (all of them if None)."""
         assembled = WholeTrajectories()
         for batch in self._processed_batches():
             assembled.add(batch)
@@ -248,6 +257,7 @@ class BaseCollector:
                 for start in range(0, len(trajectories), step):
                     written = torch.cat(trajectories[start:start + step], 0)
                     self.replay_buffer.extend(on_buffer_device(written, self.replay_buffer))
+                    self.progress.written_frames += written.numel()
                 yield None
             else:
                 while len(assembled.complete) >= self.trajs_per_batch:
@@ -373,7 +383,8 @@ class BaseCollector:
         self.shutdown()
 
     def _base_state(self) -> dict:
-        return {"frames": self._frames, "iteration": self._iter}
+        return {"frames": self._frames, "iteration": self._iter, "progress": self.progress.state()}
 
     def _load_base_state(self, state: dict) -> None:
         self._frames, self._iter = int(state["frames"]), int(state["iteration"])
+        self.progress.load(state.get("progress"))

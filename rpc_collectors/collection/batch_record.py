@@ -28,7 +28,8 @@ class BatchRecord:
         frames: the frames it holds (steps a preempted worker did not collect not counted).
         oldest_version, newest_version: the oldest and newest weights versions that chose an
             action in it (``policy_version`` counts ``update_policy_weights_`` calls).
-        trainer_version: the collector's ``policy_version`` when it handed the batch out.
+        trainer_version: the newest weights version pushed when the collector handed the batch out
+            (a multi-worker collector's ``pushed_version``; ``policy_version`` is the acknowledged one).
         worker_frames: the frames each worker (by id) collected in it; None for a single-process
             collector. An async batch is one worker's.
     """

@@ -77,6 +77,10 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             zero-padded with ``("collector", "mask")`` (``traj_format="padded"``) or ``[sum T_i]``
             (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it ends,
             ``trajs_per_write`` of them per ``extend()`` (None: all that ended with a batch).
+        replay_write_mode: TorchRL's: ``"rollout"`` writes each batch into the ``replay_buffer``;
+            ``"trajectory"`` writes only whole trajectories, each flat as it ends (as
+            ``trajs_per_batch`` with a buffer does); None: ``"trajectory"`` with ``trajs_per_batch``
+            and a ``replay_buffer``, else ``"rollout"``.
         use_buffers: True: steps are stacked into one dense TensorDict (a ``RuntimeError`` for an env
             whose observation shapes change, and a ``TypeError`` with a ``replay_buffer``, as in
             TorchRL); None or False: as TorchRL without buffers, a lazy stack where shapes change.
@@ -126,6 +130,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         pre_collect_hook: Any = None,
         post_collect_hook: Any = None,
         trajs_per_batch: int | None = None,
+        replay_write_mode: str | None = None,
         traj_format: str | None = None,
         trajs_per_write: int | None = None,
         auto_register_policy_transforms: bool | None = None,
@@ -141,11 +146,12 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
             post_collect_hook=post_collect_hook, trajs_per_batch=trajs_per_batch, traj_format=traj_format,
+            replay_write_mode=replay_write_mode,
             trajs_per_write=trajs_per_write,
         )
         checks.reset_when_done(reset_when_done)
         self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
-        checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, self.track_traj_ids)
+        checks.split_needs_ids(self.split_trajs or self.whole_trajectories, self.track_traj_ids)
         self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
         self.worker_idx = None if worker_idx is None else checks.non_negative_int("worker_idx", worker_idx)
         self.compile_policy = checks.compile_kwargs(compile_policy)

@@ -71,7 +71,8 @@ class AsyncBatchedCollector(BaseCollector):
         policy_version: the version of the first weights; ``policy_version_key``: the batch key of
             each frame's version (None: no key).
         create_env_kwargs: keywords for the factories (a dict, or a list of one dict per env).
-        postproc, replay_buffer, post_collect_hook: as every collector.
+        postproc, replay_buffer, post_collect_hook: as every collector; ``replay_write_mode``:
+            None or ``"rollout"`` (batches carry no trajectory ids: ``"trajectory"`` is refused).
         num_envs: the number of envs when ``create_env_fn`` is one factory.
         max_worker_restarts: replace this many failed env workers in all (their transition in flight
             is lost, the one before it is marked truncated and done); beyond it, a failure is a
@@ -84,6 +85,8 @@ class AsyncBatchedCollector(BaseCollector):
     ``policy_backend`` ``"threading"``, ``env_exchange`` ``"auto"``/``"shm"``, ``envs_per_worker=1``,
     ``transition_chunk_size`` ``"auto"``/1, ``verbose``) and refused otherwise.
     """
+
+    _stream_key = ENV_INDEX  # batches carry no trajectory ids: an env's steps are told apart by its index
 
     def __init__(
         self,
@@ -108,6 +111,7 @@ class AsyncBatchedCollector(BaseCollector):
         postproc: Any = None,
         exploration_type: Any = None,
         replay_buffer: Any = None,
+        replay_write_mode: str | None = None,
         post_collect_hook: Any = None,
         yield_completed_trajectories: bool = False,
         weight_sync: Any = None,
@@ -126,7 +130,9 @@ class AsyncBatchedCollector(BaseCollector):
         rpc_timeout: float = 60.0,
     ) -> None:
         super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, postproc=postproc,
-                         replay_buffer=replay_buffer, post_collect_hook=post_collect_hook)
+                         replay_buffer=replay_buffer, post_collect_hook=post_collect_hook,
+                         replay_write_mode=replay_write_mode)
+        batched_args.replay_write_mode(self.replay_write_mode)
         if policy is not None and policy_factory is not None:
             raise TypeError("AsyncBatchedCollector: policy and policy_factory are mutually exclusive; give one")
         if policy is None and policy_factory is None:

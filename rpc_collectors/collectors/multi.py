@@ -137,8 +137,8 @@ class RPCCollector(CollectorFront):
         auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
             ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
         use_buffers: as for ``Collector``, in each worker.
-        trajs_per_batch, traj_format, trajs_per_write: as for ``Collector``; the trainer assembles the
-            trajectories from all workers' batches.
+        trajs_per_batch, traj_format, trajs_per_write, replay_write_mode: as for ``Collector``; the
+            trainer assembles the trajectories from all workers' batches.
         preemptive_threshold: sync only, TorchRL's: once this fraction of the workers handed in a
             round's batches (``int(N * threshold)`` of them), the others end theirs at their next
             step. Their batches are padded to full length: the steps they did not collect have
@@ -215,6 +215,7 @@ class RPCCollector(CollectorFront):
         pre_collect_hook: Any = None,
         post_collect_hook: Any = None,
         trajs_per_batch: int | None = None,
+        replay_write_mode: str | None = None,
         traj_format: str | None = None,
         trajs_per_write: int | None = None,
         auto_register_policy_transforms: bool | None = None,
@@ -235,15 +236,15 @@ class RPCCollector(CollectorFront):
         super().__init__(
             frames_per_batch=checks.frames_total(frames_per_batch), total_frames=total_frames, split_trajs=split_trajs,
             postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer, trajs_per_batch=trajs_per_batch,
-            traj_format=traj_format, trajs_per_write=trajs_per_write,
+            traj_format=traj_format, trajs_per_write=trajs_per_write, replay_write_mode=replay_write_mode,
         )
         self._closed = self._closing = True  # until the workers are up
         self.max_policy_lag = policy_lag.check(max_policy_lag, sync)
-        checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, track_traj_ids)
+        checks.split_needs_ids(self.split_trajs or self.whole_trajectories, track_traj_ids)
         checks.use_buffers(use_buffers, self.replay_buffer)
         elastic = checks.boolean("elastic", elastic)
         preemptive_threshold = checks.preemptive_threshold(
-            preemptive_threshold, sync, elastic, self.split_trajs or self.trajs_per_batch is not None,
+            preemptive_threshold, sync, elastic, self.split_trajs or self.whole_trajectories,
         )
         join_timeout = checks.timeout("join_timeout", join_timeout)
         torchrl_args.cudagraph_policy(cudagraph_policy)

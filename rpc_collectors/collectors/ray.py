@@ -25,7 +25,7 @@ class RayCollector(CollectorFront):
             a list of one per actor); ``update_policy_weights_(weights)`` pushes to them.
         policy, frames_per_batch, total_frames (-1: endless), max_frames_per_traj,
             init_random_frames, reset_at_each_iter, postproc, split_trajs, exploration_type,
-            replay_buffer, track_policy_version: as for :class:`~rpc_collectors.RPCCollector`.
+            replay_buffer, replay_write_mode, track_policy_version: as for :class:`~rpc_collectors.RPCCollector`.
         device, storing_device, env_device, policy_device: one device, or a list with one per
             collector (``storing_device``: one device; batches are stored on the trainer).
         collector_class: what each actor runs: ``"single"`` or the single-process ``Collector``
@@ -93,6 +93,7 @@ class RayCollector(CollectorFront):
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         replay_buffer: Any = None,
+        replay_write_mode: str | None = None,
         track_policy_version: bool = False,
         max_worker_restarts: int = 0,
         rpc_timeout: float = 60.0,
@@ -102,7 +103,7 @@ class RayCollector(CollectorFront):
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer,
+            postproc=postproc, replay_buffer=replay_buffer, replay_write_mode=replay_write_mode,
         )
         self._closed = self._closing = True  # until the actors are up
         self._ray_started = False

@@ -145,6 +145,13 @@ def unsupported(**kwargs: Any) -> None:
             raise _refuse(name, value, repr(defaults[name]))
 
 
+def replay_write_mode(mode: str) -> None:
+    """TorchRL's ``replay_write_mode``: ``"rollout"`` only, as ``yield_completed_trajectories``."""
+    if mode == "trajectory":
+        raise _refuse("replay_write_mode", mode, "None or 'rollout'",
+                      "its batches carry no trajectory ids to tell whole trajectories apart")
+
+
 def version_key(value: Any, taken: Any) -> Any:
     """TorchRL's ``policy_version_key``: None (no key), or a key (a str or a tuple of str) of its
     own, apart from every key in ``taken`` (the batch's other keys) and from their nested keys, and

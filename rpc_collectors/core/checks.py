@@ -172,7 +172,8 @@ def preemptive_threshold(value: Any, sync: Any, elastic: Any, whole_trajectories
     if whole_trajectories:
         raise ValueError(
             f"preemptive_threshold={value!r} pads a preempted worker's batch with steps it did not collect, which "
-            "split_trajs=True and trajs_per_batch would take for a trajectory; accepted with them: None"
+            "split_trajs=True, trajs_per_batch and replay_write_mode='trajectory' would take for a trajectory; "
+            "accepted with them: None"
         )
     return float(value)
 

@@ -113,17 +113,38 @@ def scheme_objects(given: Mapping | None, transport: str, ray: bool = False) -> 
     return {"policy": getattr(module, name)()}
 
 
-def trajs_per_write(value: Any, trajs_per_batch: int | None, replay_buffer: Any) -> int | None:
-    """TorchRL's ``trajs_per_write``: how many whole trajectories (``trajs_per_batch``) go into
-    the ``replay_buffer`` per ``extend()``; None: all that completed with a batch."""
+REPLAY_WRITE_MODES = ("rollout", "trajectory")
+
+
+def replay_write_mode(value: Any, replay_buffer: Any, trajs_per_batch: int | None) -> str:
+    """TorchRL's ``replay_write_mode``: ``"rollout"`` writes each batch into the ``replay_buffer``,
+    ``"trajectory"`` only whole trajectories, each as it ends; None: ``"trajectory"`` with
+    ``trajs_per_batch`` and a ``replay_buffer`` (as TorchRL), else ``"rollout"``."""
+    if value is not None and (not isinstance(value, str) or value not in REPLAY_WRITE_MODES):
+        raise ValueError(f"replay_write_mode={value!r} is invalid; accepted: None, 'rollout' or 'trajectory'")
+    whole = trajs_per_batch is not None and replay_buffer is not None
+    if value == "trajectory" and replay_buffer is None:
+        raise ValueError("replay_write_mode='trajectory' writes whole trajectories into the replay buffer, "
+                         "which needs a replay_buffer; accepted without one: None or 'rollout'")
+    if value == "rollout" and whole:
+        raise ValueError("replay_write_mode='rollout' with trajs_per_batch and a replay_buffer: trajs_per_batch "
+                         "writes whole trajectories; accepted with them: None or 'trajectory'")
+    return value or ("trajectory" if whole else "rollout")
+
+
+def trajs_per_write(value: Any, whole_trajectories: bool, replay_buffer: Any) -> int | None:
+    """TorchRL's ``trajs_per_write``: how many whole trajectories (``trajs_per_batch`` or
+    ``replay_write_mode="trajectory"``) go into the ``replay_buffer`` per ``extend()``; None: all
+    that completed with a batch."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"trajs_per_write={value!r} is invalid; accepted: None or an int >= 1")
-    if trajs_per_batch is None or replay_buffer is None:
+    if not whole_trajectories or replay_buffer is None:
         raise ValueError(
             f"trajs_per_write={value!r} sets how many whole trajectories go into the replay buffer per write, "
-            "which needs trajs_per_batch and a replay_buffer; accepted without them: None"
+            "which needs trajs_per_batch and a replay_buffer (or replay_write_mode='trajectory'); "
+            "accepted without them: None"
         )
     return value
 

@@ -74,7 +74,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         self._policy_device = s.policy_device
         self.specs = s.specs
         self.policy = policy
-        self.policy_version = 0
+        self.pushed_version = 0  # the newest weights' version (policy_version: the one every worker acknowledged)
         self.events = Events()
         self.roster = [WorkerRecord() for _ in range(self.num_workers)]
         self.restarts = Restarts(s.max_worker_restarts, self.num_workers)
@@ -320,10 +320,10 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
             self._last_async, result = self._next_answer()
             worker_id, batch = self._last_async, self._receive(self._last_async, result)
             if self.continuity.kept(worker_id, batch):
-                if not policy_lag.too_old(batch, self.policy_version, self.max_policy_lag):
+                if not policy_lag.too_old(batch, self.pushed_version, self.max_policy_lag):
                     return batch
-                if policy_lag.left_behind(self.weights, worker_id, self.policy_version, self.max_policy_lag):
-                    self._push_weights([worker_id], version=self.policy_version)
+                if policy_lag.left_behind(self.weights, worker_id, self.pushed_version, self.max_policy_lag):
+                    self._push_weights([worker_id], version=self.pushed_version)
                 self.continuity.drop(batch, [worker_id])
             self._request(worker_id)
 

@@ -27,7 +27,7 @@ def state_of(front: "CollectorFront") -> dict:
     with front._lock:
         front._finish_push()
     state = front._base_state()
-    state["policy_version"] = front.policy_version
+    state["policy_version"] = front.pushed_version
     state["restarts"] = {"counts": list(front.restarts.counts), "seeds": list(front.restarts.seeds),
                          "resumes": front.restarts.resumes}
     if front.weights is not None:  # the weight-update cadence: batches each worker delivered since its last push
@@ -62,17 +62,20 @@ def load(front: "CollectorFront", state: dict) -> None:
     elif len(state["workers"]) != front.num_workers:
         raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {front.num_workers}")
     front._load_base_state(state)
-    front.policy_version = int(state["policy_version"])
+    front.pushed_version = int(state["policy_version"])
     _load_run_state(front, state)
     if state.get(POLICY) is not None and isinstance(front.policy, nn.Module):
         front.policy.load_state_dict(state[POLICY])
     if front.elastic:
         front.restarts.restore(state["traj_id_bounds"])
         if state.get(POLICY) is not None and front.weights is not None:  # collectors that join get these weights
-            front._push_weights([], version=front.policy_version)
+            front._push_weights([], version=front.pushed_version)
         return
     front.gather({i: front._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
     front.continuity.resumed()
+    if front.weights is not None:  # each worker holds the weights it saved, under their version
+        for i, worker_state in enumerate(state["workers"]):
+            front.weights.loaded(i, int(worker_state["version"] if "local" in worker_state else worker_state["policy_version"]))
     for i, worker_state in enumerate(state["workers"]):
         front.restarts.loaded(i, int(worker_state["traj_count"]))
         front.roster[i].uncounted = front._delivered_frames(i) - _collected(worker_state)  # it counts on from there

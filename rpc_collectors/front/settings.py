@@ -32,7 +32,7 @@ CAT_RESULTS = ("stack", 0, -1)
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
     "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
-    "trajs_per_batch", "traj_format", "trajs_per_write", "weight_sync_schemes", "worker_idx",
+    "trajs_per_batch", "traj_format", "trajs_per_write", "replay_write_mode", "weight_sync_schemes", "worker_idx",
 }
 PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
 DEVICES = ("device", "storing_device", "env_device", "policy_device")

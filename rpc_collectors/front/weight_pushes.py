@@ -2,7 +2,7 @@
 
 The weight plane (:class:`~rpc_collectors.planes.weight_sync.WeightPlane`) is laid out from the
 trainer's policy when the front opens, or, when the workers build their policies
-(``policy_factory``), from the first weights pushed. A push bumps ``policy_version`` and sends
+(``policy_factory``), from the first weights pushed. A push bumps ``pushed_version`` and sends
 the flat buffer to all workers (one broadcast or shared memory) or to some; each worker applies
 it before its next batch, never in the middle of one. :class:`WeightPushes` is the front's part
 that does this; it uses the front's workers, roster, waits and lock.
@@ -49,6 +49,25 @@ class WeightPushes:
         self.gather(joins, futures)
         self.weights.sender.joined()
 
+    @property
+    def policy_version(self) -> int | None:
+        """TorchRL's acknowledged version: the weights version every worker acknowledged; None
+        while they differ (after a push to some of them) or a push is in flight (``non_blocking``).
+        The version that chose each frame is its ``("collector", "policy_version")``."""
+        versions = set(self.worker_policy_versions())
+        return versions.pop() if len(versions) == 1 else None
+
+    def worker_policy_versions(self) -> list[int | None]:
+        """TorchRL's: the weights version each worker acknowledged (0 before any push; None
+        while a push to it is in flight, or where its slot has no worker)."""
+        serving = set(self._serving())
+        if self.weights is None:  # nothing was pushed
+            return [0 if i in serving else None for i in range(self.num_workers)]
+        return self.weights.worker_versions(serving, {i for i, fut in self._pushed.items() if not fut.done()})
+
+    def _newest_version(self) -> int:
+        return self.pushed_version
+
     def init_updater(self, *args: Any, **kwargs: Any) -> None:
         """The weight plane is set up by the constructor; nothing is left to prepare (arguments ignored)."""
 
@@ -64,7 +83,7 @@ class WeightPushes:
         (each of those workers gets its own; without ``worker_ids``); None pushes the tensors the policy given to the
         constructor holds at this call (also after its parameters were replaced), or, when the
         workers build their policies (``policy_factory``), the weights given last. The trainer's
-        ``policy_version`` goes up by one; each worker applies the weights before its next batch,
+        version (``pushed_version``) goes up by one; each worker applies the weights before its next batch,
         never in the middle of one. With ``non_blocking=True`` this returns once the weights
         are copied out of the policy, and the transfer completes in the background.
         """
@@ -85,7 +104,7 @@ class WeightPushes:
             return
         with self._lock:  # each of those workers gets its own, all as one new version
             self._finish_push()
-            version = self.policy_version + 1
+            version = self.pushed_version + 1
             self._start_push(self.weights.push_own(update, version, self._serving()), version, non_blocking)
 
     def _open_given(self, source: TensorDictBase | None, remember: bool = True) -> None:
@@ -116,12 +135,12 @@ class WeightPushes:
         with self._lock:
             self._finish_push()
             source = self._given if source is None else source
-            version = self.policy_version + 1 if version is None else version
+            version = self.pushed_version + 1 if version is None else version
             self._start_push(self.weights.push(worker_ids, source, version, slots), version, non_blocking)
 
     def _start_push(self, receive: dict[int, tuple], version: int, non_blocking: bool) -> None:
         """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on."""
-        self.policy_version = version
+        self.pushed_version = version
         self._push = {i: self._call(i, "receive_weights", *args) for i, args in receive.items()}
         self._pushed = {i: call() for i, call in self._push.items()}
         if not non_blocking:

@@ -157,11 +157,12 @@ class WeightReceiver:
             self._cond.notify_all()
 
     def apply(self, collector: "object", min_version: int, timeout: float) -> None:
-        """Bring ``collector``'s policy to the newest staged version, waiting for ``min_version``; one
-        received at the collector's own version is applied too (a newcomer's first weights, of a
-        trainer that resumed at that version), one older than it (loaded since) is not."""
+        """Bring ``collector``'s policy to the newest staged version, waiting for ``min_version`` unless
+        the collector holds it already (loaded from a saved state); one received at the collector's
+        own version is applied too (a newcomer's first weights, of a trainer that resumed at that
+        version), one older than it (loaded since) is not."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self.version >= min_version, timeout):
+            if not self._cond.wait_for(lambda: max(self.version, collector.policy_version) >= min_version, timeout):
                 raise TimeoutError(f"weights version {min_version} did not arrive within {timeout} s")
             if self.unapplied and self.version >= collector.policy_version:
                 self.flat.unpack(self.source)
@@ -354,6 +355,15 @@ class WeightPlane:
         """Worker ``worker_id`` was sent ``version``: its next batch is collected with it."""
         self.min_version[worker_id] = version
         self.since_update[worker_id] = 0
+
+    def loaded(self, worker_id: int, version: int) -> None:
+        """Worker ``worker_id`` loaded a saved state holding ``version``: it collects on with it."""
+        self.min_version[worker_id] = version
+
+    def worker_versions(self, serving: set[int], in_flight: set[int]) -> list[int | None]:
+        """The version each slot's worker acknowledged: the one it was sent last, once its
+        ``receive_weights`` returned (None for one ``in_flight``, or a slot not ``serving``)."""
+        return [version if i in serving and i not in in_flight else None for i, version in enumerate(self.min_version)]
 
     def delivered(self, worker_id: int) -> None:
         self.since_update[worker_id] += 1

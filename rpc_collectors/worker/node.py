@@ -210,7 +210,7 @@ class NodeCollector:
         self.module = holder
 
     def _pass_weights_on(self) -> None:
-        if self.inference is None and self.module is not None and self._version > self.local.policy_version:
+        if self.inference is None and self.module is not None and self._version > self.local.pushed_version:
             given = self.module if isinstance(self.module, TensorDictBase) else None
             self.local.push_version(self._version, given)
 
@@ -232,7 +232,7 @@ class NodeCollector:
 
     def _next(self) -> TensorDictBase:
         self._pass_weights_on()
-        newest = self._version if self.inference is not None else self.local.policy_version
+        newest = self._version if self.inference is not None else self.local.pushed_version
         try:
             batch = self.local.next()
             while batch.get(VERSION).min() < newest:
@@ -271,7 +271,7 @@ class NodeCollector:
     def load_state_dict(self, state: dict) -> None:
         self.local.load_state_dict(state["local"])
         # with inference="node" the version is the node's own (its local workers hold no weights)
-        self._version = state.get("version", 0) if self.inference is not None else self.local.policy_version
+        self._version = state.get("version", 0) if self.inference is not None else self.local.pushed_version
 
     def shutdown(self) -> None:
         self.local.shutdown()
