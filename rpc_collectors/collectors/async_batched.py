@@ -11,7 +11,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import weakref
 from typing import Any
 
 import cloudpickle
@@ -25,7 +24,7 @@ from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.core import batched_args, checks
 from rpc_collectors.core.futures import outcome
 from rpc_collectors.front.inference_loop import InferenceLoop
-from rpc_collectors.front.lifetime import weak_method
+from rpc_collectors.front.lifetime import finalize_before_exit, weak_method
 from rpc_collectors.front.transitions import BATCH_KEYS, ENV_INDEX, Transitions
 from rpc_collectors.planes.membership import Restarts
 from rpc_collectors.planes.step_plane import StepPlane
@@ -171,7 +170,7 @@ class AsyncBatchedCollector(BaseCollector):
             self.shutdown()
             raise
         # the loop's thread reaches this object only weakly: dropping it stops the loop and the envs
-        self._release = weakref.finalize(self, _close, self._loop, self.plane, self.pool, SHUTDOWN_TIMEOUT)
+        self._release = finalize_before_exit(self, _close, self._loop, self.plane, self.pool, SHUTDOWN_TIMEOUT)
 
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:
