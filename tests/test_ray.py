@@ -501,3 +501,18 @@ def test_a_collector_never_shut_down_exits_cleanly_with_ray_gone(kind):
     assert [line for line in lines if not any(said in line for said in RAY_START_LINES)] == []
     assert sum(RAY_START_LINES[0] in line for line in lines) == 1, proc.stderr
     assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.parametrize("user_filter", ["none", "error"])
+def test_actor_warnings_show_as_the_trainers_filters_ask(user_filter):
+    """Ray actors run under the trainer's warning filters as local workers do: an env's warnings say
+    nothing by default, and raise where the trainer's filter asks."""
+    from test_worker_warnings import check, run_script
+
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    try:
+        proc = run_script("ray", user_filter, temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert [line for line in proc.stderr.splitlines() if not any(said in line for said in RAY_START_LINES)] == []
+    check(proc, user_filter, workers=2)

@@ -21,7 +21,7 @@ from tensordict.nn import set_interaction_type
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.batch_record import BatchRecord
 from rpc_collectors.collection.policies import StepPolicy
-from rpc_collectors.core import batched_args, checks
+from rpc_collectors.core import batched_args, checks, worker_warnings
 from rpc_collectors.core.futures import outcome
 from rpc_collectors.front.inference_loop import InferenceLoop
 from rpc_collectors.front.lifetime import finalize_before_exit, weak_method
@@ -155,7 +155,9 @@ class AsyncBatchedCollector(BaseCollector):
             policy = policy_factory()
         self.policy = StepPolicy(policy, device)
         self.num_envs = len(factories)
-        self._specs = [cloudpickle.dumps((f, None, {"frames_per_batch": 1, "create_env_kwargs": kw}, None))
+        filters = worker_warnings.for_workers()
+        self._specs = [cloudpickle.dumps((f, None, {"frames_per_batch": 1, "create_env_kwargs": kw,
+                                                    worker_warnings.KEY: filters}, None))
                        for f, kw in zip(factories, kwargs)]
         self._lock = threading.Lock()
         self.restarts = Restarts(self.max_worker_restarts, self.num_envs)
