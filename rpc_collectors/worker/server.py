@@ -59,20 +59,20 @@ class WorkerState:
 
     def __init__(
         self, spec: bytes, worker_id: int, num_workers: int, rank: int, traj_id_start: int | None = None,
-        address: str | None = None, own_process: bool = True,
+        address: str | None = None, in_process: bool = False,
     ) -> None:
         """Trajectory ids are ``traj_id_start + k * num_workers`` (default start: ``worker_id``);
         ``address``: where the trainer reaches this process, for error messages. A spec with a
         :class:`~rpc_collectors.worker.node.NodeSpec` makes this server a node of local workers.
-        ``own_process``: this server has its process to itself (not the debug launcher's trainer),
-        which then runs under the warning filters the trainer sent (:mod:`~rpc_collectors.core.worker_warnings`);
-        the warnings of the modules that loading the spec imports are ignored."""
+        A server with a process of its own (not ``in_process``: in the debug launcher's trainer)
+        runs under the warning filters the trainer sent (:mod:`~rpc_collectors.core.worker_warnings`),
+        and ignores the warnings of the modules that loading the spec imports."""
         with warnings.catch_warnings():
-            if own_process:
+            if not in_process:
                 warnings.simplefilter("ignore")
             create_env_fn, policy, kwargs, node = cloudpickle.loads(spec)
         filters = kwargs.pop(worker_warnings.KEY)
-        if own_process:
+        if not in_process:
             worker_warnings.apply(filters)
         init_fn = kwargs.pop("init_fn", None)
         preemptible = kwargs.pop("preemptible", False)
