@@ -23,7 +23,7 @@ def run_unshut(kind: str, *args: str):
     return run_marked([sys.executable, os.path.join(TESTS, "unshut_collector.py"), kind, *args], 240, env)
 
 
-@pytest.mark.parametrize("kind", ["collector", "multi-sync", "multi-async", "rpc-node", "async-batched"])
+@pytest.mark.parametrize("kind", ["collector", "multi-sync", "multi-async", "rpc-node", "distributed-mp", "async-batched"])
 def test_a_collector_never_shut_down_exits_cleanly(kind):
     proc, left = run_unshut(kind)
     assert proc.returncode == 0, proc.stderr

@@ -10,6 +10,7 @@ import gymnasium as gym
 from rpc_collectors import (
     AsyncBatchedCollector,
     Collector,
+    DistributedCollector,
     GymEnv,
     MultiAsyncCollector,
     MultiSyncCollector,
@@ -42,6 +43,7 @@ KINDS = {
     "multi-async": lambda: MultiAsyncCollector([cartpole] * 2, None, frames_per_batch=20),
     "rpc-node": lambda: RPCCollector([cartpole], None, frames_per_batch=20, collector_class="sync",
                                      num_workers_per_collector=2),
+    "distributed-mp": lambda: DistributedCollector([cartpole] * 2, None, frames_per_batch=20, launcher="mp"),
     "async-batched": lambda: AsyncBatchedCollector([cartpole] * 2, policy=RandomPolicy(gym.spaces.Discrete(2)),
                                                      frames_per_batch=20),
     "ray-own": lambda: ray_collector(sys.argv[2], own=True),
