@@ -38,6 +38,23 @@ def descendants(pid: int | None = None) -> set[int]:
     return found
 
 
+MARK = "RPC_COLLECTORS_TEST_MARK"  # an environment variable that every process a run starts inherits
+
+
+def marked(mark: str) -> set[int]:
+    """Live processes whose environment holds ``MARK=mark``: all that a run started with it has
+    started, also those that left its process tree (daemons, such as Ray's)."""
+    entry, found = f"{MARK}={mark}".encode(), set()
+    for pid in _parents():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if entry in f.read().split(b"\0"):
+                    found.add(pid)
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
 def alive(pid: int) -> bool:
     return pid in _parents()
 
@@ -50,6 +67,22 @@ def wait_gone(pids: set[int], timeout: float = 10.0) -> set[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
+
+
+def run_marked(cmd: list[str], timeout: float, env: dict, linger: float = 30.0) -> tuple[subprocess.CompletedProcess, set[int]]:
+    """Run ``cmd`` as :func:`run_in_session` does, marked (see :func:`marked`); return its output and
+    the processes it started still alive ``linger`` seconds after it ended (killed then)."""
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        proc = run_in_session(cmd, timeout, dict(env, **{MARK: mark}))
+        deadline = time.monotonic() + linger
+        while marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return proc, marked(mark)
+    finally:
+        for pid in marked(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _socket_inodes(pid: int) -> set[str]:

@@ -477,3 +477,42 @@ def test_address_that_accepts_tcp_but_is_not_ray_is_a_connection_error(answer):
     assert f"ray_init_config['address']={out['address']!r}" in out["error"] and "not a Ray head" in out["error"]
     assert out["seconds"] < 30  # rpc_timeout=5: well within, on a loaded machine too
     assert out["initialized_after"] is False and out["left"] == []
+
+
+RAY_START_LINES = ("Started a local Ray instance", "Token authentication is enabled for this Ray cluster")
+
+
+@pytest.mark.parametrize("kind", ["ray-own", "ray-user", "ray-gone"])
+def test_a_collector_never_shut_down_exits_cleanly_with_ray_gone(kind):
+    """TorchRL's ``ray_collect.py`` never shuts its collector down: the finalizer closes the actors
+    before Ray's own exit handler stops Ray (the collector's Ray, or the user's), or, where the user
+    stopped Ray first, leaves them to it, and never starts a second Ray. Nothing is left behind, and
+    stderr holds only what Ray says when it starts (once)."""
+    from test_exit_cleanup import run_unshut
+
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    try:
+        proc, left = run_unshut(kind, temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["done"]
+    lines = proc.stderr.splitlines()
+    assert [line for line in lines if not any(said in line for said in RAY_START_LINES)] == []
+    assert sum(RAY_START_LINES[0] in line for line in lines) == 1, proc.stderr
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.parametrize("user_filter", ["none", "error"])
+def test_actor_warnings_show_as_the_trainers_filters_ask(user_filter):
+    """Ray actors run under the trainer's warning filters as local workers do: an env's warnings say
+    nothing by default, and raise where the trainer's filter asks."""
+    from test_worker_warnings import check, run_script
+
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    try:
+        proc = run_script("ray", user_filter, temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert [line for line in proc.stderr.splitlines() if not any(said in line for said in RAY_START_LINES)] == []
+    check(proc, user_filter, workers=2)

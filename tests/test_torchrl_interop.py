@@ -41,6 +41,7 @@ with warnings.catch_warnings():  # torchrl 0.14.1 deprecates some of its own cla
     from torchrl.testing import mocking_classes as mocks
 
 import rpc_collectors  # noqa: E402
+from procs import run_in_session  # noqa: E402
 from rpc_collectors import Collector, MultiAsyncCollector, MultiSyncCollector, RPCCollector  # noqa: E402
 
 pytestmark = [
@@ -960,6 +961,35 @@ def test_auto_register_policy_transforms_gives_a_recurrent_policy_its_env_transf
     with MultiSyncCollector([plain_pendulum] * 2, lstm_policy(), frames_per_batch=8, total_frames=8,
                             auto_register_policy_transforms=True) as c:
         assert "recurrent_state_h" in c.next().keys()
+
+
+INIT_TRACKER_SCRIPT = """
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.envs.libs.gym import GymEnv
+from rpc_collectors import Collector, MultiSyncCollector
+policy = TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+with MultiSyncCollector([lambda: GymEnv("Pendulum-v1")] * 2, policy, frames_per_batch=8, total_frames=16) as c:
+    frames = sum(b.numel() for b in c)
+print("workers done", frames, flush=True)
+Collector(GymEnv("Pendulum-v1"), policy, frames_per_batch=8)  # line 10: TorchRL 0.14's warning, in this process
+"""
+
+
+def test_init_tracker_warning_of_torchrls_default_only_in_the_trainer(tmp_path):
+    """TorchRL's multi-process workers say nothing of what the env lacks (its workers ignore warnings):
+    neither do ours; a single-process ``Collector`` warns as TorchRL's does, at the user's line."""
+    script = tmp_path / "user_script.py"
+    script.write_text(INIT_TRACKER_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("PYTHONWARNINGS", None)
+    proc = run_in_session([sys.executable, str(script)], 150, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["workers", "done", "16"]
+    warned = [line for line in proc.stderr.splitlines() if "Warning" in line]
+    assert warned == [f"{script}:10: FutureWarning: the env lacks transforms the policy needs (InitTracker); pass "
+                      "auto_register_policy_transforms=True to append them (TorchRL 0.15's default), or False to "
+                      "silence this"], proc.stderr
 
 
 def test_use_buffers_true_stacks_densely_as_torchrl():

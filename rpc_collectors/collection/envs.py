@@ -7,7 +7,6 @@ its array methods (``reset_arrays`` / ``step_arrays``), which skip per-step Tens
 from __future__ import annotations
 
 import inspect
-import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -15,6 +14,8 @@ import numpy as np
 import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDict, TensorDictBase
+
+from rpc_collectors.core import user_warnings
 
 ObsDict = dict  # {key or key tuple: np.ndarray}
 PARTIAL_RESETS = (SyncVectorEnv, AsyncVectorEnv)  # vector envs that reset some of their envs (reset_mask)
@@ -347,9 +348,9 @@ def with_policy_transforms(env: Any, policy: Any, register: bool | None) -> Any:
         return _maybe_append_env_transforms_from_module(env, policy)
     missing = _compute_missing_env_transforms(env, policy)
     if missing:
-        warnings.warn(
+        user_warnings.warn(
             f"the env lacks transforms the policy needs ({', '.join(type(t).__name__ for t in missing)}); pass "
             "auto_register_policy_transforms=True to append them (TorchRL 0.15's default), or False to silence this",
-            FutureWarning, stacklevel=3,
+            FutureWarning,
         )
     return env

@@ -11,7 +11,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import weakref
 from typing import Any
 
 import cloudpickle
@@ -22,10 +21,10 @@ from tensordict.nn import set_interaction_type
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.batch_record import BatchRecord
 from rpc_collectors.collection.policies import StepPolicy
-from rpc_collectors.core import batched_args, checks
+from rpc_collectors.core import batched_args, checks, worker_warnings
 from rpc_collectors.core.futures import outcome
 from rpc_collectors.front.inference_loop import InferenceLoop
-from rpc_collectors.front.lifetime import weak_method
+from rpc_collectors.front.lifetime import finalize_before_exit, weak_method
 from rpc_collectors.front.transitions import BATCH_KEYS, ENV_INDEX, Transitions
 from rpc_collectors.planes.membership import Restarts
 from rpc_collectors.planes.step_plane import StepPlane
@@ -162,7 +161,9 @@ class AsyncBatchedCollector(BaseCollector):
             policy = policy_factory()
         self.policy = StepPolicy(policy, device)
         self.num_envs = len(factories)
-        self._specs = [cloudpickle.dumps((f, None, {"frames_per_batch": 1, "create_env_kwargs": kw}, None))
+        filters = worker_warnings.for_workers()
+        self._specs = [cloudpickle.dumps((f, None, {"frames_per_batch": 1, "create_env_kwargs": kw,
+                                                    worker_warnings.KEY: filters}, None))
                        for f, kw in zip(factories, kwargs)]
         self._lock = threading.Lock()
         self.restarts = Restarts(self.max_worker_restarts, self.num_envs)
@@ -177,7 +178,7 @@ class AsyncBatchedCollector(BaseCollector):
             self.shutdown()
             raise
         # the loop's thread reaches this object only weakly: dropping it stops the loop and the envs
-        self._release = weakref.finalize(self, _close, self._loop, self.plane, self.pool, SHUTDOWN_TIMEOUT)
+        self._release = finalize_before_exit(self, _close, self._loop, self.plane, self.pool, SHUTDOWN_TIMEOUT)
 
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:

@@ -1,6 +1,7 @@
 """What every layer uses: the errors a collector raises (:mod:`.errors`), a worker's traceback as
 the user reads it (:mod:`.tracebacks`), the argument checks run before any process starts
 (:mod:`.checks`; TorchRL's ``AsyncBatchedCollector`` arguments in :mod:`.batched_args`),
-warnings that point at the user's line (:mod:`.user_warnings`) and the wait on a future that
-keeps nobody alive (:mod:`.futures`). Imports nothing of the library.
+warnings that point at the user's line (:mod:`.user_warnings`), the warning filters a worker runs
+under (:mod:`.worker_warnings`) and the wait on a future that keeps nobody alive
+(:mod:`.futures`). Imports nothing of the library.
 """

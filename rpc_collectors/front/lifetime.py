@@ -9,6 +9,7 @@ enough to free it and its workers.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import time
 import warnings
@@ -41,7 +42,22 @@ class Resources:
 
 def release_with(owner: object, resources: Resources) -> weakref.finalize:
     """Close ``resources`` when ``owner`` is garbage-collected or at interpreter exit, whichever is first."""
-    return weakref.finalize(owner, resources.close)
+    return finalize_before_exit(owner, resources.close)
+
+
+def finalize_before_exit(owner: object, close: Callable[..., Any], *args: Any) -> weakref.finalize:
+    """Call ``close(*args)`` once: when ``owner`` is garbage-collected or at interpreter exit,
+    whichever is first (or when the returned finalizer is called; ``detach()`` cancels it).
+
+    At exit it runs before what ``owner`` uses stops: ``atexit`` runs its handlers last-registered
+    first, and those of Ray (``ray.shutdown``) and of the shared spawner (which kills the workers
+    it forked) were registered before ``owner`` was made. (``weakref.finalize`` alone runs every
+    finalizer from one handler, registered when this process made its first one: maybe before those.)
+    """
+    finalizer = weakref.finalize(owner, close, *args)
+    finalizer.atexit = False
+    atexit.register(finalizer)  # a finalizer called once more, or detached, does nothing
+    return finalizer
 
 
 def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:

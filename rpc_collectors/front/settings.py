@@ -22,7 +22,7 @@ from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, membe
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.envs import check_env_id
 from rpc_collectors.collection.policies import StepPolicy, check_forward
-from rpc_collectors.core import checks, worker_checks
+from rpc_collectors.core import checks, worker_checks, worker_warnings
 from rpc_collectors.planes.rendezvous import Rendezvous, detect_launcher, from_environment
 from rpc_collectors.planes.weight_sync import TRANSPORTS
 from rpc_collectors.worker.node import NodeSpec, check_inference, node_class
@@ -285,6 +285,7 @@ def _per_worker(name: str, value: Any, num_workers: int) -> list:
 
 def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: NodeSpec | None) -> list[bytes]:
     """What each worker builds its collector from, pickled here so that failures name the argument."""
+    kwargs = dict(kwargs, **{worker_warnings.KEY: worker_warnings.for_workers()})
     worker_kwargs = [dict(kwargs, **{name: values[i] for name, values in per_worker.items()}) for i in range(len(env_fns))]
     # a worker that builds its policy (policy_factory) is not sent the trainer's, whose weights it gets pushed
     policies = [policy if kw["policy_factory"] is None else None for kw in worker_kwargs]

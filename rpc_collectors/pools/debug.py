@@ -35,7 +35,8 @@ class DebugPool(WorkerPool):
 
     def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
         def build() -> dict:
-            self.states[worker_id] = worker.WorkerState(spec, worker_id, self.num_workers, worker_id + 1, traj_id_start)
+            self.states[worker_id] = worker.WorkerState(spec, worker_id, self.num_workers, worker_id + 1, traj_id_start,
+                                                           in_process=True)
             return self.states[worker_id].info()
 
         return self._done(build)

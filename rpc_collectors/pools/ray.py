@@ -243,10 +243,12 @@ class RayPool(WorkerPool):
 
     def close(self, timeout: float | None = None) -> None:
         """Ask every actor to close its collector (and envs) within ``timeout`` seconds (default
-        ``close_timeout``), then kill them all."""
+        ``close_timeout``), then kill them all; nothing if this process's Ray was stopped (it took
+        its actors along)."""
         timeout = self.close_timeout if timeout is None else timeout
         actors, self.actors = self.actors, {}
-        if not actors:
+        if not actors or not ray.is_initialized():  # Ray stopped: the actors went with it, and a call would start a new Ray
+            self._weights = None
             return
         closes = []
         for actor in actors.values():

@@ -26,6 +26,7 @@ from tensordict import TensorDictBase
 from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.preemption import Preemption
+from rpc_collectors.core import worker_warnings
 from rpc_collectors.planes import doorbell, local_restarts, membership
 from rpc_collectors.planes.doorbell import Ready
 from rpc_collectors.planes.factory_weights import signature_of
@@ -58,12 +59,21 @@ class WorkerState:
 
     def __init__(
         self, spec: bytes, worker_id: int, num_workers: int, rank: int, traj_id_start: int | None = None,
-        address: str | None = None,
+        address: str | None = None, in_process: bool = False,
     ) -> None:
         """Trajectory ids are ``traj_id_start + k * num_workers`` (default start: ``worker_id``);
         ``address``: where the trainer reaches this process, for error messages. A spec with a
-        :class:`~rpc_collectors.worker.node.NodeSpec` makes this server a node of local workers."""
-        create_env_fn, policy, kwargs, node = cloudpickle.loads(spec)
+        :class:`~rpc_collectors.worker.node.NodeSpec` makes this server a node of local workers.
+        A server with a process of its own (not ``in_process``: in the debug launcher's trainer)
+        runs under the warning filters the trainer sent (:mod:`~rpc_collectors.core.worker_warnings`),
+        and ignores the warnings of the modules that loading the spec imports."""
+        with warnings.catch_warnings():
+            if not in_process:
+                warnings.simplefilter("ignore")
+            create_env_fn, policy, kwargs, node = cloudpickle.loads(spec)
+        filters = kwargs.pop(worker_warnings.KEY)
+        if not in_process:
+            worker_warnings.apply(filters)
         init_fn = kwargs.pop("init_fn", None)
         preemptible = kwargs.pop("preemptible", False)
         if init_fn is not None:  # TorchRL's init_fn: run in the worker before its env and policy are built
