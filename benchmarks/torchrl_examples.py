@@ -77,8 +77,9 @@ SCRIPTS = (
     Script(f"{MULTI}/ray_train.py", (), "ray"),
     Script("sota-implementations/impala/impala_single_node.py", IMPALA),
     Script("sota-implementations/impala/impala_multi_node_ray.py", IMPALA, "ray"),
-    Script("sota-implementations/impala/impala_multi_node_submitit.py",
-           (*IMPALA, "slurm_config.slurm_partition=debug", "slurm_config.slurm_gpus_per_node=null"), "slurm"),
+    Script("sota-implementations/impala/impala_multi_node_submitit.py",  # with 2 workers it passes devices= too
+           ("collector.total_frames=20000", "collector.num_workers=1", "logger.backend=null",
+            "slurm_config.slurm_partition=debug", "slurm_config.slurm_gpus_per_node=null"), "slurm"),
     Script("sota-implementations/ppo/ppo_mujoco.py",
            ("collector.total_frames=8192", "loss.ppo_epochs=2", "logger.backend=null")),
     Script("sota-implementations/ppo/ppo_atari.py",
