@@ -389,6 +389,30 @@ def test_pause_and_pushed_weights_to_factory_policies(ray_cluster):
     assert_gone_and_ray_alive(pids)
 
 
+def test_async_shutdown_may_be_awaited_as_torchrls(ray_cluster):
+    """TorchRL's ``RayCollector.async_shutdown`` is a coroutine (its ray_buffer_infra example awaits
+    it in an asyncio loop, buffer filled by ``start()``): ours may be awaited there too, and shuts
+    the collector down, Ray left running as ``shutdown_ray=False`` asks."""
+    import asyncio
+
+    from test_pause import Buffer
+
+    buffer = Buffer()
+    collector = RayCollector([functools.partial(stamp_env, 0)], None, frames_per_batch=10, total_frames=-1,
+                             replay_buffer=buffer)
+    pids = actor_pids(collector)
+
+    async def main() -> None:
+        collector.start()
+        while not buffer.writes:
+            await asyncio.sleep(0.05)
+        await collector.async_shutdown(shutdown_ray=False)
+
+    asyncio.run(asyncio.wait_for(main(), timeout=120))
+    assert not collector.running
+    assert_gone_and_ray_alive(pids)
+
+
 OWN_RAY = r"""
 import json, shutil, sys, time, tempfile
 from procs import descendants

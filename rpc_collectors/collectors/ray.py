@@ -3,7 +3,7 @@ TorchRL's ``RayCollector`` arguments. Needs the ``ray`` extra (``pip install "rp
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Awaitable, Iterator
 
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collectors.multi import MultiCollector
@@ -166,10 +166,26 @@ class RayCollector(CollectorFront):
         super().shutdown(close_env)
         self._stop_ray(shutdown_ray)
 
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True,
+                       shutdown_ray: bool = False) -> Awaitable[None]:
+        """Stop background collection after the current batch, then :meth:`shutdown` (``shutdown_ray``
+        as there). Done when it returns; TorchRL's ``RayCollector.async_shutdown`` is a coroutine,
+        so what it returns may also be awaited (``await collector.async_shutdown(shutdown_ray=False)``)."""
+        super().async_shutdown(timeout, close_env)
+        self._stop_ray(shutdown_ray)
+        return _Done()
+
     def _stop_ray(self, requested: bool) -> None:
         if (self._ray_started or requested) and ray_pool.ray.is_initialized():
             ray_pool.ray.shutdown()
         self._ray_started = False
+
+
+class _Done:
+    """An awaitable that is already done (``await`` gives None)."""
+
+    def __await__(self) -> Iterator[None]:
+        return iter(())
 
 
 def _pool(s: settings.Settings, configs: list[dict], shared_memory: bool, on_death: Any, on_arrival: Any) -> Any:
