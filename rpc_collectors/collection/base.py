@@ -70,7 +70,7 @@ class BaseCollector:
         *,
         frames_per_batch: int,
         total_frames: int = -1,
-        split_trajs: bool = False,
+        split_trajs: bool | None = False,
         postproc: Any = None,
         replay_buffer: Any = None,
         extend_buffer: bool = True,
@@ -82,7 +82,7 @@ class BaseCollector:
         self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
         self.requested_frames_per_batch = self.frames_per_batch  # before it is rounded to the envs or workers
         self.total_frames = checks.total_frames(total_frames)
-        self.split_trajs = checks.boolean("split_trajs", split_trajs)
+        self.split_trajs = checks.boolean("split_trajs", False if split_trajs is None else split_trajs)  # TorchRL's None
         self.postproc = checks.optional_callable("postproc", postproc)
         self.replay_buffer = checks.replay_buffer(replay_buffer)
         self.extend_buffer = checks.boolean("extend_buffer", extend_buffer)
@@ -90,10 +90,11 @@ class BaseCollector:
             checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
         self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
         self.trajs_per_batch = checks.optional_positive_int("trajs_per_batch", trajs_per_batch)
-        self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs)
+        self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs, self.replay_buffer)
         self.trajs_per_write = torchrl_args.trajs_per_write(trajs_per_write, self.trajs_per_batch, self.replay_buffer)
         self._frames = 0
         self._iter = 0
+        self._assembly = WholeTrajectories()  # trajs_per_batch: the trajectories held back
         self.last_batch: BatchRecord | None = None
         self._worker_ids: torch.Tensor | None = None  # of the last batch's steps, for extend_buffer=False
         self._worker_totals: dict[int, list[int]] = {}  # frames and batches each worker delivered
@@ -237,7 +238,7 @@ class BaseCollector:
         """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
         buffer, the trajectories that completed with each batch written to it flat (``[T]``),
         ``trajs_per_write`` per ``extend()`` (all of them if None)."""
-        assembled = WholeTrajectories()
+        assembled = self._assembly
         for batch in self._processed_batches():
             assembled.add(batch)
             if self._discards_in_flight():
@@ -252,6 +253,11 @@ class BaseCollector:
             else:
                 while len(assembled.complete) >= self.trajs_per_batch:
                     yield emit(assembled.take(self.trajs_per_batch), self.traj_format)
+
+    @property
+    def _traj_assembly(self) -> tuple[dict, list]:
+        """TorchRL's: the trajectories ``trajs_per_batch`` holds back, in flight and complete."""
+        return self._assembly.in_flight, self._assembly.complete
 
     def _discards_in_flight(self) -> bool:
         """Whether every batch starts from a reset, so trajectories in flight never complete."""

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import set_interaction_type
+from tensordict.nn import InteractionType, set_interaction_type
 from tensordict.utils import unravel_key
 
 from rpc_collectors.collection import batch_edits, preemption
@@ -16,7 +16,7 @@ from rpc_collectors.collection.dispatching import DispatchingCollector
 from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
 from rpc_collectors.collection.policies import RandomPolicy, StepPolicy, check_action_shape, run_device
 from rpc_collectors.collection.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
-from rpc_collectors.collection.trajectories import TrajectoryIds
+from rpc_collectors.collection.trajectories import TrajectoryIds, pool_state
 from rpc_collectors.core import checks, torchrl_args
 from rpc_collectors.planes.weight_updates import whole_update
 from rpc_collectors.planes.weights import load_weights, one_source, signature_of
@@ -87,6 +87,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             (their ``get_distant_attr("worker_idx")``); the workers of ours set it themselves.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
+        no_cuda_sync: TorchRL's; this collector makes no CUDA synchronize calls (True or False).
         trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
             :mod:`rpc_collectors.core.torchrl_args` maps them (a plain module called on TensorDicts;
             CUDA graphs only as a pass-through without CUDA; ``NoWeightSyncScheme`` makes
@@ -104,16 +105,16 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         frames_per_batch: int,
         total_frames: int = -1,
         max_frames_per_traj: int | None = None,
-        init_random_frames: int | None = 0,
+        init_random_frames: int | None = None,
         reset_at_each_iter: bool = False,
-        split_trajs: bool = False,
+        split_trajs: bool | None = None,
         postproc: Any = None,
         device: Any = None,
         storing_device: Any = None,
         env_device: Any = None,
         policy_device: Any = None,
         replay_buffer: Any = None,
-        exploration_type: Any = None,
+        exploration_type: Any = InteractionType.RANDOM,
         track_policy_version: bool = False,
         create_env_kwargs: dict | None = None,
         policy_factory: Any = None,
@@ -136,6 +137,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         cudagraph_policy: bool | dict | None = None,
         weight_sync_schemes: dict | None = None,
         worker_idx: int | None = None,
+        no_cuda_sync: bool = False,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
@@ -144,6 +146,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             trajs_per_write=trajs_per_write,
         )
         checks.reset_when_done(reset_when_done)
+        checks.boolean("no_cuda_sync", no_cuda_sync)  # this collector makes no CUDA synchronize calls to skip
         self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
         checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, self.track_traj_ids)
         self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
@@ -216,6 +219,11 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         if self.policy is not None:
             self._check_policy()
 
+    @property
+    def _wrapped_policy(self) -> Any:
+        """TorchRL's: the policy as this collector calls it (a plain module in its ``TensorDictModule``)."""
+        return None if self.policy is None else self.policy.td_module or self.policy.policy
+
     def _check_policy(self) -> None:
         """Run the policy once on a reset observation: a policy that writes no action fails here,
         and the other outputs it writes are recorded (zero-filled in random-action steps).
@@ -277,8 +285,11 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             batch = preemption.padded(batch, self.steps_per_batch)
         if not self.track_traj_ids:
             batch_edits.drop_traj_ids(batch)
-        if self.devices["storing_device"] is not None and batch.device != self.devices["storing_device"]:
-            batch = batch.to(self.devices["storing_device"])
+        storing, env_device = self.devices["storing_device"], self.devices["env_device"]
+        if storing is not None and batch.device != storing:
+            batch = batch.to(storing)
+        elif storing is None and batch.device is not None and (env_device is None or self.devices["policy_device"] != env_device):
+            batch.clear_device_()  # as TorchRL's: no device was given that the env and the policy share
         return batch
 
     # ------------------------------------------------------------------ weights
@@ -342,6 +353,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             state = self._base_state()
             state.update(traj_count=self.traj_ids.count, policy_version=self.policy_version,
                          seed=self._seed, resumes=self._resumes)
+            starting = int(torch.Size(self.env.batch_size).numel()) if self.rollout.fresh else 0  # ids at the next step
+            state["traj_pool"] = pool_state(self.traj_ids.peek(starting), self.run_start)
             if self.policy is not None and self.policy.module is not None:
                 state["policy_state_dict"] = {k: v.clone() for k, v in self.policy.module.state_dict().items()}
         return state
@@ -363,6 +376,16 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
                 self._seed, self._resumes = int(state["seed"]), int(state.get("resumes", 0)) + 1
                 self.env.set_seed(resumed_seed(self._seed, self._resumes))
             self.rollout.invalidate()
+
+    def reset(self, index: Any = None) -> None:
+        """TorchRL's: the next batch starts from a fresh reset of every env, and the trajectories
+        ``trajs_per_batch`` holds back (in flight or complete) are dropped. A batch in progress in
+        another thread is finished first."""
+        if index is not None:
+            raise ValueError(f"reset(index={index!r}): this collector resets all its envs; accepted: index=None")
+        with self._busy:
+            self.rollout.invalidate()
+            self._assembly.clear()
 
     def cut(self) -> None:
         """End the trajectories in progress where the last batch ended: they continue under new ids

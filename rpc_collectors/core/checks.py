@@ -136,14 +136,21 @@ def reset_when_done(value: Any) -> None:
         raise ValueError(f"reset_when_done={value!r} is invalid; accepted: True (envs are reset when done, as in TorchRL)")
 
 
-def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool) -> str:
-    """``traj_format`` of ``trajs_per_batch`` batches: ``"padded"`` (default, TorchRL 0.14's) or ``"cat"``."""
+def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool, replay_buffer: Any = None) -> str:
+    """``traj_format`` of ``trajs_per_batch`` batches: ``"padded"`` (default, TorchRL 0.14's) or ``"cat"``.
+    Left to its default where batches are yielded, it warns as TorchRL does that TorchRL 0.16's default,
+    which this package follows, is ``"cat"``."""
     if value is not None and trajs_per_batch is None:
         raise ValueError(f"traj_format={value!r} needs trajs_per_batch; accepted without it: None")
     if trajs_per_batch is not None and split_trajs:
         raise ValueError("trajs_per_batch yields whole trajectories; accepted with it: split_trajs=False")
     if value not in (None, "padded", "cat"):  # TorchRL's wording, which its users match on
         raise ValueError(f"traj_format={value!r} is invalid: it must be 'padded' or 'cat'")
+    if value is None and trajs_per_batch is not None and replay_buffer is None:
+        user_warnings.warn(
+            "trajs_per_batch is set but traj_format is not: batches are 'padded', but the default will change "
+            "to 'cat' in torchrl v0.16 (and here with it); pass traj_format='padded' to keep this layout, or "
+            "traj_format='cat' for whole trajectories laid end to end", FutureWarning)
     return "padded" if value is None else value
 
 
