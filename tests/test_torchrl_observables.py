@@ -174,3 +174,17 @@ def test_each_workers_replay_buffer_is_the_one_the_trainer_writes(cls):
             assert c.get_distant_attr("worker_idx") == [0, 1]  # other paths are still the workers'
     finally:
         c.async_shutdown(timeout=WAIT)
+
+
+# ------------------------------------------------------------------ a policy that writes no action
+def _features_only(td):
+    return td.set("features", td.get("observation") * 2)
+
+
+def test_a_policy_that_writes_no_action_is_refused_by_the_first_batch():
+    """As TorchRL's: construction succeeds (env transforms may be what the policy lacks); the
+    first batch names what is missing."""
+    c = Collector(count_env, _features_only, frames_per_batch=10, total_frames=10)
+    with pytest.raises(ValueError, match=r"did not write \['action'\] into the TensorDict it was given"):
+        c.next()
+    c.shutdown()

@@ -12,6 +12,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
+from tensordict.nn import TensorDictSequential
 from torch import nn
 
 if os.environ.get("RPC_COLLECTORS_REQUIRE_TORCHRL"):
@@ -152,3 +153,21 @@ def test_a_plain_modules_further_outputs_are_numbered_as_torchrl_names_them():
     c = Collector(pendulum, policy, frames_per_batch=5, total_frames=5)
     assert c._wrapped_policy.out_keys == ["action", "output1"]
     c.shutdown()
+
+
+def test_a_recurrent_policy_that_writes_no_action_gets_its_env_transforms():
+    """TorchRL's recurrent feature extractor (it writes no action): the collector is built and its
+    env gets ``InitTracker`` and the recurrent state's primer, as TorchRL's does."""
+    from torchrl.modules import GRUModule
+
+    def policy():
+        return TensorDictSequential(GRUModule(input_size=3, hidden_size=8, num_layers=1,
+                                              in_keys=["observation", "recurrent_state", "is_init"],
+                                              out_keys=["features", ("next", "recurrent_state")]))
+
+    keys = []
+    for cls in (trl_collectors.Collector, Collector):
+        c = cls(pendulum(), policy(), frames_per_batch=10, total_frames=10, auto_register_policy_transforms=True)
+        keys.append(set(c.env.full_observation_spec.keys(True, True)))
+        c.shutdown()
+    assert keys[1] == keys[0] and {"is_init", "recurrent_state"} <= keys[1]

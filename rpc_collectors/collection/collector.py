@@ -14,7 +14,7 @@ from rpc_collectors.collection import batch_edits, preemption
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.collection.dispatching import DispatchingCollector
 from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
-from rpc_collectors.collection.policies import RandomPolicy, StepPolicy, check_action_shape, run_device
+from rpc_collectors.collection.policies import MissingAction, RandomPolicy, StepPolicy, check_action_shape, run_device
 from rpc_collectors.collection.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from rpc_collectors.collection.trajectories import TrajectoryIds, pool_state
 from rpc_collectors.core import checks, torchrl_args
@@ -225,13 +225,17 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         return None if self.policy is None else self.policy.td_module or self.policy.policy
 
     def _check_policy(self) -> None:
-        """Run the policy once on a reset observation: a policy that writes no action fails here,
-        and the other outputs it writes are recorded (zero-filled in random-action steps).
+        """Run the policy once on a reset observation: the other outputs it writes are recorded
+        (zero-filled in random-action steps). A policy that writes no action is refused by the
+        first batch, as TorchRL's first step refuses it (env transforms may be what it lacks).
 
         The env is not stepped; the first batch starts from this reset (and its seed, if any).
         """
-        with torch.no_grad(), set_interaction_type(self.exploration_type):
-            out = self.rollout.probe(self.policy)
+        try:
+            with torch.no_grad(), set_interaction_type(self.exploration_type):
+                out = self.rollout.probe(self.policy)
+        except MissingAction:
+            return
         if isinstance(self.env, GymEnv):
             check_action_shape(self.policy.source, out, self.env.action_shape, self.env.action_space)
         # random-action batches carry the policy's other outputs too, zero-filled, as TorchRL's do

@@ -23,6 +23,10 @@ from tensordict.utils import unravel_key
 from torch import nn
 
 
+class MissingAction(ValueError):
+    """A policy wrote none of the env's action keys (raised at the step that calls it)."""
+
+
 class RandomPolicy:
     """Samples actions from a gymnasium action space (the per-env, unbatched space).
 
@@ -106,7 +110,7 @@ class StepPolicy:
             self.out_keys = list(self.td_module.out_keys)
             missing = self._missing_actions(self.out_keys)
             if missing:
-                raise ValueError(
+                raise MissingAction(
                     f"policy={policy!r} writes {self.out_keys}, which lacks {missing}; a policy must "
                     f"write the env's action keys {self.action_keys}"
                 )
@@ -157,7 +161,7 @@ class StepPolicy:
             written = list(result.keys(True, True, is_leaf=_is_leaf_nontensor)) if isinstance(result, TensorDictBase) else []
             missing = self._missing_actions(written)
             if missing:
-                raise ValueError(
+                raise MissingAction(
                     f"policy={self.source!r} did not write {missing} into the TensorDict it was given; "
                     f"a policy must write the env's action keys {self.action_keys}"
                 )
