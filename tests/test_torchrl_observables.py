@@ -188,3 +188,45 @@ def test_a_policy_that_writes_no_action_is_refused_by_the_first_batch():
     with pytest.raises(ValueError, match=r"did not write \['action'\] into the TensorDict it was given"):
         c.next()
     c.shutdown()
+
+
+# ------------------------------------------------------------------ interruptor and preemptive_threshold
+class Flag:
+    """TorchRL's ``_Interruptor`` shape: ``collection_stopped()``."""
+
+    def __init__(self, stopped: bool) -> None:
+        self.stopped = stopped
+
+    def collection_stopped(self) -> bool:
+        return self.stopped
+
+
+def _action_zero(td):
+    return td.set("action", torch.zeros(td.batch_size, dtype=torch.int64))
+
+
+def test_an_interruptor_ends_each_batch_at_the_step_it_says_stop():
+    """Stopped from the start: each batch holds one collected step, then padding (id -1, mask
+    False); the collected steps are those a collector without it collects, and only they count."""
+    c = Collector(count_env, _action_zero, frames_per_batch=5, total_frames=5, interruptor=Flag(True))
+    batches = list(c)
+    assert len(batches) == 5 and c.frames == 5
+    for b in batches:
+        assert b.shape == (5,) and b[TRAJ_IDS][0] >= 0 and (b[TRAJ_IDS][1:] == -1).all()
+        assert b["collector", "mask"].tolist() == [True, False, False, False, False]
+    reference = Collector(count_env, _action_zero, frames_per_batch=5, total_frames=5).next()
+    collected = torch.stack([b[0] for b in batches])
+    assert torch.equal(collected["observation"], reference["observation"])
+    assert torch.equal(collected["next", "observation"], reference["next", "observation"])
+    running = Collector(count_env, None, frames_per_batch=5, total_frames=5, interruptor=Flag(False)).next()
+    assert (running["collector", "mask"]).all()
+    with pytest.raises(TypeError, match="interruptor=1 is invalid; accepted: None or an object with a collection_stopped"):
+        Collector(count_env, None, frames_per_batch=5, interruptor=1)
+
+
+@pytest.mark.multiprocess
+def test_preemptive_threshold_one_is_kept_as_given_and_no_interruptor_is_made():
+    with MultiSyncCollector([count_env] * 2, None, frames_per_batch=20, total_frames=20, preemptive_threshold=1.0) as c:
+        assert c.preemptive_threshold == 1.0 and c.interruptor is None
+        batch = c.next()
+    assert (batch[TRAJ_IDS] >= 0).all() and ("collector", "mask") not in batch.keys(True)

@@ -88,6 +88,9 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
         no_cuda_sync: TorchRL's; this collector makes no CUDA synchronize calls (True or False).
+        interruptor: TorchRL's: an object whose ``collection_stopped()``, checked after each step,
+            ends the batch there when True; the rest of the batch is padded (trajectory id -1,
+            ``("collector", "mask")`` False), as a preempted worker's.
         trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
             :mod:`rpc_collectors.core.torchrl_args` maps them (a plain module called on TensorDicts;
             CUDA graphs only as a pass-through without CUDA; ``NoWeightSyncScheme`` makes
@@ -138,6 +141,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         weight_sync_schemes: dict | None = None,
         worker_idx: int | None = None,
         no_cuda_sync: bool = False,
+        interruptor: Any = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
@@ -147,6 +151,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         )
         checks.reset_when_done(reset_when_done)
         checks.boolean("no_cuda_sync", no_cuda_sync)  # this collector makes no CUDA synchronize calls to skip
+        self.interruptor = checks.interruptor(interruptor)
         self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
         checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, self.track_traj_ids)
         self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
@@ -263,7 +268,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             self.rollout.invalidate()
         random = self._frames < self.init_random_frames
         fresh_obs = self.rollout.needs_reset
-        preempted = self.preemption.stopped if self.preemption is not None else None
+        preempted = self.preemption.stopped if self.preemption is not None else (
+            None if self.interruptor is None else self.interruptor.collection_stopped)
         interrupted = self._interrupted.is_set
         stopped = interrupted if preempted is None else lambda: interrupted() or preempted()
 
@@ -285,7 +291,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             batch_edits.set_truncated(batch, self.truncated_keys)
         if self.compact_keys:
             batch = batch.exclude(*self.compact_keys)
-        if self.preemption is not None:
+        if self.preemption is not None or self.interruptor is not None:
             batch = preemption.padded(batch, self.steps_per_batch)
         if not self.track_traj_ids:
             batch_edits.drop_traj_ids(batch)

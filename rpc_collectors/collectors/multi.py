@@ -235,7 +235,7 @@ class RPCCollector(CollectorFront):
         checks.split_needs_ids(self.split_trajs or self.trajs_per_batch is not None, track_traj_ids)
         checks.use_buffers(use_buffers, self.replay_buffer)
         elastic = checks.boolean("elastic", elastic)
-        preemptive_threshold = checks.preemptive_threshold(
+        self.preemptive_threshold = checks.preemptive_threshold(
             preemptive_threshold, sync, elastic, self.split_trajs or self.trajs_per_batch is not None,
         )
         join_timeout = checks.timeout("join_timeout", join_timeout)
@@ -267,7 +267,8 @@ class RPCCollector(CollectorFront):
             ),
             tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
             collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,
-            preemptive_threshold=preemptive_threshold, node_collector=MultiCollector, inference=inference,
+            preemptive_threshold=None if self.preemptive_threshold == 1.0 else self.preemptive_threshold,
+            node_collector=MultiCollector, inference=inference,
         )
         self._open(checked, policy, functools.partial(_pool, checked))
 

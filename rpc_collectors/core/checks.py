@@ -154,6 +154,14 @@ def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool, repl
     return "padded" if value is None else value
 
 
+def interruptor(value: Any) -> Any:
+    """TorchRL's ``interruptor``: None, or an object with a ``collection_stopped()`` method."""
+    if value is not None and not callable(getattr(value, "collection_stopped", None)):
+        raise TypeError(f"interruptor={value!r} is invalid; accepted: None or an object with a collection_stopped() "
+                        "method (TorchRL's _Interruptor)")
+    return value
+
+
 def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:
     if split_trajs and track_traj_ids is False:
         raise ValueError("split_trajs=True and trajs_per_batch need track_traj_ids=True "
@@ -168,7 +176,7 @@ def preemptive_threshold(value: Any, sync: Any, elastic: Any, whole_trajectories
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ValueError(f"preemptive_threshold={value!r} is invalid; accepted: None or a number in [0, 1]")
     if value == 1.0:
-        return None
+        return 1.0
     if sync is False:
         raise ValueError(
             f"preemptive_threshold={value!r} ends the rounds of a sync collector early; an async one hands in "

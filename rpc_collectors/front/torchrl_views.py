@@ -43,6 +43,12 @@ class TorchRLViews:
             return [remote_calls.attribute(self, method_name)(*args[i], **kwargs[i]) for i in self._serving()]
         return self.gather({i: self._call(i, "map_fn", method_name, args[i], kwargs[i]) for i in self._serving()})
 
+    @property
+    def interruptor(self) -> None:
+        """TorchRL's shared flag that stops a sync round's other workers: None, as TorchRL's is without
+        preemption; with it, the trainer stops them by a call, so no flag exists either."""
+        return None
+
     def _in_trainer(self, path: str) -> bool:
         """Whether ``path`` is the replay buffer's: the workers' frames go into the one buffer the
         trainer writes, so each worker's ``replay_buffer`` is that buffer (TorchRL's workers share theirs)."""
