@@ -230,3 +230,13 @@ def test_preemptive_threshold_one_is_kept_as_given_and_no_interruptor_is_made():
         assert c.preemptive_threshold == 1.0 and c.interruptor is None
         batch = c.next()
     assert (batch[TRAJ_IDS] >= 0).all() and ("collector", "mask") not in batch.keys(True)
+
+
+@pytest.mark.multiprocess
+def test_fake_tensordict_is_a_single_process_collectors_only():
+    with MultiSyncCollector([count_env] * 2, None, frames_per_batch=20, total_frames=20) as c:
+        with pytest.raises(NotImplementedError, match="MultiSyncCollector.fake_tensordict is not implemented, as in TorchRL"):
+            c.fake_tensordict()
+    with Collector(count_env, None, frames_per_batch=10) as c:
+        with pytest.raises(TypeError, match=r"fake_tensordict\(\) reads the env's fake_tensordict\(\)"):
+            c.fake_tensordict()

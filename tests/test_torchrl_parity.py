@@ -12,7 +12,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from tensordict.nn import TensorDictSequential
+from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
 if os.environ.get("RPC_COLLECTORS_REQUIRE_TORCHRL"):
@@ -171,3 +171,25 @@ def test_a_recurrent_policy_that_writes_no_action_gets_its_env_transforms():
         keys.append(set(c.env.full_observation_spec.keys(True, True)))
         c.shutdown()
     assert keys[1] == keys[0] and {"is_init", "recurrent_state"} <= keys[1]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"use_buffers": False}, {"compact_obs": True, "track_policy_version": True}])
+def test_fake_tensordict_is_a_zeroed_batch_with_the_real_ones_layout(kwargs):
+    from torchrl.envs import InitTracker, TransformedEnv
+
+    def env():
+        return TransformedEnv(GymEnv("Pendulum-v1"), InitTracker())
+
+    def policy():
+        return TensorDictModule(TwoOutputs(), in_keys=["observation"], out_keys=["action", "extra"])
+
+    c = Collector(env, policy(), frames_per_batch=10, total_frames=10, **kwargs)
+    fake, real = c.fake_tensordict(), c.next()
+    c.shutdown()
+    assert fake.batch_size == real.batch_size and fake.names == real.names
+    assert sorted(map(str, fake.keys(True, True))) == sorted(map(str, real.keys(True, True)))
+    assert all(fake.get(key).dtype == real.get(key).dtype and not fake.get(key).any() for key in fake.keys(True, True))
+    if not kwargs:  # TorchRL's own, for the same collector
+        theirs = trl_collectors.Collector(env, policy(), frames_per_batch=10, total_frames=10)
+        assert sorted(map(str, theirs.fake_tensordict().keys(True, True))) == sorted(map(str, fake.keys(True, True)))
+        theirs.shutdown()

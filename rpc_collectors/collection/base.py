@@ -164,15 +164,20 @@ class BaseCollector:
                     totals[0], totals[1] = totals[0] + count, totals[1] + 1
             if self._use_buffers is None and isinstance(batch, TensorDictBase):
                 self._use_buffers = not isinstance(batch, LazyStackedTensorDict)
-            if self.split_trajs:
-                batch = split_trajectories(batch)
-            if self.postproc is not None:
-                batch = self.postproc(batch)
-            if self._exclude_private_keys and (self.postproc is not None or not self._sources_drop_private_keys):
-                batch = drop_private_keys(batch)
+            batch = self._postprocess(batch)
             if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
+
+    def _postprocess(self, batch: TensorDictBase) -> TensorDictBase:
+        """``split_trajs``, ``postproc``, then private entries dropped, as TorchRL's collectors do."""
+        if self.split_trajs:
+            batch = split_trajectories(batch)
+        if self.postproc is not None:
+            batch = self.postproc(batch)
+        if self._exclude_private_keys and (self.postproc is not None or not self._sources_drop_private_keys):
+            batch = drop_private_keys(batch)
+        return batch
 
     def _delivered_frames(self, worker: int) -> int:
         """The frames of worker ``worker`` in the batches handed out so far."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 from tensordict.utils import unravel_key
 
-from rpc_collectors.collection import batch_edits, preemption
+from rpc_collectors.collection import batch_edits, envs, preemption
 from rpc_collectors.collection.base import BaseCollector
+from rpc_collectors.collection.collector_views import CollectorViews
 from rpc_collectors.collection.dispatching import DispatchingCollector
 from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
 from rpc_collectors.collection.policies import MissingAction, RandomPolicy, StepPolicy, check_action_shape, run_device
@@ -25,12 +25,7 @@ POLICY_VERSION = ("collector", "policy_version")
 TORCHRL_VERSION = "policy_version"  # TorchRL's track_policy_version key, at the root and under "next"
 
 
-def resumed_seed(seed: int, resumes: int) -> int:
-    """The env seed of the ``resumes``-th resume of a run seeded with ``seed`` (from its seed sequence)."""
-    return int(np.random.SeedSequence(seed, spawn_key=(resumes,)).generate_state(1)[0])
-
-
-class Collector(BaseCollector, metaclass=DispatchingCollector):
+class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
     """Collects batches of ``frames_per_batch`` frames from one env in this process.
 
     Args:
@@ -88,9 +83,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
         no_cuda_sync: TorchRL's; this collector makes no CUDA synchronize calls (True or False).
-        interruptor: TorchRL's: an object whose ``collection_stopped()``, checked after each step,
-            ends the batch there when True; the rest of the batch is padded (trajectory id -1,
-            ``("collector", "mask")`` False), as a preempted worker's.
+        interruptor: TorchRL's: its ``collection_stopped()``, True after a step, ends the batch there,
+            padded as a preempted worker's (trajectory id -1, ``("collector", "mask")`` False).
         trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
             :mod:`rpc_collectors.core.torchrl_args` maps them (a plain module called on TensorDicts;
             CUDA graphs only as a pass-through without CUDA; ``NoWeightSyncScheme`` makes
@@ -224,11 +218,6 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         if self.policy is not None:
             self._check_policy()
 
-    @property
-    def _wrapped_policy(self) -> Any:
-        """TorchRL's: the policy as this collector calls it (a plain module in its ``TensorDictModule``)."""
-        return None if self.policy is None else self.policy.td_module or self.policy.policy
-
     def _check_policy(self) -> None:
         """Run the policy once on a reset observation: the other outputs it writes are recorded
         (zero-filled in random-action steps). A policy that writes no action is refused by the
@@ -287,6 +276,10 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         if interrupted():
             raise RuntimeError("the collector was interrupted: its worker process is closing")
         self._obs_version = self.policy_version
+        return self._finish(batch)
+
+    def _finish(self, batch: TensorDictBase) -> TensorDictBase:
+        """A batch's last edits, as TorchRL's: truncated marks, compact observations, padding, ids, device."""
         if self.truncated_keys:
             batch_edits.set_truncated(batch, self.truncated_keys)
         if self.compact_keys:
@@ -384,18 +377,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
                 if not hasattr(self.env, "set_seed"):
                     raise TypeError(f"load_state_dict: the state is of a seeded env; this env {self.env!r} has no set_seed")
                 self._seed, self._resumes = int(state["seed"]), int(state.get("resumes", 0)) + 1
-                self.env.set_seed(resumed_seed(self._seed, self._resumes))
+                self.env.set_seed(envs.resumed_seed(self._seed, self._resumes))
             self.rollout.invalidate()
-
-    def reset(self, index: Any = None) -> None:
-        """TorchRL's: the next batch starts from a fresh reset of every env, and the trajectories
-        ``trajs_per_batch`` holds back (in flight or complete) are dropped. A batch in progress in
-        another thread is finished first."""
-        if index is not None:
-            raise ValueError(f"reset(index={index!r}): this collector resets all its envs; accepted: index=None")
-        with self._busy:
-            self.rollout.invalidate()
-            self._assembly.clear()
 
     def cut(self) -> None:
         """End the trajectories in progress where the last batch ended: they continue under new ids

@@ -43,6 +43,12 @@ class TorchRLViews:
             return [remote_calls.attribute(self, method_name)(*args[i], **kwargs[i]) for i in self._serving()]
         return self.gather({i: self._call(i, "map_fn", method_name, args[i], kwargs[i]) for i in self._serving()})
 
+    def fake_tensordict(self) -> Any:
+        """Not implemented, as in TorchRL: each worker's batch has its own layout (a single-process
+        ``Collector`` has it)."""
+        raise NotImplementedError(f"{type(self).__name__}.fake_tensordict is not implemented, as in TorchRL; "
+                                  "accepted: Collector(...).fake_tensordict() with one of the workers' envs")
+
     @property
     def interruptor(self) -> None:
         """TorchRL's shared flag that stops a sync round's other workers: None, as TorchRL's is without
