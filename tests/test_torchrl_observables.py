@@ -240,3 +240,29 @@ def test_fake_tensordict_is_a_single_process_collectors_only():
     with Collector(count_env, None, frames_per_batch=10) as c:
         with pytest.raises(TypeError, match=r"fake_tensordict\(\) reads the env's fake_tensordict\(\)"):
             c.fake_tensordict()
+
+
+# ------------------------------------------------------------------ what a replay buffer is given
+class RecordingStackBuffer:
+    """Keeps what ``extend()`` was given."""
+
+    def __init__(self) -> None:
+        self.given: list = []
+
+    def extend(self, td) -> None:
+        self.given.append(td)
+
+
+def test_a_replay_buffer_is_given_the_steps_lazily_stacked_with_the_frames_a_batch_holds():
+    """As TorchRL's: the storage writes each step where it goes, without a dense copy first."""
+    from conftest import TDCountEnv
+    from tensordict import LazyStackedTensorDict
+
+    rb = RecordingStackBuffer()
+    c = Collector(TDCountEnv(), _action_zero, frames_per_batch=10, total_frames=20, replay_buffer=rb)
+    assert list(c) == [None, None] and c._use_buffers is False
+    reference = list(Collector(TDCountEnv(), _action_zero, frames_per_batch=10, total_frames=20))
+    assert all(isinstance(td, LazyStackedTensorDict) for td in rb.given)
+    for given, batch in zip(rb.given, reference):
+        assert given.batch_size == batch.batch_size and given.names == batch.names
+        assert (given.to_tensordict() == batch).all()

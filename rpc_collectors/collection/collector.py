@@ -203,9 +203,11 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         else:
             self.rollout = TensorDictRollout(self.env, self.traj_ids, self.max_frames_per_traj)
         if isinstance(self.rollout, TensorDictRollout):  # a GymEnv's batches are dense always
-            self.rollout.dense_only = bool(use_buffers)
-        # TorchRL's attribute: batches are dense unless the env's shapes change (lazy stacks then)
-        self._use_buffers = use_buffers if use_buffers is not None else not getattr(self.env, "_has_dynamic_specs", False)
+            whole_batches = self.replay_buffer is not None and self.extend_buffer and not self.split_trajs
+            self.rollout.stacking = "dense" if use_buffers else "lazy" if whole_batches and trajs_per_batch is None else "auto"
+        # TorchRL's attribute: batches are dense unless the env's shapes change or a buffer takes them (lazy stacks then)
+        lazy = getattr(self.rollout, "stacking", None) == "lazy" or getattr(self.env, "_has_dynamic_specs", False)
+        self._use_buffers = use_buffers if use_buffers is not None else not lazy
         self.policy_version = 0
         self._obs_version = 0  # the version the observation the next batch starts from came with
         self._pending: tuple[Any, int] | None = None
