@@ -255,8 +255,9 @@ class RecordingStackBuffer:
 
 def test_a_replay_buffer_is_given_the_steps_lazily_stacked_with_the_frames_a_batch_holds():
     """As TorchRL's: the storage writes each step where it goes, without a dense copy first."""
-    from conftest import TDCountEnv
     from tensordict import LazyStackedTensorDict
+
+    from conftest import TDCountEnv
 
     rb = RecordingStackBuffer()
     c = Collector(TDCountEnv(), _action_zero, frames_per_batch=10, total_frames=20, replay_buffer=rb)
