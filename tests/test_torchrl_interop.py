@@ -274,7 +274,7 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
 
     theirs = inspect.signature(getattr(trl_distributed, name).__init__).parameters
     ours = inspect.signature(getattr(distributed, name).__init__).parameters
-    if name == "RPCCollector":  # our RPCCollector keeps its own defaults (README "Coming from TorchRL")
+    if name == "RPCCollector":  # ours takes its own launchers; the defaults it shares: test_torchrl_parity.py
         expected = {"visible_devices", "tensorpipe_options", "weight_updater",
                     "weight_sync_schemes", "weight_recv_schemes", "collector_class", "num_workers_per_collector"}
         assert set(theirs) - set(ours) <= expected, set(theirs) - set(ours)
