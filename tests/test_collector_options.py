@@ -427,7 +427,7 @@ def assert_whole_trajectories(batch) -> None:
 
 
 def test_trajs_per_batch_yields_whole_trajectories():
-    collector = Collector(count_env, None, frames_per_batch=4, total_frames=60, trajs_per_batch=3)
+    collector = Collector(count_env, None, frames_per_batch=4, total_frames=60, trajs_per_batch=3, traj_format="padded")
     batches = list(collector)
     assert len(batches) >= 5 and all(b.shape[0] == 3 for b in batches)
     for batch in batches:
@@ -447,7 +447,7 @@ def test_trajs_per_batch_writes_each_trajectory_flat_into_a_replay_buffer():
 @pytest.mark.multiprocess
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_trajs_per_batch_from_workers():
-    with MultiSyncCollector([count_env] * 2, None, frames_per_batch=8, total_frames=80, trajs_per_batch=4,
+    with MultiSyncCollector([count_env] * 2, None, frames_per_batch=8, total_frames=80, trajs_per_batch=4, traj_format="padded",
                             track_policy_version=True) as c:
         batches = list(c)
     assert batches and all(b.shape[0] == 4 for b in batches)

@@ -16,6 +16,7 @@ from rpc_collectors import (
     DistributedCollector,
     DistributedSyncCollector,
     GymEnv,
+    MultiAsyncCollector,
     MultiCollector,
     MultiSyncCollector,
     RPCCollector,
@@ -313,9 +314,9 @@ def test_mp_with_shared_memory_weights_opens_no_port():
 
 # ------------------------------------------------------------------ Collector(backend=...)
 @pytest.mark.parametrize("backend, options, cls, sync, shape", [
-    (None, {}, MultiCollector, False, (20,)),
-    ("process", {}, MultiCollector, True, (2, 10)),
-    ("multiprocessing", {}, MultiCollector, True, (2, 10)),
+    (None, {}, MultiAsyncCollector, False, (20,)),
+    ("process", {}, MultiSyncCollector, True, (2, 10)),
+    ("multiprocessing", {}, MultiSyncCollector, True, (2, 10)),
     ("rpc", {"launcher": "mp"}, RPCCollector, True, (20,)),
     ("distributed", {"launcher": "mp"}, DistributedCollector, True, (2, 10)),
 ])

@@ -158,7 +158,7 @@ def test_trajs_per_write_sets_the_trajectories_per_replay_buffer_write():
     assert max(done for _, _, done in all_.writes) > 1  # every trajectory that ended with a batch
     assert sum(done for _, _, done in one.writes) == sum(done for _, _, done in all_.writes)
     with pytest.raises(ValueError, match="trajs_per_write=2 .*needs trajs_per_batch and a replay_buffer"):
-        Collector(count_env, None, frames_per_batch=4, trajs_per_batch=2, trajs_per_write=2)
+        Collector(count_env, None, frames_per_batch=4, trajs_per_batch=2, traj_format="cat", trajs_per_write=2)
     with pytest.raises(ValueError, match="trajs_per_write=0 is invalid"):
         Collector(count_env, None, frames_per_batch=4, trajs_per_batch=2, replay_buffer=DeviceBuffer(), trajs_per_write=0)
 

@@ -275,10 +275,11 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
 
     theirs = inspect.signature(getattr(trl_distributed, name).__init__).parameters
     ours = inspect.signature(getattr(distributed, name).__init__).parameters
-    if name == "RPCCollector":  # our RPCCollector keeps its own defaults (README "Coming from TorchRL")
+    if name == "RPCCollector":  # ours takes its own launchers; the defaults it shares: test_torchrl_parity.py
         assert set(theirs) <= set(ours), set(theirs) - set(ours)
         for arg in ("visible_devices", "tensorpipe_options", "weight_updater", "weight_recv_schemes"):
             assert ours[arg].default is theirs[arg].default is None, arg
+        assert {"launcher", "tcp_port", "slurm_kwargs"} <= set(ours)
         return
     assert set(theirs) <= set(ours), set(theirs) - set(ours)
     for arg, parameter in theirs.items():

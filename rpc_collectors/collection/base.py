@@ -49,7 +49,7 @@ class BaseCollector:
         *,
         frames_per_batch: int,
         total_frames: int = -1,
-        split_trajs: bool = False,
+        split_trajs: bool | None = False,
         postproc: Any = None,
         replay_buffer: Any = None,
         extend_buffer: bool = True,
@@ -62,7 +62,7 @@ class BaseCollector:
         self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
         self.requested_frames_per_batch = self.frames_per_batch  # before it is rounded to the envs or workers
         self.total_frames = checks.total_frames(total_frames)
-        self.split_trajs = checks.boolean("split_trajs", split_trajs)
+        self.split_trajs = checks.boolean("split_trajs", False if split_trajs is None else split_trajs)  # TorchRL's None
         self.postproc = checks.optional_callable("postproc", postproc)
         self.replay_buffer = checks.replay_buffer(replay_buffer)
         self.extend_buffer = checks.boolean("extend_buffer", extend_buffer)
@@ -70,13 +70,14 @@ class BaseCollector:
             checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
         self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
         self.trajs_per_batch = checks.optional_positive_int("trajs_per_batch", trajs_per_batch)
-        self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs)
+        self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs, self.replay_buffer)
         self.replay_write_mode = torchrl_args.replay_write_mode(replay_write_mode, self.replay_buffer, self.trajs_per_batch)
         self.trajs_per_write = torchrl_args.trajs_per_write(
             trajs_per_write, self.replay_write_mode == "trajectory", self.replay_buffer)
         self.progress = TrajectoryProgress(self._stream_key)
         self._frames = 0
         self._iter = 0
+        self._assembly = WholeTrajectories()  # trajs_per_batch: the trajectories held back
         self.last_batch: BatchRecord | None = None
         self._worker_ids: torch.Tensor | None = None  # of the last batch's steps, for extend_buffer=False
         self._worker_totals: dict[int, list[int]] = {}  # frames and batches each worker delivered
@@ -153,15 +154,20 @@ class BaseCollector:
                     totals[0], totals[1] = totals[0] + count, totals[1] + 1
             if self._use_buffers is None and isinstance(batch, TensorDictBase):
                 self._use_buffers = not isinstance(batch, LazyStackedTensorDict)
-            if self.split_trajs:
-                batch = split_trajectories(batch)
-            if self.postproc is not None:
-                batch = self.postproc(batch)
-            if self._exclude_private_keys and (self.postproc is not None or not self._sources_drop_private_keys):
-                batch = drop_private_keys(batch)
+            batch = self._postprocess(batch)
             if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
+
+    def _postprocess(self, batch: TensorDictBase) -> TensorDictBase:
+        """``split_trajs``, ``postproc``, then private entries dropped, as TorchRL's collectors do."""
+        if self.split_trajs:
+            batch = split_trajectories(batch)
+        if self.postproc is not None:
+            batch = self.postproc(batch)
+        if self._exclude_private_keys and (self.postproc is not None or not self._sources_drop_private_keys):
+            batch = drop_private_keys(batch)
+        return batch
 
     def _delivered_frames(self, worker: int) -> int:
         """The frames of worker ``worker`` in the batches handed out so far."""
@@ -246,7 +252,7 @@ class BaseCollector:
         """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
         buffer (``replay_write_mode="trajectory"``), the trajectories that completed with each batch
         written to it flat (``[T]``), ``trajs_per_write`` per ``extend()`` (all of them if None)."""
-        assembled = WholeTrajectories()
+        assembled = self._assembly
         for batch in self._processed_batches():
             assembled.add(batch)
             if self._discards_in_flight():
@@ -262,6 +268,11 @@ class BaseCollector:
             else:
                 while len(assembled.complete) >= self.trajs_per_batch:
                     yield emit(assembled.take(self.trajs_per_batch), self.traj_format)
+
+    @property
+    def _traj_assembly(self) -> tuple[dict, list]:
+        """TorchRL's: the trajectories ``trajs_per_batch`` holds back, in flight and complete."""
+        return self._assembly.in_flight, self._assembly.complete
 
     def _discards_in_flight(self) -> bool:
         """Whether every batch starts from a reset, so trajectories in flight never complete."""

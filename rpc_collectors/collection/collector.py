@@ -4,19 +4,19 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import set_interaction_type
+from tensordict.nn import InteractionType, set_interaction_type
 from tensordict.utils import unravel_key
 
-from rpc_collectors.collection import batch_edits, preemption
+from rpc_collectors.collection import batch_edits, envs, preemption
 from rpc_collectors.collection.base import BaseCollector
+from rpc_collectors.collection.collector_views import CollectorViews
 from rpc_collectors.collection.dispatching import DispatchingCollector
 from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
-from rpc_collectors.collection.policies import RandomPolicy, StepPolicy, check_action_shape, run_device
+from rpc_collectors.collection.policies import MissingAction, RandomPolicy, StepPolicy, check_action_shape, run_device
 from rpc_collectors.collection.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
-from rpc_collectors.collection.trajectories import TrajectoryIds
+from rpc_collectors.collection.trajectories import TrajectoryIds, pool_state
 from rpc_collectors.core import checks, torchrl_args
 from rpc_collectors.planes.weight_updates import whole_update
 from rpc_collectors.planes.weights import load_weights, one_source, signature_of
@@ -25,12 +25,7 @@ POLICY_VERSION = ("collector", "policy_version")
 TORCHRL_VERSION = "policy_version"  # TorchRL's track_policy_version key, at the root and under "next"
 
 
-def resumed_seed(seed: int, resumes: int) -> int:
-    """The env seed of the ``resumes``-th resume of a run seeded with ``seed`` (from its seed sequence)."""
-    return int(np.random.SeedSequence(seed, spawn_key=(resumes,)).generate_state(1)[0])
-
-
-class Collector(BaseCollector, metaclass=DispatchingCollector):
+class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
     """Collects batches of ``frames_per_batch`` frames from one env in this process.
 
     Args:
@@ -91,6 +86,9 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             (their ``get_distant_attr("worker_idx")``); the workers of ours set it themselves.
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
+        no_cuda_sync: TorchRL's; this collector makes no CUDA synchronize calls (True or False).
+        interruptor: TorchRL's: its ``collection_stopped()``, True after a step, ends the batch there,
+            padded as a preempted worker's (trajectory id -1, ``("collector", "mask")`` False).
         trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
             :mod:`rpc_collectors.core.torchrl_args` maps them (a plain module called on TensorDicts;
             CUDA graphs only as a pass-through without CUDA; ``NoWeightSyncScheme`` makes
@@ -108,16 +106,16 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         frames_per_batch: int,
         total_frames: int = -1,
         max_frames_per_traj: int | None = None,
-        init_random_frames: int | None = 0,
+        init_random_frames: int | None = None,
         reset_at_each_iter: bool = False,
-        split_trajs: bool = False,
+        split_trajs: bool | None = None,
         postproc: Any = None,
         device: Any = None,
         storing_device: Any = None,
         env_device: Any = None,
         policy_device: Any = None,
         replay_buffer: Any = None,
-        exploration_type: Any = None,
+        exploration_type: Any = InteractionType.RANDOM,
         track_policy_version: bool = False,
         create_env_kwargs: dict | None = None,
         policy_factory: Any = None,
@@ -141,6 +139,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         cudagraph_policy: bool | dict | None = None,
         weight_sync_schemes: dict | None = None,
         worker_idx: int | None = None,
+        no_cuda_sync: bool = False,
+        interruptor: Any = None,
     ) -> None:
         super().__init__(
             frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
@@ -150,6 +150,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             trajs_per_write=trajs_per_write,
         )
         checks.reset_when_done(reset_when_done)
+        checks.boolean("no_cuda_sync", no_cuda_sync)  # this collector makes no CUDA synchronize calls to skip
+        self.interruptor = checks.interruptor(interruptor)
         self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
         checks.split_needs_ids(self.split_trajs or self.whole_trajectories, self.track_traj_ids)
         self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
@@ -207,9 +209,11 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         else:
             self.rollout = TensorDictRollout(self.env, self.traj_ids, self.max_frames_per_traj)
         if isinstance(self.rollout, TensorDictRollout):  # a GymEnv's batches are dense always
-            self.rollout.dense_only = bool(use_buffers)
-        # TorchRL's attribute: batches are dense unless the env's shapes change (lazy stacks then)
-        self._use_buffers = use_buffers if use_buffers is not None else not getattr(self.env, "_has_dynamic_specs", False)
+            whole_batches = self.replay_buffer is not None and self.extend_buffer and not self.split_trajs
+            self.rollout.stacking = "dense" if use_buffers else "lazy" if whole_batches and trajs_per_batch is None else "auto"
+        # TorchRL's attribute: batches are dense unless the env's shapes change or a buffer takes them (lazy stacks then)
+        lazy = getattr(self.rollout, "stacking", None) == "lazy" or getattr(self.env, "_has_dynamic_specs", False)
+        self._use_buffers = use_buffers if use_buffers is not None else not lazy
         self.policy_version = 0
         self._obs_version = 0  # the version the observation the next batch starts from came with
         self._pending: tuple[Any, int] | None = None
@@ -223,13 +227,17 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             self._check_policy()
 
     def _check_policy(self) -> None:
-        """Run the policy once on a reset observation: a policy that writes no action fails here,
-        and the other outputs it writes are recorded (zero-filled in random-action steps).
+        """Run the policy once on a reset observation: the other outputs it writes are recorded
+        (zero-filled in random-action steps). A policy that writes no action is refused by the
+        first batch, as TorchRL's first step refuses it (env transforms may be what it lacks).
 
         The env is not stepped; the first batch starts from this reset (and its seed, if any).
         """
-        with torch.no_grad(), set_interaction_type(self.exploration_type):
-            out = self.rollout.probe(self.policy)
+        try:
+            with torch.no_grad(), set_interaction_type(self.exploration_type):
+                out = self.rollout.probe(self.policy)
+        except MissingAction:
+            return
         if isinstance(self.env, GymEnv):
             check_action_shape(self.policy.source, out, self.env.action_shape, self.env.action_space)
         # random-action batches carry the policy's other outputs too, zero-filled, as TorchRL's do
@@ -257,7 +265,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             self.rollout.invalidate()
         random = self._frames < self.init_random_frames
         fresh_obs = self.rollout.needs_reset
-        preempted = self.preemption.stopped if self.preemption is not None else None
+        preempted = self.preemption.stopped if self.preemption is not None else (
+            None if self.interruptor is None else self.interruptor.collection_stopped)
         interrupted = self._interrupted.is_set
         stopped = interrupted if preempted is None else lambda: interrupted() or preempted()
 
@@ -275,16 +284,23 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
         if interrupted():
             raise RuntimeError("the collector was interrupted: its worker process is closing")
         self._obs_version = self.policy_version
+        return self._finish(batch)
+
+    def _finish(self, batch: TensorDictBase) -> TensorDictBase:
+        """A batch's last edits, as TorchRL's: truncated marks, compact observations, padding, ids, device."""
         if self.truncated_keys:
             batch_edits.set_truncated(batch, self.truncated_keys)
         if self.compact_keys:
             batch = batch.exclude(*self.compact_keys)
-        if self.preemption is not None:
+        if self.preemption is not None or self.interruptor is not None:
             batch = preemption.padded(batch, self.steps_per_batch)
         if not self.track_traj_ids:
             batch_edits.drop_traj_ids(batch)
-        if self.devices["storing_device"] is not None and batch.device != self.devices["storing_device"]:
-            batch = batch.to(self.devices["storing_device"])
+        storing, env_device = self.devices["storing_device"], self.devices["env_device"]
+        if storing is not None and batch.device != storing:
+            batch = batch.to(storing)
+        elif storing is None and batch.device is not None and (env_device is None or self.devices["policy_device"] != env_device):
+            batch.clear_device_()  # as TorchRL's: no device was given that the env and the policy share
         return batch
 
     # ------------------------------------------------------------------ weights
@@ -348,6 +364,8 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
             state = self._base_state()
             state.update(traj_count=self.traj_ids.count, policy_version=self.policy_version,
                          seed=self._seed, resumes=self._resumes)
+            starting = int(torch.Size(self.env.batch_size).numel()) if self.rollout.fresh else 0  # ids at the next step
+            state["traj_pool"] = pool_state(self.traj_ids.peek(starting), self.run_start)
             if self.policy is not None and self.policy.module is not None:
                 state["policy_state_dict"] = {k: v.clone() for k, v in self.policy.module.state_dict().items()}
         return state
@@ -367,7 +385,7 @@ class Collector(BaseCollector, metaclass=DispatchingCollector):
                 if not hasattr(self.env, "set_seed"):
                     raise TypeError(f"load_state_dict: the state is of a seeded env; this env {self.env!r} has no set_seed")
                 self._seed, self._resumes = int(state["seed"]), int(state.get("resumes", 0)) + 1
-                self.env.set_seed(resumed_seed(self._seed, self._resumes))
+                self.env.set_seed(envs.resumed_seed(self._seed, self._resumes))
             self.rollout.invalidate()
 
     def cut(self) -> None:

@@ -21,6 +21,11 @@ ObsDict = dict  # {key or key tuple: np.ndarray}
 PARTIAL_RESETS = (SyncVectorEnv, AsyncVectorEnv)  # vector envs that reset some of their envs (reset_mask)
 
 
+def resumed_seed(seed: int, resumes: int) -> int:
+    """The env seed of the ``resumes``-th resume of a run seeded with ``seed`` (from its seed sequence)."""
+    return int(np.random.SeedSequence(seed, spawn_key=(resumes,)).generate_state(1)[0])
+
+
 def _obs_keys(space: gym.Space, path: tuple = ("observation",)) -> list:
     """The key of each observation leaf: ``"observation"``, or ``("observation", name, ...)`` down a (nested) Dict."""
     if isinstance(space, gym.spaces.Dict):

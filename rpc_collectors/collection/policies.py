@@ -1,7 +1,8 @@
 """Policies as collectors call them: random actions, and user policies behind one step call.
 
 A user policy may be a ``TensorDictModule``, a plain ``nn.Module`` (reads ``"observation"``,
-writes ``"action"``), any callable taking and returning a TensorDict, or ``None`` (random
+writes ``"action"``, and, as TorchRL names them, ``"output1"``, ``"output2"``, ... for the further
+outputs of a module that returns a tuple), any callable taking and returning a TensorDict, or ``None`` (random
 actions). :class:`StepPolicy` turns each into ``inputs -> {key: tensor}`` (a TensorDict of the
 outputs for a policy called on TensorDicts) and, where it can,
 calls the underlying module on tensors directly, so no TensorDict is built per step.
@@ -20,6 +21,10 @@ from tensordict.base import _is_leaf_nontensor
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from tensordict.utils import unravel_key
 from torch import nn
+
+
+class MissingAction(ValueError):
+    """A policy wrote none of the env's action keys (raised at the step that calls it)."""
 
 
 class RandomPolicy:
@@ -99,12 +104,13 @@ class StepPolicy:
         self.policy = _to_device(policy, device)
         self.action_keys = [unravel_key(key) for key in (action_keys or ["action"])]
         self.td_module = _fast_module(self.policy, trust)
+        self.numbered = self.td_module is not None and self.td_module.module is self.policy  # a plain module wrapped here
         self.out_keys: list | None = None
         if self.td_module is not None:
             self.out_keys = list(self.td_module.out_keys)
             missing = self._missing_actions(self.out_keys)
             if missing:
-                raise ValueError(
+                raise MissingAction(
                     f"policy={policy!r} writes {self.out_keys}, which lacks {missing}; a policy must "
                     f"write the env's action keys {self.action_keys}"
                 )
@@ -137,9 +143,17 @@ class StepPolicy:
                 out = self.inner(*args, **self.method_kwargs)
             if not isinstance(out, tuple):
                 out = (out,)
+            if self.numbered and len(out) != len(self.out_keys):  # learnt at the first call (the collector's check)
+                self.out_keys = ["action", *(f"output{i}" for i in range(1, len(out)))]
+                self.td_module = TensorDictModule(self.policy, in_keys=self.in_keys, out_keys=self.out_keys)
             return dict(zip(self.out_keys, out))
         td = inputs if isinstance(inputs, TensorDictBase) else TensorDict(dict(inputs), batch_size=batch_size)
-        td_in = td.to(self.device) if self.device is not None else td
+        if self.device is not None:
+            td_in = td.to(self.device)
+        elif td.device is not None:  # as TorchRL: a policy without a device is given the step without one
+            td_in = td.clone(False).clear_device_()
+        else:
+            td_in = td
         in_keys = set(td_in.keys(include_nested=True, leaves_only=True)) if self.out_keys is None else None
         result = self.call(td_in)
         result = td_in if result is None else result
@@ -147,7 +161,7 @@ class StepPolicy:
             written = list(result.keys(True, True, is_leaf=_is_leaf_nontensor)) if isinstance(result, TensorDictBase) else []
             missing = self._missing_actions(written)
             if missing:
-                raise ValueError(
+                raise MissingAction(
                     f"policy={self.source!r} did not write {missing} into the TensorDict it was given; "
                     f"a policy must write the env's action keys {self.action_keys}"
                 )

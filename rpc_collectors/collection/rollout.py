@@ -25,12 +25,16 @@ def _dense(td: TensorDictBase) -> TensorDictBase:
     return td.contiguous() if isinstance(td, LazyStackedTensorDict) else td
 
 
-def _stack_steps(steps: list, dim: int, dense_only: bool = False) -> TensorDictBase:
-    """The steps of a batch stacked along time, as TorchRL stacks them: one TensorDict (entries that
-    are heterogeneous lazy stacks stay so), or, where an entry's shape changes from step to step (an
-    env with dynamic specs), a lazy stack; ``dense_only`` (TorchRL's ``use_buffers=True``): a
-    ``RuntimeError`` there instead."""
-    out = torch.stack(steps, dim=dim) if dense_only else TensorDict.maybe_dense_stack(steps, dim=dim)
+def _stack_steps(steps: list, dim: int, stacking: str = "auto") -> TensorDictBase:
+    """The steps of a batch stacked along time, as TorchRL stacks them: ``"auto"``, one TensorDict
+    (entries that are heterogeneous lazy stacks stay so), or, where an entry's shape changes from step
+    to step (an env with dynamic specs), a lazy stack; ``"dense"`` (TorchRL's ``use_buffers=True``):
+    a ``RuntimeError`` there instead; ``"lazy"``: a lazy stack of the steps, which a replay buffer's
+    storage writes step by step without a dense copy first."""
+    if stacking == "lazy":
+        out = LazyStackedTensorDict.lazy_stack(steps, dim=dim)
+    else:
+        out = torch.stack(steps, dim=dim) if stacking == "dense" else TensorDict.maybe_dense_stack(steps, dim=dim)
     out.names = time_names(out.batch_dims)
     return out
 
@@ -160,7 +164,7 @@ class TensorDictRollout:
         self.td: TensorDictBase | None = None
         self.stepped = False
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
-        self.dense_only = False  # TorchRL's use_buffers=True: steps must stack into one dense TensorDict
+        self.stacking = "auto"  # how steps are stacked (_stack_steps): "dense" is TorchRL's use_buffers=True
         self.rewards = list(getattr(env, "reward_keys", ["reward"]))
         self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *self.rewards]
 
@@ -233,7 +237,7 @@ class TensorDictRollout:
             self.td = self._next_root(nxt, td)
             if stopped is not None and stopped():
                 break
-        return set_marks(_stack_steps(steps, len(batch), self.dense_only), marks() if marks is not None else {})
+        return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The root of the next step: the next state, with finished envs reset."""
@@ -322,4 +326,4 @@ class EnvBaseRollout(TensorDictRollout):
             self.td = root
             if stopped is not None and stopped():
                 break
-        return set_marks(_stack_steps(steps, len(batch), self.dense_only), marks() if marks is not None else {})
+        return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})

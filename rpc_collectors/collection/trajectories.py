@@ -26,10 +26,21 @@ class TrajectoryIds:
     def __init__(self, start: int = 0, stride: int = 1) -> None:
         self.start, self.stride, self.count = start, stride, 0
 
+    def peek(self, n: int = 0) -> int:
+        """The id :meth:`new` hands out after ``n`` more."""
+        return self.start + self.stride * (self.count + n)
+
     def new(self, n: int) -> np.ndarray:
         ids = self.start + self.stride * np.arange(self.count, self.count + n, dtype=np.int64)
         self.count += n
         return ids
+
+
+def pool_state(next_id: int, start: int) -> dict:
+    """TorchRL's ``state_dict()["traj_pool"]``: ``{"traj_id": tensor}``, an id above every id handed
+    out so far and those the envs' current trajectories hold (``next_id``, before :func:`shift_ids`).
+    It is read from the trajectory counts, not loaded: a loaded collector's envs start new trajectories."""
+    return {"traj_id": torch.tensor(next_id + start * STARTS_APART if start else next_id)}
 
 
 def shift_ids(batch: Any, start: int) -> None:

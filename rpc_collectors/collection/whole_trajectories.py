@@ -35,10 +35,16 @@ class WholeTrajectories:
         """Forget the trajectories not complete yet (their envs were reset)."""
         self.in_flight.clear()
 
+    def clear(self) -> None:
+        """Forget every trajectory, complete or not (the collector was reset)."""
+        self.in_flight.clear()
+        self.complete.clear()
+
     def take(self, n: int | None = None) -> list[TensorDictBase]:
         """The first ``n`` complete trajectories (all if None), removed from here."""
         n = len(self.complete) if n is None else n
-        taken, self.complete = self.complete[:n], self.complete[n:]
+        taken = self.complete[:n]
+        del self.complete[:n]
         return taken
 
 

@@ -7,10 +7,17 @@ with it), ``"rpc"`` (:class:`~rpc_collectors.RPCCollector`), ``"distributed"`` a
 ``"submitit"`` (:class:`~rpc_collectors.DistributedCollector`, the latter with
 ``launcher="submitit"``) and ``"ray"`` (``RayCollector``). Contradictory arguments raise before
 anything starts. ``backend_options`` are the chosen class's own keywords.
+
+Where the program imported TorchRL, its ``torchrl.service_backend(...)`` context chooses the
+backend when none is given, and a class put at TorchRL's path of a backend's class (rebinding
+``torchrl.collectors.distributed.rpc.RPCCollector``, or ``unittest.mock.patch`` of it) is what
+that backend builds, as TorchRL's dispatch looks its classes up there; TorchRL's own classes
+standing there are not used, and torchrl is never imported here.
 """
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 from rpc_collectors.collection.collector import Collector
@@ -20,7 +27,15 @@ from rpc_collectors.collectors.ray_extra import ray_collector
 
 BACKENDS = ("direct", "process", "ray", "rpc", "distributed", "submitit")
 ALIASES = {"multiprocessing": "process"}  # TorchRL's long spelling
+POSITIVE = "it must be a positive integer; accepted: None or an int >= 1"
 RESERVED_OPTIONS = {"backend_options", "num_collectors", "num_workers", "sync"}
+TORCHRL_PATHS = {  # where TorchRL's dispatch finds each backend's class
+    "process": ("torchrl.collectors._multi_base", "MultiCollector"),
+    "ray": ("torchrl.collectors.distributed.ray", "RayCollector"),
+    "rpc": ("torchrl.collectors.distributed.rpc", "RPCCollector"),
+    "distributed": ("torchrl.collectors.distributed.generic", "DistributedCollector"),
+    "submitit": ("torchrl.collectors.distributed.generic", "DistributedCollector"),
+}
 
 
 def resolve(args: tuple, kwargs: dict, backend: Any, backend_options: Any, num_collectors: Any, sync: Any) -> tuple:
@@ -30,14 +45,17 @@ def resolve(args: tuple, kwargs: dict, backend: Any, backend_options: Any, num_c
         raise TypeError(f"Collector takes at most create_env_fn and policy positionally, got {len(args)} "
                         "positional arguments; accepted: the others as keywords")
     if num_collectors is not None and (isinstance(num_collectors, bool) or not isinstance(num_collectors, int)):
-        raise TypeError(f"num_collectors={num_collectors!r} is invalid; accepted: None or an int >= 1")
+        raise TypeError(f"num_collectors={num_collectors!r} is invalid: {POSITIVE}")
     if num_collectors is not None and num_collectors < 1:
-        raise ValueError(f"num_collectors={num_collectors!r} is invalid; accepted: None or an int >= 1")
+        raise ValueError(f"num_collectors={num_collectors!r} is invalid: {POSITIVE}")
+    from_context = backend is None and _context_backend() is not None
     if backend is None:
-        backend = "direct" if num_collectors is None else "process"
+        backend = _context_backend() or ("direct" if num_collectors is None else "process")
     backend = ALIASES.get(backend, backend) if isinstance(backend, str) else backend
     if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not supported by Collector; accepted: {', '.join(map(repr, BACKENDS))}")
+        chosen = " (selected by an enclosing torchrl.service_backend context)" if from_context else ""
+        raise ValueError(f"backend={backend!r}{chosen} is not supported by Collector; "
+                         f"accepted: {', '.join(map(repr, BACKENDS))}")
     if backend_options is not None and not isinstance(backend_options, dict):
         raise TypeError(f"backend_options={backend_options!r} is invalid; accepted: None or a dict of keywords")
     options = dict(backend_options or {})
@@ -59,17 +77,17 @@ def resolve(args: tuple, kwargs: dict, backend: Any, backend_options: Any, num_c
     if backend == "submitit":
         launcher = kwargs.setdefault("launcher", "submitit")
         if launcher != "submitit":
-            raise ValueError(f"backend='submitit' with launcher={launcher!r}; accepted: launcher='submitit' or none "
-                             "(backend='distributed' takes the other launchers)")
+            raise ValueError(f"backend='submitit' with launcher={launcher!r}: it requires launcher='submitit'; accepted: "
+                             "launcher='submitit' or none (backend='distributed' takes the other launchers)")
     _drop_collector_defaults(target, kwargs)
-    return target, args, {**kwargs, **extra, "sync": bool(sync)}
+    return _torchrl_path_class(backend) or target, args, {**kwargs, **extra, "sync": bool(sync)}
 
 
 def _direct(args: tuple, kwargs: dict, num_collectors: Any, sync: Any, options: dict) -> tuple[tuple, dict]:
     """The single-process collector's arguments: one env (a list must hold exactly one)."""
     if num_collectors not in (None, 1):
-        raise ValueError(f"backend='direct' with num_collectors={num_collectors!r}; accepted: None or 1 "
-                         "(more collectors: backend='process', 'rpc', 'distributed', 'submitit' or 'ray')")
+        raise ValueError(f"backend='direct' with num_collectors={num_collectors!r}: it runs at most one collector; "
+                         "accepted: None or 1 (more collectors: backend='process', 'rpc', 'distributed', 'submitit' or 'ray')")
     if sync is not None:
         raise ValueError(f"sync={sync!r} with backend='direct'; accepted: None (sync is for multi-collector backends)")
     if options:
@@ -78,7 +96,7 @@ def _direct(args: tuple, kwargs: dict, num_collectors: Any, sync: Any, options: 
     env, put = _env_argument(args, kwargs)
     if isinstance(env, (list, tuple)):
         if len(env) != 1:
-            raise ValueError(f"backend='direct' with {len(env)} env constructors in create_env_fn; accepted: one")
+            raise ValueError(f"backend='direct' with {len(env)} env constructors in create_env_fn; accepted: exactly one")
         args, kwargs = put(env[0])
     return args, kwargs
 
@@ -106,8 +124,25 @@ def _env_list(args: tuple, kwargs: dict, num_collectors: int | None) -> tuple[tu
     return args, kwargs, num_collectors
 
 
+def _context_backend() -> str | None:
+    """The backend of an enclosing ``torchrl.service_backend(...)`` context, where TorchRL is imported."""
+    backends = sys.modules.get("torchrl._comm.backends")
+    current = getattr(backends, "_get_service_backend", None)
+    return current() if callable(current) else None
+
+
+def _torchrl_path_class(backend: str) -> Any:
+    """What stands at TorchRL's path of ``backend``'s class, unless that is TorchRL's own class
+    (None then, and where TorchRL is not imported)."""
+    module, name = TORCHRL_PATHS[backend]
+    found = getattr(sys.modules.get(module), name, None)
+    if found is None or str(getattr(found, "__module__", "")).split(".")[0] == "torchrl":
+        return None
+    return found
+
+
 def _target(backend: str, num_collectors: int) -> tuple[Any, dict]:
-    """The class of ``backend`` and the keywords it takes beyond the env list."""
+    """Our class of ``backend`` and the keywords it takes beyond the env list."""
     if backend == "process":
         return MultiCollector, {}
     if backend == "rpc":

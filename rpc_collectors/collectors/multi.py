@@ -10,6 +10,8 @@ import functools
 import inspect
 from typing import Any
 
+from tensordict.nn import InteractionType
+
 from rpc_collectors.core import checks, torchrl_args
 from rpc_collectors.front import policy_lag, settings
 from rpc_collectors.front.collector_front import CollectorFront
@@ -180,7 +182,7 @@ class RPCCollector(CollectorFront):
         backend: str = "gloo",
         rpc_timeout: float = 60.0,
         collector_kwargs: dict | None = None,
-        exploration_type: Any = None,
+        exploration_type: Any = InteractionType.RANDOM,
         track_policy_version: bool = False,
         num_threads: int | None = None,
         max_worker_restarts: int = 0,
@@ -194,8 +196,8 @@ class RPCCollector(CollectorFront):
         collector_class: Any = "single",
         num_workers_per_collector: int = 1,
         inference: str = "worker",
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int | None = 0,
+        max_frames_per_traj: int | None = -1,
+        init_random_frames: int | None = -1,
         reset_at_each_iter: bool = False,
         split_trajs: bool = False,
         postproc: Any = None,
@@ -243,7 +245,7 @@ class RPCCollector(CollectorFront):
         checks.split_needs_ids(self.split_trajs or self.whole_trajectories, track_traj_ids)
         checks.use_buffers(use_buffers, self.replay_buffer)
         elastic = checks.boolean("elastic", elastic)
-        preemptive_threshold = checks.preemptive_threshold(
+        self.preemptive_threshold = checks.preemptive_threshold(
             preemptive_threshold, sync, elastic, self.split_trajs or self.whole_trajectories,
         )
         join_timeout = checks.timeout("join_timeout", join_timeout)
@@ -275,7 +277,8 @@ class RPCCollector(CollectorFront):
             ),
             tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
             collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,
-            preemptive_threshold=preemptive_threshold, node_collector=MultiCollector, inference=inference,
+            preemptive_threshold=None if self.preemptive_threshold == 1.0 else self.preemptive_threshold,
+            node_collector=MultiCollector, inference=inference,
         )
         self._open(checked, policy, functools.partial(_pool, checked))
 
@@ -304,13 +307,25 @@ def _workers(cls: type, create_env_fn: Any, num_workers: Any, kwargs: dict) -> d
     return {**kwargs, "num_collectors": num_workers}
 
 
-class MultiCollector(RPCCollector):
+class _SyncChoosesClass(type):
+    """``MultiCollector(..., sync=True|False)`` is a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as in TorchRL."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        sync = kwargs.get("sync")
+        if cls is MultiCollector and isinstance(sync, bool):
+            kwargs.pop("sync")
+            return (MultiSyncCollector if sync else MultiAsyncCollector)(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class MultiCollector(RPCCollector, metaclass=_SyncChoosesClass):
     """N worker processes on this host (``RPCCollector`` with ``launcher="local"``).
 
     ``create_env_fn`` is a list with one env factory per worker, or one env factory for
     ``num_workers`` workers (TorchRL's argument; ``num_collectors`` too); ``sync`` chooses between
-    round-based batches of all workers and first-ready batches of one. Sync batches are
-    stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
+    round-based batches of all workers and first-ready batches of one (given, it makes the
+    collector a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as TorchRL's does). Sync
+    batches are stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
     """
 
     _default_cat_results: str | int = "stack"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Awaitable, Iterator
 
+from tensordict.nn import InteractionType
+
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collectors.multi import MultiCollector
 from rpc_collectors.core import checks, torchrl_args
@@ -77,12 +79,12 @@ class RayCollector(CollectorFront):
         storing_device: Any = None,
         env_device: Any = None,
         policy_device: Any = None,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int | None = 0,
+        max_frames_per_traj: int | None = -1,
+        init_random_frames: int | None = -1,
         reset_at_each_iter: bool = False,
         postproc: Any = None,
         split_trajs: bool = False,
-        exploration_type: Any = None,
+        exploration_type: Any = InteractionType.RANDOM,
         collector_class: Any = "single",
         collector_kwargs: dict | list[dict] | None = None,
         num_workers_per_collector: int = 1,

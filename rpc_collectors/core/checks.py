@@ -136,15 +136,30 @@ def reset_when_done(value: Any) -> None:
         raise ValueError(f"reset_when_done={value!r} is invalid; accepted: True (envs are reset when done, as in TorchRL)")
 
 
-def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool) -> str:
-    """``traj_format`` of ``trajs_per_batch`` batches: ``"padded"`` (default, TorchRL 0.14's) or ``"cat"``."""
+def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool, replay_buffer: Any = None) -> str:
+    """``traj_format`` of ``trajs_per_batch`` batches: ``"padded"`` (default, TorchRL 0.14's) or ``"cat"``.
+    Left to its default where batches are yielded, it warns as TorchRL does that TorchRL 0.16's default,
+    which this package follows, is ``"cat"``."""
     if value is not None and trajs_per_batch is None:
         raise ValueError(f"traj_format={value!r} needs trajs_per_batch; accepted without it: None")
     if trajs_per_batch is not None and split_trajs:
         raise ValueError("trajs_per_batch yields whole trajectories; accepted with it: split_trajs=False")
     if value not in (None, "padded", "cat"):  # TorchRL's wording, which its users match on
         raise ValueError(f"traj_format={value!r} is invalid: it must be 'padded' or 'cat'")
+    if value is None and trajs_per_batch is not None and replay_buffer is None:
+        user_warnings.warn(
+            "trajs_per_batch is set but traj_format is not: batches are 'padded', but the default will change "
+            "to 'cat' in torchrl v0.16 (and here with it); pass traj_format='padded' to keep this layout, or "
+            "traj_format='cat' for whole trajectories laid end to end", FutureWarning)
     return "padded" if value is None else value
+
+
+def interruptor(value: Any) -> Any:
+    """TorchRL's ``interruptor``: None, or an object with a ``collection_stopped()`` method."""
+    if value is not None and not callable(getattr(value, "collection_stopped", None)):
+        raise TypeError(f"interruptor={value!r} is invalid; accepted: None or an object with a collection_stopped() "
+                        "method (TorchRL's _Interruptor)")
+    return value
 
 
 def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:
@@ -161,7 +176,7 @@ def preemptive_threshold(value: Any, sync: Any, elastic: Any, whole_trajectories
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ValueError(f"preemptive_threshold={value!r} is invalid; accepted: None or a number in [0, 1]")
     if value == 1.0:
-        return None
+        return 1.0
     if sync is False:
         raise ValueError(
             f"preemptive_threshold={value!r} ends the rounds of a sync collector early; an async one hands in "

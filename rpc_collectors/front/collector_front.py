@@ -51,6 +51,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
     _sources_drop_private_keys = True  # every worker runs one of our collectors
     max_policy_lag: int | None = None  # async: drop batches further behind (:mod:`.policy_lag`)
     dropped_frames = dropped_batches = 0
+    preemptive_threshold: float | None = None  # TorchRL's, as given (1.0: no preemption, as None)
 
     def _open(self, settings: Settings, policy: Any, make_pool: Callable[..., Any]) -> None:
         """Start the workers (``make_pool(on_death, on_arrival)``), build their collectors and planes."""
@@ -59,7 +60,6 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         self.launcher, self.elastic, self.join_timeout = s.launcher, s.elastic, s.join_timeout
         self.num_workers, self.sync, self.cat_results = s.num_workers, s.sync, s.cat_results
         # a sync round stops the other workers once this many handed in (TorchRL's preemptive_threshold)
-        self.preemptive_threshold = s.preemptive_threshold
         self.preempt_after = None if s.preemptive_threshold is None else int(s.num_workers * s.preemptive_threshold)
         self.backend, self.rpc_timeout = s.backend, s.rpc_timeout
         self.update_after_each_batch = s.update_after_each_batch

@@ -4,7 +4,8 @@ The state holds the trainer's frames, iteration and weights version, the frames 
 collected that no batch delivered yet (``undelivered_frames``), the trainer's policy
 weights, the restarts spent, each worker's seed and the weight-update cadence, and every worker's
 collector state (elastic collectors, whose collectors come and go:
-where each slot's trajectory ids continue from). Loading it gives the trainer's policy the saved
+where each slot's trajectory ids continue from), with TorchRL's ``"traj_pool"`` (the highest of
+the workers' next ids). Loading it gives the trainer's policy the saved
 weights, as TorchRL's collectors do, and the workers (or, elastic, the collectors that join)
 theirs; trajectory ids keep increasing, and workers that were seeded get new seeds from their
 seed sequences (a resumed run does not replay the envs' first episodes).
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from torch import nn
+
+from rpc_collectors.collection.trajectories import pool_state
 
 if TYPE_CHECKING:
     from rpc_collectors.front.collector_front import CollectorFront
@@ -39,6 +42,8 @@ def state_of(front: "CollectorFront") -> dict:
         return state
     state["workers"] = front.gather({i: front._call(i, "state_dict") for i in range(front.num_workers)})
     state.update({f"worker{i}": worker for i, worker in enumerate(state["workers"])})  # TorchRL's keys
+    pools = [w.get("traj_pool") or w["local"]["traj_pool"] for w in state["workers"]]
+    state["traj_pool"] = pool_state(max(int(pool["traj_id"]) for pool in pools), front.run_start)
     state["undelivered_frames"] = sum(_collected(w) - front._delivered_frames(i) + front.roster[i].uncounted
                                       for i, w in enumerate(state["workers"]))
     return state

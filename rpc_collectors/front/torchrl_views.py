@@ -1,7 +1,8 @@
 """What TorchRL's multi-worker collectors show of themselves, computed from what this one does:
 ``stats()`` with its worker views, the attributes TorchRL's own tests read
 (``_weight_sync_schemes``: the scheme that describes how weights travel here), and its calls on
-each worker: ``get_distant_attr``, ``map_fn`` and the collect-hook setters."""
+each worker: ``get_distant_attr``, ``map_fn`` (a worker's ``replay_buffer`` is the trainer's)
+and the collect-hook setters."""
 from __future__ import annotations
 
 from typing import Any
@@ -27,8 +28,10 @@ class TorchRLViews:
 
     def get_distant_attr(self, attr: str) -> list:
         """TorchRL's: each worker's collector's attribute at the dotted path ``attr``, in worker order
-        (``"worker_idx"``: the worker ids)."""
+        (``"worker_idx"``: the worker ids; ``"replay_buffer..."``: see :meth:`_in_trainer`)."""
         self.require_running()
+        if self._in_trainer(attr):
+            return [remote_calls.attribute(self, attr) for _ in self._serving()]
         return self.gather({i: self._call(i, "get_distant_attr", attr) for i in self._serving()})
 
     def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
@@ -36,7 +39,26 @@ class TorchRLViews:
         ``list_of_args``/``list_of_kwargs`` (one per worker; None: no arguments); the results in worker order."""
         args, kwargs = remote_calls.entries(list_of_args, list_of_kwargs, self.num_workers)
         self.require_running()
+        if self._in_trainer(method_name):
+            return [remote_calls.attribute(self, method_name)(*args[i], **kwargs[i]) for i in self._serving()]
         return self.gather({i: self._call(i, "map_fn", method_name, args[i], kwargs[i]) for i in self._serving()})
+
+    def fake_tensordict(self) -> Any:
+        """Not implemented, as in TorchRL: each worker's batch has its own layout (a single-process
+        ``Collector`` has it)."""
+        raise NotImplementedError(f"{type(self).__name__}.fake_tensordict is not implemented, as in TorchRL; "
+                                  "accepted: Collector(...).fake_tensordict() with one of the workers' envs")
+
+    @property
+    def interruptor(self) -> None:
+        """TorchRL's shared flag that stops a sync round's other workers: None, as TorchRL's is without
+        preemption; with it, the trainer stops them by a call, so no flag exists either."""
+        return None
+
+    def _in_trainer(self, path: str) -> bool:
+        """Whether ``path`` is the replay buffer's: the workers' frames go into the one buffer the
+        trainer writes, so each worker's ``replay_buffer`` is that buffer (TorchRL's workers share theirs)."""
+        return isinstance(path, str) and path.split(".")[0] == "replay_buffer" and self.replay_buffer is not None
 
     def _start_profile(self, config: Any) -> None:
         raise ValueError(
