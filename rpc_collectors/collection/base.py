@@ -187,13 +187,7 @@ class BaseCollector:
         stats["requested_frames_per_batch"] = int(self.requested_frames_per_batch)
         if self.track_policy_version and self.policy_version is not None:
             stats["policy_version"] = int(self.policy_version)
-        progress = self.progress
-        stats.update(
-            stepped_frames=int(self._frames + self.dropped_frames), trajectory_completed_frames=progress.completed_frames,
-            trajectory_pending_frames=progress.pending_frames, replay_written_frames=progress.written_frames,
-            completed_trajectories=progress.completed_trajectories,
-        )
-        return stats
+        return {**stats, "stepped_frames": int(self._frames + self.dropped_frames), **self.progress.counters()}
 
     def worker_policy_versions(self) -> list[int | None]:
         """TorchRL's: the weights version each worker acknowledged (None: a push to it is in

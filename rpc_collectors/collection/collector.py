@@ -7,7 +7,6 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
-from tensordict.utils import unravel_key
 
 from rpc_collectors.collection import batch_edits, envs, preemption
 from rpc_collectors.collection.base import BaseCollector
@@ -240,14 +239,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
             return
         if isinstance(self.env, GymEnv):
             check_action_shape(self.policy.source, out, self.env.action_shape, self.env.action_space)
-        # random-action batches carry the policy's other outputs too, zero-filled, as TorchRL's do
-        actions = {unravel_key(key) for key in self.action_keys}
-        try:
-            items = out.items(True, True) if isinstance(out, TensorDictBase) else out.items()
-            outputs = [(key, value) for key, value in items if unravel_key(key) not in actions]
-        except RuntimeError:  # entries of a heterogeneous lazy stack cannot be read as one tensor
-            outputs = [(key, value) for key, value in out.items() if unravel_key(key) not in actions]
-        self.rollout.policy_zeros = {key: torch.zeros_like(value) for key, value in outputs}
+        self.rollout.policy_zeros = self.policy.zeros_of_other_outputs(out)
 
     # ------------------------------------------------------------------ collection
     def _discards_in_flight(self) -> bool:

@@ -168,6 +168,17 @@ class StepPolicy:
             self.out_keys = [k for k in result.keys(include_nested=True, leaves_only=True) if k not in in_keys]
         return result.select(*self.out_keys)  # a TensorDict: heterogeneous lazy stacks stay as they are
 
+    def zeros_of_other_outputs(self, out: Any) -> dict:
+        """Zeros shaped as the outputs ``out`` other than the action: random-action batches carry
+        them too, as TorchRL's do."""
+        actions = set(self.action_keys)
+        try:
+            items = out.items(True, True) if isinstance(out, TensorDictBase) else out.items()
+            outputs = [(key, value) for key, value in items if unravel_key(key) not in actions]
+        except RuntimeError:  # entries of a heterogeneous lazy stack cannot be read as one tensor
+            outputs = [(key, value) for key, value in out.items() if unravel_key(key) not in actions]
+        return {key: torch.zeros_like(value) for key, value in outputs}
+
     def _missing_actions(self, keys: list) -> list:
         written = {unravel_key(key) for key in keys}
         return [key for key in self.action_keys if key not in written]
@@ -205,3 +216,4 @@ def check_action_shape(policy: Any, out: Mapping, expected: torch.Size | None, s
         f"policy={described} returned an action of shape {list(action.shape)}{hint}; the env's action space "
         f"{space} needs an action of shape {list(expected)} (one per env, batch size included)"
     )
+

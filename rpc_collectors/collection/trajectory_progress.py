@@ -66,6 +66,11 @@ class TrajectoryProgress:
             if left:
                 self.pending[stream] = left
 
+    def counters(self) -> dict[str, int]:
+        """TorchRL's names for them, as ``stats()`` gives them."""
+        return {"trajectory_completed_frames": self.completed_frames, "trajectory_pending_frames": self.pending_frames,
+                "replay_written_frames": self.written_frames, "completed_trajectories": self.completed_trajectories}
+
     def state(self) -> dict:
         return {"pending": dict(self.pending), "completed_frames": self.completed_frames,
                 "completed_trajectories": self.completed_trajectories, "written_frames": self.written_frames}

@@ -347,26 +347,17 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
 def watch_trainer(name: str, rank: int, rpc_timeout: float) -> int:
     """Ping the trainer until it stops this server (exit code 0) or is gone (1, said on stderr)."""
     while not _stop.wait(min(PING_EVERY, rpc_timeout)):
-        gone = _trainer_gone(name, rank, rpc_timeout)
-        if gone is None:
-            continue
+        try:
+            if rpc.rpc_sync(TRAINER, ping, args=(rank,), timeout=max(rpc_timeout, PING_EVERY)):
+                continue
+            gone = f"the trainer evicted this collector (it did not answer within rpc_timeout={rpc_timeout} s)"
+        except RuntimeError as err:
+            gone = f"the trainer is unreachable ({err})"
         if _stop.is_set():  # the trainer stopped us, then its agent, while the ping was on its way
             return 0
-        print(gone, file=sys.stderr)
+        print(f"{name}: {gone}; exiting", file=sys.stderr)
         return 1
     return 0
-
-
-def _trainer_gone(name: str, rank: int, rpc_timeout: float) -> str | None:
-    """Ping the trainer: why this server must exit on its own (unreachable, or evicted), or None."""
-    try:
-        member = rpc.rpc_sync(TRAINER, ping, args=(rank,), timeout=max(rpc_timeout, PING_EVERY))
-    except RuntimeError as err:
-        return f"{name}: the trainer is unreachable ({err}); exiting"
-    if not member:  # it stopped answering for a while (a stopped process, a cut link): its slot went on
-        return (f"{name}: the trainer evicted this collector (it did not answer within rpc_timeout={rpc_timeout} s); "
-                "exiting")
-    return None
 
 
 class LocalServer:
