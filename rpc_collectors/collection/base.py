@@ -154,7 +154,7 @@ class BaseCollector:
                     totals[0], totals[1] = totals[0] + count, totals[1] + 1
             if self._use_buffers is None and isinstance(batch, TensorDictBase):
                 self._use_buffers = not isinstance(batch, LazyStackedTensorDict)
-            batch = self._postprocess(batch)
+            batch = self._postprocess(self._place(batch))
             if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
             yield batch
@@ -286,6 +286,10 @@ class BaseCollector:
         if self._iterator is None:
             self._iterator = self.iterator()
         return next(self._iterator)
+
+    def _place(self, batch: TensorDictBase) -> TensorDictBase:
+        """``batch``, counted where it was collected, where the user gets it (a storing device)."""
+        return batch
 
     def _collect_batch(self) -> TensorDictBase:
         raise NotImplementedError

@@ -299,7 +299,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
                     results[worker_id] = result
             finally:
                 self._round = None
-            batch = self._batches.place(self._combine([results[i] for i in range(self.num_workers)]))
+            batch = self._combine([results[i] for i in range(self.num_workers)])
             return batch if self.preempt_after is None else self._without_padding(batch)
         if self._last_async is not None:
             self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
@@ -311,6 +311,9 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         if not self.update_after_each_batch:
             self._request(self._last_async)  # keep the worker busy while the trainer works
             self._last_async = None
+        return batch
+
+    def _place(self, batch: TensorDictBase) -> TensorDictBase:
         return self._batches.place(batch)
 
     def _next_kept(self) -> TensorDictBase:
