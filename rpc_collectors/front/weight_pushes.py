@@ -51,11 +51,13 @@ class WeightPushes:
 
     @property
     def policy_version(self) -> int | None:
-        """TorchRL's acknowledged version: the weights version every worker acknowledged; None
-        while they differ (after a push to some of them) or a push is in flight (``non_blocking``).
-        The version that chose each frame is its ``("collector", "policy_version")``."""
-        versions = set(self.worker_policy_versions())
-        return versions.pop() if len(versions) == 1 else None
+        """TorchRL's acknowledged version: the weights version every serving worker acknowledged
+        (a vacant slot of an elastic collector does not count); None while they differ (after a
+        push to some of them) or a push is in flight (``non_blocking``). The version that chose
+        each frame is its ``("collector", "policy_version")``."""
+        serving, versions = set(self._serving()), self.worker_policy_versions()
+        acknowledged = {versions[i] for i in serving}
+        return acknowledged.pop() if len(acknowledged) == 1 else None
 
     def worker_policy_versions(self) -> list[int | None]:
         """TorchRL's: the weights version each worker acknowledged (0 before any push; None
