@@ -109,10 +109,16 @@ def test_init_random_frames(value):
     refused(ValueError, "init_random_frames", repr(value), init_random_frames=value)
 
 
-@pytest.mark.parametrize("argument", ["split_trajs", "reset_at_each_iter"])
-@pytest.mark.parametrize("value", [1, "yes", None])
+@pytest.mark.parametrize("argument, value", [(argument, value) for argument in ("split_trajs", "reset_at_each_iter")
+                                              for value in (1, "yes", None) if (argument, value) != ("split_trajs", None)])
 def test_booleans(argument, value):
     refused(TypeError, argument, repr(value), **{argument: value})
+
+
+def test_split_trajs_none_is_torchrls_default_false():
+    collector = Collector(EnvFactory(), None, frames_per_batch=10, split_trajs=None)
+    assert collector.split_trajs is False
+    collector.shutdown()
 
 
 def test_postproc_not_callable():
@@ -172,9 +178,12 @@ def test_callable_policy_without_action(kind):
         td["logits"] = torch.zeros(*td.batch_size, 2)
         return td
 
+    """Refused at the first batch, as TorchRL's first step refuses it (env transforms may add it)."""
     env = GymEnv(CountEnv()) if kind == "gym" else TDCountEnv()
+    collector = Collector(env, policy, frames_per_batch=10)
     with pytest.raises(ValueError, match=re.escape("policy=") + ".*'action'"):
-        Collector(env, policy, frames_per_batch=10)
+        collector.next()
+    collector.shutdown()
 
 
 # ---------------------------------------------------------------- env errors
