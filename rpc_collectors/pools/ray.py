@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -174,7 +175,13 @@ class RayPool(WorkerPool):
 
     def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
         ref = self.actors[worker_id].handle.remote("create", spec, worker_id, self.num_workers, traj_id_start)
-        return _torch_future(ref, lambda info: self._created(worker_id, info))
+        pool = weakref.ref(self)  # a call still on its way once the collector failed must not keep the pool
+
+        def created(info: dict) -> dict:
+            alive = pool()
+            return info if alive is None else alive._created(worker_id, info)
+
+        return _torch_future(ref, created)
 
     def _created(self, worker_id: int, info: dict) -> dict:
         info = dict(info, actor_id=self.actors[worker_id]._actor_id.hex())
