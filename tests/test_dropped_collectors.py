@@ -1,6 +1,6 @@
 """Nothing outlives a collector: one of every kind, iterated and dropped (shut down or not, after a
 worker failed or was replaced), is garbage once ``gc.collect()`` ran, and its processes, threads,
-descriptors and shared memory are gone with it; fifty of each kind leave this process as they found it.
+descriptors and shared memory are gone with it; fifty of each kind leave this process as they found it (exit handlers included).
 
 Each test first makes and drops one collector of its kind, so what a process starts once and
 keeps (the worker spawner, torch's thread pools) is part of the baseline it compares against.
@@ -62,6 +62,11 @@ def iterated_and_dropped(make: Callable[[], Any], shutdown: bool) -> weakref.ref
     if shutdown:
         collector.shutdown()
     return weakref.ref(collector)
+
+
+def exit_finalizers() -> int:
+    """The collectors' finalizers this process still keeps for interpreter exit."""
+    return sum(issubclass(type(o), weakref.finalize) for o in gc.get_objects())
 
 
 def _not_ours() -> set[int]:
@@ -129,7 +134,7 @@ def test_a_collector_whose_worker_was_replaced_or_failed_is_freed(sync, restarts
 def test_fifty_collectors_made_and_dropped_leave_nothing_behind(kind):
     iterated_and_dropped(KINDS[kind], shutdown=True)
     gc.collect()
-    before = Holdings.now()
+    before, exit_handlers = Holdings.now(), exit_finalizers()
     gc.freeze()  # what existed before is no garbage: each gc.collect() below looks at the new objects only
     try:
         refs = []
@@ -142,3 +147,4 @@ def test_fifty_collectors_made_and_dropped_leave_nothing_behind(kind):
         gc.unfreeze()
     assert not alive, f"{alive} of {SOAK} dropped {kind}s are still alive"
     assert not left, f"{SOAK} dropped {kind}s left behind {left}"
+    assert exit_finalizers() == exit_handlers, f"{SOAK} dropped {kind}s left exit handlers behind"

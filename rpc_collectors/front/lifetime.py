@@ -54,10 +54,25 @@ def finalize_before_exit(owner: object, close: Callable[..., Any], *args: Any) -
     it forked) were registered before ``owner`` was made. (``weakref.finalize`` alone runs every
     finalizer from one handler, registered when this process made its first one: maybe before those.)
     """
-    finalizer = weakref.finalize(owner, close, *args)
+    finalizer = _ExitFinalizer(owner, close, *args)
     finalizer.atexit = False
-    atexit.register(finalizer)  # a finalizer called once more, or detached, does nothing
+    atexit.register(finalizer)
     return finalizer
+
+
+class _ExitFinalizer(weakref.finalize):
+    """A ``weakref.finalize`` that leaves ``atexit``'s list once called or detached: a process that
+    makes many collectors keeps one exit finalizer per live one, not per one ever made."""
+
+    __slots__ = ()
+
+    def __call__(self, _: Any = None) -> Any:
+        atexit.unregister(self)
+        return super().__call__()
+
+    def detach(self) -> Any:
+        atexit.unregister(self)
+        return super().detach()
 
 
 def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
