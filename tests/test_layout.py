@@ -1,6 +1,8 @@
 """The package's public paths, and its shape: modules a reader can take in at once."""
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 
 import rpc_collectors
@@ -36,3 +38,13 @@ def test_every_module_is_at_most_400_lines_and_every_package_says_what_it_holds(
         assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines; at most {MAX_LINES}"
         if path.name == "__init__.py":
             assert path.read_text().lstrip().startswith('"""'), f"{path.relative_to(PACKAGE)} has no docstring"
+
+
+def test_every_package_names_each_of_its_modules():
+    """A reader finds every module from its package's docstring (``:mod:`.name```)."""
+    for package in [rpc_collectors, *(importlib.import_module(p.name) for p in pkgutil.walk_packages(
+            rpc_collectors.__path__, "rpc_collectors.") if p.ispkg)]:
+        names = [m.name for m in pkgutil.iter_modules(package.__path__)]
+        doc = package.__doc__ or ""
+        unnamed = [n for n in names if f":mod:`.{n}`" not in doc and f"rpc_collectors.{n}" not in doc]
+        assert not unnamed, f"{package.__name__}'s docstring does not name {unnamed}"

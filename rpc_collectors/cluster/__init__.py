@@ -2,7 +2,8 @@
 submits itself (:mod:`.jobs`, with :mod:`.job_guard` cancelling them if the trainer dies), and the
 rendezvous of elastic collector processes that join a running trainer (:mod:`.elastic`), and runs
 longer than an allocation: a run's checkpoint (:mod:`.checkpoint`, :mod:`.run_checkpoint`) and
-the requeue at the time limit or on preemption (:mod:`.requeue`).
+the requeue at the time limit or on preemption (:mod:`.requeue`, counting a run's starts in
+:mod:`.run_starts`); a SLURM task's Python starts with the job's stop signals blocked (:mod:`.task_start`).
 
 May import :mod:`~rpc_collectors.worker` (a collector job runs a worker server) and the layers below.
 """

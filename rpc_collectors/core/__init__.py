@@ -1,6 +1,8 @@
 """What every layer uses: the errors a collector raises (:mod:`.errors`), a worker's traceback as
 the user reads it (:mod:`.tracebacks`), the argument checks run before any process starts
-(:mod:`.checks`; TorchRL's ``AsyncBatchedCollector`` arguments in :mod:`.batched_args`),
+(:mod:`.checks`; a multi-worker collector's own in :mod:`.worker_checks`; TorchRL's
+``AsyncBatchedCollector`` arguments in :mod:`.batched_args`; TorchRL arguments whose meaning here is
+another setting, or none, in :mod:`.torchrl_args`),
 warnings that point at the user's line (:mod:`.user_warnings`), the warning filters a worker runs
 under (:mod:`.worker_warnings`) and the wait on a future that keeps nobody alive
 (:mod:`.futures`). Imports nothing of the library.
