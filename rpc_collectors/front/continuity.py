@@ -21,20 +21,31 @@ none is left to mark truncated here; a resume starts ids in a range of its own
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 from tensordict import TensorDictBase
 
 from rpc_collectors.collection.batch_record import workers_in
+from rpc_collectors.front.roster import WorkerRecord
 
-if TYPE_CHECKING:
-    from rpc_collectors.front.collector_front import CollectorFront
+
+class StreamOwner(Protocol):
+    """What :class:`Continuity` uses of its collector front: the workers, their records and its calls to them."""
+
+    num_workers: int
+    workers: Any
+    roster: list[WorkerRecord]
+    gather: Callable[..., list]
+    dropped_frames: int
+    dropped_batches: int
+
+    def _call(self, worker_id: int, method: str, *args: Any) -> Callable[[], Any]: ...
 
 
 class Continuity:
     """The stream cuts of one collector front."""
 
-    def __init__(self, front: "CollectorFront") -> None:
+    def __init__(self, front: StreamOwner) -> None:
         self.front = front
         self.stale = [0] * front.num_workers  # answers still due from each worker that were asked before its cut
 

@@ -12,19 +12,56 @@ seed sequences (a resumed run does not replay the envs' first episodes).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import threading
+from typing import Any, Callable, Protocol
 
 from torch import nn
 
 from rpc_collectors.collection.trajectories import pool_state
-
-if TYPE_CHECKING:
-    from rpc_collectors.front.collector_front import CollectorFront
+from rpc_collectors.front.continuity import Continuity
+from rpc_collectors.front.roster import WorkerRecord
+from rpc_collectors.planes.membership import Restarts
+from rpc_collectors.planes.weight_sync import WeightPlane
 
 POLICY = "policy_state_dict"
 
 
-def state_of(front: "CollectorFront") -> dict:
+class Saved(Protocol):
+    """What the state of a collector front is read from and loaded into."""
+
+    num_workers: int
+    elastic: bool
+    run_start: int
+    policy: Any
+    pushed_version: int
+    roster: list[WorkerRecord]
+    restarts: Restarts
+    continuity: Continuity
+    gather: Callable[..., list]
+    _lock: threading.RLock
+
+    @property
+    def weights(self) -> WeightPlane | None: ...
+
+    def require_running(self) -> None: ...
+
+    def _call(self, worker_id: int, method: str, *args: Any) -> Callable[[], Any]: ...
+
+    def _serving(self) -> list[int]: ...
+
+    def _delivered_frames(self, worker: int) -> int: ...
+
+    def _base_state(self) -> dict: ...
+
+    def _load_base_state(self, state: dict) -> None: ...
+
+    def _finish_push(self) -> None: ...
+
+    def _push_weights(self, worker_ids: list[int], source: Any = None, non_blocking: bool = False,
+                      version: int | None = None, slots: list[int] | None = None) -> None: ...
+
+
+def state_of(front: Saved) -> dict:
     """``front``'s state (the last weight push finished first)."""
     front.require_running()
     with front._lock:
@@ -54,7 +91,7 @@ def _collected(worker_state: dict) -> int:
     return int(worker_state["local"]["frames"] if "local" in worker_state else worker_state["frames"])
 
 
-def load(front: "CollectorFront", state: dict) -> None:
+def load(front: Saved, state: dict) -> None:
     """Resume ``front`` from ``state`` (see the module docstring)."""
     front.require_running()
     if front.elastic:
@@ -89,7 +126,7 @@ def load(front: "CollectorFront", state: dict) -> None:
                       for i in range(front.num_workers) if front.restarts.seeds[i] is not None})
 
 
-def _load_run_state(front: "CollectorFront", state: dict) -> None:
+def _load_run_state(front: Saved, state: dict) -> None:
     """The restarts spent, the seed sequences and the weight-update cadence (states saved since they were kept)."""
     saved = state.get("restarts")
     if saved is not None and len(saved["counts"]) == front.num_workers:
