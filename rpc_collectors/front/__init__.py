@@ -1,6 +1,8 @@
 """The trainer's side of a multi-worker collector, written once for every pool: what sync rounds,
 async first-come, weight-update cadence, ``total_frames``, layouts, seeding and state mean
-(:mod:`.collector_front`, with its weight pushes in :mod:`.weight_pushes`), its checked
+(:mod:`.collector_front`, which holds its parts: the request/wait loop and the sync and async
+schedules in :mod:`.schedule`, the weight pusher in :mod:`.weight_pushes`, trajectory continuity in
+:mod:`.continuity`, TorchRL's views of the workers in :mod:`.torchrl_views`), its checked
 arguments (:mod:`.settings`), its state (:mod:`.saved_state`), how it writes into a replay
 buffer (:mod:`.buffer_writes`), its one wait mechanism (:mod:`.events`, :mod:`.waits`), its
 per-worker records (:mod:`.roster`), what it does when a worker fails or joins

@@ -12,7 +12,6 @@ seed sequences (a resumed run does not replay the envs' first episodes).
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Protocol
 
 from torch import nn
@@ -20,8 +19,8 @@ from torch import nn
 from rpc_collectors.collection.trajectories import pool_state
 from rpc_collectors.front.continuity import Continuity
 from rpc_collectors.front.roster import WorkerRecord
+from rpc_collectors.front.weight_pushes import WeightPusher
 from rpc_collectors.planes.membership import Restarts
-from rpc_collectors.planes.weight_sync import WeightPlane
 
 POLICY = "policy_state_dict"
 
@@ -33,15 +32,11 @@ class Saved(Protocol):
     elastic: bool
     run_start: int
     policy: Any
-    pushed_version: int
     roster: list[WorkerRecord]
     restarts: Restarts
     continuity: Continuity
     gather: Callable[..., list]
-    _lock: threading.RLock
-
-    @property
-    def weights(self) -> WeightPlane | None: ...
+    pusher: WeightPusher
 
     def require_running(self) -> None: ...
 
@@ -55,23 +50,18 @@ class Saved(Protocol):
 
     def _load_base_state(self, state: dict) -> None: ...
 
-    def _finish_push(self) -> None: ...
-
-    def _push_weights(self, worker_ids: list[int], source: Any = None, non_blocking: bool = False,
-                      version: int | None = None, slots: list[int] | None = None) -> None: ...
-
 
 def state_of(front: Saved) -> dict:
     """``front``'s state (the last weight push finished first)."""
     front.require_running()
-    with front._lock:
-        front._finish_push()
+    with front.pusher.lock:
+        front.pusher.finish()
     state = front._base_state()
-    state["policy_version"] = front.pushed_version
+    state["policy_version"] = front.pusher.version
     state["restarts"] = {"counts": list(front.restarts.counts), "seeds": list(front.restarts.seeds),
                          "resumes": front.restarts.resumes}
-    if front.weights is not None:  # the weight-update cadence: batches each worker delivered since its last push
-        state["since_update"] = list(front.weights.since_update)
+    if front.pusher.plane is not None:  # the weight-update cadence: batches each worker delivered since its last push
+        state["since_update"] = list(front.pusher.plane.since_update)
     if isinstance(front.policy, nn.Module):
         state[POLICY] = {name: value.clone() for name, value in front.policy.state_dict().items()}
     if front.elastic:  # collectors come and go: keep where their trajectory ids continue from
@@ -104,20 +94,21 @@ def load(front: Saved, state: dict) -> None:
     elif len(state["workers"]) != front.num_workers:
         raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {front.num_workers}")
     front._load_base_state(state)
-    front.pushed_version = int(state["policy_version"])
+    front.pusher.version = int(state["policy_version"])
     _load_run_state(front, state)
     if state.get(POLICY) is not None and isinstance(front.policy, nn.Module):
         front.policy.load_state_dict(state[POLICY])
     if front.elastic:
         front.restarts.restore(state["traj_id_bounds"])
-        if state.get(POLICY) is not None and front.weights is not None:  # collectors that join get these weights
-            front._push_weights([], version=front.pushed_version)
+        if state.get(POLICY) is not None and front.pusher.plane is not None:  # collectors that join get these weights
+            front.pusher.push([], version=front.pusher.version)
         return
     front.gather({i: front._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
     front.continuity.resumed()
-    if front.weights is not None:  # each worker holds the weights it saved, under their version
+    weights = front.pusher.plane
+    if weights is not None:  # each worker holds the weights it saved, under their version
         for i, worker_state in enumerate(state["workers"]):
-            front.weights.loaded(i, int(worker_state["version"] if "local" in worker_state else worker_state["policy_version"]))
+            weights.loaded(i, int(worker_state["version"] if "local" in worker_state else worker_state["policy_version"]))
     for i, worker_state in enumerate(state["workers"]):
         front.restarts.loaded(i, int(worker_state["traj_count"]))
         front.roster[i].uncounted = front._delivered_frames(i) - _collected(worker_state)  # it counts on from there
@@ -134,5 +125,5 @@ def _load_run_state(front: Saved, state: dict) -> None:
         front.restarts.seeds = [None if s is None else int(s) for s in saved["seeds"]]
         front.restarts.resumes = int(saved["resumes"]) + 1
     cadence = state.get("since_update")
-    if cadence is not None and front.weights is not None and len(cadence) == front.num_workers:
-        front.weights.since_update[:] = [int(n) for n in cadence]
+    if cadence is not None and front.pusher.plane is not None and len(cadence) == front.num_workers:
+        front.pusher.plane.since_update[:] = [int(n) for n in cadence]

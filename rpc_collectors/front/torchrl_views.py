@@ -106,7 +106,7 @@ class TorchRLViews:
         elif self.weights is not None:
             transport = self.weights.spec.kind.split("-")[0]  # "shm-copy" is shared memory too
         else:  # policy_factory before the first push: the transport asked for ("auto": none chosen yet)
-            transport = self._transport
+            transport = self.pusher.transport
         return torchrl_args.scheme_objects(self._schemes_given, transport, ray=self._ray_actors)
 
     def stats(self, workers: str = "aggregate") -> dict[str, int | bool]:
