@@ -17,11 +17,11 @@ from typing import Any, Callable
 
 from tensordict import TensorDictBase
 
-from rpc_collectors.collection import preemption
+from rpc_collectors.collection import preemption, remote_calls
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
-from rpc_collectors.front import buffer_writes, saved_state
+from rpc_collectors.front import buffer_writes, saved_state, torchrl_views
 from rpc_collectors.front.continuity import Continuity
 from rpc_collectors.front.events import Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, wait_gone, weak_method
@@ -30,7 +30,6 @@ from rpc_collectors.front.roster import WorkerRecord
 from rpc_collectors.front.schedule import Schedule
 from rpc_collectors.front.settings import Settings
 from rpc_collectors.front.threads import TrainerThreads
-from rpc_collectors.front.torchrl_views import TorchRLViews
 from rpc_collectors.front.waits import Call, Waits
 from rpc_collectors.front.weight_pushes import WeightPusher
 from rpc_collectors.planes.data import BatchPlane
@@ -41,11 +40,15 @@ from rpc_collectors.planes.weights import one_source
 from rpc_collectors.worker.spawner import KILL_WAIT
 
 
-class CollectorFront(TorchRLViews, BaseCollector):
+class CollectorFront(BaseCollector):
     """A multi-worker collector over a worker pool; public classes choose the pool and layout."""
 
     _default_cat_results: str | int = 0
     _no_push = False  # TorchRL's NoWeightSyncScheme: no weight plane, update_policy_weights_ does nothing
+    _schemes_given: Any = None  # TorchRL's weight_sync_schemes, as given to the constructor
+    _ray_actors = False  # RayCollector: the "rpc" transport is one ray.put (TorchRL's RayWeightSyncScheme)
+    _runs_post_hook = False  # the collect hooks run in the workers
+    _hooks: dict | None = None  # the workers' collect hooks, as given to the constructor or set since
     _sources_drop_private_keys = True  # every worker runs one of our collectors
     max_policy_lag: int | None = None  # async: drop batches further behind (:mod:`.policy_lag`)
     preemptive_threshold: float | None = None  # TorchRL's, as given (1.0: no preemption, as None)
@@ -266,6 +269,87 @@ class CollectorFront(TorchRLViews, BaseCollector):
     def dropped_batches(self) -> int:
         """Batches collected and not handed out (:mod:`.continuity`)."""
         return self.continuity.dropped_batches
+
+    # ---------------------------------------------------------------- TorchRL's views (:mod:`.torchrl_views`)
+    def get_distant_attr(self, attr: str) -> list:
+        """TorchRL's: each worker's collector's attribute at the dotted path ``attr``, in worker order
+        (``"worker_idx"``: the worker ids; ``"replay_buffer..."``: the trainer's buffer, which the workers share)."""
+        self.require_running()
+        if torchrl_views.in_trainer(attr, self.replay_buffer):
+            return [remote_calls.attribute(self, attr) for _ in self._serving()]
+        return self.gather({i: self._call(i, "get_distant_attr", attr) for i in self._serving()})
+
+    def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
+        """TorchRL's: each worker's collector's ``method_name`` (a dotted path) called with its entry of
+        ``list_of_args``/``list_of_kwargs`` (one per worker; None: no arguments); the results in worker order."""
+        args, kwargs = remote_calls.entries(list_of_args, list_of_kwargs, self.num_workers)
+        self.require_running()
+        if torchrl_views.in_trainer(method_name, self.replay_buffer):
+            return [remote_calls.attribute(self, method_name)(*args[i], **kwargs[i]) for i in self._serving()]
+        return self.gather({i: self._call(i, "map_fn", method_name, args[i], kwargs[i]) for i in self._serving()})
+
+    def fake_tensordict(self) -> Any:
+        """Not implemented, as in TorchRL: each worker's batch has its own layout (a single-process
+        ``Collector`` has it)."""
+        raise NotImplementedError(f"{type(self).__name__}.fake_tensordict is not implemented, as in TorchRL; "
+                                  "accepted: Collector(...).fake_tensordict() with one of the workers' envs")
+
+    @property
+    def interruptor(self) -> None:
+        """TorchRL's shared flag that stops a sync round's other workers: None, as TorchRL's is without
+        preemption; with it, the trainer stops them by a call, so no flag exists either."""
+        return None
+
+    def _start_profile(self, config: Any) -> None:
+        raise ValueError(
+            f"enable_profile(workers={config.workers!r}) on {type(self).__name__}: profiling inside worker processes "
+            "is not supported; accepted: enable_profile on a single-process Collector"
+        )
+
+    @property
+    def pre_collect_hook(self) -> Any:
+        """Called in each worker before each batch; setting it sets it in every worker (as TorchRL's setter)."""
+        return (self._hooks or {}).get("pre_collect_hook")
+
+    @pre_collect_hook.setter
+    def pre_collect_hook(self, hook: Any) -> None:
+        self._set_hook("pre_collect_hook", hook)
+
+    @property
+    def post_collect_hook(self) -> Any:
+        """Called in each worker with each of its batches; setting it sets it in every worker."""
+        return (self._hooks or {}).get("post_collect_hook")
+
+    @post_collect_hook.setter
+    def post_collect_hook(self, hook: Any) -> None:
+        self._set_hook("post_collect_hook", hook)
+
+    def _set_hook(self, name: str, hook: Any) -> None:
+        hook = checks.optional_callable(name, hook)
+        self._hooks = {**(self._hooks or {}), name: hook}
+        if getattr(self, "specs", None) is None:  # the constructor: the workers get it with their options
+            return
+        self.require_running()
+        self.specs[:], pickled = torchrl_views.with_hook(self.specs, name, hook)
+        self.gather({i: self._call(i, "set_hook", name, pickled) for i in self._serving()})
+
+    @property
+    def _weight_sync_schemes(self) -> dict:
+        """``{"policy": scheme}``: TorchRL's scheme for how weights travel here (:func:`.torchrl_views.weight_schemes`)."""
+        return torchrl_views.weight_schemes(self._schemes_given, self._no_push, self.pusher.plane, self.pusher.transport,
+                                            self._ray_actors)
+
+    def stats(self, workers: str = "aggregate") -> dict[str, int | bool]:
+        """TorchRL's progress snapshot (see :meth:`BaseCollector.stats
+        <rpc_collectors.collection.base.BaseCollector.stats>`), with ``"workers"`` and
+        ``"workers_alive"``. ``workers="per_worker"`` or ``"both"`` adds ``"worker_<i>/frames"``
+        and ``"worker_<i>/batches"``: what each worker delivered to this collector (counted
+        here, without a call to the workers); ``"per_worker"`` leaves the aggregate entries out."""
+        torchrl_views.check_workers_view(workers)
+        alive = 0 if self._closing else sum(self.workers.serves(i) and self.roster[i].dead is None
+                                            for i in range(self.num_workers))
+        stats = super().stats() if workers != "per_worker" else {}
+        return torchrl_views.worker_stats(stats, workers, alive, self._worker_totals, self.num_workers)
 
     # ---------------------------------------------------------------- state
     def _serving(self) -> list[int]:
