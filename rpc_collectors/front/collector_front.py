@@ -1,56 +1,56 @@
 """The collector front: what a multi-worker collector means, written once for every pool.
 
-Sync rounds (one batch from every worker, combined in the class's layout), async first-come
-batches with each worker's request depth, the weight-update cadence
-(``update_after_each_batch``, ``max_weight_update_interval``), seeding and state. How the
-workers exist is the pool's business (:mod:`rpc_collectors.pools`); batches arrive through the
-data plane (:mod:`rpc_collectors.planes.data`), weights leave through the weight plane
-(:class:`~rpc_collectors.planes.weight_sync.WeightPlane`). Every wait goes through one
-:class:`~rpc_collectors.front.events.Events` and is bounded by ``rpc_timeout``; a failed worker
-raises :class:`~rpc_collectors.core.errors.Failure` out of the wait, and the front hands it to its
-:class:`~rpc_collectors.front.recovery.Recovery` before asking again.
+The front holds its parts, each owning its state: the workers' records (:mod:`.roster`) and
+restarts (:class:`~rpc_collectors.planes.membership.Restarts`), the request/wait loop with the sync
+and async schedules (:class:`~rpc_collectors.front.schedule.Schedule`), the weight pushes
+(:class:`~rpc_collectors.front.weight_pushes.WeightPusher`), trajectory continuity
+(:class:`~rpc_collectors.front.continuity.Continuity`) and recovery
+(:class:`~rpc_collectors.front.recovery.Recovery`); it keeps the run's settings, seeding, state
+and shutdown. How the workers exist is the pool's business (:mod:`rpc_collectors.pools`);
+batches arrive through the data plane (:mod:`rpc_collectors.planes.data`). Every wait goes
+through one :class:`~rpc_collectors.front.events.Events` and is bounded by ``rpc_timeout``.
 """
 from __future__ import annotations
 
 import functools
-import threading
-import time
 from typing import Any, Callable
 
-import torch
 from tensordict import TensorDictBase
 
-from rpc_collectors.collection import preemption
+from rpc_collectors.collection import preemption, remote_calls
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
-from rpc_collectors.front import buffer_writes, node_restarts, policy_lag, saved_state
+from rpc_collectors.front import buffer_writes, saved_state, torchrl_views
 from rpc_collectors.front.continuity import Continuity
-from rpc_collectors.front.events import BATCH, Answer, Events, Joined
+from rpc_collectors.front.events import Events, Joined
 from rpc_collectors.front.lifetime import Resources, release_with, wait_gone, weak_method
 from rpc_collectors.front.recovery import Recovery
 from rpc_collectors.front.roster import WorkerRecord
+from rpc_collectors.front.schedule import Schedule
 from rpc_collectors.front.settings import Settings
 from rpc_collectors.front.threads import TrainerThreads
-from rpc_collectors.front.torchrl_views import TorchRLViews
 from rpc_collectors.front.waits import Call, Waits
-from rpc_collectors.front.weight_pushes import WeightPushes
-from rpc_collectors.planes import layouts
+from rpc_collectors.front.weight_pushes import WeightPusher
 from rpc_collectors.planes.data import BatchPlane
 from rpc_collectors.planes.membership import Restarts
 from rpc_collectors.planes.rendezvous import host_id
 from rpc_collectors.planes.weight_sync import WeightPlane
+from rpc_collectors.planes.weights import one_source
 from rpc_collectors.worker.spawner import KILL_WAIT
 
 
-class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
+class CollectorFront(BaseCollector):
     """A multi-worker collector over a worker pool; public classes choose the pool and layout."""
 
     _default_cat_results: str | int = 0
     _no_push = False  # TorchRL's NoWeightSyncScheme: no weight plane, update_policy_weights_ does nothing
+    _schemes_given: Any = None  # TorchRL's weight_sync_schemes, as given to the constructor
+    _ray_actors = False  # RayCollector: the "rpc" transport is one ray.put (TorchRL's RayWeightSyncScheme)
+    _runs_post_hook = False  # the collect hooks run in the workers
+    _hooks: dict | None = None  # the workers' collect hooks, as given to the constructor or set since
     _sources_drop_private_keys = True  # every worker runs one of our collectors
     max_policy_lag: int | None = None  # async: drop batches further behind (:mod:`.policy_lag`)
-    dropped_frames = dropped_batches = 0
     preemptive_threshold: float | None = None  # TorchRL's, as given (1.0: no preemption, as None)
 
     def _open(self, settings: Settings, policy: Any, make_pool: Callable[..., Any]) -> None:
@@ -66,34 +66,30 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         self.max_weight_update_interval = s.max_weight_update_interval
         self.exploration_type = s.exploration_type
         self.track_policy_version = s.track_policy_version
-        self._transport, self._factory = s.weight_transport, s.policy_factory
-        self._given: Any = None  # policy_factory: the weights pushed last, which a push without weights sends
         self.frames_per_batch, self.worker_frames = s.frames_per_batch, s.worker_frames
         if s.preemptive_threshold is None and (self.sync or self.frames_per_batch == self.worker_frames):
             checks.total_frames_fits(self.total_frames, self.frames_per_batch)  # not when batch sizes vary
-        self._policy_device = s.policy_device
         self.specs = s.specs
         self.policy = policy
-        self.pushed_version = 0  # the newest weights' version (policy_version: the one every worker acknowledged)
         self.events = Events()
         self.roster = [WorkerRecord() for _ in range(self.num_workers)]
         self.restarts = Restarts(s.max_worker_restarts, self.num_workers)
         self.recovery = Recovery(self)
         self.continuity = Continuity(self)
+        self.schedule = Schedule(self)
         self.ready = False  # failures are recovered only once the collector is up
-        self.weights: WeightPlane | None = None
         self._batches: BatchPlane | None = None
-        self._layout: dict | None = None  # elastic: keys, shapes and dtypes of the run's first batch
-        self._last_async: int | None = None
-        self._round: dict[int, Any] | None = None  # the answers of a sync round in progress
-        self._push: dict[int, Call] = {}  # the weight push in progress: its calls and their futures
-        self._pushed: dict[int, torch.futures.Future] = {}
-        self._lock = threading.RLock()
         self._resources = Resources()
         self.workers = self._resources.workers = make_pool(weak_method(self._on_death), weak_method(self._on_arrival))
         self.waits = Waits(self.events, self.roster, self.workers, self.rpc_timeout, self.require_running,
                            self.recovery.recover)
         self.gather = self.waits.gather
+        self.pusher = WeightPusher(
+            policy, self.workers, self.roster, self._call, self.gather, transport=s.weight_transport,
+            factory=s.policy_factory, no_push=self._no_push, policy_device=s.policy_device, backend=self.backend,
+            elastic=self.elastic, rpc_timeout=self.rpc_timeout, refill=self.restarts.budget > 0 or self.elastic,
+            resources=self._resources,
+        )
         self._release = release_with(self, self._resources)
         self._closed = self._closing = False
         try:
@@ -102,7 +98,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
                 for i, info in enumerate(self.gather(create)):
                     self.roster[i].served(info)
                     self.restarts.started(i, info["envs"])
-            self._init_weights(s.weight_transport)
+            self.pusher.open()
             infos = self.infos
             local = [not self.workers.in_process and info is not None and info["host_id"] == host_id() for info in infos]
             self._resources.threads = TrainerThreads(s.num_threads, sum(local))
@@ -161,16 +157,12 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         self.events.put(Joined(rank))
 
     def admitted(self, worker_id: int) -> None:
-        """A collector took ``worker_id``'s slot: a sync round that waits for the slot asks it at once."""
-        if self._round is not None and worker_id not in self._round:
-            self._request(worker_id, again=True)
-        elif self._round is None and not self.sync:
-            self._request(worker_id)
+        """A collector took ``worker_id``'s slot (:meth:`.Schedule.admitted`)."""
+        self.schedule.admitted(worker_id)
 
     def left(self, worker_id: int) -> None:
         """The collector in ``worker_id``'s slot left (elastic)."""
-        if self._last_async == worker_id:
-            self._last_async = None
+        self.schedule.left(worker_id)
 
     def worker_error(self, worker_id: int, reason: str, remote: str = "") -> WorkerError:
         info = self.roster[worker_id].info or self.workers.identity(worker_id)
@@ -197,158 +189,12 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         if self._closing:
             raise RuntimeError(f"{type(self).__name__} was shut down")
 
-    def _deadline(self) -> float:
-        """Until when to wait for the next batch: each outstanding request's answer within rpc_timeout
-        of when its worker began on it (async too: one worker's answers never cover another's silence);
-        with none outstanding (elastic, vacant slots), a collector within join_timeout."""
-        oldest = self.waits.batch_deadline()
-        if oldest is not None:
-            return oldest[0]
-        return self.waits.deadline() if not self.elastic else time.monotonic() + self.join_timeout
-
-    def _next_batch(self) -> tuple[int, Any]:
-        """The next worker's batch answer (worker id, batch or ``Ready``); collectors that join
-        meanwhile (elastic) are admitted. Deaths and timeouts raise :class:`Failure`."""
-        deadline = self._deadline()
-        while True:
-            item = self.events.take(lambda e: isinstance(e, Joined) or (isinstance(e, Answer) and e.tag == BATCH),
-                                    deadline, self.waits.check)
-            if item is None:
-                oldest = self.waits.batch_deadline()
-                if oldest is None:
-                    raise self.recovery.no_collector()
-                raise self.waits.late(oldest[1])
-            if isinstance(item, Joined):
-                self.recovery.admit(item.rank)
-                deadline = self._deadline()
-                continue
-            record = self.roster[item.worker_id]
-            if item.generation != record.generation:
-                continue  # the answer of a replaced worker
-            result = self.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
-            record.answered()
-            result, dropped = node_restarts.heard(record, item.worker_id, result)  # a node's restarts and drops come with it
-            self.continuity.count(dropped.frames, dropped.batches)
-            if self.weights is not None:
-                self.weights.delivered(item.worker_id)
-            if self.elastic:
-                self._same_layout(item.worker_id, result)
-            return item.worker_id, result
-
-    def _same_layout(self, worker_id: int, result: Any) -> None:
-        """Elastic: a member whose batch does not match the run's first one (keys, shapes,
-        dtypes) fails, so its slot falls vacant, instead of mixing layouts in the run."""
-        if not isinstance(result, TensorDictBase):  # in its own slots, laid out from its first batch
-            return
-        signature = layouts.signature_of(result)
-        if self._layout is None:
-            self._layout = signature
-        differs = layouts.difference(signature, self._layout) if signature and self._layout else ""
-        if differs:
-            raise Failure(worker_id, f"delivered a batch unlike the run's: {differs}")
-
-    def _next_answer(self) -> tuple[int, Any]:
-        """:meth:`_next_batch`, recovering failed workers; a replacement is asked what its
-        predecessor left unanswered."""
-        while True:
-            try:
-                return self._next_batch()
-            except Failure as failed:
-                self.recovery.recover(failed)
-                for worker_id, record in enumerate(self.roster):
-                    for _ in range(record.redo):
-                        self._request(worker_id)
-
     # ---------------------------------------------------------------- collection
-    def _request(self, worker_id: int, again: bool = False) -> None:
-        """Ask ``worker_id`` for its next batch (``again``, or a request its predecessor left:
-        into the same slot); a vacant elastic slot is asked once a collector takes it."""
-        if not self.workers.serves(worker_id):
-            return
-        record = self.roster[worker_id]
-        again = again or record.redo > 0
-        weights = self.weights
-        if not again and weights is not None and weights.needs_update(
-                worker_id, self.update_after_each_batch, self.max_weight_update_interval):
-            self._push_weights(list(range(self.num_workers)) if self.sync else [worker_id])
-        min_version = weights.min_version[worker_id] if weights is not None else 0
-        slot = self._batches.slot_for(worker_id, again)
-        fut = self._batches.ring(worker_id, min_version, slot)  # a worker with slots
-        if fut is None:
-            fut = self.workers.call(worker_id, "collect", min_version, slot)
-        record.asked(again)
-        self.restarts.asked(worker_id, self.worker_frames, record.info["envs"])
-        self.events.watch(worker_id, record.generation, BATCH, fut)
-
-    def _receive(self, worker_id: int, result: Any) -> TensorDictBase:
-        """The batch of a worker's answer, labelled with its worker id."""
-        batch = self.shared(self._batches.receive, worker_id, result)
-        batch.set(layouts.WORKER_ID, torch.full(batch.shape, worker_id, dtype=torch.int64))
-        return batch
-
     def _collect_batch(self) -> TensorDictBase:
-        if self.sync:
-            for worker_id in range(self.num_workers):
-                self._request(worker_id)
-            self._round = results = {}
-            try:
-                while len(results) < self.num_workers:
-                    if len(results) == self.preempt_after:
-                        self._preempt([i for i in range(self.num_workers) if i not in results])
-                    worker_id, result = self._next_answer()
-                    results[worker_id] = result
-            finally:
-                self._round = None
-            batch = self._combine([results[i] for i in range(self.num_workers)])
-            return batch if self.preempt_after is None else self._without_padding(batch)
-        if self._last_async is not None:
-            self._request(self._last_async)  # after the trainer's step, with fresh weights if asked
-        for worker_id in range(self.num_workers):
-            if worker_id != self._last_async:
-                for _ in range(self._batches.depth(worker_id) - self.roster[worker_id].outstanding):
-                    self._request(worker_id)
-        batch = self._next_kept()
-        if not self.update_after_each_batch:
-            self._request(self._last_async)  # keep the worker busy while the trainer works
-            self._last_async = None
-        return batch
+        return self.schedule.collect()
 
     def _place(self, batch: TensorDictBase) -> TensorDictBase:
         return self._batches.place(batch)
-
-    def _next_kept(self) -> TensorDictBase:
-        """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's stream
-        was cut, or collected with weights more than ``max_policy_lag`` behind (:mod:`.policy_lag`)."""
-        while True:
-            self._last_async, result = self._next_answer()
-            worker_id, batch = self._last_async, self._receive(self._last_async, result)
-            if self.continuity.kept(worker_id, batch):
-                if not policy_lag.too_old(batch, self.pushed_version, self.max_policy_lag):
-                    return batch
-                if policy_lag.left_behind(self.weights, worker_id, self.pushed_version, self.max_policy_lag):
-                    self._push_weights([worker_id], version=self.pushed_version)
-                self.continuity.drop(batch, [worker_id])
-            self._request(worker_id)
-
-    def _preempt(self, worker_ids: list[int]) -> None:
-        """Ask ``worker_ids`` to end the batch in progress at their next step (not waited for: a
-        worker that died meanwhile shows in the round's wait)."""
-        for worker_id in worker_ids:
-            if self.workers.serves(worker_id):
-                self.workers.call(worker_id, "preempt", self.roster[worker_id].requests)
-
-    def _without_padding(self, batch: TensorDictBase) -> TensorDictBase:
-        """As TorchRL: concatenated along time (``cat_results=-1``, or 0 over ``[T]`` batches),
-        the steps a preempted worker did not collect are dropped; stacked, its mask marks them."""
-        if self.cat_results == -1 or (self.cat_results == 0 and batch.batch_dims == 1):
-            return preemption.drop_padding(batch)
-        return batch
-
-    def _combine(self, results: list) -> TensorDictBase:
-        stacked = self.shared(self._batches.round, results)  # the round where the workers wrote it
-        if stacked is None:
-            return layouts.combine([self._receive(i, r) for i, r in enumerate(results)], self.cat_results)
-        return layouts.lay_out(stacked, self.cat_results)
 
     def _extend(self, batch: TensorDictBase) -> None:
         buffer_writes.write(self.replay_buffer, batch, stacked=self.sync and self.cat_results == "stack",
@@ -358,6 +204,152 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         if self.preempt_after is not None:  # rounds cut short hold fewer frames: more of them come
             raise preemption.no_length(self.preemptive_threshold)
         return super().__len__()
+
+    # ---------------------------------------------------------------- weights (:class:`.WeightPusher`)
+    @property
+    def weights(self) -> WeightPlane | None:
+        """The weight plane (None until it is laid out, and without pushes)."""
+        return self.pusher.plane
+
+    @property
+    def pushed_version(self) -> int:
+        """The newest weights' version (``policy_version``: the one every worker acknowledged)."""
+        return self.pusher.version
+
+    @property
+    def policy_version(self) -> int | None:
+        """TorchRL's acknowledged version: the weights version every serving worker acknowledged
+        (a vacant slot of an elastic collector does not count); None while they differ (after a
+        push to some of them) or a push is in flight (``non_blocking``). The version that chose
+        each frame is its ``("collector", "policy_version")``."""
+        return self.pusher.acknowledged()
+
+    def worker_policy_versions(self) -> list[int | None]:
+        """TorchRL's: the weights version each worker acknowledged (0 before any push; None
+        while a push to it is in flight, or where its slot has no worker)."""
+        return self.pusher.worker_versions()
+
+    def _newest_version(self) -> int:
+        return self.pusher.version
+
+    def init_updater(self, *args: Any, **kwargs: Any) -> None:
+        """The weight plane is set up by the constructor; nothing is left to prepare (arguments ignored)."""
+
+    def update_policy_weights_(
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, non_blocking: bool = False,
+        weights: Any = None, policy: Any = None,
+    ) -> None:
+        """Push new weights to all workers (one broadcast) or to ``worker_ids`` (0-based ids, or
+        TorchRL's form: the ``torch.device`` the workers' policy runs on).
+
+        ``policy_or_weights`` (or TorchRL's ``weights=``/``policy=``): an ``nn.Module``, a
+        TensorDict of weights or a state dict, or TorchRL's per-worker form ``{worker_id: weights}``
+        (each of those workers gets its own; without ``worker_ids``); None pushes the tensors the policy given to the
+        constructor holds at this call (also after its parameters were replaced), or, when the
+        workers build their policies (``policy_factory``), the weights given last. The trainer's
+        version (``pushed_version``) goes up by one; each worker applies the weights before its next batch,
+        never in the middle of one. With ``non_blocking=True`` this returns once the weights
+        are copied out of the policy, and the transfer completes in the background.
+        """
+        policy_or_weights = one_source(policy_or_weights, weights, policy)
+        self.require_running()
+        self.pusher.update(policy_or_weights, worker_ids, non_blocking)
+
+    def push_version(self, version: int, source: TensorDictBase | None = None) -> None:
+        """Push the policy's weights (or ``source``) to every worker as ``version`` (a node passing on its trainer's)."""
+        self.require_running()
+        self.pusher.push_version(version, source)
+
+    @property
+    def dropped_frames(self) -> int:
+        """Frames collected and not handed out (:mod:`.continuity`)."""
+        return self.continuity.dropped_frames
+
+    @property
+    def dropped_batches(self) -> int:
+        """Batches collected and not handed out (:mod:`.continuity`)."""
+        return self.continuity.dropped_batches
+
+    # ---------------------------------------------------------------- TorchRL's views (:mod:`.torchrl_views`)
+    def get_distant_attr(self, attr: str) -> list:
+        """TorchRL's: each worker's collector's attribute at the dotted path ``attr``, in worker order
+        (``"worker_idx"``: the worker ids; ``"replay_buffer..."``: the trainer's buffer, which the workers share)."""
+        self.require_running()
+        if torchrl_views.in_trainer(attr, self.replay_buffer):
+            return [remote_calls.attribute(self, attr) for _ in self._serving()]
+        return self.gather({i: self._call(i, "get_distant_attr", attr) for i in self._serving()})
+
+    def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
+        """TorchRL's: each worker's collector's ``method_name`` (a dotted path) called with its entry of
+        ``list_of_args``/``list_of_kwargs`` (one per worker; None: no arguments); the results in worker order."""
+        args, kwargs = remote_calls.entries(list_of_args, list_of_kwargs, self.num_workers)
+        self.require_running()
+        if torchrl_views.in_trainer(method_name, self.replay_buffer):
+            return [remote_calls.attribute(self, method_name)(*args[i], **kwargs[i]) for i in self._serving()]
+        return self.gather({i: self._call(i, "map_fn", method_name, args[i], kwargs[i]) for i in self._serving()})
+
+    def fake_tensordict(self) -> Any:
+        """Not implemented, as in TorchRL: each worker's batch has its own layout (a single-process
+        ``Collector`` has it)."""
+        raise NotImplementedError(f"{type(self).__name__}.fake_tensordict is not implemented, as in TorchRL; "
+                                  "accepted: Collector(...).fake_tensordict() with one of the workers' envs")
+
+    @property
+    def interruptor(self) -> None:
+        """TorchRL's shared flag that stops a sync round's other workers: None, as TorchRL's is without
+        preemption; with it, the trainer stops them by a call, so no flag exists either."""
+        return None
+
+    def _start_profile(self, config: Any) -> None:
+        raise ValueError(
+            f"enable_profile(workers={config.workers!r}) on {type(self).__name__}: profiling inside worker processes "
+            "is not supported; accepted: enable_profile on a single-process Collector"
+        )
+
+    @property
+    def pre_collect_hook(self) -> Any:
+        """Called in each worker before each batch; setting it sets it in every worker (as TorchRL's setter)."""
+        return (self._hooks or {}).get("pre_collect_hook")
+
+    @pre_collect_hook.setter
+    def pre_collect_hook(self, hook: Any) -> None:
+        self._set_hook("pre_collect_hook", hook)
+
+    @property
+    def post_collect_hook(self) -> Any:
+        """Called in each worker with each of its batches; setting it sets it in every worker."""
+        return (self._hooks or {}).get("post_collect_hook")
+
+    @post_collect_hook.setter
+    def post_collect_hook(self, hook: Any) -> None:
+        self._set_hook("post_collect_hook", hook)
+
+    def _set_hook(self, name: str, hook: Any) -> None:
+        hook = checks.optional_callable(name, hook)
+        self._hooks = {**(self._hooks or {}), name: hook}
+        if getattr(self, "specs", None) is None:  # the constructor: the workers get it with their options
+            return
+        self.require_running()
+        self.specs[:], pickled = torchrl_views.with_hook(self.specs, name, hook)
+        self.gather({i: self._call(i, "set_hook", name, pickled) for i in self._serving()})
+
+    @property
+    def _weight_sync_schemes(self) -> dict:
+        """``{"policy": scheme}``: TorchRL's scheme for how weights travel here (:func:`.torchrl_views.weight_schemes`)."""
+        return torchrl_views.weight_schemes(self._schemes_given, self._no_push, self.pusher.plane, self.pusher.transport,
+                                            self._ray_actors)
+
+    def stats(self, workers: str = "aggregate") -> dict[str, int | bool]:
+        """TorchRL's progress snapshot (see :meth:`BaseCollector.stats
+        <rpc_collectors.collection.base.BaseCollector.stats>`), with ``"workers"`` and
+        ``"workers_alive"``. ``workers="per_worker"`` or ``"both"`` adds ``"worker_<i>/frames"``
+        and ``"worker_<i>/batches"``: what each worker delivered to this collector (counted
+        here, without a call to the workers); ``"per_worker"`` leaves the aggregate entries out."""
+        torchrl_views.check_workers_view(workers)
+        alive = 0 if self._closing else sum(self.workers.serves(i) and self.roster[i].dead is None
+                                            for i in range(self.num_workers))
+        stats = super().stats() if workers != "per_worker" else {}
+        return torchrl_views.worker_stats(stats, workers, alive, self._worker_totals, self.num_workers)
 
     # ---------------------------------------------------------------- state
     def _serving(self) -> list[int]:

@@ -21,22 +21,32 @@ none is left to mark truncated here; a resume starts ids in a range of its own
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 from tensordict import TensorDictBase
 
 from rpc_collectors.collection.batch_record import workers_in
+from rpc_collectors.front.roster import WorkerRecord
 
-if TYPE_CHECKING:
-    from rpc_collectors.front.collector_front import CollectorFront
+
+class StreamOwner(Protocol):
+    """What :class:`Continuity` uses of its collector front: the workers, their records and its calls to them."""
+
+    num_workers: int
+    workers: Any
+    roster: list[WorkerRecord]
+    gather: Callable[..., list]
+
+    def _call(self, worker_id: int, method: str, *args: Any) -> Callable[[], Any]: ...
 
 
 class Continuity:
-    """The stream cuts of one collector front."""
+    """The stream cuts of one collector front, and the frames and batches it dropped."""
 
-    def __init__(self, front: "CollectorFront") -> None:
+    def __init__(self, front: StreamOwner) -> None:
         self.front = front
         self.stale = [0] * front.num_workers  # answers still due from each worker that were asked before its cut
+        self.dropped_frames = self.dropped_batches = 0  # counted here, or by a node, which tells its own
 
     def drop(self, batch: TensorDictBase, worker_ids: list[int] | None = None) -> None:
         """Drop ``batch`` (of ``worker_ids``; default: the workers its steps name): count it, cut their streams."""
@@ -66,8 +76,7 @@ class Continuity:
 
     def count(self, frames: int, batches: int) -> None:
         """Count ``frames`` in ``batches`` dropped: here, or by a node, which tells them with its answers."""
-        front = self.front
-        front.dropped_frames, front.dropped_batches = front.dropped_frames + frames, front.dropped_batches + batches
+        self.dropped_frames, self.dropped_batches = self.dropped_frames + frames, self.dropped_batches + batches
 
     def resumed(self) -> None:
         """Every worker loaded a saved state (its envs restart): what they were asked before is stale."""

@@ -10,19 +10,51 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 from rpc_collectors.core.errors import Failure, WorkerError, remote_summary
-from rpc_collectors.planes.membership import WorkerLeftWarning
+from rpc_collectors.front.continuity import Continuity
+from rpc_collectors.front.roster import WorkerRecord
+from rpc_collectors.planes.membership import Restarts, WorkerLeftWarning
+from rpc_collectors.planes.weight_sync import WeightPlane
 
-if TYPE_CHECKING:
-    from rpc_collectors.front.collector_front import CollectorFront
+
+class Recovered(Protocol):
+    """What :class:`Recovery` uses of its collector front: its parts, and what it tells the front."""
+
+    num_workers: int
+    elastic: bool
+    join_timeout: float
+    ready: bool
+    specs: list
+    workers: Any
+    roster: list[WorkerRecord]
+    restarts: Restarts
+    continuity: Continuity
+    gather: Callable[..., list]
+
+    @property
+    def weights(self) -> WeightPlane | None: ...
+
+    def require_running(self) -> None: ...
+
+    def fail(self, error: BaseException) -> BaseException: ...
+
+    def worker_error(self, worker_id: int, reason: str, remote: str = "") -> WorkerError: ...
+
+    def _delivered_frames(self, worker: int) -> int: ...
+
+    def rejoin_batches(self, worker_id: int) -> None: ...
+
+    def admitted(self, worker_id: int) -> None: ...
+
+    def left(self, worker_id: int) -> None: ...
 
 
 class Recovery:
     """Restarts and elastic membership of one collector front."""
 
-    def __init__(self, front: "CollectorFront") -> None:
+    def __init__(self, front: Recovered) -> None:
         self.front = front
 
     def recover(self, failed: Failure) -> bool:
@@ -85,7 +117,7 @@ class Recovery:
     # ------------------------------------------------------------------ elastic membership
     def admit(self, rank: int) -> None:
         """Give collector ``rank`` a vacant slot (or keep it as a spare), set it up and tell the
-        front (:meth:`~rpc_collectors.front.collector_front.CollectorFront.admitted`); one that fails meanwhile
+        front (``admitted``); one that fails meanwhile
         leaves the slot vacant again."""
         front = self.front
         worker_id = front.workers.assign(rank)

@@ -12,29 +12,56 @@ seed sequences (a resumed run does not replay the envs' first episodes).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 from torch import nn
 
 from rpc_collectors.collection.trajectories import pool_state
-
-if TYPE_CHECKING:
-    from rpc_collectors.front.collector_front import CollectorFront
+from rpc_collectors.front.continuity import Continuity
+from rpc_collectors.front.roster import WorkerRecord
+from rpc_collectors.front.weight_pushes import WeightPusher
+from rpc_collectors.planes.membership import Restarts
 
 POLICY = "policy_state_dict"
 
 
-def state_of(front: "CollectorFront") -> dict:
+class Saved(Protocol):
+    """What the state of a collector front is read from and loaded into."""
+
+    num_workers: int
+    elastic: bool
+    run_start: int
+    policy: Any
+    roster: list[WorkerRecord]
+    restarts: Restarts
+    continuity: Continuity
+    gather: Callable[..., list]
+    pusher: WeightPusher
+
+    def require_running(self) -> None: ...
+
+    def _call(self, worker_id: int, method: str, *args: Any) -> Callable[[], Any]: ...
+
+    def _serving(self) -> list[int]: ...
+
+    def _delivered_frames(self, worker: int) -> int: ...
+
+    def _base_state(self) -> dict: ...
+
+    def _load_base_state(self, state: dict) -> None: ...
+
+
+def state_of(front: Saved) -> dict:
     """``front``'s state (the last weight push finished first)."""
     front.require_running()
-    with front._lock:
-        front._finish_push()
+    with front.pusher.lock:
+        front.pusher.finish()
     state = front._base_state()
-    state["policy_version"] = front.pushed_version
+    state["policy_version"] = front.pusher.version
     state["restarts"] = {"counts": list(front.restarts.counts), "seeds": list(front.restarts.seeds),
                          "resumes": front.restarts.resumes}
-    if front.weights is not None:  # the weight-update cadence: batches each worker delivered since its last push
-        state["since_update"] = list(front.weights.since_update)
+    if front.pusher.plane is not None:  # the weight-update cadence: batches each worker delivered since its last push
+        state["since_update"] = list(front.pusher.plane.since_update)
     if isinstance(front.policy, nn.Module):
         state[POLICY] = {name: value.clone() for name, value in front.policy.state_dict().items()}
     if front.elastic:  # collectors come and go: keep where their trajectory ids continue from
@@ -54,7 +81,7 @@ def _collected(worker_state: dict) -> int:
     return int(worker_state["local"]["frames"] if "local" in worker_state else worker_state["frames"])
 
 
-def load(front: "CollectorFront", state: dict) -> None:
+def load(front: Saved, state: dict) -> None:
     """Resume ``front`` from ``state`` (see the module docstring)."""
     front.require_running()
     if front.elastic:
@@ -67,20 +94,21 @@ def load(front: "CollectorFront", state: dict) -> None:
     elif len(state["workers"]) != front.num_workers:
         raise ValueError(f"the state holds {len(state['workers'])} workers; this collector has {front.num_workers}")
     front._load_base_state(state)
-    front.pushed_version = int(state["policy_version"])
+    front.pusher.version = int(state["policy_version"])
     _load_run_state(front, state)
     if state.get(POLICY) is not None and isinstance(front.policy, nn.Module):
         front.policy.load_state_dict(state[POLICY])
     if front.elastic:
         front.restarts.restore(state["traj_id_bounds"])
-        if state.get(POLICY) is not None and front.weights is not None:  # collectors that join get these weights
-            front._push_weights([], version=front.pushed_version)
+        if state.get(POLICY) is not None and front.pusher.plane is not None:  # collectors that join get these weights
+            front.pusher.push([], version=front.pusher.version)
         return
     front.gather({i: front._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
     front.continuity.resumed()
-    if front.weights is not None:  # each worker holds the weights it saved, under their version
+    weights = front.pusher.plane
+    if weights is not None:  # each worker holds the weights it saved, under their version
         for i, worker_state in enumerate(state["workers"]):
-            front.weights.loaded(i, int(worker_state["version"] if "local" in worker_state else worker_state["policy_version"]))
+            weights.loaded(i, int(worker_state["version"] if "local" in worker_state else worker_state["policy_version"]))
     for i, worker_state in enumerate(state["workers"]):
         front.restarts.loaded(i, int(worker_state["traj_count"]))
         front.roster[i].uncounted = front._delivered_frames(i) - _collected(worker_state)  # it counts on from there
@@ -89,7 +117,7 @@ def load(front: "CollectorFront", state: dict) -> None:
                       for i in range(front.num_workers) if front.restarts.seeds[i] is not None})
 
 
-def _load_run_state(front: "CollectorFront", state: dict) -> None:
+def _load_run_state(front: Saved, state: dict) -> None:
     """The restarts spent, the seed sequences and the weight-update cadence (states saved since they were kept)."""
     saved = state.get("restarts")
     if saved is not None and len(saved["counts"]) == front.num_workers:
@@ -97,5 +125,5 @@ def _load_run_state(front: "CollectorFront", state: dict) -> None:
         front.restarts.seeds = [None if s is None else int(s) for s in saved["seeds"]]
         front.restarts.resumes = int(saved["resumes"]) + 1
     cadence = state.get("since_update")
-    if cadence is not None and front.weights is not None and len(cadence) == front.num_workers:
-        front.weights.since_update[:] = [int(n) for n in cadence]
+    if cadence is not None and front.pusher.plane is not None and len(cadence) == front.num_workers:
+        front.pusher.plane.since_update[:] = [int(n) for n in cadence]
