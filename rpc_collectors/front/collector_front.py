@@ -24,6 +24,7 @@ from rpc_collectors.collection import preemption
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
+from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.front import buffer_writes, node_restarts, policy_lag, saved_state
 from rpc_collectors.front.continuity import Continuity
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
@@ -122,7 +123,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         """Ask a worker to map a shared batch buffer; False if it cannot (a failure shows at its next request)."""
         recover = not self.restarts.budget and not self.elastic  # without restarts a failure raises its WorkerError here
         try:
-            return self.gather({worker_id: self._call(worker_id, "join_batches", spec)}, recover=recover)[0]
+            return self.gather({worker_id: self.deferred.join_batches(worker_id, spec)}, recover=recover)[0]
         except Failure:
             return False
 
@@ -138,6 +139,11 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
 
     def _call(self, worker_id: int, method: str, *args: Any) -> Call:
         return functools.partial(self.workers.call, worker_id, method, *args)
+
+    @property
+    def deferred(self) -> WorkerCalls[Call]:
+        """The workers' calls (:mod:`~rpc_collectors.core.protocol`), each deferred: :meth:`gather` sends it."""
+        return WorkerCalls(self._call)
 
     # ---------------------------------------------------------------- workers
     @property
@@ -275,7 +281,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         slot = self._batches.slot_for(worker_id, again)
         fut = self._batches.ring(worker_id, min_version, slot)  # a worker with slots
         if fut is None:
-            fut = self.workers.call(worker_id, "collect", min_version, slot)
+            fut = self.workers.calls.collect(worker_id, min_version, slot)
         record.asked(again)
         self.restarts.asked(worker_id, self.worker_frames, record.info["envs"])
         self.events.watch(worker_id, record.generation, BATCH, fut)
@@ -335,7 +341,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         worker that died meanwhile shows in the round's wait)."""
         for worker_id in worker_ids:
             if self.workers.serves(worker_id):
-                self.workers.call(worker_id, "preempt", self.roster[worker_id].requests)
+                self.workers.calls.preempt(worker_id, self.roster[worker_id].requests)
 
     def _without_padding(self, batch: TensorDictBase) -> TensorDictBase:
         """As TorchRL: concatenated along time (``cat_results=-1``, or 0 over ``[T]`` batches),
@@ -370,11 +376,11 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         if self.elastic:  # slot i gets seed + i; each collector in it one drawn from that seed's sequence
             for worker_id in range(self.num_workers):
                 self.restarts.seeds[worker_id] = seed + worker_id
-            self.gather({i: self._call(i, "set_seed", self.restarts.seed(i)) for i in self._serving()})
+            self.gather({i: self.deferred.set_seed(i, self.restarts.seed(i)) for i in self._serving()})
             return seed + self.num_workers
         for worker_id in range(self.num_workers):
             self.restarts.seeds[worker_id] = int(seed)
-            seed = self.gather({worker_id: self._call(worker_id, "set_seed", int(seed))})[0]
+            seed = self.gather({worker_id: self.deferred.set_seed(worker_id, int(seed))})[0]
         return seed
 
     def state_dict(self) -> dict:

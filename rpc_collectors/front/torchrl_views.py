@@ -5,12 +5,14 @@ each worker: ``get_distant_attr``, ``map_fn`` (a worker's ``replay_buffer`` is t
 and the collect-hook setters."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import cloudpickle
 
 from rpc_collectors.collection import remote_calls
 from rpc_collectors.core import checks, torchrl_args
+from rpc_collectors.core.protocol import WorkerSpec
 
 HOOKS = ("pre_collect_hook", "post_collect_hook")
 
@@ -32,7 +34,7 @@ class TorchRLViews:
         self.require_running()
         if self._in_trainer(attr):
             return [remote_calls.attribute(self, attr) for _ in self._serving()]
-        return self.gather({i: self._call(i, "get_distant_attr", attr) for i in self._serving()})
+        return self.gather({i: self.deferred.get_distant_attr(i, attr) for i in self._serving()})
 
     def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
         """TorchRL's: each worker's collector's ``method_name`` (a dotted path) called with its entry of
@@ -41,7 +43,7 @@ class TorchRLViews:
         self.require_running()
         if self._in_trainer(method_name):
             return [remote_calls.attribute(self, method_name)(*args[i], **kwargs[i]) for i in self._serving()]
-        return self.gather({i: self._call(i, "map_fn", method_name, args[i], kwargs[i]) for i in self._serving()})
+        return self.gather({i: self.deferred.map_fn(i, method_name, args[i], kwargs[i]) for i in self._serving()})
 
     def fake_tensordict(self) -> Any:
         """Not implemented, as in TorchRL: each worker's batch has its own layout (a single-process
@@ -91,10 +93,10 @@ class TorchRLViews:
             return
         self.require_running()
         for i, spec in enumerate(self.specs):  # a replaced worker is built with it too
-            fn, policy, kwargs, node = cloudpickle.loads(spec)
-            self.specs[i] = cloudpickle.dumps((fn, policy, {**kwargs, name: hook}, node))
+            loaded = WorkerSpec.loads(spec)
+            self.specs[i] = dataclasses.replace(loaded, options={**loaded.options, name: hook}).dumps()
         pickled = cloudpickle.dumps(hook)  # a closure travels as the worker's options do
-        self.gather({i: self._call(i, "set_hook", name, pickled) for i in self._serving()})
+        self.gather({i: self.deferred.set_hook(i, name, pickled) for i in self._serving()})
 
     @property
     def _weight_sync_schemes(self) -> dict:

@@ -32,7 +32,7 @@ class WeightPushes:
         if module is None or self._no_push:
             return
         if self._factory:  # the workers' policies must hold what the trainer will push
-            signatures = self.gather({i: self._call(i, "weights_signature") for i in self._serving()})
+            signatures = self.gather({i: self.deferred.weights_signature(i) for i in self._serving()})
             factory_weights.check_workers(dict(zip(self._serving(), signatures)), module)
         same_host = all(info is not None and info["host_id"] == host_id() for info in self.infos)
         kind = choose_transport(
@@ -43,7 +43,7 @@ class WeightPushes:
             module, kind, self.num_workers, self.rpc_timeout, refill=self.restarts.budget > 0 or self.elastic,
             backend=self.backend, rdv=rdv,
         )
-        joins = {i: self._call(i, "join_weights", self.weights.spec) for i in range(self.num_workers) if self.roster[i].info}
+        joins = {i: self.deferred.join_weights(i, self.weights.spec) for i in range(self.num_workers) if self.roster[i].info}
         futures = {i: call() for i, call in joins.items()}
         self.weights.sender.connect()
         self.gather(joins, futures)
@@ -143,7 +143,7 @@ class WeightPushes:
     def _start_push(self, receive: dict[int, tuple], version: int, non_blocking: bool) -> None:
         """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on."""
         self.pushed_version = version
-        self._push = {i: self._call(i, "receive_weights", *args) for i, args in receive.items()}
+        self._push = {i: self.deferred.receive_weights(i, *args) for i, args in receive.items()}
         self._pushed = {i: call() for i, call in self._push.items()}
         if not non_blocking:
             self._finish_push()
