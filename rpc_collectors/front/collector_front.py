@@ -24,7 +24,6 @@ from rpc_collectors.collection import preemption
 from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
-from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.front import buffer_writes, node_restarts, policy_lag, saved_state
 from rpc_collectors.front.continuity import Continuity
 from rpc_collectors.front.events import BATCH, Answer, Events, Joined
@@ -94,7 +93,7 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
         self.workers = self._resources.workers = make_pool(weak_method(self._on_death), weak_method(self._on_arrival))
         self.waits = Waits(self.events, self.roster, self.workers, self.rpc_timeout, self.require_running,
                            self.recovery.recover)
-        self.gather = self.waits.gather
+        self.gather, self.deferred = self.waits.gather, self.waits.deferred
         self._release = release_with(self, self._resources)
         self._closed = self._closing = False
         try:
@@ -136,14 +135,6 @@ class CollectorFront(TorchRLViews, WeightPushes, BaseCollector):
             self._batches.admit(worker_id, self.roster[worker_id].info["host_id"] == host_id())
         else:
             self.shared(self._batches.rejoin, worker_id)
-
-    def _call(self, worker_id: int, method: str, *args: Any) -> Call:
-        return functools.partial(self.workers.call, worker_id, method, *args)
-
-    @property
-    def deferred(self) -> WorkerCalls[Call]:
-        """The workers' calls (:mod:`~rpc_collectors.core.protocol`), each deferred: :meth:`gather` sends it."""
-        return WorkerCalls(self._call)
 
     # ---------------------------------------------------------------- workers
     @property
