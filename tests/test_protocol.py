@@ -1,6 +1,6 @@
-"""The trainer<->worker protocol (:mod:`rpc_collectors.core.protocol`), without processes: the calls it
-declares are the worker's, each typed call sends its own name, a worker serves no other name, and the
-worker spec travels as the dataclass it is."""
+"""The trainer<->worker protocol (:mod:`rpc_collectors.core.protocol`), without processes: the
+calls it declares are the worker's, each typed call sends its own name, a worker serves no other
+name, and the worker spec travels as the dataclass it is."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,11 +20,12 @@ from rpc_collectors.pools.debug import DebugPool
 from rpc_collectors.worker.server import WorkerState
 
 pytestmark = pytest.mark.timeout(60)
+KEYS = ("observation", "action", ("next", "observation"), ("next", "done"), ("collector", "traj_ids"))
 
 
 def spec(**options) -> WorkerSpec:
-    return WorkerSpec(CountEnv, None, {"frames_per_batch": 10, worker_warnings.KEY: worker_warnings.for_workers(),
-                                       **options})
+    filters = worker_warnings.for_workers()
+    return WorkerSpec(CountEnv, None, {"frames_per_batch": 10, worker_warnings.KEY: filters, **options})
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
@@ -32,7 +33,8 @@ def test_every_call_is_a_worker_method_of_the_same_signature(name):
     declared = list(inspect.signature(getattr(WorkerCalls, name)).parameters.values())
     served = list(inspect.signature(getattr(WorkerState, name)).parameters.values())
     assert [p.name for p in declared[:2]] == ["self", "worker_id"]
-    assert [(p.name, p.kind, p.default) for p in declared[2:]] == [(p.name, p.kind, p.default) for p in served[1:]]
+    shape = lambda params: [(p.name, p.kind, p.default) for p in params]  # noqa: E731
+    assert shape(declared[2:]) == shape(served[1:])
 
 
 def test_each_typed_call_sends_its_own_name_and_arguments():
@@ -46,7 +48,7 @@ def test_each_typed_call_sends_its_own_name_and_arguments():
 
 
 def test_the_spec_round_trips_through_pickle_as_its_dataclass():
-    hook = lambda td: td.set("seen", torch.ones(td.shape))  # noqa: E731 (a closure travels with cloudpickle)
+    hook = lambda td: td.set("seen", torch.ones(td.shape))  # noqa: E731 (cloudpickle carries it)
     original = spec(post_collect_hook=hook)
     data = original.dumps()
     assert isinstance(pickle.loads(data), WorkerSpec)
@@ -65,7 +67,8 @@ def test_a_spec_that_is_not_a_worker_spec_is_refused():
 
 
 def test_a_worker_serves_its_declared_calls_as_a_collector_would():
-    """Through the typed calls, a worker built from a spec collects what a single-process ``Collector`` does."""
+    """Through the typed calls, a worker built from a spec collects what a single-process
+    ``Collector`` does."""
     pool = DebugPool(1)
     try:
         info = pool.create(0, spec().dumps()).wait()
@@ -74,7 +77,7 @@ def test_a_worker_serves_its_declared_calls_as_a_collector_would():
         assert pool.calls.set_seed(0, 3).wait() == reference.set_seed(3)
         for _ in range(2):
             got, want = pool.calls.collect(0, 0).wait(), reference.next()
-            for key in ("observation", "action", ("next", "observation"), ("next", "done"), ("collector", "traj_ids")):
+            for key in KEYS:
                 assert torch.equal(got[key], want[key]), key
         reference.shutdown()
     finally:
@@ -87,9 +90,10 @@ def test_a_name_the_protocol_does_not_declare_is_refused_and_runs_nothing(name):
     try:
         pool.create(0, spec().dumps()).wait()
         ran = []
-        for method in ("close", "interrupt", "info"):  # the worker's own methods, not calls of the protocol
+        for method in ("close", "interrupt", "info"):  # the worker's own methods, not protocol calls
             setattr(pool.states[0], method, lambda *args, method=method: ran.append(method))
-        with pytest.raises(RuntimeError, match=f"ValueError: a worker serves no call '{name}'; accepted: .*'collect'"):
+        refused = f"ValueError: a worker serves no call '{name}'; accepted: .*'collect'"
+        with pytest.raises(RuntimeError, match=refused):
             pool.call(0, name).wait()
         assert ran == []
         for method in ("close", "interrupt", "info"):

@@ -162,8 +162,8 @@ class AsyncBatchedCollector(BaseCollector):
         self.policy = StepPolicy(policy, device)
         self.num_envs = len(factories)
         filters = worker_warnings.for_workers()
-        self._specs = [WorkerSpec(f, None, {"frames_per_batch": 1, "create_env_kwargs": kw, worker_warnings.KEY: filters}).dumps()
-                       for f, kw in zip(factories, kwargs)]
+        options = [{"frames_per_batch": 1, "create_env_kwargs": kw, worker_warnings.KEY: filters} for kw in kwargs]
+        self._specs = [WorkerSpec(f, None, opts).dumps() for f, opts in zip(factories, options)]
         self._lock = threading.Lock()
         self.restarts = Restarts(self.max_worker_restarts, self.num_envs)
         self.restarts.name = "env worker {}"

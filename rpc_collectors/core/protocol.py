@@ -1,5 +1,5 @@
-"""Every message between the trainer and its workers, whatever carries it (pipes, RPC, Ray, a call in
-the trainer's own process in the debug launcher).
+"""Every message between the trainer and its workers, whatever carries it (pipes, RPC, Ray, or a
+plain call in the trainer's own process in the debug launcher).
 
 * :class:`WorkerSpec`: what a worker builds its collector from, sent pickled in :data:`CREATE`;
   the worker answers with a :class:`WorkerInfo`.
@@ -8,9 +8,9 @@ the trainer's own process in the debug launcher).
 * The answers to ``collect``: a batch (a ``TensorDict``), :class:`Ready` (the batch is in a
   shared-memory slot) or :class:`Noted` (a node's batch with its :class:`LocalRestart` and
   :class:`Dropped` records). A worker with batch slots is asked ``collect`` by its doorbell
-  instead (:mod:`~rpc_collectors.planes.doorbell`: slot and version packed, :class:`Ready` answered
-  in a few bytes); :mod:`~rpc_collectors.planes.local_restarts` puts a node's records on an answer
-  and takes them off.
+  instead (:mod:`~rpc_collectors.planes.doorbell`: slot and version packed, :class:`Ready`
+  answered in a few bytes); :mod:`~rpc_collectors.planes.local_restarts` puts a node's records
+  on an answer and takes them off.
 """
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ import cloudpickle
 
 CREATE = "create"
 """The first call a worker serves: ``create(spec, worker_id, num_workers, traj_id_start)``, with the
-pickled :class:`WorkerSpec`; it answers its :class:`WorkerInfo`. A pool sends it (``WorkerPool.create``)."""
+pickled :class:`WorkerSpec`; it answers its :class:`WorkerInfo`. A pool sends it
+(``WorkerPool.create``)."""
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What a worker builds its collector from: the env factory, the policy (None: the worker builds
-    its own, or acts at random), the ``Collector`` keywords plus the worker's private ones
+    """What a worker builds its collector from: the env factory, the policy (None: the worker
+    builds its own, or acts at random), the ``Collector`` keywords plus the worker's private ones
     (warning filters, ``init_fn``, ``preemptible``), and a node's layout (None: a plain worker)."""
 
     create_env_fn: Any
@@ -44,14 +45,16 @@ class WorkerSpec:
         """The spec that :meth:`dumps` gave ``data``."""
         spec = cloudpickle.loads(data)
         if not isinstance(spec, cls):
-            raise TypeError(f"a worker spec must be a pickled WorkerSpec, got a pickled {type(spec).__name__}")
+            raise TypeError(
+                f"a worker spec must be a pickled WorkerSpec, got a pickled {type(spec).__name__}"
+            )
         return spec
 
 
 class WorkerInfo(TypedDict, total=False):
-    """A worker's answer to :data:`CREATE`: who serves it (rank, host name, address, pid, machine id),
-    its number of envs and torch threads; a node adds its local workers' pids and its inference mode,
-    a Ray actor its id."""
+    """A worker's answer to :data:`CREATE`: who serves it (rank, host name, address, pid, machine
+    id), its number of envs and torch threads; a node adds its local workers' pids and its
+    inference mode, a Ray actor its id."""
 
     rank: int
     host: str
@@ -84,9 +87,9 @@ class Dropped:
 
 @dataclass(frozen=True)
 class Ready:
-    """A worker's answer to ``collect``: its batch is in ``slot`` (shared memory, or its bytes follow this
-    answer on a doorbell's connection); ``restarts``, ``dropped``: a node's local restarts and own drops
-    since its last answer."""
+    """A worker's answer to ``collect``: its batch is in ``slot`` (shared memory, or its bytes
+    follow this answer on a doorbell's connection); ``restarts``, ``dropped``: a node's local
+    restarts and own drops since its last answer."""
 
     slot: int
     restarts: tuple[LocalRestart, ...] = ()
@@ -100,8 +103,8 @@ class Ready:
 
 @dataclass(frozen=True)
 class Noted:
-    """A node's answer to ``collect`` with a batch returned directly (not in a slot), with its restarts
-    and drops since its last answer."""
+    """A node's answer to ``collect`` with a batch returned directly (not in a slot), with its
+    restarts and drops since its last answer."""
 
     batch: Any
     restarts: tuple[LocalRestart, ...]
@@ -114,43 +117,44 @@ R = TypeVar("R")
 class WorkerCalls(Generic[R]):
     """The calls a worker serves once created, as the trainer makes them.
 
-    ``send(worker_id, name, *args)`` carries a call to its worker (a pool's ``call``, which returns a
-    future of the answer, or the front's deferred call); each method returns what ``send`` returns.
-    Arguments and answers are named in each method's docstring.
+    ``send(worker_id, name, *args)`` carries a call to its worker (a pool's ``call``, which
+    returns a future of the answer, or the front's deferred call); each method returns what
+    ``send`` returns. Each method's docstring names its arguments and its answer.
     """
 
     def __init__(self, send: Callable[..., R]) -> None:
         self._send = send
 
     def collect(self, worker_id: int, min_version: int, slot: int | None = None) -> R:
-        """The next batch, collected with weights of at least ``min_version``: written into shared-memory
-        ``slot`` (answer :class:`Ready`), or returned (a ``TensorDict``; a node's: :class:`Noted` when
-        it has restarts or drops to tell)."""
+        """The next batch, collected with weights of at least ``min_version``: written into
+        shared-memory ``slot`` (answer :class:`Ready`), or returned (a ``TensorDict``; a node's:
+        :class:`Noted` when it has restarts or drops to tell)."""
         return self._send(worker_id, "collect", min_version, slot)
 
     def preempt(self, worker_id: int, batch: int) -> R:
-        """End the ``batch``-th batch asked of this worker at its next step (TorchRL's preemption)."""
+        """End the ``batch``-th batch asked of the worker at its next step (TorchRL's preemption)."""
         return self._send(worker_id, "preempt", batch)
 
     def cut(self, worker_id: int, batch: int) -> R:
-        """The trainer dropped this worker's ``batch``-th batch: its trajectories in progress end."""
+        """The trainer dropped the worker's ``batch``-th batch: its trajectories in progress end."""
         return self._send(worker_id, "cut", batch)
 
     def join_batches(self, worker_id: int, spec: Any) -> R:
-        """Write batches into the trainer's slots (a ``SlotSpec``); answers False where it cannot."""
+        """Write batches into the trainer's slots (a ``SlotSpec``); answers False if it cannot."""
         return self._send(worker_id, "join_batches", spec)
 
     def weights_signature(self, worker_id: int) -> R:
-        """What the worker's policy holds (names, shapes, dtypes), or None: a node taking any."""
+        """What the worker's policy holds (names, shapes, dtypes); None: a node taking any."""
         return self._send(worker_id, "weights_signature")
 
     def join_weights(self, worker_id: int, spec: Any) -> R:
-        """Receive weights as a ``TransportSpec`` says (broadcast group, shared memory, or call payloads)."""
+        """Receive weights as a ``TransportSpec`` says (a broadcast group, shared memory, or
+        payloads carried by the calls)."""
         return self._send(worker_id, "join_weights", spec)
 
     def receive_weights(self, worker_id: int, version: int, mode: str, payload: Any = None) -> R:
-        """Weights ``version`` are on their way (``mode``: how), the flat tensor in ``payload`` where the
-        call carries them; the worker applies them before its next batch."""
+        """Weights ``version`` are on their way (``mode``: how), the flat tensor in ``payload``
+        where the call carries them; the worker applies them before its next batch."""
         return self._send(worker_id, "receive_weights", version, mode, payload)
 
     def set_seed(self, worker_id: int, seed: int) -> R:
@@ -162,27 +166,32 @@ class WorkerCalls(Generic[R]):
         return self._send(worker_id, "state_dict")
 
     def load_state_dict(self, worker_id: int, state: dict) -> R:
-        """Load what :meth:`state_dict` gave."""
+        """Load what :meth:`state_dict` answered."""
         return self._send(worker_id, "load_state_dict", state)
 
     def get_distant_attr(self, worker_id: int, attr: str) -> R:
-        """TorchRL's ``get_distant_attr``: the worker's collector's attribute at the dotted path ``attr``."""
+        """TorchRL's ``get_distant_attr``: the worker's collector's attribute at the dotted path
+        ``attr``."""
         return self._send(worker_id, "get_distant_attr", attr)
 
     def map_fn(self, worker_id: int, method: str, args: tuple, kwargs: dict) -> R:
-        """TorchRL's ``map_fn``: the worker's collector's ``method`` (a dotted path) called with ``args``, ``kwargs``."""
+        """TorchRL's ``map_fn``: the worker's collector's ``method`` (a dotted path) called with
+        ``args`` and ``kwargs``."""
         return self._send(worker_id, "map_fn", method, args, kwargs)
 
     def set_hook(self, worker_id: int, name: str, hook: bytes) -> R:
-        """Set the collector's ``pre_collect_hook`` or ``post_collect_hook`` (``hook`` cloudpickled)."""
+        """Set the collector's ``pre_collect_hook`` or ``post_collect_hook`` (``hook``
+        cloudpickled)."""
         return self._send(worker_id, "set_hook", name, hook)
 
     def step_row(self, worker_id: int) -> R:
-        """An env worker's row of a step plane (``AsyncBatchedCollector``), for the trainer to lay out."""
+        """An env worker's row of a step plane (``AsyncBatchedCollector``), for the trainer to
+        lay out."""
         return self._send(worker_id, "step_row")
 
     def join_steps(self, worker_id: int, spec: Any) -> R:
-        """Step the env with the actions the trainer writes into its row of the step plane (a ``SlotSpec``)."""
+        """Step the env with the actions the trainer writes into its row of the step plane (a
+        ``SlotSpec``)."""
         return self._send(worker_id, "join_steps", spec)
 
 
@@ -191,8 +200,8 @@ CALLS: frozenset[str] = frozenset(name for name in vars(WorkerCalls) if not name
 
 
 def serve(state: Any, name: str, args: tuple) -> Any:
-    """Run the call ``name`` with ``args`` on a worker's ``state``; a name :class:`WorkerCalls` does not
-    declare is refused."""
+    """Run the call ``name`` with ``args`` on a worker's ``state``; a name that
+    :class:`WorkerCalls` does not declare is refused."""
     if name not in CALLS:
         raise ValueError(f"a worker serves no call {name!r}; accepted: {sorted(CALLS)}")
     return getattr(state, name)(*args)

@@ -3,9 +3,9 @@
 Each actor serves one :class:`~rpc_collectors.worker.server.WorkerState`, the same code that every
 other pool serves; the trainer's calls (:mod:`~rpc_collectors.core.protocol`) reach it as
 ``actor.handle.remote(name, *args)``. Actors run their calls in threads (a weight push is
-answered while a batch is being collected), are created with ``max_restarts=0`` (Ray never restarts one behind the
-trainer's back: :meth:`RayPool.replace` does, under ``max_worker_restarts``) and are asked for
-the resources in ``remote_configs``.
+answered while a batch is being collected), are created with ``max_restarts=0`` (Ray never
+restarts one behind the trainer's back: :meth:`RayPool.replace` does, under
+``max_worker_restarts``) and are asked for the resources in ``remote_configs``.
 
 What crosses Ray's object store: a batch's leaves travel as numpy arrays (pickled out of band,
 so without torch's per-storage serialization) and are copied into fresh tensors on the trainer,
@@ -193,7 +193,8 @@ class RayPool(WorkerPool):
         return info
 
     def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
-        if method == RECEIVE_WEIGHTS and len(args) == 3 and args[2] is not None:  # "rpc" mode: one store object per version
+        # "rpc" mode: one store object per version
+        if method == RECEIVE_WEIGHTS and len(args) == 3 and args[2] is not None:
             args = (args[0], args[1], self._weights_ref(args[0], args[2]))
         return _torch_future(self.actors[worker_id].handle.remote(method, *args))
 
