@@ -10,6 +10,7 @@ from tensordict import TensorDict
 
 from rpc_collectors.collection.batch_record import VERSION, WORKER_ID
 from rpc_collectors.core.errors import Failure
+from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.front.continuity import Continuity
 from rpc_collectors.front.events import Events
 from rpc_collectors.front.lifetime import Resources
@@ -33,6 +34,10 @@ class Workers:
 
     def serves(self, worker_id: int) -> bool:
         return True
+
+    @property
+    def calls(self) -> WorkerCalls:
+        return WorkerCalls(self.call)
 
     def call(self, worker_id: int, method: str, *args: object) -> torch.futures.Future:
         fut = torch.futures.Future()
@@ -81,9 +86,9 @@ def front(n: int = 2, sync: bool = True, **options: object) -> SimpleNamespace:
     f.__dict__.update(options)
     f.waits = Waits(events, roster, workers, 10.0, lambda: None, _no_recovery)
     f.gather = f.waits.gather
-    f._call = lambda i, method, *args: lambda: workers.call(i, method, *args)
+    f.deferred = WorkerCalls(lambda i, method, *args: lambda: workers.call(i, method, *args))
     f.continuity = Continuity(f)
-    f.pusher = WeightPusher(None, workers, roster, f._call, f.gather, transport="rpc", factory=False, no_push=False,
+    f.pusher = WeightPusher(None, workers, roster, f.deferred, f.gather, transport="rpc", factory=False, no_push=False,
                             policy_device=None, backend="gloo", elastic=False, rpc_timeout=10.0, refill=False,
                             resources=Resources())
     f.schedule = Schedule(f)

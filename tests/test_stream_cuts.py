@@ -6,6 +6,7 @@ import torch
 from tensordict import TensorDict
 
 from rpc_collectors.collection.batch_record import WORKER_ID
+from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.front.continuity import Continuity
 from rpc_collectors.front.roster import WorkerRecord
 
@@ -19,11 +20,12 @@ class Front:
         self.serving = set(range(n))
         self.workers = self
         self.cuts: list[tuple[int, int]] = []
+        self.deferred = WorkerCalls(self._send)
 
     def serves(self, worker_id: int) -> bool:
         return worker_id in self.serving
 
-    def _call(self, worker_id: int, method: str, *args: int):
+    def _send(self, worker_id: int, method: str, *args: int):
         assert method == "cut"
         return lambda: self.cuts.append((worker_id, *args))
 

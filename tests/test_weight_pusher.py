@@ -7,6 +7,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.front.lifetime import Resources
 from rpc_collectors.front.roster import WorkerRecord
 from rpc_collectors.front.weight_pushes import WeightPusher
@@ -57,7 +58,7 @@ def pusher(n: int = 2, policy: object = None, factory: bool = False) -> tuple[We
         return lambda: workers.call(worker_id, method, *args)
 
     p = WeightPusher(
-        policy, workers, roster, call, gather, transport="rpc", factory=factory, no_push=False, policy_device=None,
+        policy, workers, roster, WorkerCalls(call), gather, transport="rpc", factory=factory, no_push=False, policy_device=None,
         backend="gloo", elastic=False, rpc_timeout=10.0, refill=False, resources=Resources(),
     )
     return p, workers

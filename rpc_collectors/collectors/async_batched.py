@@ -13,7 +13,6 @@ import threading
 import time
 from typing import Any
 
-import cloudpickle
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
@@ -23,6 +22,7 @@ from rpc_collectors.collection.batch_record import BatchRecord
 from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.core import batched_args, checks, worker_warnings
 from rpc_collectors.core.futures import outcome
+from rpc_collectors.core.protocol import WorkerSpec
 from rpc_collectors.front.inference_loop import InferenceLoop
 from rpc_collectors.front.lifetime import finalize_before_exit, weak_method
 from rpc_collectors.front.transitions import BATCH_KEYS, ENV_INDEX, Transitions
@@ -162,9 +162,8 @@ class AsyncBatchedCollector(BaseCollector):
         self.policy = StepPolicy(policy, device)
         self.num_envs = len(factories)
         filters = worker_warnings.for_workers()
-        self._specs = [cloudpickle.dumps((f, None, {"frames_per_batch": 1, "create_env_kwargs": kw,
-                                                    worker_warnings.KEY: filters}, None))
-                       for f, kw in zip(factories, kwargs)]
+        options = [{"frames_per_batch": 1, "create_env_kwargs": kw, worker_warnings.KEY: filters} for kw in kwargs]
+        self._specs = [WorkerSpec(f, None, opts).dumps() for f, opts in zip(factories, options)]
         self._lock = threading.Lock()
         self.restarts = Restarts(self.max_worker_restarts, self.num_envs)
         self.restarts.name = "env worker {}"
@@ -185,7 +184,7 @@ class AsyncBatchedCollector(BaseCollector):
         for env in range(self.num_envs):
             self._starting(env, lambda i=env: outcome(self.pool.create(i, self._specs[i])))
         try:
-            row = outcome(self.pool.call(0, "step_row"))
+            row = outcome(self.pool.calls.step_row(0))
         except RuntimeError as err:  # the env is not one this collector steps: its TypeError, as the worker raised it
             last = str(err).strip().splitlines()[-1]
             raise TypeError(last.removeprefix("TypeError: ")) from None
@@ -226,8 +225,8 @@ class AsyncBatchedCollector(BaseCollector):
     def _join(self, env: int) -> None:
         """Have the worker of ``env`` step its env through its row of the plane."""
         if self._seeds[env] is not None:
-            outcome(self.pool.call(env, "set_seed", self._seeds[env]))
-        outcome(self.pool.call(env, "join_steps", self.plane.spec(env)))
+            outcome(self.pool.calls.set_seed(env, self._seeds[env]))
+        outcome(self.pool.calls.join_steps(env, self.plane.spec(env)))
         self.plane.opened(env)
 
     def _on_failure(self, env: int, text: str) -> bool:
@@ -317,7 +316,7 @@ class AsyncBatchedCollector(BaseCollector):
         seed = checks.seed(seed)
         for env in range(self.num_envs):
             self._seeds[env] = seed + env
-            outcome(self.pool.call(env, "set_seed", seed + env))
+            outcome(self.pool.calls.set_seed(env, seed + env))
         return seed + self.num_envs
 
     def state_dict(self) -> dict:

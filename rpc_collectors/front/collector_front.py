@@ -30,7 +30,7 @@ from rpc_collectors.front.roster import WorkerRecord
 from rpc_collectors.front.schedule import Schedule
 from rpc_collectors.front.settings import Settings
 from rpc_collectors.front.threads import TrainerThreads
-from rpc_collectors.front.waits import Call, Waits
+from rpc_collectors.front.waits import Waits
 from rpc_collectors.front.weight_pushes import WeightPusher
 from rpc_collectors.planes.data import BatchPlane
 from rpc_collectors.planes.membership import Restarts
@@ -83,9 +83,9 @@ class CollectorFront(BaseCollector):
         self.workers = self._resources.workers = make_pool(weak_method(self._on_death), weak_method(self._on_arrival))
         self.waits = Waits(self.events, self.roster, self.workers, self.rpc_timeout, self.require_running,
                            self.recovery.recover)
-        self.gather = self.waits.gather
+        self.gather, self.deferred = self.waits.gather, self.waits.deferred
         self.pusher = WeightPusher(
-            policy, self.workers, self.roster, self._call, self.gather, transport=s.weight_transport,
+            policy, self.workers, self.roster, self.deferred, self.gather, transport=s.weight_transport,
             factory=s.policy_factory, no_push=self._no_push, policy_device=s.policy_device, backend=self.backend,
             elastic=self.elastic, rpc_timeout=self.rpc_timeout, refill=self.restarts.budget > 0 or self.elastic,
             resources=self._resources,
@@ -118,7 +118,7 @@ class CollectorFront(BaseCollector):
         """Ask a worker to map a shared batch buffer; False if it cannot (a failure shows at its next request)."""
         recover = not self.restarts.budget and not self.elastic  # without restarts a failure raises its WorkerError here
         try:
-            return self.gather({worker_id: self._call(worker_id, "join_batches", spec)}, recover=recover)[0]
+            return self.gather({worker_id: self.deferred.join_batches(worker_id, spec)}, recover=recover)[0]
         except Failure:
             return False
 
@@ -131,9 +131,6 @@ class CollectorFront(BaseCollector):
             self._batches.admit(worker_id, self.roster[worker_id].info["host_id"] == host_id())
         else:
             self.shared(self._batches.rejoin, worker_id)
-
-    def _call(self, worker_id: int, method: str, *args: Any) -> Call:
-        return functools.partial(self.workers.call, worker_id, method, *args)
 
     # ---------------------------------------------------------------- workers
     @property
@@ -277,7 +274,7 @@ class CollectorFront(BaseCollector):
         self.require_running()
         if torchrl_views.in_trainer(attr, self.replay_buffer):
             return [remote_calls.attribute(self, attr) for _ in self._serving()]
-        return self.gather({i: self._call(i, "get_distant_attr", attr) for i in self._serving()})
+        return self.gather({i: self.deferred.get_distant_attr(i, attr) for i in self._serving()})
 
     def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
         """TorchRL's: each worker's collector's ``method_name`` (a dotted path) called with its entry of
@@ -286,7 +283,7 @@ class CollectorFront(BaseCollector):
         self.require_running()
         if torchrl_views.in_trainer(method_name, self.replay_buffer):
             return [remote_calls.attribute(self, method_name)(*args[i], **kwargs[i]) for i in self._serving()]
-        return self.gather({i: self._call(i, "map_fn", method_name, args[i], kwargs[i]) for i in self._serving()})
+        return self.gather({i: self.deferred.map_fn(i, method_name, args[i], kwargs[i]) for i in self._serving()})
 
     def fake_tensordict(self) -> Any:
         """Not implemented, as in TorchRL: each worker's batch has its own layout (a single-process
@@ -331,7 +328,7 @@ class CollectorFront(BaseCollector):
             return
         self.require_running()
         self.specs[:], pickled = torchrl_views.with_hook(self.specs, name, hook)
-        self.gather({i: self._call(i, "set_hook", name, pickled) for i in self._serving()})
+        self.gather({i: self.deferred.set_hook(i, name, pickled) for i in self._serving()})
 
     @property
     def _weight_sync_schemes(self) -> dict:
@@ -362,11 +359,11 @@ class CollectorFront(BaseCollector):
         if self.elastic:  # slot i gets seed + i; each collector in it one drawn from that seed's sequence
             for worker_id in range(self.num_workers):
                 self.restarts.seeds[worker_id] = seed + worker_id
-            self.gather({i: self._call(i, "set_seed", self.restarts.seed(i)) for i in self._serving()})
+            self.gather({i: self.deferred.set_seed(i, self.restarts.seed(i)) for i in self._serving()})
             return seed + self.num_workers
         for worker_id in range(self.num_workers):
             self.restarts.seeds[worker_id] = int(seed)
-            seed = self.gather({worker_id: self._call(worker_id, "set_seed", int(seed))})[0]
+            seed = self.gather({worker_id: self.deferred.set_seed(worker_id, int(seed))})[0]
         return seed
 
     def state_dict(self) -> dict:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 from tensordict import TensorDictBase
 
 from rpc_collectors.collection.batch_record import workers_in
+from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.front.roster import WorkerRecord
 
 
@@ -36,8 +37,7 @@ class StreamOwner(Protocol):
     workers: Any
     roster: list[WorkerRecord]
     gather: Callable[..., list]
-
-    def _call(self, worker_id: int, method: str, *args: Any) -> Callable[[], Any]: ...
+    deferred: WorkerCalls[Callable[[], Any]]
 
 
 class Continuity:
@@ -60,7 +60,7 @@ class Continuity:
         for worker_id in worker_ids:
             self.stale[worker_id] = front.roster[worker_id].outstanding
         # which answer of the worker's process the cut follows (a node cuts the local workers in it)
-        front.gather({i: front._call(i, "cut", front.roster[i].requests - front.roster[i].outstanding) for i in worker_ids})
+        front.gather({i: front.deferred.cut(i, front.roster[i].requests - front.roster[i].outstanding) for i in worker_ids})
 
     def kept(self, worker_id: int, batch: TensorDictBase) -> bool:
         """Whether ``batch``, the answer of ``worker_id``, goes on: False (counted as dropped) if it was

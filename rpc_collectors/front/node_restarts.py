@@ -12,8 +12,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from rpc_collectors.core.protocol import Dropped
 from rpc_collectors.front.roster import WorkerRecord
-from rpc_collectors.planes.local_restarts import Dropped, unnote
+from rpc_collectors.planes.local_restarts import unnote
 from rpc_collectors.planes.membership import WorkerRestartWarning
 
 

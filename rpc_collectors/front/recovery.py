@@ -103,13 +103,13 @@ class Recovery:
         steps = []
         seed = front.restarts.seed(worker_id)
         if seed is not None:
-            steps.append(functools.partial(pool.call, worker_id, "set_seed", seed))
+            steps.append(functools.partial(pool.calls.set_seed, worker_id, seed))
         weights = front.weights
         if weights is not None:
-            steps.append(functools.partial(pool.call, worker_id, "join_weights", weights.spec))
+            steps.append(functools.partial(pool.calls.join_weights, worker_id, weights.spec))
             held = weights.rejoin(worker_id)  # what its slot holds: its own weights, or the trainer's
             if held is not None:
-                steps.append(functools.partial(pool.call, worker_id, "receive_weights", *held))
+                steps.append(functools.partial(pool.calls.receive_weights, worker_id, *held))
         for step in steps:
             front.gather({worker_id: step}, recover=False)
         front.rejoin_batches(worker_id)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 from torch import nn
 
 from rpc_collectors.collection.trajectories import pool_state
+from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.front.continuity import Continuity
 from rpc_collectors.front.roster import WorkerRecord
 from rpc_collectors.front.weight_pushes import WeightPusher
@@ -36,11 +37,10 @@ class Saved(Protocol):
     restarts: Restarts
     continuity: Continuity
     gather: Callable[..., list]
+    deferred: WorkerCalls[Callable[[], Any]]
     pusher: WeightPusher
 
     def require_running(self) -> None: ...
-
-    def _call(self, worker_id: int, method: str, *args: Any) -> Callable[[], Any]: ...
 
     def _serving(self) -> list[int]: ...
 
@@ -67,7 +67,7 @@ def state_of(front: Saved) -> dict:
     if front.elastic:  # collectors come and go: keep where their trajectory ids continue from
         state["workers"], state["traj_id_bounds"] = None, front.restarts.bounds()
         return state
-    state["workers"] = front.gather({i: front._call(i, "state_dict") for i in range(front.num_workers)})
+    state["workers"] = front.gather({i: front.deferred.state_dict(i) for i in range(front.num_workers)})
     state.update({f"worker{i}": worker for i, worker in enumerate(state["workers"])})  # TorchRL's keys
     pools = [w.get("traj_pool") or w["local"]["traj_pool"] for w in state["workers"]]
     state["traj_pool"] = pool_state(max(int(pool["traj_id"]) for pool in pools), front.run_start)
@@ -103,7 +103,7 @@ def load(front: Saved, state: dict) -> None:
         if state.get(POLICY) is not None and front.pusher.plane is not None:  # collectors that join get these weights
             front.pusher.push([], version=front.pusher.version)
         return
-    front.gather({i: front._call(i, "load_state_dict", s) for i, s in enumerate(state["workers"])})
+    front.gather({i: front.deferred.load_state_dict(i, s) for i, s in enumerate(state["workers"])})
     front.continuity.resumed()
     weights = front.pusher.plane
     if weights is not None:  # each worker holds the weights it saved, under their version
@@ -113,7 +113,7 @@ def load(front: Saved, state: dict) -> None:
         front.restarts.loaded(i, int(worker_state["traj_count"]))
         front.roster[i].uncounted = front._delivered_frames(i) - _collected(worker_state)  # it counts on from there
     if any(seed is not None for seed in front.restarts.seeds):  # resumed workers draw new seeds from their sequences
-        front.gather({i: front._call(i, "set_seed", front.restarts.seed(i))
+        front.gather({i: front.deferred.set_seed(i, front.restarts.seed(i))
                       for i in range(front.num_workers) if front.restarts.seeds[i] is not None})
 
 

@@ -148,7 +148,7 @@ class Schedule:
         slot = front._batches.slot_for(worker_id, again)
         fut = front._batches.ring(worker_id, min_version, slot)  # a worker with slots
         if fut is None:
-            fut = front.workers.call(worker_id, "collect", min_version, slot)
+            fut = front.workers.calls.collect(worker_id, min_version, slot)
         record.asked(again)
         front.restarts.asked(worker_id, front.worker_frames, record.info["envs"])
         front.events.watch(worker_id, record.generation, BATCH, fut)
@@ -222,7 +222,7 @@ class Schedule:
         front = self.front
         for worker_id in worker_ids:
             if front.workers.serves(worker_id):
-                front.workers.call(worker_id, "preempt", front.roster[worker_id].requests)
+                front.workers.calls.preempt(worker_id, front.roster[worker_id].requests)
 
     def _without_padding(self, batch: TensorDictBase) -> TensorDictBase:
         """As TorchRL: concatenated along time (``cat_results=-1``, or 0 over ``[T]`` batches),

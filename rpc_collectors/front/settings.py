@@ -23,6 +23,7 @@ from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.envs import check_env_id
 from rpc_collectors.collection.policies import StepPolicy, check_forward
 from rpc_collectors.core import checks, worker_checks, worker_warnings
+from rpc_collectors.core.protocol import WorkerSpec
 from rpc_collectors.planes.rendezvous import Rendezvous, detect_launcher, from_environment
 from rpc_collectors.planes.weight_sync import TRANSPORTS
 from rpc_collectors.worker.node import NodeSpec, check_inference, node_class
@@ -294,7 +295,7 @@ def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: Nod
         for fn, p, kw in zip(env_fns, policies, worker_kwargs):
             key = (id(fn), id(p), cloudpickle.dumps(kw))
             if key not in pickled:
-                pickled[key] = cloudpickle.dumps((fn, p, kw, node))
+                pickled[key] = WorkerSpec(fn, p, kw, node).dumps()
             specs.append(pickled[key])
         return specs
     except Exception:

@@ -5,11 +5,13 @@ path of ``get_distant_attr``/``map_fn`` is the trainer's (a worker's ``replay_bu
 The front's public methods of those names call these."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import cloudpickle
 
 from rpc_collectors.core import torchrl_args
+from rpc_collectors.core.protocol import WorkerSpec
 
 HOOKS = ("pre_collect_hook", "post_collect_hook")
 
@@ -27,8 +29,8 @@ def with_hook(specs: list[bytes], name: str, hook: Any) -> tuple[list[bytes], by
     it too), and ``hook`` pickled as the worker's options are (a closure travels too)."""
     changed = []
     for spec in specs:
-        fn, policy, kwargs, node = cloudpickle.loads(spec)
-        changed.append(cloudpickle.dumps((fn, policy, {**kwargs, name: hook}, node)))
+        loaded = WorkerSpec.loads(spec)
+        changed.append(dataclasses.replace(loaded, options={**loaded.options, name: hook}).dumps())
     return changed, cloudpickle.dumps(hook)
 
 

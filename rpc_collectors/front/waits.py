@@ -11,6 +11,7 @@ import torch
 
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.core.futures import outcome
+from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.front.events import Answer, Events
 from rpc_collectors.front.roster import WorkerRecord
 
@@ -22,7 +23,8 @@ class Waits:
     """The waits of one front: on ``roster``'s workers in ``pool``, through ``events``.
 
     ``require_running()`` raises once the front shuts down; ``recover(failure)`` replaces a failed
-    worker (True), lets an elastic one leave (False) or raises its WorkerError.
+    worker (True), lets an elastic one leave (False) or raises its WorkerError. ``deferred``: the
+    workers' calls (:mod:`~rpc_collectors.core.protocol`), each a :data:`Call` that :meth:`gather` sends.
     """
 
     def __init__(
@@ -31,6 +33,7 @@ class Waits:
     ) -> None:
         self.events, self.roster, self.pool, self.rpc_timeout = events, roster, pool, rpc_timeout
         self.require_running, self.recover = require_running, recover
+        self.deferred: WorkerCalls[Call] = WorkerCalls(functools.partial(functools.partial, pool.call))
 
     def deadline(self) -> float:
         return time.monotonic() + self.rpc_timeout + TIMEOUT_MARGIN

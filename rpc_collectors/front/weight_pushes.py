@@ -19,6 +19,7 @@ from torch import nn
 
 from rpc_collectors.collection.policies import run_device
 from rpc_collectors.core import worker_checks
+from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.front.lifetime import Resources
 from rpc_collectors.front.roster import WorkerRecord
 from rpc_collectors.planes import factory_weights
@@ -30,18 +31,18 @@ from rpc_collectors.planes.weight_updates import whole_update
 class WeightPusher:
     """The weight pushes of one collector front to the workers of ``pool`` (records in ``roster``).
 
-    ``call(worker_id, method, *args)`` makes a call to a worker that ``gather`` waits on;
+    ``deferred``: the workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent by ``gather``;
     ``no_push`` (TorchRL's ``NoWeightSyncScheme``): no plane, a push does nothing; ``refill``: a
     replaced or newly joined worker gets the weights its slot holds; the plane, once laid out, is
     released with ``resources``.
     """
 
     def __init__(
-        self, policy: Any, pool: Any, roster: list[WorkerRecord], call: Callable[..., Any], gather: Callable[..., list],
+        self, policy: Any, pool: Any, roster: list[WorkerRecord], deferred: WorkerCalls, gather: Callable[..., list],
         *, transport: str, factory: bool, no_push: bool, policy_device: Any, backend: str, elastic: bool,
         rpc_timeout: float, refill: bool, resources: Resources,
     ) -> None:
-        self.policy, self.pool, self.roster, self._call, self.gather = policy, pool, roster, call, gather
+        self.policy, self.pool, self.roster, self.deferred, self.gather = policy, pool, roster, deferred, gather
         self.transport, self.factory, self.no_push, self.policy_device = transport, factory, no_push, policy_device
         self.backend, self.elastic, self.rpc_timeout, self.refill = backend, elastic, rpc_timeout, refill
         self.resources = resources
@@ -65,7 +66,7 @@ class WeightPusher:
         if module is None or self.no_push:
             return
         if self.factory:  # the workers' policies must hold what the trainer will push
-            signatures = self.gather({i: self._call(i, "weights_signature") for i in self._serving()})
+            signatures = self.gather({i: self.deferred.weights_signature(i) for i in self._serving()})
             factory_weights.check_workers(dict(zip(self._serving(), signatures)), module)
         same_host = all(record.info is not None and record.info["host_id"] == host_id() for record in self.roster)
         kind = choose_transport(
@@ -75,7 +76,7 @@ class WeightPusher:
         self.plane = self.resources.sender = WeightPlane(
             module, kind, self.num_workers, self.rpc_timeout, refill=self.refill, backend=self.backend, rdv=rdv,
         )
-        joins = {i: self._call(i, "join_weights", self.plane.spec) for i in range(self.num_workers) if self.roster[i].info}
+        joins = {i: self.deferred.join_weights(i, self.plane.spec) for i in range(self.num_workers) if self.roster[i].info}
         futures = {i: call() for i, call in joins.items()}
         self.plane.sender.connect()
         self.gather(joins, futures)
@@ -148,7 +149,7 @@ class WeightPusher:
     def _start(self, receive: dict[int, tuple], version: int, non_blocking: bool) -> None:
         """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on."""
         self.version = version
-        self._push = {i: self._call(i, "receive_weights", *args) for i, args in receive.items()}
+        self._push = {i: self.deferred.receive_weights(i, *args) for i, args in receive.items()}
         self._pushed = {i: call() for i, call in self._push.items()}
         if not non_blocking:
             self.finish()

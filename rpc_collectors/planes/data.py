@@ -6,7 +6,7 @@ next batch, into slot s" by the worker's doorbell (:mod:`rpc_collectors.planes.d
 collects, and only once the batch is in slot s does the trainer's request complete:
 
 * a worker on the trainer's host maps the buffer (shared memory), writes the batch there and
-  answers with a small :class:`Ready` through a pipe;
+  answers with a small :class:`~rpc_collectors.core.protocol.Ready` through a pipe;
 * a worker on another host writes into slots of its own and sends the slot's bytes after its
   "ready" over a TCP connection to the trainer, whose reader receives them straight into slot s.
 
@@ -53,7 +53,8 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rpc_collectors.planes.doorbell import Doorbell, Ready, SocketDoorbell
+from rpc_collectors.core.protocol import Ready
+from rpc_collectors.planes.doorbell import Doorbell, SocketDoorbell
 from rpc_collectors.planes.layouts import BatchLayout
 from rpc_collectors.planes.slots import SLOTS, SlotPool, SlotSpec
 

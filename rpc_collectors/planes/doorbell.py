@@ -36,28 +36,13 @@ from typing import Any, Callable
 
 import torch
 
+from rpc_collectors.core.protocol import Ready
 from rpc_collectors.planes.shm import file_id, open_checked
 
 REQUEST = struct.Struct("<qq")  # slot, the weights version to collect with (at least)
 ANSWER = struct.Struct("<Bq")  # kind, then the slot (READY) or the pickled payload's length
 READY, BATCH, ERROR = 0, 1, 2
 CLOSE_WAIT = 5.0  # seconds close() waits for the reader of a closed connection to end
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A worker's answer: its batch is in ``slot`` (shared memory, or its bytes follow this answer);
-    ``restarts``, ``dropped``: a node's local restarts and own drops since its last answer
-    (:mod:`~rpc_collectors.planes.local_restarts`)."""
-
-    slot: int
-    restarts: tuple = ()
-    dropped: Any = None
-
-    @property
-    def noted(self) -> bool:
-        """Whether it carries a node's restarts or drops (then it travels pickled)."""
-        return bool(self.restarts) or self.dropped is not None
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 A pool starts its workers when it is built, and then answers a small surface that the
 collector front (:mod:`rpc_collectors.front.collector_front`) drives, whatever the workers are:
 
-* :meth:`WorkerPool.create` builds worker i's collector from its spec; :meth:`WorkerPool.call`
-  runs one of its methods (``collect``, ``set_seed``, ``receive_weights`` ...). Both return a
+* :meth:`WorkerPool.create` builds worker i's collector from its pickled
+  :class:`~rpc_collectors.core.protocol.WorkerSpec`; :meth:`WorkerPool.call` carries one of the calls
+  of :class:`~rpc_collectors.core.protocol.WorkerCalls` to it (``collect``, ``set_seed``,
+  ``receive_weights`` ..., made through :attr:`WorkerPool.calls`). Both return a
   ``torch.futures.Future``; the front waits on it, bounded by ``rpc_timeout``.
 * :meth:`WorkerPool.failure` tells what a failed call means (it raised, went away, timed out),
   and a pool reports a death it sees by itself through ``on_death(worker_id, reason)``.
@@ -26,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from rpc_collectors.core.errors import WorkerError
+from rpc_collectors.core.protocol import WorkerCalls
 
 OnDeath = Callable[[int, str], None]
 
@@ -44,6 +47,11 @@ class WorkerPool:
 
     def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
         raise NotImplementedError
+
+    @property
+    def calls(self) -> WorkerCalls[torch.futures.Future]:
+        """The workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent at once: a future of its answer."""
+        return WorkerCalls(self.call)
 
     def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
         """``(reason, remote traceback)`` of a failed call; the traceback is empty unless it raised."""

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from rpc_collectors.core import protocol
 from rpc_collectors.pools.base import WorkerPool, traceback_failure
 from rpc_collectors.worker import server as worker
 
@@ -42,7 +43,7 @@ class DebugPool(WorkerPool):
         return self._done(build)
 
     def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
-        return self._done(lambda: getattr(self.states[worker_id], method)(*args))
+        return self._done(lambda: protocol.serve(self.states[worker_id], method, args))
 
     def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
         return traceback_failure(err) or (f"raised an error: {err}", "")

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from rpc_collectors.core.futures import outcome
+from rpc_collectors.core.protocol import CREATE
 from rpc_collectors.planes.rendezvous import Rendezvous, serve_store
 from rpc_collectors.planes.shm import SharedBytes
 from rpc_collectors.pools.base import OnDeath, WorkerPool, traceback_failure
@@ -139,7 +140,7 @@ class LocalPool(WorkerPool):
         """Build worker ``worker_id``'s collector from ``spec``; a large spec (a policy of many
         weights) is written once to shared memory for every worker given it, not to each pipe."""
         sent = self._share(spec) if len(spec) >= SHARE_SPEC else spec
-        fut = self.channels[worker_id].call("create", sent, worker_id, self.num_workers, traj_id_start)
+        fut = self.channels[worker_id].call(CREATE, sent, worker_id, self.num_workers, traj_id_start)
         if sent is not spec:
             fut.add_done_callback(lambda _: self._unshare(spec))
         return fut

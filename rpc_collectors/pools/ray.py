@@ -1,11 +1,11 @@
 """Collector workers as Ray actors, on any node of a Ray cluster.
 
 Each actor serves one :class:`~rpc_collectors.worker.server.WorkerState`, the same code that every
-other pool serves; the trainer calls its methods by name (``actor.handle.remote(method,
-args)``). Actors run their calls in threads (a weight push is answered while a batch is
-being collected), are created with ``max_restarts=0`` (Ray never restarts one behind the
-trainer's back: :meth:`RayPool.replace` does, under ``max_worker_restarts``) and are asked for
-the resources in ``remote_configs``.
+other pool serves; the trainer's calls (:mod:`~rpc_collectors.core.protocol`) reach it as
+``actor.handle.remote(name, *args)``. Actors run their calls in threads (a weight push is
+answered while a batch is being collected), are created with ``max_restarts=0`` (Ray never
+restarts one behind the trainer's back: :meth:`RayPool.replace` does, under
+``max_worker_restarts``) and are asked for the resources in ``remote_configs``.
 
 What crosses Ray's object store: a batch's leaves travel as numpy arrays (pickled out of band,
 so without torch's per-storage serialization) and are copied into fresh tensors on the trainer,
@@ -33,6 +33,7 @@ import ray
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from rpc_collectors.core import protocol
 from rpc_collectors.pools.base import WorkerPool, traceback_failure
 from rpc_collectors.worker import server as worker
 
@@ -41,6 +42,7 @@ CALL_THREADS = 4  # calls an actor runs at once
 ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the actor's name in a task error
 DEATH_CHECK = 5.0  # seconds to ask Ray how an actor that stopped answering died
 CLOSE_SHARE = 0.8  # of close()'s timeout, spent waiting for the actors to close their envs
+RECEIVE_WEIGHTS = protocol.WorkerCalls.receive_weights.__name__  # its payload travels through the object store
 
 
 @dataclass
@@ -78,7 +80,7 @@ def from_numpy(result: Any) -> Any:
 
 
 class RayWorker:
-    """The actor: one collector server, called by method name."""
+    """The actor: one collector server, serving the calls of :mod:`~rpc_collectors.core.protocol`."""
 
     def __init__(self, rank: int) -> None:
         torch.set_num_threads(1)
@@ -87,16 +89,16 @@ class RayWorker:
         self.address = ray.util.get_node_ip_address()
 
     def handle(self, method: str, *args: Any) -> Any:
-        """Run ``method`` (``WorkerState``'s, or ``create``); Ray resolves object refs among ``args``."""
-        if method == "create":
+        """Serve the call ``method`` (or ``create``); Ray resolves object refs among ``args``."""
+        if method == protocol.CREATE:
             spec, worker_id, num_workers, traj_id_start = args
             self.state = worker.WorkerState(spec, worker_id, num_workers, self.rank, traj_id_start, self.address)
             return self.state.info()
         if self.state is None:
             raise RuntimeError(f"collector worker {self.rank - 1} has no collector yet")
-        if method == "receive_weights" and len(args) == 3 and isinstance(args[2], np.ndarray):
+        if method == RECEIVE_WEIGHTS and len(args) == 3 and isinstance(args[2], np.ndarray):
             args = (*args[:2], torch.from_numpy(np.array(args[2], copy=True)))  # the store's copy is read-only
-        return to_numpy(getattr(self.state, method)(*args))
+        return to_numpy(protocol.serve(self.state, method, args))
 
     def close(self) -> None:
         state, self.state = self.state, None
@@ -174,7 +176,7 @@ class RayPool(WorkerPool):
             )
 
     def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
-        ref = self.actors[worker_id].handle.remote("create", spec, worker_id, self.num_workers, traj_id_start)
+        ref = self.actors[worker_id].handle.remote(protocol.CREATE, spec, worker_id, self.num_workers, traj_id_start)
         pool = weakref.ref(self)  # a call still on its way once the collector failed must not keep the pool
 
         def created(info: dict) -> dict:
@@ -191,7 +193,8 @@ class RayPool(WorkerPool):
         return info
 
     def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
-        if method == "receive_weights" and len(args) == 3:  # "rpc" mode: one store object per version
+        # "rpc" mode: one store object per version
+        if method == RECEIVE_WEIGHTS and len(args) == 3 and args[2] is not None:
             args = (args[0], args[1], self._weights_ref(args[0], args[2]))
         return _torch_future(self.actors[worker_id].handle.remote(method, *args))
 

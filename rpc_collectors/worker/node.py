@@ -38,7 +38,7 @@ from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.collection.trajectories import TRAJ_IDS
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
-from rpc_collectors.planes.local_restarts import Dropped, LocalRestart
+from rpc_collectors.core.protocol import Dropped, LocalRestart
 from rpc_collectors.worker.node_inference import NodeInference
 
 # collector_class: TorchRL's strings and class names -> the node's local collector (None: a single Collector)

@@ -1,9 +1,10 @@
 """The collector server: what runs in a worker process, and the calls the trainer makes to it.
 
 A server holds one :class:`WorkerState` (a single-process :class:`Collector` and its
-:class:`WeightReceiver`). The trainer drives it by name: over RPC on torchrun/SLURM ranks
-(:func:`create`, :func:`call`), over the pipes of a :mod:`~rpc_collectors.worker.channel` in a local
-worker process (:func:`local_main`), or directly in the debug launcher.
+:class:`WeightReceiver`), which serves the calls of :mod:`~rpc_collectors.core.protocol`: over RPC on
+torchrun/SLURM ranks (:func:`create`, :func:`call`), over the pipes of a
+:mod:`~rpc_collectors.worker.channel` in a local worker process (:func:`local_main`), or directly in
+the debug launcher.
 """
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from tensordict import TensorDictBase
 from rpc_collectors.collection import remote_calls
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.preemption import Preemption
-from rpc_collectors.core import worker_warnings
+from rpc_collectors.core import protocol, worker_warnings
+from rpc_collectors.core.protocol import Noted, Ready, WorkerInfo, WorkerSpec
 from rpc_collectors.planes import doorbell, local_restarts, membership
-from rpc_collectors.planes.doorbell import Ready
 from rpc_collectors.planes.factory_weights import signature_of
 from rpc_collectors.planes.rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
 from rpc_collectors.planes.shm import SharedBytes
@@ -70,7 +71,8 @@ class WorkerState:
         with warnings.catch_warnings():
             if not in_process:
                 warnings.simplefilter("ignore")
-            create_env_fn, policy, kwargs, node = cloudpickle.loads(spec)
+            loaded = WorkerSpec.loads(spec)
+        create_env_fn, policy, kwargs, node = loaded.create_env_fn, loaded.policy, dict(loaded.options), loaded.node
         filters = kwargs.pop(worker_warnings.KEY)
         if not in_process:
             worker_warnings.apply(filters)
@@ -104,11 +106,11 @@ class WorkerState:
         """Held while pushed weights are applied: a node's inference waits meanwhile."""
         return self.collector.weights_lock if isinstance(self.collector, NodeCollector) else contextlib.nullcontext()
 
-    def info(self) -> dict:
+    def info(self) -> WorkerInfo:
         """Who serves this collector: rank, host name, address, pid, machine id; its number of envs and torch threads."""
         node = isinstance(self.collector, NodeCollector)
         envs = self.collector.num_envs if node else int(torch.Size(self.collector.env.batch_size).numel())
-        info = {
+        info: WorkerInfo = {
             "rank": self.rank, "host": socket.gethostname(), "address": self.address, "pid": os.getpid(),
             "host_id": host_id(), "envs": envs, "threads": torch.get_num_threads(),
         }
@@ -154,7 +156,7 @@ class WorkerState:
             return False
         return True
 
-    def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready | local_restarts.Noted:
+    def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready | Noted:
         """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned;
         a node's answer carries its local restarts and own drops since its last
         (:mod:`~rpc_collectors.planes.local_restarts`)."""
@@ -247,8 +249,8 @@ _rdv: Rendezvous | None = None
 _stop = threading.Event()
 
 
-def create(spec: bytes, worker_id: int, num_workers: int, traj_id_start: int | None = None) -> dict:
-    """RPC: build this server's collector."""
+def create(spec: bytes, worker_id: int, num_workers: int, traj_id_start: int | None = None) -> WorkerInfo:
+    """RPC: build this server's collector (:data:`~rpc_collectors.core.protocol.CREATE`)."""
     global _state
     address = interface_address(_rdv.interface) if _rdv is not None and _rdv.interface else None
     _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id, traj_id_start, address)
@@ -256,10 +258,10 @@ def create(spec: bytes, worker_id: int, num_workers: int, traj_id_start: int | N
 
 
 def call(method: str, *args: Any) -> Any:
-    """RPC: run ``WorkerState.<method>(*args)`` on this server."""
+    """RPC: serve the call ``method`` (:class:`~rpc_collectors.core.protocol.WorkerCalls`) with ``args``."""
     if _state is None:
         raise RuntimeError(f"{rpc.get_worker_info().name} has no collector yet")
-    return getattr(_state, method)(*args)
+    return protocol.serve(_state, method, args)
 
 
 def stop() -> None:
@@ -368,14 +370,14 @@ class LocalServer:
         self.state: WorkerState | None = None
 
     def handle(self, method: str, args: tuple) -> Any:
-        if method == "create":
+        if method == protocol.CREATE:
             spec, worker_id, num_workers, traj_id_start = args
             spec = spec.read() if isinstance(spec, SharedBytes) else spec
             self.state = WorkerState(spec, worker_id, num_workers, self.rank, traj_id_start, "127.0.0.1")
             return self.state.info()
         if self.state is None:
             raise RuntimeError(f"collector worker {self.rank - 1} has no collector yet")
-        return getattr(self.state, method)(*args)
+        return protocol.serve(self.state, method, args)
 
     def interrupt(self) -> None:
         if self.state is not None:
