@@ -6,7 +6,8 @@ and converts them into the option groups of :mod:`rpc_collectors.core.options`.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tensordict.nn import InteractionType
 

@@ -119,9 +119,7 @@ class RayCollector(CollectorFront):
         kwargs_each = _listed("collector_kwargs", collector_kwargs, count) or [collector_kwargs]
         configs = _remote_configs(remote_configs, count)
 
-        given = options.Options.given(dict(
-            locals(), launcher="ray", cat_results=None, collector_class=_class_name(collector_class), collector_kwargs=None,
-        ))
+        given = options.Options.given(dict(locals(), launcher="ray", collector_class=_class_name(collector_class)))
 
         def check(kwargs: dict | None) -> settings.Settings:
             o = dataclasses.replace(given, launch=dataclasses.replace(given.launch, collector_kwargs=kwargs))

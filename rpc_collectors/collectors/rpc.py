@@ -165,7 +165,7 @@ class RPCCollector(CollectorFront):
     """
 
     _default_cat_results: str | int = 0  # TorchRL's RPCCollector: torch.cat of the workers' batches
-    node_collector: type | None = None  # the multi-worker class a node collector runs, set by that class
+    _node_collector: type | None = None  # the multi-worker class a node collector runs, set by that class
 
     def __init__(
         self,
@@ -258,7 +258,7 @@ class RPCCollector(CollectorFront):
             frames_per_batch=self.frames_per_batch, default_cat_results=self._default_cat_results,
             weight_transport="auto" if self._no_push else weight_transport,
             preemptive_threshold=None if self.preemptive_threshold == 1.0 else self.preemptive_threshold,
-            node_collector=RPCCollector.node_collector,
+            node_collector=RPCCollector._node_collector,
         )
         self._open(checked, policy, functools.partial(_pool, checked))
 
@@ -266,4 +266,4 @@ class RPCCollector(CollectorFront):
         """``runs_nodes=True``: the subclass is what each node collector runs (``MultiCollector``)."""
         super().__init_subclass__(**kwargs)
         if runs_nodes:
-            RPCCollector.node_collector = cls
+            RPCCollector._node_collector = cls
