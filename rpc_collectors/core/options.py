@@ -10,8 +10,9 @@ group              what its options say
 :class:`Launch`    how workers are launched: where, how many, how long a wait may take
 =================  ============================================================================
 
-A field's default is TorchRL's ``Collector``'s (and its ``Multi*`` classes'); where another
-TorchRL class has its own default for the same option, :data:`CLASS_DEFAULTS` says so, and
+A field's default is that of TorchRL's ``Collector`` and ``Multi*`` classes where they take the
+option, else ``RPCCollector``'s; where a class has its own default for an option (as TorchRL's
+class of that name does), :data:`CLASS_DEFAULTS` says so, and
 :data:`OTHER_MEANING` names the classes where TorchRL uses the name for another quantity.
 Every public constructor spells these options out in its signature (``tests/test_options_table.py``
 checks names and defaults against this table) and converts them into the groups, which check
