@@ -27,8 +27,9 @@ from rpc_collectors.collectors.async_batched import AsyncBatchedCollector
 from rpc_collectors.collectors.async_collector import AsyncCollector
 from rpc_collectors.collectors.dispatch import resolve
 from rpc_collectors.collectors.distributed import DistributedCollector, DistributedSyncCollector
-from rpc_collectors.collectors.multi import MultiAsyncCollector, MultiCollector, MultiSyncCollector, RPCCollector
+from rpc_collectors.collectors.multi import MultiAsyncCollector, MultiCollector, MultiSyncCollector
 from rpc_collectors.collectors.ray_extra import ray_collector
+from rpc_collectors.collectors.rpc import RPCCollector
 from rpc_collectors.core.errors import WorkerError
 from rpc_collectors.planes.membership import WorkerLeftWarning, WorkerRestartWarning
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rpc_collectors.collectors.distributed import DistributedCollector, DistributedSyncCollector
-from rpc_collectors.collectors.multi import RPCCollector
 from rpc_collectors.collectors.ray_extra import ray_collector
+from rpc_collectors.collectors.rpc import RPCCollector
 
 if TYPE_CHECKING:
     from rpc_collectors.collectors.ray import RayCollector

@@ -33,7 +33,7 @@ from rpc_collectors.cluster import checkpoint as checkpoint_files
 from rpc_collectors.cluster import requeue
 from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
 from rpc_collectors.collection.envs import GymEnv
-from rpc_collectors.collectors.multi import RPCCollector
+from rpc_collectors.collectors.rpc import RPCCollector
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ from rpc_collectors.collection.envs import GymEnv, is_torchrl_env, make_env, wit
 from rpc_collectors.collection.policies import MissingAction, RandomPolicy, StepPolicy, check_action_shape, run_device
 from rpc_collectors.collection.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
 from rpc_collectors.collection.trajectories import TrajectoryIds, pool_state
-from rpc_collectors.core import checks, torchrl_args
+from rpc_collectors.core import checks, options, torchrl_args
 from rpc_collectors.planes.weight_updates import whole_update
 from rpc_collectors.planes.weights import load_weights, one_source, signature_of
 
@@ -148,38 +148,33 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
             replay_write_mode=replay_write_mode,
             trajs_per_write=trajs_per_write,
         )
-        checks.reset_when_done(reset_when_done)
+        c = options.Collect.given(locals())  # each of these options checked there, once
         checks.boolean("no_cuda_sync", no_cuda_sync)  # this collector makes no CUDA synchronize calls to skip
         self.interruptor = checks.interruptor(interruptor)
-        self.track_traj_ids = checks.boolean("track_traj_ids", track_traj_ids)
+        self.track_traj_ids = c.track_traj_ids
         checks.split_needs_ids(self.split_trajs or self.whole_trajectories, self.track_traj_ids)
-        self.pre_collect_hook = checks.optional_callable("pre_collect_hook", pre_collect_hook)
+        self.pre_collect_hook = c.pre_collect_hook
         self.worker_idx = None if worker_idx is None else checks.non_negative_int("worker_idx", worker_idx)
-        self.compile_policy = checks.compile_kwargs(compile_policy)
-        set_truncated = checks.boolean("set_truncated", set_truncated)
-        compact_obs = checks.boolean("compact_obs", compact_obs)
-        register_transforms = checks.optional_boolean("auto_register_policy_transforms", auto_register_policy_transforms)
-        use_buffers = checks.use_buffers(use_buffers, self.replay_buffer)
-        policy = checks.policy_or_factory(policy, policy_factory)
-        self.max_frames_per_traj = checks.max_frames_per_traj(max_frames_per_traj)
-        self.init_random_frames = checks.init_random_frames(init_random_frames)
-        self.reset_at_each_iter = checks.boolean("reset_at_each_iter", reset_at_each_iter)
-        self.devices = checks.devices(device, storing_device, env_device, policy_device)
-        self.exploration_type = checks.exploration_type(exploration_type)
-        self.track_policy_version = checks.boolean("track_policy_version", track_policy_version)
-        trust = torchrl_args.trust_policy(trust_policy)
-        torchrl_args.cudagraph_policy(cudagraph_policy)
+        self.compile_policy = c.compile_policy
+        use_buffers = checks.use_buffers(c.use_buffers, self.replay_buffer)
+        policy = checks.policy_or_factory(policy, c.policy_factory)
+        self.max_frames_per_traj = checks.max_frames_per_traj(c.max_frames_per_traj)  # -1 is None
+        self.init_random_frames = checks.init_random_frames(c.init_random_frames)  # None and -1 are 0
+        self.reset_at_each_iter = c.reset_at_each_iter
+        self.devices = checks.devices(c.device, c.storing_device, c.env_device, c.policy_device)
+        self.exploration_type = c.exploration_type
+        self.track_policy_version = c.track_policy_version
         # the policy is in this process: a scheme only says whether update_policy_weights_ does anything
         self._no_push = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto") == torchrl_args.NO_PUSH
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
-        self.env = make_env(create_env_fn, checks.env_kwargs(create_env_kwargs))
+        self.env = make_env(create_env_fn, checks.env_kwargs(c.create_env_kwargs))
         torchrl_env = is_torchrl_env(self.env)
         if self.max_frames_per_traj is not None:
             checks.no_step_counter(self.env, max_frames_per_traj)
             if torchrl_env:  # as TorchRL's collectors: the env counts its steps
                 self.env = with_step_counter(self.env, self.max_frames_per_traj)
-        self.env = with_policy_transforms(self.env, policy, register_transforms)
+        self.env = with_policy_transforms(self.env, policy, c.auto_register_policy_transforms)
         self.action_keys = list(self.env.action_keys) if torchrl_env else ["action"]
         if callable(getattr(policy, "set_action_spec_from_env", None)):  # TorchRL's RandomPolicy() without a spec
             policy.set_action_spec_from_env(self.env)
@@ -188,10 +183,10 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         self.frames_per_batch = self.steps_per_batch * envs
         checks.total_frames_fits(self.total_frames, self.frames_per_batch)
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
-            policy, self.devices["policy_device"], self.action_keys, self.compile_policy, trust
+            policy, self.devices["policy_device"], self.action_keys, self.compile_policy, c.trust_policy
         )
-        self.truncated_keys = batch_edits.truncated_keys(self.env) if set_truncated else []
-        self.compact_keys = batch_edits.observation_keys(self.env) if compact_obs else []
+        self.truncated_keys = batch_edits.truncated_keys(self.env) if c.set_truncated else []
+        self.compact_keys = batch_edits.observation_keys(self.env) if c.compact_obs else []
         if (self.policy is None or self.init_random_frames) and not callable(getattr(self.env, "rand_action", None)):
             raise TypeError(
                 f"create_env_fn={create_env_fn!r} gave an env without rand_action(), which random actions "

@@ -1,7 +1,7 @@
 """The public multi-worker collectors, each a choice of pool and default layout over the front:
-``RPCCollector`` and the ``Multi*`` classes (:mod:`.multi`), TorchRL's ``DistributedCollector``
-(:mod:`.distributed`), ``RayCollector`` (:mod:`.ray`, needs the ``ray`` extra, imported on first use by :mod:`.ray_extra`),
-TorchRL's one-worker ``AsyncCollector`` (:mod:`.async_collector`),
+``RPCCollector`` (:mod:`.rpc`) and the ``Multi*`` classes (:mod:`.multi`), ``AsyncCollector``
+(:mod:`.async_collector`), TorchRL's ``DistributedCollector``
+(:mod:`.distributed`), ``RayCollector`` (:mod:`.ray`, needs the ``ray`` extra; :mod:`.ray_extra` imports it on demand),
 ``AsyncBatchedCollector`` (:mod:`.async_batched`), and what
 ``Collector(..., num_collectors=N, backend=...)`` builds (:mod:`.dispatch`).
 

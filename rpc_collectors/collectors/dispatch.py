@@ -22,8 +22,9 @@ from typing import Any
 
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collectors.distributed import DistributedCollector
-from rpc_collectors.collectors.multi import MultiCollector, RPCCollector
+from rpc_collectors.collectors.multi import MultiCollector
 from rpc_collectors.collectors.ray_extra import ray_collector
+from rpc_collectors.collectors.rpc import RPCCollector
 
 BACKENDS = ("direct", "process", "ray", "rpc", "distributed", "submitit")
 ALIASES = {"multiprocessing": "process"}  # TorchRL's long spelling

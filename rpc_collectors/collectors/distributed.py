@@ -12,7 +12,7 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from rpc_collectors.collection.collector import Collector
-from rpc_collectors.collectors.multi import RPCCollector
+from rpc_collectors.collectors.rpc import RPCCollector
 
 
 def _cadence(update_interval: int | None, update_after_each_batch: bool, max_weight_update_interval: int) -> dict:

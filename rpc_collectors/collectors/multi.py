@@ -1,182 +1,77 @@
-"""The public multi-worker collectors: each is the collector front over a worker pool.
+"""The multi-process collectors of TorchRL's names: ``MultiCollector``, ``MultiSyncCollector`` and
+``MultiAsyncCollector``, each an :class:`~rpc_collectors.RPCCollector` over N local worker processes.
 
-``RPCCollector`` picks its pool from the launcher (local processes, torchrun/SLURM ranks,
-elastic members, or in-process debug workers); ``MultiCollector`` and TorchRL's names for it
-run local processes. What a collector does with its workers is :mod:`rpc_collectors.front.collector_front`.
+Each spells out every option it takes (TorchRL's signature, for editors and ``inspect.signature``)
+and converts them into the option groups of :mod:`rpc_collectors.core.options`.
 """
 from __future__ import annotations
 
-import functools
-import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from tensordict.nn import InteractionType
 
-from rpc_collectors.core import checks, torchrl_args
-from rpc_collectors.front import policy_lag, settings
-from rpc_collectors.front.collector_front import CollectorFront
-from rpc_collectors.pools.debug import DebugPool
-from rpc_collectors.pools.local import LocalPool
-from rpc_collectors.pools.ranks.elastic import ElasticPool
-from rpc_collectors.pools.ranks.static import RankPool
-from rpc_collectors.pools.ranks.submitit import SubmititPool
+from rpc_collectors.collectors.rpc import RPCCollector
+from rpc_collectors.core import checks, options, torchrl_args
+
+LAUNCHERS = ("local", "mp", "debug")
 
 
-def _pool(s: settings.Settings, on_death: Any, on_arrival: Any) -> Any:
-    """The worker pool of a collector with settings ``s``."""
-    if s.launcher == "debug":
-        return DebugPool(s.num_workers)
-    if s.launcher == "submitit":  # jobs this process submits, which join it
-        return SubmititPool(s.executor, s.num_workers, s.rpc_timeout, s.join_timeout, s.tcp_port, s.elastic, on_arrival)
-    if s.elastic:  # collectors are admitted as they join, while collecting
-        return ElasticPool(s.rdv, s.num_workers, s.rpc_timeout, on_arrival)
-    if s.rdv is not None:
-        return RankPool(s.rdv, s.num_workers, s.rpc_timeout)
-    return LocalPool(s.num_workers, s.rpc_timeout, on_death, s.tcp_port, nodes=s.node is not None)
+def _local(create_env_fn: Any, num_workers: Any, arguments: Mapping[str, Any]) -> options.Options:
+    """The options of a local multi-process collector: TorchRL's ``num_workers`` is ``num_collectors``."""
+    torchrl_args.not_here(weight_updater=arguments["weight_updater"], weight_recv_schemes=arguments["weight_recv_schemes"])
+    launcher = arguments["launcher"]
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher={launcher!r} is invalid for MultiCollector; accepted: 'local', 'mp' or 'debug'")
+    if num_workers is None:
+        return options.Options.given(arguments)
+    num_workers = checks.positive_int("num_workers", num_workers)
+    given = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else arguments["num_collectors"]
+    if given is not None and given != num_workers:
+        raise ValueError(
+            f"num_workers={num_workers} does not match the {given} workers of create_env_fn/num_collectors; "
+            "accepted: the same number, or one env factory and num_workers"
+        )
+    return options.Options.given({**arguments, "num_collectors": num_workers})
 
 
-class RPCCollector(CollectorFront):
-    """Collects with N collector servers on other processes or nodes, over ``torch.distributed.rpc``.
+class _SyncChoosesClass(type):
+    """``MultiCollector(..., sync=True|False)`` is a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as in TorchRL."""
 
-    Args:
-        create_env_fn: an env or env factory for every worker, or a list of them, one per worker.
-        policy: as for :class:`~rpc_collectors.Collector`; each worker gets a copy, and
-            ``update_policy_weights_`` pushes the trainer's current weights to them.
-        frames_per_batch: frames per batch; in sync mode split over the workers, rounded
-            up with a warning when it does not divide evenly (as TorchRL does). TorchRL's list of
-            one per worker sets each worker's own (sync batches of different lengths need
-            ``cat_results=-1``).
-        total_frames: frames in the whole run, -1 for endless.
-        num_collectors: number of workers when ``create_env_fn`` is not a list (local and debug
-            launchers); under torchrun/SLURM it must be None or ``WORLD_SIZE - 1``.
-        sync: True: every batch holds all workers' frames of one round, in worker order.
-            False: each batch is one worker's, first ready first served, and workers keep going.
-        cat_results: sync batches stacked (``"stack"``: ``[N, (B,) T]``) or concatenated along
-            dim 0 (``0``: ``[N*T]`` or ``[N*B, T]``) or the time dim (``-1``). None: the layout
-            of TorchRL's class of the same name, ``0`` for ``RPCCollector`` (TorchRL's
-            concatenates its workers' batches) and ``"stack"`` for the ``Multi*`` classes.
-        launcher: ``"auto"`` (torchrun or SLURM if their variables are set, else local),
-            ``"local"`` or TorchRL's ``"mp"`` (spawn N processes on this host), ``"torchrun"``,
-            ``"slurm"``, ``"debug"`` (workers in this process, no RPC) or TorchRL's
-            ``"submitit"`` (this process submits one SLURM job per collector, which joins it; see
-            ``slurm_kwargs``). Under torchrun/SLURM the constructor serves collectors on every
-            rank but 0 and exits those processes with code 0 when the trainer shuts down.
-            ``"submitit_delayed"`` is refused with what to use instead.
-        tcp_port: TorchRL's port argument, an int or a string of digits. ``"submitit"``: the port of
-            the rendezvous the jobs join; ``"mp"``/``"local"``: the port of the weight group's store on 127.0.0.1
-            (``weight_transport="broadcast"``; shared memory needs none). None: a free port.
-        slurm_kwargs: ``"submitit"`` only: ``"folder"`` (where the jobs' logs go, readable from every
-            node; without it ``./log_test``, as TorchRL, named in a line on stderr) and
-            ``submitit.AutoExecutor.update_parameters`` arguments
-            (``timeout_min``, default 10 as TorchRL; ``slurm_partition``, ``slurm_cpus_per_task``, ...).
-            The jobs end when the collector shuts down (those still there 5 s later are cancelled),
-            and are cancelled if this process dies. A job that ends before it joined is an error
-            naming it and its log, unless ``elastic`` (its slot stays vacant). ``elastic``: a job that
-            SLURM ends (time limit, preemption) is submitted again, at most ``"max_resubmits"`` (10) times.
-        backend: weight process group backend, ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
-        rpc_timeout: seconds any single wait on a worker may take (at most 10^6).
-        collector_kwargs: extra keyword arguments for every worker's :class:`Collector`.
-        exploration_type: TorchRL's ``ExplorationType`` the workers set around every policy
-            call; default ``RANDOM``, as TorchRL's collectors.
-        num_threads: torch threads of the trainer process while the collector runs (restored at
-            shutdown); None: as TorchRL, the threads it had less one per worker on its host,
-            at least 1, so the trainer does not compete with its own workers for cores.
-        max_worker_restarts: how many times in the run a failed local or debug worker (it died,
-            did not answer within ``rpc_timeout``, or its env or policy raised) is replaced by a
-            fresh one, with the same worker id, the current weights and new trajectory ids; a
-            warning names each. 0: the first failure raises :class:`WorkerError`. With node
-            collectors: how many times each node replaces its own local workers, under any launcher.
-            ``launcher="submitit"`` (with ``weight_transport="rpc"``): a collector whose job SLURM ended
-            (time limit, preemption, node failure) is replaced by the job the trainer submits in its place.
-        elastic: torchrun/SLURM only. Collector processes may join the running trainer (any
-            process that runs this script with ``RPC_COLLECTORS_JOIN=<host>:<port>`` of the
-            trainer's rendezvous set) and leave it. ``num_collectors`` is then the number of
-            slots (worker ids), each held by one collector at a time; a failed collector leaves
-            its slot vacant (:class:`WorkerLeftWarning`) for the next to join, and collectors
-            beyond the slots wait as spares. Weights travel as RPC arguments
-            (``weight_transport="rpc"``) and batches as RPC results. See ``docs/guide/elastic.md``.
-        join_timeout: with ``elastic``, seconds a sync round waits for a vacant slot to be taken
-            (async: for any collector at all) before raising ``TimeoutError``; also how long a
-            collector waits for its trainer to come up.
-        update_after_each_batch: push the trainer's weights before each worker's next batch.
-        update_at_each_batch: TorchRL's name for ``update_after_each_batch`` (either one turns it on).
-        max_weight_update_interval: push weights to a worker after it delivered more than this
-            many batches with the same weights (-1: never on its own).
-        max_policy_lag: async only: a batch whose oldest step is more than this many weight versions
-            behind the trainer's is dropped (counted in ``dropped_frames``/``dropped_batches``), its
-            worker's trajectories go on under new ids, and it is asked again (``front.policy_lag``); None: no bound.
-        weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
-            else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
-            ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
-        collector_class: what each worker runs, as TorchRL names it: ``"single"`` (``Collector``,
-            the default), ``"sync"`` (``MultiSyncCollector``) or ``"async"`` (``MultiAsyncCollector``),
-            ours or TorchRL's classes by name. With ``"sync"``/``"async"`` each worker is a node
-            of ``num_workers_per_collector`` local worker processes (shared memory among them)
-            that answers each request with one batch: ``[W, (B,) T]`` stacked, or one local
-            worker's batch (see :mod:`rpc_collectors.worker.node` and ``docs/guide/nodes.md``).
-        num_workers_per_collector: W, the local workers of each node (1 with ``"single"``).
-        inference: ``"worker"`` (a policy in every worker, the default) or ``"node"`` (node
-            collectors only: each node runs one copy of the policy, on ``policy_device`` or else its
-            GPU if it has one, for all its local workers, which send it each step's observations;
-            see ``docs/guide/batched_inference.md``).
-        max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs: as for ``Collector``.
-        postproc, device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
-            device may be TorchRL's list of one per worker (the trainer stores batches on the
-            workers' common storing device, or on the CPU if they differ, as TorchRL does);
-            ``init_random_frames`` is shared out over the workers. Workers hand batches over in
-            host memory; the trainer puts them on ``storing_device`` (from page-locked shared
-            memory straight to a CUDA device, see :mod:`rpc_collectors.planes.data`).
-        create_env_kwargs: keyword arguments for ``create_env_fn``: a dict for every worker or a
-            list of dicts, one per worker.
-        policy_factory: a callable (or a list, one per worker) that builds the policy inside each
-            worker, instead of ``policy`` (policies that cannot be pickled, or must be built on
-            the worker's device). The trainer then has no weights of its own: the first
-            ``update_policy_weights_(weights)`` (a TensorDict, a state dict or a module of the
-            workers' policy) lays the weight plane out, and a push without weights sends the
-            weights given last (:mod:`rpc_collectors.planes.factory_weights`).
-        init_fn: called in each worker process before its env and policy are built.
-        set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs: as for ``Collector``, in each worker.
-        auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
-            ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
-        use_buffers: as for ``Collector``, in each worker.
-        trajs_per_batch, traj_format, trajs_per_write, replay_write_mode: as for ``Collector``; the
-            trainer assembles the trajectories from all workers' batches.
-        preemptive_threshold: sync only, TorchRL's: once this fraction of the workers handed in a
-            round's batches (``int(N * threshold)`` of them), the others end theirs at their next
-            step. Their batches are padded to full length: the steps they did not collect have
-            ``("collector", "traj_ids")`` -1 and ``("collector", "mask")`` False (every batch has
-            the mask); with ``cat_results=-1`` (or ``0`` over ``[T]`` batches) those steps are
-            dropped instead, without a mask. Only collected frames count towards ``total_frames``
-            and go into a ``replay_buffer`` (each worker's, one ``extend()`` each); the number of
-            batches is unknown before the run, so ``len()`` raises a ``TypeError``.
-            None or 1.0: every worker finishes its batch.
-        extend_buffer: False: the ``replay_buffer`` gets each step of each worker with ``add()`` (one
-            worker's steps, then the next worker's; steps a preempted worker did not collect are
-            left out) instead of whole batches with ``extend()`` (then without ``postproc`` or
-            ``split_trajs``).
-        trust_policy, cudagraph_policy: as for ``Collector`` (``cudagraph_policy`` is checked here).
-        weight_sync_schemes: TorchRL's ``{"policy": scheme}``: the scheme names the weight transport
-            (:mod:`rpc_collectors.core.torchrl_args`); ``NoWeightSyncScheme``: weights are never pushed.
-        visible_devices, tensorpipe_options, weight_updater, weight_recv_schemes: TorchRL's, accepted as
-            None (its default); other values are refused, with why (``torchrl_args.NOT_HERE``).
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        sync = kwargs.get("sync")
+        if cls is MultiCollector and isinstance(sync, bool):
+            kwargs.pop("sync")
+            return (MultiSyncCollector if sync else MultiAsyncCollector)(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
-    With ``track_policy_version=True`` sync and async batches carry ``("collector", "worker_id")``;
-    ``last_batch.worker_frames`` says whose frames a batch holds either way.
+
+class MultiCollector(RPCCollector, metaclass=_SyncChoosesClass, runs_nodes=True):
+    """N worker processes on this host (``RPCCollector`` with ``launcher="local"``).
+
+    ``create_env_fn`` is a list with one env factory per worker, or one env factory for
+    ``num_workers`` workers (TorchRL's argument; ``num_collectors`` too); ``sync`` chooses between
+    round-based batches of all workers and first-ready batches of one (given, it makes the
+    collector a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as TorchRL's does). Sync
+    batches are stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
+    ``launcher`` is ``"local"``, TorchRL's ``"mp"`` or ``"debug"``; every other argument is as
+    for :class:`~rpc_collectors.RPCCollector`.
     """
 
-    _default_cat_results: str | int = 0  # TorchRL's RPCCollector: torch.cat of the workers' batches
+    _default_cat_results: str | int = "stack"
 
     def __init__(
         self,
         create_env_fn: Any,
         policy: Any = None,
         *,
+        num_workers: int | None = None,
         frames_per_batch: int | list[int],
         total_frames: int = -1,
         num_collectors: int | None = None,
         sync: bool = True,
         cat_results: str | int | None = None,
-        launcher: str = "auto",
+        launcher: str = "local",
         tcp_port: int | str | None = None,
         slurm_kwargs: dict | None = None,
         backend: str = "gloo",
@@ -196,10 +91,10 @@ class RPCCollector(CollectorFront):
         collector_class: Any = "single",
         num_workers_per_collector: int = 1,
         inference: str = "worker",
-        max_frames_per_traj: int | None = -1,
-        init_random_frames: int | None = -1,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
         reset_at_each_iter: bool = False,
-        split_trajs: bool = False,
+        split_trajs: bool | None = None,
         postproc: Any = None,
         device: Any = None,
         storing_device: Any = None,
@@ -227,133 +122,147 @@ class RPCCollector(CollectorFront):
         trust_policy: bool | None = None,
         cudagraph_policy: bool | dict | None = None,
         weight_sync_schemes: dict | None = None,
-        visible_devices: Any = None,
-        tensorpipe_options: dict | None = None,
         weight_updater: Any = None,
         weight_recv_schemes: dict | None = None,
     ) -> None:
-        torchrl_args.not_here(visible_devices=visible_devices, tensorpipe_options=tensorpipe_options,
-                              weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
-        frames_list = list(frames_per_batch) if isinstance(frames_per_batch, (list, tuple)) else None
-        super().__init__(
-            frames_per_batch=checks.frames_total(frames_per_batch), total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer, trajs_per_batch=trajs_per_batch,
-            traj_format=traj_format, trajs_per_write=trajs_per_write, replay_write_mode=replay_write_mode,
-        )
-        self._closed = self._closing = True  # until the workers are up
-        self.max_policy_lag = policy_lag.check(max_policy_lag, sync)
-        checks.split_needs_ids(self.split_trajs or self.whole_trajectories, track_traj_ids)
-        checks.use_buffers(use_buffers, self.replay_buffer)
-        elastic = checks.boolean("elastic", elastic)
-        self.preemptive_threshold = checks.preemptive_threshold(
-            preemptive_threshold, sync, elastic, self.split_trajs or self.whole_trajectories,
-        )
-        join_timeout = checks.timeout("join_timeout", join_timeout)
-        torchrl_args.cudagraph_policy(cudagraph_policy)
-        weight_transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, weight_transport)
-        self._no_push = weight_transport == torchrl_args.NO_PUSH  # TorchRL's NoWeightSyncScheme
-        self._schemes_given, self._use_buffers = weight_sync_schemes, use_buffers
-        self._hooks = {"pre_collect_hook": pre_collect_hook, "post_collect_hook": post_collect_hook}
-        weight_transport = "auto" if self._no_push else weight_transport
-        resolved, rdv = settings.rendezvous(launcher, elastic, join_timeout, rpc_timeout)
-        checked = settings.check(
-            launcher=resolved, rdv=rdv, elastic=elastic, join_timeout=join_timeout, create_env_fn=create_env_fn,
-            policy=policy, frames_per_batch=self.frames_per_batch, num_collectors=num_collectors, sync=sync,
-            cat_results=cat_results, default_cat_results=self._default_cat_results, backend=backend,
-            rpc_timeout=rpc_timeout, collector_kwargs=collector_kwargs, num_threads=num_threads,
-            max_worker_restarts=max_worker_restarts,
-            update_after_each_batch=update_after_each_batch or checks.boolean("update_at_each_batch", update_at_each_batch),
-            max_weight_update_interval=max_weight_update_interval, weight_transport=weight_transport,
-            worker_kwargs=dict(
-                max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
-                reset_at_each_iter=reset_at_each_iter, device=device, storing_device=storing_device,
-                env_device=env_device, policy_device=policy_device, exploration_type=exploration_type,
-                track_policy_version=track_policy_version, frames_per_batch=frames_list, create_env_kwargs=create_env_kwargs,
-                policy_factory=policy_factory, init_fn=init_fn, set_truncated=set_truncated,
-                reset_when_done=reset_when_done, track_traj_ids=track_traj_ids, compile_policy=compile_policy,
-                compact_obs=compact_obs, pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook,
-                auto_register_policy_transforms=auto_register_policy_transforms, use_buffers=use_buffers,
-                trust_policy=trust_policy,
-            ),
-            tcp_port=tcp_port, slurm_kwargs=slurm_kwargs,
-            collector_class=collector_class, num_workers_per_collector=num_workers_per_collector,
-            preemptive_threshold=None if self.preemptive_threshold == 1.0 else self.preemptive_threshold,
-            node_collector=MultiCollector, inference=inference,
-        )
-        self._open(checked, policy, functools.partial(_pool, checked))
-
-
-# the Multi*Collector classes take RPCCollector's keywords but its RPC-only ones, as TorchRL's do
-_RPC_ARGUMENTS = frozenset(inspect.signature(RPCCollector.__init__).parameters) - {
-    "self", "create_env_fn", "policy", "visible_devices", "tensorpipe_options",
-}
-
-
-def _workers(cls: type, create_env_fn: Any, num_workers: Any, kwargs: dict) -> dict:
-    """``kwargs`` with TorchRL's ``num_workers`` as ``num_collectors``; an unknown keyword is the
-    TypeError Python gives, naming ``cls``."""
-    unknown = sorted(set(kwargs) - _RPC_ARGUMENTS)
-    if unknown:
-        raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument {unknown[0]!r}")
-    if num_workers is None:
-        return kwargs
-    num_workers = checks.positive_int("num_workers", num_workers)
-    given = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else kwargs.get("num_collectors")
-    if given is not None and given != num_workers:
-        raise ValueError(
-            f"num_workers={num_workers} does not match the {given} workers of create_env_fn/num_collectors; "
-            "accepted: the same number, or one env factory and num_workers"
-        )
-    return {**kwargs, "num_collectors": num_workers}
-
-
-class _SyncChoosesClass(type):
-    """``MultiCollector(..., sync=True|False)`` is a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as in TorchRL."""
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        sync = kwargs.get("sync")
-        if cls is MultiCollector and isinstance(sync, bool):
-            kwargs.pop("sync")
-            return (MultiSyncCollector if sync else MultiAsyncCollector)(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
-
-
-class MultiCollector(RPCCollector, metaclass=_SyncChoosesClass):
-    """N worker processes on this host (``RPCCollector`` with ``launcher="local"``).
-
-    ``create_env_fn`` is a list with one env factory per worker, or one env factory for
-    ``num_workers`` workers (TorchRL's argument; ``num_collectors`` too); ``sync`` chooses between
-    round-based batches of all workers and first-ready batches of one (given, it makes the
-    collector a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as TorchRL's does). Sync
-    batches are stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
-    """
-
-    _default_cat_results: str | int = "stack"
-
-    def __init__(
-        self, create_env_fn: Any, policy: Any = None, *, num_workers: int | None = None, sync: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        kwargs = _workers(type(self), create_env_fn, num_workers, kwargs)
-        if kwargs.get("launcher", "local") not in ("local", "mp", "debug"):
-            raise ValueError(f"launcher={kwargs['launcher']!r} is invalid for MultiCollector; accepted: 'local', 'mp' or 'debug'")
-        kwargs.setdefault("launcher", "local")
-        super().__init__(create_env_fn, policy, sync=sync, **kwargs)
+        self._start(create_env_fn, policy, _local(create_env_fn, num_workers, locals()))
 
 
 class MultiSyncCollector(MultiCollector):
     """``MultiCollector`` with ``sync=True`` (TorchRL's name)."""
 
-    def __init__(self, create_env_fn: Any, policy: Any = None, *, num_workers: int | None = None, **kwargs: Any) -> None:
-        if "sync" in kwargs:
-            raise TypeError("MultiSyncCollector.__init__() got an unexpected keyword argument 'sync'")
-        super().__init__(create_env_fn, policy, num_workers=num_workers, sync=True, **kwargs)
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        num_workers: int | None = None,
+        frames_per_batch: int | list[int],
+        total_frames: int = -1,
+        num_collectors: int | None = None,
+        cat_results: str | int | None = None,
+        launcher: str = "local",
+        tcp_port: int | str | None = None,
+        slurm_kwargs: dict | None = None,
+        backend: str = "gloo",
+        rpc_timeout: float = 60.0,
+        collector_kwargs: dict | None = None,
+        exploration_type: Any = InteractionType.RANDOM,
+        track_policy_version: bool = False,
+        num_threads: int | None = None,
+        max_worker_restarts: int = 0,
+        elastic: bool = False,
+        join_timeout: float = 300.0,
+        update_after_each_batch: bool = False,
+        update_at_each_batch: bool = False,
+        max_weight_update_interval: int = -1,
+        max_policy_lag: int | None = None,
+        weight_transport: str = "auto",
+        collector_class: Any = "single",
+        num_workers_per_collector: int = 1,
+        inference: str = "worker",
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        split_trajs: bool | None = None,
+        postproc: Any = None,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        replay_buffer: Any = None,
+        create_env_kwargs: dict | list | None = None,
+        policy_factory: Any = None,
+        init_fn: Any = None,
+        set_truncated: bool = False,
+        reset_when_done: bool = True,
+        track_traj_ids: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        replay_write_mode: str | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
+        preemptive_threshold: float | None = None,
+        extend_buffer: bool = True,
+        trust_policy: bool | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        weight_sync_schemes: dict | None = None,
+        weight_updater: Any = None,
+        weight_recv_schemes: dict | None = None,
+    ) -> None:
+        self._start(create_env_fn, policy, _local(create_env_fn, num_workers, dict(locals(), sync=True)))
 
 
 class MultiAsyncCollector(MultiCollector):
     """``MultiCollector`` with ``sync=False`` (TorchRL's name)."""
 
-    def __init__(self, create_env_fn: Any, policy: Any = None, *, num_workers: int | None = None, **kwargs: Any) -> None:
-        if "sync" in kwargs:
-            raise TypeError("MultiAsyncCollector.__init__() got an unexpected keyword argument 'sync'")
-        super().__init__(create_env_fn, policy, num_workers=num_workers, sync=False, **kwargs)
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        num_workers: int | None = None,
+        frames_per_batch: int | list[int],
+        total_frames: int = -1,
+        num_collectors: int | None = None,
+        cat_results: str | int | None = None,
+        launcher: str = "local",
+        tcp_port: int | str | None = None,
+        slurm_kwargs: dict | None = None,
+        backend: str = "gloo",
+        rpc_timeout: float = 60.0,
+        collector_kwargs: dict | None = None,
+        exploration_type: Any = InteractionType.RANDOM,
+        track_policy_version: bool = False,
+        num_threads: int | None = None,
+        max_worker_restarts: int = 0,
+        elastic: bool = False,
+        join_timeout: float = 300.0,
+        update_after_each_batch: bool = False,
+        update_at_each_batch: bool = False,
+        max_weight_update_interval: int = -1,
+        max_policy_lag: int | None = None,
+        weight_transport: str = "auto",
+        collector_class: Any = "single",
+        num_workers_per_collector: int = 1,
+        inference: str = "worker",
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        split_trajs: bool | None = None,
+        postproc: Any = None,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        replay_buffer: Any = None,
+        create_env_kwargs: dict | list | None = None,
+        policy_factory: Any = None,
+        init_fn: Any = None,
+        set_truncated: bool = False,
+        reset_when_done: bool = True,
+        track_traj_ids: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        replay_write_mode: str | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
+        preemptive_threshold: float | None = None,
+        extend_buffer: bool = True,
+        trust_policy: bool | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        weight_sync_schemes: dict | None = None,
+        weight_updater: Any = None,
+        weight_recv_schemes: dict | None = None,
+    ) -> None:
+        self._start(create_env_fn, policy, _local(create_env_fn, num_workers, dict(locals(), sync=False)))

@@ -2,6 +2,7 @@
 TorchRL's ``RayCollector`` arguments. Needs the ``ray`` extra (``pip install "rpc_collectors[ray]"``)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Awaitable, Iterator
 
@@ -9,7 +10,7 @@ from tensordict.nn import InteractionType
 
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collectors.multi import MultiCollector
-from rpc_collectors.core import checks, torchrl_args
+from rpc_collectors.core import checks, options, torchrl_args
 from rpc_collectors.front import settings
 from rpc_collectors.front.collector_front import CollectorFront
 from rpc_collectors.pools import ray as ray_pool
@@ -118,21 +119,14 @@ class RayCollector(CollectorFront):
         kwargs_each = _listed("collector_kwargs", collector_kwargs, count) or [collector_kwargs]
         configs = _remote_configs(remote_configs, count)
 
+        given = options.Options.given(dict(locals(), launcher="ray", collector_class=_class_name(collector_class)))
+
         def check(kwargs: dict | None) -> settings.Settings:
+            o = dataclasses.replace(given, launch=dataclasses.replace(given.launch, collector_kwargs=kwargs))
             return settings.check(
-                launcher="ray", rdv=None, elastic=False, join_timeout=0.0, create_env_fn=create_env_fn, policy=policy,
-                frames_per_batch=self.frames_per_batch, num_collectors=num_collectors, sync=sync, cat_results=None,
-                default_cat_results=self._default_cat_results, backend="gloo", rpc_timeout=rpc_timeout,
-                collector_kwargs=kwargs, num_threads=num_threads, max_worker_restarts=max_worker_restarts,
-                update_after_each_batch=update_after_each_batch, max_weight_update_interval=max_weight_update_interval,
-                weight_transport=transport, collector_class=_class_name(collector_class),
-                num_workers_per_collector=num_workers_per_collector, node_collector=MultiCollector, worker_kwargs=dict(
-                    device=device, storing_device=storing_device, env_device=env_device, policy_device=policy_device,
-                    max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
-                    reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type,
-                    track_policy_version=track_policy_version, policy_factory=policy_factory,
-                    trust_policy=trust_policy,
-                ),
+                o, launcher="ray", rdv=None, create_env_fn=create_env_fn, policy=policy,
+                frames_per_batch=self.frames_per_batch, default_cat_results=self._default_cat_results,
+                weight_transport=transport, node_collector=MultiCollector,
             )
 
         checked = [check(kwargs) for kwargs in kwargs_each]  # settings takes one collector_kwargs dict

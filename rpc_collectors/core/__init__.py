@@ -1,4 +1,5 @@
-"""What every layer uses: the errors a collector raises (:mod:`.errors`), a worker's traceback as
+"""What every layer uses: the collectors' options, one table of groups (:mod:`.options`), the errors
+a collector raises (:mod:`.errors`), a worker's traceback as
 the user reads it (:mod:`.tracebacks`), the argument checks run before any process starts
 (:mod:`.checks`; a multi-worker collector's own in :mod:`.worker_checks`; TorchRL's
 ``AsyncBatchedCollector`` arguments in :mod:`.batched_args`; TorchRL arguments whose meaning here is

@@ -215,19 +215,6 @@ def policy_or_factory(policy: Any, policy_factory: Any) -> Any:
     return policy_factory()
 
 
-def worker_options(kwargs: dict, policy: Any, factories: list) -> None:
-    """Check, before any worker starts, the options each worker's ``Collector`` will check again."""
-    for name in ("set_truncated", "track_traj_ids", "compact_obs"):
-        boolean(name, kwargs[name])
-    reset_when_done(kwargs["reset_when_done"])
-    compile_kwargs(kwargs["compile_policy"])
-    optional_boolean("auto_register_policy_transforms", kwargs["auto_register_policy_transforms"])
-    for name in ("init_fn", "pre_collect_hook", "post_collect_hook"):
-        optional_callable(name, kwargs[name])
-    for i, factory in enumerate(factories):  # with a policy too, it is the trainer's weight source only
-        optional_callable(f"policy_factory[{i}]", factory)
-
-
 def env_kwargs(value: Any, name: str = "create_env_kwargs") -> dict:
     if value is None:
         return {}

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from rpc_collectors.core import user_warnings
 
 SCHEMES = {
     "SharedMemWeightSyncScheme": "shm",
@@ -162,10 +163,9 @@ def cudagraph_policy(value: Any) -> None:
             f"cudagraph_policy={value!r} is not supported on CUDA (the policy would not be captured in a CUDA "
             "graph); accepted: None or False (compile_policy=True compiles the policy)"
         )
-    warnings.warn(
+    user_warnings.warn(
         f"cudagraph_policy={value!r}: this machine has no CUDA device, so the policy runs as it is, without CUDA "
         "graphs or their speed-up (as TorchRL's CudaGraphModule passes calls through without CUDA)",
-        UserWarning, stacklevel=3,
     )
 
 

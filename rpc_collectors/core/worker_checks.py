@@ -6,20 +6,13 @@ from typing import Any
 
 import torch
 
+from rpc_collectors.core import options
 from rpc_collectors.core.checks import (
     _is_int,
-    boolean,
-    compile_kwargs,
     device,
     devices,
-    exploration_type,
-    init_random_frames,
-    max_frames_per_traj,
     non_negative_int,
-    optional_boolean,
-    optional_callable,
     positive_int,
-    reset_when_done,
 )
 
 
@@ -99,34 +92,22 @@ def per_worker_weights(value: Any, worker_ids: Any) -> bool:
     return True
 
 
-_COLLECTOR_KWARG_CHECKS = {
-    "init_random_frames": lambda name, value: init_random_frames(value, name),
-    "exploration_type": lambda name, value: exploration_type(value, name),
-    "max_frames_per_traj": lambda name, value: max_frames_per_traj(value, name),
-    "reset_at_each_iter": boolean,
-    "track_policy_version": boolean,
-    "device": device,
-    "storing_device": device,
-    "env_device": device,
-    "policy_device": device,
-    "set_truncated": boolean,
-    "track_traj_ids": boolean,
-    "compact_obs": boolean,
-    "reset_when_done": lambda name, value: reset_when_done(value),
-    "compile_policy": lambda name, value: compile_kwargs(value),
-    "pre_collect_hook": optional_callable,
-    "auto_register_policy_transforms": optional_boolean,
-    "use_buffers": optional_boolean,
-    "post_collect_hook": optional_callable,
-}
+# the options of a worker's Collector checked here when collector_kwargs sets them (the others in the worker)
+_COLLECTOR_KWARGS_CHECKED = (
+    "init_random_frames", "exploration_type", "max_frames_per_traj", "reset_at_each_iter", "track_policy_version",
+    "set_truncated", "track_traj_ids", "compact_obs", "reset_when_done", "compile_policy", "pre_collect_hook",
+    "auto_register_policy_transforms", "use_buffers", "post_collect_hook",
+)
+_DEVICES = ("device", "storing_device", "env_device", "policy_device")
 
 
 def collector_kwargs(kwargs: dict) -> None:
     """Check the values of a multi-worker collector's ``collector_kwargs`` here, before any worker starts."""
     for key, value in kwargs.items():
-        check = _COLLECTOR_KWARG_CHECKS.get(key)
-        if check is not None:
-            check(f"collector_kwargs[{key!r}]", value)
+        if key in _DEVICES:
+            device(f"collector_kwargs[{key!r}]", value)
+        elif key in _COLLECTOR_KWARGS_CHECKED:
+            options.check(key, value, f"collector_kwargs[{key!r}]")
 
 
 def max_worker_restarts(value: Any, launcher: str, weight_transport: str, backend: str) -> int:

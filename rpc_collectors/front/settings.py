@@ -22,14 +22,13 @@ from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, membe
 from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collection.envs import check_env_id
 from rpc_collectors.collection.policies import StepPolicy, check_forward
-from rpc_collectors.core import checks, worker_checks, worker_warnings
+from rpc_collectors.core import checks, options, worker_checks, worker_warnings
 from rpc_collectors.core.protocol import WorkerSpec
 from rpc_collectors.planes.rendezvous import Rendezvous, detect_launcher, from_environment
 from rpc_collectors.planes.weight_sync import TRANSPORTS
 from rpc_collectors.worker.node import NodeSpec, check_inference, node_class
 from rpc_collectors.worker.server import serve
 
-CAT_RESULTS = ("stack", 0, -1)
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
     "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
@@ -37,13 +36,6 @@ COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
 }
 PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
 DEVICES = ("device", "storing_device", "env_device", "policy_device")
-# worker options a collector class may leave out (RayCollector takes fewer): each worker's Collector's defaults
-WORKER_DEFAULTS = {
-    "frames_per_batch": None, "create_env_kwargs": None, "policy_factory": None, "init_fn": None,
-    "set_truncated": False, "reset_when_done": True, "track_traj_ids": True, "compile_policy": None,
-    "compact_obs": False, "pre_collect_hook": None, "post_collect_hook": None,
-    "auto_register_policy_transforms": None, "use_buffers": None, "trust_policy": None,
-}
 
 
 @dataclass
@@ -112,16 +104,14 @@ def _serve(rdv: Rendezvous, rpc_timeout: float) -> None:
 
 
 def check(
-    *, launcher: str, rdv: Rendezvous | None, elastic: bool, join_timeout: float, create_env_fn: Any, policy: Any,
-    frames_per_batch: int, num_collectors: int | None, sync: bool, cat_results: Any, default_cat_results: Any,
-    backend: str, rpc_timeout: float, collector_kwargs: dict | None, num_threads: int | None,
-    max_worker_restarts: int, update_after_each_batch: bool, max_weight_update_interval: int,
-    weight_transport: str, worker_kwargs: dict, tcp_port: int | str | None = None, slurm_kwargs: dict | None = None,
-    collector_class: Any = "single", num_workers_per_collector: int = 1, preemptive_threshold: float | None = None,
-    node_collector: type | None = None, inference: str = "worker",
+    o: options.Options, *, launcher: str, rdv: Rendezvous | None, create_env_fn: Any, policy: Any,
+    frames_per_batch: int, default_cat_results: Any, weight_transport: str, preemptive_threshold: float | None = None,
+    node_collector: type | None = None,
 ) -> Settings:
-    """Check a multi-worker collector's arguments; ``worker_kwargs`` are those of each worker's
-    :class:`Collector` (``init_random_frames`` for the whole collector, shared out here);
+    """Check the options of a multi-worker collector that read each other, the launcher or the env (each
+    group checked its own when it was built); ``o.collect`` are those of each worker's :class:`Collector`
+    (``init_random_frames`` for the whole collector, shared out here); ``frames_per_batch`` the
+    collector's total; ``weight_transport`` as ``weight_sync_schemes`` names it;
     ``preemptive_threshold`` as :func:`checks.preemptive_threshold` returns it.
 
     ``collector_class`` ``"sync"``/``"async"`` makes each worker a node of
@@ -130,10 +120,12 @@ def check(
     replacing its own local workers. ``node_collector`` is the multi-worker class a node runs
     (the public layer passes its ``MultiCollector``: this layer does not import it); ``inference``
     ``"node"`` runs one policy per node (:func:`~rpc_collectors.worker.node.check_inference`)."""
-    node_kind, per_node = node_class(collector_class, num_workers_per_collector)
-    factories = worker_kwargs.get("policy_factory")
+    launch, run, weights = o.launch, o.run, o.weights
+    collector_class, elastic, backend, rpc_timeout = launch.collector_class, launch.elastic, weights.backend, launch.rpc_timeout
+    node_kind, per_node = node_class(collector_class, launch.num_workers_per_collector)
+    factories = o.collect.policy_factory
     factories = list(factories) if isinstance(factories, (list, tuple)) else [factories]
-    inference = check_inference(inference, node_kind, collector_class, policy, factories)
+    inference = check_inference(launch.inference, node_kind, collector_class, policy, factories)
     if node_kind is not None and node_collector is None:
         raise ValueError(f"collector_class={collector_class!r} runs node collectors, which this collector does not "
                          "support; accepted: collector_class='single'")
@@ -142,55 +134,33 @@ def check(
             f"preemptive_threshold={preemptive_threshold!r} does not work with node collectors "
             f"(collector_class={collector_class!r}); accepted with them: None"
         )
-    worker_kwargs = {**WORKER_DEFAULTS, **worker_kwargs}
-    env_fns = _env_fns(create_env_fn, num_collectors, rdv, elastic)
-    num_workers = len(env_fns)
-    sync = checks.boolean("sync", sync)
-    cat_results = checks.choice("cat_results", default_cat_results if cat_results is None else cat_results, CAT_RESULTS)
-    num_threads = checks.optional_positive_int("num_threads", num_threads)
-    backend = checks.choice("backend", backend, ("gloo", "nccl"))
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise ValueError("backend='nccl' needs CUDA, which this machine does not have; accepted here: 'gloo'")
-    rpc_timeout = checks.timeout("rpc_timeout", rpc_timeout)
-    update_after_each_batch = checks.boolean("update_after_each_batch", update_after_each_batch)
-    interval = max_weight_update_interval
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < -1:
-        raise ValueError(f"max_weight_update_interval={interval!r} is invalid; accepted: -1 (never) or an int >= 0")
+    worker_kwargs = {name: value for name, value in o.collect.arguments().items() if name != "cudagraph_policy"}
+    env_fns = _env_fns(create_env_fn, launch.num_collectors, rdv, elastic)
+    num_workers, sync = len(env_fns), run.sync
+    cat_results = default_cat_results if run.cat_results is None else run.cat_results
     checks.choice("weight_transport", weight_transport, TRANSPORTS)
     if elastic:
         worker_checks.elastic(weight_transport, backend)
-    tcp_port = worker_checks.tcp_port(tcp_port, launcher)
+    tcp_port = worker_checks.tcp_port(launch.tcp_port, launcher)
+    slurm_kwargs = launch.slurm_kwargs
     if slurm_kwargs is not None and launcher != "submitit":
         raise ValueError(f"slurm_kwargs={slurm_kwargs!r} is for launcher='submitit'; accepted with launcher={launcher!r}: None")
     executor = collector_jobs.executor(slurm_kwargs) if launcher == "submitit" else None
     node = None
     if node_kind is None:
-        restarts = worker_checks.max_worker_restarts(max_worker_restarts, launcher, weight_transport, backend)
+        restarts = worker_checks.max_worker_restarts(launch.max_worker_restarts, launcher, weight_transport, backend)
     else:  # a node replaces its own local workers; the trainer does not replace nodes
         node = NodeSpec(
             collector=node_collector,
             sync=node_kind == "sync", num_workers=per_node, launcher="debug" if launcher == "debug" else "local",
-            max_worker_restarts=checks.non_negative_int("max_worker_restarts", max_worker_restarts),
+            max_worker_restarts=checks.non_negative_int("max_worker_restarts", launch.max_worker_restarts),
             rpc_timeout=rpc_timeout, inference=inference,
         )
         restarts = 0
-    split = per_node if node_kind == "sync" else 1  # a sync node's batch holds one batch of each local worker
-    frames_list = worker_kwargs.pop("frames_per_batch")  # TorchRL's list of one per worker, or None
-    if frames_list is not None:
-        if node is not None:
-            raise ValueError(
-                f"frames_per_batch={frames_list!r}: a list of one per worker does not work with node collectors "
-                f"(collector_class={collector_class!r}); accepted: one int"
-            )
-        frames_list = worker_checks.frames_per_worker(frames_list, num_workers, sync, cat_results)
-        worker_frames, frames_per_batch = max(frames_list), sum(frames_list)
-        if not sync:  # as TorchRL's async collectors: every batch has the list's sum of frames
-            worker_frames, frames_list = frames_per_batch, None
-    elif sync:
-        worker_frames = checks.frames_per_batch_fits(frames_per_batch, num_workers * split, "workers") * split
-        frames_per_batch = worker_frames * num_workers
-    else:
-        worker_frames = frames_per_batch = checks.frames_per_batch_fits(frames_per_batch, split, "workers") * split
+    frames_per_batch, worker_frames, frames_list = _frames(
+        o.batches.frames_per_batch, frames_per_batch, num_workers, sync, cat_results,
+        per_node if node_kind == "sync" else 1, collector_class if node is not None else None,
+    )
     if policy is not None and not callable(policy):
         StepPolicy(policy)  # raises the TypeError naming the argument
     if _plain_module(policy) and not worker_kwargs["trust_policy"]:
@@ -202,14 +172,12 @@ def check(
     for name in DEVICES:  # TorchRL's list of one device per worker
         if isinstance(kwargs[name], (list, tuple)):
             per_worker[name] = _per_worker(name, kwargs.pop(name), num_workers)
-    checks.worker_options(kwargs, policy, per_worker["policy_factory"])
+    for i, factory in enumerate(per_worker["policy_factory"]):  # with a policy too, the trainer's weight source only
+        checks.optional_callable(f"policy_factory[{i}]", factory)
     local_workers = num_workers * per_node  # each node shares its part out over its local workers
     kwargs["init_random_frames"] = -(-checks.init_random_frames(kwargs["init_random_frames"]) // local_workers) * per_node
-    kwargs.update(_collector_kwargs(collector_kwargs))
-    checks.max_frames_per_traj(kwargs["max_frames_per_traj"])
-    checks.boolean("reset_at_each_iter", kwargs["reset_at_each_iter"])
-    checks.boolean("track_policy_version", kwargs["track_policy_version"])
-    kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
+    kwargs.update(_collector_kwargs(launch.collector_kwargs))  # each value checked there
+    kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])  # one collector_kwargs may set
     devices = worker_checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
     kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
     kwargs["preemptible"] = preemptive_threshold is not None  # the worker numbers its batches and pads cut ones
@@ -217,9 +185,10 @@ def check(
     if executor is not None:  # the last check: it makes the folder if it is missing
         collector_jobs.writable_folder(executor)
     return Settings(
-        launcher=launcher, rdv=rdv, elastic=elastic, join_timeout=join_timeout, num_workers=num_workers, sync=sync,
-        cat_results=cat_results, num_threads=num_threads, backend=backend, rpc_timeout=rpc_timeout,
-        update_after_each_batch=update_after_each_batch, max_weight_update_interval=interval,
+        launcher=launcher, rdv=rdv, elastic=elastic, join_timeout=launch.join_timeout, num_workers=num_workers,
+        sync=sync, cat_results=cat_results, num_threads=run.num_threads, backend=backend, rpc_timeout=rpc_timeout,
+        update_after_each_batch=weights.update_after_each_batch or weights.update_at_each_batch,
+        max_weight_update_interval=weights.max_weight_update_interval,
         weight_transport=weight_transport, max_worker_restarts=restarts, frames_per_batch=frames_per_batch,
         worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
         policy_device=devices["policy_device"], storing_device=devices["storing_device"],
@@ -227,6 +196,31 @@ def check(
         preemptive_threshold=preemptive_threshold, track_policy_version=kwargs["track_policy_version"],
         policy_factory=any(factory is not None for factory in per_worker["policy_factory"]),
     )
+
+
+def _frames(given: Any, total: int, num_workers: int, sync: bool, cat_results: Any, split: int,
+            node_class_given: Any) -> tuple[int, int, list[int] | None]:
+    """The collector's frames per batch, each worker's (the largest, when each has its own), and
+    TorchRL's list of one per worker when ``given`` is one and sync batches keep it (else None).
+
+    ``total`` is the collector's frames per batch as given (a list's sum); ``split``: the local
+    workers a sync node's batch holds one batch of each of; ``node_class_given``: the
+    ``collector_class`` of node collectors, None without them."""
+    if not isinstance(given, (list, tuple)):
+        if sync:
+            worker_frames = checks.frames_per_batch_fits(total, num_workers * split, "workers") * split
+            return worker_frames * num_workers, worker_frames, None
+        worker_frames = checks.frames_per_batch_fits(total, split, "workers") * split
+        return worker_frames, worker_frames, None
+    if node_class_given is not None:
+        raise ValueError(
+            f"frames_per_batch={list(given)!r}: a list of one per worker does not work with node collectors "
+            f"(collector_class={node_class_given!r}); accepted: one int"
+        )
+    frames_list = worker_checks.frames_per_worker(list(given), num_workers, sync, cat_results)
+    if not sync:  # as TorchRL's async collectors: every batch has the list's sum of frames
+        return sum(frames_list), sum(frames_list), None
+    return sum(frames_list), max(frames_list), frames_list
 
 
 def _plain_module(policy: Any) -> bool:

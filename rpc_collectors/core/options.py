@@ -1,0 +1,280 @@
+"""The collectors' options, one table: each group a frozen dataclass, each field TorchRL's name, default and doc.
+
+=================  ============================================================================
+group              what its options say
+=================  ============================================================================
+:class:`Collect`   what each worker collects: its env, policy, devices and each step's record
+:class:`Batches`   what the trainer hands out: batch size, run length, layout, the replay buffer
+:class:`Run`       how the run is driven: sync rounds or first ready, layout of a sync round
+:class:`Weights`   how weights move: when they are pushed, over what
+:class:`Launch`    how workers are launched: where, how many, how long a wait may take
+=================  ============================================================================
+
+A field's default is that of TorchRL's ``Collector`` and ``Multi*`` classes where they take the
+option, else ``RPCCollector``'s; where a class has its own default for an option (as TorchRL's
+class of that name does), :data:`CLASS_DEFAULTS` says so, and
+:data:`OTHER_MEANING` names the classes where TorchRL uses the name for another quantity.
+Every public constructor spells these options out in its signature (``tests/test_options_table.py``
+checks names and defaults against this table) and converts them into the groups, which check
+each option that needs no other one when they are built (the checks of
+:mod:`rpc_collectors.core.checks`). Checks that read several groups, the env or the launcher
+stay with the code that has them (``front.settings.check``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import torch
+from tensordict.nn import InteractionType
+
+from rpc_collectors.core import checks, torchrl_args
+
+CAT_RESULTS = ("stack", 0, -1)
+G = TypeVar("G", bound="Group")
+
+
+def option(default: Any, doc: str, check: Callable[[str, Any], Any] | None = None) -> Any:
+    """A field of the table: its default, a one-line doc, and the check (name, value) -> value it passes."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
+
+
+def _boolean(name: str, value: Any) -> bool:
+    return checks.boolean(name, value)
+
+
+def _optional_positive_int(name: str, value: Any) -> int | None:
+    return checks.optional_positive_int(name, value)
+
+
+def _exploration_type(name: str, value: Any) -> InteractionType:
+    return checks.exploration_type(value, name)
+
+
+def _max_frames_per_traj(name: str, value: Any) -> Any:
+    checks.max_frames_per_traj(value, name)
+    return value  # as given: None and TorchRL's -1 both say no limit
+
+
+def _init_random_frames(name: str, value: Any) -> Any:
+    checks.init_random_frames(value, name)
+    return value  # as given: None and TorchRL's -1 both say none
+
+
+def _optional_boolean(name: str, value: Any) -> bool | None:
+    return checks.optional_boolean(name, value)
+
+
+def _optional_callable(name: str, value: Any) -> Any:
+    return checks.optional_callable(name, value)
+
+
+def _reset_when_done(name: str, value: Any) -> bool:
+    checks.reset_when_done(value)
+    return value
+
+
+def _compile_policy(name: str, value: Any) -> dict | None:
+    return checks.compile_kwargs(value)
+
+
+def _trust_policy(name: str, value: Any) -> bool:
+    return torchrl_args.trust_policy(value)
+
+
+def _cudagraph_policy(name: str, value: Any) -> Any:
+    torchrl_args.cudagraph_policy(value)
+    return value
+
+
+def _timeout(name: str, value: Any) -> float:
+    return checks.timeout(name, value)
+
+
+def _cat_results(name: str, value: Any) -> Any:
+    return None if value is None else checks.choice(name, value, CAT_RESULTS)
+
+
+def _backend(name: str, value: Any) -> str:
+    checks.choice(name, value, ("gloo", "nccl"))
+    if value == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend='nccl' needs CUDA, which this machine does not have; accepted here: 'gloo'")
+    return value
+
+
+def _update_interval(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: -1 (never) or an int >= 0")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A group of options; building one checks each field that has a check."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            check = field.metadata["check"]
+            if check is not None:
+                object.__setattr__(self, field.name, check(field.name, getattr(self, field.name)))
+
+    def arguments(self) -> dict[str, Any]:
+        """The group's options by name (the values themselves, not copies)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def given(cls: type[G], arguments: Mapping[str, Any]) -> G:
+        """The group of the options in ``arguments`` that it holds (others keep their defaults)."""
+        return cls(**{f.name: arguments[f.name] for f in dataclasses.fields(cls) if f.name in arguments})
+
+
+@dataclasses.dataclass(frozen=True)
+class Collect(Group):
+    """What each worker collects (its :class:`~rpc_collectors.Collector`'s options)."""
+
+    max_frames_per_traj: int | None = option(None, "truncate trajectories at this many steps; None or -1: no limit",
+                                            _max_frames_per_traj)
+    init_random_frames: int | None = option(None, "the first frames, up to this many, use random actions; None or -1: none",
+                                           _init_random_frames)
+    reset_at_each_iter: bool = option(False, "reset the env at the start of every batch", _boolean)
+    exploration_type: Any = option(InteractionType.RANDOM, "TorchRL's ExplorationType around every policy call",
+                                   _exploration_type)
+    track_policy_version: bool = option(False, "batches carry the weights version of each step", _boolean)
+    device: Any = option(None, "default of the three devices below")
+    storing_device: Any = option(None, "where batches are stored")
+    env_device: Any = option(None, "where the env runs")
+    policy_device: Any = option(None, "where the policy runs")
+    create_env_kwargs: dict | list | None = option(None, "keyword arguments for create_env_fn")
+    policy_factory: Any = option(None, "builds the policy in each worker, instead of policy")
+    init_fn: Any = option(None, "called in each worker process before its env and policy are built",
+                          _optional_callable)
+    set_truncated: bool = option(False, "mark the last step of every batch truncated", _boolean)
+    reset_when_done: bool = option(True, "True only, as TorchRL", _reset_when_done)
+    track_traj_ids: bool = option(True, "batches carry (\"collector\", \"traj_ids\")", _boolean)
+    compile_policy: bool | dict | None = option(None, "True or torch.compile keyword arguments", _compile_policy)
+    compact_obs: bool = option(False, "drop (\"next\", observation) entries the next step's root holds",
+                               _boolean)
+    pre_collect_hook: Any = option(None, "called before each batch is collected", _optional_callable)
+    post_collect_hook: Any = option(None, "called with each batch before it is handed out", _optional_callable)
+    auto_register_policy_transforms: bool | None = option(None, "add the transforms a recurrent policy needs",
+                                                            _optional_boolean)
+    use_buffers: bool | None = option(None, "stack steps into one dense TensorDict", _optional_boolean)
+    trust_policy: bool | None = option(None, "a plain module called on TensorDicts, unchecked", _trust_policy)
+    cudagraph_policy: bool | dict | None = option(None, "CUDA graphs: a pass-through without CUDA", _cudagraph_policy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batches(Group):
+    """What the trainer hands out (checked by :class:`~rpc_collectors.collection.base.BaseCollector`)."""
+
+    frames_per_batch: Any = option(dataclasses.MISSING, "frames per batch (required); a list: one per worker")
+    total_frames: int = option(-1, "frames in the whole run; -1: endless")
+    split_trajs: bool | None = option(None, "hand out [n_traj, T_max] padded trajectories; None is False")
+    postproc: Any = option(None, "applied to each batch before it is handed out")
+    replay_buffer: Any = option(None, "batches go to its extend(); iteration yields None")
+    extend_buffer: bool = option(True, "False: the replay_buffer gets each step with add()")
+    trajs_per_batch: int | None = option(None, "hand out batches of this many whole trajectories")
+    traj_format: str | None = option(None, "whole trajectories \"padded\" or \"cat\"")
+    trajs_per_write: int | None = option(None, "whole trajectories per replay_buffer write")
+    replay_write_mode: str | None = option(None, "\"rollout\" or \"trajectory\" writes into the replay_buffer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run(Group):
+    """How a multi-worker run is driven."""
+
+    sync: bool = option(True, "True: rounds of every worker's batch; False: first ready first served", _boolean)
+    cat_results: str | int | None = option(None, "a sync round stacked (\"stack\") or concatenated (0, -1)",
+                                           _cat_results)
+    preemptive_threshold: float | None = option(None, "sync: the fraction of workers after which a round ends")
+    max_policy_lag: int | None = option(None, "async: drop a batch this many weight versions behind")
+    num_threads: int | None = option(None, "torch threads of the trainer while the collector runs",
+                                     _optional_positive_int)
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights(Group):
+    """How weights move from the trainer to the workers."""
+
+    update_after_each_batch: bool = option(False, "push the weights before each worker's next batch", _boolean)
+    update_at_each_batch: bool = option(False, "TorchRL's name for update_after_each_batch", _boolean)
+    max_weight_update_interval: int = option(-1, "push after this many batches with the same weights; -1: never",
+                                             _update_interval)
+    weight_transport: str = option("auto", "\"auto\", \"shm\", \"broadcast\" or \"rpc\"")
+    weight_sync_schemes: dict | None = option(None, "TorchRL's {\"policy\": scheme}: names the weight transport")
+    backend: str = option("gloo", "the weight process group's backend, \"gloo\" or \"nccl\"", _backend)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch(Group):
+    """How workers are launched and waited for."""
+
+    num_collectors: int | None = option(None, "the number of workers when create_env_fn is not a list",
+                                        _optional_positive_int)
+    launcher: str = option("auto", "\"auto\", \"local\"/\"mp\", \"torchrun\", \"slurm\", \"debug\" or \"submitit\"")
+    tcp_port: int | str | None = option(None, "the rendezvous (submitit) or weight store (local) port")
+    slurm_kwargs: dict | None = option(None, "launcher=\"submitit\": the jobs' folder and executor parameters")
+    rpc_timeout: float = option(60.0, "seconds any single wait on a worker may take", _timeout)
+    collector_kwargs: dict | None = option(None, "extra keyword arguments for every worker's Collector")
+    max_worker_restarts: int = option(0, "failed workers replaced in the run before a WorkerError")
+    elastic: bool = option(False, "torchrun/SLURM: collectors may join and leave the running trainer", _boolean)
+    join_timeout: float = option(300.0, "elastic: seconds a round waits for a vacant slot to be taken", _timeout)
+    collector_class: Any = option("single", "what each worker runs: \"single\", \"sync\" or \"async\"")
+    num_workers_per_collector: int = option(1, "the local workers of each node collector")
+    inference: str = option("worker", "\"worker\" (a policy in every worker) or \"node\" (one per node)")
+
+
+GROUPS: tuple[type[Group], ...] = (Collect, Batches, Run, Weights, Launch)
+TABLE: dict[str, dataclasses.Field] = {f.name: f for group in GROUPS for f in dataclasses.fields(group)}
+
+# TorchRL's distributed classes spell "none" as -1 and False where its Collector says None
+_DISTRIBUTED = {"max_frames_per_traj": -1, "init_random_frames": -1, "split_trajs": False}
+# the classes whose TorchRL counterpart has its own default for an option of the table
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "RPCCollector": _DISTRIBUTED,
+    "MultiCollector": {"launcher": "local"},
+    "MultiSyncCollector": {"launcher": "local"},
+    "MultiAsyncCollector": {"launcher": "local"},
+    "DistributedCollector": {**_DISTRIBUTED, "sync": False, "launcher": "submitit"},
+    "DistributedSyncCollector": {**_DISTRIBUTED, "launcher": "submitit"},
+    "RayCollector": {**_DISTRIBUTED, "sync": False},
+    "AsyncBatchedCollector": {"exploration_type": None},
+}
+# names that TorchRL's class uses for another quantity than the table's option of that name
+OTHER_MEANING: dict[str, frozenset[str]] = {
+    "AsyncBatchedCollector": frozenset({"backend", "device"}),  # its env backend; its policy server's device
+}
+
+
+def default(name: str, class_name: str) -> Any:
+    """The default of option ``name`` in the public class named ``class_name``."""
+    return CLASS_DEFAULTS.get(class_name, {}).get(name, TABLE[name].default)
+
+
+def check(name: str, value: Any, shown: str | None = None) -> Any:
+    """``value`` of option ``name`` checked as the table checks it (the message naming it ``shown``)."""
+    checker = TABLE[name].metadata["check"]
+    return value if checker is None else checker(shown or name, value)
+
+
+def doc(name: str) -> str:
+    """The one-line doc of option ``name``."""
+    return TABLE[name].metadata["doc"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Every group of a multi-worker collector's options."""
+
+    collect: Collect
+    batches: Batches
+    run: Run
+    weights: Weights
+    launch: Launch
+
+    @classmethod
+    def given(cls, arguments: Mapping[str, Any]) -> Options:
+        """The groups of the options in ``arguments`` (a constructor's ``locals()``; other names are ignored)."""
+        return cls(Collect.given(arguments), Batches.given(arguments), Run.given(arguments),
+                   Weights.given(arguments), Launch.given(arguments))
