@@ -224,9 +224,9 @@ def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(
     any newcomer to a vacant slot; fixed, as the failed worker's replacement (``max_worker_restarts``).
 
     Once the job's collector served a batch, ``scontrol update TimeLimit=0`` moves its time limit
-    to now: SLURM's next time-limit check (every 30 s) ends it as at the end of any time limit,
-    signals, SIGTERM, ``TIMEOUT`` in its accounting, the state the trainer resubmits on; only
-    the wait for the limit is gone."""
+    to now: SLURM's next time-limit check (every 30 s) ends it as it ends any job out of time
+    (SIGTERM, SIGKILL after ``KillWait``, ``TIMEOUT`` in its accounting: the state the trainer
+    resubmits on); only the wait for the limit is gone."""
     from functools import partial
 
     from conftest import slow_cartpole
