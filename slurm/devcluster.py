@@ -326,7 +326,8 @@ def _slurm_conf(workdir: Path, nodes: dict[str, str], ctld_addr: str) -> str:
         f"RealMemory={mem} State=UNKNOWN"
         for name, addr in nodes.items()
     )
-    # cred_expire: also how long a requeued job waits before it may start again (SLURM's default: 120 s)
+    # cred_expire: also how long a requeued job waits before it may start again (SLURM's default: 120 s);
+    # sched_interval, bf_interval: it starts within seconds of that, not at the next scheduling pass (up to 60 s)
     return f"""\
 ClusterName=rpccdev
 SlurmctldHost={host}({ctld_addr})
@@ -343,6 +344,7 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort={SLURMDBD_PORT}
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides

@@ -136,8 +136,10 @@ def check_run(job: submitit.Job, path: Path, frames: int) -> dict:
 
 @pytest.mark.timeout(1500)
 def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(cluster, tmp_path):
-    """``--time 2``, the signal 60 s before, about 2.5 minutes of collection: several allocations."""
-    frames = 150 * BATCH
+    """``--time 2``, the signal 60 s before: the only test that waits for SLURM's time limit. SLURM
+    sends the signal up to 60 s early, never late, and two collectors of 20 ms a step collect 100
+    frames a second at most: an allocation holds about 60 batches at most, 75 take two or more."""
+    frames = 75 * BATCH
     job, path = submit(cluster, tmp_path, frames, time_min=2)
     assert slurm.result(job, timeout_s=1300) is None
     content = check_run(job, path, frames)
@@ -148,7 +150,7 @@ def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(cl
 
 @pytest.mark.timeout(900)
 def test_scontrol_requeue_of_a_running_trainer_takes_the_same_path(cluster, tmp_path):
-    frames = 40 * BATCH
+    frames = 20 * BATCH
     job, path = submit(cluster, tmp_path, frames, time_min=30)
     wait_for_batch(job, 5)
     subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
@@ -217,20 +219,26 @@ def test_a_plain_sigterm_says_the_job_ends_and_it_does(cluster, tmp_path):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("elastic", [True, False], ids=["elastic", "fixed"])
 def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(cluster, tmp_path, monkeypatch, elastic):
-    """A ``launcher="submitit"`` collector job of one minute: SLURM ends it, the trainer submits
-    another in its place (counted), and that one's collector serves the slot: elastic, as any
-    newcomer to a vacant slot; fixed, as the failed worker's replacement (``max_worker_restarts``)."""
+    """A ``launcher="submitit"`` collector job that SLURM ends by its time limit: the trainer
+    submits another in its place (counted), and that one's collector serves the slot: elastic, as
+    any newcomer to a vacant slot; fixed, as the failed worker's replacement (``max_worker_restarts``).
+
+    Once the job's collector served a batch, ``scontrol update TimeLimit=0`` moves its time limit
+    to now: SLURM's next time-limit check (every 30 s) ends it as it ends any job out of time
+    (SIGTERM, SIGKILL after ``KillWait``, ``TIMEOUT`` in its accounting: the state the trainer
+    resubmits on); only the wait for the limit is gone."""
     from functools import partial
 
     from conftest import slow_cartpole
     from rpc_collectors import DistributedCollector, WorkerLeftWarning, WorkerRestartWarning
+    from rpc_collectors.pools.ranks import submitit as submitit_pool
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests")]))  # the jobs import conftest
+    monkeypatch.setattr(submitit_pool, "RESUBMIT_POLL_S", 1.0)  # the ended job is seen within a second, not ten
     membership = dict(elastic=True) if elastic else dict(max_worker_restarts=1, weight_transport="rpc")
     collector = DistributedCollector(
         [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=50, launcher="submitit",
-        slurm_kwargs={"folder": str(tmp_path / "jobs"), "timeout_min": 1, "max_resubmits": 1,
-                      "slurm_signal_delay_s": 15},  # submitit's 90 s would signal a one-minute job as it starts
+        slurm_kwargs={"folder": str(tmp_path / "jobs"), "timeout_min": 5, "max_resubmits": 1},
         rpc_timeout=60, **membership,
     )
     jobs = collector.workers.jobs
@@ -240,6 +248,9 @@ def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(
             for _ in collector:
                 rank = collector.infos[0]["rank"]
                 ranks.append(rank)
+                if len(ranks) == 1:  # the first job's collector served: its time limit is now
+                    subprocess.run(["scontrol", "update", f"JobId={jobs.jobs[0].job_id}", "TimeLimit=0"], check=True,
+                                   timeout=60)
                 if jobs.resubmitted and rank != ranks[0] and ranks.count(rank) >= 3:
                     break
                 assert time.monotonic() < deadline, f"no resubmitted job served the slot: {jobs.resubmitted}, ranks {set(ranks)}"
@@ -255,7 +266,7 @@ def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(
 def test_collector_jobs_that_joined_an_elastic_trainer_come_back_with_it(cluster, tmp_path):
     """An elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
     trainer is requeued it requeues the collector job too, which joins its next allocation."""
-    frames = 40 * BATCH
+    frames = 20 * BATCH
     args = ["--frames", str(frames), "--batch", str(BATCH), "--step-sleep", str(STEP_SLEEP), "--slots", "2"]
     trainer = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", elastic=True,
                            time_min=30, requeue=True, checkpoint_dir=tmp_path / "ckpt")
