@@ -24,7 +24,8 @@ from rpc_collectors.pools.base import OnDeath, WorkerPool, traceback_failure
 from rpc_collectors.worker import spawner
 from rpc_collectors.worker.channel import EXIT_WAIT, Channel, ChannelClosed
 
-CLOSE_WAIT = 2.0  # seconds for a worker to end its batch, close its envs and exit once its channel closes
+CLOSE_WAIT = 10.0  # seconds for a worker to end its batch, close its envs and exit once its channel closes (as
+# TorchRL's shutdown: an env such as a ParallelEnv takes seconds to close its own processes)
 SHARE_SPEC = 1 << 20  # bytes: a larger spec is read by the workers from one shared-memory file, not sent down each pipe
 NODE_CLOSE_WAIT = CLOSE_WAIT + spawner.KILL_WAIT + 0.5  # a node reaps its own local workers first
 
