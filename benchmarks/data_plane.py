@@ -9,7 +9,7 @@ the multi-worker cases (the denominator is their mean).
 
 Batches: about 12 MB per worker (1000 frames of 4 floats, 224 of 4x84x84, 32 of 3x256x256),
 the same frames for the single process. Workers on this host deliver through shared memory
-(``rpc_collectors/planes/data.py``); ``--rpc`` forces every batch through RPC results
+(``rpc_collectors/transport/data.py``); ``--rpc`` forces every batch through RPC results
 (TensorPipe over TCP) instead, the path of workers on other hosts.
 
 "receive" is the trainer's own rate: bytes delivered divided by the time the trainer spent
@@ -77,7 +77,7 @@ def run(case: dict) -> dict:
     torch.set_num_threads(1)
     shape, dtype, per_worker = OBS[case["obs"]]
     if case["rpc"]:
-        import rpc_collectors.planes.data as data_plane
+        import rpc_collectors.transport.data as data_plane
 
         data_plane.MIN_BYTES = 1 << 62  # no batch is worth a slot: all go as RPC results
     make = _common.make_pong if shape is None else functools.partial(_common.make_no_work_env, shape, dtype)

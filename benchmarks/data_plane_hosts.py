@@ -7,7 +7,7 @@ Host 1 (10.83.0.1) receives, host 2 (10.83.0.2) sends, over a veth pair through 
 * TensorPipe: ``rpc_sync`` returning a TensorDict of 12 MB (RPC over TensorPipe's TCP "uv" transport,
   what ``RPCCollector`` used for a worker on another host before the data plane's own connection);
 * gloo: ``send`` / ``recv`` of a 12 MB uint8 tensor into a preallocated tensor (a process group);
-* the data plane: the TCP doorbell of ``rpc_collectors.planes.doorbell`` with batches ready in the
+* the data plane: the TCP doorbell of ``rpc_collectors.transport.doorbell`` with batches ready in the
   worker's slots: per batch a request, a "ready" and the slot's bytes received into the trainer's
   slot, then handed out, two requests in flight (what an async ``RPCCollector`` does for a
   worker on another host, minus the env);
@@ -95,10 +95,10 @@ def peer(kind: str, rank: int, seconds: float) -> dict:
     if kind == "doorbell":
         import pickle
 
-        from rpc_collectors.planes.data import IN_FLIGHT
-        from rpc_collectors.planes.doorbell import Ready, SocketDoorbell, answer
-        from rpc_collectors.planes.layouts import BatchLayout
-        from rpc_collectors.planes.slots import SLOTS, SlotPool, SlotWriter
+        from rpc_collectors.transport.data import IN_FLIGHT
+        from rpc_collectors.transport.doorbell import Ready, SocketDoorbell, answer
+        from rpc_collectors.transport.layouts import BatchLayout
+        from rpc_collectors.transport.slots import SLOTS, SlotPool, SlotWriter
 
         store = torch.distributed.TCPStore(master, port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
         if rank == 1:

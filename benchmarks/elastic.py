@@ -86,7 +86,7 @@ def case(sync: bool, window: float, kills: int) -> dict:
 
 def join_case(sync: bool, window: float, kills: int, spare: bool = False) -> dict:
     from rpc_collectors import RPCCollector, WorkerLeftWarning
-    from rpc_collectors.planes.rendezvous import free_port
+    from rpc_collectors.transport.rendezvous import free_port
 
     warnings.simplefilter("ignore", WorkerLeftWarning)
     port = free_port()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from rpc_collectors.cluster import slurm  # noqa: E402
+from rpc_collectors.cluster import submission as slurm  # noqa: E402
 
 
 def devcluster():

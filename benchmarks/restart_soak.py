@@ -24,7 +24,7 @@ from torch import nn
 
 from _common import make_no_work_env, quiet, rss_mib
 from rpc_collectors import MultiCollector
-from rpc_collectors.planes.membership import WorkerRestartWarning
+from rpc_collectors.transport.membership import WorkerRestartWarning
 
 
 class FirstPixel(nn.Module):

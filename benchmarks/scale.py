@@ -309,7 +309,7 @@ def torchrun_case(ranks: int, args) -> dict:
 
 
 def _free_port() -> int:
-    from rpc_collectors.planes.rendezvous import free_port
+    from rpc_collectors.transport.rendezvous import free_port
 
     return free_port()
 

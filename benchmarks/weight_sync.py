@@ -35,7 +35,7 @@ from torch import nn
 import _common
 from _common import emit, run_case
 from rpc_collectors import RPCCollector
-from rpc_collectors.planes.rendezvous import free_port
+from rpc_collectors.transport.rendezvous import free_port
 
 POLICY_VERSION = ("collector", "policy_version")
 

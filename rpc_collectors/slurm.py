@@ -1,9 +1,9 @@
 """SLURM submission through submitit (``from rpc_collectors import slurm``): one process per
-task, with the torch.distributed variables set. Defined in :mod:`rpc_collectors.cluster.slurm`."""
+task, with the torch.distributed variables set. Defined in :mod:`rpc_collectors.cluster.submission`."""
 from rpc_collectors.cluster.checkpoint import CheckpointError
 from rpc_collectors.cluster.requeue import Requeued
 from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
-from rpc_collectors.cluster.slurm import (
+from rpc_collectors.cluster.submission import (
     SlurmConfig,
     job_port,
     master_address,

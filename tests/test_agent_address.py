@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch.distributed.rpc as rpc
 
-from rpc_collectors.planes.rendezvous import Rendezvous, free_port
+from rpc_collectors.transport.rendezvous import Rendezvous, free_port
 from rpc_collectors.worker import server
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,7 +28,7 @@ def test_an_agent_on_another_interface_than_the_first_is_refused(monkeypatch):
 
 SUCCESSIVE_AGENTS = """
 import torch.distributed.rpc as rpc
-from rpc_collectors.planes.rendezvous import Rendezvous, serve_store
+from rpc_collectors.transport.rendezvous import Rendezvous, serve_store
 from rpc_collectors.worker import server
 for _ in range(2):
     store, port = serve_store("127.0.0.1", 0, 10)

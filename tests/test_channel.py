@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rpc_collectors.planes.doorbell import Doorbell
+from rpc_collectors.transport.doorbell import Doorbell
 from rpc_collectors.worker.channel import Channel, ChannelClosed, RemoteError, serve
 
 pytestmark = pytest.mark.timeout(30)

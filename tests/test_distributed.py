@@ -22,7 +22,7 @@ from rpc_collectors import (
     RPCCollector,
     distributed,
 )
-from rpc_collectors.planes.rendezvous import free_port
+from rpc_collectors.transport.rendezvous import free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
 

@@ -22,7 +22,7 @@ import pytest
 import devcluster_module
 from procs import ctrl_c_raises, kill_sessions, killed_at_exit
 from rpc_collectors import RPCCollector
-from rpc_collectors.planes.rendezvous import free_port
+from rpc_collectors.transport.rendezvous import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "elastic_trainer.py"
@@ -336,7 +336,7 @@ def test_cut_host_leaves_and_a_collector_on_a_third_host_joins(hosts, runs):
 def test_a_new_elastic_group_forgets_the_ranks_an_earlier_one_evicted():
     """Ranks count from 1 in every group: a trainer process that runs a second elastic collector
     (one after the other) must not take its first collectors for ones it evicted before."""
-    from rpc_collectors.planes import membership
+    from rpc_collectors.transport import membership
 
     membership._evicted.add(1)  # what the first group's eviction of rank 1 left
     try:

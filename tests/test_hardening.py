@@ -505,8 +505,8 @@ def time_wait_port() -> int:
 
 
 def test_a_port_in_time_wait_counts_as_free():
-    from rpc_collectors.cluster.slurm import _check_port_free
-    from rpc_collectors.planes.rendezvous import serve_store
+    from rpc_collectors.cluster.submission import _check_port_free
+    from rpc_collectors.transport.rendezvous import serve_store
 
     port = time_wait_port()
     _check_port_free(port)  # as the store binds it, so does the check

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
-from rpc_collectors.planes.rendezvous import Rendezvous, free_port
+from rpc_collectors.transport.rendezvous import Rendezvous, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

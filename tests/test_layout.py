@@ -48,3 +48,25 @@ def test_every_package_names_each_of_its_modules():
         doc = package.__doc__ or ""
         unnamed = [n for n in names if f":mod:`.{n}`" not in doc and f"rpc_collectors.{n}" not in doc]
         assert not unnamed, f"{package.__name__}'s docstring does not name {unnamed}"
+
+
+def test_no_two_modules_share_a_name_and_package_names_differ_by_more_than_two_letters():
+    """A module's name alone says where it is, and no two packages read alike."""
+    modules = [p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"]
+    by_name: dict[str, list[str]] = {}
+    for path in modules:
+        by_name.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
+    assert not {n: p for n, p in by_name.items() if len(p) > 1}
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    for i, a in enumerate(packages):
+        for b in packages[i + 1:]:
+            assert _edit_distance(a, b) > 2, (a, b)
+
+
+def _edit_distance(a: str, b: str) -> int:
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ca != cb))
+    return row[-1]

@@ -25,7 +25,7 @@ import torch
 from multihost_trainer import ArgmaxPolicy
 from procs import descendants, unix_listeners
 from rpc_collectors import GymEnv, RPCCollector
-from rpc_collectors.planes.local_socket import TOKEN_BYTES, PrivateListener
+from rpc_collectors.transport.local_socket import TOKEN_BYTES, PrivateListener
 
 NOBODY = 65534
 ANSWER_WAIT = 60.0  # seconds an attacker waits for the listener to close its connection

@@ -48,7 +48,7 @@ def check(collector, batch, size: int, action: int, version: int) -> None:
 
 
 def test_sync_and_async_collectors_side_by_side_each_with_its_own_workers_and_weights(monkeypatch):
-    from rpc_collectors.planes import data
+    from rpc_collectors.transport import data
 
     monkeypatch.setattr(data, "MIN_BYTES", 64 * 1024)  # train batches (a few KB) as RPC results, eval's (hundreds of KB) in slots
     train_policy, eval_policy = BiasPolicy(0, size=3), BiasPolicy(0, size=300)

@@ -15,8 +15,8 @@ from tensordict import TensorDict
 from conftest import slow_cartpole
 from procs import descendants, run_in_session, wait_gone
 from rpc_collectors import GymEnv, MultiAsyncCollector, MultiSyncCollector, RPCCollector
-from rpc_collectors.collection.preemption import MASK, Preemption, drop_padding, padded, valid_frames
-from rpc_collectors.planes.rendezvous import free_port
+from rpc_collectors.single_process.preemption import MASK, Preemption, drop_padding, padded, valid_frames
+from rpc_collectors.transport.rendezvous import free_port
 from rpc_collectors.worker.spawner import Spawner
 
 TRAJ = ("collector", "traj_ids")

@@ -274,7 +274,7 @@ def test_a_dropped_collector_is_freed_with_its_actors_fds_and_shared_memory(ray_
 
 
 def test_a_collector_whose_actor_failed_to_start_leaves_no_pool_behind(ray_cluster, monkeypatch):
-    from rpc_collectors.pools.ray import RayPool
+    from rpc_collectors.pools.ray_actors import RayPool
     from test_batched_inference import broken_factory
 
     made = weakref.WeakSet()  # the pools of this test only: another test's are that test's to check

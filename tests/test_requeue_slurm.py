@@ -31,7 +31,8 @@ import pytest
 import submitit
 
 import devcluster_module
-from rpc_collectors.cluster import checkpoint, requeue, slurm
+from rpc_collectors.cluster import checkpoint, requeue
+from rpc_collectors.cluster import submission as slurm
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER = REPO / "tests" / "requeue_trainer.py"

@@ -303,7 +303,7 @@ def test_bad_restart_arguments_are_refused_before_any_process_starts(kwargs, mes
 
 
 def test_replacements_get_trajectory_ids_and_seeds_no_predecessor_used():
-    from rpc_collectors.planes.membership import Restarts
+    from rpc_collectors.transport.membership import Restarts
 
     restarts = Restarts(budget=2, num_workers=4)
     restarts.started(1, envs=3)  # ids 1, 5, 9 at reset

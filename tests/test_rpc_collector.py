@@ -265,7 +265,7 @@ def test_max_weight_update_interval():
 def test_trainer_keeps_its_default_process_group_and_environment():
     import torch.distributed as dist
 
-    from rpc_collectors.planes.rendezvous import free_port
+    from rpc_collectors.transport.rendezvous import free_port
 
     env_before = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)

@@ -21,7 +21,8 @@ from torch import nn
 from conftest import CountEnv
 from rpc_collectors import Collector, GymEnv, RunCheckpoint
 from rpc_collectors.cluster import checkpoint as files
-from rpc_collectors.cluster import requeue, slurm
+from rpc_collectors.cluster import requeue
+from rpc_collectors.cluster import submission as slurm
 from rpc_collectors.cluster.checkpoint import CheckpointError
 
 TRAJ = ("collector", "traj_ids")

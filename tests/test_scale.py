@@ -17,7 +17,7 @@ import torch
 
 from procs import descendants, run_in_session, wait_gone
 from rpc_collectors import GymEnv, RPCCollector
-from rpc_collectors.planes.rendezvous import free_port
+from rpc_collectors.transport.rendezvous import free_port
 from test_restarts import StampEnv
 from test_rpc_collector import BiasPolicy
 

@@ -25,8 +25,8 @@ import torch
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import devcluster_module
-from rpc_collectors.cluster import slurm
-from rpc_collectors.planes.rendezvous import free_port, interface_address
+from rpc_collectors.cluster import submission as slurm
+from rpc_collectors.transport.rendezvous import free_port, interface_address
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_TIMEOUT_S = 90
@@ -132,7 +132,7 @@ def rpc_collect_task(frames_per_batch: int, total_frames: int, probe_ifname: str
     from torch.distributed import rpc
 
     from rpc_collectors import GymEnv, RPCCollector
-    from rpc_collectors.planes.rendezvous import interface_address
+    from rpc_collectors.transport.rendezvous import interface_address
 
     class ArgmaxPolicy(nn.Module):
         def __init__(self) -> None:

@@ -9,7 +9,7 @@ from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import Collector, GymEnv
-from rpc_collectors.planes.slots import tensors_by_key
+from rpc_collectors.transport.slots import tensors_by_key
 
 
 class ActionAndLogits(nn.Module):
@@ -64,7 +64,7 @@ def test_a_batch_written_into_a_used_slot_equals_the_batch_built_apart(num_envs)
 def test_a_vector_envs_steps_of_other_dtypes_are_cast_into_the_slot_as_into_a_fresh_batch():
     import numpy as np
 
-    from rpc_collectors.collection.step_records import StepRecords
+    from rpc_collectors.single_process.step_records import StepRecords
 
     def records(targets: dict) -> StepRecords:
         rec = StepRecords(targets)
@@ -92,7 +92,7 @@ def test_a_policy_output_numpy_cannot_hold_goes_through_a_slot_as_torch():
     """A bfloat16 output has no numpy view in the slot: it is stacked with torch and copied there."""
     import numpy as np
 
-    from rpc_collectors.collection.step_records import StepRecords
+    from rpc_collectors.single_process.step_records import StepRecords
 
     def records(targets: dict) -> StepRecords:
         rec = StepRecords(targets)

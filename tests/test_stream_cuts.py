@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from rpc_collectors.collection.batch_record import WORKER_ID
 from rpc_collectors.core.protocol import WorkerCalls
-from rpc_collectors.front.continuity import Continuity
-from rpc_collectors.front.roster import WorkerRecord
+from rpc_collectors.single_process.batch_record import WORKER_ID
+from rpc_collectors.trainer.continuity import Continuity
+from rpc_collectors.trainer.roster import WorkerRecord
 
 
 class Front:

@@ -17,8 +17,8 @@ from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import Collector, GymEnv, MultiAsyncCollector, MultiSyncCollector
-from rpc_collectors.collection.base import drop_private_keys
 from rpc_collectors.core.torchrl_args import scheme_objects, weight_sync_schemes
+from rpc_collectors.single_process.base_collector import drop_private_keys
 from test_rpc_collector import BiasPolicy
 
 pytestmark = pytest.mark.timeout(120)

@@ -249,7 +249,7 @@ def _linear_actor():
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_distributed_collector_sync_layout_is_torchrls_live():
     """TorchRL's DistributedCollector (launcher="mp", sync=True) stacks its nodes' batches: [N, T]."""
-    from rpc_collectors.planes.rendezvous import free_port
+    from rpc_collectors.transport.rendezvous import free_port
 
     with warnings.catch_warnings():  # its own deprecations, and a notice about InitTracker for v0.15
         warnings.simplefilter("ignore")
@@ -271,7 +271,7 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
     class as ``collector_class`` maps to ours); ours is importable from ``rpc_collectors.distributed``."""
     import inspect
 
-    from rpc_collectors.collectors import distributed
+    from rpc_collectors.collectors import distributed_collector as distributed
 
     theirs = inspect.signature(getattr(trl_distributed, name).__init__).parameters
     ours = inspect.signature(getattr(distributed, name).__init__).parameters

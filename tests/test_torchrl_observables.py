@@ -14,7 +14,7 @@ import torch
 
 from conftest import CountEnv
 from rpc_collectors import Collector, GymEnv, MultiAsyncCollector, MultiCollector, MultiSyncCollector, RPCCollector
-from rpc_collectors.collection.trajectories import TRAJ_IDS
+from rpc_collectors.single_process.trajectories import TRAJ_IDS
 
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from procs import descendants, run_in_session, wait_gone
-from rpc_collectors.planes.rendezvous import free_port
+from rpc_collectors.transport.rendezvous import free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 

@@ -6,7 +6,7 @@ import torch
 from tensordict import TensorDict
 
 from rpc_collectors import split_trajectories
-from rpc_collectors.collection.trajectories import TrajectoryIds
+from rpc_collectors.single_process.trajectories import TrajectoryIds
 
 
 def batch(ids: list) -> TensorDict:

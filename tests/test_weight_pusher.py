@@ -8,11 +8,11 @@ from tensordict import TensorDict
 from torch import nn
 
 from rpc_collectors.core.protocol import WorkerCalls
-from rpc_collectors.front.lifetime import Resources
-from rpc_collectors.front.roster import WorkerRecord
-from rpc_collectors.front.weight_pushes import WeightPusher
-from rpc_collectors.planes import factory_weights
-from rpc_collectors.planes.rendezvous import host_id
+from rpc_collectors.trainer.lifetime import Resources
+from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.trainer.weight_pushes import WeightPusher
+from rpc_collectors.transport import factory_weights
+from rpc_collectors.transport.rendezvous import host_id
 
 
 class Workers:

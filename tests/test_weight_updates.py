@@ -211,8 +211,8 @@ def test_weights_a_worker_received_before_it_loaded_a_state_are_not_applied_afte
     next batch: that batch and the later ones collect with the loaded weights, not the push's."""
     from types import SimpleNamespace
 
-    from rpc_collectors.planes.weight_sync import TransportSpec, WeightReceiver
-    from rpc_collectors.planes.weights import FlatWeights
+    from rpc_collectors.transport.weight_sync import TransportSpec, WeightReceiver
+    from rpc_collectors.transport.weights import FlatWeights
 
     policy, pushed = nn.Linear(2, 1), nn.Linear(2, 1)
     with torch.no_grad():

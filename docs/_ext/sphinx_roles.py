@@ -1,7 +1,7 @@
 """A griffe extension for the API reference: turns the Sphinx roles of the docstrings into links.
 
 The docstrings are Google style with Sphinx's cross-reference roles (:mod:`.data`,
-:class:`~rpc_collectors.pools.base.WorkerPool`, :meth:`close`). Without this, Markdown would show
+:class:`~rpc_collectors.pools.pool.WorkerPool`, :meth:`close`). Without this, Markdown would show
 them as ":mod:" followed by the target in code. Each role becomes an optional autoref to the
 object it names, resolved the way Python would find the name from where the docstring is (the
 object, its parents, then what its module imports): a link where the target is rendered in the

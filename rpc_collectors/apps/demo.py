@@ -32,8 +32,8 @@ from rpc_collectors.apps import ppo
 from rpc_collectors.cluster import checkpoint as checkpoint_files
 from rpc_collectors.cluster import requeue
 from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
-from rpc_collectors.collection.envs import GymEnv
 from rpc_collectors.collectors.rpc import RPCCollector
+from rpc_collectors.single_process.envs import GymEnv
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

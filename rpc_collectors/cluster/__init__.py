@@ -1,4 +1,4 @@
-"""The cluster: SLURM submission through submitit (:mod:`.slurm`), collector jobs the trainer
+"""The cluster: SLURM submission through submitit (:mod:`.submission`), collector jobs the trainer
 submits itself (:mod:`.jobs`, with :mod:`.job_guard` cancelling them if the trainer dies), and the
 rendezvous of elastic collector processes that join a running trainer (:mod:`.elastic`), and runs
 longer than an allocation: a run's checkpoint (:mod:`.checkpoint`, :mod:`.run_checkpoint`) and

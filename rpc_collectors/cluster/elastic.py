@@ -8,8 +8,8 @@ dynamic RPC group and announces itself (:func:`membership.arrive`). The trainer 
 vacant slot, or keeps it as a spare until one falls vacant. A collector that dies, becomes
 unreachable or raises is evicted from the group and its slot falls vacant.
 
-:class:`~rpc_collectors.pools.ranks.elastic.ElasticPool` is the trainer's handle on those slots and
-:mod:`rpc_collectors.front.recovery` what the collector does as collectors come and go; this module
+:class:`~rpc_collectors.pools.ranks.elastic_pool.ElasticPool` is the trainer's handle on those slots and
+:mod:`rpc_collectors.trainer.recovery` what the collector does as collectors come and go; this module
 is the collector process's side of the rendezvous (:func:`join_rendezvous`, :func:`member_rendezvous`).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 
 import torch.distributed.rpc as rpc
 
-from rpc_collectors.planes.rendezvous import Rendezvous, interface_for, store_client
+from rpc_collectors.transport.rendezvous import Rendezvous, interface_for, store_client
 
 JOIN_VARIABLE = "RPC_COLLECTORS_JOIN"  # <host>:<port> of a running elastic trainer's rendezvous store
 TRAINER_KEY = "rpc_collectors/elastic/trainer"  # set once the trainer's agent runs: its RPC generation

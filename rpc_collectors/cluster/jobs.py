@@ -27,9 +27,9 @@ import submitit
 
 from rpc_collectors.cluster.elastic import join_rendezvous, member_rendezvous
 from rpc_collectors.cluster.requeue import unblock, usr_signal
-from rpc_collectors.cluster.slurm import _write_json, setup_join_env
+from rpc_collectors.cluster.submission import _write_json, setup_join_env
 from rpc_collectors.cluster.task_start import python_command
-from rpc_collectors.planes.rendezvous import interface_address, interface_towards
+from rpc_collectors.transport.rendezvous import interface_address, interface_towards
 from rpc_collectors.worker.server import serve
 
 # TorchRL's time limit (its DEFAULT_SLURM_CONF); partition and CPUs per task are the cluster's defaults

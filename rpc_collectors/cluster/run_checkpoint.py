@@ -21,8 +21,8 @@ from typing import Any, Mapping
 
 from rpc_collectors.cluster import checkpoint as files
 from rpc_collectors.cluster import requeue, run_starts
-from rpc_collectors.collection.base import BaseCollector
 from rpc_collectors.core import checks
+from rpc_collectors.single_process.base_collector import BaseCollector
 
 
 def _named(name: str, value: Any, needs: tuple[str, ...]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 A run resumed from the same checkpoint twice (its job killed in between) loads the same state
 both times, so the state cannot tell the resumes apart: the folder's file ``starts`` counts them,
 written atomically before collection starts. Each start hands its trajectory ids out in a range
-of its own (:func:`~rpc_collectors.collection.trajectories.shift_ids`), so ids handed out after
+of its own (:func:`~rpc_collectors.single_process.trajectories.shift_ids`), so ids handed out after
 the last checkpoint by a start that was killed never come back.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 SLURM may signal a job (submitit's time-limit signal, ``SIGUSR2``, or ``SIGTERM``) at any moment,
 also while its tasks start Python, torch and the user's code, before a handler is installed;
-the signal's default action would end the task. :func:`rpc_collectors.cluster.slurm.submit`
+the signal's default action would end the task. :func:`rpc_collectors.cluster.submission.submit`
 starts every task through this script (:func:`python_command`, then Python's arguments): it blocks
 both signals and execs the same Python with the task's arguments. The mask survives ``exec``, so
 a signal that comes during start-up waits, pending, until the task has installed its handlers

@@ -1,9 +1,9 @@
 """The public multi-worker collectors, each a choice of pool and default layout over the front:
 ``RPCCollector`` (:mod:`.rpc`) and the ``Multi*`` classes (:mod:`.multi`), ``AsyncCollector``
 (:mod:`.async_collector`), TorchRL's ``DistributedCollector``
-(:mod:`.distributed`), ``RayCollector`` (:mod:`.ray`, needs the ``ray`` extra; :mod:`.ray_extra` imports it on demand),
+(:mod:`.distributed_collector`), ``RayCollector`` (:mod:`.ray`, needs the ``ray`` extra; :mod:`.ray_extra` imports it on demand),
 ``AsyncBatchedCollector`` (:mod:`.async_batched`), and what
 ``Collector(..., num_collectors=N, backend=...)`` builds (:mod:`.dispatch`).
 
-May import :mod:`~rpc_collectors.front`, :mod:`~rpc_collectors.pools` and every layer below them.
+May import :mod:`~rpc_collectors.trainer`, :mod:`~rpc_collectors.pools` and every layer below them.
 """

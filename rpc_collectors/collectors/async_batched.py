@@ -3,8 +3,8 @@ every env that is ready, in the trainer's process, as TorchRL 0.14.1's class of 
 
 The envs' workers are local processes (:class:`~rpc_collectors.pools.local.LocalPool`), each
 stepping one env (:mod:`rpc_collectors.worker.env_steps`) through its row of the step plane
-(:mod:`rpc_collectors.planes.step_plane`). The inference loop (:mod:`rpc_collectors.front.inference_loop`)
-acts for the ready envs and assembles the batches (:mod:`rpc_collectors.front.transitions`).
+(:mod:`rpc_collectors.transport.step_plane`). The inference loop (:mod:`rpc_collectors.trainer.inference_loop`)
+acts for the ready envs and assembles the batches (:mod:`rpc_collectors.trainer.transitions`).
 """
 from __future__ import annotations
 
@@ -17,20 +17,20 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
 
-from rpc_collectors.collection.base import BaseCollector
-from rpc_collectors.collection.batch_record import BatchRecord
-from rpc_collectors.collection.policies import StepPolicy
 from rpc_collectors.core import batched_args, checks, worker_warnings
 from rpc_collectors.core.futures import outcome
 from rpc_collectors.core.protocol import WorkerSpec
-from rpc_collectors.front.inference_loop import InferenceLoop
-from rpc_collectors.front.lifetime import finalize_before_exit, weak_method
-from rpc_collectors.front.transitions import BATCH_KEYS, ENV_INDEX, Transitions
-from rpc_collectors.planes.membership import Restarts
-from rpc_collectors.planes.step_plane import StepPlane
-from rpc_collectors.planes.weight_updates import whole_update
-from rpc_collectors.planes.weights import load_weights, one_source, signature_of
 from rpc_collectors.pools.local import LocalPool
+from rpc_collectors.single_process.base_collector import BaseCollector
+from rpc_collectors.single_process.batch_record import BatchRecord
+from rpc_collectors.single_process.policies import StepPolicy
+from rpc_collectors.trainer.inference_loop import InferenceLoop
+from rpc_collectors.trainer.lifetime import finalize_before_exit, weak_method
+from rpc_collectors.trainer.transitions import BATCH_KEYS, ENV_INDEX, Transitions
+from rpc_collectors.transport.membership import Restarts
+from rpc_collectors.transport.step_plane import StepPlane
+from rpc_collectors.transport.weight_updates import whole_update
+from rpc_collectors.transport.weights import load_weights, one_source, signature_of
 
 PRIVATE_VERSION = "_policy_version"  # where versions are staged with policy_version_key=None
 SHUTDOWN_TIMEOUT = 5.0
@@ -49,9 +49,9 @@ class AsyncBatchedCollector(BaseCollector):
     bumps ``policy_version`` (and copies weights in, when given some), under the loop's lock.
 
     Batches are ``[frames_per_batch]``: the transitions in the order they completed (each env's
-    joins once the env's next one completed, see :class:`~rpc_collectors.front.transitions.Transitions`), with
+    joins once the env's next one completed, see :class:`~rpc_collectors.trainer.transitions.Transitions`), with
     ``"env_index"`` and the version that chose each action (``policy_version_key``). ``last_batch``
-    (a :class:`~rpc_collectors.collection.batch_record.BatchRecord`) has their oldest and newest
+    (a :class:`~rpc_collectors.single_process.batch_record.BatchRecord`) has their oldest and newest
     versions and the frames of each env.
 
     Args:

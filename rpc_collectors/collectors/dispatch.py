@@ -20,11 +20,11 @@ import inspect
 import sys
 from typing import Any
 
-from rpc_collectors.collection.collector import Collector
-from rpc_collectors.collectors.distributed import DistributedCollector
+from rpc_collectors.collectors.distributed_collector import DistributedCollector
 from rpc_collectors.collectors.multi import MultiCollector
 from rpc_collectors.collectors.ray_extra import ray_collector
 from rpc_collectors.collectors.rpc import RPCCollector
+from rpc_collectors.single_process.collector import Collector
 
 BACKENDS = ("direct", "process", "ray", "rpc", "distributed", "submitit")
 ALIASES = {"multiprocessing": "process"}  # TorchRL's long spelling

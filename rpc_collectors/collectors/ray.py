@@ -1,4 +1,4 @@
-"""``RayCollector``: the collector front over Ray actors (:mod:`rpc_collectors.pools.ray`), with
+"""``RayCollector``: the collector front over Ray actors (:mod:`rpc_collectors.pools.ray_actors`), with
 TorchRL's ``RayCollector`` arguments. Needs the ``ray`` extra (``pip install "rpc_collectors[ray]"``)."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any, Awaitable, Iterator
 
 from tensordict.nn import InteractionType
 
-from rpc_collectors.collection.collector import Collector
 from rpc_collectors.collectors.multi import MultiCollector
 from rpc_collectors.core import checks, options, torchrl_args
-from rpc_collectors.front import settings
-from rpc_collectors.front.collector_front import CollectorFront
-from rpc_collectors.pools import ray as ray_pool
+from rpc_collectors.pools import ray_actors as ray_pool
+from rpc_collectors.single_process.collector import Collector
+from rpc_collectors.trainer import settings
+from rpc_collectors.trainer.collector_front import CollectorFront
 
 SINGLE_COLLECTORS = ("Collector", "SyncDataCollector")  # TorchRL's names of the single-process collector
 

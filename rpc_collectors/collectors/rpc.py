@@ -3,7 +3,7 @@ torchrun/SLURM ranks, elastic members, jobs it submits, or in-process debug work
 
 Its constructor, and those of the classes built on it, convert their arguments into the option
 groups of :mod:`rpc_collectors.core.options` and open the collector from them (:meth:`RPCCollector._start`).
-What a collector does with its workers is :mod:`rpc_collectors.front.collector_front`.
+What a collector does with its workers is :mod:`rpc_collectors.trainer.collector_front`.
 """
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from rpc_collectors.core import checks, options, torchrl_args
-from rpc_collectors.front import policy_lag, settings
-from rpc_collectors.front.collector_front import CollectorFront
 from rpc_collectors.pools.debug import DebugPool
 from rpc_collectors.pools.local import LocalPool
-from rpc_collectors.pools.ranks.elastic import ElasticPool
+from rpc_collectors.pools.ranks.elastic_pool import ElasticPool
 from rpc_collectors.pools.ranks.static import RankPool
 from rpc_collectors.pools.ranks.submitit import SubmititPool
+from rpc_collectors.trainer import policy_lag, settings
+from rpc_collectors.trainer.collector_front import CollectorFront
 
 
 def _pool(s: settings.Settings, on_death: Any, on_arrival: Any) -> Any:
@@ -125,7 +125,7 @@ class RPCCollector(CollectorFront):
             workers' common storing device, or on the CPU if they differ, as TorchRL does);
             ``init_random_frames`` is shared out over the workers. Workers hand batches over in
             host memory; the trainer puts them on ``storing_device`` (from page-locked shared
-            memory straight to a CUDA device, see :mod:`rpc_collectors.planes.data`).
+            memory straight to a CUDA device, see :mod:`rpc_collectors.transport.data`).
         create_env_kwargs: keyword arguments for ``create_env_fn``: a dict for every worker or a
             list of dicts, one per worker.
         policy_factory: a callable (or a list, one per worker) that builds the policy inside each
@@ -133,7 +133,7 @@ class RPCCollector(CollectorFront):
             the worker's device). The trainer then has no weights of its own: the first
             ``update_policy_weights_(weights)`` (a TensorDict, a state dict or a module of the
             workers' policy) lays the weight plane out, and a push without weights sends the
-            weights given last (:mod:`rpc_collectors.planes.factory_weights`).
+            weights given last (:mod:`rpc_collectors.transport.factory_weights`).
         init_fn: called in each worker process before its env and policy are built.
         set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs: as for ``Collector``, in each worker.
         auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for

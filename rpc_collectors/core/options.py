@@ -166,7 +166,7 @@ class Collect(Group):
 
 @dataclasses.dataclass(frozen=True)
 class Batches(Group):
-    """What the trainer hands out (checked by :class:`~rpc_collectors.collection.base.BaseCollector`)."""
+    """What the trainer hands out (checked by :class:`~rpc_collectors.single_process.base_collector.BaseCollector`)."""
 
     frames_per_batch: Any = option(dataclasses.MISSING, "frames per batch (required); a list: one per worker")
     total_frames: int = option(-1, "frames in the whole run; -1: endless")

@@ -8,8 +8,8 @@ plain call in the trainer's own process in the debug launcher).
 * The answers to ``collect``: a batch (a ``TensorDict``), :class:`Ready` (the batch is in a
   shared-memory slot) or :class:`Noted` (a node's batch with its :class:`LocalRestart` and
   :class:`Dropped` records). A worker with batch slots is asked ``collect`` by its doorbell
-  instead (:mod:`~rpc_collectors.planes.doorbell`: slot and version packed, :class:`Ready`
-  answered in a few bytes); :mod:`~rpc_collectors.planes.local_restarts` puts a node's records
+  instead (:mod:`~rpc_collectors.transport.doorbell`: slot and version packed, :class:`Ready`
+  answered in a few bytes); :mod:`~rpc_collectors.transport.local_restarts` puts a node's records
   on an answer and takes them off.
 """
 from __future__ import annotations

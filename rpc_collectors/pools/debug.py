@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from rpc_collectors.core import protocol
-from rpc_collectors.pools.base import WorkerPool, traceback_failure
+from rpc_collectors.pools.pool import WorkerPool, traceback_failure
 from rpc_collectors.worker import server as worker
 
 

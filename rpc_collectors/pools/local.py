@@ -18,9 +18,9 @@ import torch
 
 from rpc_collectors.core.futures import outcome
 from rpc_collectors.core.protocol import CREATE
-from rpc_collectors.planes.rendezvous import Rendezvous, serve_store
-from rpc_collectors.planes.shm import SharedBytes
-from rpc_collectors.pools.base import OnDeath, WorkerPool, traceback_failure
+from rpc_collectors.pools.pool import OnDeath, WorkerPool, traceback_failure
+from rpc_collectors.transport.rendezvous import Rendezvous, serve_store
+from rpc_collectors.transport.shm import SharedBytes
 from rpc_collectors.worker import spawner
 from rpc_collectors.worker.channel import EXIT_WAIT, Channel, ChannelClosed
 

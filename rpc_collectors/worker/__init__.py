@@ -4,6 +4,6 @@
 local worker is driven over (:mod:`.channel`), an env stepped for a batched-inference collector
 (:mod:`.env_steps`), and torch's C++ log threshold (:mod:`.cpp_log`).
 
-May import :mod:`~rpc_collectors.collection` and the layers below. A node runs a multi-worker
+May import :mod:`~rpc_collectors.single_process` and the layers below. A node runs a multi-worker
 collector, a class of a higher layer: it is handed in with the node's spec, never imported.
 """

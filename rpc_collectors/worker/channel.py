@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from rpc_collectors.planes.doorbell import Ends, _read_exactly, _write_all
+from rpc_collectors.transport.doorbell import Ends, _read_exactly, _write_all
 
 REQUEST = struct.Struct("<qq")  # call id, payload bytes
 ANSWER = struct.Struct("<qBq")  # call id, kind, payload bytes

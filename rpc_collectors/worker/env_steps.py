@@ -1,5 +1,5 @@
 """An env worker of a batched-inference collector: it steps its env with the actions the trainer
-writes into its row of the step plane (:mod:`rpc_collectors.planes.step_plane`), and runs no policy.
+writes into its row of the step plane (:mod:`rpc_collectors.transport.step_plane`), and runs no policy.
 
 Per step: wait for the "go" byte, read the action from the row, step the env, write the step's
 result (``"next"``) and the next observation (after a reset, if the episode ended) into the
@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rpc_collectors.collection.envs import GymEnv, is_torchrl_env
-from rpc_collectors.planes.doorbell import _write_all
-from rpc_collectors.planes.slots import SlotSpec, SlotWriter
-from rpc_collectors.planes.step_plane import READY, send_error
+from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env
+from rpc_collectors.transport.doorbell import _write_all
+from rpc_collectors.transport.slots import SlotSpec, SlotWriter
+from rpc_collectors.transport.step_plane import READY, send_error
 
 FLAGS = ("done", "terminated", "truncated")
 

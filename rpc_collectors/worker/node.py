@@ -33,12 +33,12 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from rpc_collectors.collection.batch_record import VERSION, workers_in
-from rpc_collectors.collection.policies import StepPolicy
-from rpc_collectors.collection.trajectories import TRAJ_IDS
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
 from rpc_collectors.core.protocol import Dropped, LocalRestart
+from rpc_collectors.single_process.batch_record import VERSION, workers_in
+from rpc_collectors.single_process.policies import StepPolicy
+from rpc_collectors.single_process.trajectories import TRAJ_IDS
 from rpc_collectors.worker.node_inference import NodeInference
 
 # collector_class: TorchRL's strings and class names -> the node's local collector (None: a single Collector)
@@ -216,7 +216,7 @@ class NodeCollector:
 
     def cut(self, batch: int) -> None:
         """The trainer dropped this node's ``batch``-th batch: the streams of the local workers in it are
-        cut (:mod:`~rpc_collectors.front.continuity`; every local worker's if it is no longer known)."""
+        cut (:mod:`~rpc_collectors.trainer.continuity`; every local worker's if it is no longer known)."""
         with self._busy:
             self.local.continuity.cut(self._handed.get(batch))
 
@@ -225,7 +225,7 @@ class NodeCollector:
 
         Every frame of it was collected with the newest weights the node has passed on: the node
         drops the local batches its workers collected before (at most the requests in flight),
-        which cuts those workers' streams (:mod:`~rpc_collectors.front.continuity`).
+        which cuts those workers' streams (:mod:`~rpc_collectors.trainer.continuity`).
         """
         with self._busy:
             return self._next()

@@ -9,7 +9,7 @@ the batch dim, on the node's device), and answers each worker with its rows of t
 the version of the weights that chose them. The trainer's weights land in that one policy.
 
 The node's socket admits only the node's user's processes that present its token
-(:mod:`rpc_collectors.planes.local_socket`), once per connection, before any request is read.
+(:mod:`rpc_collectors.transport.local_socket`), once per connection, before any request is read.
 Per connection, the first request carries its layout (keys, batch size, shapes, dtypes), pickled
 once, and so does the first answer. A local worker that dies closes its socket (the node forgets
 it; its replacement connects anew). An exception of the policy ends the loop: the node closes
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from tensordict.nn import set_interaction_type
 
-from rpc_collectors.collection.policies import StepPolicy
-from rpc_collectors.planes.local_socket import Address, PrivateListener
+from rpc_collectors.single_process.policies import StepPolicy
+from rpc_collectors.transport.local_socket import Address, PrivateListener
 
 HEADER = struct.Struct("<I")  # length of the pickled layout that follows (0: none)
 VERSION = struct.Struct("<q")

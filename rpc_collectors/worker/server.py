@@ -24,18 +24,18 @@ import torch.distributed.rpc as rpc
 import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
-from rpc_collectors.collection import remote_calls
-from rpc_collectors.collection.collector import Collector
-from rpc_collectors.collection.preemption import Preemption
 from rpc_collectors.core import protocol, worker_warnings
 from rpc_collectors.core.protocol import Noted, Ready, WorkerInfo, WorkerSpec
-from rpc_collectors.planes import doorbell, local_restarts, membership
-from rpc_collectors.planes.factory_weights import signature_of
-from rpc_collectors.planes.rendezvous import Rendezvous, host_id, interface_address, socket_interface, stopped_key, store_client
-from rpc_collectors.planes.shm import SharedBytes
-from rpc_collectors.planes.slots import SlotSpec, SlotWriter
-from rpc_collectors.planes.weight_sync import TransportSpec, WeightReceiver
-from rpc_collectors.planes.weights import FlatWeights, holder_of
+from rpc_collectors.single_process import remote_calls
+from rpc_collectors.single_process.collector import Collector
+from rpc_collectors.single_process.preemption import Preemption
+from rpc_collectors.transport import doorbell, local_restarts, membership, rendezvous
+from rpc_collectors.transport.factory_weights import signature_of
+from rpc_collectors.transport.rendezvous import Rendezvous, host_id, interface_address, socket_interface
+from rpc_collectors.transport.shm import SharedBytes
+from rpc_collectors.transport.slots import SlotSpec, SlotWriter
+from rpc_collectors.transport.weight_sync import TransportSpec, WeightReceiver
+from rpc_collectors.transport.weights import FlatWeights, holder_of
 from rpc_collectors.worker import channel, cpp_log, spawner
 from rpc_collectors.worker.env_steps import EnvSteps, step_row
 from rpc_collectors.worker.node import NodeCollector
@@ -125,7 +125,7 @@ class WorkerState:
         return self.collector.policy.module if self.collector.policy is not None else None
 
     def weights_signature(self) -> tuple | None:
-        """What this worker's policy holds (:mod:`~rpc_collectors.planes.factory_weights`); None: a node taking any."""
+        """What this worker's policy holds (:mod:`~rpc_collectors.transport.factory_weights`); None: a node taking any."""
         if isinstance(self.collector, NodeCollector) and self.collector.module is None:
             return None
         return signature_of(self._module())
@@ -159,7 +159,7 @@ class WorkerState:
     def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready | Noted:
         """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned;
         a node's answer carries its local restarts and own drops since its last
-        (:mod:`~rpc_collectors.planes.local_restarts`)."""
+        (:mod:`~rpc_collectors.transport.local_restarts`)."""
         if self.preemption is not None:
             self.preemption.begin()
         if self.receiver is not None:
@@ -328,7 +328,7 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     if rdv.dynamic:  # its peers may die and be replaced: TensorPipe would log each of their connections
         cpp_log.level().value = cpp_log.ERROR
     name = worker_name(rdv.rank, rdv.session)
-    store = store_client(rdv, rpc_timeout)
+    store = rendezvous.store_client(rdv, rpc_timeout)
     if rdv.dynamic:  # one join at a time (see membership.membership_lock)
         with membership.membership_lock(store, name, rpc_timeout):
             membership.clear_for_join(store, rpc._init_counter, TRAINER)
@@ -339,7 +339,7 @@ def serve(rdv: Rendezvous, rpc_timeout: float) -> int:
     code = watch_trainer(name, rdv.rank, rpc_timeout)
     if _stop.is_set():  # stopped by the trainer: let its agent stop first (see stop())
         with contextlib.suppress(RuntimeError):
-            store.wait([stopped_key(rdv)], datetime.timedelta(seconds=min(rpc_timeout, STOP_GRACE)))
+            store.wait([rendezvous.stopped_key(rdv)], datetime.timedelta(seconds=min(rpc_timeout, STOP_GRACE)))
     if _state is not None:
         _state.close()
     rpc.shutdown(graceful=False)
@@ -390,7 +390,7 @@ class LocalServer:
 
 def local_main(rank: int, *ends: Any) -> int:
     """Entry point of a local worker process started by the spawner: serve the trainer's channel
-    (``ends``: the fields of its :class:`~rpc_collectors.planes.doorbell.Ends`) until it closes."""
+    (``ends``: the fields of its :class:`~rpc_collectors.transport.doorbell.Ends`) until it closes."""
     torch.set_num_threads(1)
     name_process(f"rpc-worker{rank - 1}")
     server = LocalServer(rank)

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
-from rpc_collectors.planes.rendezvous import Rendezvous, serve_store, stopped_key, store_client
-from rpc_collectors.pools.base import WorkerPool, traceback_failure
+from rpc_collectors.pools.pool import WorkerPool, traceback_failure
+from rpc_collectors.transport.rendezvous import Rendezvous, serve_store, stopped_key, store_client
 from rpc_collectors.worker import cpp_log, spawner
 from rpc_collectors.worker import server as worker
 

@@ -23,8 +23,8 @@ import submitit
 
 from rpc_collectors.cluster.elastic import JOIN_VARIABLE
 from rpc_collectors.cluster.jobs import CollectorJobs, trainer_interface
-from rpc_collectors.planes.rendezvous import Rendezvous, free_port, interface_address
-from rpc_collectors.pools.ranks.elastic import ElasticPool
+from rpc_collectors.pools.ranks.elastic_pool import ElasticPool
+from rpc_collectors.transport.rendezvous import Rendezvous, free_port, interface_address
 
 STATE_POLL_S = 2.0  # how often the constructor asks SLURM about jobs that have not joined yet
 RESUBMIT_POLL_S = 10.0  # how often SLURM is asked which collector jobs it ended

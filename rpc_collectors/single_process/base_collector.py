@@ -1,0 +1,399 @@
+"""What every collector shares: the batch iterator, frame accounting, background collection."""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+import torch
+from tensordict import LazyStackedTensorDict, TensorDictBase
+
+from rpc_collectors.core import checks, torchrl_args
+from rpc_collectors.single_process import remote_calls
+from rpc_collectors.single_process.batch_record import MASK, BatchRecord, frames_per_worker, take
+from rpc_collectors.single_process.preemption import valid_frames
+from rpc_collectors.single_process.private_keys import drop_private_keys
+from rpc_collectors.single_process.profiling import STARTED, ProfileConfig, RolloutProfiler
+from rpc_collectors.single_process.trajectories import TRAJ_IDS, shift_ids, split_trajectories
+from rpc_collectors.single_process.trajectory_progress import TrajectoryProgress
+from rpc_collectors.single_process.whole_trajectories import WholeTrajectories, emit, on_buffer_device
+
+
+class BaseCollector:
+    """Common base of all collectors.
+
+    Subclasses implement ``_collect_batch()`` (one batch, in TorchRL's layout),
+    ``update_policy_weights_``, ``set_seed``, ``state_dict``/``load_state_dict`` and
+    ``_shutdown``. Iterating yields batches until ``total_frames`` is reached (forever when it
+    is -1), without private keys; with a ``replay_buffer`` each batch is written there and the iterator yields None.
+
+    ``last_batch`` is the :class:`~rpc_collectors.single_process.batch_record.BatchRecord` of the batch handed
+    out last (frames, the weight versions that chose its actions, how far they were behind the
+    trainer's, the frames of each worker), whether or not the batch carries
+    ``("collector", "policy_version")`` and ``("collector", "worker_id")`` (``track_policy_version=True``).
+    """
+
+    _runs_post_hook = True  # False where the hook runs in the workers (multi-worker collectors)
+    _exclude_private_keys = True  # TorchRL's attribute: False keeps private entries in the batches
+    _sources_drop_private_keys = False  # True where batches come from collectors that dropped them (workers)
+    _use_buffers: bool | None = None  # whether batches are dense TensorDicts (None: not known before the first)
+    track_policy_version = False  # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
+    keep_version_key = False  # a worker's or node's collector: its batches keep the keys for the trainer to read
+    policy_version = 0  # the weights version every worker acknowledged (a multi-worker collector: None if they differ)
+    dropped_frames = 0  # frames collected and not handed out (multi-worker collectors drop some)
+    _stream_key: str | tuple = TRAJ_IDS  # what tells a batch's trajectories apart (stats() counters)
+    run_start = 0  # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
+
+    def __init__(
+        self,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        split_trajs: bool | None = False,
+        postproc: Any = None,
+        replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
+        replay_write_mode: str | None = None,
+    ) -> None:
+        self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
+        self.requested_frames_per_batch = self.frames_per_batch  # before it is rounded to the envs or workers
+        self.total_frames = checks.total_frames(total_frames)
+        self.split_trajs = checks.boolean("split_trajs", False if split_trajs is None else split_trajs)  # TorchRL's None
+        self.postproc = checks.optional_callable("postproc", postproc)
+        self.replay_buffer = checks.replay_buffer(replay_buffer)
+        self.extend_buffer = checks.boolean("extend_buffer", extend_buffer)
+        if not self.extend_buffer and self.replay_buffer is not None:
+            checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
+        self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
+        self.trajs_per_batch = checks.optional_positive_int("trajs_per_batch", trajs_per_batch)
+        self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs, self.replay_buffer)
+        self.replay_write_mode = torchrl_args.replay_write_mode(replay_write_mode, self.replay_buffer, self.trajs_per_batch)
+        self.trajs_per_write = torchrl_args.trajs_per_write(
+            trajs_per_write, self.replay_write_mode == "trajectory", self.replay_buffer)
+        self.progress = TrajectoryProgress(self._stream_key)
+        self._frames = 0
+        self._iter = 0
+        self._assembly = WholeTrajectories()  # trajs_per_batch: the trajectories held back
+        self.last_batch: BatchRecord | None = None
+        self._worker_ids: torch.Tensor | None = None  # of the last batch's steps, for extend_buffer=False
+        self._worker_totals: dict[int, list[int]] = {}  # frames and batches each worker delivered
+        self._iterator: Iterator | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._thread_error: BaseException | None = None
+        self._batch_lock = threading.RLock()  # held by the background thread while it collects and writes a batch
+        self._closed = False  # shutdown() completed
+        self._iteration_started = False
+        self._profile_config: ProfileConfig | None = None
+        self._profiler: RolloutProfiler | None = None  # enable_profile in this process
+        self._closing = False  # shutdown() began: no new work, waits end
+
+    # ------------------------------------------------------------------ iteration
+    @property
+    def frames(self) -> int:
+        """Frames collected so far in this run."""
+        return self._frames
+
+    @property
+    def whole_trajectories(self) -> bool:
+        """Whether batches are cut into whole trajectories (``trajs_per_batch``, ``replay_write_mode="trajectory"``)."""
+        return self.trajs_per_batch is not None or self.replay_write_mode == "trajectory"
+
+    def _finished(self) -> bool:
+        return self.total_frames != -1 and self._frames >= self.total_frames
+
+    def __len__(self) -> int:
+        if self.total_frames == -1:
+            raise TypeError("len() of an endless collector (total_frames=-1) is undefined")
+        return -(-self.total_frames // self.frames_per_batch)
+
+    def __iter__(self) -> Iterator[TensorDictBase | None]:
+        return self.iterator()
+
+    def iterator(self) -> Iterator[TensorDictBase | None]:
+        """Yield batches until ``total_frames`` frames were collected (with ``trajs_per_batch``:
+        batches of whole trajectories, from those frames)."""
+        if self.whole_trajectories:
+            yield from self._whole_trajectories()
+            return
+        for batch in self._processed_batches():
+            if self.replay_buffer is not None:
+                self._extend(batch)
+                self.progress.written_frames += valid_frames(batch)
+                yield None
+            else:
+                yield batch
+
+    def _processed_batches(self) -> Iterator[TensorDictBase]:
+        self._iteration_started = True
+        while not self._finished():
+            if self._closing:
+                raise RuntimeError(f"{type(self).__name__} was shut down")
+            profiler = self._profiler
+            if profiler is not None:
+                profiler.before_batch()
+            batch = self._collect_batch()
+            shift_ids(batch, self.run_start)
+            if profiler is not None:
+                profiler.after_batch()
+            frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds
+            self._frames += frames
+            self._iter += 1
+            self.progress.add(batch)
+            mask = batch.get(MASK, None) if isinstance(batch, TensorDictBase) else None
+            versions, self._worker_ids = take(batch, self.track_policy_version or self.keep_version_key)
+            if versions is not None:
+                workers = frames_per_worker(self._worker_ids, mask)
+                self.last_batch = BatchRecord(self._iter, frames, *versions, self._newest_version(), workers)
+                for worker, count in (workers or {}).items():
+                    totals = self._worker_totals.setdefault(worker, [0, 0])
+                    totals[0], totals[1] = totals[0] + count, totals[1] + 1
+            if self._use_buffers is None and isinstance(batch, TensorDictBase):
+                self._use_buffers = not isinstance(batch, LazyStackedTensorDict)
+            batch = self._postprocess(self._place(batch))
+            if self._runs_post_hook and self.post_collect_hook is not None:
+                self.post_collect_hook(batch)
+            yield batch
+
+    def _postprocess(self, batch: TensorDictBase) -> TensorDictBase:
+        """``split_trajs``, ``postproc``, then private entries dropped, as TorchRL's collectors do."""
+        if self.split_trajs:
+            batch = split_trajectories(batch)
+        if self.postproc is not None:
+            batch = self.postproc(batch)
+        if self._exclude_private_keys and (self.postproc is not None or not self._sources_drop_private_keys):
+            batch = drop_private_keys(batch)
+        return batch
+
+    def _delivered_frames(self, worker: int) -> int:
+        """The frames of worker ``worker`` in the batches handed out so far."""
+        return self._worker_totals.get(worker, (0, 0))[0]
+
+    def stats(self) -> dict[str, int | bool]:
+        """TorchRL's progress snapshot, plain ints and bools (JSON-serializable): ``"frames"``,
+        ``"batches"``, ``"requested_frames_per_batch"``, ``"total_frames"`` and ``"completed"``
+        (not for an endless run), ``"policy_version"`` with ``track_policy_version=True`` (while
+        every worker acknowledged one), and the progress counters of TorchRL's next release:
+        ``"stepped_frames"`` (``frames`` + ``dropped_frames``), ``"trajectory_completed_frames"`` and
+        ``"trajectory_pending_frames"`` (the frames handed out of ended and of running trajectories:
+        they add up to ``frames``), ``"completed_trajectories"`` and ``"replay_written_frames"``."""
+        stats: dict[str, int | bool] = {"frames": int(self._frames), "batches": int(self._iter)}
+        if self.total_frames >= 0:
+            stats.update(total_frames=int(self.total_frames), completed=self._frames >= self.total_frames)
+        stats["requested_frames_per_batch"] = int(self.requested_frames_per_batch)
+        if self.track_policy_version and self.policy_version is not None:
+            stats["policy_version"] = int(self.policy_version)
+        return {**stats, "stepped_frames": int(self._frames + self.dropped_frames), **self.progress.counters()}
+
+    def worker_policy_versions(self) -> list[int | None]:
+        """TorchRL's: the weights version each worker acknowledged (None: a push to it is in
+        flight, or its slot has no worker); a single-process collector is its own one worker."""
+        return [self.policy_version]
+
+    def _newest_version(self) -> int:
+        """The version of the newest weights given to ``update_policy_weights_`` (``BatchRecord.trainer_version``)."""
+        return self.policy_version
+
+    def enable_profile(
+        self, *, workers: list[int] | None = None, num_rollouts: int = 3, warmup_rollouts: int = 1,
+        save_path: Any = None, activities: list[str] | None = None, record_shapes: bool = True,
+        profile_memory: bool = False, with_stack: bool = True, with_flops: bool = False, on_trace_ready: Any = None,
+    ) -> None:
+        """TorchRL's: ``torch.profiler`` around batches ``warmup_rollouts`` to ``num_rollouts - 1``
+        (from 0), the trace written to ``save_path`` (``{worker_idx}`` filled in; default
+        ``./collector_profile_{worker_idx}.json``) or handed to ``on_trace_ready``. Multi-worker
+        collectors refuse it (``workers`` is accepted and ignored here, as TorchRL's single-process
+        collector does); a RuntimeError once iteration began."""
+        if self._iteration_started:
+            raise RuntimeError(STARTED)
+        config = ProfileConfig(
+            workers=[0] if workers is None else list(workers), num_rollouts=num_rollouts, warmup_rollouts=warmup_rollouts,
+            save_path=save_path, activities=["cpu", "cuda"] if activities is None else list(activities),
+            record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops,
+            on_trace_ready=on_trace_ready,
+        )
+        self._start_profile(config)
+        self._profile_config = config
+
+    def _start_profile(self, config: ProfileConfig) -> None:
+        self._profiler = RolloutProfiler(config, getattr(self, "worker_idx", None) or 0)
+
+    def disable_profile(self) -> None:
+        """Stop a profile in progress (its trace is written) and profile no more batches."""
+        if self._profiler is not None:
+            self._profiler.stop()
+        self._profiler = self._profile_config = None
+
+    @property
+    def profile_config(self) -> ProfileConfig | None:
+        """What ``enable_profile`` was given; None without it."""
+        return self._profile_config
+
+    def get_distant_attr(self, attr: str) -> Any:
+        """TorchRL's: the attribute at the dotted path ``attr`` (a multi-worker collector: each worker's)."""
+        return remote_calls.attribute(self, attr)
+
+    def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
+        """TorchRL's: ``method_name`` (a dotted path) called once per entry of ``list_of_args`` and
+        ``list_of_kwargs``; the results in order (a multi-worker collector: one entry per worker)."""
+        return remote_calls.call_entries(self, method_name, list_of_args, list_of_kwargs)
+
+    def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
+        """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
+        buffer (``replay_write_mode="trajectory"``), the trajectories that completed with each batch
+        written to it flat (``[T]``), ``trajs_per_write`` per ``extend()`` (all of them if None)."""
+        assembled = self._assembly
+        for batch in self._processed_batches():
+            assembled.add(batch)
+            if self._discards_in_flight():
+                assembled.drop_in_flight()
+            if self.replay_buffer is not None:
+                trajectories = assembled.take()
+                step = self.trajs_per_write or max(len(trajectories), 1)
+                for start in range(0, len(trajectories), step):
+                    written = torch.cat(trajectories[start:start + step], 0)
+                    self.replay_buffer.extend(on_buffer_device(written, self.replay_buffer))
+                    self.progress.written_frames += written.numel()
+                yield None
+            else:
+                while len(assembled.complete) >= self.trajs_per_batch:
+                    yield emit(assembled.take(self.trajs_per_batch), self.traj_format)
+
+    @property
+    def _traj_assembly(self) -> tuple[dict, list]:
+        """TorchRL's: the trajectories ``trajs_per_batch`` holds back, in flight and complete."""
+        return self._assembly.in_flight, self._assembly.complete
+
+    def _discards_in_flight(self) -> bool:
+        """Whether every batch starts from a reset, so trajectories in flight never complete."""
+        return False
+
+    def _extend(self, batch: TensorDictBase) -> None:
+        """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is, or
+        with ``extend_buffer=False`` step by step)."""
+        if self.extend_buffer:
+            self.replay_buffer.extend(on_buffer_device(batch, self.replay_buffer))
+        else:
+            for step in batch.unbind(batch.batch_dims - 1):
+                self.replay_buffer.add(step)
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch (None with a replay buffer); StopIteration when the run is complete."""
+        if self._iterator is None:
+            self._iterator = self.iterator()
+        return next(self._iterator)
+
+    def _place(self, batch: TensorDictBase) -> TensorDictBase:
+        """``batch``, counted where it was collected, where the user gets it (a storing device)."""
+        return batch
+
+    def _collect_batch(self) -> TensorDictBase:
+        raise NotImplementedError
+
+    # ------------------------------------------------------ background collection
+    def start(self) -> None:
+        """Collect in a background thread into ``replay_buffer`` until ``async_shutdown``."""
+        if self.replay_buffer is None:
+            raise RuntimeError("start() needs a replay_buffer: pass replay_buffer=... to the constructor")
+        if self._thread is not None:
+            raise RuntimeError("start() was already called")
+        self._thread = threading.Thread(target=self._run_background, name="collector", daemon=True)
+        self._thread.start()
+
+    def _run_background(self) -> None:
+        batches = self.iterator()
+        try:
+            while not self._stop.is_set():
+                with self._batch_lock:  # pause() waits for the batch in progress, then holds the thread here
+                    if self._stop.is_set() or next(batches, StopIteration) is StopIteration:
+                        break
+        except BaseException as err:  # reported by async_shutdown
+            self._thread_error = err
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Pause background collection (``start()``) for the ``with`` block, as TorchRL's
+        ``pause()``: the batch in progress is written first, then nothing reaches the replay
+        buffer until the block ends and collection resumes. A RuntimeError if it is not running.
+        Pauses nest: an inner ``pause()`` in the same thread returns at once."""
+        while not (self.running and self._batch_lock.acquire(timeout=0.1)):
+            if not self.running:
+                raise RuntimeError(
+                    f"{type(self).__name__} cannot be paused: it is not collecting in the background (call start() first)"
+                )
+        try:
+            yield
+        finally:
+            self._batch_lock.release()
+
+    @contextlib.contextmanager
+    def between_batches(self) -> Iterator[None]:
+        """Hold background collection (``start()``) between two batches for the ``with`` block, as
+        :meth:`pause` does, and do nothing when it is not running: the collector's state and the
+        replay buffer's content then agree (``RunCheckpoint.save`` uses it)."""
+        with self._batch_lock:
+            yield
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop background collection after the current batch, then shut down.
+
+        Raises the background thread's error, if it had one; batches already written to the
+        replay buffer stay there.
+        """
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise TimeoutError(f"async_shutdown: the collection thread did not stop within {timeout} s")
+        self.shutdown(close_env=close_env)
+        if self._thread_error is not None:
+            error, self._thread_error = self._thread_error, None
+            raise error
+
+    @property
+    def running(self) -> bool:
+        """Whether background collection (``start()``) is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------------ lifecycle
+    def init_updater(self, *args: Any, **kwargs: Any) -> None:
+        """Prepare weight updates ahead of the first ``update_policy_weights_`` call.
+
+        Nothing is left to prepare here; the arguments of TorchRL's weight updaters are accepted
+        and ignored, as TorchRL does when a collector has no updater.
+        """
+
+    def shutdown(self, close_env: bool = True) -> None:
+        """Release workers and envs; bounded in time and safe to call more than once.
+
+        A call interrupted (Ctrl-C) leaves the rest of the work to the next call.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        self._stop.set()
+        if self._profiler is not None:  # the batches profiled so far
+            self._profiler.stop()
+        self._shutdown(close_env)
+        self._closed = True
+
+    def _shutdown(self, close_env: bool) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> "BaseCollector":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def _base_state(self) -> dict:
+        return {"frames": self._frames, "iteration": self._iter, "progress": self.progress.state()}
+
+    def _load_base_state(self, state: dict) -> None:
+        self._frames, self._iter = int(state["frames"]), int(state["iteration"])
+        self.progress.load(state.get("progress"))

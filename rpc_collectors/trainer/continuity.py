@@ -1,0 +1,88 @@
+"""Trajectory continuity: where a worker's stream is cut, its trajectories end.
+
+Within one trajectory id the steps a collector hands out are consecutive. Whatever drops frames
+of a worker's stream goes through :class:`Continuity`, which owns the rule:
+
+* a batch dropped (``max_policy_lag``, or a node's stale local batch) is counted in
+  ``dropped_frames``/``dropped_batches`` (a node's own drops as it tells them, with its next
+  answer) and cuts its workers' streams: each is told to go on
+  under new trajectory ids from its next step (:meth:`~rpc_collectors.single_process.collector.Collector.cut`;
+  a node cuts those of the local workers in the batch), its env not reset;
+* a worker's batches asked before its cut reached it continue the dropped one: they are dropped too;
+* a worker replaced (``max_worker_restarts``) or a collector that joins starts afresh: a new env
+  under ids above any its slot used (:class:`~rpc_collectors.transport.membership.Restarts`), and
+  what its predecessor was asked is asked of it again (nothing stale);
+* a resume (``load_state_dict``) restarts every env under ids above the saved ones: batches
+  asked before it are dropped.
+
+The frames before such a cut were handed out already (the last batch kept) or are dropped, so
+none is left to mark truncated here; a resume starts ids in a range of its own
+(:func:`~rpc_collectors.single_process.trajectories.shift_ids`).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from tensordict import TensorDictBase
+
+from rpc_collectors.core.protocol import WorkerCalls
+from rpc_collectors.single_process.batch_record import workers_in
+from rpc_collectors.trainer.roster import WorkerRecord
+
+
+class StreamOwner(Protocol):
+    """What :class:`Continuity` uses of its collector front: the workers, their records and its calls to them."""
+
+    num_workers: int
+    workers: Any
+    roster: list[WorkerRecord]
+    gather: Callable[..., list]
+    deferred: WorkerCalls[Callable[[], Any]]
+
+
+class Continuity:
+    """The stream cuts of one collector front, and the frames and batches it dropped."""
+
+    def __init__(self, front: StreamOwner) -> None:
+        self.front = front
+        self.stale = [0] * front.num_workers  # answers still due from each worker that were asked before its cut
+        self.dropped_frames = self.dropped_batches = 0  # counted here, or by a node, which tells its own
+
+    def drop(self, batch: TensorDictBase, worker_ids: list[int] | None = None) -> None:
+        """Drop ``batch`` (of ``worker_ids``; default: the workers its steps name): count it, cut their streams."""
+        self._count(batch)
+        self.cut(workers_in(batch) if worker_ids is None else worker_ids)
+
+    def cut(self, worker_ids: list[int] | None = None) -> None:
+        """Cut the streams of ``worker_ids`` (default: every worker) where their last batch ended."""
+        front = self.front
+        worker_ids = [i for i in (range(front.num_workers) if worker_ids is None else worker_ids) if front.workers.serves(i)]
+        for worker_id in worker_ids:
+            self.stale[worker_id] = front.roster[worker_id].outstanding
+        # which answer of the worker's process the cut follows (a node cuts the local workers in it)
+        front.gather({i: front.deferred.cut(i, front.roster[i].requests - front.roster[i].outstanding) for i in worker_ids})
+
+    def kept(self, worker_id: int, batch: TensorDictBase) -> bool:
+        """Whether ``batch``, the answer of ``worker_id``, goes on: False (counted as dropped) if it was
+        asked before the worker's stream was cut."""
+        if not self.stale[worker_id]:
+            return True
+        self.stale[worker_id] -= 1
+        self._count(batch)
+        return False
+
+    def _count(self, batch: TensorDictBase) -> None:
+        self.count(batch.numel(), 1)
+
+    def count(self, frames: int, batches: int) -> None:
+        """Count ``frames`` in ``batches`` dropped: here, or by a node, which tells them with its answers."""
+        self.dropped_frames, self.dropped_batches = self.dropped_frames + frames, self.dropped_batches + batches
+
+    def resumed(self) -> None:
+        """Every worker loaded a saved state (its envs restart): what they were asked before is stale."""
+        for worker_id, record in enumerate(self.front.roster):
+            self.stale[worker_id] = record.outstanding
+
+    def replaced(self, worker_id: int) -> None:
+        """A new process serves ``worker_id`` (fresh env, fresh ids): nothing it answers is stale."""
+        self.stale[worker_id] = 0

@@ -1,0 +1,150 @@
+"""The inference loop of a batched-inference collector: one thread in the trainer's process that
+runs the policy on the largest batch of ready observations and hands out full batches.
+
+Each turn it sleeps until some env is ready (:meth:`StepPlane.wait`), records the transitions
+the ready envs completed (:class:`~rpc_collectors.trainer.transitions.Transitions`), then acts:
+it gathers the ready envs' observations (at most ``max_batch_size`` per forward pass, waiting up
+to ``timeout`` s for ``min_batch_size`` of them), calls the policy once under the collector's
+lock, writes the actions into the envs' rows and rings them. The policy is the trainer's own
+object: weights the trainer changes are used by the next forward pass, which is stamped with the
+collector's ``policy_version`` at that moment.
+
+Full batches wait in a queue of ``prefetch``; when it is full the loop waits, and so do the
+envs. An env that ended (its worker died, or its env raised) and an exception of the policy
+are handed to ``on_failure`` / put in ``errors``; the loop never raises. An env that
+``on_failure`` replaced has its stream cut there (:meth:`Transitions.cut`).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+from tensordict.nn import set_interaction_type
+
+from rpc_collectors.trainer.transitions import Transitions
+from rpc_collectors.transport.step_plane import StepPlane
+
+POLL = 0.5  # seconds between checks of the stop flag while nothing happens
+
+
+class Stopped(Exception):
+    """Internal: the loop was asked to stop while it waited."""
+
+
+class InferenceLoop:
+    """The loop's thread and what it shares with the collector.
+
+    Args:
+        plane: the envs' rows and doorbells.
+        transitions: where completed transitions go.
+        policy: ``policy(inputs, batch_size) -> {key: tensor}`` (a :class:`~rpc_collectors.single_process.policies.StepPolicy`).
+        lock: held around each forward pass; the collector holds it to change weights.
+        version: returns the weights version of the policy now.
+        on_failure: ``on_failure(env, traceback) -> bool``, called in the loop for an env that
+            ended: True if the env was replaced (it answers again), False to stop the loop
+            (``on_failure`` put the error in ``errors``).
+        max_batch_size, min_batch_size, timeout: batching of the forward pass, as TorchRL's server.
+        exploration_type: the interaction type set around each forward pass.
+        prefetch: full batches that may wait.
+    """
+
+    def __init__(
+        self, plane: StepPlane, transitions: Transitions, policy: Callable, lock: threading.Lock,
+        version: Callable[[], int], on_failure: Callable[[int, str], bool], *, max_batch_size: int,
+        min_batch_size: int, timeout: float, exploration_type: Any, prefetch: int,
+    ) -> None:
+        self.plane, self.transitions, self.policy, self.lock = plane, transitions, policy, lock
+        self.version, self.on_failure = version, on_failure
+        self.max_batch_size, self.min_batch_size, self.timeout = max_batch_size, min_batch_size, timeout
+        self.exploration_type = exploration_type
+        self.batches: queue.Queue = queue.Queue(prefetch)
+        self.errors: queue.SimpleQueue = queue.SimpleQueue()  # what ended the loop, for the user
+        self.acting = [False] * plane.num_envs  # an action is in flight: its answer completes a transition
+        self.waiting: list[int] = []  # ready envs not acted for yet
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="rpc-collectors-inference", daemon=True)
+
+    def start(self) -> None:
+        """Start the loop, once."""
+        if not self.thread.is_alive() and not self.stop.is_set():
+            self.thread.start()
+
+    def close(self, timeout: float) -> None:
+        """Stop the loop; wait up to ``timeout`` s for its thread."""
+        self.stop.set()
+        self.plane.wake()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+
+    def put(self, item: Any) -> None:
+        """Queue a batch for the user, waiting while the queue is full."""
+        while True:
+            if self.stop.is_set():
+                raise Stopped
+            try:
+                self.batches.put(item, timeout=POLL)
+                return
+            except queue.Full:
+                continue
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self._turn(POLL)
+        except Stopped:
+            pass
+        except BaseException as err:  # the policy raised (or the loop failed): the user gets it once
+            self.errors.put(err)
+        finally:  # the loop never starts again
+            self.stop.set()
+
+    def _turn(self, wait: float) -> None:
+        self._poll(0 if self.waiting else wait)
+        if 0 < len(self.waiting) < self.min_batch_size:  # TorchRL's min_batch_size: wait a little for more
+            deadline = time.monotonic() + self.timeout
+            while len(self.waiting) < self.min_batch_size and (left := deadline - time.monotonic()) > 0:
+                self._poll(left)
+        while self.waiting:
+            envs, self.waiting = self.waiting[:self.max_batch_size], self.waiting[self.max_batch_size:]
+            self._act(envs)
+
+    def _poll(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for envs; hand those that ended to ``on_failure``."""
+        ready, ended = self.plane.wait(timeout)
+        for env, text in ended.items():
+            self.acting[env] = False
+            self.waiting = [e for e in self.waiting if e != env]
+            if not self.on_failure(env, text):
+                raise Stopped
+            for batch in self.transitions.cut(env):  # the replacement starts from a reset
+                self.put(batch)
+        self._answered(ready)
+
+    def _answered(self, ready: list[int]) -> None:
+        """Record the transitions ``ready`` completed; they wait for actions now."""
+        completed = [env for env in ready if self.acting[env]]
+        if completed:
+            for batch in self.transitions.record(completed):
+                self.put(batch)
+        for env in ready:
+            self.acting[env] = False
+        self.waiting.extend(ready)
+
+    def _act(self, envs: list[int]) -> None:
+        index = torch.tensor(envs, dtype=torch.int64)
+        rows = self.plane.rows
+        inputs = {key: rows.get(key).index_select(0, index) for key in self.transitions.obs_keys}
+        with self.lock, torch.no_grad(), set_interaction_type(self.exploration_type):
+            outputs = self.policy(inputs, torch.Size([len(envs)]))
+            version = self.version()
+        self.transitions.stage(index, inputs, outputs, version)  # raises if the outputs changed their shapes
+        action = rows.get("action")
+        action.index_copy_(0, index, outputs["action"].reshape(len(envs), *action.shape[1:]).to(action.dtype))
+        for env in envs:
+            self.acting[env] = True
+        gone = self.plane.go(envs)
+        for env in gone:  # its worker died: the wait reports it
+            self.acting[env] = False

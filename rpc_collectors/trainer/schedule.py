@@ -1,0 +1,246 @@
+"""The request/wait loop of a collector front, and its sync and async schedules.
+
+Sync: every worker is asked for a batch and the round's answers are combined in the class's
+layout (``cat_results``); with ``preemptive_threshold`` the others are stopped once enough handed in.
+Async: each worker keeps its request depth in flight, and the first batch ready is handed out,
+unless :mod:`.continuity` or :mod:`.policy_lag` drops it. Every answer arrives through the front's
+one :class:`~rpc_collectors.trainer.events.Events`; a failed worker raises
+:class:`~rpc_collectors.core.errors.Failure`, which :class:`~rpc_collectors.trainer.recovery.Recovery`
+handles before the loop asks again. :class:`Schedule` owns the state of the loop: the sync round in
+progress, the async worker whose batch the trainer holds, the elastic run's batch layout.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol
+
+import torch
+from tensordict import TensorDictBase
+
+from rpc_collectors.core.errors import Failure
+from rpc_collectors.single_process import preemption
+from rpc_collectors.trainer import node_restarts, policy_lag
+from rpc_collectors.trainer.continuity import Continuity
+from rpc_collectors.trainer.events import BATCH, Answer, Events, Joined
+from rpc_collectors.trainer.recovery import Recovery
+from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.trainer.waits import Waits
+from rpc_collectors.trainer.weight_pushes import WeightPusher
+from rpc_collectors.transport import layouts
+from rpc_collectors.transport.data import BatchPlane
+from rpc_collectors.transport.membership import Restarts
+
+
+class Scheduled(Protocol):
+    """What :class:`Schedule` uses of its collector front: the run's settings and the front's parts."""
+
+    num_workers: int
+    sync: bool
+    elastic: bool
+    join_timeout: float
+    cat_results: str | int
+    preempt_after: int | None
+    update_after_each_batch: bool
+    max_weight_update_interval: int
+    worker_frames: int
+    max_policy_lag: int | None
+    workers: Any
+    roster: list[WorkerRecord]
+    restarts: Restarts
+    events: Events
+    waits: Waits
+    recovery: Recovery
+    continuity: Continuity
+    pusher: WeightPusher
+    _batches: BatchPlane | None
+
+    def shared(self, method: Callable[..., Any], *args: Any) -> Any: ...
+
+
+class Schedule:
+    """The batch requests of one collector front and the order its batches are handed out in."""
+
+    def __init__(self, front: Scheduled) -> None:
+        self.front = front
+        self.round: dict[int, Any] | None = None  # the answers of a sync round in progress
+        self.last_async: int | None = None  # async: the worker whose batch the trainer holds
+        self.layout: dict | None = None  # elastic: keys, shapes and dtypes of the run's first batch
+
+    # ---------------------------------------------------------------- the loop
+    def deadline(self) -> float:
+        """Until when to wait for the next batch: each outstanding request's answer within rpc_timeout
+        of when its worker began on it (async too: one worker's answers never cover another's silence);
+        with none outstanding (elastic, vacant slots), a collector within join_timeout."""
+        front = self.front
+        oldest = front.waits.batch_deadline()
+        if oldest is not None:
+            return oldest[0]
+        return front.waits.deadline() if not front.elastic else time.monotonic() + front.join_timeout
+
+    def next_batch(self) -> tuple[int, Any]:
+        """The next worker's batch answer (worker id, batch or ``Ready``); collectors that join
+        meanwhile (elastic) are admitted. Deaths and timeouts raise :class:`Failure`."""
+        front = self.front
+        deadline = self.deadline()
+        while True:
+            item = front.events.take(lambda e: isinstance(e, Joined) or (isinstance(e, Answer) and e.tag == BATCH),
+                                     deadline, front.waits.check)
+            if item is None:
+                oldest = front.waits.batch_deadline()
+                if oldest is None:
+                    raise front.recovery.no_collector()
+                raise front.waits.late(oldest[1])
+            if isinstance(item, Joined):
+                front.recovery.admit(item.rank)
+                deadline = self.deadline()
+                continue
+            record = front.roster[item.worker_id]
+            if item.generation != record.generation:
+                continue  # the answer of a replaced worker
+            result = front.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
+            record.answered()
+            result, dropped = node_restarts.heard(record, item.worker_id, result)  # a node's restarts and drops come with it
+            front.continuity.count(dropped.frames, dropped.batches)
+            if front.pusher.plane is not None:
+                front.pusher.plane.delivered(item.worker_id)
+            if front.elastic:
+                self._same_layout(item.worker_id, result)
+            return item.worker_id, result
+
+    def _same_layout(self, worker_id: int, result: Any) -> None:
+        """Elastic: a member whose batch does not match the run's first one (keys, shapes,
+        dtypes) fails, so its slot falls vacant, instead of mixing layouts in the run."""
+        if not isinstance(result, TensorDictBase):  # in its own slots, laid out from its first batch
+            return
+        signature = layouts.signature_of(result)
+        if self.layout is None:
+            self.layout = signature
+        differs = layouts.difference(signature, self.layout) if signature and self.layout else ""
+        if differs:
+            raise Failure(worker_id, f"delivered a batch unlike the run's: {differs}")
+
+    def next_answer(self) -> tuple[int, Any]:
+        """:meth:`next_batch`, recovering failed workers; a replacement is asked what its
+        predecessor left unanswered."""
+        front = self.front
+        while True:
+            try:
+                return self.next_batch()
+            except Failure as failed:
+                front.recovery.recover(failed)
+                for worker_id, record in enumerate(front.roster):
+                    for _ in range(record.redo):
+                        self.request(worker_id)
+
+    def request(self, worker_id: int, again: bool = False) -> None:
+        """Ask ``worker_id`` for its next batch (``again``, or a request its predecessor left:
+        into the same slot); a vacant elastic slot is asked once a collector takes it."""
+        front = self.front
+        if not front.workers.serves(worker_id):
+            return
+        record = front.roster[worker_id]
+        again = again or record.redo > 0
+        weights = front.pusher.plane
+        if not again and weights is not None and weights.needs_update(
+                worker_id, front.update_after_each_batch, front.max_weight_update_interval):
+            front.pusher.push(list(range(front.num_workers)) if front.sync else [worker_id])
+        min_version = weights.min_version[worker_id] if weights is not None else 0
+        slot = front._batches.slot_for(worker_id, again)
+        fut = front._batches.ring(worker_id, min_version, slot)  # a worker with slots
+        if fut is None:
+            fut = front.workers.calls.collect(worker_id, min_version, slot)
+        record.asked(again)
+        front.restarts.asked(worker_id, front.worker_frames, record.info["envs"])
+        front.events.watch(worker_id, record.generation, BATCH, fut)
+
+    # ---------------------------------------------------------------- membership
+    def admitted(self, worker_id: int) -> None:
+        """A collector took ``worker_id``'s slot: a sync round that waits for the slot asks it at once."""
+        if self.round is not None and worker_id not in self.round:
+            self.request(worker_id, again=True)
+        elif self.round is None and not self.front.sync:
+            self.request(worker_id)
+
+    def left(self, worker_id: int) -> None:
+        """The collector in ``worker_id``'s slot left (elastic)."""
+        if self.last_async == worker_id:
+            self.last_async = None
+
+    # ---------------------------------------------------------------- schedules
+    def collect(self) -> TensorDictBase:
+        """The next batch: a sync round's, or the first async batch kept."""
+        return self._round() if self.front.sync else self._first_ready()
+
+    def _round(self) -> TensorDictBase:
+        front = self.front
+        for worker_id in range(front.num_workers):
+            self.request(worker_id)
+        self.round = results = {}
+        try:
+            while len(results) < front.num_workers:
+                if len(results) == front.preempt_after:
+                    self._preempt([i for i in range(front.num_workers) if i not in results])
+                worker_id, result = self.next_answer()
+                results[worker_id] = result
+        finally:
+            self.round = None
+        batch = self._combine([results[i] for i in range(front.num_workers)])
+        return batch if front.preempt_after is None else self._without_padding(batch)
+
+    def _first_ready(self) -> TensorDictBase:
+        front = self.front
+        if self.last_async is not None:
+            self.request(self.last_async)  # after the trainer's step, with fresh weights if asked
+        for worker_id in range(front.num_workers):
+            if worker_id != self.last_async:
+                for _ in range(front._batches.depth(worker_id) - front.roster[worker_id].outstanding):
+                    self.request(worker_id)
+        batch = self._next_kept()
+        if not front.update_after_each_batch:
+            self.request(self.last_async)  # keep the worker busy while the trainer works
+            self.last_async = None
+        return batch
+
+    def _next_kept(self) -> TensorDictBase:
+        """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's stream
+        was cut, or collected with weights more than ``max_policy_lag`` behind (:mod:`.policy_lag`)."""
+        front, pusher = self.front, self.front.pusher
+        while True:
+            self.last_async, result = self.next_answer()
+            worker_id, batch = self.last_async, self._receive(self.last_async, result)
+            if front.continuity.kept(worker_id, batch):
+                if not policy_lag.too_old(batch, pusher.version, front.max_policy_lag):
+                    return batch
+                if policy_lag.left_behind(pusher.plane, worker_id, pusher.version, front.max_policy_lag):
+                    pusher.push([worker_id], version=pusher.version)
+                front.continuity.drop(batch, [worker_id])
+            self.request(worker_id)
+
+    def _preempt(self, worker_ids: list[int]) -> None:
+        """Ask ``worker_ids`` to end the batch in progress at their next step (not waited for: a
+        worker that died meanwhile shows in the round's wait)."""
+        front = self.front
+        for worker_id in worker_ids:
+            if front.workers.serves(worker_id):
+                front.workers.calls.preempt(worker_id, front.roster[worker_id].requests)
+
+    def _without_padding(self, batch: TensorDictBase) -> TensorDictBase:
+        """As TorchRL: concatenated along time (``cat_results=-1``, or 0 over ``[T]`` batches),
+        the steps a preempted worker did not collect are dropped; stacked, its mask marks them."""
+        cat_results = self.front.cat_results
+        if cat_results == -1 or (cat_results == 0 and batch.batch_dims == 1):
+            return preemption.drop_padding(batch)
+        return batch
+
+    def _receive(self, worker_id: int, result: Any) -> TensorDictBase:
+        """The batch of a worker's answer, labelled with its worker id."""
+        batch = self.front.shared(self.front._batches.receive, worker_id, result)
+        batch.set(layouts.WORKER_ID, torch.full(batch.shape, worker_id, dtype=torch.int64))
+        return batch
+
+    def _combine(self, results: list) -> TensorDictBase:
+        front = self.front
+        stacked = front.shared(front._batches.round, results)  # the round where the workers wrote it
+        if stacked is None:
+            return layouts.combine([self._receive(i, r) for i, r in enumerate(results)], front.cat_results)
+        return layouts.lay_out(stacked, front.cat_results)

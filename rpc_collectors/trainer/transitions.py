@@ -1,0 +1,207 @@
+"""Transitions of a batched-inference collector, assembled into flat batches in TorchRL's layout.
+
+Each env has two frame rows. When the trainer acts for some envs, it keeps what chose each
+action (the observation, the policy's outputs, the weights version) in the env's staging row.
+When an env answers, its transition is complete: the step's result in the env's row of the
+step plane is copied into the staging row, which now holds the env's latest transition, and
+the transition the other row held (the env's previous one) goes into the next free place of
+the batch being filled, one indexed copy per key for every env that answered together; that
+row stages the env's next transition. A full batch lies in one of a few preallocated buffers
+(:class:`~rpc_collectors.transport.slots.SlotPool`): it is handed out as it lies while the user
+can no longer hold it, as a copy otherwise.
+
+Continuity: each env's latest transition stays held until the env's next one completes, so
+when an env's stream is cut (its worker replaced: the step in flight is lost, and the new env
+starts from a reset), the frame before the cut is still here, and :meth:`Transitions.cut`
+marks it ``("next", "truncated")`` and ``("next", "done")`` (unless its episode ended there)
+before it joins a batch. No frame of a batch is ever followed, in its env's stream, by a
+frame of another episode without a ``done`` between them.
+
+A batch is ``[frames_per_batch]``: the keys of the env's step, ``"done"``, ``"terminated"`` and
+``"truncated"`` (False: an action is never chosen on a finished episode), the policy's outputs,
+``"env_index"`` (int64, which env) and, unless disabled, the weights version that chose the
+action (TorchRL's ``policy_version_key``), as TorchRL's ``AsyncBatchedCollector`` lays it out.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from rpc_collectors.core import batched_args
+from rpc_collectors.single_process.batch_record import MARKS
+from rpc_collectors.transport.layouts import BatchLayout
+from rpc_collectors.transport.slots import SLOTS, SlotPool
+
+ENV_INDEX = "env_index"
+ROOT_FLAGS = ("done", "terminated", "truncated")
+# keys of every batch: the collector's own (its records under MARKS), and TorchRL's names for an env's step
+BATCH_KEYS = (ENV_INDEX, MARKS, *ROOT_FLAGS, "action", "next", "observation", "reward")
+LARGE_ROW = 1024  # bytes: rows at least this large are scattered by slices (an indexed copy costs per element)
+
+
+def scatter_rows(dst: torch.Tensor, rows: list[int], index: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[rows[i]] = src[i]`` (``index``: ``rows`` as an int64 tensor): one indexed copy of
+    small rows; large rows (pixels) by one slice copy per run of consecutive rows."""
+    if dst.stride(0) * dst.element_size() < LARGE_ROW:
+        dst.index_copy_(0, index, src)
+        return
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1:
+            dst[rows[start]:rows[i - 1] + 1].copy_(src[start:i])
+            start = i
+
+
+class Transitions:
+    """Two frame rows per env of ``rows`` (the step plane's ``[N]`` TensorDict), and the batches
+    they fill.
+
+    Env ``e``'s rows are ``e`` and ``N + e``: one stages the transition in flight (what chose its
+    action, then the step's result), the other holds its latest complete transition; they swap
+    roles when the transition in flight completes, so nothing is copied between them.
+
+    Args:
+        rows: the step plane's rows.
+        outputs: the policy's outputs for one env (keys, shapes, dtypes).
+        frames_per_batch: frames of each batch.
+        version_key: where each frame's weights version goes; None: nowhere.
+        prefetch: full batches that may wait for the user besides the one being filled.
+    """
+
+    def __init__(
+        self, rows: TensorDict, outputs: Mapping, frames_per_batch: int, version_key: Any, prefetch: int,
+    ) -> None:
+        num_envs = rows.batch_size[0]
+        if version_key is not None:  # the env's and the policy's keys are known now
+            batched_args.free_key(version_key, [*BATCH_KEYS, *rows.keys(True, True), *outputs])
+        self.rows, self.frames_per_batch, self.version_key = rows, frames_per_batch, version_key
+        self.num_envs = num_envs
+        self.obs_keys = [key for key in rows.keys(include_nested=True, leaves_only=True)
+                         if key != "action" and not (isinstance(key, tuple) and key[0] == "next")]
+        self.next_keys = [key for key in rows.keys(include_nested=True, leaves_only=True)
+                          if isinstance(key, tuple) and key[0] == "next"]
+        frames = TensorDict(batch_size=[2 * num_envs])
+        for key in self.obs_keys:
+            frames.set(key, torch.zeros(2 * num_envs, *rows.get(key).shape[1:], dtype=rows.get(key).dtype))
+        for key, value in outputs.items():
+            frames.set(key, torch.zeros(2 * num_envs, *value.shape, dtype=value.dtype))
+        if version_key is not None:
+            frames.set(version_key, torch.zeros(2 * num_envs, dtype=torch.int64))
+        for key in self.next_keys:
+            frames.set(key, torch.zeros(2 * num_envs, *rows.get(key).shape[1:], dtype=rows.get(key).dtype))
+        frames.set(ENV_INDEX, torch.arange(num_envs).repeat(2))  # row r is env r % N's
+        self.frame_keys = list(frames.keys(include_nested=True, leaves_only=True))
+        self._frame = {key: frames.get(key) for key in self.frame_keys}  # the tensors, looked up once
+        self._next = [(frames.get(key), rows.get(key)) for key in self.next_keys]
+        self.output_shapes = {key: frames.get(key).shape[1:] for key in outputs}
+        self.staging = list(range(num_envs))  # the row env e stages its transition in flight in
+        self.holding = [False] * num_envs  # its other row holds its latest complete transition
+        example = TensorDict(batch_size=[frames_per_batch])
+        for key in self.frame_keys:
+            value = frames.get(key)
+            example.set(key, torch.zeros(frames_per_batch, *value.shape[1:], dtype=value.dtype))
+        for flag in ROOT_FLAGS:
+            example.set(flag, torch.zeros(frames_per_batch, 1, dtype=torch.bool))
+        self.layout = BatchLayout.of(example)
+        self.buffers = SlotPool(self.layout, 1, shared=False, slots=SLOTS + prefetch)
+        self._slot: int | None = None
+        self._batch: TensorDict | None = None
+        self._into: list[tuple[torch.Tensor, torch.Tensor]] = []  # (frame rows, batch) of each key
+        self._filled = 0
+
+    def stage(self, envs: torch.Tensor, inputs: Mapping, outputs: Mapping, version: int) -> None:
+        """What chose the actions of ``envs`` (an int64 index): observations, outputs, version.
+
+        Raises ValueError if the outputs' keys or shapes are not those the policy gave at start-up."""
+        self._check_outputs(outputs, len(envs))
+        frame, rows = self._frame, [self.staging[env] for env in envs.tolist()]
+        index = torch.tensor(rows, dtype=torch.int64)
+        for key in self.obs_keys:
+            scatter_rows(frame[key], rows, index, inputs[key])
+        for key, value in outputs.items():
+            scatter_rows(frame[key], rows, index, value.to(frame[key].dtype))
+        if self.version_key is not None:
+            frame[self.version_key].index_fill_(0, index, version)
+
+    def _check_outputs(self, outputs: Mapping, n: int) -> None:
+        shapes, seen = self.output_shapes, 0
+        for key, value in outputs.items():
+            want = shapes.get(key)
+            if want is not None and (value.shape[0] != n or value.shape[1:] != want):
+                raise ValueError(
+                    f"AsyncBatchedCollector: the policy returned {key!r} of shape {list(value.shape)} for {n} envs; "
+                    f"accepted: shape {[n, *want]}, as at start-up ({list(want)} per env)"
+                )
+            seen += want is not None
+        if seen != len(shapes) or seen != len(outputs.keys()):
+            raise ValueError(
+                f"AsyncBatchedCollector: the policy returned the keys {sorted(map(str, outputs.keys()))}; accepted: "
+                f"the keys it returned at start-up, {sorted(map(str, shapes))}"
+            )
+
+    def record(self, envs: list[int]) -> list[TensorDictBase]:
+        """The transitions of ``envs``, whose rows hold their steps' results now: each is held,
+        and the one each env held before goes into the batch. Returns the batches this completed."""
+        full = self._release([env for env in envs if self.holding[env]])
+        rows = [self.staging[env] for env in envs]
+        index, plane = torch.tensor(rows, dtype=torch.int64), torch.tensor(envs, dtype=torch.int64)
+        for frames, plane_rows in self._next:
+            scatter_rows(frames, rows, index, plane_rows.index_select(0, plane))
+        for env, row in zip(envs, rows):
+            self.holding[env] = True
+            self.staging[env] = self._other(env, row)
+        return full
+
+    def _other(self, env: int, row: int) -> int:
+        return env + self.num_envs if row == env else env
+
+    def cut(self, env: int) -> list[TensorDictBase]:
+        """``env``'s stream is cut (its next frame starts from a reset of another env): its held
+        transition, the last before the cut, is marked truncated and done (unless its episode
+        ended there) and goes into the batch. Returns the batches this completed."""
+        if not self.holding[env]:  # no frame before the cut: the env had not completed a step
+            return []
+        row = self._other(env, self.staging[env])
+        done = self._frame["next", "done"][row]
+        if ("next", "truncated") in self._frame:
+            self._frame["next", "truncated"][row] |= ~done
+        done.fill_(True)
+        return self._release([env])
+
+    def _release(self, envs: list[int]) -> list[TensorDictBase]:
+        """Move the held transitions of ``envs`` into the next free places of the batch."""
+        full = []
+        index = torch.tensor([self._other(env, self.staging[env]) for env in envs], dtype=torch.int64)
+        done = 0
+        while done < len(envs):
+            if self._batch is None:
+                self._open()
+            n = min(len(envs) - done, self.frames_per_batch - self._filled)
+            part = index[done:done + n]
+            lo, hi = self._filled, self._filled + n
+            for frames, batch in self._into:
+                torch.index_select(frames, 0, part, out=batch[lo:hi])
+            self._filled, done = hi, done + n
+            if self._filled == self.frames_per_batch:
+                full.append(self._hand_out())
+        for env in envs:
+            self.holding[env] = False
+        return full
+
+    def _open(self) -> None:
+        self._slot = self.buffers.slot_for(0)
+        if self._slot is None:  # every buffer is held: a batch of its own
+            self._batch = self.layout.view(torch.empty(self.buffers.slot_bytes, dtype=torch.uint8), None)
+        else:
+            self._batch = self.layout.view(self.buffers.slots[self._slot], None)
+        for flag in ROOT_FLAGS:
+            self._batch.get(flag).zero_()
+        self._into = [(self._frame[key], self._batch.get(key)) for key in self.frame_keys]
+        self._filled = 0
+
+    def _hand_out(self) -> TensorDictBase:
+        batch = self._batch if self._slot is None else self.buffers.hand_out(self._slot)
+        self._batch, self._slot = None, None
+        return batch

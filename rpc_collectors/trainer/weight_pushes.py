@@ -1,0 +1,162 @@
+"""How a collector front pushes policy weights to its workers.
+
+The weight plane (:class:`~rpc_collectors.transport.weight_sync.WeightPlane`) is laid out from the
+trainer's policy when the front opens, or, when the workers build their policies
+(``policy_factory``), from the first weights pushed. A push bumps the trainer's version
+(``pushed_version``) and sends the flat buffer to all workers (one broadcast or shared memory) or
+to some; each worker applies it before its next batch, never in the middle of one.
+:class:`WeightPusher` is the front's part that does this and owns what it needs: the plane, the
+version of the newest weights, the push in flight and, with ``policy_factory``, the weights given last.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from rpc_collectors.core import worker_checks
+from rpc_collectors.core.protocol import WorkerCalls
+from rpc_collectors.single_process.policies import run_device
+from rpc_collectors.trainer.lifetime import Resources
+from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.transport import factory_weights
+from rpc_collectors.transport.rendezvous import host_id
+from rpc_collectors.transport.weight_sync import WeightPlane, choose_transport
+from rpc_collectors.transport.weight_updates import whole_update
+
+
+class WeightPusher:
+    """The weight pushes of one collector front to the workers of ``pool`` (records in ``roster``).
+
+    ``deferred``: the workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent by ``gather``;
+    ``no_push`` (TorchRL's ``NoWeightSyncScheme``): no plane, a push does nothing; ``refill``: a
+    replaced or newly joined worker gets the weights its slot holds; the plane, once laid out, is
+    released with ``resources``.
+    """
+
+    def __init__(
+        self, policy: Any, pool: Any, roster: list[WorkerRecord], deferred: WorkerCalls, gather: Callable[..., list],
+        *, transport: str, factory: bool, no_push: bool, policy_device: Any, backend: str, elastic: bool,
+        rpc_timeout: float, refill: bool, resources: Resources,
+    ) -> None:
+        self.policy, self.pool, self.roster, self.deferred, self.gather = policy, pool, roster, deferred, gather
+        self.transport, self.factory, self.no_push, self.policy_device = transport, factory, no_push, policy_device
+        self.backend, self.elastic, self.rpc_timeout, self.refill = backend, elastic, rpc_timeout, refill
+        self.resources = resources
+        self.plane: WeightPlane | None = None
+        self.version = 0  # the newest weights' version (each worker acknowledges its own: worker_versions)
+        self.given: Any = None  # policy_factory: the weights pushed last, which a push without weights sends
+        self.lock = threading.RLock()
+        self._push: dict[int, Any] = {}  # the push in progress: its calls and their futures
+        self._pushed: dict[int, torch.futures.Future] = {}
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.roster)
+
+    def _serving(self) -> list[int]:
+        return [i for i in range(self.num_workers) if self.pool.serves(i)]
+
+    def open(self, given: Any = None) -> None:
+        """The weight plane, for the trainer's policy or (``policy_factory``) the ``given`` weights."""
+        module = self.policy if isinstance(self.policy, nn.Module) else given
+        if module is None or self.no_push:
+            return
+        if self.factory:  # the workers' policies must hold what the trainer will push
+            signatures = self.gather({i: self.deferred.weights_signature(i) for i in self._serving()})
+            factory_weights.check_workers(dict(zip(self._serving(), signatures)), module)
+        same_host = all(record.info is not None and record.info["host_id"] == host_id() for record in self.roster)
+        kind = choose_transport(
+            self.transport, same_host, self.backend, self.elastic, self.pool.in_process, self.pool.process_groups,
+        )
+        rdv = self.pool.weight_rendezvous() if kind == "broadcast" else None
+        self.plane = self.resources.sender = WeightPlane(
+            module, kind, self.num_workers, self.rpc_timeout, refill=self.refill, backend=self.backend, rdv=rdv,
+        )
+        joins = {i: self.deferred.join_weights(i, self.plane.spec) for i in range(self.num_workers) if self.roster[i].info}
+        futures = {i: call() for i, call in joins.items()}
+        self.plane.sender.connect()
+        self.gather(joins, futures)
+        self.plane.sender.joined()
+
+    def worker_versions(self) -> list[int | None]:
+        """The weights version each worker acknowledged (0 before any push; None while a push to
+        it is in flight, or where its slot has no worker)."""
+        serving = set(self._serving())
+        if self.plane is None:  # nothing was pushed
+            return [0 if i in serving else None for i in range(self.num_workers)]
+        return self.plane.worker_versions(serving, {i for i, fut in self._pushed.items() if not fut.done()})
+
+    def acknowledged(self) -> int | None:
+        """The version every serving worker acknowledged; None while they differ or a push is in flight."""
+        versions = self.worker_versions()
+        acknowledged = {versions[i] for i in self._serving()}
+        return acknowledged.pop() if len(acknowledged) == 1 else None
+
+    def update(self, policy_or_weights: Any, worker_ids: Any, non_blocking: bool) -> None:
+        """``update_policy_weights_``: the whole update checked first, then pushed as one new version."""
+        if self.no_push:
+            return
+        devices = self.policy_device if isinstance(self.policy_device, list) else [self.policy_device]
+        device = [run_device(self.policy, d) for d in devices]  # where the workers run their policy
+        device = device if isinstance(self.policy_device, list) else device[0]
+        layout = self.plane.sender.flat.signature if self.plane is not None else None
+        update = whole_update(policy_or_weights, worker_ids, layout, self.num_workers, device)
+        per_worker = worker_checks.per_worker_weights(policy_or_weights, worker_ids)
+        first = next(iter(update.values()))
+        self._open_given(first, remember=not per_worker)
+        if not per_worker:
+            self.push([i for i in update if self.pool.serves(i)], first, non_blocking, slots=list(update))
+            return
+        with self.lock:  # each of those workers gets its own, all as one new version
+            self.finish()
+            version = self.version + 1
+            self._start(self.plane.push_own(update, version, self._serving()), version, non_blocking)
+
+    def _open_given(self, source: TensorDictBase | None, remember: bool = True) -> None:
+        """``policy_factory``: lay the weight plane out from the first weights pushed (checked
+        against every worker's policy); they, or later ones, are what a push without weights sends."""
+        if self.plane is None:
+            if not self.factory:
+                raise TypeError(factory_weights.NOT_A_MODULE)
+            if source is None:
+                raise TypeError(factory_weights.NO_WEIGHTS)
+            with self.lock:
+                self.open(given=source)
+        if remember and self.factory and source is not None and not isinstance(self.policy, nn.Module):
+            self.given = source
+
+    def push_version(self, version: int, source: TensorDictBase | None = None) -> None:
+        """Push the policy's weights (or ``source``) to every worker as ``version`` (a node passing on its trainer's)."""
+        self._open_given(source)
+        self.push(self._serving(), source, version=version)
+
+    def push(
+        self, worker_ids: list[int], source: Any = None, non_blocking: bool = False, version: int | None = None,
+        slots: list[int] | None = None,
+    ) -> None:
+        """Push the trainer's weights (or ``source``) to ``worker_ids`` as ``version`` (default: a new
+        one); ``slots`` (default: ``worker_ids``) hold them from now on."""
+        with self.lock:
+            self.finish()
+            source = self.given if source is None else source
+            version = self.version + 1 if version is None else version
+            self._start(self.plane.push(worker_ids, source, version, slots), version, non_blocking)
+
+    def _start(self, receive: dict[int, tuple], version: int, non_blocking: bool) -> None:
+        """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on."""
+        self.version = version
+        self._push = {i: self.deferred.receive_weights(i, *args) for i, args in receive.items()}
+        self._pushed = {i: call() for i, call in self._push.items()}
+        if not non_blocking:
+            self.finish()
+
+    def finish(self) -> None:
+        """Wait until the previous weight push reached its workers."""
+        push, self._push = self._push, {}
+        if push:
+            self.gather(push, self._pushed)
+            self.plane.sender.wait()
