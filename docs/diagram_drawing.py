@@ -75,7 +75,8 @@ class Chains:
 
 
 def wrap(text: str, chars: int) -> list[str]:
-    """``text`` in lines of at most ``chars`` characters: at spaces, else after ``/``, or hard."""
+    """``text`` in lines of at most ``chars`` characters: at its line breaks and spaces, a longer word after
+    its last ``/`` or ``,`` that fits, else where it must."""
     lines = []
     for paragraph in text.split("\n"):
         line = ""
@@ -148,13 +149,11 @@ class Canvas:
         return "\n".join(head + self.items + ["</svg>"]) + "\n"
 
 
-def box(canvas: Canvas, text: str, x: float, y: float, w: float, stroke: str = ACCENT, h: float | None = None) -> float:
-    """A node of ``text`` wrapped to width ``w`` at ``(x, y)``; its height."""
+def box(canvas: Canvas, text: str, x: float, y: float, w: float, h: float) -> None:
+    """A node at ``(x, y)``, ``w`` by ``h``, its ``text`` wrapped to its width and centred."""
     lines = wrap(text, int((w - 14) / CHAR))
-    h = h or len(lines) * LINE + 12
-    canvas.rect(x, y, w, h, stroke=stroke)
+    canvas.rect(x, y, w, h)
     canvas.text(lines, x + w / 2, y + (h - len(lines) * LINE) / 2 + SIZE - 1, anchor="middle")
-    return h
 
 
 def text_width(lines: list[str]) -> float:
@@ -205,26 +204,25 @@ def draw_layers(layers: Layers, sides: tuple[str, ...], title: str) -> str:
         canvas.rect(margin, y0, canvas.width - 2 * margin, y1 - y0, fill=tint, stroke=tint, rx=8)
         lines = wrap(side, int((label_w - 16) / CHAR))
         canvas.text(lines, margin + 10, (y0 + y1) / 2 - (len(lines) - 1) * LINE / 2 + 4, color=color, bold=True)
-    ports: dict[tuple[str, str], list[tuple[tuple[str, str], float]]] = {}
-    for (a, b), s in side_of_edge.items():     # arrivals above departures; nearest source, farthest target first
-        ports.setdefault((b, s), []).append(((a, b), level[a] - level[b]))
-        ports.setdefault((a, s), []).append(((a, b), 100 - (level[b] - level[a])))
+    ports: dict[tuple[str, str], list[tuple[tuple[str, str], tuple[int, int]]]] = {}
+    for (a, b), s in side_of_edge.items():     # arrivals above departures; nearest source, farthest target first: arcs nest
+        ports.setdefault((b, s), []).append(((a, b), (0, level[b] - level[a])))
+        ports.setdefault((a, s), []).append(((a, b), (1, level[a] - level[b])))
     at = {}
     for (name, s), edges in ports.items():
         x, y, w = boxes[name]
         for i, (edge, _) in enumerate(sorted(edges, key=lambda e: e[1])):
             at[edge, name] = (x if s == "left" else x + w, y + box_h * (i + 1) / (len(edges) + 1))
+    color = {name: SIDE_COLORS[sides.index(side) % len(SIDE_COLORS)][1] for name, side in layers.side.items()}
     for name, (x, y, w) in boxes.items():
-        color = SIDE_COLORS[sides.index(layers.side[name]) % len(SIDE_COLORS)][1]
-        canvas.rect(x, y, w, box_h, stroke=color)
+        canvas.rect(x, y, w, box_h, stroke=color[name])
         canvas.text([name], x + w / 2, y + 21, anchor="middle", bold=True)
         count = layers.modules.get(name, 0)
         canvas.text([f"{count} module{'s' * (count != 1)}"], x + w / 2, y + 38, anchor="middle", color=MUTED, size=11)
     for (a, b), s in side_of_edge.items():
         (x0, y0), (x1, y1) = at[(a, b), a], at[(a, b), b]
         c = _arc_reach(level[b] - level[a]) * (-1 if s == "left" else 1)
-        color = SIDE_COLORS[sides.index(layers.side[a]) % len(SIDE_COLORS)][1]
-        canvas.path(f"M{num(x0)},{num(y0)} C{num(x0 + c)},{num(y0)} {num(x1 + c)},{num(y1)} {num(x1)},{num(y1)}", color=color)
+        canvas.path(f"M{num(x0)},{num(y0)} C{num(x0 + c)},{num(y0)} {num(x1 + c)},{num(y1)} {num(x1)},{num(y1)}", color=color[a])
     y = top + len(layers.rows) * pitch + 6
     legend = wrap("an arrow: a layer's modules import from the lower layer (found in the source)\n"
                   "side by side: independent layers, importing nothing of each other", int((canvas.width - 2 * margin) / CHAR))
