@@ -14,7 +14,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -54,15 +53,15 @@ def test_every_diagram_is_shown_and_every_image_exists() -> None:
     assert not svgs - shown, f"no page shows {sorted(p.name for p in svgs - shown)}"
 
 
-class _AnyTag(yaml.SafeLoader):
-    """mkdocs.yml as data; a ``!!python/...`` tag reads as its text, nothing is imported."""
-
-
-_AnyTag.add_multi_constructor("", lambda loader, suffix, node: f"!{suffix} {getattr(node, 'value', '')}")
-
-
 def test_nothing_loads_from_another_host() -> None:
-    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=_AnyTag)
+    assert importlib.util.find_spec("yaml") is not None, "PyYAML is missing: pip install -e '.[docs]'"
+    import yaml
+
+    class AnyTag(yaml.SafeLoader):
+        """mkdocs.yml as data: a ``!!python/...`` tag reads as its text, nothing is imported."""
+
+    AnyTag.add_multi_constructor("", lambda loader, suffix, node: f"!{suffix} {getattr(node, 'value', '')}")
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=AnyTag)
     for key in ("extra_javascript", "extra_css"):
         for entry in config.get(key, []):
             src = entry if isinstance(entry, str) else entry.get("path", "")
