@@ -5,8 +5,8 @@ keys (:mod:`.private_keys`), TorchRL's batch edits and ``preemptive_threshold`` 
 :mod:`.preemption`), a GymEnv rollout's recorded steps (:mod:`.step_records`), what a collector knows of
 each batch it hands out (:mod:`.batch_record`), ``enable_profile`` (:mod:`.profiling`), TorchRL's
 ``get_distant_attr``/``map_fn`` (:mod:`.remote_calls`), what every collector shares
-(:mod:`.base_collector`) and the single-process ``Collector`` (:mod:`.collector`, with its dispatch hook :mod:`.dispatching` and what TorchRL shows of it
-beyond collecting, :mod:`.collector_views`).
+(:mod:`.base_collector`) and the single-process ``Collector`` (:mod:`.collector`, with its dispatch
+hook :mod:`.dispatching` and what TorchRL shows of it beyond collecting, :mod:`.collector_views`).
 
 May import :mod:`~rpc_collectors.transport` and :mod:`~rpc_collectors.core`.
 """
