@@ -98,8 +98,9 @@ class Schedule:
                 continue  # the answer of a replaced worker
             result = front.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
             record.answered()
-            result, dropped = node_restarts.heard(record, item.worker_id, result)  # a node's restarts and drops come with it
-            front.continuity.count(dropped.frames, dropped.batches)
+            if record.info and "local_pids" in record.info:  # a node: its local restarts and own drops come with its answers
+                result, dropped = node_restarts.heard(record, item.worker_id, result)
+                front.continuity.count(dropped.frames, dropped.batches)
             if front.pusher.plane is not None:
                 front.pusher.plane.delivered(item.worker_id)
             if front.elastic:
