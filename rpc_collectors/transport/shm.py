@@ -90,10 +90,13 @@ def mapped(fd: int, count: int, nbytes: int, pinned: bool) -> list[torch.Tensor]
     copies to a GPU read them by DMA."""
     parts = [torch.frombuffer(mmap.mmap(fd, nbytes, offset=i * nbytes), dtype=torch.uint8) for i in range(count)]
     for i, part in enumerate(parts if pinned else []):
-        error = int(torch.cuda.cudart().cudaHostRegister(part.data_ptr(), part.numel(), 0))
-        if error != 0:
+        try:
+            error = int(torch.cuda.cudart().cudaHostRegister(part.data_ptr(), part.numel(), 0))
+            if error != 0:
+                raise RuntimeError(f"cudaHostRegister of a {part.numel()}-byte batch slot failed with CUDA error {error}")
+        except BaseException:
             unpin(parts[:i])
-            raise RuntimeError(f"cudaHostRegister of a {part.numel()}-byte batch slot failed with CUDA error {error}")
+            raise
     return parts
 
 
