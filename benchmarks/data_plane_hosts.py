@@ -95,10 +95,9 @@ def peer(kind: str, rank: int, seconds: float) -> dict:
     if kind == "doorbell":
         import pickle
 
-        from rpc_collectors.transport.data import IN_FLIGHT
+        from rpc_collectors.transport.data import IN_FLIGHT, SLOTS, SlotPool, SlotWriter
         from rpc_collectors.transport.doorbell import Ready, SocketDoorbell, answer
         from rpc_collectors.transport.layouts import BatchLayout
-        from rpc_collectors.transport.slots import SLOTS, SlotPool, SlotWriter
 
         store = torch.distributed.TCPStore(master, port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
         if rank == 1:

@@ -26,7 +26,7 @@ from tensordict import TensorDict
 
 from procs import wait_gone
 from rpc_collectors import GymEnv, MultiCollector, WorkerError
-from rpc_collectors.transport.slots import SLOTS
+from rpc_collectors.transport.data import SLOTS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(90)]
 

@@ -12,11 +12,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rpc_collectors.transport.data import BatchPlane
+from rpc_collectors.transport.data import BatchPlane, SlotPool, SlotWriter
 from rpc_collectors.transport.doorbell import ANSWER, READY, REQUEST, Ready, SocketDoorbell, answer
 from rpc_collectors.transport.layouts import BatchLayout
 from rpc_collectors.transport.local_restarts import Dropped, LocalRestart, note, unnote
-from rpc_collectors.transport.slots import SlotPool, SlotWriter
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,11 +12,10 @@ from rpc_collectors.core.errors import Failure
 from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.single_process.batch_record import VERSION, WORKER_ID
 from rpc_collectors.trainer.continuity import Continuity
-from rpc_collectors.trainer.events import Events
 from rpc_collectors.trainer.lifetime import Resources
 from rpc_collectors.trainer.roster import WorkerRecord
 from rpc_collectors.trainer.schedule import Schedule
-from rpc_collectors.trainer.waits import Waits
+from rpc_collectors.trainer.waits import Events, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport.membership import Restarts
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import Collector, GymEnv
-from rpc_collectors.transport.slots import tensors_by_key
+from rpc_collectors.transport.data import tensors_by_key
 
 
 class ActionAndLogits(nn.Module):

@@ -54,7 +54,7 @@ class ArrayRollout:
     """Fast rollout of a GymEnv: per step only numpy work and the policy call.
 
     ``out``, if not empty, holds the tensors of a shared-memory slot by key
-    (:func:`~rpc_collectors.transport.slots.tensors_by_key`): the steps are stacked straight into
+    (:func:`~rpc_collectors.transport.data.tensors_by_key`): the steps are stacked straight into
     them instead of into new ones. ``device``: the CPU,
     where the collector stores batches on it (they are made there), else None (no device).
     """

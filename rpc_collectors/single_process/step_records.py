@@ -3,7 +3,7 @@
 :class:`StepRecords` holds a batch's steps as the env gave them (numpy arrays and scalars) and
 the policy's outputs; :meth:`StepRecords.to_tensordict` stacks them along time. Where the
 batch's targets (a worker's shared-memory slot, see
-:func:`~rpc_collectors.transport.slots.tensors_by_key`) have a tensor of the right shape and dtype
+:func:`~rpc_collectors.transport.data.tensors_by_key`) have a tensor of the right shape and dtype
 for an entry, the steps are written into it with numpy and the batch holds that tensor: a
 worker's batch then lies in its slot already, at the cost of a few numpy calls. A sync round of
 many workers on few cores waits for the last of them to finish its batch, so this work is what
@@ -32,7 +32,7 @@ def time_names(batch_dims: int) -> list:
 class StepRecords:
     """One batch's steps: observations before and after, the policy's outputs, rewards, flags,
     trajectory ids and (with a step limit) step counts, one entry per step; ``targets``: where
-    the batch is written (:func:`~rpc_collectors.transport.slots.tensors_by_key`)."""
+    the batch is written (:func:`~rpc_collectors.transport.data.tensors_by_key`)."""
 
     targets: dict = field(default_factory=dict)
     obs: list = field(default_factory=list)

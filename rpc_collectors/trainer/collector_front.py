@@ -8,7 +8,7 @@ and async schedules (:class:`~rpc_collectors.trainer.schedule.Schedule`), the we
 (:class:`~rpc_collectors.trainer.recovery.Recovery`); it keeps the run's settings, seeding, state
 and shutdown. How the workers exist is the pool's business (:mod:`rpc_collectors.pools`);
 batches arrive through the data plane (:mod:`rpc_collectors.transport.data`). Every wait goes
-through one :class:`~rpc_collectors.trainer.events.Events` and is bounded by ``rpc_timeout``.
+through one :class:`~rpc_collectors.trainer.waits.Events` and is bounded by ``rpc_timeout``.
 """
 from __future__ import annotations
 
@@ -23,14 +23,13 @@ from rpc_collectors.single_process import preemption, remote_calls
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.trainer import buffer_writes, saved_state, torchrl_views
 from rpc_collectors.trainer.continuity import Continuity
-from rpc_collectors.trainer.events import Events, Joined
 from rpc_collectors.trainer.lifetime import Resources, release_with, wait_gone, weak_method
 from rpc_collectors.trainer.recovery import Recovery
 from rpc_collectors.trainer.roster import WorkerRecord
 from rpc_collectors.trainer.schedule import Schedule
 from rpc_collectors.trainer.settings import Settings
 from rpc_collectors.trainer.threads import TrainerThreads
-from rpc_collectors.trainer.waits import Waits
+from rpc_collectors.trainer.waits import Events, Joined, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport.data import BatchPlane
 from rpc_collectors.transport.membership import Restarts

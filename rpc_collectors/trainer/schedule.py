@@ -4,7 +4,7 @@ Sync: every worker is asked for a batch and the round's answers are combined in 
 layout (``cat_results``); with ``preemptive_threshold`` the others are stopped once enough handed in.
 Async: each worker keeps its request depth in flight, and the first batch ready is handed out,
 unless :mod:`.continuity` or :mod:`.policy_lag` drops it. Every answer arrives through the front's
-one :class:`~rpc_collectors.trainer.events.Events`; a failed worker raises
+one :class:`~rpc_collectors.trainer.waits.Events`; a failed worker raises
 :class:`~rpc_collectors.core.errors.Failure`, which :class:`~rpc_collectors.trainer.recovery.Recovery`
 handles before the loop asks again. :class:`Schedule` owns the state of the loop: the sync round in
 progress, the async worker whose batch the trainer holds, the elastic run's batch layout.
@@ -21,10 +21,9 @@ from rpc_collectors.core.errors import Failure
 from rpc_collectors.single_process import preemption
 from rpc_collectors.trainer import node_restarts, policy_lag
 from rpc_collectors.trainer.continuity import Continuity
-from rpc_collectors.trainer.events import BATCH, Answer, Events, Joined
 from rpc_collectors.trainer.recovery import Recovery
 from rpc_collectors.trainer.roster import WorkerRecord
-from rpc_collectors.trainer.waits import Waits
+from rpc_collectors.trainer.waits import BATCH, Answer, Events, Joined, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport import layouts
 from rpc_collectors.transport.data import BatchPlane
@@ -99,8 +98,9 @@ class Schedule:
                 continue  # the answer of a replaced worker
             result = front.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
             record.answered()
-            result, dropped = node_restarts.heard(record, item.worker_id, result)  # a node's restarts and drops come with it
-            front.continuity.count(dropped.frames, dropped.batches)
+            if record.info and "local_pids" in record.info:  # a node: its local restarts and own drops come with its answers
+                result, dropped = node_restarts.heard(record, item.worker_id, result)
+                front.continuity.count(dropped.frames, dropped.batches)
             if front.pusher.plane is not None:
                 front.pusher.plane.delivered(item.worker_id)
             if front.elastic:

@@ -7,7 +7,7 @@ step plane is copied into the staging row, which now holds the env's latest tran
 the transition the other row held (the env's previous one) goes into the next free place of
 the batch being filled, one indexed copy per key for every env that answered together; that
 row stages the env's next transition. A full batch lies in one of a few preallocated buffers
-(:class:`~rpc_collectors.transport.slots.SlotPool`): it is handed out as it lies while the user
+(:class:`~rpc_collectors.transport.data.SlotPool`): it is handed out as it lies while the user
 can no longer hold it, as a copy otherwise.
 
 Continuity: each env's latest transition stays held until the env's next one completes, so
@@ -31,8 +31,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from rpc_collectors.core import batched_args
 from rpc_collectors.single_process.batch_record import MARKS
+from rpc_collectors.transport.data import SLOTS, SlotPool
 from rpc_collectors.transport.layouts import BatchLayout
-from rpc_collectors.transport.slots import SLOTS, SlotPool
 
 ENV_INDEX = "env_index"
 ROOT_FLAGS = ("done", "terminated", "truncated")

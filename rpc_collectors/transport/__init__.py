@@ -1,5 +1,5 @@
 """The planes that move things between the trainer and its workers, knowing nothing of collectors:
-batches (:mod:`.data`, :mod:`.doorbell`, :mod:`.layouts`, in the buffers of :mod:`.slots`, over :mod:`.shm`),
+batches (:mod:`.data`, its slots and their hand-out; :mod:`.doorbell`, :mod:`.layouts`, over :mod:`.shm`),
 weights (:mod:`.weights`, :mod:`.weight_sync`; a call of ``update_policy_weights_`` checked whole in
 :mod:`.weight_updates`; the weights of policies the workers build in :mod:`.factory_weights`), a
 node's local restarts on their way to the trainer (:mod:`.local_restarts`), each env's step for batched inference

@@ -1,23 +1,20 @@
 """The data plane: how a batch gets from a collector server to the trainer's memory.
 
 A worker's first batch travels as an RPC result. From its layout (keys, shapes, dtypes) the
-trainer allocates a buffer of ``SLOTS`` slots for it. From then on the trainer asks for "your
-next batch, into slot s" by the worker's doorbell (:mod:`rpc_collectors.transport.doorbell`); the worker
-collects, and only once the batch is in slot s does the trainer's request complete:
-
-* a worker on the trainer's host maps the buffer (shared memory), writes the batch there and
-  answers with a small :class:`~rpc_collectors.core.protocol.Ready` through a pipe;
-* a worker on another host writes into slots of its own and sends the slot's bytes after its
-  "ready" over a TCP connection to the trainer, whose reader receives them straight into slot s.
-
+trainer allocates a buffer of ``SLOTS`` slots for it (a :class:`SlotPool`, which the worker
+maps from its :class:`SlotSpec` and writes with a :class:`SlotWriter`). From then on the trainer
+asks for "your next batch, into slot s" by the worker's doorbell (:mod:`~rpc_collectors.transport.doorbell`),
+and only once the batch is in slot s does the request complete: a worker on the trainer's host
+writes the batch into the shared buffer and answers with a small
+:class:`~rpc_collectors.core.protocol.Ready` through a pipe; a worker on another host writes into
+slots of its own and sends the slot's bytes after its "ready" over TCP, straight into slot s.
 A worker that dies while writing or sending never completes its request, so a partly written
 slot is never read. A batch that does not fit the layout (an env whose keys change) comes back
 pickled instead. Small batches take slots too: a slot's "ready" costs the trainer about half the
-CPU of unpickling the same batch as an RPC result, even for one frame.
-
-Sync collectors whose workers all share the trainer's host and one layout get one buffer
-whose slots hold a whole round: worker i writes row i of every tensor, so the ``[N, (B,) T]``
-batch is assembled where the workers wrote it. Otherwise each worker has its own buffer.
+CPU of unpickling the same batch as an RPC result, even for one frame. Sync collectors whose
+workers all share the trainer's host and one layout get one buffer whose slots hold a whole
+round: worker i writes row i of every tensor, so the ``[N, (B,) T]`` batch is assembled where
+the workers wrote it. Otherwise each worker has its own buffer.
 
 Ownership. A yielded batch belongs to the user and is never written behind their back:
 
@@ -35,32 +32,199 @@ keeps them gets copies, and the memory stays ``SLOTS`` x batch bytes per buffer 
 (one slot more for each extra request in flight, see :class:`BatchPlane`).
 
 Device. Workers hand over batches in host memory; the trainer puts them on its storing device.
-For a CUDA storing device the slots are page-locked (``cudaHostRegister`` for shared memory,
-pinned allocations for slots that receive from the network), so a batch is copied from the
-slot straight into GPU memory by DMA, with no stop in pageable memory; that copy is the user's
-batch, so slots are never lent out to the user.
-
-A shared buffer is a file in /dev/shm whose name is removed right after it is created: workers
-map it through ``/proc/<trainer pid>/fd/<fd>`` while the trainer holds it open, and the memory
-goes away with the last process that maps it, so no process killed at any moment leaves a file
-behind. Its space is reserved up front (``posix_fallocate``): a batch larger than the free
-space of /dev/shm is an ``OSError`` naming both sizes, never a SIGBUS in a worker later.
+For a CUDA storing device the slots are page-locked, so a batch is copied from the slot straight
+into GPU memory by DMA; that copy is the user's batch, so slots are never lent out to the user.
+A shared buffer is a nameless file in /dev/shm (:mod:`~rpc_collectors.transport.shm`): no process
+killed at any moment leaves a file behind, and a batch larger than the free space of /dev/shm is
+an ``OSError`` naming both sizes, never a SIGBUS in a worker later.
 """
 from __future__ import annotations
 
+import mmap
+import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from rpc_collectors.core.protocol import Ready
-from rpc_collectors.transport.doorbell import Doorbell, SocketDoorbell
-from rpc_collectors.transport.layouts import BatchLayout
-from rpc_collectors.transport.slots import SLOTS, SlotPool, SlotSpec
+from rpc_collectors.transport import shm
+from rpc_collectors.transport.doorbell import Dial, Doorbell, Ends, SocketDoorbell
+from rpc_collectors.transport.layouts import BatchLayout, aligned
 
 IN_FLIGHT = 2  # requests a pipelined worker on another host has at once: it collects one while it sends the other
 CONNECT_TIMEOUT = 10.0  # seconds at most for a worker on another host to connect its doorbell
 MIN_BYTES = 0  # smaller batches go as RPC results (0: none; raised to compare the two paths)
+SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """What a worker needs to map its buffer (or make its own), find its row in every slot and
+    open its doorbell. ``fd`` None: a worker on another host, whose slots are its own memory."""
+
+    pid: int
+    fd: int | None
+    layout: BatchLayout
+    rows: int
+    row: int
+    slot_bytes: int
+    doorbell: Ends | Dial
+    slots: int = SLOTS
+
+
+def tensors_by_key(target: TensorDictBase) -> dict[tuple, tuple[torch.Tensor, np.ndarray | None]]:
+    """``{key tuple: (tensor, its numpy view, or None where numpy has no such dtype)}`` of the
+    tensors of ``target`` (a slot's TensorDict of views): where a batch's entries go."""
+    out = {}
+    for key, tensor in target.items(include_nested=True, leaves_only=True):
+        try:
+            array = tensor.numpy()
+        except TypeError:  # bfloat16 and the like
+            array = None
+        out[(key,) if isinstance(key, str) else key] = (tensor, array)
+    return out
+
+
+class SlotWriter:
+    """Worker side: copy each batch into its row of the slot the trainer named."""
+
+    def __init__(self, spec: SlotSpec) -> None:
+        size = spec.slots * spec.slot_bytes
+        if spec.fd is None:
+            whole = torch.empty(size, dtype=torch.uint8)
+        else:
+            whole = torch.from_file(f"/proc/{spec.pid}/fd/{spec.fd}", shared=True, size=size, dtype=torch.uint8)
+        self.slots = [whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes] for i in range(spec.slots)]
+        self.targets = [spec.layout.view(slot, spec.rows)[spec.row] for slot in self.slots]
+        self.tensors = [tensors_by_key(target) for target in self.targets]
+
+    def memory(self, slot: int) -> memoryview:
+        """The bytes of ``slot``, as sent to a trainer on another host."""
+        return memoryview(self.slots[slot].numpy())
+
+    def write(self, slot: int, batch: TensorDictBase) -> bool:
+        """Copy ``batch`` into ``slot``; False (nothing written) if it does not fit the layout."""
+        dests, pairs = self.tensors[slot], []
+        for key, value in batch.items(include_nested=True, leaves_only=True):
+            dest, _ = dests.get(key if isinstance(key, tuple) else (key,), (None, None))
+            if dest is None or type(value) is not torch.Tensor or value.shape != dest.shape or value.dtype != dest.dtype:
+                return False
+            pairs.append((dest, value))
+        if len(pairs) != len(dests):
+            return False
+        for dest, value in pairs:
+            if dest.data_ptr() != value.data_ptr():  # not already written there by the rollout
+                dest.copy_(value)
+        return True
+
+
+def _use_count(tensor: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+class SlotPool:
+    """Trainer side of one buffer: ``slots`` slots of ``rows`` batches each."""
+
+    def __init__(
+        self, layout: BatchLayout, rows: int, pinned: bool = False, shared: bool = True, slots: int = SLOTS,
+    ) -> None:
+        """``pinned``: page-locked for copies to a CUDA device. ``shared``: in shared memory, for workers on
+        this host; else this process's own, filled from the network. ``slots``: one more per extra request in flight."""
+        self.layout, self.rows, self.shared, self.num_slots = layout, rows, shared, slots
+        self.slot_bytes = aligned(layout.size(rows), mmap.PAGESIZE)
+        self.nbytes = slots * self.slot_bytes
+        self.fd: int | None = None
+        self._registered = False  # page-locked with cudaHostRegister by this pool
+        if not shared:
+            self.slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(slots)]
+        else:
+            self._map(pinned)
+        self._lent: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> storage handed out, its idle use count
+        self._written: set[int] = set()  # asked for or written, not handed out yet
+        self._round: set[int] = set()  # workers asked in the current round (rows > 1)
+        self._slot: int | None = None
+        self._last: dict[int, int | None] = {}  # worker id -> the slot it was last asked to write
+
+    def _map(self, pinned: bool) -> None:
+        """Make the shared-memory file and map each slot of it."""
+        rows, layout = self.rows, self.layout
+        per = f"{rows} x {layout.nbytes} bytes" if rows > 1 else f"{layout.nbytes} bytes"
+        fd, _ = shm.nameless_file(
+            "batches", self.nbytes, "the shared-memory batch buffer", f": {self.num_slots} slots of {per}",
+            "lower frames_per_batch",
+        )
+        try:
+            self.slots = shm.mapped(fd, self.num_slots, self.slot_bytes, pinned)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd, self._registered = fd, pinned
+
+    def spec(self, row: int, doorbell: Ends | Dial) -> SlotSpec:
+        return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes, doorbell, self.num_slots)
+
+    def memory(self, slot: int) -> memoryview:
+        """The bytes of ``slot``, where a batch from another host is received."""
+        return memoryview(self.slots[slot].numpy())
+
+    def release_fd(self) -> None:
+        """Every worker has mapped the buffer: the trainer's fd is no longer needed."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def close(self) -> None:
+        """Let go of the descriptor and of the page lock; the memory goes with the last view of it."""
+        self.release_fd()
+        if self._registered:
+            self._registered = False
+            shm.unpin(self.slots)
+
+    def _free(self, slot: int) -> bool:
+        return slot not in self._written and not self._in_use(slot)
+
+    def _in_use(self, slot: int) -> bool:
+        """Whether the batch last handed out from ``slot`` is still referenced and still in its memory."""
+        if slot not in self._lent:
+            return False
+        lent, idle = self._lent[slot]
+        if lent.data_ptr() == self.slots[slot].data_ptr() and _use_count(lent) > idle:
+            return True
+        del self._lent[slot]
+        return False
+
+    def slot_for(self, worker_id: int, again: bool = False) -> int | None:
+        """The slot ``worker_id`` writes its next batch into; a round's workers share one.
+
+        ``hand_out`` always leaves a slot free; None (the batch comes as an RPC result) only if
+        something took a slot's memory some other way. ``again``: the slot of the last request,
+        for a replacement that redoes the batch of a worker that failed.
+        """
+        if again and worker_id in self._last:
+            return self._last[worker_id]
+        if self.rows == 1 or worker_id in self._round or not self._round:
+            self._round.clear()
+            self._slot = next((s for s in range(self.num_slots) if self._free(s)), None)
+            if self._slot is not None:
+                self._written.add(self._slot)
+        self._round.add(worker_id)
+        self._last[worker_id] = self._slot
+        return self._slot
+
+    def hand_out(self, slot: int) -> TensorDict:
+        """The batch in ``slot`` for the user: the slot's memory, under a storage of the user's
+        own, while another slot stays free; else a copy."""
+        self._written.discard(slot)
+        rows = None if self.rows == 1 else self.rows
+        if not any(self._free(s) for s in range(self.num_slots) if s != slot):
+            return self.layout.view(self.slots[slot], rows).clone()
+        if not self._in_use(slot):  # else a round's rows, handed out one by one from one storage
+            lent = torch.frombuffer(self.slots[slot].numpy(), dtype=torch.uint8)  # same memory, new storage
+            self._lent[slot] = (lent, _use_count(lent))
+        return self.layout.view(self._lent[slot][0], rows)
 
 
 class BatchPlane:
@@ -68,14 +232,11 @@ class BatchPlane:
 
     ``local[i]`` says whether worker i shares the trainer's host; the others send their batches
     over TCP to ``address`` (the trainer's interface; None: as RPC results). ``join(i, spec)``
-    asks worker i to map (or make) its slots and open its doorbell, and returns whether it
-    could. ``sync`` collectors get one round buffer when every worker is local and their
-    batches share one layout. A worker with slots is asked for batches through its doorbell
-    (:meth:`ring`). Batches end up on ``device`` (:meth:`place`).
-
-    ``pipelined`` (async collectors that do not wait for the trainer's weights after each batch):
-    a worker on another host may have ``IN_FLIGHT`` requests at once (:meth:`depth`), so that it
-    collects its next batch while the last one crosses the network.
+    asks worker i to map (or make) its slots and open its doorbell; whether it could. ``sync``
+    collectors get one round buffer when every worker is local and their batches share one
+    layout. Batches end up on ``device`` (:meth:`place`). ``pipelined`` (async, not waiting for
+    weights after each batch): a worker on another host may have ``IN_FLIGHT`` requests at once
+    (:meth:`depth`), so that it collects its next batch while the last one crosses the network.
     """
 
     def __init__(
@@ -90,11 +251,8 @@ class BatchPlane:
         self._pinned = self.device is not None and self.device.type == "cuda"
         # the path each worker's first batch sets up
         self._pending = {i: "shm" if here else "tcp" for i, here in enumerate(local) if here or address is not None}
-        self._join = join
-        self._sync = sync
-        self._keep_fds = keep_fds
-        # a worker that cannot reach the trainer's port gives up well within its join call's
-        # timeout, and its batches keep coming as RPC results
+        self._join, self._sync, self._keep_fds = join, sync, keep_fds
+        # one that cannot reach the trainer's port gives up within its join call's timeout: its batches come by RPC
         self._address, self._connect_timeout = address, min(CONNECT_TIMEOUT, timeout / 2)
         self._in_flight = IN_FLIGHT if pipelined else 1  # per worker on another host
         self.pools: dict[int, SlotPool] = {}

@@ -1,4 +1,5 @@
-"""Nameless shared-memory files: what the weight plane and the data plane map on one host, and
+"""Nameless shared-memory files: what the weight plane and the data plane map on one host (each
+slot a mapping of its own, page-locked for CUDA where asked: :func:`mapped`), and
 large call arguments (:class:`SharedBytes`) that local workers read instead of a pipe's stream.
 
 A file is made in /dev/shm and its name removed at once. Other processes on this host open it
@@ -10,9 +11,12 @@ free space is an ``OSError`` naming both sizes, never a SIGBUS in a worker later
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import tempfile
 from dataclasses import dataclass
+
+import torch
 
 
 def file_id(fd: int) -> tuple[int, int]:
@@ -78,6 +82,28 @@ def nameless_file(prefix: str, nbytes: int, what: str, detail: str, advice: str)
             raise
         raise no_space(_free_bytes(where)) from err
     return fd, f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def mapped(fd: int, count: int, nbytes: int, pinned: bool) -> list[torch.Tensor]:
+    """``count`` consecutive parts of ``nbytes`` of the file ``fd``, each mapped on its own (a torch
+    storage each, so each part's users can be counted); ``pinned``: page-locked for CUDA, so that
+    copies to a GPU read them by DMA."""
+    parts = [torch.frombuffer(mmap.mmap(fd, nbytes, offset=i * nbytes), dtype=torch.uint8) for i in range(count)]
+    for i, part in enumerate(parts if pinned else []):
+        try:
+            error = int(torch.cuda.cudart().cudaHostRegister(part.data_ptr(), part.numel(), 0))
+            if error != 0:
+                raise RuntimeError(f"cudaHostRegister of a {part.numel()}-byte batch slot failed with CUDA error {error}")
+        except BaseException:
+            unpin(parts[:i])
+            raise
+    return parts
+
+
+def unpin(parts: list[torch.Tensor]) -> None:
+    """Undo the page lock of :func:`mapped`."""
+    for part in parts:
+        torch.cuda.cudart().cudaHostUnregister(part.data_ptr())
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The step plane: one shared-memory row and one doorbell per env, for inference off the env workers.
 
-Each env owns a row of one shared buffer (a :class:`~rpc_collectors.transport.slots.SlotPool` of
+Each env owns a row of one shared buffer (a :class:`~rpc_collectors.transport.data.SlotPool` of
 one slot with a row per env): its current observation and the transition its last step gave,
 written by the env's worker, and the action the trainer chose for it. Its doorbell is a pair
 of pipes opened as a batch doorbell's are (:class:`~rpc_collectors.transport.doorbell.Ends`):
@@ -20,9 +20,9 @@ import struct
 
 from tensordict import TensorDict
 
+from rpc_collectors.transport.data import SlotPool, SlotSpec
 from rpc_collectors.transport.doorbell import Ends, _read_exactly, _write_all
 from rpc_collectors.transport.layouts import BatchLayout
-from rpc_collectors.transport.slots import SlotPool, SlotSpec
 
 GO, READY, ERROR = b"g", b"r", b"e"
 LENGTH = struct.Struct("<I")

@@ -19,8 +19,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env
+from rpc_collectors.transport.data import SlotSpec, SlotWriter
 from rpc_collectors.transport.doorbell import _write_all
-from rpc_collectors.transport.slots import SlotSpec, SlotWriter
 from rpc_collectors.transport.step_plane import READY, send_error
 
 FLAGS = ("done", "terminated", "truncated")

@@ -30,10 +30,10 @@ from rpc_collectors.single_process import remote_calls
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.single_process.preemption import Preemption
 from rpc_collectors.transport import doorbell, local_restarts, membership, rendezvous
+from rpc_collectors.transport.data import SlotSpec, SlotWriter
 from rpc_collectors.transport.factory_weights import signature_of
 from rpc_collectors.transport.rendezvous import Rendezvous, host_id, interface_address, socket_interface
 from rpc_collectors.transport.shm import SharedBytes
-from rpc_collectors.transport.slots import SlotSpec, SlotWriter
 from rpc_collectors.transport.weight_sync import TransportSpec, WeightReceiver
 from rpc_collectors.transport.weights import FlatWeights, holder_of
 from rpc_collectors.worker import channel, cpp_log, spawner
