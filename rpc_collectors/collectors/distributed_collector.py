@@ -123,6 +123,8 @@ class DistributedSyncCollector(CollectorFront):
     (``[N, (B,) T]`` batches) and the weights pushed before every ``update_interval``-th round
     (default 1: every round; None: only by ``update_policy_weights_`` or ``max_weight_update_interval``)."""
 
+    _default_cat_results: str | int = "stack"  # as DistributedCollector's
+
     def __init__(
         self,
         create_env_fn: Any,
