@@ -72,7 +72,7 @@ def _edit_distance(a: str, b: str) -> int:
     return row[-1]
 
 
-# TorchRL 0.14's collector hierarchy (torchrl/collectors, distributed/): each class's base
+# TorchRL 0.14's collector hierarchy (torchrl/collectors, torchrl/collectors/distributed): each class's base
 TORCHRL_BASES = {
     "Collector": "BaseCollector", "MultiCollector": "BaseCollector", "MultiSyncCollector": "MultiCollector",
     "MultiAsyncCollector": "MultiCollector", "AsyncCollector": "MultiAsyncCollector",
@@ -82,34 +82,26 @@ TORCHRL_BASES = {
 MAX_CHAIN = 3
 
 
-def _chain(cls: type) -> list[str]:
-    """The classes of this package in ``cls``'s inheritance chain."""
-    return [c.__name__ for c in cls.__mro__ if c.__module__.startswith("rpc_collectors.")]
-
-
-def _torchrl_depth(name: str) -> int:
-    return 1 if name == "BaseCollector" else 1 + _torchrl_depth(TORCHRL_BASES[name])
+def _torchrl_ancestors(name: str) -> list[str]:
+    """The collector classes above ``name`` in TorchRL, ``BaseCollector`` last."""
+    base = TORCHRL_BASES[name]
+    return [base] if base == "BaseCollector" else [base, *_torchrl_ancestors(base)]
 
 
 def test_inheritance_chains_are_at_most_three_classes_where_torchrl_allows():
-    """A public collector's behaviour is read in at most 3 classes (its own, the front, ``BaseCollector``);
-    only where TorchRL's hierarchy puts more classes above it (``AsyncCollector`` < ``MultiAsyncCollector``
-    < ``MultiCollector``) does the chain hold those too, and the front once."""
+    """A public collector's behaviour is read in at most 3 of this package's classes (its own, the
+    front, ``BaseCollector``); only where TorchRL puts more collector classes above it
+    (``AsyncCollector`` < ``MultiAsyncCollector`` < ``MultiCollector``) does its chain hold those too,
+    and one class of its own at most (the front). Every relation of TorchRL's holds, and no other."""
     from rpc_collectors.collectors.ray import RayCollector
 
     classes = {name: getattr(rpc_collectors, name, RayCollector) for name in TORCHRL_BASES}
+    classes["BaseCollector"] = rpc_collectors.BaseCollector
     assert classes["RayCollector"] is RayCollector
-    for name, cls in classes.items():
-        chain = _chain(cls)
-        fronts = [c for c in chain if c not in TORCHRL_BASES and c != "BaseCollector"]
-        assert len(fronts) <= 1, f"{name}: {chain}"
-        assert len(chain) <= max(MAX_CHAIN, _torchrl_depth(name) + len(fronts)), f"{name}: {chain}"
-        base = TORCHRL_BASES[name]
-        assert issubclass(cls, rpc_collectors.BaseCollector if base == "BaseCollector" else classes[base]), name
-        assert not any(issubclass(cls, other) for n, other in classes.items()  # no relation TorchRL does not have
-                       if n != name and other is not cls and n not in _torchrl_ancestors(name)), f"{name}: {chain}"
-
-
-def _torchrl_ancestors(name: str) -> set[str]:
-    base = TORCHRL_BASES.get(name)
-    return set() if base in (None, "BaseCollector") else {base, *_torchrl_ancestors(base)}
+    for name in TORCHRL_BASES:
+        chain = [c.__name__ for c in classes[name].__mro__ if c.__module__.startswith("rpc_collectors.")]
+        ancestors = _torchrl_ancestors(name)
+        own = [c for c in chain[1:] if c not in ancestors]
+        assert len(own) <= 1 and len(chain) <= max(MAX_CHAIN, 1 + len(ancestors) + len(own)), f"{name}: {chain}"
+        related = {other for other, cls in classes.items() if other != name and issubclass(classes[name], cls)}
+        assert related == set(ancestors), f"{name}: {chain}"
