@@ -230,6 +230,9 @@ def _options(arguments: Mapping[str, Any]) -> options.Options:
 
 def given(*args: Any, **kwargs: Any) -> options.Options:
     """The option groups of ``RPCCollector(*args, **kwargs)``: its signature's names and defaults."""
-    bound = inspect.signature(RPCCollector.__init__).bind(None, *args, **kwargs)
+    try:
+        bound = inspect.signature(RPCCollector.__init__).bind(None, *args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{err}; accepted: RPCCollector's arguments") from None
     bound.apply_defaults()
     return _options(bound.arguments)
