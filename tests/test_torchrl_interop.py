@@ -271,7 +271,7 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
     class as ``collector_class`` maps to ours); ours is importable from ``rpc_collectors.distributed``."""
     import inspect
 
-    from rpc_collectors.collectors import distributed_collector as distributed
+    from rpc_collectors import distributed
 
     theirs = inspect.signature(getattr(trl_distributed, name).__init__).parameters
     ours = inspect.signature(getattr(distributed, name).__init__).parameters
