@@ -87,7 +87,7 @@ def test_a_replaced_env_ends_its_episode_truncated_where_it_was_cut(tmp_path, ho
                 batches.append(c.next().clone())
                 if sum(int((b["env_index"] == 1).sum()) for b in batches) >= fail_at - 1 + after:
                     break
-            assert c.restarts.counts == [0, 1, 0]
+            assert c.roster.counts == [0, 1, 0]
     whole = torch.cat(batches)
     theirs = reference(max(len(per_env(whole, env)) for env in range(3)))  # the other envs may step on
     steps = per_env(whole, 1)

@@ -149,7 +149,7 @@ def test_a_killed_env_worker_is_replaced_within_max_worker_restarts():
                 batch = c.next()
                 after += c.pool.worker_pids[2] != old  # past the batches that may hold the old worker's steps
                 back = after > 2 and 2 in batch["env_index"].tolist()
-        assert back and c.restarts.counts == [0, 0, 1]
+        assert back and c.roster.counts == [0, 0, 1]
     assert any(issubclass(w.category, WorkerRestartWarning) and "env worker 2" in str(w.message) for w in caught)
 
 

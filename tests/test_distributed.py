@@ -258,6 +258,16 @@ def test_local_multi_collectors_take_no_rpc_keywords_as_torchrls(name):
         MultiSyncCollector([count_env] * 2, None, frames_per_batch=20, **{name: None})
 
 
+@pytest.mark.parametrize("cls", [DistributedCollector, DistributedSyncCollector])
+def test_distributed_collectors_refuse_an_unknown_keyword_naming_what_they_accept(cls):
+    from procs import descendants
+
+    before = descendants()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_envs'; accepted: RPCCollector's arguments"):
+        cls([count_env] * 2, None, frames_per_batch=20, launcher="mp", num_envs=2)
+    assert descendants() == before
+
+
 # ------------------------------------------------------------------ "mp" and tcp_port
 def _listens(port: int) -> bool:
     with socket.socket() as sock:

@@ -70,3 +70,38 @@ def _edit_distance(a: str, b: str) -> int:
         for j, cb in enumerate(b, 1):
             previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ca != cb))
     return row[-1]
+
+
+# TorchRL 0.14's collector hierarchy (torchrl/collectors, torchrl/collectors/distributed): each class's base
+TORCHRL_BASES = {
+    "Collector": "BaseCollector", "MultiCollector": "BaseCollector", "MultiSyncCollector": "MultiCollector",
+    "MultiAsyncCollector": "MultiCollector", "AsyncCollector": "MultiAsyncCollector",
+    "AsyncBatchedCollector": "BaseCollector", "RPCCollector": "BaseCollector", "RayCollector": "BaseCollector",
+    "DistributedCollector": "BaseCollector", "DistributedSyncCollector": "BaseCollector",
+}
+MAX_CHAIN = 3
+
+
+def _torchrl_ancestors(name: str) -> list[str]:
+    """The collector classes above ``name`` in TorchRL, ``BaseCollector`` last."""
+    base = TORCHRL_BASES[name]
+    return [base] if base == "BaseCollector" else [base, *_torchrl_ancestors(base)]
+
+
+def test_inheritance_chains_are_at_most_three_classes_where_torchrl_allows():
+    """A public collector's behaviour is read in at most 3 of this package's classes (its own, the
+    front, ``BaseCollector``); only where TorchRL puts more collector classes above it
+    (``AsyncCollector`` < ``MultiAsyncCollector`` < ``MultiCollector``) does its chain hold those too,
+    and one class of its own at most (the front). Every relation of TorchRL's holds, and no other."""
+    from rpc_collectors.collectors.ray import RayCollector
+
+    classes = {name: getattr(rpc_collectors, name, RayCollector) for name in TORCHRL_BASES}
+    classes["BaseCollector"] = rpc_collectors.BaseCollector
+    assert classes["RayCollector"] is RayCollector
+    for name in TORCHRL_BASES:
+        chain = [c.__name__ for c in classes[name].__mro__ if c.__module__.startswith("rpc_collectors.")]
+        ancestors = _torchrl_ancestors(name)
+        own = [c for c in chain[1:] if c not in ancestors]
+        assert len(own) <= 1 and len(chain) <= max(MAX_CHAIN, 1 + len(ancestors) + len(own)), f"{name}: {chain}"
+        related = {other for other, cls in classes.items() if other != name and issubclass(classes[name], cls)}
+        assert related == set(ancestors), f"{name}: {chain}"

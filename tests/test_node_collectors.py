@@ -245,7 +245,7 @@ def test_a_nodes_local_restart_reaches_the_trainer_as_a_warning_a_count_and_a_pi
                 c.next()
         assert sum("node 1's local worker 0" in str(w.message) for w in caught) == 1
         assert c.worker_restarts == [0, 1]
-        assert c.restarts.counts == [0, 0]  # the trainer replaced no node
+        assert c.roster.counts == [0, 0]  # the trainer replaced no node
         pids = c.infos[1]["local_pids"]
         assert victim not in pids and len(pids) == 2
         os.kill(pids[0], 0)  # the replacement runs

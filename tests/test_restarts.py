@@ -300,26 +300,3 @@ def test_bad_restart_arguments_are_refused_before_any_process_starts(kwargs, mes
         RPCCollector("CartPole-v1", None, num_collectors=2, frames_per_batch=20, launcher=kwargs.pop("launcher", "local"),
                      **kwargs)
     assert descendants() <= before
-
-
-def test_replacements_get_trajectory_ids_and_seeds_no_predecessor_used():
-    from rpc_collectors.transport.membership import Restarts
-
-    restarts = Restarts(budget=2, num_workers=4)
-    restarts.started(1, envs=3)  # ids 1, 5, 9 at reset
-    for _ in range(5):  # 5 batches of 10 frames: at most 10 ends and 3 resets each
-        restarts.asked(1, frames=10, envs=3)
-    restarts.seeds[1] = 123
-    with pytest.warns(WorkerRestartWarning, match=r"collector worker 1 crashed; replacing it \(1 of max_worker_restarts=2"):
-        assert restarts.take(1, "crashed")
-    first = restarts.traj_id_start(1)
-    assert first % 4 == 1 and first >= 1 + 4 * (3 + 5 * 13)  # above every id worker 1 could have used
-    seed_1 = restarts.seed(1)
-    restarts.started(1, envs=3)
-    restarts.asked(1, frames=10, envs=3)
-    with pytest.warns(WorkerRestartWarning, match=r"\(0 of max_worker_restarts=2 restarts left\)"):
-        assert restarts.take(1, "crashed")
-    assert restarts.traj_id_start(1) >= first + 4 * 16
-    assert len({123, seed_1, restarts.seed(1)}) == 3 and restarts.seed(1) == restarts.seed(1)
-    assert restarts.seed(0) is None  # never seeded: the env seeds itself
-    assert not restarts.take(2, "crashed") and restarts.counts == [0, 2, 0, 0]

@@ -142,7 +142,7 @@ def test_restarts_spent_and_seed_sequences_carry_over_a_resume():
     try:
         second.set_seed(5)
         second.load_state_dict(state)
-        assert second.worker_restarts == [0, 1] and second.restarts.left == 1
+        assert second.worker_restarts == [0, 1] and second.roster.left == 1
         assert not torch.equal(second.next()["action"], opening), "the resumed workers replayed the run's first actions"
     finally:
         second.shutdown()

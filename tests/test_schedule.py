@@ -13,11 +13,10 @@ from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.single_process.batch_record import VERSION, WORKER_ID
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.lifetime import Resources
-from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.schedule import Schedule
 from rpc_collectors.trainer.waits import Events, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
-from rpc_collectors.transport.membership import Restarts
 
 FRAMES = 3
 
@@ -75,11 +74,13 @@ class Slots:
 
 def front(n: int = 2, sync: bool = True, **options: object) -> SimpleNamespace:
     workers, events = Workers(n), Events()
-    roster = [WorkerRecord(info={"envs": 1}) for _ in range(n)]
+    roster = Roster(n, max_worker_restarts=0)
+    for worker_id in range(n):
+        roster.served(worker_id, {"envs": 1})
     f = SimpleNamespace(
         num_workers=n, sync=sync, elastic=False, join_timeout=10.0, cat_results="stack", preempt_after=None,
         update_after_each_batch=False, max_weight_update_interval=-1, worker_frames=FRAMES, max_policy_lag=None,
-        workers=workers, roster=roster, restarts=Restarts(0, n), events=events, _batches=Slots(),
+        workers=workers, roster=roster, events=events, _batches=Slots(),
         recovery=SimpleNamespace(recover=_no_recovery), shared=lambda method, *args: method(*args),
     )
     f.__dict__.update(options)

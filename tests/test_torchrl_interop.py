@@ -271,7 +271,7 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
     class as ``collector_class`` maps to ours); ours is importable from ``rpc_collectors.distributed``."""
     import inspect
 
-    from rpc_collectors.collectors import distributed_collector as distributed
+    from rpc_collectors import distributed
 
     theirs = inspect.signature(getattr(trl_distributed, name).__init__).parameters
     ours = inspect.signature(getattr(distributed, name).__init__).parameters
@@ -289,6 +289,21 @@ def test_distributed_classes_take_torchrls_arguments_and_defaults(name):
         else:
             assert ours[arg].default == default, (arg, ours[arg].default, default)
         assert ours[arg].kind == parameter.kind, arg
+
+
+def test_class_relations_are_torchrls():
+    """``isinstance`` between collector classes holds here exactly where it holds in TorchRL
+    (``AsyncCollector`` < ``MultiAsyncCollector`` < ``MultiCollector`` < ``BaseCollector``, ...)."""
+    from rpc_collectors.collectors.ray import RayCollector
+
+    names = ["BaseCollector", "Collector", "MultiCollector", "MultiSyncCollector", "MultiAsyncCollector",
+             "AsyncCollector", "AsyncBatchedCollector", "RPCCollector", "RayCollector", "DistributedCollector",
+             "DistributedSyncCollector"]
+    theirs = {name: getattr(trl_collectors, name, None) or getattr(trl_distributed, name) for name in names}
+    ours = {name: getattr(rpc_collectors, name, RayCollector) for name in names}
+    assert ours["RayCollector"] is RayCollector
+    relations = {(a, b): issubclass(theirs[a], theirs[b]) for a in names for b in names}
+    assert {pair: issubclass(ours[pair[0]], ours[pair[1]]) for pair in relations} == relations
 
 
 def test_torchrls_single_machine_rpc_script_call_runs():

@@ -26,8 +26,8 @@ from rpc_collectors.single_process.batch_record import BatchRecord
 from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.trainer.inference_loop import InferenceLoop
 from rpc_collectors.trainer.lifetime import finalize_before_exit, weak_method
+from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.transitions import BATCH_KEYS, ENV_INDEX, Transitions
-from rpc_collectors.transport.membership import Restarts
 from rpc_collectors.transport.step_plane import StepPlane
 from rpc_collectors.transport.weight_updates import whole_update
 from rpc_collectors.transport.weights import load_weights, one_source, signature_of
@@ -165,8 +165,7 @@ class AsyncBatchedCollector(BaseCollector):
         options = [{"frames_per_batch": 1, "create_env_kwargs": kw, worker_warnings.KEY: filters} for kw in kwargs]
         self._specs = [WorkerSpec(f, None, opts).dumps() for f, opts in zip(factories, options)]
         self._lock = threading.Lock()
-        self.restarts = Restarts(self.max_worker_restarts, self.num_envs)
-        self.restarts.name = "env worker {}"
+        self.roster = Roster(self.num_envs, self.max_worker_restarts, name="env worker {}")
         self._seeds: list[int | None] = [None] * self.num_envs
         self._loop: InferenceLoop | None = None
         self.plane: StepPlane | None = None
@@ -235,7 +234,7 @@ class AsyncBatchedCollector(BaseCollector):
             reason, remote = "raised in its env", text
         else:
             reason, remote = self.pool.channels[env].exit_reason() or "closed its doorbell", ""
-        if not self._closing and self.restarts.take(env, reason):
+        if not self._closing and self.roster.take(env, reason):
             try:
                 self.pool.replace(env)
                 outcome(self.pool.create(env, self._specs[env]))

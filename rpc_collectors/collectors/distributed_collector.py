@@ -1,6 +1,6 @@
 """TorchRL's ``DistributedCollector`` and ``DistributedSyncCollector``.
 
-TorchRL runs these over ``torch.distributed`` point-to-point sends; here they are the
+TorchRL runs these over ``torch.distributed`` point-to-point sends; here each is the
 collector front over the same pools as :class:`~rpc_collectors.RPCCollector` (the launcher
 picks them: ``"submitit"``, TorchRL's default, submits one SLURM job per collector; ``"mp"``
 starts local processes), with TorchRL's signatures, defaults and stacked sync layout.
@@ -11,8 +11,11 @@ from typing import Any
 
 from tensordict.nn import InteractionType
 
-from rpc_collectors.collectors.rpc import RPCCollector
+from rpc_collectors.collectors import rpc
+from rpc_collectors.collectors.multi import MultiCollector
+from rpc_collectors.core import options
 from rpc_collectors.single_process.collector import Collector
+from rpc_collectors.trainer.collector_front import CollectorFront
 
 
 def _cadence(update_interval: int | None, update_after_each_batch: bool, max_weight_update_interval: int) -> dict:
@@ -32,6 +35,17 @@ def _cadence(update_interval: int | None, update_after_each_batch: bool, max_wei
     return {"update_after_each_batch": False, "max_weight_update_interval": update_interval - 1}
 
 
+def _given(
+    create_env_fn: Any, policy: Any, *, update_interval: int | None, update_after_each_batch: bool = False,
+    max_weight_update_interval: int, collector_class: Any, num_workers_per_collector: int, **kwargs: Any,
+) -> options.Options:
+    """The option groups of a distributed collector's arguments (TorchRL's, and ``RPCCollector``'s keywords)."""
+    return rpc.given(
+        create_env_fn, policy, **_cadence(update_interval, update_after_each_batch, max_weight_update_interval),
+        **_node_collectors(collector_class, num_workers_per_collector), **kwargs,
+    )
+
+
 def _node_collectors(collector_class: Any, num_workers_per_collector: int) -> dict:
     """``collector_class``/``num_workers_per_collector`` for ``RPCCollector``, when not TorchRL's defaults."""
     if collector_class in (Collector, "single") and num_workers_per_collector == 1:
@@ -39,7 +53,7 @@ def _node_collectors(collector_class: Any, num_workers_per_collector: int) -> di
     return {"collector_class": collector_class, "num_workers_per_collector": num_workers_per_collector}
 
 
-class DistributedCollector(RPCCollector):
+class DistributedCollector(CollectorFront):
     """TorchRL's ``DistributedCollector``: N collectors on SLURM jobs (``launcher="submitit"``) or
     local processes (``"mp"``); sync batches stacked ``[N, (B,) T]``, async ones one worker's.
 
@@ -87,7 +101,7 @@ class DistributedCollector(RPCCollector):
         weight_recv_schemes: Any = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
+        self._start(create_env_fn, policy, _given(
             create_env_fn, policy, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
             total_frames=total_frames, device=device,
             storing_device=storing_device, env_device=env_device, policy_device=policy_device,
@@ -96,15 +110,20 @@ class DistributedCollector(RPCCollector):
             exploration_type=exploration_type, collector_kwargs=collector_kwargs, sync=sync,
             slurm_kwargs=slurm_kwargs, backend=backend, launcher=launcher, tcp_port=tcp_port,
             weight_updater=weight_updater, weight_sync_schemes=weight_sync_schemes, weight_recv_schemes=weight_recv_schemes,
-            **_cadence(update_interval, update_after_each_batch, max_weight_update_interval),
-            **_node_collectors(collector_class, num_workers_per_collector), **kwargs,
-        )
+            update_interval=update_interval, update_after_each_batch=update_after_each_batch,
+            max_weight_update_interval=max_weight_update_interval, collector_class=collector_class,
+            num_workers_per_collector=num_workers_per_collector, **kwargs,
+        ))
+
+    _start = MultiCollector._start  # opens over the pool the launcher picks
 
 
-class DistributedSyncCollector(DistributedCollector):
+class DistributedSyncCollector(CollectorFront):
     """TorchRL's ``DistributedSyncCollector``: :class:`DistributedCollector` with sync rounds
     (``[N, (B,) T]`` batches) and the weights pushed before every ``update_interval``-th round
     (default 1: every round; None: only by ``update_policy_weights_`` or ``max_weight_update_interval``)."""
+
+    _default_cat_results: str | int = "stack"  # as DistributedCollector's
 
     def __init__(
         self,
@@ -138,7 +157,7 @@ class DistributedSyncCollector(DistributedCollector):
         if "sync" in kwargs:
             raise TypeError(f"sync={kwargs['sync']!r}: DistributedSyncCollector always collects in sync rounds; "
                             "accepted: no sync argument (DistributedCollector takes sync=False)")
-        super().__init__(
+        self._start(create_env_fn, policy, _given(
             create_env_fn, policy, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
             total_frames=total_frames, device=device, storing_device=storing_device, env_device=env_device,
             policy_device=policy_device, max_frames_per_traj=max_frames_per_traj,
@@ -147,4 +166,6 @@ class DistributedSyncCollector(DistributedCollector):
             collector_kwargs=collector_kwargs, num_workers_per_collector=num_workers_per_collector, sync=True,
             slurm_kwargs=slurm_kwargs, backend=backend, max_weight_update_interval=max_weight_update_interval,
             update_interval=update_interval, launcher=launcher, tcp_port=tcp_port, **kwargs,
-        )
+        ))
+
+    _start = MultiCollector._start

@@ -1,5 +1,6 @@
 """The multi-process collectors of TorchRL's names: ``MultiCollector``, ``MultiSyncCollector`` and
-``MultiAsyncCollector``, each an :class:`~rpc_collectors.RPCCollector` over N local worker processes.
+``MultiAsyncCollector``, each the collector front over N local worker processes (as in TorchRL,
+``MultiSyncCollector`` and ``MultiAsyncCollector`` derive from ``MultiCollector``).
 
 Each spells out every option it takes (TorchRL's signature, for editors and ``inspect.signature``)
 and converts them into the option groups of :mod:`rpc_collectors.core.options`.
@@ -11,8 +12,9 @@ from typing import Any
 
 from tensordict.nn import InteractionType
 
-from rpc_collectors.collectors.rpc import RPCCollector
+from rpc_collectors.collectors import opening
 from rpc_collectors.core import checks, options, torchrl_args
+from rpc_collectors.trainer.collector_front import CollectorFront
 
 LAUNCHERS = ("local", "mp", "debug")
 
@@ -46,7 +48,7 @@ class _SyncChoosesClass(type):
         return super().__call__(*args, **kwargs)
 
 
-class MultiCollector(RPCCollector, metaclass=_SyncChoosesClass, runs_nodes=True):
+class MultiCollector(CollectorFront, metaclass=_SyncChoosesClass):
     """N worker processes on this host (``RPCCollector`` with ``launcher="local"``).
 
     ``create_env_fn`` is a list with one env factory per worker, or one env factory for
@@ -126,6 +128,11 @@ class MultiCollector(RPCCollector, metaclass=_SyncChoosesClass, runs_nodes=True)
         weight_recv_schemes: dict | None = None,
     ) -> None:
         self._start(create_env_fn, policy, _local(create_env_fn, num_workers, locals()))
+
+    def _start(self, create_env_fn: Any, policy: Any, o: options.Options) -> None:
+        """Open over the pool the launcher picks (:func:`.opening.start`; ``RPCCollector`` and the distributed
+        classes open the same way); node collectors (``collector_class``) run ``MultiCollector``."""
+        opening.start(self, create_env_fn, policy, o, MultiCollector)
 
 
 class MultiSyncCollector(MultiCollector):

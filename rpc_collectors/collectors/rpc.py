@@ -1,38 +1,22 @@
 """``RPCCollector``: the collector front over the worker pool its launcher picks (local processes,
 torchrun/SLURM ranks, elastic members, jobs it submits, or in-process debug workers).
 
-Its constructor, and those of the classes built on it, convert their arguments into the option
-groups of :mod:`rpc_collectors.core.options` and open the collector from them (:meth:`RPCCollector._start`).
-What a collector does with its workers is :mod:`rpc_collectors.trainer.collector_front`.
+Its constructor converts its arguments into the option groups of :mod:`rpc_collectors.core.options`
+(:func:`given` does so for a class that takes ``RPCCollector``'s keywords) and opens the collector
+from them (:func:`rpc_collectors.collectors.opening.start`). What a collector does with its workers
+is :mod:`rpc_collectors.trainer.collector_front`.
 """
 from __future__ import annotations
 
-import functools
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from tensordict.nn import InteractionType
 
-from rpc_collectors.core import checks, options, torchrl_args
-from rpc_collectors.pools.debug import DebugPool
-from rpc_collectors.pools.local import LocalPool
-from rpc_collectors.pools.ranks.elastic_pool import ElasticPool
-from rpc_collectors.pools.ranks.static import RankPool
-from rpc_collectors.pools.ranks.submitit import SubmititPool
-from rpc_collectors.trainer import policy_lag, settings
+from rpc_collectors.collectors.multi import MultiCollector
+from rpc_collectors.core import options, torchrl_args
 from rpc_collectors.trainer.collector_front import CollectorFront
-
-
-def _pool(s: settings.Settings, on_death: Any, on_arrival: Any) -> Any:
-    """The worker pool of a collector with settings ``s``."""
-    if s.launcher == "debug":
-        return DebugPool(s.num_workers)
-    if s.launcher == "submitit":  # jobs this process submits, which join it
-        return SubmititPool(s.executor, s.num_workers, s.rpc_timeout, s.join_timeout, s.tcp_port, s.elastic, on_arrival)
-    if s.elastic:  # collectors are admitted as they join, while collecting
-        return ElasticPool(s.rdv, s.num_workers, s.rpc_timeout, on_arrival)
-    if s.rdv is not None:
-        return RankPool(s.rdv, s.num_workers, s.rpc_timeout)
-    return LocalPool(s.num_workers, s.rpc_timeout, on_death, s.tcp_port, nodes=s.node is not None)
 
 
 class RPCCollector(CollectorFront):
@@ -165,7 +149,6 @@ class RPCCollector(CollectorFront):
     """
 
     _default_cat_results: str | int = 0  # TorchRL's RPCCollector: torch.cat of the workers' batches
-    _node_collector: type | None = None  # the multi-worker class a node collector runs, set by that class
 
     def __init__(
         self,
@@ -233,37 +216,23 @@ class RPCCollector(CollectorFront):
         weight_updater: Any = None,
         weight_recv_schemes: dict | None = None,
     ) -> None:
-        torchrl_args.not_here(visible_devices=visible_devices, tensorpipe_options=tensorpipe_options,
-                              weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
-        self._start(create_env_fn, policy, options.Options.given(locals()))
+        self._start(create_env_fn, policy, _options(locals()))
 
-    def _start(self, create_env_fn: Any, policy: Any, o: options.Options) -> None:
-        """Check the options that read several groups, the launcher or the env, and start the workers."""
-        batches, run, weights, launch, collect = o.batches, o.run, o.weights, o.launch, o.collect
-        super().__init__(**dict(batches.arguments(), frames_per_batch=checks.frames_total(batches.frames_per_batch)))
-        self._closed = self._closing = True  # until the workers are up
-        self.max_policy_lag = policy_lag.check(run.max_policy_lag, run.sync)
-        checks.split_needs_ids(self.split_trajs or self.whole_trajectories, collect.track_traj_ids)
-        checks.use_buffers(collect.use_buffers, self.replay_buffer)
-        self.preemptive_threshold = checks.preemptive_threshold(
-            run.preemptive_threshold, run.sync, launch.elastic, self.split_trajs or self.whole_trajectories,
-        )
-        weight_transport = torchrl_args.weight_sync_schemes(weights.weight_sync_schemes, weights.weight_transport)
-        self._no_push = weight_transport == torchrl_args.NO_PUSH  # TorchRL's NoWeightSyncScheme
-        self._schemes_given, self._use_buffers = weights.weight_sync_schemes, collect.use_buffers
-        self._hooks = {"pre_collect_hook": collect.pre_collect_hook, "post_collect_hook": collect.post_collect_hook}
-        resolved, rdv = settings.rendezvous(launch.launcher, launch.elastic, launch.join_timeout, launch.rpc_timeout)
-        checked = settings.check(
-            o, launcher=resolved, rdv=rdv, create_env_fn=create_env_fn, policy=policy,
-            frames_per_batch=self.frames_per_batch, default_cat_results=self._default_cat_results,
-            weight_transport="auto" if self._no_push else weight_transport,
-            preemptive_threshold=None if self.preemptive_threshold == 1.0 else self.preemptive_threshold,
-            node_collector=RPCCollector._node_collector,
-        )
-        self._open(checked, policy, functools.partial(_pool, checked))
+    _start = MultiCollector._start  # opens over the pool the launcher picks
 
-    def __init_subclass__(cls, *, runs_nodes: bool = False, **kwargs: Any) -> None:
-        """``runs_nodes=True``: the subclass is what each node collector runs (``MultiCollector``)."""
-        super().__init_subclass__(**kwargs)
-        if runs_nodes:
-            RPCCollector._node_collector = cls
+
+def _options(arguments: Mapping[str, Any]) -> options.Options:
+    """The option groups of ``RPCCollector``'s arguments by name; TorchRL's arguments it does not take are refused."""
+    torchrl_args.not_here(visible_devices=arguments["visible_devices"], tensorpipe_options=arguments["tensorpipe_options"],
+                          weight_updater=arguments["weight_updater"], weight_recv_schemes=arguments["weight_recv_schemes"])
+    return options.Options.given(arguments)
+
+
+def given(*args: Any, **kwargs: Any) -> options.Options:
+    """The option groups of ``RPCCollector(*args, **kwargs)``: its signature's names and defaults."""
+    try:
+        bound = inspect.signature(RPCCollector.__init__).bind(None, *args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{err}; accepted: RPCCollector's arguments") from None
+    bound.apply_defaults()
+    return _options(bound.arguments)

@@ -4,8 +4,8 @@ async first-come, weight-update cadence, ``total_frames``, layouts, seeding and 
 schedules in :mod:`.schedule`, the weight pusher in :mod:`.weight_pushes`, trajectory continuity in
 :mod:`.continuity`, TorchRL's views of the workers in :mod:`.torchrl_views`), its checked
 arguments (:mod:`.settings`), its state (:mod:`.saved_state`), how it writes into a replay buffer
-(:mod:`.buffer_writes`), its one wait (:mod:`.waits`), its per-worker
-records (:mod:`.roster`), what it does when a worker fails or joins (:mod:`.recovery`; a node's own
+(:mod:`.buffer_writes`), its one wait (:mod:`.waits`), the roster of its workers and their
+restarts (:mod:`.roster`), what it does when a worker fails or joins (:mod:`.recovery`; a node's own
 local restarts in :mod:`.node_restarts`), what it owns outside itself (:mod:`.lifetime`,
 :mod:`.threads`), and ``max_policy_lag`` (:mod:`.policy_lag`). A batched-inference collector's
 trainer side is here too: its inference loop (:mod:`.inference_loop`) and batch assembly

@@ -1,7 +1,7 @@
 """The collector front: what a multi-worker collector means, written once for every pool.
 
-The front holds its parts, each owning its state: the workers' records (:mod:`.roster`) and
-restarts (:class:`~rpc_collectors.transport.membership.Restarts`), the request/wait loop with the sync
+The front holds its parts, each owning its state: the roster of its workers and their restarts
+(:class:`~rpc_collectors.trainer.roster.Roster`), the request/wait loop with the sync
 and async schedules (:class:`~rpc_collectors.trainer.schedule.Schedule`), the weight pushes
 (:class:`~rpc_collectors.trainer.weight_pushes.WeightPusher`), trajectory continuity
 (:class:`~rpc_collectors.trainer.continuity.Continuity`) and recovery
@@ -25,14 +25,13 @@ from rpc_collectors.trainer import buffer_writes, saved_state, torchrl_views
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.lifetime import Resources, release_with, wait_gone, weak_method
 from rpc_collectors.trainer.recovery import Recovery
-from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.schedule import Schedule
 from rpc_collectors.trainer.settings import Settings
 from rpc_collectors.trainer.threads import TrainerThreads
 from rpc_collectors.trainer.waits import Events, Joined, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport.data import BatchPlane
-from rpc_collectors.transport.membership import Restarts
 from rpc_collectors.transport.rendezvous import host_id
 from rpc_collectors.transport.weight_sync import WeightPlane
 from rpc_collectors.transport.weights import one_source
@@ -71,8 +70,7 @@ class CollectorFront(BaseCollector):
         self.specs = s.specs
         self.policy = policy
         self.events = Events()
-        self.roster = [WorkerRecord() for _ in range(self.num_workers)]
-        self.restarts = Restarts(s.max_worker_restarts, self.num_workers)
+        self.roster = Roster(self.num_workers, s.max_worker_restarts)
         self.recovery = Recovery(self)
         self.continuity = Continuity(self)
         self.schedule = Schedule(self)
@@ -86,7 +84,7 @@ class CollectorFront(BaseCollector):
         self.pusher = WeightPusher(
             policy, self.workers, self.roster, self.deferred, self.gather, transport=s.weight_transport,
             factory=s.policy_factory, no_push=self._no_push, policy_device=s.policy_device, backend=self.backend,
-            elastic=self.elastic, rpc_timeout=self.rpc_timeout, refill=self.restarts.budget > 0 or self.elastic,
+            elastic=self.elastic, rpc_timeout=self.rpc_timeout, refill=self.roster.budget > 0 or self.elastic,
             resources=self._resources,
         )
         self._release = release_with(self, self._resources)
@@ -95,8 +93,7 @@ class CollectorFront(BaseCollector):
             if not self.elastic:  # elastic collectors are set up as they join (Recovery.admit)
                 create = {i: functools.partial(self.workers.create, i, self.specs[i]) for i in range(self.num_workers)}
                 for i, info in enumerate(self.gather(create)):
-                    self.roster[i].served(info)
-                    self.restarts.started(i, info["envs"])
+                    self.roster.served(i, info)
             self.pusher.open()
             infos = self.infos
             local = [not self.workers.in_process and info is not None and info["host_id"] == host_id() for info in infos]
@@ -104,7 +101,7 @@ class CollectorFront(BaseCollector):
             rdv = self.workers.rdv  # other hosts send their batches to its address
             address = rdv.address() if rdv is not None else None
             self._batches = self._resources.batches = BatchPlane(  # elastic: a buffer per member, who may be anywhere
-                local, weak_method(self._join_batches), sync=self.sync and not self.elastic, keep_fds=self.restarts.budget > 0,
+                local, weak_method(self._join_batches), sync=self.sync and not self.elastic, keep_fds=self.roster.budget > 0,
                 device=s.storing_device, address=address, timeout=self.rpc_timeout,
                 pipelined=not self.sync and not self.update_after_each_batch,
             )
@@ -115,7 +112,7 @@ class CollectorFront(BaseCollector):
 
     def _join_batches(self, worker_id: int, spec: Any) -> bool:
         """Ask a worker to map a shared batch buffer; False if it cannot (a failure shows at its next request)."""
-        recover = not self.restarts.budget and not self.elastic  # without restarts a failure raises its WorkerError here
+        recover = not self.roster.budget and not self.elastic  # without restarts a failure raises its WorkerError here
         try:
             return self.gather({worker_id: self.deferred.join_batches(worker_id, spec)}, recover=recover)[0]
         except Failure:
@@ -141,11 +138,11 @@ class CollectorFront(BaseCollector):
     def worker_restarts(self) -> list[int]:
         """How many times each worker was replaced (``max_worker_restarts``), or how many
         collectors left each slot (``elastic``); with node collectors, plus the local workers each node replaced."""
-        return [count + record.local_restarts for count, record in zip(self.restarts.counts, self.roster)]
+        return self.roster.worker_restarts
 
     def _on_death(self, worker_id: int, reason: str) -> None:
         """A pool saw worker ``worker_id`` die (from its own thread)."""
-        self.roster[worker_id].died(reason)
+        self.roster.died(worker_id, reason)
         self.events.wake()
 
     def _on_arrival(self, rank: int) -> None:
@@ -357,11 +354,11 @@ class CollectorFront(BaseCollector):
         seed = checks.seed(seed)
         if self.elastic:  # slot i gets seed + i; each collector in it one drawn from that seed's sequence
             for worker_id in range(self.num_workers):
-                self.restarts.seeds[worker_id] = seed + worker_id
-            self.gather({i: self.deferred.set_seed(i, self.restarts.seed(i)) for i in self._serving()})
+                self.roster.seeds[worker_id] = seed + worker_id
+            self.gather({i: self.deferred.set_seed(i, self.roster.seed(i)) for i in self._serving()})
             return seed + self.num_workers
         for worker_id in range(self.num_workers):
-            self.restarts.seeds[worker_id] = int(seed)
+            self.roster.seeds[worker_id] = int(seed)
             seed = self.gather({worker_id: self.deferred.set_seed(worker_id, int(seed))})[0]
         return seed
 

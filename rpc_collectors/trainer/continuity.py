@@ -10,7 +10,7 @@ of a worker's stream goes through :class:`Continuity`, which owns the rule:
   a node cuts those of the local workers in the batch), its env not reset;
 * a worker's batches asked before its cut reached it continue the dropped one: they are dropped too;
 * a worker replaced (``max_worker_restarts``) or a collector that joins starts afresh: a new env
-  under ids above any its slot used (:class:`~rpc_collectors.transport.membership.Restarts`), and
+  under ids above any its slot used (:meth:`~rpc_collectors.trainer.roster.Roster.traj_id_start`), and
   what its predecessor was asked is asked of it again (nothing stale);
 * a resume (``load_state_dict``) restarts every env under ids above the saved ones: batches
   asked before it are dropped.
@@ -27,7 +27,7 @@ from tensordict import TensorDictBase
 
 from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.single_process.batch_record import workers_in
-from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.trainer.roster import Roster
 
 
 class StreamOwner(Protocol):
@@ -35,7 +35,7 @@ class StreamOwner(Protocol):
 
     num_workers: int
     workers: Any
-    roster: list[WorkerRecord]
+    roster: Roster
     gather: Callable[..., list]
     deferred: WorkerCalls[Callable[[], Any]]
 

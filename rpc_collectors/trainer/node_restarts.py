@@ -4,7 +4,7 @@ A node replaces its own local workers (``max_worker_restarts``) and tells the tr
 next batch answer (:mod:`~rpc_collectors.transport.local_restarts`), as it tells the frames it
 dropped itself (which the trainer counts in ``dropped_frames``, :mod:`.continuity`): the trainer warns, counts
 them for the node (``worker_restarts``; not in the trajectory-id bounds of
-:class:`~rpc_collectors.transport.membership.Restarts`, which only the trainer's own replacements move)
+:class:`~rpc_collectors.trainer.roster.Roster`, which only the trainer's own replacements move)
 and lists the replacement's pid in the node's ``info["local_pids"]``.
 """
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Any, Callable, Protocol
 
 from rpc_collectors.core.errors import Failure, WorkerError, remote_summary
 from rpc_collectors.trainer.continuity import Continuity
-from rpc_collectors.trainer.roster import WorkerRecord
-from rpc_collectors.transport.membership import Restarts, WorkerLeftWarning
+from rpc_collectors.trainer.roster import Roster
+from rpc_collectors.transport.membership import WorkerLeftWarning
 from rpc_collectors.transport.weight_sync import WeightPlane
 
 
@@ -28,8 +28,7 @@ class Recovered(Protocol):
     ready: bool
     specs: list
     workers: Any
-    roster: list[WorkerRecord]
-    restarts: Restarts
+    roster: Roster
     continuity: Continuity
     gather: Callable[..., list]
 
@@ -72,7 +71,7 @@ class Recovery:
             cause = None if failed.remote else failed.__cause__  # a raise: its traceback is in the error's message
             if not front.ready:  # a worker that fails while the collector starts is not replaced
                 raise front.fail(front.worker_error(worker_id, f"{reason} during start-up", failed.remote)) from cause
-            if not front.restarts.take(worker_id, reason + remote_summary(failed.remote)):
+            if not front.roster.take(worker_id, reason + remote_summary(failed.remote)):
                 raise front.fail(front.worker_error(worker_id, reason, failed.remote)) from cause
             try:
                 self._replace(worker_id)
@@ -85,7 +84,7 @@ class Recovery:
     def _replace(self, worker_id: int) -> None:
         front = self.front
         front.workers.replace(worker_id)  # first: a late death report of the old process is ignored from here on
-        front.roster[worker_id].replaced()
+        front.roster.replaced(worker_id)
         self.set_up(worker_id)
 
     def set_up(self, worker_id: int) -> None:
@@ -93,15 +92,14 @@ class Recovery:
         joined) and bring it where the others are: trajectory ids, seed, weights, batch slots.
         Only this worker's failure interrupts it (:class:`Failure`)."""
         front, pool = self.front, self.front.workers
-        start = front.restarts.traj_id_start(worker_id)
+        start = front.roster.traj_id_start(worker_id)
         create = functools.partial(pool.create, worker_id, front.specs[worker_id], start)
         info = front.gather({worker_id: create}, recover=False)[0]
-        front.roster[worker_id].served(info)
+        front.roster.served(worker_id, info)
         front.roster[worker_id].uncounted = front._delivered_frames(worker_id)  # the new process counts from 0
-        front.restarts.started(worker_id, info["envs"])
         front.continuity.replaced(worker_id)
         steps = []
-        seed = front.restarts.seed(worker_id)
+        seed = front.roster.seed(worker_id)
         if seed is not None:
             steps.append(functools.partial(pool.calls.set_seed, worker_id, seed))
         weights = front.weights
@@ -123,7 +121,7 @@ class Recovery:
         worker_id = front.workers.assign(rank)
         if worker_id is None:
             return
-        front.roster[worker_id].vacated()  # a new generation: the slot's old answers are dropped
+        front.roster.joining(worker_id)  # a new generation: the slot's old answers are dropped
         try:
             self.set_up(worker_id)
         except Failure as failed:
@@ -136,10 +134,9 @@ class Recovery:
         front, pool = self.front, self.front.workers
         front.require_running()
         rank = pool.ranks[worker_id]
-        front.roster[worker_id].vacated()
+        front.roster.left_slot(worker_id)
         front.left(worker_id)
         pool.vacate(worker_id)
-        front.restarts.vacated(worker_id)
         warnings.warn(
             f"collector worker {worker_id} (rank {rank}) {reason}; its slot is vacant until a collector joins "
             f"(join_timeout={front.join_timeout} s)",

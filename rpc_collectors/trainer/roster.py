@@ -1,8 +1,21 @@
-"""Per-worker state of a multi-worker collector, one record per worker id (slot)."""
+"""The workers of a multi-worker collector, by worker id (slot): who serves each, and the run's restarts.
+
+:class:`Roster` is one part of the collector front: the record of the process serving each worker
+id (:class:`WorkerRecord`: its generation, what it reported of itself, its death, its requests),
+the budget of replacements (``max_worker_restarts``) and how often each id was replaced or left,
+and what a new process in a slot continues from (trajectory ids, seed). The front and its recovery
+change it only through the transitions of :class:`Roster`.
+"""
 from __future__ import annotations
 
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+import numpy as np
+
+from rpc_collectors.transport.membership import WorkerRestartWarning
 
 
 @dataclass
@@ -12,7 +25,7 @@ class WorkerRecord:
 
     ``generation`` tells processes apart: answers of one that was replaced are dropped.
     ``info`` is what the process reported of itself (None: vacant, or not built yet).
-    ``dead`` is why it died, as its pool reported, until it is replaced. ``outstanding``
+    ``dead`` is why it died, as its pool first reported it, until it is replaced. ``outstanding``
     counts its batch requests in flight; ``redo`` the requests a failed predecessor left
     unanswered, which its replacement is asked again (into the same slots). ``requests`` counts
     the batches this process was asked for (the number of the latest). ``serving_since`` is when
@@ -56,7 +69,9 @@ class WorkerRecord:
         self.info = None
 
     def died(self, reason: str) -> None:
-        self.dead = reason
+        """The process died: the first report says why (a later one of the same death adds nothing)."""
+        if self.dead is None:
+            self.dead = reason
 
     def asked(self, again: bool = False) -> None:
         """A batch request went out (``again``: one a predecessor left unanswered)."""
@@ -70,3 +85,118 @@ class WorkerRecord:
     def answered(self) -> None:
         self.outstanding -= 1
         self.serving_since = time.monotonic() if self.outstanding else None
+
+
+class Roster:
+    """The workers of one collector: ``roster[i]`` is worker ``i``'s :class:`WorkerRecord`, and the
+    roster holds the run's ``budget`` of replacements over all workers (``max_worker_restarts``).
+
+    :meth:`take` spends one, warning with the worker, the reason and what is left, or says the
+    budget is spent; ``counts[i]`` is how often worker i was replaced (elastic: how many
+    collectors left its slot). A process that starts serving worker i gets trajectory ids above
+    any its predecessors could have used (:meth:`traj_id_start`) and a seed from i's seed
+    sequence (:meth:`seed`). ``name`` says how a warning names worker i.
+    """
+
+    def __init__(self, num_workers: int, max_worker_restarts: int, name: str = "collector worker {}") -> None:
+        self.records = [WorkerRecord() for _ in range(num_workers)]
+        self.budget, self.name = max_worker_restarts, name
+        self.counts = [0] * num_workers
+        self.taken: list[tuple[int, str]] = []  # (worker id, reason) of every replacement, in order
+        self.seeds: list[int | None] = [None] * num_workers  # the seed each worker was last given
+        self._ids = [0] * num_workers  # bound on the id counts worker i's processes may have used
+        self.resumes = 0  # how many times the run was resumed from a saved state
+
+    def __getitem__(self, worker_id: int) -> WorkerRecord:
+        return self.records[worker_id]
+
+    def __iter__(self) -> Iterator[WorkerRecord]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.records)
+
+    # ---------------------------------------------------------------- restarts
+    @property
+    def left(self) -> int:
+        """Replacements left in the run's budget."""
+        return self.budget - sum(self.counts)
+
+    @property
+    def worker_restarts(self) -> list[int]:
+        """How often each worker id was replaced or left, plus the local workers its nodes replaced."""
+        return [count + record.local_restarts for count, record in zip(self.counts, self.records)]
+
+    def take(self, worker_id: int, reason: str) -> bool:
+        """Spend a replacement of ``worker_id``, which ``reason``; False once the budget is spent."""
+        if self.left <= 0:
+            return False
+        self.counts[worker_id] += 1
+        self.taken.append((worker_id, reason))
+        warnings.warn(
+            f"{self.name.format(worker_id)} {reason}; replacing it ({self.left} of "
+            f"max_worker_restarts={self.budget} restarts left)",
+            WorkerRestartWarning, stacklevel=5,
+        )
+        return True
+
+    # ---------------------------------------------------------------- who serves each worker id
+    def died(self, worker_id: int, reason: str) -> None:
+        """The process serving ``worker_id`` died (its pool's report; the first one counts)."""
+        self.records[worker_id].died(reason)
+
+    def replaced(self, worker_id: int) -> None:
+        """A new process takes ``worker_id`` (a restart): a new generation, asked what its predecessor was."""
+        self.records[worker_id].replaced()
+
+    def joining(self, worker_id: int) -> None:
+        """A collector is taking the vacant slot ``worker_id`` (elastic): a new generation, nothing to redo."""
+        self.records[worker_id].vacated()
+
+    def left_slot(self, worker_id: int) -> None:
+        """The collector serving ``worker_id`` left an elastic trainer: its slot is vacant (no budget spent)."""
+        self.records[worker_id].vacated()
+        self.counts[worker_id] += 1
+
+    def served(self, worker_id: int, info: dict) -> None:
+        """The process serving ``worker_id`` built its collector (``info``: what it reports of itself,
+        its ``"envs"`` among it); each env starts a trajectory."""
+        self.records[worker_id].served(info)
+        self._ids[worker_id] += info["envs"]
+
+    def asked(self, worker_id: int, frames: int, again: bool = False) -> None:
+        """``worker_id`` was asked for a batch of ``frames`` (``again``: one its predecessor left
+        unanswered): each frame may end a trajectory, each env may reset."""
+        record = self.records[worker_id]
+        record.asked(again)
+        self._ids[worker_id] += frames + record.info["envs"]
+
+    # ---------------------------------------------------------------- what a new process continues from
+    def traj_id_start(self, worker_id: int) -> int:
+        """First trajectory id of a new process serving ``worker_id``: ids ``start + k * num_workers``
+        never meet those of its predecessors (same residue, higher counts)."""
+        return worker_id + self.num_workers * self._ids[worker_id]
+
+    def seed(self, worker_id: int) -> int | None:
+        """The seed of ``worker_id``'s current process (or, after a resume, of the resumed worker),
+        drawn from its seed's sequence."""
+        seed = self.seeds[worker_id]
+        if seed is None:
+            return None
+        key = (self.counts[worker_id],) if not self.resumes else (self.counts[worker_id], self.resumes)
+        return int(np.random.SeedSequence(seed, spawn_key=key).generate_state(1)[0])
+
+    def bounds(self) -> list[int]:
+        """What :meth:`traj_id_start` continues from, to save with the trainer's state."""
+        return list(self._ids)
+
+    def restore(self, bounds: list[int]) -> None:
+        self._ids = [int(b) for b in bounds]
+
+    def loaded(self, worker_id: int, traj_count: int) -> None:
+        """Worker ``worker_id`` resumed from a state that had started ``traj_count`` trajectories."""
+        self._ids[worker_id] += traj_count

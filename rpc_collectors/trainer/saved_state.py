@@ -19,9 +19,8 @@ from torch import nn
 from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.single_process.trajectories import pool_state
 from rpc_collectors.trainer.continuity import Continuity
-from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.weight_pushes import WeightPusher
-from rpc_collectors.transport.membership import Restarts
 
 POLICY = "policy_state_dict"
 
@@ -33,8 +32,7 @@ class Saved(Protocol):
     elastic: bool
     run_start: int
     policy: Any
-    roster: list[WorkerRecord]
-    restarts: Restarts
+    roster: Roster
     continuity: Continuity
     gather: Callable[..., list]
     deferred: WorkerCalls[Callable[[], Any]]
@@ -58,14 +56,14 @@ def state_of(front: Saved) -> dict:
         front.pusher.finish()
     state = front._base_state()
     state["policy_version"] = front.pusher.version
-    state["restarts"] = {"counts": list(front.restarts.counts), "seeds": list(front.restarts.seeds),
-                         "resumes": front.restarts.resumes}
+    state["restarts"] = {"counts": list(front.roster.counts), "seeds": list(front.roster.seeds),
+                         "resumes": front.roster.resumes}
     if front.pusher.plane is not None:  # the weight-update cadence: batches each worker delivered since its last push
         state["since_update"] = list(front.pusher.plane.since_update)
     if isinstance(front.policy, nn.Module):
         state[POLICY] = {name: value.clone() for name, value in front.policy.state_dict().items()}
     if front.elastic:  # collectors come and go: keep where their trajectory ids continue from
-        state["workers"], state["traj_id_bounds"] = None, front.restarts.bounds()
+        state["workers"], state["traj_id_bounds"] = None, front.roster.bounds()
         return state
     state["workers"] = front.gather({i: front.deferred.state_dict(i) for i in range(front.num_workers)})
     state.update({f"worker{i}": worker for i, worker in enumerate(state["workers"])})  # TorchRL's keys
@@ -99,7 +97,7 @@ def load(front: Saved, state: dict) -> None:
     if state.get(POLICY) is not None and isinstance(front.policy, nn.Module):
         front.policy.load_state_dict(state[POLICY])
     if front.elastic:
-        front.restarts.restore(state["traj_id_bounds"])
+        front.roster.restore(state["traj_id_bounds"])
         if state.get(POLICY) is not None and front.pusher.plane is not None:  # collectors that join get these weights
             front.pusher.push([], version=front.pusher.version)
         return
@@ -110,20 +108,20 @@ def load(front: Saved, state: dict) -> None:
         for i, worker_state in enumerate(state["workers"]):
             weights.loaded(i, int(worker_state["version"] if "local" in worker_state else worker_state["policy_version"]))
     for i, worker_state in enumerate(state["workers"]):
-        front.restarts.loaded(i, int(worker_state["traj_count"]))
+        front.roster.loaded(i, int(worker_state["traj_count"]))
         front.roster[i].uncounted = front._delivered_frames(i) - _collected(worker_state)  # it counts on from there
-    if any(seed is not None for seed in front.restarts.seeds):  # resumed workers draw new seeds from their sequences
-        front.gather({i: front.deferred.set_seed(i, front.restarts.seed(i))
-                      for i in range(front.num_workers) if front.restarts.seeds[i] is not None})
+    if any(seed is not None for seed in front.roster.seeds):  # resumed workers draw new seeds from their sequences
+        front.gather({i: front.deferred.set_seed(i, front.roster.seed(i))
+                      for i in range(front.num_workers) if front.roster.seeds[i] is not None})
 
 
 def _load_run_state(front: Saved, state: dict) -> None:
     """The restarts spent, the seed sequences and the weight-update cadence (states saved since they were kept)."""
     saved = state.get("restarts")
     if saved is not None and len(saved["counts"]) == front.num_workers:
-        front.restarts.counts = [int(c) for c in saved["counts"]]
-        front.restarts.seeds = [None if s is None else int(s) for s in saved["seeds"]]
-        front.restarts.resumes = int(saved["resumes"]) + 1
+        front.roster.counts = [int(c) for c in saved["counts"]]
+        front.roster.seeds = [None if s is None else int(s) for s in saved["seeds"]]
+        front.roster.resumes = int(saved["resumes"]) + 1
     cadence = state.get("since_update")
     if cadence is not None and front.pusher.plane is not None and len(cadence) == front.num_workers:
         front.pusher.plane.since_update[:] = [int(n) for n in cadence]

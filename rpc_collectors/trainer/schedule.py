@@ -22,12 +22,11 @@ from rpc_collectors.single_process import preemption
 from rpc_collectors.trainer import node_restarts, policy_lag
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.recovery import Recovery
-from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.waits import BATCH, Answer, Events, Joined, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport import layouts
 from rpc_collectors.transport.data import BatchPlane
-from rpc_collectors.transport.membership import Restarts
 
 
 class Scheduled(Protocol):
@@ -44,8 +43,7 @@ class Scheduled(Protocol):
     worker_frames: int
     max_policy_lag: int | None
     workers: Any
-    roster: list[WorkerRecord]
-    restarts: Restarts
+    roster: Roster
     events: Events
     waits: Waits
     recovery: Recovery
@@ -149,8 +147,7 @@ class Schedule:
         fut = front._batches.ring(worker_id, min_version, slot)  # a worker with slots
         if fut is None:
             fut = front.workers.calls.collect(worker_id, min_version, slot)
-        record.asked(again)
-        front.restarts.asked(worker_id, front.worker_frames, record.info["envs"])
+        front.roster.asked(worker_id, front.worker_frames, again)
         front.events.watch(worker_id, record.generation, BATCH, fut)
 
     # ---------------------------------------------------------------- membership

@@ -11,6 +11,7 @@ version of the newest weights, the push in flight and, with ``policy_factory``, 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
@@ -38,7 +39,7 @@ class WeightPusher:
     """
 
     def __init__(
-        self, policy: Any, pool: Any, roster: list[WorkerRecord], deferred: WorkerCalls, gather: Callable[..., list],
+        self, policy: Any, pool: Any, roster: Sequence[WorkerRecord], deferred: WorkerCalls, gather: Callable[..., list],
         *, transport: str, factory: bool, no_push: bool, policy_device: Any, backend: str, elastic: bool,
         rpc_timeout: float, refill: bool, resources: Resources,
     ) -> None:

@@ -1,21 +1,18 @@
-"""Who serves each collector slot, and how servers enter and leave a running RPC group.
+"""How collector servers enter and leave a running RPC group (who serves each slot: the trainer's roster).
 
 Elastic collectors run a *dynamic* RPC group (``init_rpc`` with ``world_size=None``): the
 trainer starts it, and each server joins it, then announces itself with :func:`arrive`.
 Joins take turns (:func:`membership_lock`), and a joiner sees only the trainer as a member
 (:func:`clear_for_join`), so servers that died or became unreachable never hold a join up; the
-trainer forgets them (:func:`evict`).
-
-:class:`Restarts` is the trainer's budget of replacements and the count per worker.
+trainer forgets them (:func:`evict`). The warnings a collector gives when a worker is replaced or
+leaves are here too (:class:`WorkerRestartWarning`, :class:`WorkerLeftWarning`).
 """
 from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from typing import Callable, Iterator
 
-import numpy as np
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
@@ -116,76 +113,3 @@ def membership_lock(store: dist.Store, owner: str, timeout: float) -> Iterator[N
         yield
     finally:
         store.compare_set(_LOCK_KEY, mine, "")
-
-
-class Restarts:
-    """The run's budget of worker replacements (``budget`` in total, over all workers) and what a
-    replacement must continue from.
-
-    :meth:`take` spends one, warning with the worker, the reason and what is left, or says the
-    budget is spent; ``counts[i]`` is how often worker i was replaced. A replacement gets
-    trajectory ids above any its predecessors could have used (:meth:`traj_id_start`) and a
-    seed from its worker's seed sequence (:meth:`seed`).
-    """
-
-    def __init__(self, budget: int, num_workers: int) -> None:
-        self.budget, self.num_workers = budget, num_workers
-        self.counts = [0] * num_workers
-        self.name = "collector worker {}"  # how a warning names worker i (a node's local collector: its node too)
-        self.taken: list[tuple[int, str]] = []  # (worker id, reason) of every replacement, in order
-        self.seeds: list[int | None] = [None] * num_workers  # the seed each worker was last given
-        self._ids = [0] * num_workers  # bound on the id counts worker i's incarnations may have used
-        self.resumes = 0  # how many times the run was resumed from a saved state
-
-    @property
-    def left(self) -> int:
-        return self.budget - sum(self.counts)
-
-    def take(self, worker_id: int, reason: str) -> bool:
-        if self.left <= 0:
-            return False
-        self.counts[worker_id] += 1
-        self.taken.append((worker_id, reason))
-        warnings.warn(
-            f"{self.name.format(worker_id)} {reason}; replacing it ({self.left} of "
-            f"max_worker_restarts={self.budget} restarts left)",
-            WorkerRestartWarning, stacklevel=5,
-        )
-        return True
-
-    def vacated(self, worker_id: int) -> None:
-        """The collector serving ``worker_id`` left an elastic trainer (no budget: a newcomer takes the slot)."""
-        self.counts[worker_id] += 1
-
-    def bounds(self) -> list[int]:
-        """What :meth:`traj_id_start` continues from, to save with the trainer's state."""
-        return list(self._ids)
-
-    def restore(self, bounds: list[int]) -> None:
-        self._ids = [int(b) for b in bounds]
-
-    def started(self, worker_id: int, envs: int) -> None:
-        """Worker ``worker_id`` started its envs: one new trajectory each."""
-        self._ids[worker_id] += envs
-
-    def asked(self, worker_id: int, frames: int, envs: int) -> None:
-        """Worker ``worker_id`` was asked for ``frames``: each may end a trajectory, each env may reset."""
-        self._ids[worker_id] += frames + envs
-
-    def loaded(self, worker_id: int, traj_count: int) -> None:
-        """Worker ``worker_id`` resumed from a state that had started ``traj_count`` trajectories."""
-        self._ids[worker_id] += traj_count
-
-    def traj_id_start(self, worker_id: int) -> int:
-        """First trajectory id of a replacement of ``worker_id``: ids ``start + k * num_workers``
-        never meet those of its predecessors (same residue, higher counts)."""
-        return worker_id + self.num_workers * self._ids[worker_id]
-
-    def seed(self, worker_id: int) -> int | None:
-        """The seed of ``worker_id``'s current replacement (or, after a resume, of the resumed worker),
-        drawn from its seed's sequence."""
-        seed = self.seeds[worker_id]
-        if seed is None:
-            return None
-        key = (self.counts[worker_id],) if not self.resumes else (self.counts[worker_id], self.resumes)
-        return int(np.random.SeedSequence(seed, spawn_key=key).generate_state(1)[0])

@@ -145,7 +145,7 @@ class NodeCollector:
                     raise self.inference.error from None
             raise
         self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
-        self.local.restarts.name = f"node {node_id}'s local worker {{}}"
+        self.local.roster.name = f"node {node_id}'s local worker {{}}"
         self._told = 0  # of the local collector's restarts, how many the trainer was told of
         self._dropped_told = Dropped()  # of the local collector's drops, what the trainer was told of
         self._telling = threading.Lock()  # answers may leave side by side (RPC): each drop is told once
@@ -182,7 +182,7 @@ class NodeCollector:
 
     def new_restarts(self) -> tuple[LocalRestart, ...]:
         """The local workers replaced since the last call, for the trainer (with the node's next answer)."""
-        taken = self.local.restarts.taken[self._told:]
+        taken = self.local.roster.taken[self._told:]
         self._told += len(taken)
         return tuple(LocalRestart(worker, reason, self.pids[worker]) for worker, reason in taken)
 
@@ -266,7 +266,7 @@ class NodeCollector:
         local = self.local.state_dict()
         for worker in local["workers"]:
             worker["traj_count"] += skipped
-        return {"local": local, "traj_count": skipped + max(self.local.restarts.bounds()), "version": self._version}
+        return {"local": local, "traj_count": skipped + max(self.local.roster.bounds()), "version": self._version}
 
     def load_state_dict(self, state: dict) -> None:
         self.local.load_state_dict(state["local"])
