@@ -21,7 +21,7 @@ import torch
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.core.futures import outcome
 from rpc_collectors.core.protocol import WorkerCalls
-from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.trainer.roster import Roster
 
 BATCH = "batch"  # the tag of a batch request's answer
 TIMEOUT_MARGIN = 1.0  # seconds past rpc_timeout before a wait gives up (a pool's own timeout comes first)
@@ -95,7 +95,7 @@ class Waits:
     """
 
     def __init__(
-        self, events: Events, roster: list[WorkerRecord], pool: Any, rpc_timeout: float,
+        self, events: Events, roster: Roster, pool: Any, rpc_timeout: float,
         require_running: Callable[[], None], recover: Callable[[Failure], bool],
     ) -> None:
         self.events, self.roster, self.pool, self.rpc_timeout = events, roster, pool, rpc_timeout
