@@ -104,10 +104,7 @@ class RayCollector(CollectorFront):
         num_threads: int | None = None,
         weight_sync_schemes: dict | None = None,
     ) -> None:
-        super().__init__(
-            frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer, replay_write_mode=replay_write_mode,
-        )
+        super().__init__(options.Batches.given(locals()))
         self._closed = self._closing = True  # until the actors are up
         self._ray_started = False
         shared_memory = checks.boolean("shared_memory", shared_memory)
