@@ -1,12 +1,14 @@
 """The options table (``rpc_collectors.core.options``) against every public constructor's signature.
 
 Each option a constructor takes that the table holds has the table's name and default (TorchRL's,
-per class where TorchRL's classes differ); the ``Multi*`` classes spell out every option they take.
+per class where TorchRL's classes differ); no constructor forwards ``**kwargs``: the classes on the
+collector front spell out every option they take, and every parameter is documented, by the table or by its class.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 
@@ -20,7 +22,6 @@ PUBLIC = [
     rpc_collectors.MultiAsyncCollector, rpc_collectors.AsyncCollector, rpc_collectors.DistributedCollector,
     rpc_collectors.DistributedSyncCollector, RayCollector, rpc_collectors.AsyncBatchedCollector,
 ]
-MULTI = [rpc_collectors.MultiCollector, rpc_collectors.MultiSyncCollector, rpc_collectors.MultiAsyncCollector]
 
 
 def _parameters(cls: type) -> dict[str, inspect.Parameter]:
@@ -51,16 +52,42 @@ def test_each_class_default_and_other_meaning_names_an_option_the_class_takes():
             assert set(names) <= set(_parameters(cls)) & set(options.TABLE), class_name
 
 
-@pytest.mark.parametrize("cls", MULTI, ids=lambda cls: cls.__name__)
-def test_multi_collectors_spell_out_every_option_they_take(cls):
-    """No ``**kwargs``: every option of ``RPCCollector`` but its RPC-only ones, and TorchRL's ``num_workers``."""
-    parameters = _parameters(cls)
-    assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    expected = set(_parameters(rpc_collectors.RPCCollector)) - {"visible_devices", "tensorpipe_options"} | {"num_workers"}
-    if cls is not rpc_collectors.MultiCollector:
-        expected -= {"sync"}  # the class is the choice
-    assert set(parameters) == expected
-    assert list(parameters)[:4] == ["self", "create_env_fn", "policy", "num_workers"]
+def _rpc_options() -> set[str]:
+    """``RPCCollector``'s parameters but its RPC-only ones: what every class built on the front takes."""
+    return set(_parameters(rpc_collectors.RPCCollector)) - {"visible_devices", "tensorpipe_options"}
+
+
+# each class's parameters beyond its front's options (TorchRL's own), and those it leaves out
+SPELLED_OUT = {
+    rpc_collectors.MultiCollector: ({"num_workers"}, set()),
+    rpc_collectors.MultiSyncCollector: ({"num_workers"}, {"sync"}),  # the class is the choice
+    rpc_collectors.MultiAsyncCollector: ({"num_workers"}, {"sync"}),
+    rpc_collectors.AsyncCollector: ({"num_sub_threads"}, {"sync", "num_collectors"}),  # one worker
+    rpc_collectors.DistributedCollector: ({"update_interval"}, set()),
+    rpc_collectors.DistributedSyncCollector: ({"update_interval"}, {"sync"}),
+}
+
+
+@pytest.mark.parametrize("cls", PUBLIC, ids=lambda cls: cls.__name__)
+def test_no_constructor_forwards_keywords(cls):
+    assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in _parameters(cls).values())
+
+
+@pytest.mark.parametrize("cls", list(SPELLED_OUT), ids=lambda cls: cls.__name__)
+def test_classes_on_the_front_spell_out_every_option_they_take(cls):
+    """Every option of ``RPCCollector`` but its RPC-only ones, with TorchRL's own arguments of the class."""
+    added, left_out = SPELLED_OUT[cls]
+    assert set(_parameters(cls)) == _rpc_options() - left_out | added
+    assert list(_parameters(cls))[:3] == ["self", "create_env_fn", "policy"]
+
+
+@pytest.mark.parametrize("cls", PUBLIC, ids=lambda cls: cls.__name__)
+def test_every_parameter_is_documented_by_the_table_or_its_class(cls):
+    """An option of the table has its doc there; any other parameter is named in the class's docstring."""
+    doc = inspect.getdoc(cls)
+    undocumented = [name for name in _parameters(cls) if name != "self" and name not in options.TABLE
+                    and not re.search(rf"\b{name}\b", doc)]
+    assert undocumented == []
 
 
 def test_every_option_has_a_one_line_doc_and_one_group():

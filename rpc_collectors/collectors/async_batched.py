@@ -82,7 +82,9 @@ class AsyncBatchedCollector(BaseCollector):
     TorchRL's other arguments are accepted where they select this path (``transport`` None,
     ``"auto"`` or ``"driver"``, ``backend``/``env_backend`` ``"multiprocessing"``,
     ``policy_backend`` ``"threading"``, ``env_exchange`` ``"auto"``/``"shm"``, ``envs_per_worker=1``,
-    ``transition_chunk_size`` ``"auto"``/1, ``verbose``) and refused otherwise.
+    ``transition_chunk_size`` ``"auto"``/1, ``verbose``) and refused otherwise; those of features not
+    offered (``reset_at_each_iter``, ``yield_completed_trajectories``, ``weight_sync``,
+    ``weight_sync_model_id``, ``worker_affinity``, ``driver_affinity``) only at their defaults.
     """
 
     _stream_key = ENV_INDEX  # batches carry no trajectory ids: an env's steps are told apart by its index

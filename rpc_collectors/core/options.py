@@ -283,6 +283,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "MultiCollector": {"launcher": "local"},
     "MultiSyncCollector": {"launcher": "local"},
     "MultiAsyncCollector": {"launcher": "local"},
+    "AsyncCollector": {"launcher": "local"},
     "DistributedCollector": {**_DISTRIBUTED, "sync": False, "launcher": "submitit"},
     "DistributedSyncCollector": {**_DISTRIBUTED, "launcher": "submitit"},
     "RayCollector": {**_DISTRIBUTED, "sync": False},
