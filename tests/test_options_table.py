@@ -97,16 +97,48 @@ def test_every_option_has_a_one_line_doc_and_one_group():
         assert options.doc(name) and "\n" not in options.doc(name), name
 
 
+class _Buffer:
+    """A replay buffer that takes batches and steps."""
+
+    def extend(self, batch: object) -> None: ...
+
+    def add(self, step: object) -> None: ...
+
+
 @pytest.mark.parametrize(("group", "arguments", "error", "words"), [
     (options.Run, {"sync": "yes"}, TypeError, "sync='yes' is invalid; accepted: True or False"),
     (options.Run, {"cat_results": 1}, ValueError, "cat_results=1 is invalid; accepted: 'stack', 0, -1"),
     (options.Weights, {"max_weight_update_interval": -2}, ValueError, "max_weight_update_interval=-2 is invalid; accepted: -1"),
     (options.Launch, {"rpc_timeout": 0}, ValueError, "rpc_timeout=0 is invalid"),
     (options.Launch, {"num_collectors": 0}, ValueError, "num_collectors=0 is invalid; accepted: an int > 0"),
+    (options.Batches, {"frames_per_batch": 0}, ValueError, "frames_per_batch=0 is invalid; accepted: an int > 0"),
+    (options.Batches, {"frames_per_batch": [5, 0]}, ValueError, "frames_per_batch[1]=0 is invalid"),
+    (options.Batches, {"frames_per_batch": 5, "total_frames": 0}, ValueError, "total_frames=0 is invalid"),
+    (options.Batches, {"frames_per_batch": 5, "split_trajs": "yes"}, TypeError, "split_trajs='yes' is invalid"),
+    (options.Batches, {"frames_per_batch": 5, "postproc": 3}, TypeError, "postproc=3 is not callable"),
+    (options.Batches, {"frames_per_batch": 5, "replay_buffer": 3}, TypeError, "replay_buffer=3 has no extend()"),
+    (options.Batches, {"frames_per_batch": 5, "extend_buffer": False, "replay_buffer": _Buffer(), "postproc": len},
+     ValueError, "extend_buffer=False adds each step"),
+    (options.Batches, {"frames_per_batch": 5, "trajs_per_batch": 0}, ValueError, "trajs_per_batch=0 is invalid"),
+    (options.Batches, {"frames_per_batch": 5, "traj_format": "cat"}, ValueError, "traj_format='cat' needs trajs_per_batch"),
+    (options.Batches, {"frames_per_batch": 5, "replay_write_mode": "trajectory"}, ValueError, "which needs a replay_buffer"),
+    (options.Batches, {"frames_per_batch": 5, "trajs_per_write": 2}, ValueError, "trajs_per_write=2 sets how many"),
 ])
 def test_a_group_checks_its_options_when_built(group, arguments, error, words):
-    with pytest.raises(error, match=words.replace("(", r"\(")):
+    with pytest.raises(error, match=re.escape(words)):
         group.given(arguments)
+
+
+def test_batches_read_torchrl_spellings_as_the_collectors_do():
+    batches = options.Batches(frames_per_batch=(3, 4), split_trajs=None)
+    assert batches.frames_per_batch == [3, 4] and batches.split_trajs is False
+    assert batches.replay_write_mode == "rollout" and batches.traj_format == "padded" and not batches.whole_trajectories
+
+
+def test_a_groups_warning_points_at_the_users_line():
+    with pytest.warns(FutureWarning, match="traj_format is not") as record:
+        options.Batches(frames_per_batch=5, trajs_per_batch=2)
+    assert [w.filename for w in record] == [__file__]
 
 
 def test_groups_are_frozen_and_keep_what_they_were_given():
