@@ -42,7 +42,6 @@ class Scheduled(Protocol):
     preempt_after: int | None
     update_after_each_batch: bool
     max_weight_update_interval: int
-    worker_frames: int
     max_policy_lag: int | None
     workers: Any
     roster: list[WorkerRecord]
@@ -55,6 +54,8 @@ class Scheduled(Protocol):
     _batches: BatchPlane | None
 
     def shared(self, method: Callable[..., Any], *args: Any) -> Any: ...
+
+    def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int: ...
 
 
 class Schedule:
@@ -150,7 +151,7 @@ class Schedule:
         if fut is None:
             fut = front.workers.calls.collect(worker_id, min_version, slot)
         record.asked(again)
-        front.restarts.asked(worker_id, front.worker_frames, record.info["envs"])
+        front.restarts.asked(worker_id, front.frames_per_batch_worker(), record.info["envs"])
         front.events.watch(worker_id, record.generation, BATCH, fut)
 
     # ---------------------------------------------------------------- membership
