@@ -52,17 +52,15 @@ def test_each_class_default_and_other_meaning_names_an_option_the_class_takes():
             assert set(names) <= set(_parameters(cls)) & set(options.TABLE), class_name
 
 
-def _rpc_options() -> set[str]:
-    """``RPCCollector``'s parameters but its RPC-only ones: what every class built on the front takes."""
-    return set(_parameters(rpc_collectors.RPCCollector)) - {"visible_devices", "tensorpipe_options"}
+RPC_ONLY = {"visible_devices", "tensorpipe_options"}  # TorchRL's RPC keywords, taken by the classes of its RPC path
 
 
 # each class's parameters beyond its front's options (TorchRL's own), and those it leaves out
 SPELLED_OUT = {
-    rpc_collectors.MultiCollector: ({"num_workers"}, set()),
-    rpc_collectors.MultiSyncCollector: ({"num_workers"}, {"sync"}),  # the class is the choice
-    rpc_collectors.MultiAsyncCollector: ({"num_workers"}, {"sync"}),
-    rpc_collectors.AsyncCollector: ({"num_sub_threads"}, {"sync", "num_collectors"}),  # one worker
+    rpc_collectors.MultiCollector: ({"num_workers"}, RPC_ONLY),
+    rpc_collectors.MultiSyncCollector: ({"num_workers"}, RPC_ONLY | {"sync"}),  # the class is the choice
+    rpc_collectors.MultiAsyncCollector: ({"num_workers"}, RPC_ONLY | {"sync"}),
+    rpc_collectors.AsyncCollector: ({"num_sub_threads"}, RPC_ONLY | {"sync", "num_collectors"}),  # one worker
     rpc_collectors.DistributedCollector: ({"update_interval"}, set()),
     rpc_collectors.DistributedSyncCollector: ({"update_interval"}, {"sync"}),
 }
@@ -75,9 +73,9 @@ def test_no_constructor_forwards_keywords(cls):
 
 @pytest.mark.parametrize("cls", list(SPELLED_OUT), ids=lambda cls: cls.__name__)
 def test_classes_on_the_front_spell_out_every_option_they_take(cls):
-    """Every option of ``RPCCollector`` but its RPC-only ones, with TorchRL's own arguments of the class."""
+    """Every parameter of ``RPCCollector`` (the local classes: but its RPC-only ones), with TorchRL's own of the class."""
     added, left_out = SPELLED_OUT[cls]
-    assert set(_parameters(cls)) == _rpc_options() - left_out | added
+    assert set(_parameters(cls)) == set(_parameters(rpc_collectors.RPCCollector)) - left_out | added
     assert list(_parameters(cls))[:3] == ["self", "create_env_fn", "policy"]
 
 
@@ -132,7 +130,7 @@ def test_a_group_checks_its_options_when_built(group, arguments, error, words):
 def test_batches_read_torchrl_spellings_as_the_collectors_do():
     batches = options.Batches(frames_per_batch=(3, 4), split_trajs=None)
     assert batches.frames_per_batch == [3, 4] and batches.split_trajs is False
-    assert batches.replay_write_mode == "rollout" and batches.traj_format == "padded" and not batches.whole_trajectories
+    assert batches.replay_write_mode == "rollout" and batches.traj_format == "padded"
 
 
 def test_a_groups_warning_points_at_the_users_line():

@@ -356,7 +356,6 @@ def _close(loop: InferenceLoop | None, plane: StepPlane | None, pool: LocalPool,
     pool.close(max(0.5, (timeout - (time.monotonic() - start)) / 2))
 
 
-
 def _worker_specs(factories: list, kwargs: list[dict]) -> list[bytes]:
     """What each env's worker builds its one-frame collector from (each factory checked picklable first)."""
     for i, factory in enumerate(factories):

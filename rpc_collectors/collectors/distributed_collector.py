@@ -47,10 +47,10 @@ class DistributedCollector(RPCCollector):
     ``policy`` and TorchRL's other arguments keep their meaning and defaults (``sync=False``, ``launcher="submitit"``,
     ``update_interval``: push the weights every k batches); ``create_env_fn`` is a list with one
     env factory per collector, or one factory with ``num_collectors``. Every other option is as
-    for :class:`~rpc_collectors.RPCCollector` (``elastic``, ``rpc_timeout``, ``cat_results``, ...), but its
-    RPC-only ``visible_devices`` and ``tensorpipe_options``.
+    for :class:`~rpc_collectors.RPCCollector` (``elastic``, ``rpc_timeout``, ``cat_results``, ...).
     TorchRL's ``weight_sync_schemes`` name the weight transport (:mod:`rpc_collectors.core.torchrl_args`);
-    ``weight_updater`` and ``weight_recv_schemes`` are accepted as None only, as for ``RPCCollector``.
+    ``weight_updater``, ``weight_recv_schemes``, ``visible_devices`` and ``tensorpipe_options`` are
+    accepted as None only, as for ``RPCCollector``.
     """
 
     _default_cat_results: str | int = "stack"  # TorchRL stacks its nodes' batches
@@ -119,9 +119,12 @@ class DistributedCollector(RPCCollector):
         extend_buffer: bool = True,
         trust_policy: bool | None = None,
         cudagraph_policy: bool | dict | None = None,
+        visible_devices: Any = None,
+        tensorpipe_options: dict | None = None,
     ) -> None:
         arguments = dict(locals(), **_cadence(update_interval, update_after_each_batch, max_weight_update_interval))
-        torchrl_args.not_here(weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
+        torchrl_args.not_here(visible_devices=visible_devices, tensorpipe_options=tensorpipe_options,
+                              weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
         self._start(create_env_fn, policy, options.Options.given(_node_collectors(arguments)))
 
 
@@ -129,8 +132,8 @@ class DistributedSyncCollector(DistributedCollector):
     """TorchRL's ``DistributedSyncCollector``: :class:`DistributedCollector` with sync rounds
     (``[N, (B,) T]`` batches) and the weights pushed before every ``update_interval``-th round
     (default 1: every round; None: only by ``update_policy_weights_`` or ``max_weight_update_interval``);
-    ``create_env_fn``, ``policy``, ``weight_updater``, ``weight_recv_schemes`` and every other option are as for
-    :class:`DistributedCollector`, but ``sync``."""
+    ``create_env_fn``, ``policy``, ``weight_updater``, ``weight_recv_schemes``, ``visible_devices``,
+    ``tensorpipe_options`` and every other option are as for :class:`DistributedCollector`, but ``sync``."""
 
     def __init__(
         self,
@@ -195,7 +198,10 @@ class DistributedSyncCollector(DistributedCollector):
         weight_sync_schemes: dict | None = None,
         weight_updater: Any = None,
         weight_recv_schemes: dict | None = None,
+        visible_devices: Any = None,
+        tensorpipe_options: dict | None = None,
     ) -> None:
         arguments = dict(locals(), sync=True, **_cadence(update_interval, update_after_each_batch, max_weight_update_interval))
-        torchrl_args.not_here(weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
+        torchrl_args.not_here(visible_devices=visible_devices, tensorpipe_options=tensorpipe_options,
+                              weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
         self._start(create_env_fn, policy, options.Options.given(_node_collectors(arguments)))

@@ -240,7 +240,7 @@ class RPCCollector(CollectorFront):
     def _start(self, create_env_fn: Any, policy: Any, o: options.Options) -> None:
         """Check the options that read several groups, the launcher or the env, and start the workers."""
         batches, run, weights, launch, collect = o.batches, o.run, o.weights, o.launch, o.collect
-        super().__init__(batches, frames_per_worker=True)
+        super().__init__(batches, one_per_worker=True)
         self._closed = self._closing = True  # until the workers are up
         self.max_policy_lag = policy_lag.check(run.max_policy_lag, run.sync)
         checks.split_needs_ids(self.split_trajs or self.whole_trajectories, collect.track_traj_ids)

@@ -15,9 +15,9 @@ option, else ``RPCCollector``'s; where a class has its own default for an option
 class of that name does), :data:`CLASS_DEFAULTS` says so, and
 :data:`OTHER_MEANING` names the classes where TorchRL uses the name for another quantity.
 Every public constructor spells these options out in its signature (``tests/test_options_table.py``
-checks names and defaults against this table) and converts them into the groups, which check
-each option that needs no other one when they are built (the checks of
-:mod:`rpc_collectors.core.checks`). Checks that read several groups, the env or the launcher
+checks names, defaults and docs against this table) and converts them into the groups, which check
+each option when they are built (the checks of :mod:`rpc_collectors.core.checks`; an option that
+reads others of its group after them). Checks that read several groups, the env or the launcher
 stay with the code that has them (``trainer.settings.check``).
 """
 from __future__ import annotations
@@ -187,14 +187,15 @@ class Collect(Group):
 @dataclasses.dataclass(frozen=True)
 class Batches(Group):
     """What the trainer hands out. Each field is checked here; those that read earlier fields
-    (``extend_buffer``, ``traj_format``, ``replay_write_mode``, ``trajs_per_write``) in field order,
-    after the others.
+    (``extend_buffer``, ``traj_format``, ``replay_write_mode``, ``trajs_per_write``) after the others.
 
-    Two quantities of frames: ``frames_per_batch``, the frames of each batch the collector hands
-    out (as given: ``requested_frames_per_batch``, TorchRL's name, before it is rounded up to the
-    envs or workers), and ``frames_per_batch_worker``, the frames of each worker's batch (TorchRL's
-    name; sync: the batch's share, async: a whole batch); a list ``frames_per_batch`` gives
-    each worker's own. Each env's share of a batch is ``frames_per_env`` (the batch's time dim).
+    Frames, one name per quantity along the whole path: ``frames_per_batch``, those of each batch
+    handed out (``requested_frames_per_batch``, TorchRL's attribute and ``stats()`` key, keeps it as
+    given, before it is rounded up over the envs or workers); ``frames_per_batch_worker``
+    (TorchRL's), those of each worker's batch: sync, its share of a batch; async, a whole batch;
+    TorchRL's list ``frames_per_batch`` gives each worker its own. A worker's ``Collector`` gets it as
+    its ``frames_per_batch``. ``frames_per_env``: each env's share of a ``Collector``'s batch, the
+    length of its time dim.
     """
 
     frames_per_batch: Any = option(dataclasses.MISSING, "frames per batch (required); a list: one per worker",
@@ -220,11 +221,6 @@ class Batches(Group):
                                                                       self.trajs_per_batch))
         self._set("trajs_per_write", torchrl_args.trajs_per_write(
             self.trajs_per_write, self.replay_write_mode == "trajectory", self.replay_buffer))
-
-    @property
-    def whole_trajectories(self) -> bool:
-        """Whether batches are cut into whole trajectories (``trajs_per_batch``, ``replay_write_mode="trajectory"``)."""
-        return self.trajs_per_batch is not None or self.replay_write_mode == "trajectory"
 
 
 @dataclasses.dataclass(frozen=True)

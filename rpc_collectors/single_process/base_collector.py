@@ -44,11 +44,11 @@ class BaseCollector:
     _stream_key: str | tuple = TRAJ_IDS  # what tells a batch's trajectories apart (stats() counters)
     run_start = 0  # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
 
-    def __init__(self, batches: options.Batches, post_collect_hook: Any = None, *, frames_per_worker: bool = False) -> None:
-        """``batches``: the options of what is handed out, each checked there; ``frames_per_worker``:
+    def __init__(self, batches: options.Batches, post_collect_hook: Any = None, *, one_per_worker: bool = False) -> None:
+        """``batches``: the options of what is handed out, each checked there; ``one_per_worker``:
         whether ``frames_per_batch`` may be TorchRL's list of one per worker (multi-worker collectors)."""
         frames = batches.frames_per_batch
-        if isinstance(frames, list) and not frames_per_worker:
+        if isinstance(frames, list) and not one_per_worker:
             raise ValueError(f"frames_per_batch={frames!r} is invalid; accepted: an int > 0")
         self.frames_per_batch = sum(frames) if isinstance(frames, list) else frames
         self.requested_frames_per_batch = self.frames_per_batch  # TorchRL's: as given, before it is rounded up
