@@ -131,6 +131,7 @@ class AsyncBatchedCollector(BaseCollector):
         rpc_timeout: float = 60.0,
     ) -> None:
         super().__init__(options.Batches.given(locals()), post_collect_hook)
+        self.frames_per_batch = self.requested_frames_per_batch  # transitions, whichever env's: not rounded
         batched_args.replay_write_mode(self.replay_write_mode)
         batched_args.one_policy(policy, policy_factory)
         factories = batched_args.env_factories(create_env_fn, num_envs)

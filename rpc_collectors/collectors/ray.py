@@ -122,7 +122,7 @@ class RayCollector(CollectorFront):
             o = dataclasses.replace(given, launch=dataclasses.replace(given.launch, collector_kwargs=kwargs))
             return settings.check(
                 o, launcher="ray", rdv=None, create_env_fn=create_env_fn, policy=policy,
-                frames_per_batch=self.frames_per_batch, default_cat_results=self._default_cat_results,
+                frames_per_batch=self.requested_frames_per_batch, default_cat_results=self._default_cat_results,
                 weight_transport=transport, node_collector=MultiCollector,
             )
 

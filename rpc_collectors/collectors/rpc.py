@@ -255,7 +255,7 @@ class RPCCollector(CollectorFront):
         resolved, rdv = settings.rendezvous(launch.launcher, launch.elastic, launch.join_timeout, launch.rpc_timeout)
         checked = settings.check(
             o, launcher=resolved, rdv=rdv, create_env_fn=create_env_fn, policy=policy,
-            frames_per_batch=self.frames_per_batch, default_cat_results=self._default_cat_results,
+            frames_per_batch=self.requested_frames_per_batch, default_cat_results=self._default_cat_results,
             weight_transport="auto" if self._no_push else weight_transport,
             preemptive_threshold=None if self.preemptive_threshold == 1.0 else self.preemptive_threshold,
             node_collector=RPCCollector._node_collector,

@@ -42,6 +42,7 @@ class BaseCollector:
     policy_version = 0  # the weights version every worker acknowledged (a multi-worker collector: None if they differ)
     dropped_frames = 0  # frames collected and not handed out (multi-worker collectors drop some)
     _stream_key: str | tuple = TRAJ_IDS  # what tells a batch's trajectories apart (stats() counters)
+    frames_per_batch: int  # of each batch handed out: set once by each collector, rounded up over its envs or workers
     run_start = 0  # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
 
     def __init__(self, batches: options.Batches, post_collect_hook: Any = None, *, one_per_worker: bool = False) -> None:
@@ -50,8 +51,8 @@ class BaseCollector:
         frames = batches.frames_per_batch
         if isinstance(frames, list) and not one_per_worker:
             raise ValueError(f"frames_per_batch={frames!r} is invalid; accepted: an int > 0")
-        self.frames_per_batch = sum(frames) if isinstance(frames, list) else frames
-        self.requested_frames_per_batch = self.frames_per_batch  # TorchRL's: as given, before it is rounded up
+        # TorchRL's: as given; each collector sets frames_per_batch once, rounded up over its envs or workers
+        self.requested_frames_per_batch = sum(frames) if isinstance(frames, list) else frames
         self.total_frames, self.split_trajs, self.postproc = batches.total_frames, batches.split_trajs, batches.postproc
         self.replay_buffer, self.extend_buffer = batches.replay_buffer, batches.extend_buffer
         self.post_collect_hook = options.check("post_collect_hook", post_collect_hook)

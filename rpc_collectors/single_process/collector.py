@@ -148,7 +148,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         if policy is not None and not callable(policy):
             StepPolicy(policy)  # raises the TypeError that names the argument
         envs = self._open_env(create_env_fn, policy, c)
-        self.frames_per_env = checks.frames_per_batch_fits(self.frames_per_batch, envs)
+        self.frames_per_env = checks.frames_per_batch_fits(self.requested_frames_per_batch, envs)
         self.frames_per_batch = self.frames_per_env * envs
         checks.total_frames_fits(self.total_frames, self.frames_per_batch)
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
