@@ -352,10 +352,12 @@ def test_compile_policy_runs_the_policy_compiled():
 def test_frames_per_batch_list_gives_each_worker_its_own():
     with MultiSyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=24, cat_results=-1,
                             track_policy_version=True) as c:
+        assert [c.frames_per_batch_worker(worker_idx=i) for i in range(2)] == [4, 8] == [4, c.frames_per_batch_worker()]
         batches = list(c)
     assert [b.shape for b in batches] == [(12,), (12,)]
     assert batches[0].get(("collector", "worker_id")).tolist() == [0] * 4 + [1] * 8
     with MultiAsyncCollector([cartpole] * 2, None, frames_per_batch=[4, 8], total_frames=48) as c:
+        assert [c.frames_per_batch_worker(worker_idx=i) for i in range(2)] == [12, 12]
         sizes = [b.numel() for b in c]
     assert sizes == [12] * 4  # as TorchRL's: each async batch, whichever worker's, holds the list's sum
 

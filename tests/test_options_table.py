@@ -1,12 +1,14 @@
 """The options table (``rpc_collectors.core.options``) against every public constructor's signature.
 
 Each option a constructor takes that the table holds has the table's name and default (TorchRL's,
-per class where TorchRL's classes differ); the ``Multi*`` classes spell out every option they take.
+per class where TorchRL's classes differ); no constructor forwards ``**kwargs``: the classes on the
+collector front spell out every option they take, and every parameter is documented, by the table or by its class.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 
@@ -20,7 +22,6 @@ PUBLIC = [
     rpc_collectors.MultiAsyncCollector, rpc_collectors.AsyncCollector, rpc_collectors.DistributedCollector,
     rpc_collectors.DistributedSyncCollector, RayCollector, rpc_collectors.AsyncBatchedCollector,
 ]
-MULTI = [rpc_collectors.MultiCollector, rpc_collectors.MultiSyncCollector, rpc_collectors.MultiAsyncCollector]
 
 
 def _parameters(cls: type) -> dict[str, inspect.Parameter]:
@@ -51,16 +52,40 @@ def test_each_class_default_and_other_meaning_names_an_option_the_class_takes():
             assert set(names) <= set(_parameters(cls)) & set(options.TABLE), class_name
 
 
-@pytest.mark.parametrize("cls", MULTI, ids=lambda cls: cls.__name__)
-def test_multi_collectors_spell_out_every_option_they_take(cls):
-    """No ``**kwargs``: every option of ``RPCCollector`` but its RPC-only ones, and TorchRL's ``num_workers``."""
-    parameters = _parameters(cls)
-    assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    expected = set(_parameters(rpc_collectors.RPCCollector)) - {"visible_devices", "tensorpipe_options"} | {"num_workers"}
-    if cls is not rpc_collectors.MultiCollector:
-        expected -= {"sync"}  # the class is the choice
-    assert set(parameters) == expected
-    assert list(parameters)[:4] == ["self", "create_env_fn", "policy", "num_workers"]
+RPC_ONLY = {"visible_devices", "tensorpipe_options"}  # TorchRL's RPC keywords, taken by the classes of its RPC path
+
+
+# each class's parameters beyond its front's options (TorchRL's own), and those it leaves out
+SPELLED_OUT = {
+    rpc_collectors.MultiCollector: ({"num_workers"}, RPC_ONLY),
+    rpc_collectors.MultiSyncCollector: ({"num_workers"}, RPC_ONLY | {"sync"}),  # the class is the choice
+    rpc_collectors.MultiAsyncCollector: ({"num_workers"}, RPC_ONLY | {"sync"}),
+    rpc_collectors.AsyncCollector: ({"num_sub_threads"}, RPC_ONLY | {"sync", "num_collectors"}),  # one worker
+    rpc_collectors.DistributedCollector: ({"update_interval"}, set()),
+    rpc_collectors.DistributedSyncCollector: ({"update_interval"}, {"sync"}),
+}
+
+
+@pytest.mark.parametrize("cls", PUBLIC, ids=lambda cls: cls.__name__)
+def test_no_constructor_forwards_keywords(cls):
+    assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in _parameters(cls).values())
+
+
+@pytest.mark.parametrize("cls", list(SPELLED_OUT), ids=lambda cls: cls.__name__)
+def test_classes_on_the_front_spell_out_every_option_they_take(cls):
+    """Every parameter of ``RPCCollector`` (the local classes: but its RPC-only ones), with TorchRL's own of the class."""
+    added, left_out = SPELLED_OUT[cls]
+    assert set(_parameters(cls)) == set(_parameters(rpc_collectors.RPCCollector)) - left_out | added
+    assert list(_parameters(cls))[:3] == ["self", "create_env_fn", "policy"]
+
+
+@pytest.mark.parametrize("cls", PUBLIC, ids=lambda cls: cls.__name__)
+def test_every_parameter_is_documented_by_the_table_or_its_class(cls):
+    """An option of the table has its doc there; any other parameter is named in the class's docstring."""
+    doc = inspect.getdoc(cls)
+    undocumented = [name for name in _parameters(cls) if name != "self" and name not in options.TABLE
+                    and not re.search(rf"\b{name}\b", doc)]
+    assert undocumented == []
 
 
 def test_every_option_has_a_one_line_doc_and_one_group():
@@ -70,16 +95,48 @@ def test_every_option_has_a_one_line_doc_and_one_group():
         assert options.doc(name) and "\n" not in options.doc(name), name
 
 
+class _Buffer:
+    """A replay buffer that takes batches and steps."""
+
+    def extend(self, batch: object) -> None: ...
+
+    def add(self, step: object) -> None: ...
+
+
 @pytest.mark.parametrize(("group", "arguments", "error", "words"), [
     (options.Run, {"sync": "yes"}, TypeError, "sync='yes' is invalid; accepted: True or False"),
     (options.Run, {"cat_results": 1}, ValueError, "cat_results=1 is invalid; accepted: 'stack', 0, -1"),
     (options.Weights, {"max_weight_update_interval": -2}, ValueError, "max_weight_update_interval=-2 is invalid; accepted: -1"),
     (options.Launch, {"rpc_timeout": 0}, ValueError, "rpc_timeout=0 is invalid"),
     (options.Launch, {"num_collectors": 0}, ValueError, "num_collectors=0 is invalid; accepted: an int > 0"),
+    (options.Batches, {"frames_per_batch": 0}, ValueError, "frames_per_batch=0 is invalid; accepted: an int > 0"),
+    (options.Batches, {"frames_per_batch": [5, 0]}, ValueError, "frames_per_batch[1]=0 is invalid"),
+    (options.Batches, {"frames_per_batch": 5, "total_frames": 0}, ValueError, "total_frames=0 is invalid"),
+    (options.Batches, {"frames_per_batch": 5, "split_trajs": "yes"}, TypeError, "split_trajs='yes' is invalid"),
+    (options.Batches, {"frames_per_batch": 5, "postproc": 3}, TypeError, "postproc=3 is not callable"),
+    (options.Batches, {"frames_per_batch": 5, "replay_buffer": 3}, TypeError, "replay_buffer=3 has no extend()"),
+    (options.Batches, {"frames_per_batch": 5, "extend_buffer": False, "replay_buffer": _Buffer(), "postproc": len},
+     ValueError, "extend_buffer=False adds each step"),
+    (options.Batches, {"frames_per_batch": 5, "trajs_per_batch": 0}, ValueError, "trajs_per_batch=0 is invalid"),
+    (options.Batches, {"frames_per_batch": 5, "traj_format": "cat"}, ValueError, "traj_format='cat' needs trajs_per_batch"),
+    (options.Batches, {"frames_per_batch": 5, "replay_write_mode": "trajectory"}, ValueError, "which needs a replay_buffer"),
+    (options.Batches, {"frames_per_batch": 5, "trajs_per_write": 2}, ValueError, "trajs_per_write=2 sets how many"),
 ])
 def test_a_group_checks_its_options_when_built(group, arguments, error, words):
-    with pytest.raises(error, match=words.replace("(", r"\(")):
+    with pytest.raises(error, match=re.escape(words)):
         group.given(arguments)
+
+
+def test_batches_read_torchrl_spellings_as_the_collectors_do():
+    batches = options.Batches(frames_per_batch=(3, 4), split_trajs=None)
+    assert batches.frames_per_batch == [3, 4] and batches.split_trajs is False
+    assert batches.replay_write_mode == "rollout" and batches.traj_format == "padded"
+
+
+def test_a_groups_warning_points_at_the_users_line():
+    with pytest.warns(FutureWarning, match="traj_format is not") as record:
+        options.Batches(frames_per_batch=5, trajs_per_batch=2)
+    assert [w.filename for w in record] == [__file__]
 
 
 def test_groups_are_frozen_and_keep_what_they_were_given():

@@ -79,7 +79,8 @@ def front(n: int = 2, sync: bool = True, **options: object) -> SimpleNamespace:
         roster.served(worker_id, {"envs": 1})
     f = SimpleNamespace(
         num_workers=n, sync=sync, elastic=False, join_timeout=10.0, cat_results="stack", preempt_after=None,
-        update_after_each_batch=False, max_weight_update_interval=-1, worker_frames=FRAMES, max_policy_lag=None,
+        update_after_each_batch=False, max_weight_update_interval=-1, max_policy_lag=None,
+        frames_per_batch_worker=lambda *, worker_idx=None: FRAMES,
         workers=workers, roster=roster, events=events, _batches=Slots(),
         recovery=SimpleNamespace(recover=_no_recovery), shared=lambda method, *args: method(*args),
     )

@@ -347,17 +347,23 @@ def test_multi_collectors_take_num_workers_where_torchrl_has_it(name):
 
 
 def test_async_collector_takes_torchrls_arguments_and_pauses_as_its_test_does():
-    """TorchRL's AsyncCollector signature (names, kinds, defaults), and its own test_pause run on ours:
-    CountingEnv, a RandomPolicy, a memmap replay buffer, start() and pause()."""
+    """TorchRL's AsyncCollector signature (names, kinds, defaults; the keywords its ``**kwargs`` hands
+    to MultiAsyncCollector spelled out), and its own test_pause run on ours: CountingEnv, a RandomPolicy,
+    a memmap replay buffer, start() and pause()."""
     import inspect
 
     from torchrl.data import LazyMemmapStorage
 
-    theirs = inspect.signature(trl_collectors.AsyncCollector.__init__).parameters
+    theirs = dict(inspect.signature(trl_collectors.AsyncCollector.__init__).parameters)
+    assert theirs.pop("kwargs").kind is inspect.Parameter.VAR_KEYWORD
     ours = inspect.signature(rpc_collectors.AsyncCollector.__init__).parameters
-    assert list(ours) == list(theirs)
+    assert list(ours)[:len(theirs)] == list(theirs)
     for name, parameter in theirs.items():
         assert ours[name].kind == parameter.kind and ours[name].default == parameter.default, name
+    multi = inspect.signature(rpc_collectors.MultiAsyncCollector.__init__).parameters  # where TorchRL's kwargs go
+    rest = list(ours)[len(theirs):]
+    assert all(ours[name].kind is inspect.Parameter.KEYWORD_ONLY for name in rest)
+    assert set(rest) == set(multi) - set(theirs) - {"num_workers", "num_collectors"}  # one worker
     rb = ReplayBuffer(storage=LazyMemmapStorage(max_size=1000))
     env = mocks.CountingEnv()
     c = rpc_collectors.AsyncCollector(mocks.CountingEnv, RandomPolicy(action_spec=env.action_spec), replay_buffer=rb,

@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
 
-from rpc_collectors.core import batched_args, checks, worker_warnings
+from rpc_collectors.core import batched_args, checks, options, worker_warnings
 from rpc_collectors.core.futures import outcome
 from rpc_collectors.core.protocol import WorkerSpec
 from rpc_collectors.pools.local import LocalPool
@@ -82,7 +82,9 @@ class AsyncBatchedCollector(BaseCollector):
     TorchRL's other arguments are accepted where they select this path (``transport`` None,
     ``"auto"`` or ``"driver"``, ``backend``/``env_backend`` ``"multiprocessing"``,
     ``policy_backend`` ``"threading"``, ``env_exchange`` ``"auto"``/``"shm"``, ``envs_per_worker=1``,
-    ``transition_chunk_size`` ``"auto"``/1, ``verbose``) and refused otherwise.
+    ``transition_chunk_size`` ``"auto"``/1, ``verbose``) and refused otherwise; those of features not
+    offered (``reset_at_each_iter``, ``yield_completed_trajectories``, ``weight_sync``,
+    ``weight_sync_model_id``, ``worker_affinity``, ``driver_affinity``) only at their defaults.
     """
 
     _stream_key = ENV_INDEX  # batches carry no trajectory ids: an env's steps are told apart by its index
@@ -128,14 +130,10 @@ class AsyncBatchedCollector(BaseCollector):
         prefetch: int = 1,
         rpc_timeout: float = 60.0,
     ) -> None:
-        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, postproc=postproc,
-                         replay_buffer=replay_buffer, post_collect_hook=post_collect_hook,
-                         replay_write_mode=replay_write_mode)
+        super().__init__(options.Batches.given(locals()), post_collect_hook)
+        self.frames_per_batch = self.requested_frames_per_batch  # transitions, whichever env's: not rounded
         batched_args.replay_write_mode(self.replay_write_mode)
-        if policy is not None and policy_factory is not None:
-            raise TypeError("AsyncBatchedCollector: policy and policy_factory are mutually exclusive; give one")
-        if policy is None and policy_factory is None:
-            raise TypeError("AsyncBatchedCollector: one of policy or policy_factory must be given")
+        batched_args.one_policy(policy, policy_factory)
         factories = batched_args.env_factories(create_env_fn, num_envs)
         kwargs = batched_args.env_kwargs(create_env_kwargs, len(factories))
         self.batching = batched_args.batching(server_config, max_batch_size, min_batch_size, server_timeout,
@@ -149,21 +147,24 @@ class AsyncBatchedCollector(BaseCollector):
         )
         checks.boolean("verbose", verbose)
         device = batched_args.policy_device(device, device_config)
-        self.exploration_type = checks.exploration_type(exploration_type)
+        self._take(exploration_type, policy_version, policy_version_key, max_worker_restarts, prefetch, rpc_timeout)
+        self._specs = _worker_specs(factories, kwargs)
+        self.policy = StepPolicy(policy if policy_factory is None else policy_factory(), device)
+        self._open(len(factories))
+
+    def _take(self, exploration_type: Any, policy_version: Any, policy_version_key: Any, max_worker_restarts: Any,
+              prefetch: Any, rpc_timeout: Any) -> None:
+        """Keep the options of the inference loop and the env workers, each checked."""
+        self.exploration_type = options.check("exploration_type", exploration_type)
         self.policy_version = checks.non_negative_int("policy_version", policy_version)
         self.policy_version_key = batched_args.version_key(policy_version_key, BATCH_KEYS)
         self.max_worker_restarts = checks.non_negative_int("max_worker_restarts", max_worker_restarts)
         self.prefetch = checks.positive_int("prefetch", prefetch)
-        self.rpc_timeout = checks.timeout("rpc_timeout", rpc_timeout)
-        for i, factory in enumerate(factories):
-            checks.picklable(f"create_env_fn[{i}]", factory)
-        if policy_factory is not None:
-            policy = policy_factory()
-        self.policy = StepPolicy(policy, device)
-        self.num_envs = len(factories)
-        filters = worker_warnings.for_workers()
-        options = [{"frames_per_batch": 1, "create_env_kwargs": kw, worker_warnings.KEY: filters} for kw in kwargs]
-        self._specs = [WorkerSpec(f, None, opts).dumps() for f, opts in zip(factories, options)]
+        self.rpc_timeout = options.check("rpc_timeout", rpc_timeout)
+
+    def _open(self, num_envs: int) -> None:
+        """Start the env workers and the inference loop; a failure shuts down what started."""
+        self.num_envs = num_envs
         self._lock = threading.Lock()
         self.roster = Roster(self.num_envs, self.max_worker_restarts, name="env worker {}")
         self._seeds: list[int | None] = [None] * self.num_envs
@@ -354,3 +355,11 @@ def _close(loop: InferenceLoop | None, plane: StepPlane | None, pool: LocalPool,
         plane.close()
     pool.close(max(0.5, (timeout - (time.monotonic() - start)) / 2))
 
+
+def _worker_specs(factories: list, kwargs: list[dict]) -> list[bytes]:
+    """What each env's worker builds its one-frame collector from (each factory checked picklable first)."""
+    for i, factory in enumerate(factories):
+        checks.picklable(f"create_env_fn[{i}]", factory)
+    filters = worker_warnings.for_workers()
+    return [WorkerSpec(factory, None, {"frames_per_batch": 1, "create_env_kwargs": kw, worker_warnings.KEY: filters}).dumps()
+            for factory, kw in zip(factories, kwargs)]

@@ -10,7 +10,7 @@ from typing import Any
 
 from tensordict.nn import InteractionType
 
-from rpc_collectors.collectors.multi import MultiAsyncCollector
+from rpc_collectors.collectors.multi import MultiAsyncCollector, local_options
 
 
 class AsyncCollector(MultiAsyncCollector):
@@ -25,11 +25,12 @@ class AsyncCollector(MultiAsyncCollector):
         update_at_each_batch: push the trainer's weights after each batch, before the worker's next.
         num_sub_threads: the worker's torch threads; 1 only (the worker runs one thread).
 
-    Every other keyword (``frames_per_batch``, ``total_frames``, the devices,
+    Every other option (``frames_per_batch``, ``total_frames``, the devices,
     ``max_frames_per_traj``, ``init_random_frames``, ``reset_at_each_iter``, ``postproc``,
     ``exploration_type``, ``reset_when_done``, ``preemptive_threshold``, ``num_threads``,
     ``set_truncated``, ``track_policy_version``, ...) is as for
-    :class:`~rpc_collectors.MultiAsyncCollector`.
+    :class:`~rpc_collectors.MultiAsyncCollector` (``weight_updater`` and ``weight_recv_schemes`` too),
+    but its ``num_workers`` and ``num_collectors`` (one worker).
     """
 
     def __init__(
@@ -58,20 +59,46 @@ class AsyncCollector(MultiAsyncCollector):
         num_sub_threads: int = 1,
         set_truncated: bool = False,
         track_policy_version: bool = False,
-        **kwargs: Any,
+        cat_results: str | int | None = None,
+        launcher: str = "local",
+        tcp_port: int | str | None = None,
+        slurm_kwargs: dict | None = None,
+        backend: str = "gloo",
+        rpc_timeout: float = 60.0,
+        collector_kwargs: dict | None = None,
+        max_worker_restarts: int = 0,
+        elastic: bool = False,
+        join_timeout: float = 300.0,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int = -1,
+        max_policy_lag: int | None = None,
+        weight_transport: str = "auto",
+        collector_class: Any = "single",
+        num_workers_per_collector: int = 1,
+        inference: str = "worker",
+        replay_buffer: Any = None,
+        init_fn: Any = None,
+        track_traj_ids: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        replay_write_mode: str | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
+        extend_buffer: bool = True,
+        trust_policy: bool | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        weight_sync_schemes: dict | None = None,
+        weight_updater: Any = None,
+        weight_recv_schemes: dict | None = None,
     ) -> None:
         if num_sub_threads != 1:
             raise ValueError(
                 f"num_sub_threads={num_sub_threads!r} is not supported; accepted: 1 (the worker runs one torch thread)"
             )
-        super().__init__(
-            [create_env_fn], policy, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
-            total_frames=-1 if total_frames is None else total_frames, device=device, storing_device=storing_device,
-            env_device=env_device, policy_device=policy_device, create_env_kwargs=create_env_kwargs,
-            max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter, postproc=postproc, split_trajs=bool(split_trajs),
-            exploration_type=exploration_type, reset_when_done=reset_when_done,
-            update_at_each_batch=update_at_each_batch, preemptive_threshold=preemptive_threshold,
-            num_threads=num_threads, set_truncated=set_truncated, track_policy_version=track_policy_version,
-            **kwargs,
-        )
+        arguments = dict(locals(), total_frames=-1 if total_frames is None else total_frames, sync=False)
+        self._start([create_env_fn], policy, local_options([create_env_fn], None, arguments))

@@ -11,9 +11,8 @@ from typing import Any
 
 from tensordict.nn import InteractionType
 
-from rpc_collectors.collectors import rpc
 from rpc_collectors.collectors.multi import MultiCollector
-from rpc_collectors.core import options
+from rpc_collectors.core import options, torchrl_args
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.trainer.collector_front import CollectorFront
 
@@ -35,34 +34,24 @@ def _cadence(update_interval: int | None, update_after_each_batch: bool, max_wei
     return {"update_after_each_batch": False, "max_weight_update_interval": update_interval - 1}
 
 
-def _given(
-    create_env_fn: Any, policy: Any, *, update_interval: int | None, update_after_each_batch: bool = False,
-    max_weight_update_interval: int, collector_class: Any, num_workers_per_collector: int, **kwargs: Any,
-) -> options.Options:
-    """The option groups of a distributed collector's arguments (TorchRL's, and ``RPCCollector``'s keywords)."""
-    return rpc.given(
-        create_env_fn, policy, **_cadence(update_interval, update_after_each_batch, max_weight_update_interval),
-        **_node_collectors(collector_class, num_workers_per_collector), **kwargs,
-    )
-
-
-def _node_collectors(collector_class: Any, num_workers_per_collector: int) -> dict:
-    """``collector_class``/``num_workers_per_collector`` for ``RPCCollector``, when not TorchRL's defaults."""
-    if collector_class in (Collector, "single") and num_workers_per_collector == 1:
-        return {}
-    return {"collector_class": collector_class, "num_workers_per_collector": num_workers_per_collector}
+def _node_collectors(arguments: dict) -> dict:
+    """``arguments`` with TorchRL's default ``collector_class`` (its ``Collector``, one worker each) as ``"single"``."""
+    if arguments["collector_class"] is Collector and arguments["num_workers_per_collector"] == 1:
+        return dict(arguments, collector_class="single")
+    return arguments
 
 
 class DistributedCollector(CollectorFront):
     """TorchRL's ``DistributedCollector``: N collectors on SLURM jobs (``launcher="submitit"``) or
     local processes (``"mp"``); sync batches stacked ``[N, (B,) T]``, async ones one worker's.
 
-    TorchRL's arguments keep their meaning and defaults (``sync=False``, ``launcher="submitit"``,
+    ``policy`` and TorchRL's other arguments keep their meaning and defaults (``sync=False``, ``launcher="submitit"``,
     ``update_interval``: push the weights every k batches); ``create_env_fn`` is a list with one
-    env factory per collector, or one factory with ``num_collectors``. Every other keyword of
-    :class:`~rpc_collectors.RPCCollector` is accepted (``elastic``, ``rpc_timeout``, ``cat_results``, ...).
+    env factory per collector, or one factory with ``num_collectors``. Every other option is as
+    for :class:`~rpc_collectors.RPCCollector` (``elastic``, ``rpc_timeout``, ``cat_results``, ...).
     TorchRL's ``weight_sync_schemes`` name the weight transport (:mod:`rpc_collectors.core.torchrl_args`);
-    ``weight_updater`` and ``weight_recv_schemes`` are accepted as None only, as for ``RPCCollector``.
+    ``weight_updater``, ``weight_recv_schemes``, ``visible_devices`` and ``tensorpipe_options`` are
+    accepted as None only, as for ``RPCCollector``.
     """
 
     _default_cat_results: str | int = "stack"  # TorchRL stacks its nodes' batches
@@ -99,21 +88,45 @@ class DistributedCollector(CollectorFront):
         weight_updater: Any = None,
         weight_sync_schemes: Any = None,
         weight_recv_schemes: Any = None,
-        **kwargs: Any,
+        num_collectors: int | None = None,
+        cat_results: str | int | None = None,
+        rpc_timeout: float = 60.0,
+        track_policy_version: bool = False,
+        num_threads: int | None = None,
+        max_worker_restarts: int = 0,
+        elastic: bool = False,
+        join_timeout: float = 300.0,
+        update_at_each_batch: bool = False,
+        max_policy_lag: int | None = None,
+        weight_transport: str = "auto",
+        inference: str = "worker",
+        replay_buffer: Any = None,
+        create_env_kwargs: dict | list | None = None,
+        init_fn: Any = None,
+        set_truncated: bool = False,
+        reset_when_done: bool = True,
+        track_traj_ids: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        replay_write_mode: str | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
+        preemptive_threshold: float | None = None,
+        extend_buffer: bool = True,
+        trust_policy: bool | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        visible_devices: Any = None,
+        tensorpipe_options: dict | None = None,
     ) -> None:
-        self._start(create_env_fn, policy, _given(
-            create_env_fn, policy, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
-            total_frames=total_frames, device=device,
-            storing_device=storing_device, env_device=env_device, policy_device=policy_device,
-            max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter, postproc=postproc, split_trajs=split_trajs,
-            exploration_type=exploration_type, collector_kwargs=collector_kwargs, sync=sync,
-            slurm_kwargs=slurm_kwargs, backend=backend, launcher=launcher, tcp_port=tcp_port,
-            weight_updater=weight_updater, weight_sync_schemes=weight_sync_schemes, weight_recv_schemes=weight_recv_schemes,
-            update_interval=update_interval, update_after_each_batch=update_after_each_batch,
-            max_weight_update_interval=max_weight_update_interval, collector_class=collector_class,
-            num_workers_per_collector=num_workers_per_collector, **kwargs,
-        ))
+        arguments = dict(locals(), **_cadence(update_interval, update_after_each_batch, max_weight_update_interval))
+        torchrl_args.not_here(visible_devices=visible_devices, tensorpipe_options=tensorpipe_options,
+                              weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
+        self._start(create_env_fn, policy, options.Options.given(_node_collectors(arguments)))
 
     _start = MultiCollector._start  # opens over the pool the launcher picks
 
@@ -121,7 +134,9 @@ class DistributedCollector(CollectorFront):
 class DistributedSyncCollector(CollectorFront):
     """TorchRL's ``DistributedSyncCollector``: :class:`DistributedCollector` with sync rounds
     (``[N, (B,) T]`` batches) and the weights pushed before every ``update_interval``-th round
-    (default 1: every round; None: only by ``update_policy_weights_`` or ``max_weight_update_interval``)."""
+    (default 1: every round; None: only by ``update_policy_weights_`` or ``max_weight_update_interval``);
+    ``create_env_fn``, ``policy``, ``weight_updater``, ``weight_recv_schemes``, ``visible_devices``,
+    ``tensorpipe_options`` and every other option are as for :class:`DistributedCollector`, but ``sync``."""
 
     _default_cat_results: str | int = "stack"  # as DistributedCollector's
 
@@ -152,20 +167,48 @@ class DistributedSyncCollector(CollectorFront):
         update_interval: int | None = 1,
         launcher: str = "submitit",
         tcp_port: int | str | None = None,
-        **kwargs: Any,
+        num_collectors: int | None = None,
+        cat_results: str | int | None = None,
+        rpc_timeout: float = 60.0,
+        track_policy_version: bool = False,
+        num_threads: int | None = None,
+        max_worker_restarts: int = 0,
+        elastic: bool = False,
+        join_timeout: float = 300.0,
+        update_after_each_batch: bool = False,
+        update_at_each_batch: bool = False,
+        max_policy_lag: int | None = None,
+        weight_transport: str = "auto",
+        inference: str = "worker",
+        replay_buffer: Any = None,
+        create_env_kwargs: dict | list | None = None,
+        init_fn: Any = None,
+        set_truncated: bool = False,
+        reset_when_done: bool = True,
+        track_traj_ids: bool = True,
+        compile_policy: bool | dict | None = None,
+        compact_obs: bool = False,
+        pre_collect_hook: Any = None,
+        post_collect_hook: Any = None,
+        trajs_per_batch: int | None = None,
+        replay_write_mode: str | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
+        auto_register_policy_transforms: bool | None = None,
+        use_buffers: bool | None = None,
+        preemptive_threshold: float | None = None,
+        extend_buffer: bool = True,
+        trust_policy: bool | None = None,
+        cudagraph_policy: bool | dict | None = None,
+        weight_sync_schemes: dict | None = None,
+        weight_updater: Any = None,
+        weight_recv_schemes: dict | None = None,
+        visible_devices: Any = None,
+        tensorpipe_options: dict | None = None,
     ) -> None:
-        if "sync" in kwargs:
-            raise TypeError(f"sync={kwargs['sync']!r}: DistributedSyncCollector always collects in sync rounds; "
-                            "accepted: no sync argument (DistributedCollector takes sync=False)")
-        self._start(create_env_fn, policy, _given(
-            create_env_fn, policy, policy_factory=policy_factory, frames_per_batch=frames_per_batch,
-            total_frames=total_frames, device=device, storing_device=storing_device, env_device=env_device,
-            policy_device=policy_device, max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames, reset_at_each_iter=reset_at_each_iter, postproc=postproc,
-            split_trajs=split_trajs, exploration_type=exploration_type, collector_class=collector_class,
-            collector_kwargs=collector_kwargs, num_workers_per_collector=num_workers_per_collector, sync=True,
-            slurm_kwargs=slurm_kwargs, backend=backend, max_weight_update_interval=max_weight_update_interval,
-            update_interval=update_interval, launcher=launcher, tcp_port=tcp_port, **kwargs,
-        ))
+        arguments = dict(locals(), sync=True, **_cadence(update_interval, update_after_each_batch, max_weight_update_interval))
+        torchrl_args.not_here(visible_devices=visible_devices, tensorpipe_options=tensorpipe_options,
+                              weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
+        self._start(create_env_fn, policy, options.Options.given(_node_collectors(arguments)))
 
     _start = MultiCollector._start

@@ -19,7 +19,7 @@ from rpc_collectors.trainer.collector_front import CollectorFront
 LAUNCHERS = ("local", "mp", "debug")
 
 
-def _local(create_env_fn: Any, num_workers: Any, arguments: Mapping[str, Any]) -> options.Options:
+def local_options(create_env_fn: Any, num_workers: Any, arguments: Mapping[str, Any]) -> options.Options:
     """The options of a local multi-process collector: TorchRL's ``num_workers`` is ``num_collectors``."""
     torchrl_args.not_here(weight_updater=arguments["weight_updater"], weight_recv_schemes=arguments["weight_recv_schemes"])
     launcher = arguments["launcher"]
@@ -56,8 +56,8 @@ class MultiCollector(CollectorFront, metaclass=_SyncChoosesClass):
     round-based batches of all workers and first-ready batches of one (given, it makes the
     collector a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as TorchRL's does). Sync
     batches are stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
-    ``launcher`` is ``"local"``, TorchRL's ``"mp"`` or ``"debug"``; every other argument is as
-    for :class:`~rpc_collectors.RPCCollector`.
+    ``launcher`` is ``"local"``, TorchRL's ``"mp"`` or ``"debug"``; ``policy`` and every other
+    argument (``weight_updater`` and ``weight_recv_schemes`` too) are as for :class:`~rpc_collectors.RPCCollector`.
     """
 
     _default_cat_results: str | int = "stack"
@@ -127,7 +127,7 @@ class MultiCollector(CollectorFront, metaclass=_SyncChoosesClass):
         weight_updater: Any = None,
         weight_recv_schemes: dict | None = None,
     ) -> None:
-        self._start(create_env_fn, policy, _local(create_env_fn, num_workers, locals()))
+        self._start(create_env_fn, policy, local_options(create_env_fn, num_workers, locals()))
 
     def _start(self, create_env_fn: Any, policy: Any, o: options.Options) -> None:
         """Open over the pool the launcher picks (:func:`.opening.start`; ``RPCCollector`` and the distributed
@@ -136,7 +136,8 @@ class MultiCollector(CollectorFront, metaclass=_SyncChoosesClass):
 
 
 class MultiSyncCollector(MultiCollector):
-    """``MultiCollector`` with ``sync=True`` (TorchRL's name)."""
+    """``MultiCollector`` with ``sync=True`` (TorchRL's name); ``create_env_fn``, ``policy``,
+    ``num_workers``, ``weight_updater``, ``weight_recv_schemes`` and every other argument as there."""
 
     def __init__(
         self,
@@ -202,11 +203,12 @@ class MultiSyncCollector(MultiCollector):
         weight_updater: Any = None,
         weight_recv_schemes: dict | None = None,
     ) -> None:
-        self._start(create_env_fn, policy, _local(create_env_fn, num_workers, dict(locals(), sync=True)))
+        self._start(create_env_fn, policy, local_options(create_env_fn, num_workers, dict(locals(), sync=True)))
 
 
 class MultiAsyncCollector(MultiCollector):
-    """``MultiCollector`` with ``sync=False`` (TorchRL's name)."""
+    """``MultiCollector`` with ``sync=False`` (TorchRL's name); ``create_env_fn``, ``policy``,
+    ``num_workers``, ``weight_updater``, ``weight_recv_schemes`` and every other argument as there."""
 
     def __init__(
         self,
@@ -272,4 +274,4 @@ class MultiAsyncCollector(MultiCollector):
         weight_updater: Any = None,
         weight_recv_schemes: dict | None = None,
     ) -> None:
-        self._start(create_env_fn, policy, _local(create_env_fn, num_workers, dict(locals(), sync=False)))
+        self._start(create_env_fn, policy, local_options(create_env_fn, num_workers, dict(locals(), sync=False)))

@@ -36,7 +36,7 @@ def start(front: CollectorFront, create_env_fn: Any, policy: Any, o: options.Opt
     """Check the options of ``front`` that read several groups, the launcher or the env, and start its
     workers; ``node_collector`` is the class each node runs (``collector_class="sync"``/``"async"``)."""
     batches, run, weights, launch, collect = o.batches, o.run, o.weights, o.launch, o.collect
-    CollectorFront.__init__(front, **dict(batches.arguments(), frames_per_batch=checks.frames_total(batches.frames_per_batch)))
+    CollectorFront.__init__(front, batches, one_per_worker=True)
     front._closed = front._closing = True  # until the workers are up
     front.max_policy_lag = policy_lag.check(run.max_policy_lag, run.sync)
     checks.split_needs_ids(front.split_trajs or front.whole_trajectories, collect.track_traj_ids)
@@ -51,7 +51,7 @@ def start(front: CollectorFront, create_env_fn: Any, policy: Any, o: options.Opt
     resolved, rdv = settings.rendezvous(launch.launcher, launch.elastic, launch.join_timeout, launch.rpc_timeout)
     checked = settings.check(
         o, launcher=resolved, rdv=rdv, create_env_fn=create_env_fn, policy=policy,
-        frames_per_batch=front.frames_per_batch, default_cat_results=front._default_cat_results,
+        frames_per_batch=front.requested_frames_per_batch, default_cat_results=front._default_cat_results,
         weight_transport="auto" if front._no_push else weight_transport,
         preemptive_threshold=None if front.preemptive_threshold == 1.0 else front.preemptive_threshold,
         node_collector=node_collector,

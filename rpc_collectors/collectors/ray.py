@@ -104,10 +104,7 @@ class RayCollector(CollectorFront):
         num_threads: int | None = None,
         weight_sync_schemes: dict | None = None,
     ) -> None:
-        super().__init__(
-            frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer, replay_write_mode=replay_write_mode,
-        )
+        super().__init__(options.Batches.given(locals()))
         self._closed = self._closing = True  # until the actors are up
         self._ray_started = False
         shared_memory = checks.boolean("shared_memory", shared_memory)
@@ -125,7 +122,7 @@ class RayCollector(CollectorFront):
             o = dataclasses.replace(given, launch=dataclasses.replace(given.launch, collector_kwargs=kwargs))
             return settings.check(
                 o, launcher="ray", rdv=None, create_env_fn=create_env_fn, policy=policy,
-                frames_per_batch=self.frames_per_batch, default_cat_results=self._default_cat_results,
+                frames_per_batch=self.requested_frames_per_batch, default_cat_results=self._default_cat_results,
                 weight_transport=transport, node_collector=MultiCollector,
             )
 

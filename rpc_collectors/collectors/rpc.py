@@ -8,7 +8,6 @@ is :mod:`rpc_collectors.trainer.collector_front`.
 """
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -227,12 +226,3 @@ def _options(arguments: Mapping[str, Any]) -> options.Options:
                           weight_updater=arguments["weight_updater"], weight_recv_schemes=arguments["weight_recv_schemes"])
     return options.Options.given(arguments)
 
-
-def given(*args: Any, **kwargs: Any) -> options.Options:
-    """The option groups of ``RPCCollector(*args, **kwargs)``: its signature's names and defaults."""
-    try:
-        bound = inspect.signature(RPCCollector.__init__).bind(None, *args, **kwargs)
-    except TypeError as err:
-        raise TypeError(f"{err}; accepted: RPCCollector's arguments") from None
-    bound.apply_defaults()
-    return _options(bound.arguments)

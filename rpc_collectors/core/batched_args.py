@@ -31,6 +31,14 @@ def _refuse(name: str, value: Any, accepted: str, why: str = "") -> ValueError:
     )
 
 
+def one_policy(policy: Any, policy_factory: Any) -> None:
+    """One of ``policy`` and ``policy_factory``, as TorchRL's class asks."""
+    if policy is not None and policy_factory is not None:
+        raise TypeError("AsyncBatchedCollector: policy and policy_factory are mutually exclusive; give one")
+    if policy is None and policy_factory is None:
+        raise TypeError("AsyncBatchedCollector: one of policy or policy_factory must be given")
+
+
 def env_factories(create_env_fn: Any, num_envs: Any) -> list:
     """One env factory per env: TorchRL's list, or one factory and ``num_envs``."""
     if isinstance(create_env_fn, (list, tuple)):

@@ -268,11 +268,13 @@ def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: A
     }
 
 
-def frames_total(value: Any) -> Any:
-    """``frames_per_batch`` of a whole batch: TorchRL's list of one per worker adds up."""
+def frames_per_batch(name: str, value: Any) -> int | list[int]:
+    """An int > 0, or TorchRL's list of one per worker (each an int > 0)."""
     if isinstance(value, (list, tuple)):
-        return sum(positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value))
-    return value
+        if not value:
+            raise ValueError(f"{name}={value!r} is invalid; accepted: an int > 0, or a list of them, one per worker")
+        return [positive_int(f"{name}[{i}]", f) for i, f in enumerate(value)]
+    return positive_int(name, value)
 
 
 def exploration_type(value: Any, name: str = "exploration_type") -> InteractionType:

@@ -15,10 +15,10 @@ option, else ``RPCCollector``'s; where a class has its own default for an option
 class of that name does), :data:`CLASS_DEFAULTS` says so, and
 :data:`OTHER_MEANING` names the classes where TorchRL uses the name for another quantity.
 Every public constructor spells these options out in its signature (``tests/test_options_table.py``
-checks names and defaults against this table) and converts them into the groups, which check
-each option that needs no other one when they are built (the checks of
-:mod:`rpc_collectors.core.checks`). Checks that read several groups, the env or the launcher
-stay with the code that has them (``front.settings.check``).
+checks names, defaults and docs against this table) and converts them into the groups, which check
+each option when they are built (the checks of :mod:`rpc_collectors.core.checks`; an option that
+reads others of its group after them). Checks that read several groups, the env or the launcher
+stay with the code that has them (``trainer.settings.check``).
 """
 from __future__ import annotations
 
@@ -60,6 +60,22 @@ def _max_frames_per_traj(name: str, value: Any) -> Any:
 def _init_random_frames(name: str, value: Any) -> Any:
     checks.init_random_frames(value, name)
     return value  # as given: None and TorchRL's -1 both say none
+
+
+def _frames_per_batch(name: str, value: Any) -> int | list[int]:
+    return checks.frames_per_batch(name, value)
+
+
+def _total_frames(name: str, value: Any) -> int:
+    return checks.total_frames(value)
+
+
+def _split_trajs(name: str, value: Any) -> bool:
+    return checks.boolean(name, False if value is None else value)  # TorchRL's None is False
+
+
+def _replay_buffer(name: str, value: Any) -> Any:
+    return checks.replay_buffer(value)
 
 
 def _optional_boolean(name: str, value: Any) -> bool | None:
@@ -117,7 +133,11 @@ class Group:
         for field in dataclasses.fields(self):
             check = field.metadata["check"]
             if check is not None:
-                object.__setattr__(self, field.name, check(field.name, getattr(self, field.name)))
+                self._set(field.name, check(field.name, getattr(self, field.name)))
+
+    def _set(self, name: str, value: Any) -> None:
+        """Field ``name`` of this frozen group, as its check returned it."""
+        object.__setattr__(self, name, value)
 
     def arguments(self) -> dict[str, Any]:
         """The group's options by name (the values themselves, not copies)."""
@@ -166,18 +186,41 @@ class Collect(Group):
 
 @dataclasses.dataclass(frozen=True)
 class Batches(Group):
-    """What the trainer hands out (checked by :class:`~rpc_collectors.single_process.base_collector.BaseCollector`)."""
+    """What the trainer hands out. Each field is checked here; those that read earlier fields
+    (``extend_buffer``, ``traj_format``, ``replay_write_mode``, ``trajs_per_write``) after the others.
 
-    frames_per_batch: Any = option(dataclasses.MISSING, "frames per batch (required); a list: one per worker")
-    total_frames: int = option(-1, "frames in the whole run; -1: endless")
-    split_trajs: bool | None = option(None, "hand out [n_traj, T_max] padded trajectories; None is False")
-    postproc: Any = option(None, "applied to each batch before it is handed out")
-    replay_buffer: Any = option(None, "batches go to its extend(); iteration yields None")
-    extend_buffer: bool = option(True, "False: the replay_buffer gets each step with add()")
-    trajs_per_batch: int | None = option(None, "hand out batches of this many whole trajectories")
+    Frames, one name per quantity along the whole path: ``frames_per_batch``, those of each batch
+    handed out (``requested_frames_per_batch``, TorchRL's attribute and ``stats()`` key, keeps it as
+    given, before it is rounded up over the envs or workers); ``frames_per_batch_worker``
+    (TorchRL's), those of each worker's batch: sync, its share of a batch; async, a whole batch;
+    TorchRL's list ``frames_per_batch`` gives each worker its own. A worker's ``Collector`` gets it as
+    its ``frames_per_batch``. ``frames_per_env``: each env's share of a ``Collector``'s batch, the
+    length of its time dim.
+    """
+
+    frames_per_batch: Any = option(dataclasses.MISSING, "frames per batch (required); a list: one per worker",
+                                   _frames_per_batch)
+    total_frames: int = option(-1, "frames in the whole run; -1: endless", _total_frames)
+    split_trajs: bool | None = option(None, "hand out [n_traj, T_max] padded trajectories; None is False", _split_trajs)
+    postproc: Any = option(None, "applied to each batch before it is handed out", _optional_callable)
+    replay_buffer: Any = option(None, "batches go to its extend(); iteration yields None", _replay_buffer)
+    extend_buffer: bool = option(True, "False: the replay_buffer gets each step with add()", _boolean)
+    trajs_per_batch: int | None = option(None, "hand out batches of this many whole trajectories",
+                                         _optional_positive_int)
     traj_format: str | None = option(None, "whole trajectories \"padded\" or \"cat\"")
-    trajs_per_write: int | None = option(None, "whole trajectories per replay_buffer write")
     replay_write_mode: str | None = option(None, "\"rollout\" or \"trajectory\" writes into the replay_buffer")
+    trajs_per_write: int | None = option(None, "whole trajectories per replay_buffer write")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.extend_buffer and self.replay_buffer is not None:
+            checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
+        self._set("traj_format", checks.traj_format(self.traj_format, self.trajs_per_batch, self.split_trajs,
+                                                    self.replay_buffer))
+        self._set("replay_write_mode", torchrl_args.replay_write_mode(self.replay_write_mode, self.replay_buffer,
+                                                                      self.trajs_per_batch))
+        self._set("trajs_per_write", torchrl_args.trajs_per_write(
+            self.trajs_per_write, self.replay_write_mode == "trajectory", self.replay_buffer))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +279,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "MultiCollector": {"launcher": "local"},
     "MultiSyncCollector": {"launcher": "local"},
     "MultiAsyncCollector": {"launcher": "local"},
+    "AsyncCollector": {"launcher": "local"},
     "DistributedCollector": {**_DISTRIBUTED, "sync": False, "launcher": "submitit"},
     "DistributedSyncCollector": {**_DISTRIBUTED, "launcher": "submitit"},
     "RayCollector": {**_DISTRIBUTED, "sync": False},

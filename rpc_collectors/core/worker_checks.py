@@ -12,7 +12,6 @@ from rpc_collectors.core.checks import (
     device,
     devices,
     non_negative_int,
-    positive_int,
 )
 
 
@@ -35,7 +34,7 @@ def worker_devices_of(device_: Any, storing_device: Any, env_device: Any, policy
 def frames_per_worker(value: Any, num_workers: int, sync: bool, cat_results: Any) -> list[int]:
     """TorchRL's ``frames_per_batch`` list: one positive int per worker; in sync mode batches of
     different lengths cannot be stacked (TorchRL's cannot either): concatenated along time only."""
-    frames = [positive_int(f"frames_per_batch[{i}]", f) for i, f in enumerate(value)]
+    frames = list(value)  # each an int > 0 (the options table checked them)
     if len(frames) != num_workers:
         raise ValueError(
             f"frames_per_batch has {len(frames)} entries for {num_workers} workers. If `frames_per_batch` is provided "

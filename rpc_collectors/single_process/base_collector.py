@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from rpc_collectors.core import checks, torchrl_args
+from rpc_collectors.core import options
 from rpc_collectors.single_process import remote_calls
 from rpc_collectors.single_process.batch_record import MASK, BatchRecord, frames_per_worker, take
 from rpc_collectors.single_process.preemption import valid_frames
@@ -42,38 +42,22 @@ class BaseCollector:
     policy_version = 0  # the weights version every worker acknowledged (a multi-worker collector: None if they differ)
     dropped_frames = 0  # frames collected and not handed out (multi-worker collectors drop some)
     _stream_key: str | tuple = TRAJ_IDS  # what tells a batch's trajectories apart (stats() counters)
+    frames_per_batch: int  # of each batch handed out: set once by each collector, rounded up over its envs or workers
     run_start = 0  # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
 
-    def __init__(
-        self,
-        *,
-        frames_per_batch: int,
-        total_frames: int = -1,
-        split_trajs: bool | None = False,
-        postproc: Any = None,
-        replay_buffer: Any = None,
-        extend_buffer: bool = True,
-        post_collect_hook: Any = None,
-        trajs_per_batch: int | None = None,
-        traj_format: str | None = None,
-        trajs_per_write: int | None = None,
-        replay_write_mode: str | None = None,
-    ) -> None:
-        self.frames_per_batch = checks.positive_int("frames_per_batch", frames_per_batch)
-        self.requested_frames_per_batch = self.frames_per_batch  # before it is rounded to the envs or workers
-        self.total_frames = checks.total_frames(total_frames)
-        self.split_trajs = checks.boolean("split_trajs", False if split_trajs is None else split_trajs)  # TorchRL's None
-        self.postproc = checks.optional_callable("postproc", postproc)
-        self.replay_buffer = checks.replay_buffer(replay_buffer)
-        self.extend_buffer = checks.boolean("extend_buffer", extend_buffer)
-        if not self.extend_buffer and self.replay_buffer is not None:
-            checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
-        self.post_collect_hook = checks.optional_callable("post_collect_hook", post_collect_hook)
-        self.trajs_per_batch = checks.optional_positive_int("trajs_per_batch", trajs_per_batch)
-        self.traj_format = checks.traj_format(traj_format, self.trajs_per_batch, self.split_trajs, self.replay_buffer)
-        self.replay_write_mode = torchrl_args.replay_write_mode(replay_write_mode, self.replay_buffer, self.trajs_per_batch)
-        self.trajs_per_write = torchrl_args.trajs_per_write(
-            trajs_per_write, self.replay_write_mode == "trajectory", self.replay_buffer)
+    def __init__(self, batches: options.Batches, post_collect_hook: Any = None, *, one_per_worker: bool = False) -> None:
+        """``batches``: the options of what is handed out, each checked there; ``one_per_worker``:
+        whether ``frames_per_batch`` may be TorchRL's list of one per worker (multi-worker collectors)."""
+        frames = batches.frames_per_batch
+        if isinstance(frames, list) and not one_per_worker:
+            raise ValueError(f"frames_per_batch={frames!r} is invalid; accepted: an int > 0")
+        # TorchRL's: as given; each collector sets frames_per_batch once, rounded up over its envs or workers
+        self.requested_frames_per_batch = sum(frames) if isinstance(frames, list) else frames
+        self.total_frames, self.split_trajs, self.postproc = batches.total_frames, batches.split_trajs, batches.postproc
+        self.replay_buffer, self.extend_buffer = batches.replay_buffer, batches.extend_buffer
+        self.post_collect_hook = options.check("post_collect_hook", post_collect_hook)
+        self.trajs_per_batch, self.traj_format = batches.trajs_per_batch, batches.traj_format
+        self.replay_write_mode, self.trajs_per_write = batches.replay_write_mode, batches.trajs_per_write
         self.progress = TrajectoryProgress(self._stream_key)
         self._frames = 0
         self._iter = 0

@@ -15,7 +15,7 @@ from rpc_collectors.single_process.collector_views import CollectorViews
 from rpc_collectors.single_process.dispatching import DispatchingCollector
 from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
 from rpc_collectors.single_process.policies import MissingAction, RandomPolicy, StepPolicy, check_action_shape, run_device
-from rpc_collectors.single_process.rollout import ArrayRollout, EnvBaseRollout, TensorDictRollout
+from rpc_collectors.single_process.rollout import TensorDictRollout, rollout_for
 from rpc_collectors.single_process.trajectories import TrajectoryIds, pool_state
 from rpc_collectors.transport.weight_updates import whole_update
 from rpc_collectors.transport.weights import load_weights, one_source, signature_of
@@ -141,14 +141,28 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         no_cuda_sync: bool = False,
         interruptor: Any = None,
     ) -> None:
-        super().__init__(
-            frames_per_batch=frames_per_batch, total_frames=total_frames, split_trajs=split_trajs,
-            postproc=postproc, replay_buffer=replay_buffer, extend_buffer=extend_buffer,
-            post_collect_hook=post_collect_hook, trajs_per_batch=trajs_per_batch, traj_format=traj_format,
-            replay_write_mode=replay_write_mode,
-            trajs_per_write=trajs_per_write,
-        )
+        super().__init__(options.Batches.given(locals()), post_collect_hook)
         c = options.Collect.given(locals())  # each of these options checked there, once
+        use_buffers = self._take(c, worker_idx, no_cuda_sync, interruptor, weight_sync_schemes)
+        policy = checks.policy_or_factory(policy, c.policy_factory)
+        if policy is not None and not callable(policy):
+            StepPolicy(policy)  # raises the TypeError that names the argument
+        envs = self._open_env(create_env_fn, policy, c)
+        self.frames_per_env = checks.frames_per_batch_fits(self.requested_frames_per_batch, envs)
+        self.frames_per_batch = self.frames_per_env * envs
+        checks.total_frames_fits(self.total_frames, self.frames_per_batch)
+        self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
+            policy, self.devices["policy_device"], self.action_keys, self.compile_policy, c.trust_policy
+        )
+        self._check_random_actions(create_env_fn, policy)
+        self._open_rollout(TrajectoryIds(traj_id_start, traj_id_stride), use_buffers)
+        self._start_state()
+        if self.policy is not None:
+            self._check_policy()
+
+    def _take(self, c: options.Collect, worker_idx: Any, no_cuda_sync: Any, interruptor: Any,
+              weight_sync_schemes: Any) -> bool | None:
+        """Keep the worker's options (``c``) and TorchRL's single-process ones; ``use_buffers`` as checked."""
         checks.boolean("no_cuda_sync", no_cuda_sync)  # this collector makes no CUDA synchronize calls to skip
         self.interruptor = checks.interruptor(interruptor)
         self.track_traj_ids = c.track_traj_ids
@@ -157,7 +171,6 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         self.worker_idx = None if worker_idx is None else checks.non_negative_int("worker_idx", worker_idx)
         self.compile_policy = c.compile_policy
         use_buffers = checks.use_buffers(c.use_buffers, self.replay_buffer)
-        policy = checks.policy_or_factory(policy, c.policy_factory)
         self.max_frames_per_traj = checks.max_frames_per_traj(c.max_frames_per_traj)  # -1 is None
         self.init_random_frames = checks.init_random_frames(c.init_random_frames)  # None and -1 are 0
         self.reset_at_each_iter = c.reset_at_each_iter
@@ -166,48 +179,46 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         self.track_policy_version = c.track_policy_version
         # the policy is in this process: a scheme only says whether update_policy_weights_ does anything
         self._no_push = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto") == torchrl_args.NO_PUSH
-        if policy is not None and not callable(policy):
-            StepPolicy(policy)  # raises the TypeError that names the argument
+        return use_buffers
+
+    def _open_env(self, create_env_fn: Any, policy: Any, c: options.Collect) -> int:
+        """Build the env with the transforms its options ask for, its action keys and batch edits; its number of envs."""
         self.env = make_env(create_env_fn, checks.env_kwargs(c.create_env_kwargs))
         torchrl_env = is_torchrl_env(self.env)
         if self.max_frames_per_traj is not None:
-            checks.no_step_counter(self.env, max_frames_per_traj)
+            checks.no_step_counter(self.env, c.max_frames_per_traj)
             if torchrl_env:  # as TorchRL's collectors: the env counts its steps
                 self.env = with_step_counter(self.env, self.max_frames_per_traj)
         self.env = with_policy_transforms(self.env, policy, c.auto_register_policy_transforms)
         self.action_keys = list(self.env.action_keys) if torchrl_env else ["action"]
         if callable(getattr(policy, "set_action_spec_from_env", None)):  # TorchRL's RandomPolicy() without a spec
             policy.set_action_spec_from_env(self.env)
-        envs = int(torch.Size(self.env.batch_size).numel())
-        self.steps_per_batch = checks.frames_per_batch_fits(self.frames_per_batch, envs)
-        self.frames_per_batch = self.steps_per_batch * envs
-        checks.total_frames_fits(self.total_frames, self.frames_per_batch)
-        self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
-            policy, self.devices["policy_device"], self.action_keys, self.compile_policy, c.trust_policy
-        )
         self.truncated_keys = batch_edits.truncated_keys(self.env) if c.set_truncated else []
         self.compact_keys = batch_edits.observation_keys(self.env) if c.compact_obs else []
+        return int(torch.Size(self.env.batch_size).numel())
+
+    def _check_random_actions(self, create_env_fn: Any, policy: Any) -> None:
         if (self.policy is None or self.init_random_frames) and not callable(getattr(self.env, "rand_action", None)):
             raise TypeError(
                 f"create_env_fn={create_env_fn!r} gave an env without rand_action(), which random actions "
                 f"(policy={policy!r}, init_random_frames={self.init_random_frames}) need; accepted: an env "
                 "with rand_action(td), or a policy with init_random_frames=0"
             )
-        self.traj_ids = TrajectoryIds(traj_id_start, traj_id_stride)
-        if isinstance(self.env, GymEnv):
-            self.rollout = ArrayRollout(self.env, self.traj_ids, self.max_frames_per_traj)
-            if self.devices["storing_device"] == torch.device("cpu"):
-                self.rollout.device = self.devices["storing_device"]
-        elif torchrl_env:
-            self.rollout = EnvBaseRollout(self.env, self.traj_ids)
-        else:
-            self.rollout = TensorDictRollout(self.env, self.traj_ids, self.max_frames_per_traj)
+
+    def _open_rollout(self, traj_ids: TrajectoryIds, use_buffers: bool | None) -> None:
+        """The rollout that steps this env kind, and how it stacks steps (TorchRL's ``_use_buffers``)."""
+        self.traj_ids = traj_ids
+        self.rollout = rollout_for(self.env, traj_ids, self.max_frames_per_traj, self.devices["storing_device"])
         if isinstance(self.rollout, TensorDictRollout):  # a GymEnv's batches are dense always
             whole_batches = self.replay_buffer is not None and self.extend_buffer and not self.split_trajs
-            self.rollout.stacking = "dense" if use_buffers else "lazy" if whole_batches and trajs_per_batch is None else "auto"
+            lazy_ok = whole_batches and self.trajs_per_batch is None
+            self.rollout.stacking = "dense" if use_buffers else "lazy" if lazy_ok else "auto"
         # TorchRL's attribute: batches are dense unless the env's shapes change or a buffer takes them (lazy stacks then)
         lazy = getattr(self.rollout, "stacking", None) == "lazy" or getattr(self.env, "_has_dynamic_specs", False)
         self._use_buffers = use_buffers if use_buffers is not None else not lazy
+
+    def _start_state(self) -> None:
+        """Versions, pending weights, seeds, locks and preemption before the first batch."""
         self.policy_version = 0
         self._obs_version = 0  # the version the observation the next batch starts from came with
         self._pending: tuple[Any, int] | None = None
@@ -217,8 +228,6 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         self._busy = threading.Lock()  # held by a batch in progress: state changes wait for its end
         self.preemption: preemption.Preemption | None = None  # a worker's, when the trainer may end its batches early
         self._interrupted = threading.Event()  # the worker process is closing: the batch in progress ends
-        if self.policy is not None:
-            self._check_policy()
 
     def _check_policy(self) -> None:
         """Run the policy once on a reset observation: the other outputs it writes are recorded
@@ -267,7 +276,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
             return out
 
         with torch.no_grad(), set_interaction_type(self.exploration_type):
-            batch = self.rollout.collect(self.steps_per_batch, None if random else self.policy, stopped, marks)
+            batch = self.rollout.collect(self.frames_per_env, None if random else self.policy, stopped, marks)
         if interrupted():
             raise RuntimeError("the collector was interrupted: its worker process is closing")
         self._obs_version = self.policy_version
@@ -280,7 +289,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         if self.compact_keys:
             batch = batch.exclude(*self.compact_keys)
         if self.preemption is not None or self.interruptor is not None:
-            batch = preemption.padded(batch, self.steps_per_batch)
+            batch = preemption.padded(batch, self.frames_per_env)
         if not self.track_traj_ids:
             batch_edits.drop_traj_ids(batch)
         storing, env_device = self.devices["storing_device"], self.devices["env_device"]

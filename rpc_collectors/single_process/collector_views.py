@@ -22,7 +22,7 @@ class CollectorViews:
     _assembly: Any
     _busy: Any
     track_policy_version: bool
-    steps_per_batch: int
+    frames_per_env: int
 
     @property
     def _wrapped_policy(self) -> Any:
@@ -54,6 +54,6 @@ class CollectorViews:
         if self.track_policy_version:
             for key in VERSION_KEYS:
                 step.set(key, torch.zeros(self.env.batch_size, dtype=torch.int64))
-        batch = torch.stack([step] * self.steps_per_batch, len(self.env.batch_size)).zero_()
+        batch = torch.stack([step] * self.frames_per_env, len(self.env.batch_size)).zero_()
         batch.names = time_names(batch.batch_dims)
         return self._postprocess(self._finish(batch))

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
-from rpc_collectors.single_process.envs import GymEnv, _where
+from rpc_collectors.single_process.envs import GymEnv, _where, is_torchrl_env
 from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.single_process.step_records import FLAGS, StepRecords, set_marks, time_names
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, TrajectoryIds
@@ -327,3 +327,16 @@ class EnvBaseRollout(TensorDictRollout):
             if stopped is not None and stopped():
                 break
         return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
+
+
+def rollout_for(env: Any, traj_ids: TrajectoryIds, max_frames_per_traj: int | None, storing_device: Any) -> Any:
+    """The rollout that steps ``env``'s kind: a ``GymEnv`` (batches made on the CPU when stored there),
+    a TorchRL env, or any other env on TensorDicts."""
+    if isinstance(env, GymEnv):
+        rollout = ArrayRollout(env, traj_ids, max_frames_per_traj)
+        if storing_device == torch.device("cpu"):
+            rollout.device = storing_device
+        return rollout
+    if is_torchrl_env(env):
+        return EnvBaseRollout(env, traj_ids)
+    return TensorDictRollout(env, traj_ids, max_frames_per_traj)

@@ -64,9 +64,9 @@ class CollectorFront(BaseCollector):
         self.max_weight_update_interval = s.max_weight_update_interval
         self.exploration_type = s.exploration_type
         self.track_policy_version = s.track_policy_version
-        self.frames_per_batch, self.worker_frames = s.frames_per_batch, s.worker_frames
-        if s.preemptive_threshold is None and (self.sync or self.frames_per_batch == self.worker_frames):
-            checks.total_frames_fits(self.total_frames, self.frames_per_batch)  # not when batch sizes vary
+        self.frames_per_batch, self._frames_per_batch_worker = s.frames_per_batch, s.frames_per_batch_worker
+        if s.preemptive_threshold is None:  # preempted batches vary in size
+            checks.total_frames_fits(self.total_frames, self.frames_per_batch)
         self.specs = s.specs
         self.policy = policy
         self.events = Events()
@@ -139,6 +139,11 @@ class CollectorFront(BaseCollector):
         """How many times each worker was replaced (``max_worker_restarts``), or how many
         collectors left each slot (``elastic``); with node collectors, plus the local workers each node replaced."""
         return self.roster.worker_restarts
+
+    def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int:
+        """TorchRL's: the frames of worker ``worker_idx``'s batches (None: the most any worker's hold)."""
+        frames = self._frames_per_batch_worker
+        return max(frames) if worker_idx is None else frames[worker_idx]
 
     def _on_death(self, worker_id: int, reason: str) -> None:
         """A pool saw worker ``worker_id`` die (from its own thread)."""

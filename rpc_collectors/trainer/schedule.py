@@ -40,7 +40,6 @@ class Scheduled(Protocol):
     preempt_after: int | None
     update_after_each_batch: bool
     max_weight_update_interval: int
-    worker_frames: int
     max_policy_lag: int | None
     workers: Any
     roster: Roster
@@ -52,6 +51,8 @@ class Scheduled(Protocol):
     _batches: BatchPlane | None
 
     def shared(self, method: Callable[..., Any], *args: Any) -> Any: ...
+
+    def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int: ...
 
 
 class Schedule:
@@ -147,7 +148,7 @@ class Schedule:
         fut = front._batches.ring(worker_id, min_version, slot)  # a worker with slots
         if fut is None:
             fut = front.workers.calls.collect(worker_id, min_version, slot)
-        front.roster.asked(worker_id, front.worker_frames, again)
+        front.roster.asked(worker_id, front.frames_per_batch_worker(), again)
         front.events.watch(worker_id, record.generation, BATCH, fut)
 
     # ---------------------------------------------------------------- membership

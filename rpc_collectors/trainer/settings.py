@@ -57,7 +57,7 @@ class Settings:
     weight_transport: str
     max_worker_restarts: int
     frames_per_batch: int  # of the collector: in sync mode a multiple of the workers
-    worker_frames: int  # of each worker's batch (the largest, when each worker has its own)
+    frames_per_batch_worker: list[int]  # of each worker's batch, one per worker
     exploration_type: Any
     policy_device: torch.device | list | None  # a list: one per worker
     storing_device: torch.device | None
@@ -121,11 +121,58 @@ def check(
     (the public layer passes its ``MultiCollector``: this layer does not import it); ``inference``
     ``"node"`` runs one policy per node (:func:`~rpc_collectors.worker.node.check_inference`)."""
     launch, run, weights = o.launch, o.run, o.weights
-    collector_class, elastic, backend, rpc_timeout = launch.collector_class, launch.elastic, weights.backend, launch.rpc_timeout
-    node_kind, per_node = node_class(collector_class, launch.num_workers_per_collector)
+    node_kind, per_node, inference = _node_kind(o, policy, preemptive_threshold, node_collector)
+    env_fns = _env_fns(create_env_fn, launch.num_collectors, rdv, launch.elastic)
+    num_workers = len(env_fns)
+    cat_results = default_cat_results if run.cat_results is None else run.cat_results
+    checks.choice("weight_transport", weight_transport, TRANSPORTS)
+    if launch.elastic:
+        worker_checks.elastic(weight_transport, weights.backend)
+    tcp_port, executor = _launcher(launch, launcher)
+    node = None if node_kind is None else NodeSpec(  # a node replaces its own local workers, the trainer no node
+        collector=node_collector, sync=node_kind == "sync", num_workers=per_node,
+        launcher="debug" if launcher == "debug" else "local", rpc_timeout=launch.rpc_timeout, inference=inference,
+        max_worker_restarts=checks.non_negative_int("max_worker_restarts", launch.max_worker_restarts),
+    )
+    restarts = 0 if node is not None else worker_checks.max_worker_restarts(
+        launch.max_worker_restarts, launcher, weight_transport, weights.backend)
+    frames_per_batch, frames_per_batch_worker = _frames(
+        o.batches.frames_per_batch, frames_per_batch, num_workers, run.sync, cat_results,
+        per_node if node_kind == "sync" else 1, launch.collector_class if node is not None else None,
+    )
+    if policy is not None and not callable(policy):
+        StepPolicy(policy)  # raises the TypeError naming the argument
+    if _plain_module(policy) and not o.collect.trust_policy:
+        check_forward(policy)  # here, before any worker builds it
+    kwargs, per_worker = _worker_options(o, frames_per_batch_worker, num_workers * per_node, per_node,
+                                         preemptive_threshold)
+    devices = worker_checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
+    kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
+    per_worker.pop("storing_device", None)
+    if executor is not None:  # the last check: it makes the folder if it is missing
+        collector_jobs.writable_folder(executor)
+    return Settings(
+        launcher=launcher, rdv=rdv, elastic=launch.elastic, join_timeout=launch.join_timeout, num_workers=num_workers,
+        sync=run.sync, cat_results=cat_results, num_threads=run.num_threads, backend=weights.backend,
+        rpc_timeout=launch.rpc_timeout, update_after_each_batch=weights.update_after_each_batch or weights.update_at_each_batch,
+        max_weight_update_interval=weights.max_weight_update_interval,
+        weight_transport=weight_transport, max_worker_restarts=restarts, frames_per_batch=frames_per_batch,
+        frames_per_batch_worker=frames_per_batch_worker, exploration_type=kwargs["exploration_type"],
+        policy_device=devices["policy_device"], storing_device=devices["storing_device"],
+        specs=_specs(env_fns, policy, kwargs, per_worker, node), node=node, tcp_port=tcp_port, executor=executor,
+        preemptive_threshold=preemptive_threshold, track_policy_version=kwargs["track_policy_version"],
+        policy_factory=any(factory is not None for factory in per_worker["policy_factory"]),
+    )
+
+
+def _node_kind(o: options.Options, policy: Any, preemptive_threshold: float | None,
+               node_collector: type | None) -> tuple[str | None, int, str]:
+    """What each worker runs: ``("sync" | "async" | None, its local workers, inference)``, checked against the rest."""
+    collector_class = o.launch.collector_class
+    node_kind, per_node = node_class(collector_class, o.launch.num_workers_per_collector)
     factories = o.collect.policy_factory
     factories = list(factories) if isinstance(factories, (list, tuple)) else [factories]
-    inference = check_inference(launch.inference, node_kind, collector_class, policy, factories)
+    inference = check_inference(o.launch.inference, node_kind, collector_class, policy, factories)
     if node_kind is not None and node_collector is None:
         raise ValueError(f"collector_class={collector_class!r} runs node collectors, which this collector does not "
                          "support; accepted: collector_class='single'")
@@ -134,93 +181,59 @@ def check(
             f"preemptive_threshold={preemptive_threshold!r} does not work with node collectors "
             f"(collector_class={collector_class!r}); accepted with them: None"
         )
-    worker_kwargs = {name: value for name, value in o.collect.arguments().items() if name != "cudagraph_policy"}
-    env_fns = _env_fns(create_env_fn, launch.num_collectors, rdv, elastic)
-    num_workers, sync = len(env_fns), run.sync
-    cat_results = default_cat_results if run.cat_results is None else run.cat_results
-    checks.choice("weight_transport", weight_transport, TRANSPORTS)
-    if elastic:
-        worker_checks.elastic(weight_transport, backend)
+    return node_kind, per_node, inference
+
+
+def _launcher(launch: options.Launch, launcher: str) -> tuple[int | None, Any]:
+    """The port and, for ``"submitit"``, the executor of the collector jobs."""
     tcp_port = worker_checks.tcp_port(launch.tcp_port, launcher)
     slurm_kwargs = launch.slurm_kwargs
     if slurm_kwargs is not None and launcher != "submitit":
         raise ValueError(f"slurm_kwargs={slurm_kwargs!r} is for launcher='submitit'; accepted with launcher={launcher!r}: None")
-    executor = collector_jobs.executor(slurm_kwargs) if launcher == "submitit" else None
-    node = None
-    if node_kind is None:
-        restarts = worker_checks.max_worker_restarts(launch.max_worker_restarts, launcher, weight_transport, backend)
-    else:  # a node replaces its own local workers; the trainer does not replace nodes
-        node = NodeSpec(
-            collector=node_collector,
-            sync=node_kind == "sync", num_workers=per_node, launcher="debug" if launcher == "debug" else "local",
-            max_worker_restarts=checks.non_negative_int("max_worker_restarts", launch.max_worker_restarts),
-            rpc_timeout=rpc_timeout, inference=inference,
-        )
-        restarts = 0
-    frames_per_batch, worker_frames, frames_list = _frames(
-        o.batches.frames_per_batch, frames_per_batch, num_workers, sync, cat_results,
-        per_node if node_kind == "sync" else 1, collector_class if node is not None else None,
-    )
-    if policy is not None and not callable(policy):
-        StepPolicy(policy)  # raises the TypeError naming the argument
-    if _plain_module(policy) and not worker_kwargs["trust_policy"]:
-        check_forward(policy)  # here, before any worker builds it
-    kwargs = dict(worker_kwargs, frames_per_batch=worker_frames)
+    return tcp_port, collector_jobs.executor(slurm_kwargs) if launcher == "submitit" else None
+
+
+def _worker_options(o: options.Options, frames_per_batch_worker: list[int], local_workers: int, per_node: int,
+                    preemptive_threshold: float | None) -> tuple[dict, dict]:
+    """Each worker's :class:`Collector` options: those shared by all, and those with one value per worker.
+
+    ``local_workers``: the worker processes of the whole collector (``per_node`` in each worker), over
+    which ``init_random_frames`` is shared out."""
+    kwargs = {name: value for name, value in o.collect.arguments().items() if name != "cudagraph_policy"}
+    num_workers = len(frames_per_batch_worker)
     per_worker = {name: _per_worker(name, kwargs.pop(name), num_workers) for name in PER_WORKER}
-    if frames_list is not None:
-        per_worker["frames_per_batch"] = frames_list
+    per_worker["frames_per_batch"] = frames_per_batch_worker
     for name in DEVICES:  # TorchRL's list of one device per worker
         if isinstance(kwargs[name], (list, tuple)):
             per_worker[name] = _per_worker(name, kwargs.pop(name), num_workers)
     for i, factory in enumerate(per_worker["policy_factory"]):  # with a policy too, the trainer's weight source only
         checks.optional_callable(f"policy_factory[{i}]", factory)
-    local_workers = num_workers * per_node  # each node shares its part out over its local workers
     kwargs["init_random_frames"] = -(-checks.init_random_frames(kwargs["init_random_frames"]) // local_workers) * per_node
-    kwargs.update(_collector_kwargs(launch.collector_kwargs))  # each value checked there
+    kwargs.update(_collector_kwargs(o.launch.collector_kwargs))  # each value checked there
     kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])  # one collector_kwargs may set
-    devices = worker_checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
-    kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
     kwargs["preemptible"] = preemptive_threshold is not None  # the worker numbers its batches and pads cut ones
-    per_worker.pop("storing_device", None)
-    if executor is not None:  # the last check: it makes the folder if it is missing
-        collector_jobs.writable_folder(executor)
-    return Settings(
-        launcher=launcher, rdv=rdv, elastic=elastic, join_timeout=launch.join_timeout, num_workers=num_workers,
-        sync=sync, cat_results=cat_results, num_threads=run.num_threads, backend=backend, rpc_timeout=rpc_timeout,
-        update_after_each_batch=weights.update_after_each_batch or weights.update_at_each_batch,
-        max_weight_update_interval=weights.max_weight_update_interval,
-        weight_transport=weight_transport, max_worker_restarts=restarts, frames_per_batch=frames_per_batch,
-        worker_frames=worker_frames, exploration_type=kwargs["exploration_type"],
-        policy_device=devices["policy_device"], storing_device=devices["storing_device"],
-        specs=_specs(env_fns, policy, kwargs, per_worker, node), node=node, tcp_port=tcp_port, executor=executor,
-        preemptive_threshold=preemptive_threshold, track_policy_version=kwargs["track_policy_version"],
-        policy_factory=any(factory is not None for factory in per_worker["policy_factory"]),
-    )
+    return kwargs, per_worker
 
 
 def _frames(given: Any, total: int, num_workers: int, sync: bool, cat_results: Any, split: int,
-            node_class_given: Any) -> tuple[int, int, list[int] | None]:
-    """The collector's frames per batch, each worker's (the largest, when each has its own), and
-    TorchRL's list of one per worker when ``given`` is one and sync batches keep it (else None).
+            node_class_given: Any) -> tuple[int, list[int]]:
+    """The collector's frames per batch and each worker's (``frames_per_batch_worker``, one per worker).
 
-    ``total`` is the collector's frames per batch as given (a list's sum); ``split``: the local
-    workers a sync node's batch holds one batch of each of; ``node_class_given``: the
-    ``collector_class`` of node collectors, None without them."""
-    if not isinstance(given, (list, tuple)):
-        if sync:
-            worker_frames = checks.frames_per_batch_fits(total, num_workers * split, "workers") * split
-            return worker_frames * num_workers, worker_frames, None
-        worker_frames = checks.frames_per_batch_fits(total, split, "workers") * split
-        return worker_frames, worker_frames, None
+    ``given`` is ``frames_per_batch`` as given (TorchRL's list of one per worker, kept in sync batches;
+    async ones each have the list's sum, as TorchRL's), ``total`` the collector's frames per batch as given
+    (a list's sum); ``split``: the local workers a sync node's batch holds one batch of each of;
+    ``node_class_given``: the ``collector_class`` of node collectors, None without them."""
+    if not isinstance(given, list):
+        parts = num_workers * split if sync else split
+        each = checks.frames_per_batch_fits(total, parts, "workers") * split
+        return each * num_workers if sync else each, [each] * num_workers
     if node_class_given is not None:
         raise ValueError(
-            f"frames_per_batch={list(given)!r}: a list of one per worker does not work with node collectors "
+            f"frames_per_batch={given!r}: a list of one per worker does not work with node collectors "
             f"(collector_class={node_class_given!r}); accepted: one int"
         )
-    frames_list = worker_checks.frames_per_worker(list(given), num_workers, sync, cat_results)
-    if not sync:  # as TorchRL's async collectors: every batch has the list's sum of frames
-        return sum(frames_list), sum(frames_list), None
-    return sum(frames_list), max(frames_list), frames_list
+    frames = worker_checks.frames_per_worker(given, num_workers, sync, cat_results)
+    return sum(frames), frames if sync else [sum(frames)] * num_workers
 
 
 def _plain_module(policy: Any) -> bool:
