@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from rpc_collectors.transport.data import BatchPlane, SlotPool, SlotWriter
 from rpc_collectors.transport.doorbell import ANSWER, READY, REQUEST, Ready, SocketDoorbell, answer
 from rpc_collectors.transport.layouts import BatchLayout
-from rpc_collectors.transport.local_restarts import Dropped, LocalRestart, note, unnote
+from rpc_collectors.transport.local_restarts import Dropped, LocalRestart, attach, detach
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,14 +66,14 @@ def test_a_nodes_restarts_and_drops_ride_with_its_ready_answer_and_the_bytes_sti
     def collect(min_version: int, slot: int) -> Ready:
         asked.append(slot)
         assert writer.write(slot, batch(len(asked)))
-        return note(Ready(slot), restarts if len(asked) % 2 else (), Dropped(20, 1) if len(asked) == 2 else Dropped())
+        return attach(Ready(slot), restarts if len(asked) % 2 else (), Dropped(20, 1) if len(asked) == 2 else Dropped())
 
     answer(bell.ends, collect, writer.memory)
     bell.opened()
     try:
         for i in range(1, 5):
             slot = pool.slot_for(0)
-            got, told, dropped = unnote(bell.ring(slot, 0).wait())
+            got, told, dropped = detach(bell.ring(slot, 0).wait())
             assert got == Ready(slot) and told == (restarts if i % 2 else ())
             assert dropped == (Dropped(20, 1) if i == 2 else Dropped())
             assert (pool.hand_out(slot) == batch(i)).all(), f"batch {i} differs from what the worker wrote"
@@ -84,10 +84,10 @@ def test_a_nodes_restarts_and_drops_ride_with_its_ready_answer_and_the_bytes_sti
 def test_a_batch_returned_directly_carries_a_nodes_restarts_and_drops_around_it():
     restarts = (LocalRestart(0, "died", 7),)
     b = batch(3)
-    assert note(b, ()) is b and unnote(b) == (b, (), Dropped())
-    got, told, dropped = unnote(pickle.loads(pickle.dumps(note(b, restarts))))
+    assert attach(b, ()) is b and detach(b) == (b, (), Dropped())
+    got, told, dropped = detach(pickle.loads(pickle.dumps(attach(b, restarts))))
     assert (got == b).all() and told == restarts and dropped == Dropped()
-    got, told, dropped = unnote(pickle.loads(pickle.dumps(note(b, (), Dropped(40, 2)))))
+    got, told, dropped = detach(pickle.loads(pickle.dumps(attach(b, (), Dropped(40, 2)))))
     assert (got == b).all() and told == () and dropped == Dropped(40, 2)
 
 

@@ -82,7 +82,7 @@ def front(n: int = 2, sync: bool = True, **options: object) -> SimpleNamespace:
         update_after_each_batch=False, max_weight_update_interval=-1, max_policy_lag=None,
         frames_per_batch_worker=lambda *, worker_idx=None: FRAMES,
         workers=workers, roster=roster, events=events, _batches=Slots(),
-        recovery=SimpleNamespace(recover=_no_recovery), shared=lambda method, *args: method(*args),
+        recovery=SimpleNamespace(recover=_no_recovery), data_plane_call=lambda method, *args: method(*args),
     )
     f.__dict__.update(options)
     f.waits = Waits(events, roster, workers, 10.0, lambda: None, _no_recovery)

@@ -126,7 +126,7 @@ class CollectorFront(BaseCollector):
         if self.elastic:
             self._batches.admit(worker_id, self.roster[worker_id].info["host_id"] == host_id())
         else:
-            self.shared(self._batches.rejoin, worker_id)
+            self.data_plane_call(self._batches.rejoin, worker_id)
 
     # ---------------------------------------------------------------- workers
     @property
@@ -175,7 +175,7 @@ class CollectorFront(BaseCollector):
         self.shutdown()
         return error
 
-    def shared(self, method: Any, *args: Any) -> Any:
+    def data_plane_call(self, method: Any, *args: Any) -> Any:
         """Call a data-plane method; no room for a shared-memory buffer ends the run."""
         try:
             return method(*args)
@@ -192,7 +192,7 @@ class CollectorFront(BaseCollector):
         return self.schedule.collect()
 
     def _place(self, batch: TensorDictBase) -> TensorDictBase:
-        return self._batches.place(batch)
+        return self._batches.to_storing_device(batch)
 
     def _extend(self, batch: TensorDictBase) -> None:
         buffer_writes.write(self.replay_buffer, batch, stacked=self.sync and self.cat_results == "stack",

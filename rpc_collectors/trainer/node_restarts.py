@@ -14,14 +14,14 @@ from typing import Any
 
 from rpc_collectors.core.protocol import Dropped
 from rpc_collectors.trainer.roster import WorkerRecord
-from rpc_collectors.transport.local_restarts import unnote
+from rpc_collectors.transport.local_restarts import detach
 from rpc_collectors.transport.membership import WorkerRestartWarning
 
 
-def heard(record: WorkerRecord, node: int, result: Any) -> tuple[Any, Dropped]:
+def answer_of(record: WorkerRecord, node: int, result: Any) -> tuple[Any, Dropped]:
     """The answer of ``node`` (``record``) as the data plane takes it, and the node's drops it
     carried; the restarts it carried are told."""
-    result, restarts, dropped = unnote(result)
+    result, restarts, dropped = detach(result)
     for restart in restarts:
         record.local_restarts += 1
         info = record.info

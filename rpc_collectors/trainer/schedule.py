@@ -50,7 +50,7 @@ class Scheduled(Protocol):
     pusher: WeightPusher
     _batches: BatchPlane | None
 
-    def shared(self, method: Callable[..., Any], *args: Any) -> Any: ...
+    def data_plane_call(self, method: Callable[..., Any], *args: Any) -> Any: ...
 
     def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int: ...
 
@@ -98,7 +98,7 @@ class Schedule:
             result = front.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
             record.answered()
             if record.info and "local_pids" in record.info:  # a node: its local restarts and own drops come with its answers
-                result, dropped = node_restarts.heard(record, item.worker_id, result)
+                result, dropped = node_restarts.answer_of(record, item.worker_id, result)
                 front.continuity.count(dropped.frames, dropped.batches)
             if front.pusher.plane is not None:
                 front.pusher.plane.delivered(item.worker_id)
@@ -232,13 +232,13 @@ class Schedule:
 
     def _receive(self, worker_id: int, result: Any) -> TensorDictBase:
         """The batch of a worker's answer, labelled with its worker id."""
-        batch = self.front.shared(self.front._batches.receive, worker_id, result)
+        batch = self.front.data_plane_call(self.front._batches.receive, worker_id, result)
         batch.set(layouts.WORKER_ID, torch.full(batch.shape, worker_id, dtype=torch.int64))
         return batch
 
     def _combine(self, results: list) -> TensorDictBase:
         front = self.front
-        stacked = front.shared(front._batches.round, results)  # the round where the workers wrote it
+        stacked = front.data_plane_call(front._batches.round, results)  # the round where the workers wrote it
         if stacked is None:
             return layouts.combine([self._receive(i, r) for i, r in enumerate(results)], front.cat_results)
         return layouts.lay_out(stacked, front.cat_results)

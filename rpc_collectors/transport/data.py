@@ -362,7 +362,7 @@ class BatchPlane:
                 self._set_up(self._round, list(range(len(results))))
         return None
 
-    def place(self, batch: TensorDictBase) -> TensorDictBase:
+    def to_storing_device(self, batch: TensorDictBase) -> TensorDictBase:
         """``batch`` on the trainer's storing device (a copy, read from pinned slots by DMA)."""
         if self.device is None:
             return batch.clear_device_() if self._no_device else batch

@@ -3,9 +3,9 @@
 A node collector (:mod:`~rpc_collectors.worker.node`) replaces its own local workers
 (``max_worker_restarts``) and drops its own stale local batches. Each replacement travels to the
 trainer as a :class:`~rpc_collectors.core.protocol.LocalRestart`, and the frames and batches dropped
-as :class:`~rpc_collectors.core.protocol.Dropped`, with the node's next answer (:func:`note`): in
+as :class:`~rpc_collectors.core.protocol.Dropped`, with the node's next answer (:func:`attach`): in
 :class:`~rpc_collectors.core.protocol.Ready` (a batch in its slot), or around a batch returned
-directly (:class:`~rpc_collectors.core.protocol.Noted`). :func:`unnote` takes them off again.
+directly (:class:`~rpc_collectors.core.protocol.Noted`). :func:`detach` takes them off again.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rpc_collectors.core.protocol import Dropped, LocalRestart, Noted, Ready
 NONE_DROPPED = Dropped()
 
 
-def note(result: Any, restarts: tuple[LocalRestart, ...], dropped: Dropped = NONE_DROPPED) -> Any:
+def attach(result: Any, restarts: tuple[LocalRestart, ...], dropped: Dropped = NONE_DROPPED) -> Any:
     """``result`` (``Ready`` or a batch) carrying ``restarts`` and ``dropped``; as it is without any."""
     if not restarts and dropped == NONE_DROPPED:
         return result
@@ -26,7 +26,7 @@ def note(result: Any, restarts: tuple[LocalRestart, ...], dropped: Dropped = NON
     return Noted(result, restarts, dropped)
 
 
-def unnote(result: Any) -> tuple[Any, tuple[LocalRestart, ...], Dropped]:
+def detach(result: Any) -> tuple[Any, tuple[LocalRestart, ...], Dropped]:
     """The answer as the data plane takes it, and the restarts and drops it carried."""
     if isinstance(result, Noted):
         return result.batch, result.restarts, result.dropped

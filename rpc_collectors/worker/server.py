@@ -178,7 +178,7 @@ class WorkerState:
             result = batch.clone()
         else:
             return batch
-        return local_restarts.note(result, self.collector.new_restarts(), self.collector.new_drops()) if node else result
+        return local_restarts.attach(result, self.collector.new_restarts(), self.collector.new_drops()) if node else result
 
     def step_row(self) -> TensorDictBase:
         """This env's row of a step plane (:mod:`~rpc_collectors.worker.env_steps`), for the trainer to lay out."""
