@@ -1,7 +1,7 @@
 """Requeue at the time limit on a local SLURM cluster: the time from SLURM's signal to the requeued
 job's first batch, and the frames lost per requeue.
 
-A trainer job with two collector tasks (``tests/requeue_trainer.py``: CartPole slowed by 20 ms a
+A trainer job with two collector tasks (``tests/scripts/requeue_trainer.py``: CartPole slowed by 20 ms a
 step, 100 frames a batch, about a second each) is submitted with ``--time 2``, the signal 60 s
 before, ``requeue=True``, and enough frames for several allocations. Its ``run.json`` gives, for
 each requeue: seconds from the signal to the next allocation's start, and to its first batch
