@@ -52,7 +52,7 @@ def main() -> int:
         started = devcluster().start(1, root / "cluster")
         os.environ["SLURM_CONF"] = str(started.slurm_conf)
     try:
-        job = slurm.submit(slurm.run_script, str(REPO / "tests" / "requeue_trainer.py"),
+        job = slurm.submit(slurm.run_script, str(REPO / "tests" / "scripts" / "requeue_trainer.py"),
                            ["--frames", str(args.frames), "--batch", "100", "--step-sleep", "0.02"],
                            log_dir=root / "logs", tasks_per_node=3, time_min=2, signal_delay_s=60,
                            requeue=True, checkpoint_dir=root / "ckpt")

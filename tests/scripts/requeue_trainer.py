@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from functools import partial
 
 import torch
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: SLURM puts only scripts/ first
 from conftest import slow_cartpole
 from rpc_collectors import RPCCollector, RunCheckpoint
 from rpc_collectors.apps.ppo import make_agent, make_policy
