@@ -1,7 +1,7 @@
 """Requeue at the time limit on a local SLURM cluster: the time from SLURM's signal to the requeued
 job's first batch, and the frames lost per requeue.
 
-A trainer job with two collector tasks (``tests/requeue_trainer.py``: CartPole slowed by 20 ms a
+A trainer job with two collector tasks (``tests/scripts/requeue_trainer.py``: CartPole slowed by 20 ms a
 step, 100 frames a batch, about a second each) is submitted with ``--time 2``, the signal 60 s
 before, ``requeue=True``, and enough frames for several allocations. Its ``run.json`` gives, for
 each requeue: seconds from the signal to the next allocation's start, and to its first batch
@@ -52,7 +52,7 @@ def main() -> int:
         started = devcluster().start(1, root / "cluster")
         os.environ["SLURM_CONF"] = str(started.slurm_conf)
     try:
-        job = slurm.submit(slurm.run_script, str(REPO / "tests" / "requeue_trainer.py"),
+        job = slurm.submit(slurm.run_script, str(REPO / "tests" / "scripts" / "requeue_trainer.py"),
                            ["--frames", str(args.frames), "--batch", "100", "--step-sleep", "0.02"],
                            log_dir=root / "logs", tasks_per_node=3, time_min=2, signal_delay_s=60,
                            requeue=True, checkpoint_dir=root / "ckpt")

@@ -7,7 +7,7 @@ The layer diagram is read from the package: the layers of setup.cfg's import-lin
 the imports found between the layers' packages (every ``import`` of ``rpc_collectors/``), and the
 process side of each layer from ``rpc_collectors/__init__.py``'s docstring. The flows (one batch's
 path, one failure's path, where a stream is cut) are data: ``FLOWS`` below. Nothing is fetched: the
-pages render offline, and ``tests/test_diagrams.py`` holds the committed SVGs to this script.
+pages render offline, and ``tests/project/test_diagrams.py`` holds the committed SVGs to this script.
 """
 from __future__ import annotations
 

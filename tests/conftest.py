@@ -7,11 +7,17 @@ batch alone whether final observations, resets, truncation and trajectory ids ar
 """
 from __future__ import annotations
 
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
+
+from folders import FOLDERS
+
+sys.path[:0] = [str(folder) for folder in FOLDERS if str(folder) not in sys.path]  # modules import one another by name
 
 
 class CountEnv(gym.Env):

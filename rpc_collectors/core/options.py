@@ -14,7 +14,7 @@ A field's default is that of TorchRL's ``Collector`` and ``Multi*`` classes wher
 option, else ``RPCCollector``'s; where a class has its own default for an option (as TorchRL's
 class of that name does), :data:`CLASS_DEFAULTS` says so, and
 :data:`OTHER_MEANING` names the classes where TorchRL uses the name for another quantity.
-Every public constructor spells these options out in its signature (``tests/test_options_table.py``
+Every public constructor spells these options out in its signature (``tests/core/test_options_table.py``
 checks names, defaults and docs against this table) and converts them into the groups, which check
 each option when they are built (the checks of :mod:`rpc_collectors.core.checks`; an option that
 reads others of its group after them). Checks that read several groups, the env or the launcher

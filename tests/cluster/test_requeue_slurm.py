@@ -1,0 +1,288 @@
+"""Runs longer than a SLURM allocation, on a real local SLURM cluster (slurm/devcluster.py, root).
+
+A trainer job (task 0) with two collector tasks runs tests/scripts/requeue_trainer.py through
+``slurm.submit(run_script, ..., requeue=True, checkpoint_dir=...)``, as ``slurm/submit.py
+--requeue`` does. Its allocations end by the signal before the time limit, or by ``scontrol
+requeue``; each time the trainer checkpoints after its batch and the job comes back. The whole
+run, read from the checkpoint, must hold exactly ``total_frames``, no trajectory id in two
+allocations, and weight versions that only go up across a requeue; SLURM's accounting must show
+the requeues, and no process of the job may outlive it.
+
+The cluster has two namespace nodes, as tests/cluster/test_slurm.py's: this process runs a trainer (the
+submitit collector test), and torch keeps the address of a process's first RPC agent for every
+later one, so both modules' trainers must listen on the same bridge address (a one-node cluster
+runs on loopback).
+
+The dev cluster uses fixed ports (slurmctld 6817) and MariaDB's socket: while another dev cluster
+runs on this machine, starting this one fails with a ClusterError saying so.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import submitit
+
+import devcluster_module
+from rpc_collectors.cluster import checkpoint, requeue
+from rpc_collectors.cluster import submission as slurm
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = REPO / "tests" / "scripts" / "requeue_trainer.py"
+BATCH, STEP_SLEEP = 100, 0.02  # two collectors of 50 steps of 20 ms: about a second a batch
+
+devcluster = devcluster_module.load()
+pytestmark = [pytest.mark.slurm]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator:
+    root = Path(tempfile.mkdtemp(prefix="rpcc-requeue-"))
+    root.chmod(0o755)  # MariaDB runs as user mysql
+    old_conf = os.environ.get("SLURM_CONF")
+    started = devcluster.start(2, root / "cluster")
+    os.environ["SLURM_CONF"] = str(started.slurm_conf)
+    submitit.SlurmJob.watcher.clear()
+    try:
+        yield started
+    finally:
+        devcluster.stop(started.workdir)
+        shutil.rmtree(root)
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf
+
+
+def trainer_log(job: submitit.Job) -> str:
+    """What the trainer (task 0) of ``job`` wrote to stderr."""
+    path = Path(job.paths.stderr.as_posix().replace("%t", "0"))
+    return path.read_text() if path.exists() else ""
+
+
+def submit(cluster, tmp_path: Path, frames: int, time_min: int) -> tuple[submitit.Job, Path]:
+    """A requeueable trainer job of ``frames``. On a loaded machine the tasks take longer to start,
+    so each allocation collects less and the run needs more of them: ``max_requeues`` allows for it."""
+    ckpt_dir = tmp_path / "ckpt"
+    job = slurm.submit(slurm.run_script, str(TRAINER), ["--frames", str(frames), "--batch", str(BATCH),
+                                                        "--step-sleep", str(STEP_SLEEP)],
+                       log_dir=tmp_path / "logs", tasks_per_node=3, time_min=time_min, signal_delay_s=60,
+                       requeue=True, max_requeues=40, checkpoint_dir=ckpt_dir)
+    return job, ckpt_dir / checkpoint.FILE_NAME
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Pids of the processes that run in SLURM job ``job_id`` (its environment says so)."""
+    marker = f"SLURM_JOB_ID={job_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def sacct_states(job_id: str) -> list[str]:
+    """The job's state in every allocation, as SLURM's accounting recorded them (``sacct -D``)."""
+    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def wait_for_batch(job: submitit.Job, number: int, timeout: float = 600) -> None:
+    """Wait until the trainer (task 0) of ``job`` printed that it trained on batch ``number``."""
+    log = Path(job.paths.stdout.as_posix().replace("%t", "0"))
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and f"batch {number} " in log.read_text()):
+        assert time.monotonic() < deadline and not job.done(), f"no batch {number} of job {job.job_id} in {timeout} s"
+        time.sleep(0.5)
+
+
+def check_run(job: submitit.Job, path: Path, frames: int) -> dict:
+    """The assertions every requeued run must pass; returns the checkpoint's content."""
+    content = checkpoint.read(path)
+    batches, allocations = content["extra"]["batches"], content["allocations"]
+    assert content["frames"] == frames and sum(b["frames"] for b in batches) == frames
+    assert allocations[-1]["end"] == "finished" and allocations[-1]["frames"] == frames
+    assert [a["restart"] for a in allocations] == list(range(len(allocations)))
+    restarts = sorted({b["restart"] for b in batches})
+    assert restarts == list(range(len(allocations))), "an allocation trained on no batch"
+    ids = {r: set().union(*(b["traj_ids"] for b in batches if b["restart"] == r)) for r in restarts}
+    for r in restarts[1:]:
+        shared = set().union(*(ids[r] & ids[q] for q in restarts if q < r))
+        assert not shared, f"allocation {r} reused trajectory ids of an earlier one: {sorted(shared)[:10]}"
+        before = max(b["versions"][1] for b in batches if b["restart"] < r)
+        after = min(b["versions"][0] for b in batches if b["restart"] == r)
+        assert after > before, f"allocation {r} collected with weights version {after}, the one before with {before}"
+    deadline = time.monotonic() + 60  # task 0's result may come before the job's end
+    while (states := sacct_states(job.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
+        time.sleep(1)
+    assert states.count("REQUEUED") == len(allocations) - 1 and states[-1] == "COMPLETED", states
+    deadline = time.monotonic() + 30
+    while job_processes(job.job_id):
+        assert time.monotonic() < deadline, f"processes of job {job.job_id} outlived it: {job_processes(job.job_id)}"
+        time.sleep(0.5)
+    return content
+
+
+@pytest.mark.timeout(1500)
+def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(cluster, tmp_path):
+    """``--time 2``, the signal 60 s before: the only test that waits for SLURM's time limit. SLURM
+    sends the signal up to 60 s early, never late, and two collectors of 20 ms a step collect 100
+    frames a second at most: an allocation holds about 60 batches at most, 75 take two or more."""
+    frames = 75 * BATCH
+    job, path = submit(cluster, tmp_path, frames, time_min=2)
+    assert slurm.result(job, timeout_s=1300) is None
+    content = check_run(job, path, frames)
+    ends = [a["end"] for a in content["allocations"]]
+    assert ends[:-1] == [requeue.TIME_LIMIT] * (len(ends) - 1) and len(ends) >= 2, ends
+    assert all(a["undelivered_frames"] == 0 for a in content["allocations"][:-1])  # nothing collected was lost
+
+
+@pytest.mark.timeout(900)
+def test_scontrol_requeue_of_a_running_trainer_takes_the_same_path(cluster, tmp_path):
+    frames = 20 * BATCH
+    job, path = submit(cluster, tmp_path, frames, time_min=30)
+    wait_for_batch(job, 5)
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
+    assert slurm.result(job, timeout_s=700) is None
+    content = check_run(job, path, frames)
+    assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
+    assert content["allocations"][0]["frames"] >= 5 * BATCH
+    assert "SLURM requeues it (preempted or `scontrol requeue`)" in trainer_log(job)
+
+
+def started_tasks(job_id: str, tasks: int, timeout: float = 300) -> None:
+    """Wait until the ``tasks`` processes of job ``job_id`` run Python (starting: importing torch)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for pid in job_processes(job_id):
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if Path(argv[0].decode()).name.startswith("python") and b"submitit.core._submit" in argv \
+                        and not any(arg.endswith(b"task_start.py") for arg in argv):  # Python itself, not srun
+                    found.append(pid)
+        if len(found) >= tasks:
+            return
+        assert time.monotonic() < deadline, f"the {tasks} tasks of job {job_id} did not start in {timeout} s"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(900)
+def test_the_time_limit_signal_while_the_job_starts_checkpoints_after_the_first_batch_and_requeues(cluster, tmp_path):
+    """SLURM's signal as the tasks start Python (before any handler could be installed): it waits
+    for the handler, the trainer checkpoints after its first batch, and the job comes back."""
+    frames = 10 * BATCH
+    job, path = submit(cluster, tmp_path, frames, time_min=30)
+    started_tasks(job.job_id, 3)
+    subprocess.run(["scancel", "-s", "USR2", job.job_id], check=True, timeout=60)
+    assert slurm.result(job, timeout_s=700) is None
+    content = check_run(job, path, frames)
+    first = content["allocations"][0]
+    assert [a["end"] for a in content["allocations"]] == [requeue.TIME_LIMIT, "finished"]
+    assert first["frames"] == BATCH and first["signal_at"] < first["first_batch_at"]
+
+
+@pytest.mark.timeout(900)
+def test_a_plain_sigterm_says_the_job_ends_and_it_does(cluster, tmp_path):
+    """``scancel -s TERM``: neither a requeue nor a cancel. The trainer checkpoints after its batch
+    and says the job ends there, which it does: SLURM does not requeue it."""
+    job, path = submit(cluster, tmp_path, 40 * BATCH, time_min=30)
+    wait_for_batch(job, 3)
+    subprocess.run(["scancel", "-s", "TERM", job.job_id], check=True, timeout=60)
+    with pytest.raises(submitit.core.utils.UncompletedJobError, match="without a result"):
+        slurm.result(job, timeout_s=700)
+    log = trainer_log(job)
+    assert "ends here: the SIGTERM was neither a preemption nor a requeue" in log and "requeues it" not in log, log
+    deadline = time.monotonic() + 60
+    while (states := sacct_states(job.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
+        time.sleep(1)
+    assert "REQUEUED" not in states and len(states) == 1, states
+    allocations = checkpoint.read(path)["allocations"]
+    assert len(allocations) == 1 and allocations[0]["end"] == requeue.STOPPED and allocations[0]["frames"] >= 3 * BATCH
+    deadline = time.monotonic() + 30
+    while job_processes(job.job_id):
+        assert time.monotonic() < deadline, f"processes of job {job.job_id} outlived it: {job_processes(job.job_id)}"
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("elastic", [True, False], ids=["elastic", "fixed"])
+def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(cluster, tmp_path, monkeypatch, elastic):
+    """A ``launcher="submitit"`` collector job that SLURM ends by its time limit: the trainer
+    submits another in its place (counted), and that one's collector serves the slot: elastic, as
+    any newcomer to a vacant slot; fixed, as the failed worker's replacement (``max_worker_restarts``).
+
+    Once the job's collector served a batch, ``scontrol update TimeLimit=0`` moves its time limit
+    to now: SLURM's next time-limit check (every 30 s) ends it as it ends any job out of time
+    (SIGTERM, SIGKILL after ``KillWait``, ``TIMEOUT`` in its accounting: the state the trainer
+    resubmits on); only the wait for the limit is gone."""
+    from functools import partial
+
+    from conftest import slow_cartpole
+    from rpc_collectors import DistributedCollector, WorkerLeftWarning, WorkerRestartWarning
+    from rpc_collectors.pools.ranks import submitit as submitit_pool
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests")]))  # the jobs import conftest
+    monkeypatch.setattr(submitit_pool, "RESUBMIT_POLL_S", 1.0)  # the ended job is seen within a second, not ten
+    membership = dict(elastic=True) if elastic else dict(max_worker_restarts=1, weight_transport="rpc")
+    collector = DistributedCollector(
+        [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=50, launcher="submitit",
+        slurm_kwargs={"folder": str(tmp_path / "jobs"), "timeout_min": 5, "max_resubmits": 1},
+        rpc_timeout=60, **membership,
+    )
+    jobs = collector.workers.jobs
+    ranks, deadline = [], time.monotonic() + 480
+    try:
+        with pytest.warns(WorkerLeftWarning if elastic else WorkerRestartWarning, match="vacant" if elastic else "replacing"):
+            for _ in collector:
+                rank = collector.infos[0]["rank"]
+                ranks.append(rank)
+                if len(ranks) == 1:  # the first job's collector served: its time limit is now
+                    subprocess.run(["scontrol", "update", f"JobId={jobs.jobs[0].job_id}", "TimeLimit=0"], check=True,
+                                   timeout=60)
+                if jobs.resubmitted and rank != ranks[0] and ranks.count(rank) >= 3:
+                    break
+                assert time.monotonic() < deadline, f"no resubmitted job served the slot: {jobs.resubmitted}, ranks {set(ranks)}"
+    finally:
+        collector.shutdown()
+    (ended, state, successor), = jobs.resubmitted
+    assert ended == jobs.jobs[0].job_id and state.startswith("TIMEOUT") and successor == jobs.jobs[1].job_id
+    assert collector.worker_restarts == [1]
+    assert not jobs.queued()
+
+
+@pytest.mark.timeout(900)
+def test_collector_jobs_that_joined_an_elastic_trainer_come_back_with_it(cluster, tmp_path):
+    """An elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
+    trainer is requeued it requeues the collector job too, which joins its next allocation."""
+    frames = 20 * BATCH
+    args = ["--frames", str(frames), "--batch", str(BATCH), "--step-sleep", str(STEP_SLEEP), "--slots", "2"]
+    trainer = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", elastic=True,
+                           time_min=30, requeue=True, checkpoint_dir=tmp_path / "ckpt")
+    collectors = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", join=trainer.job_id,
+                              tasks_per_node=2, time_min=30, requeue=True)
+    try:
+        wait_for_batch(trainer, 5)
+        subprocess.run(["scontrol", "requeue", trainer.job_id], check=True, timeout=60)
+        assert slurm.result(trainer, timeout_s=700) is None
+        content = check_run(trainer, tmp_path / "ckpt" / checkpoint.FILE_NAME, frames)
+        assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
+        assert slurm.result(collectors, timeout_s=120) is None
+        deadline = time.monotonic() + 60
+        while (states := sacct_states(collectors.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
+            time.sleep(1)
+        assert states[:-1] == ["REQUEUED"] and states[-1] == "COMPLETED", states
+    finally:
+        subprocess.run(["scancel", trainer.job_id, collectors.job_id], timeout=60)

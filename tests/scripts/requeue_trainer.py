@@ -1,0 +1,68 @@
+"""A run longer than its SLURM allocation, for tests/cluster/test_requeue_slurm.py and the requeue benchmark.
+
+Submitted with ``slurm/submit.py --requeue --checkpoint-dir DIR``; task 0 trains, the other
+tasks serve one collector each. The env is CartPole slowed by ``--step-sleep`` seconds a step.
+After each batch the trainer changes its policy (a stand-in for a training step), pushes the
+weights and hands ``RunCheckpoint.after_batch`` a record of the batch: the SLURM restart count,
+its frames, its trajectory ids and the weight versions that collected it. The record of every
+batch trained on lives in the checkpoint's user dict, so the test reads the whole run from it.
+
+    --frames N          total_frames
+    --batch N           frames_per_batch
+    --step-sleep S      seconds added to every env step
+    --slots N           an elastic trainer of N slots (submitted with elastic=True; collector jobs join it)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from functools import partial
+
+import torch
+
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: SLURM puts only scripts/ first
+from conftest import slow_cartpole
+from rpc_collectors import RPCCollector, RunCheckpoint
+from rpc_collectors.apps.ppo import make_agent, make_policy
+
+VERSION, TRAJ_IDS = ("collector", "policy_version"), ("collector", "traj_ids")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--frames", type=int, required=True)
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--slots", type=int)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    actor, _ = make_agent("CartPole-v1", hidden=16)
+    policy = make_policy(actor)
+    # every task runs this line; tasks > 0 serve a collector inside it and leave the script there
+    where = dict(launcher="slurm") if args.slots is None else dict(num_collectors=args.slots, elastic=True)
+    collector = RPCCollector(partial(slow_cartpole, args.step_sleep), policy, frames_per_batch=args.batch,
+                             total_frames=args.frames, track_policy_version=True, rpc_timeout=120, **where)
+    with collector:
+        ckpt = RunCheckpoint(collector=collector, modules={"actor": actor})
+        extra = ckpt.resume() or {"batches": []}
+        if not extra["batches"]:
+            collector.set_seed(0)
+        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        for batch in collector:
+            with torch.no_grad():  # a "training step": the next batches come from other weights
+                for param in actor.parameters():
+                    param.add_(0.01)
+            collector.update_policy_weights_(policy)
+            versions = batch.get(VERSION)
+            extra["batches"].append({
+                "restart": restart, "frames": batch.numel(), "traj_ids": batch.get(TRAJ_IDS).unique().tolist(),
+                "versions": [int(versions.min()), int(versions.max())],
+            })
+            print(f"batch {len(extra['batches'])} frames {collector.frames}", flush=True)
+            ckpt.after_batch(extra)
+        ckpt.finish(extra)
+
+
+if __name__ == "__main__":
+    main()
