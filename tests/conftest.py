@@ -210,13 +210,23 @@ def slurm_clusters():
             os.environ["SLURM_CONF"] = old_conf
 
 
+def _check_states_every_second(monkeypatch) -> None:
+    """``submission.result`` asks SLURM for a job's state every second rather than every 5 s: a
+    test that waits for a job's end sees it sooner (the dev cluster's accounting answers at once)."""
+    from rpc_collectors.cluster import submission
+
+    monkeypatch.setattr(submission, "STATE_CHECK_S", 1.0)
+
+
 @pytest.fixture
-def one_node(slurm_clusters):
+def one_node(slurm_clusters, monkeypatch):
     """A running one-node dev cluster (on loopback), exported as SLURM_CONF."""
+    _check_states_every_second(monkeypatch)
     return slurm_clusters.use(1)
 
 
 @pytest.fixture
-def two_nodes(slurm_clusters):
+def two_nodes(slurm_clusters, monkeypatch):
     """A running two-node dev cluster (each slurmd in its own network namespace), exported as SLURM_CONF."""
+    _check_states_every_second(monkeypatch)
     return slurm_clusters.use(2)

@@ -115,8 +115,9 @@ def check_run(job: submitit.Job, path: Path, frames: int) -> dict:
 def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(two_nodes, tmp_path):
     """``--time 2``, the signal 60 s before: the only test that waits for SLURM's time limit. SLURM
     sends the signal up to 60 s early, never late, and two collectors of 20 ms a step collect 100
-    frames a second at most: an allocation holds about 60 batches at most, 75 take two or more."""
-    frames = 75 * BATCH
+    frames a second at most, after their start: an allocation trains on 60 batches at most before
+    the signal and one more after it, so 65 take two or more."""
+    frames = 65 * BATCH
     job, path = submit(tmp_path, frames, time_min=2)
     assert slurm.result(job, timeout_s=1300) is None
     content = check_run(job, path, frames)
