@@ -32,7 +32,9 @@ from rpc_collectors.cluster import submission as slurm
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER = REPO / "tests" / "requeue_trainer.py"
-BATCH, STEP_SLEEP = 100, 0.02  # two collectors of 50 steps of 20 ms: about a second a batch
+# two collectors of 20 steps of 50 ms: a second a batch at most, nearly all of it the env's sleep, so a
+# loaded machine slows a batch little (at 20 ms a step, each task's CPU time per step weighs)
+BATCH, STEP_SLEEP = 40, 0.05
 
 pytestmark = [pytest.mark.slurm]
 
@@ -114,7 +116,7 @@ def check_run(job: submitit.Job, path: Path, frames: int) -> dict:
 @pytest.mark.timeout(1500)
 def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(two_nodes, tmp_path):
     """``--time 2``, the signal 60 s before: the only test that waits for SLURM's time limit. SLURM
-    sends the signal up to 60 s early, never late, and two collectors of 20 ms a step collect 100
+    sends the signal up to 60 s early, never late, and two collectors of 50 ms a step collect 40
     frames a second at most, after their start: an allocation trains on 60 batches at most before
     the signal and one more after it, so 65 take two or more."""
     frames = 65 * BATCH
@@ -215,7 +217,7 @@ def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(
     monkeypatch.setattr(submitit_pool, "RESUBMIT_POLL_S", 1.0)  # the ended job is seen within a second, not ten
     membership = dict(elastic=True) if elastic else dict(max_worker_restarts=1, weight_transport="rpc")
     collector = DistributedCollector(
-        [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=50, launcher="submitit",
+        [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=20, launcher="submitit",
         slurm_kwargs={"folder": str(tmp_path / "jobs"), "timeout_min": 5, "max_resubmits": 1},
         rpc_timeout=60, **membership,
     )
