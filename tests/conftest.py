@@ -174,3 +174,65 @@ def ctrl_c_raises_here():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+# --------------------------------------------------------------------------- SLURM dev clusters
+# One dev cluster at a time runs on a machine (fixed ports), shared by every SLURM test of the
+# session: the tests on one node run together, then those on two (tests/cluster/test_slurm.py and
+# tests/cluster/test_requeue_slurm.py), at the end of the session, so each cluster starts once.
+CLUSTER_FIXTURES = ("one_node", "two_nodes")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    def order(item) -> int:
+        uses = [i for i, name in enumerate(CLUSTER_FIXTURES, start=1) if name in getattr(item, "fixturenames", ())]
+        return uses[0] if uses else 0
+
+    items.sort(key=order)  # stable: the order within each group stays
+
+
+@pytest.fixture(scope="session")
+def slurm_clusters():
+    """The session's dev cluster pool; stops whatever cluster runs at the end, even after failures."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from devcluster_module import ClusterPool
+
+    root = Path(tempfile.mkdtemp(prefix="rpcc-slurm-"))
+    root.chmod(0o755)  # MariaDB runs as user mysql
+    pool = ClusterPool(root)
+    old_conf = os.environ.get("SLURM_CONF")
+    try:
+        yield pool
+    finally:
+        pool.close()
+        shutil.rmtree(root)  # MariaDB data dirs: hundreds of MB
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf
+
+
+def _check_states_every_second(monkeypatch) -> None:
+    """``submission.result`` asks SLURM for a job's state every second rather than every 5 s: a
+    test that waits for a job's end sees it sooner (the dev cluster's accounting answers at once)."""
+    from rpc_collectors.cluster import submission
+
+    monkeypatch.setattr(submission, "STATE_CHECK_S", 1.0)
+
+
+@pytest.fixture
+def one_node(slurm_clusters, monkeypatch):
+    """A running one-node dev cluster (on loopback), exported as SLURM_CONF."""
+    _check_states_every_second(monkeypatch)
+    return slurm_clusters.use(1)
+
+
+@pytest.fixture
+def two_nodes(slurm_clusters, monkeypatch):
+    """A running two-node dev cluster (each slurmd in its own network namespace), exported as SLURM_CONF."""
+    _check_states_every_second(monkeypatch)
+    return slurm_clusters.use(2)

@@ -1,4 +1,5 @@
-"""``slurm/devcluster.py`` (a script, not a package) loaded as the module ``devcluster``."""
+"""``slurm/devcluster.py`` (a script, not a package) loaded as the module ``devcluster``, and the
+one dev cluster that every SLURM test of a session shares (:class:`ClusterPool`)."""
 from __future__ import annotations
 
 import contextlib
@@ -23,6 +24,31 @@ def load() -> ModuleType:
         sys.modules["devcluster"] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
     return sys.modules["devcluster"]
+
+
+class ClusterPool:
+    """Holds at most one running dev cluster (they use fixed ports); asking for another node count
+    stops the running one first. tests/conftest.py runs the tests of each node count together."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cluster = None
+
+    def use(self, nodes: int):
+        """A running cluster of ``nodes`` nodes, exported as SLURM_CONF (sbatch and sacct read it)."""
+        if self.cluster is None or len(self.cluster.nodes) != nodes:
+            self.close()
+            self.cluster = load().start(nodes, self.root / f"{nodes}nodes")
+            import submitit
+
+            submitit.SlurmJob.watcher.clear()  # job ids restart: forget the last cluster's states
+        os.environ["SLURM_CONF"] = str(self.cluster.slurm_conf)
+        return self.cluster
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            load().stop(self.cluster.workdir)
+            self.cluster = None
 
 
 @contextlib.contextmanager

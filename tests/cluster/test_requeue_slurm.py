@@ -8,10 +8,10 @@ run, read from the checkpoint, must hold exactly ``total_frames``, no trajectory
 allocations, and weight versions that only go up across a requeue; SLURM's accounting must show
 the requeues, and no process of the job may outlive it.
 
-The cluster has two namespace nodes, as tests/cluster/test_slurm.py's: this process runs a trainer (the
-submitit collector test), and torch keeps the address of a process's first RPC agent for every
-later one, so both modules' trainers must listen on the same bridge address (a one-node cluster
-runs on loopback).
+The cluster is tests/cluster/test_slurm.py's two-node one (the ``two_nodes`` fixture of tests/conftest.py,
+started once a session): this process runs a trainer (the submitit collector test), and torch
+keeps the address of a process's first RPC agent for every later one, so both modules' trainers
+must listen on the same bridge address (a one-node cluster runs on loopback).
 
 The dev cluster uses fixed ports (slurmctld 6817) and MariaDB's socket: while another dev cluster
 runs on this machine, starting this one fails with a ClusterError saying so.
@@ -20,45 +20,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import submitit
 
-import devcluster_module
 from rpc_collectors.cluster import checkpoint, requeue
 from rpc_collectors.cluster import submission as slurm
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "tests" / "scripts" / "requeue_trainer.py"
-BATCH, STEP_SLEEP = 100, 0.02  # two collectors of 50 steps of 20 ms: about a second a batch
+# two collectors of 20 steps of 50 ms: a second a batch at most, nearly all of it the env's sleep, so a
+# loaded machine slows a batch little (at 20 ms a step, each task's CPU time per step weighs)
+BATCH, STEP_SLEEP = 40, 0.05
 
-devcluster = devcluster_module.load()
 pytestmark = [pytest.mark.slurm]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator:
-    root = Path(tempfile.mkdtemp(prefix="rpcc-requeue-"))
-    root.chmod(0o755)  # MariaDB runs as user mysql
-    old_conf = os.environ.get("SLURM_CONF")
-    started = devcluster.start(2, root / "cluster")
-    os.environ["SLURM_CONF"] = str(started.slurm_conf)
-    submitit.SlurmJob.watcher.clear()
-    try:
-        yield started
-    finally:
-        devcluster.stop(started.workdir)
-        shutil.rmtree(root)
-        if old_conf is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old_conf
 
 
 def trainer_log(job: submitit.Job) -> str:
@@ -67,7 +45,7 @@ def trainer_log(job: submitit.Job) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def submit(cluster, tmp_path: Path, frames: int, time_min: int) -> tuple[submitit.Job, Path]:
+def submit(tmp_path: Path, frames: int, time_min: int) -> tuple[submitit.Job, Path]:
     """A requeueable trainer job of ``frames``. On a loaded machine the tasks take longer to start,
     so each allocation collects less and the run needs more of them: ``max_requeues`` allows for it."""
     ckpt_dir = tmp_path / "ckpt"
@@ -136,12 +114,13 @@ def check_run(job: submitit.Job, path: Path, frames: int) -> dict:
 
 
 @pytest.mark.timeout(1500)
-def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(cluster, tmp_path):
+def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(two_nodes, tmp_path):
     """``--time 2``, the signal 60 s before: the only test that waits for SLURM's time limit. SLURM
-    sends the signal up to 60 s early, never late, and two collectors of 20 ms a step collect 100
-    frames a second at most: an allocation holds about 60 batches at most, 75 take two or more."""
-    frames = 75 * BATCH
-    job, path = submit(cluster, tmp_path, frames, time_min=2)
+    sends the signal up to 60 s early, never late, and two collectors of 50 ms a step collect 40
+    frames a second at most, after their start: an allocation trains on 60 batches at most before
+    the signal and one more after it, so 65 take two or more."""
+    frames = 65 * BATCH
+    job, path = submit(tmp_path, frames, time_min=2)
     assert slurm.result(job, timeout_s=1300) is None
     content = check_run(job, path, frames)
     ends = [a["end"] for a in content["allocations"]]
@@ -150,9 +129,9 @@ def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(cl
 
 
 @pytest.mark.timeout(900)
-def test_scontrol_requeue_of_a_running_trainer_takes_the_same_path(cluster, tmp_path):
+def test_scontrol_requeue_of_a_running_trainer_takes_the_same_path(two_nodes, tmp_path):
     frames = 20 * BATCH
-    job, path = submit(cluster, tmp_path, frames, time_min=30)
+    job, path = submit(tmp_path, frames, time_min=30)
     wait_for_batch(job, 5)
     subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
     assert slurm.result(job, timeout_s=700) is None
@@ -180,11 +159,11 @@ def started_tasks(job_id: str, tasks: int, timeout: float = 300) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_the_time_limit_signal_while_the_job_starts_checkpoints_after_the_first_batch_and_requeues(cluster, tmp_path):
+def test_the_time_limit_signal_while_the_job_starts_checkpoints_after_the_first_batch_and_requeues(two_nodes, tmp_path):
     """SLURM's signal as the tasks start Python (before any handler could be installed): it waits
     for the handler, the trainer checkpoints after its first batch, and the job comes back."""
     frames = 10 * BATCH
-    job, path = submit(cluster, tmp_path, frames, time_min=30)
+    job, path = submit(tmp_path, frames, time_min=30)
     started_tasks(job.job_id, 3)
     subprocess.run(["scancel", "-s", "USR2", job.job_id], check=True, timeout=60)
     assert slurm.result(job, timeout_s=700) is None
@@ -195,10 +174,10 @@ def test_the_time_limit_signal_while_the_job_starts_checkpoints_after_the_first_
 
 
 @pytest.mark.timeout(900)
-def test_a_plain_sigterm_says_the_job_ends_and_it_does(cluster, tmp_path):
+def test_a_plain_sigterm_says_the_job_ends_and_it_does(two_nodes, tmp_path):
     """``scancel -s TERM``: neither a requeue nor a cancel. The trainer checkpoints after its batch
     and says the job ends there, which it does: SLURM does not requeue it."""
-    job, path = submit(cluster, tmp_path, 40 * BATCH, time_min=30)
+    job, path = submit(tmp_path, 40 * BATCH, time_min=30)
     wait_for_batch(job, 3)
     subprocess.run(["scancel", "-s", "TERM", job.job_id], check=True, timeout=60)
     with pytest.raises(submitit.core.utils.UncompletedJobError, match="without a result"):
@@ -219,7 +198,7 @@ def test_a_plain_sigterm_says_the_job_ends_and_it_does(cluster, tmp_path):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("elastic", [True, False], ids=["elastic", "fixed"])
-def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(cluster, tmp_path, monkeypatch, elastic):
+def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(two_nodes, tmp_path, monkeypatch, elastic):
     """A ``launcher="submitit"`` collector job that SLURM ends by its time limit: the trainer
     submits another in its place (counted), and that one's collector serves the slot: elastic, as
     any newcomer to a vacant slot; fixed, as the failed worker's replacement (``max_worker_restarts``).
@@ -238,7 +217,7 @@ def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(
     monkeypatch.setattr(submitit_pool, "RESUBMIT_POLL_S", 1.0)  # the ended job is seen within a second, not ten
     membership = dict(elastic=True) if elastic else dict(max_worker_restarts=1, weight_transport="rpc")
     collector = DistributedCollector(
-        [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=50, launcher="submitit",
+        [partial(slow_cartpole, STEP_SLEEP)], None, frames_per_batch=20, launcher="submitit",
         slurm_kwargs={"folder": str(tmp_path / "jobs"), "timeout_min": 5, "max_resubmits": 1},
         rpc_timeout=60, **membership,
     )
@@ -264,7 +243,7 @@ def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(
 
 
 @pytest.mark.timeout(900)
-def test_collector_jobs_that_joined_an_elastic_trainer_come_back_with_it(cluster, tmp_path):
+def test_collector_jobs_that_joined_an_elastic_trainer_come_back_with_it(two_nodes, tmp_path):
     """An elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
     trainer is requeued it requeues the collector job too, which joins its next allocation."""
     frames = 20 * BATCH

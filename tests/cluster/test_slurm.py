@@ -2,21 +2,19 @@
 
 The clusters are real: munge, MariaDB + slurmdbd, slurmctld and slurmd; the two-node cluster
 puts each slurmd in its own network namespace (10.77.0.1 and 10.77.0.2). One cluster runs at a
-time; the 1-node tests come first, then the 2-node ones, so each is started once.
+time, shared with tests/cluster/test_requeue_slurm.py (the fixtures ``one_node`` and ``two_nodes`` of
+tests/conftest.py): the 1-node tests come first, then the 2-node ones, so each is started once.
 """
 from __future__ import annotations
 
 import datetime
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Iterator
 
 import cloudpickle
 import pytest
@@ -39,64 +37,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 devcluster = devcluster_module.load()
 
 
-class ClusterPool:
-    """Holds at most one running dev cluster; switching node count stops the previous one."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.cluster = None
-
-    def get(self, nodes: int):
-        if self.cluster is not None and len(self.cluster.nodes) == nodes:
-            return self.cluster
-        self.close()
-        self.cluster = devcluster.start(nodes, self.root / f"{nodes}nodes")
-        submitit.SlurmJob.watcher.clear()  # job ids restart: forget the last cluster's states
-        return self.cluster
-
-    def close(self) -> None:
-        if self.cluster is not None:
-            devcluster.stop(self.cluster.workdir)
-            self.cluster = None
-
-
-@pytest.fixture(scope="session")
-def cluster_pool() -> Iterator[ClusterPool]:
-    """Session-wide: stops whatever cluster is running at the end, even after failures."""
-    root = Path(tempfile.mkdtemp(prefix="rpcc-slurm-"))
-    root.chmod(0o755)  # MariaDB runs as user mysql
-    pool = ClusterPool(root)
-    old_conf = os.environ.get("SLURM_CONF")
-    try:
-        yield pool
-    finally:
-        pool.close()
-        shutil.rmtree(root)  # two MariaDB data dirs: hundreds of MB
-        if old_conf is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old_conf
-
-
-def _use(pool: ClusterPool, nodes: int):
-    cluster = pool.get(nodes)
-    os.environ["SLURM_CONF"] = str(cluster.slurm_conf)  # sbatch/sacct run by submitit read it
-    return cluster
-
-
 @pytest.fixture
-def one_node(cluster_pool):
-    return _use(cluster_pool, 1)
-
-
-@pytest.fixture
-def two_nodes(cluster_pool):
-    return _use(cluster_pool, 2)
-
-
-@pytest.fixture
-def log_dir(cluster_pool, request) -> Path:
-    path = cluster_pool.root / "logs" / request.node.name
+def log_dir(slurm_clusters, request) -> Path:
+    path = slurm_clusters.root / "logs" / request.node.name
     path.mkdir(parents=True)
     return path
 
