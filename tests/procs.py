@@ -199,7 +199,7 @@ class Holdings:
     descriptors and shared-memory mappings (each counted by what it names), and its names in /dev/shm."""
 
     processes: set[int]
-    threads: int
+    threads: collections.Counter  # by the kernel's name of each thread (comm)
     fds: collections.Counter
     shm_maps: collections.Counter
     shm_names: set[str]
@@ -216,18 +216,36 @@ class Holdings:
         with open("/proc/self/maps") as f:
             for path in {line.split(maxsplit=5)[5].strip() for line in f if " /dev/shm/" in line}:
                 shm_maps[_what(path)] += 1
-        return cls(descendants(), len(os.listdir("/proc/self/task")), fds, shm_maps, _shm_names())
+        return cls(descendants(), _thread_names(), fds, shm_maps, _shm_names())
 
     def beyond(self, before: "Holdings", ignore: set[int] = frozenset()) -> dict:
         """What this holds that ``before`` did not (processes in ``ignore`` aside); empty: nothing."""
         more = {
             "processes": self.processes - before.processes - set(ignore),
-            "threads": self.threads - before.threads,
+            "threads": _more_threads(self.threads, before.threads),
             "fds": dict(self.fds - before.fds),
             "shm_maps": dict(self.shm_maps - before.shm_maps),
             "shm_names": self.shm_names - before.shm_names,
         }
-        return {what: held for what, held in more.items() if held and (what != "threads" or held > 0)}
+        return {what: held for what, held in more.items() if held}
+
+
+def _thread_names() -> collections.Counter:
+    names: collections.Counter = collections.Counter()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names[f.read().strip()] += 1
+        except OSError:  # the thread ended since listdir
+            continue
+    return names
+
+
+def _more_threads(now: collections.Counter, before: collections.Counter) -> dict:
+    """The threads ``now`` holds beyond ``before`` by name, when it holds more in all; else none."""
+    if sum(now.values()) <= sum(before.values()):
+        return {}
+    return dict(now - before) or {"(renamed)": sum(now.values()) - sum(before.values())}
 
 
 def holds_beyond(before: Holdings, timeout: float = 10.0, ignore: set[int] = frozenset()) -> dict:
