@@ -12,7 +12,7 @@ from typing import Any
 from tensordict.nn import InteractionType
 
 from rpc_collectors.collectors.multi import MultiCollector
-from rpc_collectors.core import options, torchrl_args
+from rpc_collectors.collectors.rpc import options_of
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.trainer.collector_front import CollectorFront
 
@@ -124,9 +124,7 @@ class DistributedCollector(CollectorFront):
         tensorpipe_options: dict | None = None,
     ) -> None:
         arguments = dict(locals(), **_cadence(update_interval, update_after_each_batch, max_weight_update_interval))
-        torchrl_args.not_here(visible_devices=visible_devices, tensorpipe_options=tensorpipe_options,
-                              weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
-        self._start(create_env_fn, policy, options.Options.given(_node_collectors(arguments)))
+        self._start(create_env_fn, policy, options_of(_node_collectors(arguments)))
 
     _start = MultiCollector._start  # opens over the pool the launcher picks
 
@@ -207,8 +205,6 @@ class DistributedSyncCollector(CollectorFront):
         tensorpipe_options: dict | None = None,
     ) -> None:
         arguments = dict(locals(), sync=True, **_cadence(update_interval, update_after_each_batch, max_weight_update_interval))
-        torchrl_args.not_here(visible_devices=visible_devices, tensorpipe_options=tensorpipe_options,
-                              weight_updater=weight_updater, weight_recv_schemes=weight_recv_schemes)
-        self._start(create_env_fn, policy, options.Options.given(_node_collectors(arguments)))
+        self._start(create_env_fn, policy, options_of(_node_collectors(arguments)))
 
     _start = MultiCollector._start

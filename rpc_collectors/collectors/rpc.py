@@ -215,13 +215,13 @@ class RPCCollector(CollectorFront):
         weight_updater: Any = None,
         weight_recv_schemes: dict | None = None,
     ) -> None:
-        self._start(create_env_fn, policy, _options(locals()))
+        self._start(create_env_fn, policy, options_of(locals()))
 
     _start = MultiCollector._start  # opens over the pool the launcher picks
 
 
-def _options(arguments: Mapping[str, Any]) -> options.Options:
-    """The option groups of ``RPCCollector``'s arguments by name; TorchRL's arguments it does not take are refused."""
+def options_of(arguments: Mapping[str, Any]) -> options.Options:
+    """The option groups of ``RPCCollector``'s (or a distributed collector's) arguments by name; TorchRL's arguments these do not take are refused."""
     torchrl_args.not_here(visible_devices=arguments["visible_devices"], tensorpipe_options=arguments["tensorpipe_options"],
                           weight_updater=arguments["weight_updater"], weight_recv_schemes=arguments["weight_recv_schemes"])
     return options.Options.given(arguments)
