@@ -221,7 +221,8 @@ class RPCCollector(CollectorFront):
 
 
 def options_of(arguments: Mapping[str, Any]) -> options.Options:
-    """The option groups of ``RPCCollector``'s (or a distributed collector's) arguments by name; TorchRL's arguments these do not take are refused."""
+    """The option groups of ``RPCCollector``'s (or a distributed collector's) arguments by name;
+    TorchRL's arguments these do not take are refused."""
     torchrl_args.not_here(visible_devices=arguments["visible_devices"], tensorpipe_options=arguments["tensorpipe_options"],
                           weight_updater=arguments["weight_updater"], weight_recv_schemes=arguments["weight_recv_schemes"])
     return options.Options.given(arguments)
