@@ -1,5 +1,5 @@
 """Single-process collection: environments (:mod:`.envs`), policies (:mod:`.policies`), stepping
-one env for a batch (:mod:`.rollout`), trajectory ids and splitting (:mod:`.trajectories`,
+one env for a batch (:mod:`.rollout`, timed by :mod:`.phase_clock`), trajectory ids and splitting (:mod:`.trajectories`,
 :mod:`.whole_trajectories`), the ``stats()`` progress counters (:mod:`.trajectory_progress`), private
 keys (:mod:`.private_keys`), TorchRL's batch edits and ``preemptive_threshold`` (:mod:`.batch_edits`,
 :mod:`.preemption`), a GymEnv rollout's recorded steps (:mod:`.step_records`), what a collector knows of

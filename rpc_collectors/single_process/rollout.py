@@ -15,6 +15,7 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from rpc_collectors.single_process.envs import GymEnv, _where, is_torchrl_env
 from rpc_collectors.single_process.policies import StepPolicy
+from rpc_collectors.single_process.phase_clock import PhaseClock
 from rpc_collectors.single_process.step_records import FLAGS, StepRecords, set_marks, time_names
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, TrajectoryIds
 
@@ -66,6 +67,7 @@ class ArrayRollout:
         self.out: dict = {}  # the tensors of the slot the next batch goes to, by key (see tensors_by_key)
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
         self.device: torch.device | None = None
+        self.clock = PhaseClock()  # marks each policy call and env step
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -110,13 +112,14 @@ class ArrayRollout:
             self.traj = ids if self.env.is_vector else int(ids[0])
         env, vector, max_steps = self.env, self.env.is_vector, self.max_steps
         batch = env.batch_size
-        rec = StepRecords(self.out)
+        rec, mark = StepRecords(self.out), self.clock.mark
         for _ in range(num_steps):
             obs = self.obs
             if policy is None:
                 out = {"action": env.sample_action()}
             else:
                 out = policy({k: torch.from_numpy(v) for k, v in obs.items()}, batch)
+            mark("policy")
             next_obs, reward, term, trunc = env.step_arrays(env.action_to_numpy(out["action"]))
             rec.obs.append(obs)
             rec.next_obs.append(next_obs)
@@ -145,6 +148,7 @@ class ArrayRollout:
                 self.steps = 0
             else:
                 self.obs = next_obs
+            mark("env")
             if stopped is not None and stopped():
                 break
         return rec.to_tensordict(batch, vector, self.policy_zeros, self.device, marks() if marks is not None else {})
@@ -164,6 +168,7 @@ class TensorDictRollout:
         self.td: TensorDictBase | None = None
         self.stepped = False
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
+        self.clock = PhaseClock()  # marks each policy call and env step
         self.stacking = "auto"  # how steps are stacked (_stack_steps): "dense" is TorchRL's use_buffers=True
         self.rewards = list(getattr(env, "reward_keys", ["reward"]))
         self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *self.rewards]
@@ -210,13 +215,14 @@ class TensorDictRollout:
             n = int(np.prod(self.env.batch_size)) if len(self.env.batch_size) else 1
             self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
             self.stepped = True
-        env, batch, steps = self.env, self.env.batch_size, []
+        env, batch, steps, mark = self.env, self.env.batch_size, [], self.clock.mark
         for _ in range(num_steps):
             td = self.td
             if policy is None:
                 td = env.rand_action(td)
             else:
                 td.update(policy(td, batch))
+            mark("policy")
             td = env.step(td)
             nxt = td.get("next")
             dense = _dense(nxt)
@@ -235,6 +241,7 @@ class TensorDictRollout:
                 nxt.set("done", nxt.get("done") | capped)
             steps.append(td)
             self.td = self._next_root(nxt, td)
+            mark("env")
             if stopped is not None and stopped():
                 break
         return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
@@ -296,7 +303,7 @@ class EnvBaseRollout(TensorDictRollout):
                 marks: Callable[[], dict] | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
-        env, batch, steps = self.env, self.env.batch_size, []
+        env, batch, steps, mark = self.env, self.env.batch_size, [], self.clock.mark
         if not self.stepped:
             n = int(np.prod(batch)) if len(batch) else 1
             self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(batch))
@@ -310,6 +317,7 @@ class EnvBaseRollout(TensorDictRollout):
                         td.set(key, zero)
             else:
                 td.update(policy(td, batch))
+            mark("policy")
             ids = td.get(TRAJ_IDS)
             td, root = env.step_and_maybe_reset(td)
             nxt = td.get("next")
@@ -324,6 +332,7 @@ class EnvBaseRollout(TensorDictRollout):
             root = _dense(root)
             root.set(TRAJ_IDS, ids)
             self.td = root
+            mark("env")
             if stopped is not None and stopped():
                 break
         return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})

@@ -1,0 +1,34 @@
+"""Where a collector's time goes: its phases, timed on the monotonic clock all processes of a host share.
+
+A :class:`PhaseClock` gives the time since its last mark to the phase the next mark names. The
+rollout marks ``"policy"`` after each policy call and ``"env"`` after each env step; a worker
+marks ``"idle"`` when a request arrives, ``"weights"`` once new weights are in and ``"write"``
+once the batch is built and written. Totals are kept always (one clock read per mark); each
+mark's span only while ``spans`` is a deque (a trace window is open), which bounds them.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+PHASES = ("idle", "weights", "policy", "env", "write")
+Span = tuple[str, int, int]  # (phase, start, end) in time.monotonic_ns()
+
+
+class PhaseClock:
+    """Nanoseconds spent in each of :data:`PHASES` since it was made, and the spans of a trace window."""
+
+    __slots__ = ("totals_ns", "spans", "last_ns")
+
+    def __init__(self) -> None:
+        self.totals_ns: dict[str, int] = dict.fromkeys(PHASES, 0)
+        self.spans: deque[Span] | None = None
+        self.last_ns = time.monotonic_ns()
+
+    def mark(self, phase: str) -> None:
+        """The time since the last mark was spent in ``phase``."""
+        now = time.monotonic_ns()
+        self.totals_ns[phase] += now - self.last_ns
+        if self.spans is not None:
+            self.spans.append((phase, self.last_ns, now))
+        self.last_ns = now
