@@ -14,8 +14,8 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from rpc_collectors.single_process.envs import GymEnv, _where, is_torchrl_env
-from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.single_process.phase_clock import PhaseClock
+from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.single_process.step_records import FLAGS, StepRecords, set_marks, time_names
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, TrajectoryIds
 
