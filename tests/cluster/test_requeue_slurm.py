@@ -152,15 +152,18 @@ def started_tasks(job_id: str, tasks: int, timeout: float = 300) -> None:
 
 
 @pytest.mark.timeout(1500)
-def test_scontrol_requeue_the_signal_while_starting_and_a_plain_sigterm_each_take_their_path(two_nodes, tmp_path):
-    """Three trainer jobs at once (their starts and SLURM's wait before a requeued job starts again
+def test_trainer_jobs_stopped_each_their_own_way_take_their_path(two_nodes, tmp_path):
+    """Four trainer jobs at once (their starts and SLURM's wait before a requeued job starts again
     overlap), each stopped its own way:
 
     - SLURM's time-limit signal as the tasks start Python (before any handler could be installed):
       it waits for the handler, the trainer checkpoints after its first batch, and the job comes back;
     - ``scontrol requeue`` of a running trainer takes the same path as a preemption;
     - ``scancel -s TERM`` is neither a requeue nor a cancel: the trainer checkpoints after its batch
-      and says the job ends there, which it does: SLURM does not requeue it."""
+      and says the job ends there, which it does: SLURM does not requeue it;
+    - an elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
+      trainer is requeued (``scontrol requeue``) it requeues the collector job too, which joins its
+      next allocation."""
     jobs = []
     try:
         starting, starting_ckpt = submit(tmp_path / "starting", 10 * BATCH, time_min=30)
@@ -171,10 +174,19 @@ def test_scontrol_requeue_the_signal_while_starting_and_a_plain_sigterm_each_tak
         jobs.append(requeued.job_id)
         ended, ended_ckpt = submit(tmp_path / "ended", 40 * BATCH, time_min=30)
         jobs.append(ended.job_id)
+        args = ["--frames", str(20 * BATCH), "--batch", str(BATCH), "--step-sleep", str(STEP_SLEEP), "--slots", "2"]
+        elastic = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "elastic" / "logs",
+                               elastic=True, time_min=30, requeue=True, checkpoint_dir=tmp_path / "elastic" / "ckpt")
+        jobs.append(elastic.job_id)
+        joined = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "elastic" / "logs",
+                              join=elastic.job_id, tasks_per_node=2, time_min=30, requeue=True)
+        jobs.append(joined.job_id)
         wait_for_batch(requeued, 5)
         subprocess.run(["scontrol", "requeue", requeued.job_id], check=True, timeout=60)
         wait_for_batch(ended, 3)
         subprocess.run(["scancel", "-s", "TERM", ended.job_id], check=True, timeout=60)
+        wait_for_batch(elastic, 5)
+        subprocess.run(["scontrol", "requeue", elastic.job_id], check=True, timeout=60)
 
         assert slurm.result(starting, timeout_s=700) is None
         content = check_run(starting, starting_ckpt, 10 * BATCH)
@@ -201,6 +213,13 @@ def test_scontrol_requeue_the_signal_while_starting_and_a_plain_sigterm_each_tak
         while job_processes(ended.job_id):
             assert time.monotonic() < deadline, f"processes of job {ended.job_id} outlived it: {job_processes(ended.job_id)}"
             time.sleep(0.5)
+
+        assert slurm.result(elastic, timeout_s=700) is None
+        content = check_run(elastic, tmp_path / "elastic" / "ckpt" / checkpoint.FILE_NAME, 20 * BATCH)
+        assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
+        assert slurm.result(joined, timeout_s=120) is None
+        states = wait_for_end_of(joined)
+        assert states[:-1] == ["REQUEUED"] and states[-1] == "COMPLETED", states
     finally:
         if jobs:  # any job still running after a failure
             subprocess.run(["scancel", *jobs], timeout=60)
@@ -250,26 +269,3 @@ def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(
     assert ended == jobs.jobs[0].job_id and state.startswith("TIMEOUT") and successor == jobs.jobs[1].job_id
     assert collector.worker_restarts == [1]
     assert not jobs.queued()
-
-
-@pytest.mark.timeout(900)
-def test_collector_jobs_that_joined_an_elastic_trainer_come_back_with_it(two_nodes, tmp_path):
-    """An elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
-    trainer is requeued it requeues the collector job too, which joins its next allocation."""
-    frames = 20 * BATCH
-    args = ["--frames", str(frames), "--batch", str(BATCH), "--step-sleep", str(STEP_SLEEP), "--slots", "2"]
-    trainer = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", elastic=True,
-                           time_min=30, requeue=True, checkpoint_dir=tmp_path / "ckpt")
-    collectors = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", join=trainer.job_id,
-                              tasks_per_node=2, time_min=30, requeue=True)
-    try:
-        wait_for_batch(trainer, 5)
-        subprocess.run(["scontrol", "requeue", trainer.job_id], check=True, timeout=60)
-        assert slurm.result(trainer, timeout_s=700) is None
-        content = check_run(trainer, tmp_path / "ckpt" / checkpoint.FILE_NAME, frames)
-        assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
-        assert slurm.result(collectors, timeout_s=120) is None
-        states = wait_for_end_of(collectors)
-        assert states[:-1] == ["REQUEUED"] and states[-1] == "COMPLETED", states
-    finally:
-        subprocess.run(["scancel", trainer.job_id, collectors.job_id], timeout=60)
