@@ -13,6 +13,7 @@ the test, and so does a Python block fenced as ```py or ```python3 (it would esc
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -197,7 +198,7 @@ def block_runner(tmp_path_factory):
         kill_sessions([runner])
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("block", RUNNABLE)
 def test_block_runs(block: Block, tmp_path: Path, block_runner: subprocess.Popen) -> None:
     if block.needs == "ray" and importlib.util.find_spec("ray") is None:
@@ -207,12 +208,16 @@ def test_block_runs(block: Block, tmp_path: Path, block_runner: subprocess.Popen
     request = {"code": block.code, "cwd": str(tmp_path / "cwd"), "stdout": str(out), "stderr": str(err)}
     block_runner.stdin.write(json.dumps(request) + "\n")
     block_runner.stdin.flush()
-    pid = _reply(block_runner, 60)
+    pid = _reply(block_runner, 90)  # the first block also waits for the runner's imports
     assert pid is not None, f"{block.id}: the block runner did not start it"
-    returncode = _reply(block_runner, 120)
-    if returncode is None:  # it hung: end its session, the block's workers too
-        os.killpg(pid, signal.SIGKILL)
-        returncode = _reply(block_runner, 30)
+    returncode = None
+    try:
+        returncode = _reply(block_runner, 110)
+    finally:
+        if returncode is None:  # it hung (or the test timed out): end its session, the block's workers too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            returncode = _reply(block_runner, 30)  # the runner reaps it: the next block's replies stay in step
     assert returncode == 0, f"{block.id} exited with {returncode}:\n{out.read_text()}\n{err.read_text()[-4000:]}"
 
 
