@@ -77,6 +77,14 @@ def sacct_states(job_id: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def wait_for_end_of(job: submitit.Job) -> list[str]:
+    """The job's states in SLURM's accounting once the last is final (a minute at most)."""
+    deadline = time.monotonic() + 60
+    while (states := sacct_states(job.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
+        time.sleep(1)
+    return states
+
+
 def wait_for_batch(job: submitit.Job, number: int, timeout: float = 600) -> None:
     """Wait until the trainer (task 0) of ``job`` printed that it trained on batch ``number``."""
     log = Path(job.paths.stdout.as_posix().replace("%t", "0"))
@@ -102,9 +110,7 @@ def check_run(job: submitit.Job, path: Path, frames: int) -> dict:
         before = max(b["versions"][1] for b in batches if b["restart"] < r)
         after = min(b["versions"][0] for b in batches if b["restart"] == r)
         assert after > before, f"allocation {r} collected with weights version {after}, the one before with {before}"
-    deadline = time.monotonic() + 60  # task 0's result may come before the job's end
-    while (states := sacct_states(job.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
-        time.sleep(1)
+    states = wait_for_end_of(job)  # task 0's result may come before the job's end
     assert states.count("REQUEUED") == len(allocations) - 1 and states[-1] == "COMPLETED", states
     deadline = time.monotonic() + 30
     while job_processes(job.job_id):
@@ -128,19 +134,6 @@ def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(tw
     assert all(a["undelivered_frames"] == 0 for a in content["allocations"][:-1])  # nothing collected was lost
 
 
-@pytest.mark.timeout(900)
-def test_scontrol_requeue_of_a_running_trainer_takes_the_same_path(two_nodes, tmp_path):
-    frames = 20 * BATCH
-    job, path = submit(tmp_path, frames, time_min=30)
-    wait_for_batch(job, 5)
-    subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
-    assert slurm.result(job, timeout_s=700) is None
-    content = check_run(job, path, frames)
-    assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
-    assert content["allocations"][0]["frames"] >= 5 * BATCH
-    assert "SLURM requeues it (preempted or `scontrol requeue`)" in trainer_log(job)
-
-
 def started_tasks(job_id: str, tasks: int, timeout: float = 300) -> None:
     """Wait until the ``tasks`` processes of job ``job_id`` run Python (starting: importing torch)."""
     deadline = time.monotonic() + timeout
@@ -158,42 +151,78 @@ def started_tasks(job_id: str, tasks: int, timeout: float = 300) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.timeout(900)
-def test_the_time_limit_signal_while_the_job_starts_checkpoints_after_the_first_batch_and_requeues(two_nodes, tmp_path):
-    """SLURM's signal as the tasks start Python (before any handler could be installed): it waits
-    for the handler, the trainer checkpoints after its first batch, and the job comes back."""
-    frames = 10 * BATCH
-    job, path = submit(tmp_path, frames, time_min=30)
-    started_tasks(job.job_id, 3)
-    subprocess.run(["scancel", "-s", "USR2", job.job_id], check=True, timeout=60)
-    assert slurm.result(job, timeout_s=700) is None
-    content = check_run(job, path, frames)
-    first = content["allocations"][0]
-    assert [a["end"] for a in content["allocations"]] == [requeue.TIME_LIMIT, "finished"]
-    assert first["frames"] == BATCH and first["signal_at"] < first["first_batch_at"]
+@pytest.mark.timeout(1500)
+def test_trainer_jobs_stopped_each_their_own_way_take_their_path(two_nodes, tmp_path):
+    """Four trainer jobs at once (their starts and SLURM's wait before a requeued job starts again
+    overlap), each stopped its own way:
 
+    - SLURM's time-limit signal as the tasks start Python (before any handler could be installed):
+      it waits for the handler, the trainer checkpoints after its first batch, and the job comes back;
+    - ``scontrol requeue`` of a running trainer takes the same path as a preemption;
+    - ``scancel -s TERM`` is neither a requeue nor a cancel: the trainer checkpoints after its batch
+      and says the job ends there, which it does: SLURM does not requeue it;
+    - an elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
+      trainer is requeued (``scontrol requeue``) it requeues the collector job too, which joins its
+      next allocation."""
+    jobs = []
+    try:
+        starting, starting_ckpt = submit(tmp_path / "starting", 10 * BATCH, time_min=30)
+        jobs.append(starting.job_id)
+        started_tasks(starting.job_id, 3)
+        subprocess.run(["scancel", "-s", "USR2", starting.job_id], check=True, timeout=60)
+        requeued, requeued_ckpt = submit(tmp_path / "requeued", 20 * BATCH, time_min=30)
+        jobs.append(requeued.job_id)
+        ended, ended_ckpt = submit(tmp_path / "ended", 40 * BATCH, time_min=30)
+        jobs.append(ended.job_id)
+        args = ["--frames", str(20 * BATCH), "--batch", str(BATCH), "--step-sleep", str(STEP_SLEEP), "--slots", "2"]
+        elastic = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "elastic" / "logs",
+                               elastic=True, time_min=30, requeue=True, checkpoint_dir=tmp_path / "elastic" / "ckpt")
+        jobs.append(elastic.job_id)
+        joined = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "elastic" / "logs",
+                              join=elastic.job_id, tasks_per_node=2, time_min=30, requeue=True)
+        jobs.append(joined.job_id)
+        wait_for_batch(requeued, 5)
+        subprocess.run(["scontrol", "requeue", requeued.job_id], check=True, timeout=60)
+        wait_for_batch(ended, 3)
+        subprocess.run(["scancel", "-s", "TERM", ended.job_id], check=True, timeout=60)
+        wait_for_batch(elastic, 5)
+        subprocess.run(["scontrol", "requeue", elastic.job_id], check=True, timeout=60)
 
-@pytest.mark.timeout(900)
-def test_a_plain_sigterm_says_the_job_ends_and_it_does(two_nodes, tmp_path):
-    """``scancel -s TERM``: neither a requeue nor a cancel. The trainer checkpoints after its batch
-    and says the job ends there, which it does: SLURM does not requeue it."""
-    job, path = submit(tmp_path, 40 * BATCH, time_min=30)
-    wait_for_batch(job, 3)
-    subprocess.run(["scancel", "-s", "TERM", job.job_id], check=True, timeout=60)
-    with pytest.raises(submitit.core.utils.UncompletedJobError, match="without a result"):
-        slurm.result(job, timeout_s=700)
-    log = trainer_log(job)
-    assert "ends here: the SIGTERM was neither a preemption nor a requeue" in log and "requeues it" not in log, log
-    deadline = time.monotonic() + 60
-    while (states := sacct_states(job.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
-        time.sleep(1)
-    assert "REQUEUED" not in states and len(states) == 1, states
-    allocations = checkpoint.read(path)["allocations"]
-    assert len(allocations) == 1 and allocations[0]["end"] == requeue.STOPPED and allocations[0]["frames"] >= 3 * BATCH
-    deadline = time.monotonic() + 30
-    while job_processes(job.job_id):
-        assert time.monotonic() < deadline, f"processes of job {job.job_id} outlived it: {job_processes(job.job_id)}"
-        time.sleep(0.5)
+        assert slurm.result(starting, timeout_s=700) is None
+        content = check_run(starting, starting_ckpt, 10 * BATCH)
+        first = content["allocations"][0]
+        assert [a["end"] for a in content["allocations"]] == [requeue.TIME_LIMIT, "finished"]
+        assert first["frames"] == BATCH and first["signal_at"] < first["first_batch_at"]
+
+        assert slurm.result(requeued, timeout_s=700) is None
+        content = check_run(requeued, requeued_ckpt, 20 * BATCH)
+        assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
+        assert content["allocations"][0]["frames"] >= 5 * BATCH
+        assert "SLURM requeues it (preempted or `scontrol requeue`)" in trainer_log(requeued)
+
+        with pytest.raises(submitit.core.utils.UncompletedJobError, match="without a result"):
+            slurm.result(ended, timeout_s=700)
+        log = trainer_log(ended)
+        assert "ends here: the SIGTERM was neither a preemption nor a requeue" in log and "requeues it" not in log, log
+        states = wait_for_end_of(ended)
+        assert "REQUEUED" not in states and len(states) == 1, states
+        allocations = checkpoint.read(ended_ckpt)["allocations"]
+        assert len(allocations) == 1 and allocations[0]["end"] == requeue.STOPPED
+        assert allocations[0]["frames"] >= 3 * BATCH
+        deadline = time.monotonic() + 30
+        while job_processes(ended.job_id):
+            assert time.monotonic() < deadline, f"processes of job {ended.job_id} outlived it: {job_processes(ended.job_id)}"
+            time.sleep(0.5)
+
+        assert slurm.result(elastic, timeout_s=700) is None
+        content = check_run(elastic, tmp_path / "elastic" / "ckpt" / checkpoint.FILE_NAME, 20 * BATCH)
+        assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
+        assert slurm.result(joined, timeout_s=120) is None
+        states = wait_for_end_of(joined)
+        assert states[:-1] == ["REQUEUED"] and states[-1] == "COMPLETED", states
+    finally:
+        if jobs:  # any job still running after a failure
+            subprocess.run(["scancel", *jobs], timeout=60)
 
 
 @pytest.mark.timeout(600)
@@ -240,28 +269,3 @@ def test_a_collector_job_ended_by_its_time_limit_is_submitted_again_and_rejoins(
     assert ended == jobs.jobs[0].job_id and state.startswith("TIMEOUT") and successor == jobs.jobs[1].job_id
     assert collector.worker_restarts == [1]
     assert not jobs.queued()
-
-
-@pytest.mark.timeout(900)
-def test_collector_jobs_that_joined_an_elastic_trainer_come_back_with_it(two_nodes, tmp_path):
-    """An elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
-    trainer is requeued it requeues the collector job too, which joins its next allocation."""
-    frames = 20 * BATCH
-    args = ["--frames", str(frames), "--batch", str(BATCH), "--step-sleep", str(STEP_SLEEP), "--slots", "2"]
-    trainer = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", elastic=True,
-                           time_min=30, requeue=True, checkpoint_dir=tmp_path / "ckpt")
-    collectors = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "logs", join=trainer.job_id,
-                              tasks_per_node=2, time_min=30, requeue=True)
-    try:
-        wait_for_batch(trainer, 5)
-        subprocess.run(["scontrol", "requeue", trainer.job_id], check=True, timeout=60)
-        assert slurm.result(trainer, timeout_s=700) is None
-        content = check_run(trainer, tmp_path / "ckpt" / checkpoint.FILE_NAME, frames)
-        assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED, "finished"]
-        assert slurm.result(collectors, timeout_s=120) is None
-        deadline = time.monotonic() + 60
-        while (states := sacct_states(collectors.job_id))[-1] in requeue.UNFINISHED and time.monotonic() < deadline:
-            time.sleep(1)
-        assert states[:-1] == ["REQUEUED"] and states[-1] == "COMPLETED", states
-    finally:
-        subprocess.run(["scancel", trainer.job_id, collectors.job_id], timeout=60)

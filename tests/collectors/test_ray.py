@@ -467,47 +467,50 @@ from procs import descendants
 from rpc_collectors import GymEnv
 from rpc_collectors.collectors.ray import RayCollector
 import ray
-listener = socket.create_server(("127.0.0.1", 0))
-port = listener.getsockname()[1]
-accepted = []
 
-def serve():  # accepts and keeps every connection; answers nothing, or HTTP/1.1 as a dashboard does
+def serve(listener, answer, accepted):  # accepts and keeps every connection; answers nothing, or HTTP/1.1 as a dashboard does
     while True:
         try:
             conn, _ = listener.accept()
         except OSError:
             return
         accepted.append(conn)
-        if sys.argv[1] == "http":
+        if answer == "http":
             conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
 
-threading.Thread(target=serve, daemon=True).start()
-out = {"address": f"127.0.0.1:{port}"}
-start = time.monotonic()
-try:
-    RayCollector(lambda: GymEnv("CartPole-v1"), None, num_collectors=1, frames_per_batch=10,
-                 ray_init_config={"address": out["address"]}, rpc_timeout=5.0)
-except ConnectionError as err:
-    out["error"] = str(err)
-out["seconds"], out["accepted"] = time.monotonic() - start, len(accepted)
-out["initialized_after"], out["left"] = ray.is_initialized(), sorted(descendants())
-print(json.dumps(out))
+outs = {}
+for answer in sys.argv[1:]:
+    listener, accepted = socket.create_server(("127.0.0.1", 0)), []
+    threading.Thread(target=serve, args=(listener, answer, accepted), daemon=True).start()
+    out = outs[answer] = {"address": f"127.0.0.1:{listener.getsockname()[1]}"}
+    start = time.monotonic()
+    try:
+        RayCollector(lambda: GymEnv("CartPole-v1"), None, num_collectors=1, frames_per_batch=10,
+                     ray_init_config={"address": out["address"]}, rpc_timeout=5.0)
+    except ConnectionError as err:
+        out["error"] = str(err)
+    out["seconds"], out["accepted"] = time.monotonic() - start, len(accepted)
+    out["initialized_after"], out["left"] = ray.is_initialized(), sorted(descendants())
+print(json.dumps(outs))
 """
 
 
-@pytest.mark.parametrize("answer", ["silent", "http"])
-def test_address_that_accepts_tcp_but_is_not_ray_is_a_connection_error(answer):
-    """Something that accepts TCP but is not a Ray head (a dashboard's port, any service) is refused within
-    about ``rpc_timeout`` with a ConnectionError naming the address, instead of ``ray.init`` retrying for minutes."""
+def test_address_that_accepts_tcp_but_is_not_ray_is_a_connection_error():
+    """Something that accepts TCP but is not a Ray head (a dashboard's port, any service: one that
+    answers nothing, one that answers HTTP/1.1) is refused within about ``rpc_timeout`` with a
+    ConnectionError naming the address, instead of ``ray.init`` retrying for minutes."""
     env = dict(os.environ, PYTHONPATH=PYTHONPATH)
     env.pop("RAY_ADDRESS", None)
-    proc = run_in_session([sys.executable, "-c", NOT_RAY, answer], timeout=90, env=env)
+    answers = ["silent", "http"]
+    proc = run_in_session([sys.executable, "-c", NOT_RAY, *answers], timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["accepted"] >= 1  # the plain TCP check alone passes there
-    assert f"ray_init_config['address']={out['address']!r}" in out["error"] and "not a Ray head" in out["error"]
-    assert out["seconds"] < 30  # rpc_timeout=5: well within, on a loaded machine too
-    assert out["initialized_after"] is False and out["left"] == []
+    outs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert list(outs) == answers
+    for answer, out in outs.items():
+        assert out["accepted"] >= 1, answer  # the plain TCP check alone passes there
+        assert f"ray_init_config['address']={out['address']!r}" in out["error"] and "not a Ray head" in out["error"], out
+        assert out["seconds"] < 30, answer  # rpc_timeout=5: well within, on a loaded machine too
+        assert out["initialized_after"] is False and out["left"] == [], answer
 
 
 RAY_START_LINES = ("Started a local Ray instance", "Token authentication is enabled for this Ray cluster")

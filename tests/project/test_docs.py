@@ -1,8 +1,8 @@
 """The documentation: every Python block of the guide runs, and the site builds with warnings as errors.
 
-Each ```python block of docs/**/*.md and README.md runs in a fresh Python process (this
-checkout first on the path) and must exit 0, unless the line right before its fence is a marker
-saying what it needs that a test run does not have:
+Each ```python block of docs/**/*.md and README.md runs as ``python -c`` would run it (this
+checkout first on the path), in a process of its own and a session of its own, and must exit 0,
+unless the line right before its fence is a marker saying what it needs that a test run does not have:
 
     <!-- needs: cluster -->   a torchrun/SLURM world or several hosts: only compiled here
     <!-- needs: slurm -->     a SLURM cluster to submit to: only compiled here
@@ -13,9 +13,13 @@ the test, and so does a Python block fenced as ```py or ```python3 (it would esc
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -138,19 +142,83 @@ def test_cluster_block_compiles(block: Block) -> None:
     compile(block.code, block.id, "exec")
 
 
-@pytest.mark.timeout(150)
+# Forks a process per block from one that imported what the blocks share (torch alone takes seconds
+# of CPU to import). Each child starts a session of its own, writes to its own files, runs its block
+# as ``__main__`` (no ``__file__``: multiprocessing's spawn does not re-run it, as with ``python -c``)
+# and exits through Python's normal exit; the zygote reports the child's pid, then its exit code,
+# after killing whatever of the block's session outlived it.
+ZYGOTE = r"""
+import json, os, sys, types
+import gymnasium, tensordict, torch, rpc_collectors
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        break
+    print(pid, flush=True)
+    status = os.waitpid(pid, 0)[1]
+    try:
+        os.killpg(pid, 9)
+    except ProcessLookupError:
+        pass
+    print(os.waitstatus_to_exitcode(status), flush=True)
+else:
+    sys.exit(0)
+os.setsid()
+os.chdir(request["cwd"])
+for fd, name in ((0, os.devnull), (1, request["stdout"]), (2, request["stderr"])):
+    os.dup2(os.open(name, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+main = types.ModuleType("__main__")
+sys.modules["__main__"], sys.argv = main, ["-c"]
+exec(compile(request.pop("code"), "<string>", "exec"), main.__dict__)
+"""
+
+
+def _reply(runner: subprocess.Popen, timeout: float) -> int | None:
+    """The runner's next line as an int, or None if none came within ``timeout`` seconds."""
+    if not select.select([runner.stdout], [], [], timeout)[0]:
+        return None
+    line = runner.stdout.readline()
+    assert line, f"the block runner exited with {runner.wait(timeout=30)}"
+    return int(line)
+
+
+@pytest.fixture(scope="module")
+def block_runner(tmp_path_factory):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    log = tmp_path_factory.mktemp("runner") / "stderr"
+    with log.open("w") as stderr:
+        runner = subprocess.Popen([sys.executable, "-c", ZYGOTE], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+    try:
+        yield runner
+        runner.stdin.close()
+        assert runner.wait(timeout=60) == 0, log.read_text()
+    finally:
+        kill_sessions([runner])
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("block", RUNNABLE)
-def test_block_runs(block: Block, tmp_path: Path) -> None:
+def test_block_runs(block: Block, tmp_path: Path, block_runner: subprocess.Popen) -> None:
     if block.needs == "ray" and importlib.util.find_spec("ray") is None:
         pytest.skip("ray is not installed (pip install -e '.[ray]')")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    proc = subprocess.Popen([sys.executable, "-c", block.code], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    (tmp_path / "cwd").mkdir()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    request = {"code": block.code, "cwd": str(tmp_path / "cwd"), "stdout": str(out), "stderr": str(err)}
+    block_runner.stdin.write(json.dumps(request) + "\n")
+    block_runner.stdin.flush()
+    pid = _reply(block_runner, 90)  # the first block also waits for the runner's imports
+    assert pid is not None, f"{block.id}: the block runner did not start it"
+    returncode = None
     try:
-        out, err = proc.communicate(timeout=120)
+        returncode = _reply(block_runner, 110)
     finally:
-        kill_sessions([proc])  # the block's workers too, if it hung
-    assert proc.returncode == 0, f"{block.id} exited with {proc.returncode}:\n{out}\n{err[-4000:]}"
+        if returncode is None:  # it hung (or the test timed out): end its session, the block's workers too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            returncode = _reply(block_runner, 30)  # the runner reaps it: the next block's replies stay in step
+    assert returncode == 0, f"{block.id} exited with {returncode}:\n{out.read_text()}\n{err.read_text()[-4000:]}"
 
 
 @pytest.mark.timeout(300)
