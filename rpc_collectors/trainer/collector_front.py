@@ -48,7 +48,7 @@ class CollectorFront(BaseCollector):
     _runs_post_hook = False  # the collect hooks run in the workers
     _hooks: dict | None = None  # the workers' collect hooks, as given to the constructor or set since
     _sources_drop_private_keys = True  # every worker runs one of our collectors
-    max_policy_lag: int | None = None  # async: drop batches further behind (:mod:`.policy_lag`)
+    max_policy_lag: int | None = None  # async: drop batches further behind (:mod:`.continuity`)
     preemptive_threshold: float | None = None  # TorchRL's, as given (1.0: no preemption, as None)
 
     def _open(self, settings: Settings, policy: Any, make_pool: Callable[..., Any]) -> None:

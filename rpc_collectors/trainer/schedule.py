@@ -3,8 +3,9 @@
 Sync: every worker is asked for a batch and the round's answers are combined in the class's
 layout (``cat_results``); with ``preemptive_threshold`` the others are stopped once enough handed in.
 Async: each worker keeps its request depth in flight, and the first batch ready is handed out,
-unless :mod:`.continuity` or :mod:`.policy_lag` drops it. Every answer arrives through the front's
-one :class:`~rpc_collectors.trainer.waits.Events`; a failed worker raises
+unless :mod:`.continuity` drops it (asked before a cut of its worker's stream, or too far behind
+the trainer's weights: ``max_policy_lag``). Every answer arrives through the front's one
+:class:`~rpc_collectors.trainer.waits.Events`; a failed worker raises
 :class:`~rpc_collectors.core.errors.Failure`, which :class:`~rpc_collectors.trainer.recovery.Recovery`
 handles before the loop asks again. :class:`Schedule` owns the state of the loop: the sync round in
 progress, the async worker whose batch the trainer holds, the elastic run's batch layout.
@@ -19,7 +20,7 @@ from tensordict import TensorDictBase
 
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.single_process import preemption
-from rpc_collectors.trainer import node_restarts, policy_lag
+from rpc_collectors.trainer import node_restarts
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.recovery import Recovery
 from rpc_collectors.trainer.roster import Roster
@@ -40,7 +41,6 @@ class Scheduled(Protocol):
     preempt_after: int | None
     update_after_each_batch: bool
     max_weight_update_interval: int
-    max_policy_lag: int | None
     workers: Any
     roster: Roster
     events: Events
@@ -201,17 +201,17 @@ class Schedule:
 
     def _next_kept(self) -> TensorDictBase:
         """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's stream
-        was cut, or collected with weights more than ``max_policy_lag`` behind (:mod:`.policy_lag`)."""
-        front, pusher = self.front, self.front.pusher
+        was cut, or collected with weights more than ``max_policy_lag`` behind."""
+        continuity, pusher = self.front.continuity, self.front.pusher
         while True:
             self.last_async, result = self.next_answer()
             worker_id, batch = self.last_async, self._receive(self.last_async, result)
-            if front.continuity.kept(worker_id, batch):
-                if not policy_lag.too_old(batch, pusher.version, front.max_policy_lag):
+            if continuity.kept(worker_id, batch):
+                if not continuity.too_old(batch, pusher.version):
                     return batch
-                if policy_lag.left_behind(pusher.plane, worker_id, pusher.version, front.max_policy_lag):
+                if continuity.left_behind(pusher.plane, worker_id, pusher.version):
                     pusher.push([worker_id], version=pusher.version)
-                front.continuity.drop(batch, [worker_id])
+                continuity.drop(batch, [worker_id])
             self.request(worker_id)
 
     def _preempt(self, worker_ids: list[int]) -> None:
