@@ -38,11 +38,10 @@ from rpc_collectors.trainer.roster import Roster
 
 
 class StreamOwner(Protocol):
-    """What :class:`Continuity` uses of its collector front: the workers, their records and its calls to them."""
+    """What :class:`Continuity` uses of its collector front: its workers' records and its calls to them."""
 
     num_workers: int
     max_policy_lag: int | None
-    workers: Any
     roster: Roster
     gather: Callable[..., list]
     deferred: WorkerCalls[Callable[[], Any]]
@@ -64,7 +63,7 @@ class Continuity:
     def cut(self, worker_ids: list[int] | None = None) -> None:
         """Cut the streams of ``worker_ids`` (default: every worker) where their last batch ended."""
         front = self.front
-        worker_ids = [i for i in (range(front.num_workers) if worker_ids is None else worker_ids) if front.workers.serves(i)]
+        worker_ids = [i for i in (range(front.num_workers) if worker_ids is None else worker_ids) if front.roster[i].serving]
         for worker_id in worker_ids:
             self.stale[worker_id] = front.roster[worker_id].outstanding
         # which answer of the worker's process the cut follows (a node cuts the local workers in it)

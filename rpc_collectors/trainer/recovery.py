@@ -149,7 +149,7 @@ class Recovery:
     def no_collector(self) -> BaseException:
         """The error of an elastic collector that waited ``join_timeout`` for a collector to join."""
         front = self.front
-        vacant = [i for i in range(front.num_workers) if not front.workers.serves(i)]
+        vacant = [i for i in range(front.num_workers) if not front.roster[i].serving]
         return front.fail(TimeoutError(
             f"no collector joined within join_timeout={front.join_timeout} s while the trainer waited "
             f"(vacant collector slots: {vacant}); {front.workers.join_advice()}"

@@ -68,6 +68,12 @@ class WorkerRecord:
         self.dead = None
         self.info = None
 
+    @property
+    def serving(self) -> bool:
+        """Whether a process serves this worker id (it built its collector); False: the slot is vacant
+        (elastic), or its process is being replaced."""
+        return self.info is not None
+
     def died(self, reason: str) -> None:
         """The process died: the first report says why (a later one of the same death adds nothing)."""
         if self.dead is None:
@@ -119,6 +125,10 @@ class Roster:
     @property
     def num_workers(self) -> int:
         return len(self.records)
+
+    def serving(self) -> list[int]:
+        """The worker ids a process serves now (all of them, but for vacant elastic slots and replacements)."""
+        return [worker_id for worker_id, record in enumerate(self.records) if record.serving]
 
     # ---------------------------------------------------------------- restarts
     @property

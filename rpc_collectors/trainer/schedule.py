@@ -134,10 +134,9 @@ class Schedule:
     def request(self, worker_id: int, again: bool = False) -> None:
         """Ask ``worker_id`` for its next batch (``again``, or a request its predecessor left:
         into the same slot); a vacant elastic slot is asked once a collector takes it."""
-        front = self.front
-        if not front.workers.serves(worker_id):
+        front, record = self.front, self.front.roster[worker_id]
+        if not record.serving:
             return
-        record = front.roster[worker_id]
         again = again or record.redo > 0
         weights = front.pusher.plane
         if not again and weights is not None and weights.needs_update(
@@ -219,7 +218,7 @@ class Schedule:
         worker that died meanwhile shows in the round's wait)."""
         front = self.front
         for worker_id in worker_ids:
-            if front.workers.serves(worker_id):
+            if front.roster[worker_id].serving:
                 front.workers.calls.preempt(worker_id, front.roster[worker_id].requests)
 
     def _without_padding(self, batch: TensorDictBase) -> TensorDictBase:

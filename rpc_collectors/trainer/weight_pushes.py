@@ -59,7 +59,7 @@ class WeightPusher:
         return len(self.roster)
 
     def _serving(self) -> list[int]:
-        return [i for i in range(self.num_workers) if self.pool.serves(i)]
+        return [i for i, record in enumerate(self.roster) if record.serving]
 
     def open(self, given: Any = None) -> None:
         """The weight plane, for the trainer's policy or (``policy_factory``) the ``given`` weights."""
@@ -110,7 +110,7 @@ class WeightPusher:
         first = next(iter(update.values()))
         self._open_given(first, remember=not per_worker)
         if not per_worker:
-            self.push([i for i in update if self.pool.serves(i)], first, non_blocking, slots=list(update))
+            self.push([i for i in update if self.roster[i].serving], first, non_blocking, slots=list(update))
             return
         with self.lock:  # each of those workers gets its own, all as one new version
             self.finish()

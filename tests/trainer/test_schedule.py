@@ -30,9 +30,6 @@ class Workers:
         self.versions = [0] * n
         self.told: list[tuple] = []
 
-    def serves(self, worker_id: int) -> bool:
-        return True
-
     @property
     def calls(self) -> WorkerCalls:
         return WorkerCalls(self.call)
