@@ -85,11 +85,11 @@ class Continuity:
             return False
         return trainer_version - int(batch.get(VERSION).min()) > max_lag
 
-    def left_behind(self, weights: Any, worker_id: int, trainer_version: int) -> bool:
+    def left_behind(self, worker_id: int, trainer_version: int) -> bool:
         """Whether the newest weights pushed to ``worker_id`` are themselves more than ``max_policy_lag``
         versions behind (it was left out of the pushes since): only then does it need the trainer's."""
         max_lag = self.front.max_policy_lag
-        return weights is not None and max_lag is not None and trainer_version - weights.min_version[worker_id] > max_lag
+        return max_lag is not None and trainer_version - self.front.roster[worker_id].weights_version > max_lag
 
     def _count(self, batch: TensorDictBase) -> None:
         self.count(batch.numel(), 1)

@@ -100,8 +100,6 @@ class Schedule:
             if record.info and "local_pids" in record.info:  # a node: its local restarts and own drops come with its answers
                 result, dropped = node_restarts.answer_of(record, item.worker_id, result)
                 front.continuity.count(dropped.frames, dropped.batches)
-            if front.pusher.plane is not None:
-                front.pusher.plane.delivered(item.worker_id)
             if front.elastic:
                 self._same_layout(item.worker_id, result)
             return item.worker_id, result
@@ -138,15 +136,13 @@ class Schedule:
         if not record.serving:
             return
         again = again or record.redo > 0
-        weights = front.pusher.plane
-        if not again and weights is not None and weights.needs_update(
-                worker_id, front.update_after_each_batch, front.max_weight_update_interval):
+        if not again and front.pusher.plane is not None and record.weights_due(
+                front.update_after_each_batch, front.max_weight_update_interval):
             front.pusher.push(list(range(front.num_workers)) if front.sync else [worker_id])
-        min_version = weights.min_version[worker_id] if weights is not None else 0
         slot = front._batches.slot_for(worker_id, again)
-        fut = front._batches.ring(worker_id, min_version, slot)  # a worker with slots
+        fut = front._batches.ring(worker_id, record.weights_version, slot)  # a worker with slots
         if fut is None:
-            fut = front.workers.calls.collect(worker_id, min_version, slot)
+            fut = front.workers.calls.collect(worker_id, record.weights_version, slot)
         front.roster.asked(worker_id, front.frames_per_batch_worker(), again)
         front.events.watch(worker_id, record.generation, BATCH, fut)
 
@@ -208,7 +204,7 @@ class Schedule:
             if continuity.kept(worker_id, batch):
                 if not continuity.too_old(batch, pusher.version):
                     return batch
-                if continuity.left_behind(pusher.plane, worker_id, pusher.version):
+                if continuity.left_behind(worker_id, pusher.version):
                     pusher.push([worker_id], version=pusher.version)
                 continuity.drop(batch, [worker_id])
             self.request(worker_id)
