@@ -15,7 +15,7 @@ from rpc_collectors.pools.local import LocalPool
 from rpc_collectors.pools.ranks.elastic_pool import ElasticPool
 from rpc_collectors.pools.ranks.static import RankPool
 from rpc_collectors.pools.ranks.submitit import SubmititPool
-from rpc_collectors.trainer import policy_lag, settings
+from rpc_collectors.trainer import settings
 from rpc_collectors.trainer.collector_front import CollectorFront
 
 
@@ -38,7 +38,7 @@ def start(front: CollectorFront, create_env_fn: Any, policy: Any, o: options.Opt
     batches, run, weights, launch, collect = o.batches, o.run, o.weights, o.launch, o.collect
     CollectorFront.__init__(front, batches, one_per_worker=True)
     front._closed = front._closing = True  # until the workers are up
-    front.max_policy_lag = policy_lag.check(run.max_policy_lag, run.sync)
+    front.max_policy_lag = settings.check_max_policy_lag(run.max_policy_lag, run.sync)
     checks.split_needs_ids(front.split_trajs or front.whole_trajectories, collect.track_traj_ids)
     checks.use_buffers(collect.use_buffers, front.replay_buffer)
     front.preemptive_threshold = checks.preemptive_threshold(

@@ -6,8 +6,8 @@ plain call in the trainer's own process in the debug launcher).
 * :class:`WorkerCalls`: the calls a worker serves then, one typed method each. The trainer makes
   them through it; a worker runs them through :func:`serve`, which refuses any other name.
 * The answers to ``collect``: a batch (a ``TensorDict``), :class:`Ready` (the batch is in a
-  shared-memory slot) or :class:`Noted` (a node's batch with its :class:`LocalRestart` and
-  :class:`Dropped` records). A worker with batch slots is asked ``collect`` by its doorbell
+  shared-memory slot) or :class:`Noted` (a node's answer, either of those, with its
+  :class:`LocalRestart` and :class:`Dropped` records). A worker with batch slots is asked ``collect`` by its doorbell
   instead (:mod:`~rpc_collectors.transport.doorbell`: slot and version packed, :class:`Ready`
   answered in a few bytes); :mod:`~rpc_collectors.transport.local_restarts` puts a node's records
   on an answer and takes them off.
@@ -88,25 +88,17 @@ class Dropped:
 @dataclass(frozen=True)
 class Ready:
     """A worker's answer to ``collect``: its batch is in ``slot`` (shared memory, or its bytes
-    follow this answer on a doorbell's connection); ``restarts``, ``dropped``: a node's local
-    restarts and own drops since its last answer."""
+    follow this answer on a doorbell's connection)."""
 
     slot: int
-    restarts: tuple[LocalRestart, ...] = ()
-    dropped: Dropped | None = None
-
-    @property
-    def noted(self) -> bool:
-        """Whether it carries a node's restarts or drops (then it travels pickled)."""
-        return bool(self.restarts) or self.dropped is not None
 
 
 @dataclass(frozen=True)
 class Noted:
-    """A node's answer to ``collect`` with a batch returned directly (not in a slot), with its
+    """A node's answer to ``collect`` (a batch returned directly, or :class:`Ready`), with its
     restarts and drops since its last answer."""
 
-    batch: Any
+    answer: Any
     restarts: tuple[LocalRestart, ...]
     dropped: Dropped = Dropped()
 

@@ -57,10 +57,6 @@ class WorkerPool:
         """``(reason, remote traceback)`` of a failed call; the traceback is empty unless it raised."""
         raise NotImplementedError
 
-    def serves(self, worker_id: int) -> bool:
-        """Whether a process holds ``worker_id`` now (always, unless membership is elastic)."""
-        return True
-
     def replace(self, worker_id: int) -> None:
         raise RuntimeError("only a collector's own local or debug workers can be replaced")
 

@@ -1,15 +1,14 @@
 """The trainer's side of a multi-worker collector, written once for every pool: what sync rounds,
 async first-come, weight-update cadence, ``total_frames``, layouts, seeding and state mean
 (:mod:`.collector_front`, which holds its parts: the request/wait loop and the sync and async
-schedules in :mod:`.schedule`, the weight pusher in :mod:`.weight_pushes`, trajectory continuity in
-:mod:`.continuity`, TorchRL's views of the workers in :mod:`.torchrl_views`), its checked
-arguments (:mod:`.settings`), its state (:mod:`.saved_state`), how it writes into a replay buffer
-(:mod:`.buffer_writes`), its one wait (:mod:`.waits`), the roster of its workers and their
-restarts (:mod:`.roster`), what it does when a worker fails or joins (:mod:`.recovery`; a node's own
-local restarts in :mod:`.node_restarts`), what it owns outside itself (:mod:`.lifetime`,
-:mod:`.threads`), and ``max_policy_lag`` (:mod:`.policy_lag`). A batched-inference collector's
-trainer side is here too: its inference loop (:mod:`.inference_loop`) and batch assembly
-(:mod:`.transitions`).
+schedules in :mod:`.schedule`, the weight pusher in :mod:`.weight_pushes`, trajectory continuity
+and ``max_policy_lag`` in :mod:`.continuity`, TorchRL's views of the workers in
+:mod:`.torchrl_views`), its checked arguments (:mod:`.settings`), its state (:mod:`.saved_state`),
+how it writes into a replay buffer (:mod:`.buffer_writes`), its one wait (:mod:`.waits`), the
+roster of its workers and their restarts (:mod:`.roster`), what it does when a worker fails or
+joins (:mod:`.recovery`; a node's own local restarts in :mod:`.node_restarts`), and what it owns
+outside itself (:mod:`.lifetime`, :mod:`.threads`). A batched-inference collector's trainer side
+is here too: its inference loop (:mod:`.inference_loop`) and batch assembly (:mod:`.transitions`).
 
 May import :mod:`~rpc_collectors.cluster` and the layers below it; never a pool: the front drives
 any pool through the surface of :class:`~rpc_collectors.pools.pool.WorkerPool`, which is handed to

@@ -48,7 +48,7 @@ class CollectorFront(BaseCollector):
     _runs_post_hook = False  # the collect hooks run in the workers
     _hooks: dict | None = None  # the workers' collect hooks, as given to the constructor or set since
     _sources_drop_private_keys = True  # every worker runs one of our collectors
-    max_policy_lag: int | None = None  # async: drop batches further behind (:mod:`.policy_lag`)
+    max_policy_lag: int | None = None  # async: drop batches further behind (:mod:`.continuity`)
     preemptive_threshold: float | None = None  # TorchRL's, as given (1.0: no preemption, as None)
 
     def _open(self, settings: Settings, policy: Any, make_pool: Callable[..., Any]) -> None:
@@ -344,14 +344,13 @@ class CollectorFront(BaseCollector):
         and ``"worker_<i>/batches"``: what each worker delivered to this collector (counted
         here, without a call to the workers); ``"per_worker"`` leaves the aggregate entries out."""
         torchrl_views.check_workers_view(workers)
-        alive = 0 if self._closing else sum(self.workers.serves(i) and self.roster[i].dead is None
-                                            for i in range(self.num_workers))
+        alive = 0 if self._closing else sum(record.serving and record.dead is None for record in self.roster)
         stats = super().stats() if workers != "per_worker" else {}
         return torchrl_views.worker_stats(stats, workers, alive, self._worker_totals, self.num_workers)
 
     # ---------------------------------------------------------------- state
     def _serving(self) -> list[int]:
-        return [i for i in range(self.num_workers) if self.workers.serves(i)]
+        return self.roster.serving()
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every worker's env and torch RNG with distinct seeds; returns the next free seed."""

@@ -1,8 +1,15 @@
-"""Trajectory continuity: where a worker's stream is cut, its trajectories end.
+"""Trajectory continuity: which batches of a worker's stream are handed out, and where a stream
+is cut, its trajectories end.
 
 Within one trajectory id the steps a collector hands out are consecutive. Whatever drops frames
 of a worker's stream goes through :class:`Continuity`, which owns the rule:
 
+* ``max_policy_lag`` (async): a batch whose oldest step was chosen with weights more than
+  ``max_policy_lag`` versions behind the trainer's ``policy_version`` is not handed out
+  (:meth:`~Continuity.too_old`); it is asked again, with the newest weights pushed to it: its own,
+  or, if it was left out of the pushes since they were within the bound
+  (:meth:`~Continuity.left_behind`), the trainer's. The lag of each batch handed out is in
+  ``last_batch`` (``lag``, ``min_lag``);
 * a batch dropped (``max_policy_lag``, or a node's stale local batch) is counted in
   ``dropped_frames``/``dropped_batches`` (a node's own drops as it tells them, with its next
   answer) and cuts its workers' streams: each is told to go on
@@ -26,15 +33,15 @@ from typing import Any, Callable, Protocol
 from tensordict import TensorDictBase
 
 from rpc_collectors.core.protocol import WorkerCalls
-from rpc_collectors.single_process.batch_record import workers_in
+from rpc_collectors.single_process.batch_record import VERSION, workers_in
 from rpc_collectors.trainer.roster import Roster
 
 
 class StreamOwner(Protocol):
-    """What :class:`Continuity` uses of its collector front: the workers, their records and its calls to them."""
+    """What :class:`Continuity` uses of its collector front: its workers' records and its calls to them."""
 
     num_workers: int
-    workers: Any
+    max_policy_lag: int | None
     roster: Roster
     gather: Callable[..., list]
     deferred: WorkerCalls[Callable[[], Any]]
@@ -56,7 +63,7 @@ class Continuity:
     def cut(self, worker_ids: list[int] | None = None) -> None:
         """Cut the streams of ``worker_ids`` (default: every worker) where their last batch ended."""
         front = self.front
-        worker_ids = [i for i in (range(front.num_workers) if worker_ids is None else worker_ids) if front.workers.serves(i)]
+        worker_ids = [i for i in (range(front.num_workers) if worker_ids is None else worker_ids) if front.roster[i].serving]
         for worker_id in worker_ids:
             self.stale[worker_id] = front.roster[worker_id].outstanding
         # which answer of the worker's process the cut follows (a node cuts the local workers in it)
@@ -70,6 +77,19 @@ class Continuity:
         self.stale[worker_id] -= 1
         self._count(batch)
         return False
+
+    def too_old(self, batch: TensorDictBase, trainer_version: int) -> bool:
+        """Whether the oldest step of ``batch`` is more than ``max_policy_lag`` versions behind ``trainer_version``."""
+        max_lag = self.front.max_policy_lag
+        if max_lag is None or VERSION not in batch.keys(include_nested=True):
+            return False
+        return trainer_version - int(batch.get(VERSION).min()) > max_lag
+
+    def left_behind(self, worker_id: int, trainer_version: int) -> bool:
+        """Whether the newest weights pushed to ``worker_id`` are themselves more than ``max_policy_lag``
+        versions behind (it was left out of the pushes since): only then does it need the trainer's."""
+        max_lag = self.front.max_policy_lag
+        return max_lag is not None and trainer_version - self.front.roster[worker_id].weights_version > max_lag
 
     def _count(self, batch: TensorDictBase) -> None:
         self.count(batch.numel(), 1)

@@ -15,8 +15,8 @@ from typing import Any, Callable, Protocol
 from rpc_collectors.core.errors import Failure, WorkerError, remote_summary
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.roster import Roster
+from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport.membership import WorkerLeftWarning
-from rpc_collectors.transport.weight_sync import WeightPlane
 
 
 class Recovered(Protocol):
@@ -30,10 +30,8 @@ class Recovered(Protocol):
     workers: Any
     roster: Roster
     continuity: Continuity
+    pusher: WeightPusher
     gather: Callable[..., list]
-
-    @property
-    def weights(self) -> WeightPlane | None: ...
 
     def require_running(self) -> None: ...
 
@@ -102,10 +100,9 @@ class Recovery:
         seed = front.roster.seed(worker_id)
         if seed is not None:
             steps.append(functools.partial(pool.calls.set_seed, worker_id, seed))
-        weights = front.weights
-        if weights is not None:
-            steps.append(functools.partial(pool.calls.join_weights, worker_id, weights.spec))
-            held = weights.rejoin(worker_id)  # what its slot holds: its own weights, or the trainer's
+        if front.pusher.plane is not None:
+            steps.append(functools.partial(pool.calls.join_weights, worker_id, front.pusher.plane.spec))
+            held = front.pusher.rejoin(worker_id)  # what its slot holds: its own weights, or the trainer's
             if held is not None:
                 steps.append(functools.partial(pool.calls.receive_weights, worker_id, *held))
         for step in steps:
@@ -149,7 +146,7 @@ class Recovery:
     def no_collector(self) -> BaseException:
         """The error of an elastic collector that waited ``join_timeout`` for a collector to join."""
         front = self.front
-        vacant = [i for i in range(front.num_workers) if not front.workers.serves(i)]
+        vacant = [i for i in range(front.num_workers) if not front.roster[i].serving]
         return front.fail(TimeoutError(
             f"no collector joined within join_timeout={front.join_timeout} s while the trainer waited "
             f"(vacant collector slots: {vacant}); {front.workers.join_advice()}"

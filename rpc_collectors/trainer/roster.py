@@ -35,6 +35,9 @@ class WorkerRecord:
     serving this id replaced (node collectors, :mod:`~rpc_collectors.trainer.node_restarts`).
     ``uncounted`` is how many of the frames this id delivered the process's own frame count does
     not hold (a predecessor's; after a resume, less the count the process resumed from).
+    ``weights_version`` is the weights version the id's next batch must be collected with (the one
+    it was sent last, or loaded), ``batches_since_push`` how many batches it delivered since it was
+    sent weights (``max_weight_update_interval``); both belong to the id, whichever process serves it.
     """
 
     generation: int = 0
@@ -46,6 +49,8 @@ class WorkerRecord:
     serving_since: float | None = None
     local_restarts: int = 0
     uncounted: int = 0
+    weights_version: int = 0
+    batches_since_push: int = 0
 
     def replaced(self) -> None:
         """A new process is taking the slot: what the last one was asked is asked again."""
@@ -68,6 +73,12 @@ class WorkerRecord:
         self.dead = None
         self.info = None
 
+    @property
+    def serving(self) -> bool:
+        """Whether a process serves this worker id (it built its collector); False: the slot is vacant
+        (elastic), or its process is being replaced."""
+        return self.info is not None
+
     def died(self, reason: str) -> None:
         """The process died: the first report says why (a later one of the same death adds nothing)."""
         if self.dead is None:
@@ -83,8 +94,25 @@ class WorkerRecord:
             self.redo -= 1
 
     def answered(self) -> None:
+        """A batch request was answered: one batch more with the same weights."""
         self.outstanding -= 1
         self.serving_since = time.monotonic() if self.outstanding else None
+        self.batches_since_push += 1
+
+    def sent_weights(self, version: int) -> None:
+        """Weights ``version`` were sent: the next batch is collected with them."""
+        self.weights_version, self.batches_since_push = version, 0
+
+    def loaded_weights(self, version: int) -> None:
+        """The process loaded a saved state holding weights ``version``: it collects on with them."""
+        self.weights_version = version
+
+    def weights_due(self, after_each_batch: bool, interval: int) -> bool:
+        """Whether the trainer's weights go to this id before its next batch (``update_after_each_batch``,
+        or ``max_weight_update_interval`` batches with the same weights)."""
+        if after_each_batch:
+            return self.batches_since_push > 0
+        return 0 <= interval < self.batches_since_push
 
 
 class Roster:
@@ -119,6 +147,10 @@ class Roster:
     @property
     def num_workers(self) -> int:
         return len(self.records)
+
+    def serving(self) -> list[int]:
+        """The worker ids a process serves now (all of them, but for vacant elastic slots and replacements)."""
+        return [worker_id for worker_id, record in enumerate(self.records) if record.serving]
 
     # ---------------------------------------------------------------- restarts
     @property

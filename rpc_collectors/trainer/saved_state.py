@@ -59,7 +59,7 @@ def state_of(front: Saved) -> dict:
     state["restarts"] = {"counts": list(front.roster.counts), "seeds": list(front.roster.seeds),
                          "resumes": front.roster.resumes}
     if front.pusher.plane is not None:  # the weight-update cadence: batches each worker delivered since its last push
-        state["since_update"] = list(front.pusher.plane.since_update)
+        state["since_update"] = [record.batches_since_push for record in front.roster]
     if isinstance(front.policy, nn.Module):
         state[POLICY] = {name: value.clone() for name, value in front.policy.state_dict().items()}
     if front.elastic:  # collectors come and go: keep where their trajectory ids continue from
@@ -103,10 +103,9 @@ def load(front: Saved, state: dict) -> None:
         return
     front.gather({i: front.deferred.load_state_dict(i, s) for i, s in enumerate(state["workers"])})
     front.continuity.resumed()
-    weights = front.pusher.plane
-    if weights is not None:  # each worker holds the weights it saved, under their version
-        for i, worker_state in enumerate(state["workers"]):
-            weights.loaded(i, int(worker_state["version"] if "local" in worker_state else worker_state["policy_version"]))
+    if front.pusher.plane is not None:  # each worker holds the weights it saved, under their version
+        for record, worker_state in zip(front.roster, state["workers"]):
+            record.loaded_weights(int(worker_state["version"] if "local" in worker_state else worker_state["policy_version"]))
     for i, worker_state in enumerate(state["workers"]):
         front.roster.loaded(i, int(worker_state["traj_count"]))
         front.roster[i].uncounted = front._delivered_frames(i) - _collected(worker_state)  # it counts on from there
@@ -124,4 +123,5 @@ def _load_run_state(front: Saved, state: dict) -> None:
         front.roster.resumes = int(saved["resumes"]) + 1
     cadence = state.get("since_update")
     if cadence is not None and front.pusher.plane is not None and len(cadence) == front.num_workers:
-        front.pusher.plane.since_update[:] = [int(n) for n in cadence]
+        for record, batches in zip(front.roster, cadence):
+            record.batches_since_push = int(batches)

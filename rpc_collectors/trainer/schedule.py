@@ -3,8 +3,9 @@
 Sync: every worker is asked for a batch and the round's answers are combined in the class's
 layout (``cat_results``); with ``preemptive_threshold`` the others are stopped once enough handed in.
 Async: each worker keeps its request depth in flight, and the first batch ready is handed out,
-unless :mod:`.continuity` or :mod:`.policy_lag` drops it. Every answer arrives through the front's
-one :class:`~rpc_collectors.trainer.waits.Events`; a failed worker raises
+unless :mod:`.continuity` drops it (asked before a cut of its worker's stream, or too far behind
+the trainer's weights: ``max_policy_lag``). Every answer arrives through the front's one
+:class:`~rpc_collectors.trainer.waits.Events`; a failed worker raises
 :class:`~rpc_collectors.core.errors.Failure`, which :class:`~rpc_collectors.trainer.recovery.Recovery`
 handles before the loop asks again. :class:`Schedule` owns the state of the loop: the sync round in
 progress, the async worker whose batch the trainer holds, the elastic run's batch layout.
@@ -19,7 +20,7 @@ from tensordict import TensorDictBase
 
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.single_process import preemption
-from rpc_collectors.trainer import node_restarts, policy_lag
+from rpc_collectors.trainer import node_restarts
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.recovery import Recovery
 from rpc_collectors.trainer.roster import Roster
@@ -40,7 +41,6 @@ class Scheduled(Protocol):
     preempt_after: int | None
     update_after_each_batch: bool
     max_weight_update_interval: int
-    max_policy_lag: int | None
     workers: Any
     roster: Roster
     events: Events
@@ -100,8 +100,6 @@ class Schedule:
             if record.info and "local_pids" in record.info:  # a node: its local restarts and own drops come with its answers
                 result, dropped = node_restarts.answer_of(record, item.worker_id, result)
                 front.continuity.count(dropped.frames, dropped.batches)
-            if front.pusher.plane is not None:
-                front.pusher.plane.delivered(item.worker_id)
             if front.elastic:
                 self._same_layout(item.worker_id, result)
             return item.worker_id, result
@@ -134,20 +132,17 @@ class Schedule:
     def request(self, worker_id: int, again: bool = False) -> None:
         """Ask ``worker_id`` for its next batch (``again``, or a request its predecessor left:
         into the same slot); a vacant elastic slot is asked once a collector takes it."""
-        front = self.front
-        if not front.workers.serves(worker_id):
+        front, record = self.front, self.front.roster[worker_id]
+        if not record.serving:
             return
-        record = front.roster[worker_id]
         again = again or record.redo > 0
-        weights = front.pusher.plane
-        if not again and weights is not None and weights.needs_update(
-                worker_id, front.update_after_each_batch, front.max_weight_update_interval):
+        if not again and front.pusher.plane is not None and record.weights_due(
+                front.update_after_each_batch, front.max_weight_update_interval):
             front.pusher.push(list(range(front.num_workers)) if front.sync else [worker_id])
-        min_version = weights.min_version[worker_id] if weights is not None else 0
         slot = front._batches.slot_for(worker_id, again)
-        fut = front._batches.ring(worker_id, min_version, slot)  # a worker with slots
+        fut = front._batches.ring(worker_id, record.weights_version, slot)  # a worker with slots
         if fut is None:
-            fut = front.workers.calls.collect(worker_id, min_version, slot)
+            fut = front.workers.calls.collect(worker_id, record.weights_version, slot)
         front.roster.asked(worker_id, front.frames_per_batch_worker(), again)
         front.events.watch(worker_id, record.generation, BATCH, fut)
 
@@ -201,17 +196,17 @@ class Schedule:
 
     def _next_kept(self) -> TensorDictBase:
         """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's stream
-        was cut, or collected with weights more than ``max_policy_lag`` behind (:mod:`.policy_lag`)."""
-        front, pusher = self.front, self.front.pusher
+        was cut, or collected with weights more than ``max_policy_lag`` behind."""
+        continuity, pusher = self.front.continuity, self.front.pusher
         while True:
             self.last_async, result = self.next_answer()
             worker_id, batch = self.last_async, self._receive(self.last_async, result)
-            if front.continuity.kept(worker_id, batch):
-                if not policy_lag.too_old(batch, pusher.version, front.max_policy_lag):
+            if continuity.kept(worker_id, batch):
+                if not continuity.too_old(batch, pusher.version):
                     return batch
-                if policy_lag.left_behind(pusher.plane, worker_id, pusher.version, front.max_policy_lag):
+                if continuity.left_behind(worker_id, pusher.version):
                     pusher.push([worker_id], version=pusher.version)
-                front.continuity.drop(batch, [worker_id])
+                continuity.drop(batch, [worker_id])
             self.request(worker_id)
 
     def _preempt(self, worker_ids: list[int]) -> None:
@@ -219,7 +214,7 @@ class Schedule:
         worker that died meanwhile shows in the round's wait)."""
         front = self.front
         for worker_id in worker_ids:
-            if front.workers.serves(worker_id):
+            if front.roster[worker_id].serving:
                 front.workers.calls.preempt(worker_id, front.roster[worker_id].requests)
 
     def _without_padding(self, batch: TensorDictBase) -> TensorDictBase:

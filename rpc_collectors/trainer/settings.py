@@ -103,6 +103,20 @@ def _serve(rdv: Rendezvous, rpc_timeout: float) -> None:
     os._exit(serve(rdv, float(rpc_timeout)))
 
 
+def check_max_policy_lag(value: Any, sync: Any) -> int | None:
+    """``max_policy_lag``: None (no bound) or an int >= 0, for async collection only (:mod:`.continuity`)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"max_policy_lag={value!r} is invalid; accepted: None (no bound) or an int >= 0")
+    if sync:
+        raise ValueError(
+            f"max_policy_lag={value!r} applies to async collection, where a worker's batch may lag the trainer's "
+            "weights; accepted with sync=True: None"
+        )
+    return value
+
+
 def check(
     o: options.Options, *, launcher: str, rdv: Rendezvous | None, create_env_fn: Any, policy: Any,
     frames_per_batch: int, default_cat_results: Any, weight_transport: str, preemptive_threshold: float | None = None,

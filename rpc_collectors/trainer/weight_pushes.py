@@ -7,6 +7,8 @@ trainer's policy when the front opens, or, when the workers build their policies
 to some; each worker applies it before its next batch, never in the middle of one.
 :class:`WeightPusher` is the front's part that does this and owns what it needs: the plane, the
 version of the newest weights, the push in flight and, with ``policy_factory``, the weights given last.
+The version each worker was sent, and the batches it delivered since, are in its roster record
+(:class:`~rpc_collectors.trainer.roster.WorkerRecord`), which the pusher updates with each push.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ class WeightPusher:
         return len(self.roster)
 
     def _serving(self) -> list[int]:
-        return [i for i in range(self.num_workers) if self.pool.serves(i)]
+        return [i for i, record in enumerate(self.roster) if record.serving]
 
     def open(self, given: Any = None) -> None:
         """The weight plane, for the trainer's policy or (``policy_factory``) the ``given`` weights."""
@@ -77,6 +79,8 @@ class WeightPusher:
         self.plane = self.resources.sender = WeightPlane(
             module, kind, self.num_workers, self.rpc_timeout, refill=self.refill, backend=self.backend, rdv=rdv,
         )
+        for record in self.roster:  # every worker holds version 0 of these weights, no batch delivered since
+            record.sent_weights(0)
         joins = {i: self.deferred.join_weights(i, self.plane.spec) for i in range(self.num_workers) if self.roster[i].info}
         futures = {i: call() for i, call in joins.items()}
         self.plane.sender.connect()
@@ -86,10 +90,9 @@ class WeightPusher:
     def worker_versions(self) -> list[int | None]:
         """The weights version each worker acknowledged (0 before any push; None while a push to
         it is in flight, or where its slot has no worker)."""
-        serving = set(self._serving())
-        if self.plane is None:  # nothing was pushed
-            return [0 if i in serving else None for i in range(self.num_workers)]
-        return self.plane.worker_versions(serving, {i for i, fut in self._pushed.items() if not fut.done()})
+        in_flight = {i for i, fut in self._pushed.items() if not fut.done()}
+        return [record.weights_version if record.serving and i not in in_flight else None
+                for i, record in enumerate(self.roster)]
 
     def acknowledged(self) -> int | None:
         """The version every serving worker acknowledged; None while they differ or a push is in flight."""
@@ -110,7 +113,7 @@ class WeightPusher:
         first = next(iter(update.values()))
         self._open_given(first, remember=not per_worker)
         if not per_worker:
-            self.push([i for i in update if self.pool.serves(i)], first, non_blocking, slots=list(update))
+            self.push([i for i in update if self.roster[i].serving], first, non_blocking, slots=list(update))
             return
         with self.lock:  # each of those workers gets its own, all as one new version
             self.finish()
@@ -147,9 +150,19 @@ class WeightPusher:
             version = self.version + 1 if version is None else version
             self._start(self.plane.push(worker_ids, source, version, slots), version, non_blocking)
 
+    def rejoin(self, worker_id: int) -> tuple | None:
+        """``receive_weights`` arguments that give the new process serving ``worker_id`` what its slot
+        holds (None: nothing was pushed, it keeps its policy's own, version 0); its next batch is
+        collected with them."""
+        held = self.plane.rejoin(worker_id)
+        self.roster[worker_id].sent_weights(0 if held is None else held[0])
+        return held
+
     def _start(self, receive: dict[int, tuple], version: int, non_blocking: bool) -> None:
         """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on."""
         self.version = version
+        for worker_id in receive:
+            self.roster[worker_id].sent_weights(version)
         self._push = {i: self.deferred.receive_weights(i, *args) for i, args in receive.items()}
         self._pushed = {i: call() for i, call in self._push.items()}
         if not non_blocking:

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import torch
 
-from rpc_collectors.core.protocol import Ready
+from rpc_collectors.core.protocol import Noted, Ready
 from rpc_collectors.transport.shm import file_id, open_checked
 
 REQUEST = struct.Struct("<qq")  # slot, the weights version to collect with (at least)
@@ -170,8 +170,9 @@ class Doorbell:
                     result = Ready(value) if kind == READY else pickle.loads(payload)
                 except Exception as err:  # e.g. a class this process cannot import
                     kind, result = ERROR, f"the worker's answer could not be read: {err!r}"
-                if isinstance(result, Ready):  # pickled when it carries a node's restarts or drops
-                    self._land(result.slot)
+                slot = value if kind == READY else _slot_of(result)  # a node's answer is pickled, its slot in it
+                if slot is not None:
+                    self._land(slot)
                 with self._lock:
                     fut = self._pending.popleft()
                 if kind == ERROR:
@@ -304,6 +305,12 @@ class SocketDoorbell(Doorbell):
             self._reader.join(CLOSE_WAIT)  # not left running into the interpreter's exit
 
 
+def _slot_of(result: Any) -> int | None:
+    """The slot a worker's answer says its batch is in (also inside a node's :class:`Noted`); None: not in one."""
+    inner = result.answer if isinstance(result, Noted) else result
+    return inner.slot if isinstance(inner, Ready) else None
+
+
 def _pickled(kind: int, value: Any) -> bytes:
     payload = pickle.dumps(value)
     return ANSWER.pack(kind, len(payload)) + payload
@@ -342,14 +349,16 @@ def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callabl
                 slot, min_version = REQUEST.unpack(_read_exactly(request, REQUEST.size))
                 try:
                     result = collect(min_version, slot)
-                    ready = isinstance(result, Ready)
-                    message = ANSWER.pack(READY, result.slot) if ready and not result.noted else _pickled(BATCH, result)
+                    if isinstance(result, Ready):  # "ready in slot s", 9 bytes
+                        message, written = ANSWER.pack(READY, result.slot), result.slot
+                    else:
+                        message, written = _pickled(BATCH, result), _slot_of(result)
                 except Exception:
-                    ready, message = False, _pickled(ERROR, traceback.format_exc())
+                    message, written = _pickled(ERROR, traceback.format_exc()), None
                 if slots is None:  # shared memory: the answer alone, at once
                     _write_all(reply, message)
                 else:
-                    outbox.put((message, result.slot if ready else None))
+                    outbox.put((message, written))
         except (EOFError, OSError):
             pass  # the trainer closed its end, or went away
         finally:

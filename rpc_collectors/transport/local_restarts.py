@@ -3,16 +3,15 @@
 A node collector (:mod:`~rpc_collectors.worker.node`) replaces its own local workers
 (``max_worker_restarts``) and drops its own stale local batches. Each replacement travels to the
 trainer as a :class:`~rpc_collectors.core.protocol.LocalRestart`, and the frames and batches dropped
-as :class:`~rpc_collectors.core.protocol.Dropped`, with the node's next answer (:func:`attach`): in
-:class:`~rpc_collectors.core.protocol.Ready` (a batch in its slot), or around a batch returned
-directly (:class:`~rpc_collectors.core.protocol.Noted`). :func:`detach` takes them off again.
+as :class:`~rpc_collectors.core.protocol.Dropped`, with the node's next answer (:func:`attach`):
+around it, whether a :class:`~rpc_collectors.core.protocol.Ready` (a batch in its slot) or a batch
+returned directly (:class:`~rpc_collectors.core.protocol.Noted`). :func:`detach` takes them off again.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from rpc_collectors.core.protocol import Dropped, LocalRestart, Noted, Ready
+from rpc_collectors.core.protocol import Dropped, LocalRestart, Noted
 
 NONE_DROPPED = Dropped()
 
@@ -21,15 +20,11 @@ def attach(result: Any, restarts: tuple[LocalRestart, ...], dropped: Dropped = N
     """``result`` (``Ready`` or a batch) carrying ``restarts`` and ``dropped``; as it is without any."""
     if not restarts and dropped == NONE_DROPPED:
         return result
-    if isinstance(result, Ready):
-        return dataclasses.replace(result, restarts=restarts, dropped=dropped)
     return Noted(result, restarts, dropped)
 
 
 def detach(result: Any) -> tuple[Any, tuple[LocalRestart, ...], Dropped]:
     """The answer as the data plane takes it, and the restarts and drops it carried."""
     if isinstance(result, Noted):
-        return result.batch, result.restarts, result.dropped
-    if isinstance(result, Ready) and result.noted:
-        return Ready(result.slot), result.restarts, result.dropped or Dropped()
+        return result.answer, result.restarts, result.dropped
     return result, (), Dropped()

@@ -267,9 +267,8 @@ def choose_transport(
 
 
 class WeightPlane:
-    """Trainer side of the weight plane for one collector: its transport, each push, and how far
-    behind each worker's weights are (the version it must collect with, batches since its last push),
-    and which weights each worker's slot holds.
+    """Trainer side of the weight plane for one collector: its transport, each push, and which
+    weights each worker's slot holds.
 
     ``refill``: a worker's slot may get a new process (a replacement, or a collector that joins);
     ``rdv`` (broadcast only): where the weight process group meets.
@@ -297,8 +296,6 @@ class WeightPlane:
             buffer = flat.new_buffer(torch.device("cuda") if backend == "nccl" else None)
         self.num_workers, self.refill = num_workers, refill
         self.sender = WeightSender(flat, spec, buffer, fd, keep_fd=refill)  # a new process opens the shm file
-        self.min_version = [0] * num_workers  # the version worker i's next batch must be collected with
-        self.since_update = [0] * num_workers  # batches worker i delivered since its last push
         self.own: dict[int, tuple[int, torch.Tensor]] = {}  # refill: slot i's own weights and their version
 
     @property
@@ -315,8 +312,6 @@ class WeightPlane:
         mode = self.sender.push([i + 1 for i in worker_ids], version, all_workers=len(worker_ids) == self.num_workers)
         for worker_id in worker_ids if slots is None else slots:
             self.own.pop(worker_id, None)
-        for worker_id in worker_ids:
-            self.caught_up(worker_id, version)
         return {worker_id: self._receive_args(version, mode) for worker_id in worker_ids}
 
     def push_own(self, weights: dict, version: int, serving: list[int]) -> dict[int, tuple]:
@@ -331,7 +326,6 @@ class WeightPlane:
             if self.refill:
                 self.own[worker_id] = version, copy
             if worker_id in serving:
-                self.caught_up(worker_id, version)
                 receive[worker_id] = version, "rpc", copy
         return receive
 
@@ -342,38 +336,11 @@ class WeightPlane:
         """``receive_weights`` arguments that give the new process serving ``worker_id`` what its
         slot holds, under the version they were pushed with: its own weights if they reached it
         last, else the trainer's latest (None: nothing was pushed yet; it keeps its policy's own,
-        version 0). Its next batch is collected with them."""
+        version 0)."""
         if worker_id in self.own:
             version, copy = self.own[worker_id]
-            args = version, "rpc", copy
-        else:
-            args = None if self.sender.latest is None else self._receive_args(*self.sender.latest)
-        self.caught_up(worker_id, 0 if args is None else args[0])
-        return args
-
-    def caught_up(self, worker_id: int, version: int) -> None:
-        """Worker ``worker_id`` was sent ``version``: its next batch is collected with it."""
-        self.min_version[worker_id] = version
-        self.since_update[worker_id] = 0
-
-    def loaded(self, worker_id: int, version: int) -> None:
-        """Worker ``worker_id`` loaded a saved state holding ``version``: it collects on with it."""
-        self.min_version[worker_id] = version
-
-    def worker_versions(self, serving: set[int], in_flight: set[int]) -> list[int | None]:
-        """The version each slot's worker acknowledged: the one it was sent last, once its
-        ``receive_weights`` returned (None for one ``in_flight``, or a slot not ``serving``)."""
-        return [version if i in serving and i not in in_flight else None for i, version in enumerate(self.min_version)]
-
-    def delivered(self, worker_id: int) -> None:
-        self.since_update[worker_id] += 1
-
-    def needs_update(self, worker_id: int, after_each_batch: bool, interval: int) -> bool:
-        """Whether ``worker_id`` gets the trainer's weights before its next batch
-        (``update_after_each_batch``, or ``max_weight_update_interval`` batches with the same weights)."""
-        if after_each_batch:
-            return self.since_update[worker_id] > 0
-        return 0 <= interval < self.since_update[worker_id]
+            return version, "rpc", copy
+        return None if self.sender.latest is None else self._receive_args(*self.sender.latest)
 
     def close(self) -> None:
         self.sender.close()

@@ -1,6 +1,6 @@
 """The roster of a collector's workers, without processes: who serves each worker id, its deaths,
-the run's restart budget (``max_worker_restarts``), elastic joins and leaves, and what a new
-process in a slot continues from (trajectory ids, seed)."""
+the run's restart budget (``max_worker_restarts``), elastic joins and leaves, what a new
+process in a slot continues from (trajectory ids, seed), and the weights each worker collects with."""
 from __future__ import annotations
 
 import warnings
@@ -75,6 +75,36 @@ def test_elastic_leave_vacates_the_slot_without_the_budget_and_a_newcomer_starts
     roster.joining(1)
     roster.served(1, {"envs": 1, "pid": 300})
     assert roster[1].generation == 2 and roster[1].info["pid"] == 300 and roster[1].redo == 0
+
+
+def test_a_vacant_slot_is_served_by_no_process_until_a_newcomer_built_its_collector():
+    roster = serving(3, max_worker_restarts=0)
+    assert roster.serving() == [0, 1, 2]
+    roster.left_slot(1)
+    assert roster.serving() == [0, 2] and not roster[1].serving
+    roster.joining(1)
+    assert roster.serving() == [0, 2]  # taken, its collector not built yet
+    roster.served(1, {"envs": 1, "pid": 300})
+    assert roster.serving() == [0, 1, 2]
+
+
+def test_a_record_holds_the_weights_version_its_worker_collects_with_and_when_the_next_push_is_due():
+    record = serving(1, max_worker_restarts=1)[0]
+    assert record.weights_version == 0 and not record.weights_due(after_each_batch=True, interval=-1)
+    record.asked()
+    record.answered()
+    assert record.weights_due(after_each_batch=True, interval=-1)
+    assert not record.weights_due(after_each_batch=False, interval=-1)  # no interval: only pushes
+    assert not record.weights_due(after_each_batch=False, interval=1)  # one batch with these weights
+    record.asked()
+    record.answered()
+    assert record.weights_due(after_each_batch=False, interval=1)  # two: more than max_weight_update_interval
+    record.sent_weights(4)
+    assert record.weights_version == 4 and not record.weights_due(after_each_batch=True, interval=0)
+    record.loaded_weights(2)  # a resumed worker collects on with the version it saved
+    assert record.weights_version == 2
+    record.replaced()  # the version belongs to the slot: a new process is sent what the slot holds
+    assert record.weights_version == 2
 
 
 def test_new_processes_get_trajectory_ids_and_seeds_no_predecessor_used():

@@ -30,9 +30,6 @@ class Workers:
         self.versions = [0] * n
         self.told: list[tuple] = []
 
-    def serves(self, worker_id: int) -> bool:
-        return True
-
     @property
     def calls(self) -> WorkerCalls:
         return WorkerCalls(self.call)
@@ -131,8 +128,8 @@ def test_an_async_batch_too_far_behind_the_trainer_is_dropped_and_its_worker_ask
     f = front(1, sync=False, max_policy_lag=1)
     f.pusher.version = 3  # the trainer is at version 3; the worker's first batch was collected with 0
     f.workers.versions[0] = 0
-    f.pusher.plane = SimpleNamespace(min_version=[3], delivered=lambda i: None,
-                                     needs_update=lambda *a: False)  # already sent version 3
+    f.pusher.plane = SimpleNamespace()
+    f.roster[0].sent_weights(3)  # already sent version 3
     first = f.schedule.collect
     f.workers.call = _then_version(f.workers, 3)
     batch = first()

@@ -12,18 +12,13 @@ from rpc_collectors.trainer.roster import WorkerRecord
 
 
 class Front:
-    """The workers of a front: ``serving`` ones answer; every ``cut`` they are told is recorded."""
+    """The workers of a front, each served by a process; every ``cut`` they are told is recorded."""
 
     def __init__(self, n: int) -> None:
         self.num_workers = n
         self.roster = [WorkerRecord(info={}) for _ in range(n)]
-        self.serving = set(range(n))
-        self.workers = self
         self.cuts: list[tuple[int, int]] = []
         self.deferred = WorkerCalls(self._send)
-
-    def serves(self, worker_id: int) -> bool:
-        return worker_id in self.serving
 
     def _send(self, worker_id: int, method: str, *args: int):
         assert method == "cut"
@@ -56,7 +51,7 @@ def test_the_answers_asked_before_a_cut_are_dropped_and_counted():
 
 def test_a_dropped_batch_cuts_the_streams_of_the_workers_in_it():
     front = Front(3)
-    front.serving.discard(2)  # a vacant slot is told nothing
+    front.roster[2].vacated()  # a vacant slot is told nothing
     continuity = Continuity(front)
     batch = torch.cat([batch_of(0, 2), batch_of(2, 3)])
     continuity.drop(batch)

@@ -21,13 +21,9 @@ class Workers:
     in_process, process_groups = False, True
 
     def __init__(self, n: int) -> None:
-        self.serving = set(range(n))
         self.hold = False
         self.held: list[torch.futures.Future] = []
         self.received: dict[int, list[tuple]] = {i: [] for i in range(n)}
-
-    def serves(self, worker_id: int) -> bool:
-        return worker_id in self.serving
 
     def call(self, worker_id: int, method: str, *args: object) -> torch.futures.Future:
         if method == "receive_weights":
@@ -67,7 +63,7 @@ def pusher(n: int = 2, policy: object = None, factory: bool = False) -> tuple[We
 def test_versions_before_any_push_are_zero_and_a_vacant_slot_has_none():
     p, workers = pusher(3)
     assert p.worker_versions() == [0, 0, 0] and p.acknowledged() == 0
-    workers.serving.discard(1)
+    p.roster[1].vacated()
     assert p.worker_versions() == [0, None, 0] and p.acknowledged() == 0  # a vacant slot does not count
 
 

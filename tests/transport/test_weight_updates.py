@@ -71,7 +71,7 @@ def state(c, policy: nn.Module | None) -> dict:
     return {
         "params": None if policy is None else {k: v.clone() for k, v in policy.state_dict().items()},
         "policy_version": c.policy_version,
-        "worker_versions": None if weights is None else list(weights.min_version),
+        "worker_versions": None if weights is None else [record.weights_version for record in c.roster],
     }
 
 
@@ -101,7 +101,7 @@ def refused_then_whole(c, policy: nn.Module | None, bad, good, match: str) -> No
     good()
     assert c.policy_version == before["policy_version"] + 1
     if before["worker_versions"] is not None:
-        assert c.weights.min_version == [before["policy_version"] + 1] * len(before["worker_versions"])
+        assert [record.weights_version for record in c.roster] == [before["policy_version"] + 1] * len(before["worker_versions"])
     batch_at(c, before["policy_version"] + 1, 1)
     if policy is not None:
         assert all(torch.equal(policy.state_dict()[k], GOOD[k]) for k in GOOD)

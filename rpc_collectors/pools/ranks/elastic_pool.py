@@ -48,9 +48,6 @@ class ElasticPool(RankPool):
             self.members.add(rank)
         self._on_arrival(rank)
 
-    def serves(self, worker_id: int) -> bool:
-        return self.ranks[worker_id] is not None
-
     def assign(self, rank: int) -> int | None:
         """Put collector ``rank`` in the first vacant slot and return it; None: no slot is vacant, it waits as a spare."""
         vacant = [i for i, r in enumerate(self.ranks) if r is None]
