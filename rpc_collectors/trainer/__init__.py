@@ -7,7 +7,9 @@ arguments (:mod:`.settings`), its state (:mod:`.saved_state`), how it writes int
 (:mod:`.buffer_writes`), its one wait (:mod:`.waits`), the roster of its workers and their
 restarts (:mod:`.roster`), what it does when a worker fails or joins (:mod:`.recovery`; a node's own
 local restarts in :mod:`.node_restarts`), what it owns outside itself (:mod:`.lifetime`,
-:mod:`.threads`), and ``max_policy_lag`` (:mod:`.policy_lag`). A batched-inference collector's
+:mod:`.threads`), ``max_policy_lag`` (:mod:`.policy_lag`), and a trace window of a few rounds (:mod:`.trace_window`: the
+trainer's spans in :mod:`.trace_spans`, the workers' clock offsets in :mod:`.clock_offsets`, the Chrome
+trace file in :mod:`.timeline`). A batched-inference collector's
 trainer side is here too: its inference loop (:mod:`.inference_loop`) and batch assembly
 (:mod:`.transitions`).
 
