@@ -115,22 +115,25 @@ class Noted:
 @dataclass(frozen=True)
 class ProcessSpans:
     """One process's spans of a trace window, on the clock of the process that sends them (its
-    ``time.monotonic_ns()``, or its own corrected by ``offset_ns``). ``path`` says whose: ``()`` the
-    sender itself, ``(i, ...)`` what its worker ``i`` sent; ``threads``: each thread's spans
-    ``(name, start_ns, end_ns)`` or ``(name, start_ns, end_ns, args)``, oldest first."""
+    ``time.monotonic_ns()``, or its own corrected by ``offset_ns``, known within ``error_ns``).
+    ``path`` says whose: ``()`` the sender itself, ``(i, ...)`` what its worker ``i`` sent;
+    ``threads``: each thread's spans ``(name, start_ns, end_ns)`` or ``(name, start_ns, end_ns,
+    args)``, oldest first."""
 
     path: tuple[int, ...]
     host: str
     pid: int
     threads: dict[str, list[tuple]]
     offset_ns: int = 0
+    error_ns: int = 0
 
-    def moved(self, worker_id: int, offset_ns: int) -> ProcessSpans:
+    def moved(self, worker_id: int, offset_ns: int, error_ns: int) -> ProcessSpans:
         """These spans as the front of worker ``worker_id`` holds them: under its id, on its clock
-        (``offset_ns``: the worker's clock minus the front's)."""
+        (``offset_ns``: the worker's clock minus the front's, known within ``error_ns``)."""
         threads = {name: [(s[0], s[1] - offset_ns, s[2] - offset_ns, *s[3:]) for s in spans]
                    for name, spans in self.threads.items()}
-        return ProcessSpans((worker_id, *self.path), self.host, self.pid, threads, self.offset_ns + offset_ns)
+        return ProcessSpans((worker_id, *self.path), self.host, self.pid, threads, self.offset_ns + offset_ns,
+                            self.error_ns + error_ns)
 
 
 R = TypeVar("R")

@@ -51,7 +51,7 @@ def events(processes: list[ProcessSpans]) -> list[dict[str, Any]]:
         out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process_name(entry, nodes)}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
         if entry.path:
-            label = f"pid {entry.pid}, clock offset {entry.offset_ns / 1e6:+.3f} ms"
+            label = f"pid {entry.pid}, clock offset {entry.offset_ns / 1e6:+.3f} ms \u00b1 {entry.error_ns / 1e6:.3f} ms"
             out.append({"ph": "M", "name": "process_labels", "pid": pid, "args": {"labels": label}})
         for tid, (thread, spans) in enumerate(entry.threads.items()):
             out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": thread}})

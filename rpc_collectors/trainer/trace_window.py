@@ -61,7 +61,8 @@ class TraceWindow:
         opened, self.opened = self.opened, []
         answers = self._gather(lambda i: front.deferred.trace(i, None), opened)
         offsets = clock_offsets.measure(front.workers, front.gather, front.deferred, list(answers))
-        return [own] + [entry.moved(i, offsets[i][0]) for i, entries in answers.items() for entry in entries]
+        return [own] + [entry.moved(i, offsets[i][0], -(-offsets[i][1] // 2))  # half the round trip, rounded up
+                        for i, entries in answers.items() for entry in entries]
 
     def handed_out(self) -> None:
         """The front handed out a batch: after the window's last one, its file is written."""
