@@ -330,5 +330,5 @@ def writable_file(name: str, value: Any) -> str:
     if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK) \
             or (os.path.exists(path) and not os.access(path, os.W_OK)):
         why = "is a folder" if os.path.isdir(path) else f"cannot be written in {folder!r}"
-        raise ValueError(f"{name}={value!r} {why}; accepted: a file path in an existing, writable folder")
+        raise ValueError(f"{name}={path!r} {why}; accepted: a file path in an existing, writable folder")
     return path
