@@ -3,7 +3,7 @@
 Each process is one track: the trainer is pid 0, worker ``i`` pid ``i + 1`` (its rank on
 torchrun/SLURM), a node's local workers follow; each thread of a process is one row (tid). A span
 is a complete event (``"ph": "X"``) with its start (``ts``) and length (``dur``) in microseconds
-since the window's first span, on the trainer's clock; metadata events name the processes
+since the window opened, on the trainer's clock; metadata events name the processes
 (``"worker 3 (host)"``), their threads and the clock offset that was corrected.
 """
 from __future__ import annotations
@@ -40,10 +40,9 @@ def _pids(processes: list[ProcessSpans]) -> list[int]:
     return pids
 
 
-def events(processes: list[ProcessSpans]) -> list[dict[str, Any]]:
-    """The trace events of ``processes`` (all on one clock, in nanoseconds)."""
-    starts = [span[1] for entry in processes for spans in entry.threads.values() for span in spans]
-    origin = min(starts, default=0)
+def events(processes: list[ProcessSpans], origin: int) -> list[dict[str, Any]]:
+    """The trace events of ``processes`` (all on one clock, in nanoseconds) since ``origin``, when
+    the window opened: a span that began before (the phase in progress then) is shown from there."""
     nodes = {entry.path[0] for entry in processes if len(entry.path) > 1}
     out: list[dict[str, Any]] = []
     for pid, entry in zip(_pids(processes), processes):
@@ -56,6 +55,8 @@ def events(processes: list[ProcessSpans]) -> list[dict[str, Any]]:
         for tid, (thread, spans) in enumerate(entry.threads.items()):
             out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": thread}})
             for name, start, end, *args in spans:
+                start = max(start, origin)
+                end = max(end, start)  # ended as the window opened, within the offset's error
                 event = {"ph": "X", "name": name, "cat": category, "pid": pid, "tid": tid,
                          "ts": round((start - origin) / 1e3, 3), "dur": round((end - start) / 1e3, 3)}
                 if args:
@@ -64,8 +65,8 @@ def events(processes: list[ProcessSpans]) -> list[dict[str, Any]]:
     return out
 
 
-def write(path: str, processes: list[ProcessSpans]) -> None:
-    """Write ``processes``' spans to ``path`` as a Chrome trace event file."""
-    trace = {"traceEvents": events(processes), "displayTimeUnit": "ms"}
+def write(path: str, processes: list[ProcessSpans], origin: int) -> None:
+    """Write ``processes``' spans since ``origin`` to ``path`` as a Chrome trace event file."""
+    trace = {"traceEvents": events(processes, origin), "displayTimeUnit": "ms"}
     with open(path, "w") as file:
         json.dump(trace, file, separators=(",", ":"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import warnings
 from collections import deque
 from typing import Any, Callable
@@ -32,6 +33,7 @@ class TraceWindow:
         self.path: str | None = None
         self.rounds_left = 0  # 0: no window of the user's is open
         self.opened: list[int] = []  # the workers whose window is open
+        self.opened_at = 0  # when, on this process's time.monotonic_ns()
 
     def start(self, path: Any, rounds: Any, max_spans: Any) -> None:
         """Open a window for the next ``rounds`` batches handed out, written to ``path`` then."""
@@ -50,7 +52,7 @@ class TraceWindow:
     def open(self, keep: int) -> None:
         """Keep at most ``keep`` spans per thread, here and in every serving worker."""
         front = self.front
-        front.recorder.spans = deque(maxlen=keep)
+        self.opened_at, front.recorder.spans = time.monotonic_ns(), deque(maxlen=keep)
         serving = [i for i in range(front.num_workers) if front.workers.serves(i)]
         self.opened = list(self._gather(lambda i: front.deferred.trace(i, keep), serving))
 
@@ -71,7 +73,7 @@ class TraceWindow:
         self.rounds_left -= 1
         if not self.rounds_left:
             try:
-                timeline.write(self.path, self.take())
+                timeline.write(self.path, self.take(), self.opened_at)
             except Exception as err:  # noqa: BLE001 - a trace never stops collection
                 self._give_up(self.path, err)
 

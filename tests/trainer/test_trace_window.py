@@ -242,9 +242,11 @@ def test_the_file_names_nodes_their_local_workers_and_ranks_and_moves_spans_onto
     worker = ProcessSpans((), "h3", 30, {"rollout": [("env", 2500, 3000)]})
     trainer = ProcessSpans((), "h1", 10, {"MainThread": [("wait", 0, 5000)]})
     processes = [trainer, node.moved(1, offset, 7), local.moved(1, offset, 7), worker.moved(0, 0, 3)]
-    events = timeline.events(processes)
+    events = timeline.events(processes, -1000)
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names == {0: "trainer (h1)", 2: "node 1 (h2)", 3: "node 1's local worker 0 (h2)", 1: "worker 0 (h3)"}
     spans = {(e["pid"], e["name"]): (e["ts"], e["dur"]) for e in events if e["ph"] == "X"}
-    assert spans == {(0, "wait"): (0.0, 5.0), (2, "wait"): (1.0, 3.0), (3, "policy"): (1.5, 0.5), (1, "env"): (2.5, 0.5)}
+    assert spans == {(0, "wait"): (1.0, 5.0), (2, "wait"): (2.0, 3.0), (3, "policy"): (2.5, 0.5), (1, "env"): (3.5, 0.5)}
+    # a span that began before the window opened is shown from its opening
+    assert [(e["ts"], e["dur"]) for e in timeline.events(processes, 2000) if e["name"] == "wait"] == [(0.0, 3.0), (0.0, 2.0)]
     assert [e["args"] for e in events if e["ph"] == "X" and e["pid"] == 2] == [{"answered": 0}]
