@@ -14,6 +14,7 @@ import time
 import warnings
 from collections import Counter, deque
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,8 +22,11 @@ from torch import nn
 
 from conftest import CountEnv, TDCountEnv
 from rpc_collectors import Collector, MultiSyncCollector, RPCCollector
-from rpc_collectors.core.protocol import ProcessSpans
+from rpc_collectors.core.errors import Failure
+from rpc_collectors.core.protocol import ProcessSpans, WorkerCalls
 from rpc_collectors.trainer import clock_offsets, timeline
+from rpc_collectors.trainer.trace_spans import TraceRecorder
+from rpc_collectors.trainer.trace_window import TraceWindow
 
 FRAMES_PER_WORKER = 6
 LABEL = re.compile(r"clock offset ([-+0-9.]+) ms \u00b1 ([0-9.]+) ms")
@@ -250,3 +254,20 @@ def test_the_file_names_nodes_their_local_workers_and_ranks_and_moves_spans_onto
     # a span that began before the window opened is shown from its opening
     assert [(e["ts"], e["dur"]) for e in timeline.events(processes, 2000) if e["name"] == "wait"] == [(0.0, 3.0), (0.0, 2.0)]
     assert [e["args"] for e in events if e["ph"] == "X" and e["pid"] == 2] == [{"answered": 0}]
+
+
+def test_a_worker_lost_while_a_window_opens_is_left_out_and_the_others_are_traced():
+    asked: list = []
+
+    def gather(calls: dict, recover: bool) -> list:
+        asked.append(sorted(calls))
+        if 1 in calls:
+            raise Failure(1, "died with exit code -9 (SIGKILL)")
+        return [None for _ in calls]
+
+    front = SimpleNamespace(num_workers=3, workers=SimpleNamespace(serves=lambda i: True), gather=gather,
+                            deferred=WorkerCalls(lambda i, method, *args: (i, method, args)), recorder=TraceRecorder())
+    window = TraceWindow(front)
+    window.open(10)
+    assert asked == [[0, 1, 2], [0, 2]] and window.opened == [0, 2]
+    assert front.recorder.spans is not None and front.recorder.spans.maxlen == 10
