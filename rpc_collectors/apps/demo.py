@@ -3,7 +3,8 @@
 Builds the policy and critic (:mod:`rpc_collectors.apps.ppo`), a collector of ``workers`` local
 worker processes with ``envs_per_worker`` envs each, and trains until the mean return of the
 last 20 episodes reaches the target. Shows a progress bar, prints a summary table, and writes
-``run.json`` (the record of the run) and ``learning_curve.png`` to the output folder.
+``run.json`` (the record of the run) and ``learning_curve.png`` to the output folder, and with
+``--trace`` a timeline of the first batches (:meth:`~rpc_collectors.trainer.collector_front.CollectorFront.trace`).
 Ctrl-C stops cleanly: the collector is shut down and the record so far is saved.
 
 With ``--checkpoint-dir`` the run is checkpointed (:class:`~rpc_collectors.cluster.run_checkpoint.RunCheckpoint`)
@@ -33,6 +34,7 @@ from rpc_collectors.cluster import checkpoint as checkpoint_files
 from rpc_collectors.cluster import requeue
 from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
 from rpc_collectors.collectors.rpc import RPCCollector
+from rpc_collectors.core import checks
 from rpc_collectors.single_process.envs import GymEnv
 
 
@@ -58,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint the run there and resume from it when started again (default "
                         f"${checkpoint_files.ENV_DIR}, set in SLURM jobs submitted with --checkpoint-dir)")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="batches between checkpoints (default 10)")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="write a timeline of the first --trace-rounds batches there (Chrome trace format: "
+                        "open it in Perfetto or chrome://tracing)")
+    parser.add_argument("--trace-rounds", type=int, default=3, help="batches the timeline covers (default 3)")
 
 
 def make_collector(
@@ -193,6 +199,17 @@ def _checkpoint_dir(args: argparse.Namespace) -> Path | None:
     return folder
 
 
+def _check_trace(args: argparse.Namespace) -> None:
+    """``--trace`` and ``--trace-rounds`` checked before any process starts."""
+    if args.trace is None:
+        return
+    try:
+        checks.writable_file("--trace", args.trace)
+        checks.positive_int("--trace-rounds", args.trace_rounds)
+    except (TypeError, ValueError) as err:
+        raise SystemExit(str(err)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo with parsed ``args``; returns the exit code (0, or 130 when interrupted). A
     requeueable SLURM job's stop signal ends it with :class:`~rpc_collectors.cluster.requeue.Requeued`
@@ -201,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; it must be >= 1")
     checkpoint_dir = _checkpoint_dir(args)
+    _check_trace(args)
     output = args.output_dir or checkpoint_dir or Path("runs") / f"{args.env}-{datetime.now():%Y%m%d-%H%M%S}"
     torch.set_num_threads(1)  # small networks: threads only compete with the workers for cores
     torch.manual_seed(args.seed)
@@ -219,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
             total_frames=args.total_frames, sync=args.sync,
         )
         collector.set_seed(args.seed)
+        if args.trace is not None:
+            collector.trace(args.trace, rounds=args.trace_rounds)
         if checkpoint_dir is not None:
             ckpt = RunCheckpoint(checkpoint_dir, collector=collector, modules={"actor": actor, "critic": critic},
                                  optimizers={"adam": optimizer}, every=args.checkpoint_every)
@@ -264,6 +284,9 @@ def run(args: argparse.Namespace) -> int:
               f"{data['frames']:,} frames in {data['wall_time_s']:.1f} s")
     plot = plot_curve(data, output / "learning_curve.png")
     print(f"run record: {path}" + (f"\nlearning curve: {plot}" if plot else ""))
+    if args.trace is not None and collector is not None:
+        written = not collector.tracing.rounds_left and args.trace.exists()
+        print(f"timeline: {args.trace}" if written else f"timeline: not written (fewer than {args.trace_rounds} batches)")
     if stop is not None:
         raise stop
     return 130 if status == "interrupted" else 0

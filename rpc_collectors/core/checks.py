@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
 import cloudpickle
@@ -318,3 +319,16 @@ def total_frames_fits(total_frames: int, frames_per_batch: int) -> None:
             f"of {frames_per_batch} "
             "to get exactly total_frames"
         )
+
+
+def writable_file(name: str, value: Any) -> str:
+    """A path a file can be written to now: its folder exists and is writable, and it is no folder."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: a file path (str or os.PathLike)")
+    path = os.fspath(value)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK) \
+            or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        why = "is a folder" if os.path.isdir(path) else f"cannot be written in {folder!r}"
+        raise ValueError(f"{name}={path!r} {why}; accepted: a file path in an existing, writable folder")
+    return path

@@ -11,6 +11,7 @@ plain call in the trainer's own process in the debug launcher).
   instead (:mod:`~rpc_collectors.transport.doorbell`: slot and version packed, :class:`Ready`
   answered in a few bytes); :mod:`~rpc_collectors.transport.local_restarts` puts a node's records
   on an answer and takes them off.
+* The answer to ``trace``: a :class:`ProcessSpans` for each process the worker speaks for.
 """
 from __future__ import annotations
 
@@ -103,6 +104,30 @@ class Noted:
     dropped: Dropped = Dropped()
 
 
+@dataclass(frozen=True)
+class ProcessSpans:
+    """One process's spans of a trace window, on the clock of the process that sends them (its
+    ``time.monotonic_ns()``, or its own corrected by ``offset_ns``, known within ``error_ns``).
+    ``path`` says whose: ``()`` the sender itself, ``(i, ...)`` what its worker ``i`` sent;
+    ``threads``: each thread's spans ``(name, start_ns, end_ns)`` or ``(name, start_ns, end_ns,
+    args)``, oldest first."""
+
+    path: tuple[int, ...]
+    host: str
+    pid: int
+    threads: dict[str, list[tuple]]
+    offset_ns: int = 0
+    error_ns: int = 0
+
+    def moved(self, worker_id: int, offset_ns: int, error_ns: int) -> ProcessSpans:
+        """These spans as the front of worker ``worker_id`` holds them: under its id, on its clock
+        (``offset_ns``: the worker's clock minus the front's, known within ``error_ns``)."""
+        threads = {name: [(s[0], s[1] - offset_ns, s[2] - offset_ns, *s[3:]) for s in spans]
+                   for name, spans in self.threads.items()}
+        return ProcessSpans((worker_id, *self.path), self.host, self.pid, threads, self.offset_ns + offset_ns,
+                            self.error_ns + error_ns)
+
+
 R = TypeVar("R")
 
 
@@ -185,6 +210,16 @@ class WorkerCalls(Generic[R]):
         """Step the env with the actions the trainer writes into its row of the step plane (a
         ``SlotSpec``)."""
         return self._send(worker_id, "join_steps", spec)
+
+    def clock(self, worker_id: int) -> R:
+        """The worker's ``time.monotonic_ns()`` now (the trainer measures its clock's offset)."""
+        return self._send(worker_id, "clock")
+
+    def trace(self, worker_id: int, keep: int | None) -> R:
+        """Open a trace window keeping at most ``keep`` spans per thread (answers None), or close it
+        (``keep`` None): answers a :class:`ProcessSpans` for the worker and each of a node's local
+        workers, on the worker's clock."""
+        return self._send(worker_id, "trace", keep)
 
 
 CALLS: frozenset[str] = frozenset(name for name in vars(WorkerCalls) if not name.startswith("_"))

@@ -29,6 +29,7 @@ class PhaseClock:
         """The time since the last mark was spent in ``phase``."""
         now = time.monotonic_ns()
         self.totals_ns[phase] += now - self.last_ns
-        if self.spans is not None:
-            self.spans.append((phase, self.last_ns, now))
+        spans = self.spans  # read once: a window may close from another thread
+        if spans is not None:
+            spans.append((phase, self.last_ns, now))
         self.last_ns = now

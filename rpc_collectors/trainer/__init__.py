@@ -9,6 +9,8 @@ roster of its workers and their restarts (:mod:`.roster`), what it does when a w
 joins (:mod:`.recovery`; a node's own local restarts in :mod:`.node_restarts`), and what it owns
 outside itself (:mod:`.lifetime`, :mod:`.threads`). A batched-inference collector's trainer side
 is here too: its inference loop (:mod:`.inference_loop`) and batch assembly (:mod:`.transitions`).
+A trace window of a few rounds: :mod:`.trace_window` (the trainer's spans in :mod:`.trace_spans`, the
+workers' clock offsets in :mod:`.clock_offsets`, the Chrome trace file in :mod:`.timeline`).
 
 May import :mod:`~rpc_collectors.cluster` and the layers below it; never a pool: the front drives
 any pool through the surface of :class:`~rpc_collectors.pools.pool.WorkerPool`, which is handed to

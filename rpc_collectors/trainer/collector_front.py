@@ -29,6 +29,8 @@ from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.schedule import Schedule
 from rpc_collectors.trainer.settings import Settings
 from rpc_collectors.trainer.threads import TrainerThreads
+from rpc_collectors.trainer.trace_spans import TraceRecorder
+from rpc_collectors.trainer.trace_window import MAX_SPANS, TraceWindow
 from rpc_collectors.trainer.waits import Events, Joined, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport.data import BatchPlane
@@ -70,10 +72,11 @@ class CollectorFront(BaseCollector):
         self.specs = s.specs
         self.policy = policy
         self.events = Events()
+        self.recorder, self.tracing = TraceRecorder(), TraceWindow(self)
         self.roster = Roster(self.num_workers, s.max_worker_restarts)
         self.recovery = Recovery(self)
         self.continuity = Continuity(self)
-        self.schedule = Schedule(self)
+        self.schedule = Schedule(self, self.recorder)
         self.ready = False  # failures are recovered only once the collector is up
         self._batches: BatchPlane | None = None
         self._resources = Resources()
@@ -85,7 +88,7 @@ class CollectorFront(BaseCollector):
             policy, self.workers, self.roster, self.deferred, self.gather, transport=s.weight_transport,
             factory=s.policy_factory, no_push=self._no_push, policy_device=s.policy_device, backend=self.backend,
             elastic=self.elastic, rpc_timeout=self.rpc_timeout, refill=self.roster.budget > 0 or self.elastic,
-            resources=self._resources,
+            resources=self._resources, recorder=self.recorder,
         )
         self._release = release_with(self, self._resources)
         self._closed = self._closing = False
@@ -189,7 +192,15 @@ class CollectorFront(BaseCollector):
 
     # ---------------------------------------------------------------- collection
     def _collect_batch(self) -> TensorDictBase:
-        return self.schedule.collect()
+        batch = self.schedule.collect()
+        self.tracing.handed_out()
+        return batch
+
+    def trace(self, path: Any, rounds: int = 1, max_spans: int = MAX_SPANS) -> None:
+        """Write the timeline of the next ``rounds`` batches, at most ``max_spans`` spans per thread,
+        to ``path`` once they are handed out, as a Chrome trace file (:mod:`.trace_window`)."""
+        self.require_running()
+        self.tracing.start(path, rounds, max_spans)
 
     def _place(self, batch: TensorDictBase) -> TensorDictBase:
         return self._batches.to_storing_device(batch)

@@ -25,6 +25,7 @@ from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.single_process.policies import run_device
 from rpc_collectors.trainer.lifetime import Resources
 from rpc_collectors.trainer.roster import WorkerRecord
+from rpc_collectors.trainer.trace_spans import TraceRecorder
 from rpc_collectors.transport import factory_weights
 from rpc_collectors.transport.rendezvous import host_id
 from rpc_collectors.transport.weight_sync import WeightPlane, choose_transport
@@ -37,18 +38,19 @@ class WeightPusher:
     ``deferred``: the workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent by ``gather``;
     ``no_push`` (TorchRL's ``NoWeightSyncScheme``): no plane, a push does nothing; ``refill``: a
     replaced or newly joined worker gets the weights its slot holds; the plane, once laid out, is
-    released with ``resources``.
+    released with ``resources``; ``recorder`` keeps its spans in a trace window.
     """
 
     def __init__(
         self, policy: Any, pool: Any, roster: Sequence[WorkerRecord], deferred: WorkerCalls, gather: Callable[..., list],
         *, transport: str, factory: bool, no_push: bool, policy_device: Any, backend: str, elastic: bool,
-        rpc_timeout: float, refill: bool, resources: Resources,
+        rpc_timeout: float, refill: bool, resources: Resources, recorder: TraceRecorder | None = None,
     ) -> None:
         self.policy, self.pool, self.roster, self.deferred, self.gather = policy, pool, roster, deferred, gather
         self.transport, self.factory, self.no_push, self.policy_device = transport, factory, no_push, policy_device
         self.backend, self.elastic, self.rpc_timeout, self.refill = backend, elastic, rpc_timeout, refill
         self.resources = resources
+        self.recorder = recorder if recorder is not None else TraceRecorder()  # its spans: "push", "push wait"
         self.plane: WeightPlane | None = None
         self.version = 0  # the newest weights' version (each worker acknowledges its own: worker_versions)
         self.given: Any = None  # policy_factory: the weights pushed last, which a push without weights sends
@@ -117,8 +119,8 @@ class WeightPusher:
             return
         with self.lock:  # each of those workers gets its own, all as one new version
             self.finish()
-            version = self.version + 1
-            self._start(self.plane.push_own(update, version, self._serving()), version, non_blocking)
+            version, started = self.version + 1, self.recorder.start()
+            self._start(self.plane.push_own(update, version, self._serving()), version, non_blocking, started)
 
     def _open_given(self, source: TensorDictBase | None, remember: bool = True) -> None:
         """``policy_factory``: lay the weight plane out from the first weights pushed (checked
@@ -147,8 +149,8 @@ class WeightPusher:
         with self.lock:
             self.finish()
             source = self.given if source is None else source
-            version = self.version + 1 if version is None else version
-            self._start(self.plane.push(worker_ids, source, version, slots), version, non_blocking)
+            version, started = self.version + 1 if version is None else version, self.recorder.start()
+            self._start(self.plane.push(worker_ids, source, version, slots), version, non_blocking, started)
 
     def rejoin(self, worker_id: int) -> tuple | None:
         """``receive_weights`` arguments that give the new process serving ``worker_id`` what its slot
@@ -158,13 +160,15 @@ class WeightPusher:
         self.roster[worker_id].sent_weights(0 if held is None else held[0])
         return held
 
-    def _start(self, receive: dict[int, tuple], version: int, non_blocking: bool) -> None:
-        """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on."""
+    def _start(self, receive: dict[int, tuple], version: int, non_blocking: bool, started: int) -> None:
+        """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on
+        (``started``: when the push began, for its span)."""
         self.version = version
         for worker_id in receive:
             self.roster[worker_id].sent_weights(version)
         self._push = {i: self.deferred.receive_weights(i, *args) for i, args in receive.items()}
         self._pushed = {i: call() for i, call in self._push.items()}
+        self.recorder.end("push", started, version=version, workers=len(receive))
         if not non_blocking:
             self.finish()
 
@@ -172,5 +176,7 @@ class WeightPusher:
         """Wait until the previous weight push reached its workers."""
         push, self._push = self._push, {}
         if push:
+            waited = self.recorder.start()
             self.gather(push, self._pushed)
             self.plane.sender.wait()
+            self.recorder.end("push wait", waited, workers=len(push))

@@ -41,6 +41,7 @@ from rpc_collectors.worker.env_steps import EnvSteps, step_row
 from rpc_collectors.worker.node import NodeCollector
 from rpc_collectors.worker.node_inference import NodePolicy
 from rpc_collectors.worker.spawner import name_process
+from rpc_collectors.worker.trace_calls import TraceCalls
 
 TRAINER = "trainer"
 PING_EVERY = 5.0  # seconds between a server's checks that its trainer is still there
@@ -55,8 +56,8 @@ def worker_name(rank: int, session: str = "") -> str:
     return f"collector{rank}_{session}" if session else f"collector{rank}"
 
 
-class WorkerState:
-    """One collector server: its collector, its weights, its identity."""
+class WorkerState(TraceCalls):
+    """One collector server: its collector, its weights, its identity (and its trace calls)."""
 
     def __init__(
         self, spec: bytes, worker_id: int, num_workers: int, rank: int, traj_id_start: int | None = None,

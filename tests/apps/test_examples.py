@@ -143,6 +143,14 @@ def test_cli_rejects_a_bad_checkpoint_folder_before_any_process_starts(tmp_path)
     with pytest.raises(SystemExit, match="--checkpoint-every=0"):
         main(["demo", "--checkpoint-dir", str(tmp_path / "other"), "--checkpoint-every", "0"])
 
+
+def test_cli_rejects_a_bad_trace_before_any_process_starts(tmp_path):
+    with pytest.raises(SystemExit, match=f"--trace='{tmp_path}/no/t.json' cannot be written in '{tmp_path}/no'"):
+        main(["demo", "--trace", str(tmp_path / "no" / "t.json")])
+    with pytest.raises(SystemExit, match="--trace-rounds=0 is invalid; accepted: an int > 0"):
+        main(["demo", "--trace", str(tmp_path / "t.json"), "--trace-rounds", "0"])
+
+
 def test_plot_is_skipped_with_a_notice_without_matplotlib(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     record = {"episodes": [], "curve": [], "settings": {"env": "CartPole-v1", "workers": 2, "sync": True}}
@@ -170,6 +178,21 @@ def test_demo_short_run_writes_record_and_summary(tmp_path):
         assert (out / "learning_curve.png").stat().st_size > 0
     else:
         assert "learning curve skipped" in result.stdout
+
+
+@pytest.mark.multiprocess
+def test_demo_writes_a_timeline_of_its_first_batches(tmp_path):
+    out, trace = tmp_path / "run", tmp_path / "timeline.json"
+    result = run(demo_command("--total-frames", "2048", "--output-dir", str(out), "--trace", str(trace),
+                              "--trace-rounds", "2"))
+    assert result.returncode == 0, result.stderr
+    assert f"timeline: {trace}" in result.stdout
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = sorted(e["args"]["name"].split(" (")[0] for e in events if e["name"] == "process_name")
+    assert names == ["trainer", "worker 0", "worker 1"]
+    assert sum(e["name"] == "hand-out" for e in events) == 2
+    # 128 steps of 4 envs per worker and batch
+    assert sum(e["name"] == "env" for e in events) == 2 * 2 * 128
 
 
 @pytest.mark.multiprocess

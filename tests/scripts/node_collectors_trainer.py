@@ -9,6 +9,7 @@ inside the RPCCollector constructor and exit there. Rank 0 prints JSON lines.
     --endless               collect until a worker fails; print the nodes' infos first and the
                             WorkerError at the end
     --inference node        the nodes run one policy each for their local workers (default: worker)
+    --trace FILE            trace the node run's K batches into FILE (collector.trace); no flat run
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--endless", action="store_true")
     parser.add_argument("--inference", default="worker")
+    parser.add_argument("--trace", default=None)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -77,9 +79,14 @@ def main() -> None:
                 for i, _ in enumerate(collector):
                     emit({"event": "batch", "index": i})
                 return
+            if args.trace:
+                collector.trace(args.trace, rounds=args.batches)
             nodes = collect(collector, policy, args.batches)
     except WorkerError as err:
         emit({"event": "error", "worker_id": err.worker_id, "rank": err.rank, "host": err.host, "reason": err.reason})
+        return
+    if args.trace:
+        emit({"event": "end", "batches": len(nodes)})
         return
     weights_for(policy, -1)
     flat = RPCCollector(make_env, policy, num_collectors=NODES * PER_NODE, frames_per_batch=NODES * PER_NODE * STEPS,

@@ -298,14 +298,16 @@ def test_nodes_resume_from_state_dict_with_later_trajectory_ids():
 class Run:
     """Trainer (host 1) and two nodes (hosts 2, 3); rank 0's stdout and every rank's stderr in files."""
 
-    def __init__(self, net, logdir: Path, *args: str) -> None:
+    def __init__(self, net, logdir: Path, *args: str, ahead: tuple[int, ...] = (0, 0, 0)) -> None:
+        """``ahead``: each host's monotonic clock runs that many seconds ahead (a time namespace)."""
         self.logdir, self.procs = logdir, []
         env = devcluster_module.torchrun_env(3, net.host(1).address, MASTER_PORT)
         env["PYTHONPATH"] = f"{PYTHONPATH}:{os.environ.get('PYTHONPATH', '')}"
         for rank in range(3):
+            clock = ["unshare", "--time", f"--monotonic={ahead[rank]}"] if ahead[rank] else []
             with open(logdir / f"rank{rank}.out", "wb") as out, open(logdir / f"rank{rank}.err", "wb") as err:
                 self.procs.append(net.popen(
-                    rank + 1, [sys.executable, str(SCRIPT), *args], env={**env, "RANK": str(rank)},
+                    rank + 1, [*clock, sys.executable, str(SCRIPT), *args], env={**env, "RANK": str(rank)},
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=REPO, start_new_session=True,
                 ))
 
@@ -352,7 +354,7 @@ def net() -> Iterator:
 
 @pytest.fixture
 def run(net, tmp_path) -> Iterator:
-    with killed_at_exit(lambda *args: Run(net, tmp_path, *args)) as start:
+    with killed_at_exit(lambda *args, **kwargs: Run(net, tmp_path, *args, **kwargs)) as start:
         yield start
 
 
@@ -403,3 +405,38 @@ def test_local_worker_killed_on_another_host_is_one_worker_error(net, run):
     assert error["reason"] == f"lost its local worker 0 (pid {victim}), which died with exit code -9 (SIGKILL)"
     assert not processes_left(net), "a process outlived the run"
 
+
+
+@pytest.mark.cluster
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_a_trace_across_hosts_puts_the_nodes_and_their_local_workers_on_the_trainers_clock(net, run, tmp_path):
+    from node_collectors_trainer import STEPS
+    from test_trace_window import assert_in_order_without_overlap, labels, read
+
+    # the nodes' hosts run their monotonic clocks 1000 s and 2000 s ahead of the trainer's host
+    path, rounds, ahead_ms = tmp_path / "hosts.json", 3, {"node 0": 1e6, "node 1": 2e6}
+    r = run("--batches", str(rounds), "--trace", str(path), ahead=(0, 1000, 2000))
+    assert r.wait(180) == [0, 0, 0], r.report()
+    trace, clocks = read(path), labels(path)
+    assert [name.split(" (")[0] for name in trace] == [
+        "trainer", "node 0", "node 0's local worker 0", "node 0's local worker 1",
+        "node 1", "node 1's local worker 0", "node 1's local worker 1"]
+    for name, (offset, error) in clocks.items():
+        assert abs(offset - ahead_ms[name[:6]]) <= error, (name, offset, error)
+    trainer = [s for name, threads in trace.items() if name.startswith("trainer") for t in threads.values() for s in t]
+    handed = sorted((s for s in trainer if s["name"] == "hand-out"), key=lambda s: s["ts"])
+    assert len(handed) == rounds and sum(s["name"] == "push" for s in trainer) == rounds - 1
+    asked = [-float("inf")] + [s["ts"] + s["dur"] for s in handed]  # round k is asked after batch k - 1 was handed out
+    for name, threads in trace.items():
+        if "local worker" not in name:
+            continue
+        error_us = clocks[name][1] * 1e3
+        steps = [s for s in threads["rollout"] if s["name"] == "env"]
+        assert len(steps) == rounds * STEPS, name
+        for k in range(rounds):  # on the trainer's clock, each round's steps lie between its request and its hand-out
+            first, last = steps[k * STEPS], steps[(k + 1) * STEPS - 1]
+            assert asked[k] - error_us <= first["ts"] + first["dur"], (name, k)
+            assert last["ts"] + last["dur"] <= handed[k]["ts"] + error_us, (name, k)
+    assert_in_order_without_overlap(trace)
+    assert not processes_left(net)

@@ -1,0 +1,93 @@
+"""A collector front's trace window: the timeline of a few rounds across its processes.
+
+``collector.trace(path, rounds=N)`` opens a window on the trainer (:mod:`.trace_spans`) and on
+every serving worker (``trace``, one of :class:`~rpc_collectors.core.protocol.WorkerCalls`: a
+worker keeps its phase clock's spans, a node its own front's and its local workers'), each
+bounded by ``max_spans`` per thread. Once the front handed out N batches, it takes the workers'
+spans, measures their clocks' offsets (:mod:`.clock_offsets`), moves every span onto the
+trainer's clock and writes the file (:mod:`.timeline`). A window that fails (a worker lost, a
+full disk) is given up with a warning: collection goes on.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from collections import deque
+from typing import Any, Callable
+
+from rpc_collectors.core import checks
+from rpc_collectors.core.errors import Failure
+from rpc_collectors.core.protocol import ProcessSpans
+from rpc_collectors.trainer import clock_offsets, timeline
+
+MAX_SPANS = 100_000  # per thread of each process: about 10 MB
+
+
+class TraceWindow:
+    """The trace window of ``front``: its recorder, the workers it was opened on, the rounds left."""
+
+    def __init__(self, front: Any) -> None:
+        self.front = front
+        self.path: str | None = None
+        self.rounds_left = 0  # 0: no window of the user's is open
+        self.opened: list[int] = []  # the workers whose window is open
+        self.opened_at = 0  # when, on this process's time.monotonic_ns()
+
+    def start(self, path: Any, rounds: Any, max_spans: Any) -> None:
+        """Open a window for the next ``rounds`` batches handed out, written to ``path`` then."""
+        path = checks.writable_file("path", path)
+        rounds, max_spans = checks.positive_int("rounds", rounds), checks.positive_int("max_spans", max_spans)
+        if self.rounds_left:
+            raise RuntimeError(f"a trace window is open: {self.rounds_left} more batches, then {self.path!r} "
+                               "is written; call trace() again after that")
+        try:
+            self.open(max_spans)
+        except Exception as err:  # noqa: BLE001 - a trace never stops collection
+            self._give_up(path, err)
+            return
+        self.path, self.rounds_left = path, rounds
+
+    def open(self, keep: int) -> None:
+        """Keep at most ``keep`` spans per thread, here and in every serving worker."""
+        front = self.front
+        self.opened_at, front.recorder.spans = time.monotonic_ns(), deque(maxlen=keep)
+        serving = [i for i in range(front.num_workers) if front.workers.serves(i)]
+        self.opened = list(self._gather(lambda i: front.deferred.trace(i, keep), serving))
+
+    def take(self) -> list[ProcessSpans]:
+        """Close the window: the spans of this process and of every worker it was opened on, on this process's clock."""
+        front = self.front
+        own = ProcessSpans((), socket.gethostname(), os.getpid(), front.recorder.take())
+        opened, self.opened = self.opened, []
+        answers = self._gather(lambda i: front.deferred.trace(i, None), opened)
+        offsets = clock_offsets.measure(front.workers, front.gather, front.deferred, list(answers))
+        return [own] + [entry.moved(i, offsets[i][0], -(-offsets[i][1] // 2))  # half the round trip, rounded up
+                        for i, entries in answers.items() for entry in entries]
+
+    def handed_out(self) -> None:
+        """The front handed out a batch: after the window's last one, its file is written."""
+        if not self.rounds_left:
+            return
+        self.rounds_left -= 1
+        if not self.rounds_left:
+            try:
+                timeline.write(self.path, self.take(), self.opened_at)
+            except Exception as err:  # noqa: BLE001 - a trace never stops collection
+                self._give_up(self.path, err)
+
+    def _gather(self, call: Callable[[int], Any], worker_ids: list[int]) -> dict[int, Any]:
+        """``{worker_id: answer}`` of ``call(worker_id)`` sent to ``worker_ids``, without those that
+        failed meanwhile (their failure shows where the front waits for their batches)."""
+        left = list(worker_ids)
+        while True:
+            try:
+                return dict(zip(left, self.front.gather({i: call(i) for i in left}, recover=False)))
+            except Failure as failed:
+                left.remove(failed.worker_id)
+
+    def _give_up(self, path: str, err: BaseException) -> None:
+        self.opened, self.rounds_left, self.front.recorder.spans = [], 0, None
+        warnings.warn(f"the trace window for {path!r} was given up ({type(err).__name__}: {err}); "
+                      "collection goes on", RuntimeWarning, stacklevel=3)

@@ -1,0 +1,41 @@
+"""The trace calls a collector server serves: its clock, and a trace window on its phase clock.
+
+A worker's window keeps the spans its collector's phase clock marks
+(:mod:`~rpc_collectors.single_process.phase_clock`: whatever phases are marked); a node's is its
+own front's window (:mod:`~rpc_collectors.trainer.trace_window`), which holds the node's waits
+and its local workers' spans, already on the node's clock.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import deque
+from typing import Any
+
+from rpc_collectors.core.protocol import ProcessSpans
+from rpc_collectors.worker.node import NodeCollector
+
+THREAD = "rollout"  # the row of a worker's phases in the timeline
+
+
+class TraceCalls:
+    """``clock`` and ``trace`` (:class:`~rpc_collectors.core.protocol.WorkerCalls`) on a server's ``collector``."""
+
+    collector: Any
+
+    def clock(self) -> int:
+        """This process's ``time.monotonic_ns()``."""
+        return time.monotonic_ns()
+
+    def trace(self, keep: int | None) -> list[ProcessSpans] | None:
+        """Open a window keeping at most ``keep`` spans per thread, or close it (None): its spans."""
+        if isinstance(self.collector, NodeCollector):
+            window = self.collector.local.tracing
+            return window.open(keep) if keep is not None else window.take()
+        clock = self.collector.rollout.clock
+        if keep is not None:
+            clock.spans = deque(maxlen=keep)
+            return None
+        spans, clock.spans = clock.spans, None
+        return [ProcessSpans((), socket.gethostname(), os.getpid(), {THREAD: list(spans or ())})]
