@@ -54,6 +54,8 @@ def sample_factory_sampler(case: dict):
     env, procs, envs_per_proc = case["env"], case["procs"], case["envs_per_proc"]
     register_env(env, sf_env)
     global_model_factory().register_encoder_factory(sf_encoder)
+    # no input normalisation (the trunk scales the frames, as on our side); the rest is Sample
+    # Factory's default: workers pinned to cores, one torch thread at niceness +2 for inference
     argv = [f"--env={env}", "--experiment=vs_sample_factory", f"--train_dir={case['tmp']}", "--device=cpu",
             f"--num_workers={procs}", f"--num_envs_per_worker={envs_per_proc}",
             f"--worker_num_splits={envs_per_proc}", "--use_rnn=False", "--normalize_input=False", "--obs_scale=1.0"]
@@ -276,7 +278,8 @@ def measure(env: str, cases: list, pythons: dict, args: argparse.Namespace) -> t
     case stopped (a skip or a failure ends a case's rounds)."""
     rates: dict[tuple, list[float]] = {c: [] for c in cases}
     notes: dict[tuple, str] = {}
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):
+        print(f"{env}: round {round_ + 1} of {args.rounds}, load average {os.getloadavg()[0]:.1f}", flush=True)
         for c in [c for c in cases if c not in notes]:
             case = {"side": c[0], "kind": c[1], "envs_per_proc": c[2], "env": env, "procs": args.procs,
                     "seconds": args.seconds, "warmup": args.warmup}
