@@ -53,7 +53,7 @@ class TraceWindow:
         """Keep at most ``keep`` spans per thread, here and in every serving worker."""
         front = self.front
         self.opened_at, front.recorder.spans = time.monotonic_ns(), deque(maxlen=keep)
-        serving = [i for i in range(front.num_workers) if front.workers.serves(i)]
+        serving = front.roster.serving()
         self.opened = list(self._gather(lambda i: front.deferred.trace(i, keep), serving))
 
     def take(self) -> list[ProcessSpans]:

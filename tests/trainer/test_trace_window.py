@@ -265,7 +265,7 @@ def test_a_worker_lost_while_a_window_opens_is_left_out_and_the_others_are_trace
             raise Failure(1, "died with exit code -9 (SIGKILL)")
         return [None for _ in calls]
 
-    front = SimpleNamespace(num_workers=3, workers=SimpleNamespace(serves=lambda i: True), gather=gather,
+    front = SimpleNamespace(num_workers=3, roster=SimpleNamespace(serving=lambda: [0, 1, 2]), gather=gather,
                             deferred=WorkerCalls(lambda i, method, *args: (i, method, args)), recorder=TraceRecorder())
     window = TraceWindow(front)
     window.open(10)
