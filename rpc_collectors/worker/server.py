@@ -34,6 +34,7 @@ from rpc_collectors.transport.data import SlotSpec, SlotWriter
 from rpc_collectors.transport.factory_weights import signature_of
 from rpc_collectors.transport.rendezvous import Rendezvous, host_id, interface_address, socket_interface
 from rpc_collectors.transport.shm import SharedBytes
+from rpc_collectors.transport.step_plane import StepGroup
 from rpc_collectors.transport.weight_sync import TransportSpec, WeightReceiver
 from rpc_collectors.transport.weights import FlatWeights, holder_of
 from rpc_collectors.worker import channel, cpp_log, spawner
@@ -100,6 +101,7 @@ class WorkerState:
             self.collector.preemption = self.preemption
         self.receiver: WeightReceiver | None = None
         self.writer: SlotWriter | None = None
+        self.steps: EnvSteps | None = None  # an AsyncBatchedCollector's env worker: its step loop
         self.timeout = 60.0
 
     def _weights_lock(self) -> Any:
@@ -184,9 +186,9 @@ class WorkerState:
         """This env's row of a step plane (:mod:`~rpc_collectors.worker.env_steps`), for the trainer to lay out."""
         return step_row(self.collector.env)
 
-    def join_steps(self, spec: SlotSpec) -> None:
-        """Step this env with the actions the trainer writes into its row of the step plane."""
-        self.steps = EnvSteps(self.collector.env, spec)
+    def join_steps(self, group: StepGroup) -> None:
+        """Step this env, and the group's others, with the actions the trainer writes into their rows of the step plane."""
+        self.steps = EnvSteps(self.collector.env, group)
 
     def get_distant_attr(self, attr: str) -> Any:
         """TorchRL's ``get_distant_attr``: this worker's collector's attribute at the dotted path ``attr``."""
@@ -206,6 +208,8 @@ class WorkerState:
 
     def set_seed(self, seed: int) -> int:
         torch.manual_seed(seed)
+        if self.steps is not None:  # the other envs of its step group: seed + i
+            self.steps.set_seed(seed)
         return self.collector.set_seed(seed)
 
     def state_dict(self) -> dict:  # trajectory count from worker_id: a resumed worker continues above every id used
