@@ -12,7 +12,6 @@ from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import AsyncBatchedCollector, GymEnv, WorkerRestartWarning
-from rpc_collectors.trainer.threads import inference_threads
 from test_batched_faults import (
     CrashOnceEnv, assert_same_frames, assert_segments_continuous, count_env, per_env, reference,
 )
@@ -144,6 +143,8 @@ class ThreadsPolicy(nn.Module):
 
 @pytest.mark.parametrize("num_threads", [1, None])
 def test_the_inference_thread_runs_with_its_threads_and_yours_keep_theirs(num_threads):
+    from rpc_collectors.trainer.threads import inference_threads
+
     own = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
