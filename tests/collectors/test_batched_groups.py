@@ -12,9 +12,7 @@ from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import AsyncBatchedCollector, GymEnv, WorkerRestartWarning
-from test_batched_faults import (
-    CrashOnceEnv, assert_same_frames, assert_segments_continuous, count_env, per_env, reference,
-)
+from test_batched_faults import CrashOnceEnv, assert_same_frames, assert_segments_continuous, count_env, per_env, reference
 from test_rpc_collector import BiasPolicy
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
