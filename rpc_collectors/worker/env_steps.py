@@ -13,7 +13,8 @@ steps them in turn: it steps one half and rings its envs' ready bytes, then wait
 actions of the other half, which the trainer computed meanwhile, and steps it. While the
 trainer acts for one half, the worker steps the other, so it never idles waiting for actions
 as long as a half's step takes at least as long as a forward pass. With one env it is the
-plain step loop above.
+plain step loop above. Each env's first reset is done before the worker's ``join_steps`` call
+returns, so a seed the trainer sets afterwards applies from the next reset on.
 """
 from __future__ import annotations
 
@@ -161,9 +162,18 @@ class EnvSteps:
         for data in group.others:
             spec = WorkerSpec.loads(data)
             envs.append(make_env(spec.create_env_fn, spec.options.get("create_env_kwargs")))
-        self.envs = [EnvRow(e, spec) for e, spec in zip(envs, group.rows)]
-        if group.seed is not None:
-            self.set_seed(group.seed)
+        self.envs: list[EnvRow] = []
+        try:
+            for e, spec in zip(envs, group.rows):
+                self.envs.append(EnvRow(e, spec))
+            if group.seed is not None:
+                self.set_seed(group.seed)
+            for row in self.envs:  # the first resets, before the trainer's calls return: a seed set after applies next
+                row.reset()
+        except BaseException:
+            self._close()
+            raise
+        _ring(self.envs)
         half = -(-len(self.envs) // 2)
         self.halves = [part for part in (self.envs[:half], self.envs[half:]) if part]
         self.thread = threading.Thread(target=self._serve, name="rpc-collectors-env-steps", daemon=True)
@@ -179,10 +189,6 @@ class EnvSteps:
         current = self.envs[0]
         try:
             try:
-                for half in self.halves:
-                    for current in half:
-                        current.reset()
-                    _ring(half)
                 while True:
                     for half in self.halves:
                         for row in half:
@@ -196,9 +202,12 @@ class EnvSteps:
         except OSError:  # the trainer closed a doorbell, or went away
             pass
         finally:
-            for row in self.envs:
-                os.close(row.go)
-                os.close(row.ready)
+            self._close()
+
+    def _close(self) -> None:
+        for row in self.envs:
+            os.close(row.go)
+            os.close(row.ready)
 
 
 def _ring(half: list[EnvRow]) -> None:

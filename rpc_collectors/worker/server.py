@@ -34,11 +34,10 @@ from rpc_collectors.transport.data import SlotSpec, SlotWriter
 from rpc_collectors.transport.factory_weights import signature_of
 from rpc_collectors.transport.rendezvous import Rendezvous, host_id, interface_address, socket_interface
 from rpc_collectors.transport.shm import SharedBytes
-from rpc_collectors.transport.step_plane import StepGroup
 from rpc_collectors.transport.weight_sync import TransportSpec, WeightReceiver
 from rpc_collectors.transport.weights import FlatWeights, holder_of
 from rpc_collectors.worker import channel, cpp_log, spawner
-from rpc_collectors.worker.env_steps import EnvSteps, step_row
+from rpc_collectors.worker.env_steps import EnvSteps, StepGroup, step_row
 from rpc_collectors.worker.node import NodeCollector
 from rpc_collectors.worker.node_inference import NodePolicy
 from rpc_collectors.worker.spawner import name_process
@@ -101,7 +100,6 @@ class WorkerState:
             self.collector.preemption = self.preemption
         self.receiver: WeightReceiver | None = None
         self.writer: SlotWriter | None = None
-        self.steps: EnvSteps | None = None  # an AsyncBatchedCollector's env worker: its step loop
         self.timeout = 60.0
 
     def _weights_lock(self) -> Any:
@@ -208,7 +206,7 @@ class WorkerState:
 
     def set_seed(self, seed: int) -> int:
         torch.manual_seed(seed)
-        if self.steps is not None:  # the other envs of its step group: seed + i
+        if getattr(self, "steps", None) is not None:  # an AsyncBatchedCollector's env worker: its group's other envs
             self.steps.set_seed(seed)
         return self.collector.set_seed(seed)
 

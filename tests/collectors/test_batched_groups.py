@@ -13,6 +13,7 @@ from torch import nn
 from conftest import CountEnv
 from rpc_collectors import AsyncBatchedCollector, GymEnv, WorkerRestartWarning
 from test_batched_faults import CrashOnceEnv, assert_same_frames, assert_segments_continuous, count_env, per_env, reference
+from test_batched_inference import second_episode
 from test_rpc_collector import BiasPolicy
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(180)]
@@ -124,6 +125,25 @@ def test_a_replaced_worker_cuts_every_env_it_stepped_and_marks_each_cut(tmp_path
     for env in (2, 3):  # the other worker's envs step on
         mine = per_env(whole, env)
         assert_same_frames(mine, theirs[:len(mine)])
+
+
+def test_set_seed_seeds_each_env_of_a_worker_with_seed_plus_its_index():
+    def second_episodes() -> list:
+        batches, deadline = [], time.monotonic() + 60
+        with AsyncBatchedCollector(lambda: GymEnv("CartPole-v1"), num_envs=3, policy=BiasPolicy(1),
+                                   frames_per_batch=20, envs_per_worker=3) as c:
+            assert c.set_seed(7) == 10
+            while time.monotonic() < deadline:  # until each env ran 5 steps into its second episode
+                batches.append(c.next().clone())
+                whole = torch.cat(batches)
+                starts = [second_episode(per_env(whole, env)) for env in range(3)]
+                if all(s is not None and len(per_env(whole, env)) >= s + 5 for env, s in enumerate(starts)):
+                    break
+        return [per_env(whole, env)["observation"][s:s + 5] for env, s in enumerate(starts)]
+
+    first, second = second_episodes(), second_episodes()
+    assert all(len(a) == 5 for a in first) and all(torch.equal(a, b) for a, b in zip(first, second))
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
 
 
 class ThreadsPolicy(nn.Module):
