@@ -147,7 +147,6 @@ class EnvRow:
         self._write_root(root)
 
 
-
 class EnvSteps:
     """The step loop of a worker's envs (:class:`EnvRow`), in a thread of the worker, until the
     trainer closes a doorbell: the envs in two halves, stepped in turn (one env: one half).
@@ -168,12 +167,12 @@ class EnvSteps:
                 self.envs.append(EnvRow(e, spec))
             if group.seed is not None:
                 self.set_seed(group.seed)
-            for row in self.envs:  # the first resets, before the trainer's calls return: a seed set after applies next
+            for row in self.envs:  # the first resets, before the trainer's call returns: a seed set after applies next
                 row.reset()
+            _ring(self.envs)
         except BaseException:
             self._close()
             raise
-        _ring(self.envs)
         half = -(-len(self.envs) // 2)
         self.halves = [part for part in (self.envs[:half], self.envs[half:]) if part]
         self.thread = threading.Thread(target=self._serve, name="rpc-collectors-env-steps", daemon=True)
