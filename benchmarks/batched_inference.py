@@ -13,12 +13,18 @@ against our MultiCollector with a policy copy in every worker.
    worker against one per node (``inference="node"``).
 4. ``max_policy_lag`` (with ``--lag``): an async ``MultiCollector`` on CartPole whose trainer
    updates the weights after every batch: frames dropped and mean lag against K.
+5. The inference thread (with ``--inference``, alone): the pixel envs and Nature-CNN with
+   ``--processes`` env processes, ``AsyncBatchedCollector``'s default torch threads for its
+   inference thread (the free cores, :func:`rpc_collectors.trainer.threads.inference_threads`)
+   against the old behaviour (the process's count) and against 1, and ``envs_per_worker=2``
+   (two halves per process, twice the envs) against 1: ``--rounds`` interleaved rounds, medians.
 
 Every case runs in a fresh process for ``--seconds`` after a warm-up; ratios are of cases run
 side by side in this one run. Needs torchrl for TorchRL's cases (run it with the TorchRL venv's
 python); without torchrl they are left out.
 
     /work/venv-torchrl/bin/python benchmarks/batched_inference.py [--seconds 8] [--nodes] [--lag]
+    python benchmarks/batched_inference.py --inference [--processes 2] [--rounds 3] [--seconds 8]
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ import argparse
 import functools
 import importlib.util
 import json
+import os
+import statistics
 import time
 
 import torch
@@ -97,7 +105,9 @@ def run(case: dict) -> dict:
     env = functools.partial(_common.make_no_work_env, PIXELS, "uint8") if case["env"] == "pixels" else "CartPole-v1"
     fpb = case["frames_per_batch"]
     if kind == "ours":
-        collector = AsyncBatchedCollector([env] * NUM_ENVS, policy=_policy(case), frames_per_batch=fpb)
+        collector = AsyncBatchedCollector([env] * case.get("envs", NUM_ENVS), policy=_policy(case), frames_per_batch=fpb,
+                                          envs_per_worker=case.get("envs_per_worker", 1),
+                                          num_threads=case.get("num_threads"))
     elif kind == "node":  # 2 nodes of NUM_ENVS / 2 local workers
         per_node = NUM_ENVS // 2
         collector = RPCCollector(env, _policy(case), num_collectors=2, collector_class=case["node"],
@@ -140,17 +150,52 @@ def lag_case(case: dict) -> dict:
         collector.shutdown()
 
 
+def inference_thread(args: argparse.Namespace) -> None:
+    """Section 5: the inference thread's torch threads and envs_per_worker, interleaved rounds."""
+    from rpc_collectors.trainer.threads import inference_threads
+
+    procs, cores = args.processes, len(os.sched_getaffinity(0))
+    rule, old = inference_threads(None, procs), torch.get_num_threads()
+    cases = {
+        f"rule ({rule} thread(s)), 1 env per process": {"num_threads": None},
+        f"old ({old} threads: the process's), 1 env per process": {"num_threads": old},
+        "1 thread, 1 env per process": {"num_threads": 1},
+        f"rule, envs_per_worker=2 (halves), {2 * procs} envs": {"envs_per_worker": 2},
+        f"old ({old} threads), envs_per_worker=2 (halves)": {"envs_per_worker": 2, "num_threads": old},
+    }
+    print(f"inference thread: {procs} env processes, 4x84x84 uint8 no-work envs, Nature-CNN on the CPU, {cores} "
+          f"cores (sched_getaffinity), {args.rounds} interleaved rounds of {args.seconds:.0f} s, medians")
+    rates: dict[str, list[float]] = {label: [] for label in cases}
+    for _ in range(args.rounds):
+        for label, extra in cases.items():
+            epw = extra.get("envs_per_worker", 1)
+            case = {"kind": "ours", "env": "pixels", "seconds": args.seconds, "frames_per_batch": 256,
+                    "envs": procs * epw, **extra}
+            rates[label].append(run_case(__file__, case, timeout=120 + 4 * args.seconds)["rate"])
+    base = statistics.median(rates[next(iter(cases))])
+    print(f"{'case':<52} {'frames/s':>9} {'/ rule':>7}   rounds")
+    for label, values in rates.items():
+        median = statistics.median(values)
+        print(f"{label:<52} {median:>9,.0f} {median / base:>7.2f}   {' '.join(f'{v:,.0f}' for v in values)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--widths", default="64,512,2048")
     parser.add_argument("--lag", action="store_true", help="also the max_policy_lag cases")
     parser.add_argument("--nodes", action="store_true", help="also node collectors: inference per node or per worker")
+    parser.add_argument("--inference", action="store_true", help="only the inference thread's cases (section 5)")
+    parser.add_argument("--processes", type=int, default=2, help="env processes of the --inference cases")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the --inference cases")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         case = json.loads(args.case)
         emit(lag_case(case) if case["kind"] == "lag" else run(case))
+        return
+    if args.inference:
+        inference_thread(args)
         return
 
     def rate(kind: str, env: str, **kw) -> float:

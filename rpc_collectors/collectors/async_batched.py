@@ -2,8 +2,8 @@
 every env that is ready, in the trainer's process, as TorchRL 0.14.1's class of that name.
 
 The envs' workers are local processes (:class:`~rpc_collectors.pools.local.LocalPool`), each
-stepping one env (:mod:`rpc_collectors.worker.env_steps`) through its row of the step plane
-(:mod:`rpc_collectors.transport.step_plane`). The inference loop (:mod:`rpc_collectors.trainer.inference_loop`)
+stepping ``envs_per_worker`` envs (:mod:`rpc_collectors.worker.env_steps`) through their rows of
+the step plane (:mod:`rpc_collectors.transport.step_plane`). The inference loop (:mod:`rpc_collectors.trainer.inference_loop`)
 acts for the ready envs and assembles the batches (:mod:`rpc_collectors.trainer.transitions`).
 """
 from __future__ import annotations
@@ -27,8 +27,9 @@ from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.trainer.inference_loop import InferenceLoop
 from rpc_collectors.trainer.lifetime import finalize_before_exit, weak_method
 from rpc_collectors.trainer.roster import Roster
+from rpc_collectors.trainer.threads import inference_threads
 from rpc_collectors.trainer.transitions import BATCH_KEYS, ENV_INDEX, Transitions
-from rpc_collectors.transport.step_plane import StepPlane
+from rpc_collectors.transport.step_plane import StepGroup, StepPlane
 from rpc_collectors.transport.weight_updates import whole_update
 from rpc_collectors.transport.weights import load_weights, one_source, signature_of
 
@@ -41,10 +42,12 @@ class AsyncBatchedCollector(BaseCollector):
     """Collects from envs in worker processes with one batched policy in this process (TorchRL's
     ``AsyncBatchedCollector``, same signature and batch layout).
 
-    Each env has a worker process; its observation and the action chosen for it move through
-    shared memory, with one byte down a pipe each way per step. One inference loop, a thread of
-    this process, waits until some envs are ready, calls the policy once on all of them (at most
-    ``max_batch_size``), and writes the actions back. The policy is the object you pass: a weight
+    Each env worker process steps ``envs_per_worker`` envs; an env's observation and the action
+    chosen for it move through shared memory, with one byte down a pipe each way per step. One
+    inference loop, a thread of this process, waits until some envs are ready, calls the policy
+    once on all of them (at most ``max_batch_size``), and writes the actions back. A worker of
+    several envs steps them in two halves, in turn: one half steps while the loop acts for the
+    other (Sample Factory's double buffering). The policy is the object you pass: a weight
     change is used by the next forward pass, with no weight push. ``update_policy_weights_()``
     bumps ``policy_version`` (and copies weights in, when given some), under the loop's lock.
 
@@ -73,15 +76,21 @@ class AsyncBatchedCollector(BaseCollector):
         postproc, replay_buffer, post_collect_hook: as every collector; ``replay_write_mode``:
             None or ``"rollout"`` (batches carry no trajectory ids: ``"trajectory"`` is refused).
         num_envs: the number of envs when ``create_env_fn`` is one factory.
-        max_worker_restarts: replace this many failed env workers in all (their transition in flight
-            is lost, the one before it is marked truncated and done); beyond it, a failure is a
-            :class:`~rpc_collectors.WorkerError`.
+        envs_per_worker: envs each worker process steps (TorchRL's; default 1): worker ``w`` steps
+            envs ``w * envs_per_worker`` on, the last worker the rest. 2 or more: in two halves.
+        num_threads: the torch threads of the inference loop's thread (this collector's meaning of
+            TorchRL's ``num_threads``); None: the cores this process may run on
+            (``os.sched_getaffinity``) less the env worker processes, at least 1 and at most
+            ``torch.get_num_threads()``. Set in that thread only: yours keep their count.
+        max_worker_restarts: replace this many failed env workers in all (each of their envs'
+            transition in flight is lost, the one before it is marked truncated and done); beyond
+            it, a failure is a :class:`~rpc_collectors.WorkerError`.
         prefetch: full batches that may wait for you (the envs wait when they are there).
         rpc_timeout: seconds each env worker may take to start.
 
     TorchRL's other arguments are accepted where they select this path (``transport`` None,
     ``"auto"`` or ``"driver"``, ``backend``/``env_backend`` ``"multiprocessing"``,
-    ``policy_backend`` ``"threading"``, ``env_exchange`` ``"auto"``/``"shm"``, ``envs_per_worker=1``,
+    ``policy_backend`` ``"threading"``, ``env_exchange`` ``"auto"``/``"shm"``,
     ``transition_chunk_size`` ``"auto"``/1, ``verbose``) and refused otherwise; those of features not
     offered (``reset_at_each_iter``, ``yield_completed_trajectories``, ``weight_sync``,
     ``weight_sync_model_id``, ``worker_affinity``, ``driver_affinity``) only at their defaults.
@@ -126,6 +135,7 @@ class AsyncBatchedCollector(BaseCollector):
         policy_version: int = 0,
         policy_version_key: Any = "policy_version",
         num_envs: int | None = None,
+        num_threads: int | None = None,
         max_worker_restarts: int = 0,
         prefetch: int = 1,
         rpc_timeout: float = 60.0,
@@ -138,8 +148,8 @@ class AsyncBatchedCollector(BaseCollector):
         kwargs = batched_args.env_kwargs(create_env_kwargs, len(factories))
         self.batching = batched_args.batching(server_config, max_batch_size, min_batch_size, server_timeout,
                                               len(factories))
-        batched_args.backends(transport, backend, env_backend, policy_backend, env_exchange, envs_per_worker,
-                              transition_chunk_size)
+        batched_args.backends(transport, backend, env_backend, policy_backend, env_exchange, transition_chunk_size)
+        self.envs_per_worker = checks.positive_int("envs_per_worker", envs_per_worker)
         batched_args.unsupported(
             reset_at_each_iter=reset_at_each_iter, yield_completed_trajectories=yield_completed_trajectories,
             weight_sync=weight_sync, weight_sync_model_id=weight_sync_model_id, worker_affinity=worker_affinity,
@@ -148,6 +158,8 @@ class AsyncBatchedCollector(BaseCollector):
         checks.boolean("verbose", verbose)
         device = batched_args.policy_device(device, device_config)
         self._take(exploration_type, policy_version, policy_version_key, max_worker_restarts, prefetch, rpc_timeout)
+        self.num_workers = -(-len(factories) // self.envs_per_worker)
+        self.num_threads = inference_threads(options.check("num_threads", num_threads), self.num_workers)
         self._specs = _worker_specs(factories, kwargs)
         self.policy = StepPolicy(policy if policy_factory is None else policy_factory(), device)
         self._open(len(factories))
@@ -166,11 +178,11 @@ class AsyncBatchedCollector(BaseCollector):
         """Start the env workers and the inference loop; a failure shuts down what started."""
         self.num_envs = num_envs
         self._lock = threading.Lock()
-        self.roster = Roster(self.num_envs, self.max_worker_restarts, name="env worker {}")
-        self._seeds: list[int | None] = [None] * self.num_envs
+        self.roster = Roster(self.num_workers, self.max_worker_restarts, name="env worker {}")
+        self._seeds: list[int | None] = [None] * self.num_workers  # of each worker's first env
         self._loop: InferenceLoop | None = None
         self.plane: StepPlane | None = None
-        self.pool = LocalPool(self.num_envs, self.rpc_timeout, lambda *_: None)
+        self.pool = LocalPool(self.num_workers, self.rpc_timeout, lambda *_: None)
         try:
             self._start()
         except BaseException:
@@ -181,16 +193,16 @@ class AsyncBatchedCollector(BaseCollector):
 
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:
-        for env in range(self.num_envs):
-            self._starting(env, lambda i=env: outcome(self.pool.create(i, self._specs[i])))
+        for worker in range(self.num_workers):
+            self._starting(worker, lambda w=worker: outcome(self.pool.create(w, self._specs[w * self.envs_per_worker])))
         try:
             row = outcome(self.pool.calls.step_row(0))
         except RuntimeError as err:  # the env is not one this collector steps: its TypeError, as the worker raised it
             last = str(err).strip().splitlines()[-1]
             raise TypeError(last.removeprefix("TypeError: ")) from None
-        self.plane = StepPlane(row, self.num_envs)
-        for env in range(self.num_envs):
-            self._starting(env, lambda i=env: self._join(i))
+        self.plane = StepPlane(row, self.num_envs, self.envs_per_worker)
+        for worker in range(self.num_workers):
+            self._starting(worker, lambda w=worker: self._join(w))
         inputs = {key: row.get(key).unsqueeze(0) for key in row.keys(include_nested=True, leaves_only=True)
                   if key != "action" and not (isinstance(key, tuple) and key[0] == "next")}
         with torch.no_grad(), set_interaction_type(self.exploration_type):
@@ -209,41 +221,44 @@ class AsyncBatchedCollector(BaseCollector):
             self.plane, transitions, self.policy, self._lock, weak_method(self._version), weak_method(self._on_failure),
             max_batch_size=self.batching.max_batch_size, min_batch_size=self.batching.min_batch_size,
             timeout=self.batching.timeout, exploration_type=self.exploration_type, prefetch=self.prefetch,
+            threads=self.num_threads,
         )
 
     def _version(self) -> int:
         return self.policy_version
 
-    def _starting(self, env: int, step: Any) -> None:
-        """Run a start-up ``step`` of ``env``'s worker; its failure is a WorkerError naming the worker."""
+    def _starting(self, worker: int, step: Any) -> None:
+        """Run a start-up ``step`` of ``worker``; its failure is a WorkerError naming the worker."""
         try:
             step()
         except RuntimeError as err:
-            reason, remote = self.pool.failure(env, err)
-            raise self.pool.error(env, f"{reason} during start-up", remote) from None
+            reason, remote = self.pool.failure(worker, err)
+            raise self.pool.error(worker, f"{reason} during start-up", remote) from None
 
-    def _join(self, env: int) -> None:
-        """Have the worker of ``env`` step its env through its row of the plane."""
-        if self._seeds[env] is not None:
-            outcome(self.pool.calls.set_seed(env, self._seeds[env]))
-        outcome(self.pool.calls.join_steps(env, self.plane.spec(env)))
-        self.plane.opened(env)
+    def _join(self, worker: int) -> None:
+        """Have ``worker`` step its envs through their rows of the plane."""
+        seed, envs = self._seeds[worker], self.plane.envs_of(worker)
+        if seed is not None:
+            outcome(self.pool.calls.set_seed(worker, seed))
+        group = StepGroup(self.plane.specs(worker), [self._specs[env] for env in envs[1:]], seed)
+        outcome(self.pool.calls.join_steps(worker, group))
+        self.plane.opened(worker)
 
-    def _on_failure(self, env: int, text: str) -> bool:
-        """In the loop: replace the worker of ``env`` if the budget allows, else queue its WorkerError."""
+    def _on_failure(self, worker: int, text: str) -> bool:
+        """In the loop: replace ``worker`` if the budget allows, else queue its WorkerError."""
         if text:
             reason, remote = "raised in its env", text
         else:
-            reason, remote = self.pool.channels[env].exit_reason() or "closed its doorbell", ""
-        if not self._closing and self.roster.take(env, reason):
+            reason, remote = self.pool.channels[worker].exit_reason() or "closed its doorbell", ""
+        if not self._closing and self.roster.take(worker, reason):
             try:
-                self.pool.replace(env)
-                outcome(self.pool.create(env, self._specs[env]))
-                self._join(env)
+                self.pool.replace(worker)
+                outcome(self.pool.create(worker, self._specs[self.plane.envs_of(worker)[0]]))
+                self._join(worker)
                 return True
             except Exception as err:  # the replacement failed too: that ends the run
                 reason, remote = f"could not be replaced after it {reason}: {err}", remote
-        self._loop.errors.put(self.pool.error(env, reason, remote))
+        self._loop.errors.put(self.pool.error(worker, reason, remote))
         return False
 
     # ------------------------------------------------------------------ batches
@@ -314,9 +329,9 @@ class AsyncBatchedCollector(BaseCollector):
         """Seed env i with ``seed + i`` from its next reset on (each env's first reset is done at
         start-up: seed before iterating, and the next episode of each env starts from its seed)."""
         seed = checks.seed(seed)
-        for env in range(self.num_envs):
-            self._seeds[env] = seed + env
-            outcome(self.pool.calls.set_seed(env, seed + env))
+        for worker in range(self.num_workers):
+            self._seeds[worker] = seed + self.plane.envs_of(worker)[0]
+            outcome(self.pool.calls.set_seed(worker, self._seeds[worker]))
         return seed + self.num_envs
 
     def state_dict(self) -> dict:

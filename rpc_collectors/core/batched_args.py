@@ -122,7 +122,7 @@ def batching(server_config: Any, max_batch_size: Any, min_batch_size: Any, serve
 
 
 def backends(transport: Any, backend: Any, env_backend: Any, policy_backend: Any, env_exchange: Any,
-             envs_per_worker: Any, transition_chunk_size: Any) -> None:
+             transition_chunk_size: Any) -> None:
     """Refuse the backends and transports that are not this collector's path."""
     if transport not in (None, "auto", "driver"):
         raise _refuse("transport", transport, "None, 'auto' or 'driver'",
@@ -137,8 +137,6 @@ def backends(transport: Any, backend: Any, env_backend: Any, policy_backend: Any
                       "the policy runs in an inference loop (a thread) of the trainer's process")
     if env_exchange not in ("auto", "shm"):
         raise _refuse("env_exchange", env_exchange, "'auto' or 'shm'", "the step plane is shared memory")
-    if envs_per_worker != 1:
-        raise _refuse("envs_per_worker", envs_per_worker, "1", "each env has a worker process of its own")
     if transition_chunk_size not in ("auto", 1):
         raise _refuse("transition_chunk_size", transition_chunk_size, "'auto' or 1",
                       "each transition enters its batch as soon as its env answers")

@@ -287,7 +287,8 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 # names that TorchRL's class uses for another quantity than the table's option of that name
 OTHER_MEANING: dict[str, frozenset[str]] = {
-    "AsyncBatchedCollector": frozenset({"backend", "device"}),  # its env backend; its policy server's device
+    # its env backend; its policy server's device; its inference thread's torch threads
+    "AsyncBatchedCollector": frozenset({"backend", "device", "num_threads"}),
 }
 
 

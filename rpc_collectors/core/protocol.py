@@ -207,8 +207,8 @@ class WorkerCalls(Generic[R]):
         return self._send(worker_id, "step_row")
 
     def join_steps(self, worker_id: int, spec: Any) -> R:
-        """Step the env with the actions the trainer writes into its row of the step plane (a
-        ``SlotSpec``)."""
+        """Step the worker's envs with the actions the trainer writes into their rows of the step
+        plane (a ``StepGroup``)."""
         return self._send(worker_id, "join_steps", spec)
 
     def clock(self, worker_id: int) -> R:

@@ -10,9 +10,14 @@ object: weights the trainer changes are used by the next forward pass, which is 
 collector's ``policy_version`` at that moment.
 
 Full batches wait in a queue of ``prefetch``; when it is full the loop waits, and so do the
-envs. An env that ended (its worker died, or its env raised) and an exception of the policy
-are handed to ``on_failure`` / put in ``errors``; the loop never raises. An env that
-``on_failure`` replaced has its stream cut there (:meth:`Transitions.cut`).
+envs. A worker whose env ended (the worker died, or its env raised) is handed to ``on_failure``,
+an exception of the policy put in ``errors``; the loop never raises. The envs of a worker that
+``on_failure`` replaced have their streams cut there (:meth:`Transitions.cut`), after the
+transitions their worker completed before it ended were recorded.
+
+The loop's thread runs the policy with ``threads`` torch threads
+(:func:`~rpc_collectors.trainer.threads.inference_threads`), set in that thread only: the
+thread that starts the loop keeps its own count.
 """
 from __future__ import annotations
 
@@ -38,28 +43,30 @@ class InferenceLoop:
     """The loop's thread and what it shares with the collector.
 
     Args:
-        plane: the envs' rows and doorbells.
+        plane: the envs' rows and doorbells, and which worker steps each env.
         transitions: where completed transitions go.
         policy: ``policy(inputs, batch_size) -> {key: tensor}`` (a :class:`~rpc_collectors.single_process.policies.StepPolicy`).
         lock: held around each forward pass; the collector holds it to change weights.
         version: returns the weights version of the policy now.
-        on_failure: ``on_failure(env, traceback) -> bool``, called in the loop for an env that
-            ended: True if the env was replaced (it answers again), False to stop the loop
-            (``on_failure`` put the error in ``errors``).
+        on_failure: ``on_failure(worker, traceback) -> bool``, called in the loop for a worker
+            whose envs ended: True if the worker was replaced (its envs answer again), False to
+            stop the loop (``on_failure`` put the error in ``errors``).
         max_batch_size, min_batch_size, timeout: batching of the forward pass, as TorchRL's server.
         exploration_type: the interaction type set around each forward pass.
         prefetch: full batches that may wait.
+        threads: the torch threads of the loop's thread.
     """
 
     def __init__(
         self, plane: StepPlane, transitions: Transitions, policy: Callable, lock: threading.Lock,
         version: Callable[[], int], on_failure: Callable[[int, str], bool], *, max_batch_size: int,
-        min_batch_size: int, timeout: float, exploration_type: Any, prefetch: int,
+        min_batch_size: int, timeout: float, exploration_type: Any, prefetch: int, threads: int,
     ) -> None:
         self.plane, self.transitions, self.policy, self.lock = plane, transitions, policy, lock
         self.version, self.on_failure = version, on_failure
         self.max_batch_size, self.min_batch_size, self.timeout = max_batch_size, min_batch_size, timeout
-        self.exploration_type = exploration_type
+        self.exploration_type, self.threads = exploration_type, threads
+        self._threads_set = threading.Event()
         self.batches: queue.Queue = queue.Queue(prefetch)
         self.errors: queue.SimpleQueue = queue.SimpleQueue()  # what ended the loop, for the user
         self.acting = [False] * plane.num_envs  # an action is in flight: its answer completes a transition
@@ -68,9 +75,13 @@ class InferenceLoop:
         self.thread = threading.Thread(target=self._run, name="rpc-collectors-inference", daemon=True)
 
     def start(self) -> None:
-        """Start the loop, once."""
+        """Start the loop, once. The calling thread's torch threads stay as they were, and so
+        does the count threads started later begin with (torch keeps one for them)."""
         if not self.thread.is_alive() and not self.stop.is_set():
+            own = torch.get_num_threads()
             self.thread.start()
+            self._threads_set.wait(5.0)
+            torch.set_num_threads(own)
 
     def close(self, timeout: float) -> None:
         """Stop the loop; wait up to ``timeout`` s for its thread."""
@@ -92,7 +103,11 @@ class InferenceLoop:
 
     def _run(self) -> None:
         try:
+            torch.set_num_threads(self.threads)
+            self._threads_set.set()
             while not self.stop.is_set():
+                if torch.get_num_threads() != self.threads:  # another thread set torch's count since
+                    torch.set_num_threads(self.threads)
                 self._turn(POLL)
         except Stopped:
             pass
@@ -112,16 +127,19 @@ class InferenceLoop:
             self._act(envs)
 
     def _poll(self, timeout: float) -> None:
-        """Wait up to ``timeout`` s for envs; hand those that ended to ``on_failure``."""
+        """Wait up to ``timeout`` s for envs; hand the workers of those that ended to ``on_failure``."""
         ready, ended = self.plane.wait(timeout)
-        for env, text in ended.items():
-            self.acting[env] = False
-            self.waiting = [e for e in self.waiting if e != env]
-            if not self.on_failure(env, text):
+        self._answered(ready)  # an env answers before its worker's end: its step lies in its row
+        for worker, text in self.plane.ended_workers(ended).items():
+            envs = self.plane.envs_of(worker)
+            for env in envs:
+                self.acting[env] = False
+            self.waiting = [e for e in self.waiting if e not in envs]
+            if not self.on_failure(worker, text):
                 raise Stopped
-            for batch in self.transitions.cut(env):  # the replacement starts from a reset
-                self.put(batch)
-        self._answered(ready)
+            for env in envs:  # the replacement starts from resets
+                for batch in self.transitions.cut(env):
+                    self.put(batch)
 
     def _answered(self, ready: list[int]) -> None:
         """Record the transitions ``ready`` completed; they wait for actions now."""

@@ -1,5 +1,8 @@
-"""The trainer's torch threads while its workers run on the same cores."""
+"""The trainer's torch threads while its workers run on the same cores: the trainer's own
+(:class:`TrainerThreads`) and a batched-inference collector's inference thread's (:func:`inference_threads`)."""
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -22,3 +25,18 @@ class TrainerThreads:
         """Back to the count the trainer had before, unless something else changed it since."""
         if torch.get_num_threads() == self.threads:
             torch.set_num_threads(self.saved)
+
+
+def inference_threads(num_threads: int | None, env_processes: int, cores: int | None = None,
+                      current: int | None = None) -> int:
+    """The torch threads of a batched-inference collector's inference thread: ``num_threads`` if
+    given; else the cores this process may run on (``os.sched_getaffinity``, or ``cores``) less
+    the env processes stepping on them, at least 1 and at most the count torch uses now
+    (``current``). The env processes each keep a core busy; inference threads beyond the cores
+    left over would only take turns with them (2 cores and 2 env processes: 1 thread, as Sample
+    Factory's inference worker)."""
+    if num_threads is not None:
+        return num_threads
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    current = torch.get_num_threads() if current is None else current
+    return max(1, min(current, cores - env_processes))

@@ -11,12 +11,18 @@ traceback and the traceback, then closes its end; a worker that died closes it t
 
 The trainer waits on every env's ready pipe at once (:meth:`StepPlane.wait`), so it sleeps
 until the first env is ready and then takes every env that is ready together.
+
+An env worker hosts ``envs_per_worker`` consecutive envs (TorchRL's grouping: worker ``w`` the
+envs ``w * k`` to ``w * k + k - 1``, the last worker the rest); the plane owns that grouping
+(:meth:`StepPlane.envs_of`, :meth:`StepPlane.worker_of`) and hands each worker its envs' specs
+at once (:class:`StepGroup`): a worker's envs start, end and are replaced together.
 """
 from __future__ import annotations
 
 import os
 import selectors
 import struct
+from dataclasses import dataclass
 
 from tensordict import TensorDict
 
@@ -29,16 +35,28 @@ LENGTH = struct.Struct("<I")
 WAKE = -1  # the selector's key of the pipe that interrupts a wait
 
 
+@dataclass
+class StepGroup:
+    """What one env worker steps: the specs of its envs' rows (its first env is the one it was
+    built with), the worker specs (:class:`~rpc_collectors.core.protocol.WorkerSpec` bytes) of its
+    other envs, and the seed of its first env (its env ``i`` gets ``seed + i``; None: unseeded)."""
+
+    rows: list[SlotSpec]
+    others: list[bytes]
+    seed: int | None = None
+
+
 class StepPlane:
     """Trainer side: the rows of ``num_envs`` envs (``rows``, a TensorDict ``[num_envs]`` of views
-    into shared memory) and their doorbells."""
+    into shared memory) and their doorbells, ``envs_per_worker`` envs to a worker."""
 
-    def __init__(self, row: TensorDict, num_envs: int) -> None:
+    def __init__(self, row: TensorDict, num_envs: int, envs_per_worker: int = 1) -> None:
         """``row``: one env's row (its keys, shapes and dtypes; its values are not used)."""
         layout = BatchLayout.of(row)
         if layout is None:
             raise TypeError(f"an env's step holds entries that cannot go through shared memory: {row}")
-        self.num_envs = num_envs
+        self.num_envs, self.envs_per_worker = num_envs, envs_per_worker
+        self.num_workers = -(-num_envs // envs_per_worker)
         self.pool = SlotPool(layout, num_envs, slots=1)
         self.rows = layout.view(self.pool.slots[0], num_envs)
         self._go: dict[int, int] = {}  # env -> write end of its go pipe
@@ -49,19 +67,31 @@ class StepPlane:
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, WAKE)
 
-    def spec(self, env: int) -> SlotSpec:
-        """What the worker of ``env`` maps and opens; new pipes each time (a replacement's)."""
+    def envs_of(self, worker: int) -> range:
+        """The envs that ``worker`` steps."""
+        return range(worker * self.envs_per_worker, min(self.num_envs, (worker + 1) * self.envs_per_worker))
+
+    def worker_of(self, env: int) -> int:
+        """The worker that steps ``env``."""
+        return env // self.envs_per_worker
+
+    def specs(self, worker: int) -> list[SlotSpec]:
+        """What ``worker`` maps and opens for each of its envs; new pipes each time (a replacement's)."""
+        return [self._spec(env) for env in self.envs_of(worker)]
+
+    def _spec(self, env: int) -> SlotSpec:
         self.drop(env)
         go_r, go_w = os.pipe()
         ready_r, ready_w = os.pipe()
         self._go[env], self._ready[env], self._handed[env] = go_w, ready_r, (go_r, ready_w)
         return self.pool.spec(env, Ends.of(go_r, ready_w))
 
-    def opened(self, env: int) -> None:
-        """The worker of ``env`` holds its ends: close the trainer's copies and listen to it."""
-        for fd in self._handed.pop(env):
-            os.close(fd)
-        self._selector.register(self._ready[env], selectors.EVENT_READ, env)
+    def opened(self, worker: int) -> None:
+        """``worker`` holds its envs' ends: close the trainer's copies and listen to its envs."""
+        for env in self.envs_of(worker):
+            for fd in self._handed.pop(env):
+                os.close(fd)
+            self._selector.register(self._ready[env], selectors.EVENT_READ, env)
 
     def go(self, envs: list[int]) -> list[int]:
         """Ring each env of ``envs``: its action is in its row. Returns those whose pipe is gone."""
@@ -96,6 +126,15 @@ class StepPlane:
         for env in ended:
             self.drop(env)
         return ready, ended
+
+    def ended_workers(self, ended: dict[int, str]) -> dict[int, str]:
+        """The workers of the envs in ``ended`` (a :meth:`wait`'s), each with the first
+        traceback one of its envs sent ("" if none did)."""
+        workers: dict[int, str] = {}
+        for env, text in ended.items():
+            worker = self.worker_of(env)
+            workers[worker] = workers.get(worker) or text
+        return workers
 
     def wake(self) -> None:
         """End a :meth:`wait` in progress (or the next one) at once."""

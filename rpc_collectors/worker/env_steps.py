@@ -1,11 +1,20 @@
-"""An env worker of a batched-inference collector: it steps its env with the actions the trainer
-writes into its row of the step plane (:mod:`rpc_collectors.transport.step_plane`), and runs no policy.
+"""An env worker of a batched-inference collector: it steps its envs with the actions the trainer
+writes into their rows of the step plane (:mod:`rpc_collectors.transport.step_plane`), and runs no policy.
 
-Per step: wait for the "go" byte, read the action from the row, step the env, write the step's
-result (``"next"``) and the next observation (after a reset, if the episode ended) into the
-row, answer with the ready byte. No pickle: a gymnasium env's arrays are copied into shared
-memory directly; a TorchRL env's TensorDict entries are copied there. An entry whose shape is
-not its row's (an observation that changed its shape) is a ValueError naming it, never broadcast.
+Per step of an env: wait for its "go" byte, read the action from its row, step the env, write
+the step's result (``"next"``) and the next observation (after a reset, if the episode ended)
+into the row, answer with the ready byte. No pickle: a gymnasium env's arrays are copied into
+shared memory directly; a TorchRL env's TensorDict entries are copied there. An entry whose
+shape is not its row's (an observation that changed its shape) is a ValueError naming it, never
+broadcast.
+
+A worker of several envs splits them into two halves (Sample Factory's double buffering) and
+steps them in turn: it steps one half and rings its envs' ready bytes, then waits for the
+actions of the other half, which the trainer computed meanwhile, and steps it. While the
+trainer acts for one half, the worker steps the other, so it never idles waiting for actions
+as long as a half's step takes at least as long as a forward pass. With one env it is the
+plain step loop above. Each env's first reset is done before the worker's ``join_steps`` call
+returns, so a seed the trainer sets afterwards applies from the next reset on.
 """
 from __future__ import annotations
 
@@ -18,10 +27,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env
+from rpc_collectors.core.protocol import WorkerSpec
+from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env, make_env
 from rpc_collectors.transport.data import SlotSpec, SlotWriter
 from rpc_collectors.transport.doorbell import _write_all
-from rpc_collectors.transport.step_plane import READY, send_error
+from rpc_collectors.transport.step_plane import READY, StepGroup, send_error
 
 FLAGS = ("done", "terminated", "truncated")
 
@@ -62,8 +72,8 @@ def _gym_row(env: GymEnv) -> TensorDict:
     return row
 
 
-class EnvSteps:
-    """The step loop of one env, in a thread of its worker, until the trainer closes the doorbell.
+class EnvRow:
+    """One env and its row of the step plane: :meth:`reset` and :meth:`step` write into the row.
 
     A :class:`GymEnv` steps through numpy arrays; a TorchRL env with its own
     ``step_and_maybe_reset``, its root and ``"next"`` entries copied into the row."""
@@ -80,13 +90,11 @@ class EnvSteps:
             self.obs = {key: row.get(key).numpy() for key in env.obs_keys}
             self.next_obs = {key: row.get(_next_key(key)).numpy() for key in env.obs_keys}
             self.reward, self.flags = row.get(("next", "reward")).numpy(), [row.get(("next", f)).numpy() for f in FLAGS]
-            self._reset, self._step = self._gym_reset, self._gym_step
+            self.reset, self.step = self._gym_reset, self._gym_step
         else:
             self.root: TensorDictBase | None = None
-            self._reset, self._step = self._torchrl_reset, self._torchrl_step
+            self.reset, self.step = self._torchrl_reset, self._torchrl_step
         self.go, self.ready = spec.doorbell.open()
-        self.thread = threading.Thread(target=self._serve, name="rpc-collectors-env-steps", daemon=True)
-        self.thread.start()
 
     def _fits(self, key: str | tuple, shape: tuple, want: tuple) -> None:
         """Raise ValueError unless the env gave ``key`` the shape its row holds (no broadcast)."""
@@ -138,18 +146,70 @@ class EnvSteps:
             self._copy(key, td.get(key))
         self._write_root(root)
 
+
+class EnvSteps:
+    """The step loop of a worker's envs (:class:`EnvRow`), in a thread of the worker, until the
+    trainer closes a doorbell: the envs in two halves, stepped in turn (one env: one half).
+
+    Args:
+        env: the worker's own env (its collector's), the group's first.
+        group: the rows of the group's envs, the specs of its other envs (built here) and its seed.
+    """
+
+    def __init__(self, env: Any, group: StepGroup) -> None:
+        envs = [env]
+        for data in group.others:
+            spec = WorkerSpec.loads(data)
+            envs.append(make_env(spec.create_env_fn, spec.options.get("create_env_kwargs")))
+        self.envs: list[EnvRow] = []
+        try:
+            for e, spec in zip(envs, group.rows):
+                self.envs.append(EnvRow(e, spec))
+            if group.seed is not None:
+                self.set_seed(group.seed)
+            for row in self.envs:  # the first resets, before the trainer's call returns: a seed set after applies next
+                row.reset()
+            _ring(self.envs)
+        except BaseException:
+            self._close()
+            raise
+        half = -(-len(self.envs) // 2)
+        self.halves = [part for part in (self.envs[:half], self.envs[half:]) if part]
+        self.thread = threading.Thread(target=self._serve, name="rpc-collectors-env-steps", daemon=True)
+        self.thread.start()
+
+    def set_seed(self, seed: int) -> None:
+        """Seed the group's env ``i`` with ``seed + i`` from its next reset on (the first env
+        is also the worker's collector's, which the worker seeds itself)."""
+        for i, row in enumerate(self.envs[1:], start=1):
+            row.env.set_seed(seed + i)
+
     def _serve(self) -> None:
+        current = self.envs[0]
         try:
             try:
-                self._reset()
-                _write_all(self.ready, READY)
-                while os.read(self.go, 1):
-                    self._step()
-                    _write_all(self.ready, READY)
-            except Exception:  # the env raised: its traceback goes to the trainer
-                send_error(self.ready, traceback.format_exc())
-        except OSError:  # the trainer closed the doorbell, or went away
+                while True:
+                    for half in self.halves:
+                        for row in half:
+                            if not os.read(row.go, 1):
+                                return
+                        for current in half:
+                            current.step()
+                        _ring(half)
+            except Exception:  # an env raised: its traceback goes to the trainer on its pipe
+                send_error(current.ready, traceback.format_exc())
+        except OSError:  # the trainer closed a doorbell, or went away
             pass
         finally:
-            os.close(self.go)
-            os.close(self.ready)
+            self._close()
+
+    def _close(self) -> None:
+        for row in self.envs:
+            os.close(row.go)
+            os.close(row.ready)
+
+
+def _ring(half: list[EnvRow]) -> None:
+    """Tell the trainer that the envs of ``half`` hold their steps' results and next observations."""
+    for row in half:
+        _write_all(row.ready, READY)

@@ -37,7 +37,7 @@ from rpc_collectors.transport.shm import SharedBytes
 from rpc_collectors.transport.weight_sync import TransportSpec, WeightReceiver
 from rpc_collectors.transport.weights import FlatWeights, holder_of
 from rpc_collectors.worker import channel, cpp_log, spawner
-from rpc_collectors.worker.env_steps import EnvSteps, step_row
+from rpc_collectors.worker.env_steps import EnvSteps, StepGroup, step_row
 from rpc_collectors.worker.node import NodeCollector
 from rpc_collectors.worker.node_inference import NodePolicy
 from rpc_collectors.worker.spawner import name_process
@@ -185,9 +185,9 @@ class WorkerState(TraceCalls):
         """This env's row of a step plane (:mod:`~rpc_collectors.worker.env_steps`), for the trainer to lay out."""
         return step_row(self.collector.env)
 
-    def join_steps(self, spec: SlotSpec) -> None:
-        """Step this env with the actions the trainer writes into its row of the step plane."""
-        self.steps = EnvSteps(self.collector.env, spec)
+    def join_steps(self, group: StepGroup) -> None:
+        """Step this env, and the group's others, with the actions the trainer writes into their rows of the step plane."""
+        self.steps = EnvSteps(self.collector.env, group)
 
     def get_distant_attr(self, attr: str) -> Any:
         """TorchRL's ``get_distant_attr``: this worker's collector's attribute at the dotted path ``attr``."""
@@ -207,6 +207,8 @@ class WorkerState(TraceCalls):
 
     def set_seed(self, seed: int) -> int:
         torch.manual_seed(seed)
+        if getattr(self, "steps", None) is not None:  # an AsyncBatchedCollector's env worker: its group's other envs
+            self.steps.set_seed(seed)
         return self.collector.set_seed(seed)
 
     def state_dict(self) -> dict:  # trajectory count from worker_id: a resumed worker continues above every id used
