@@ -32,3 +32,12 @@ class PhaseClock:
         if self.spans is not None:
             self.spans.append((phase, self.last_ns, now))
         self.last_ns = now
+
+
+class StoppedClock(PhaseClock):
+    """A clock that counts nothing (``metrics=False``): a mark reads no clock."""
+
+    __slots__ = ()
+
+    def mark(self, phase: str) -> None:
+        """Nothing: metrics are off."""

@@ -19,9 +19,11 @@ from tensordict import TensorDictBase
 
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
+from rpc_collectors.core.metrics import Metrics, WorkerPhases
 from rpc_collectors.single_process import preemption, remote_calls
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.trainer import buffer_writes, saved_state, torchrl_views
+from rpc_collectors.trainer import metrics as front_metrics
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.lifetime import Resources, release_with, wait_gone, weak_method
 from rpc_collectors.trainer.recovery import Recovery
@@ -85,7 +87,7 @@ class CollectorFront(BaseCollector):
             policy, self.workers, self.roster, self.deferred, self.gather, transport=s.weight_transport,
             factory=s.policy_factory, no_push=self._no_push, policy_device=s.policy_device, backend=self.backend,
             elastic=self.elastic, rpc_timeout=self.rpc_timeout, refill=self.roster.budget > 0 or self.elastic,
-            resources=self._resources,
+            resources=self._resources, meter=self._meter,
         )
         self._release = release_with(self, self._resources)
         self._closed = self._closing = False
@@ -257,6 +259,15 @@ class CollectorFront(BaseCollector):
         """Push the policy's weights (or ``source``) to every worker as ``version`` (a node passing on its trainer's)."""
         self.require_running()
         self.pusher.push_version(version, source)
+
+    def metrics(self) -> Metrics:
+        """:meth:`BaseCollector.metrics <rpc_collectors.single_process.base_collector.BaseCollector.metrics>`, each
+        worker's phases asked of it, the roster's restarts, joins and leaves (:mod:`.metrics`)."""
+        return front_metrics.of(self)
+
+    def worker_phases(self) -> tuple[WorkerPhases, ...]:
+        """Each worker process's frames, batches and time in each phase (a call to each serving worker)."""
+        return front_metrics.phases_of(self)
 
     @property
     def dropped_frames(self) -> int:
