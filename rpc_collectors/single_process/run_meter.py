@@ -49,7 +49,7 @@ class RunMeter:
         self.ack_ns = self.last_ack_ns = self.max_ack_ns = 0
         self._acks = threading.Lock()
         self._unacked: list[int] = []  # the starts of the pushes not acknowledged yet
-        self.clock: PhaseClock | None = None  # a single-process collector's: "idle" until a batch begins, "write" after
+        self.clock: PhaseClock | None = None  # a Collector's: "idle" until a batch begins, then "write" (totals only)
 
     def watch(self, clock: PhaseClock) -> PhaseClock:
         """The phase clock of this collector's rollout: marked between batches (a :class:`StoppedClock` when off)."""
@@ -62,7 +62,7 @@ class RunMeter:
         if self.on:
             self._wall, self._cpu = time.perf_counter_ns(), time.thread_time_ns()
             if self.clock is not None:
-                self.clock.mark("idle")
+                self.clock.count("idle")
 
     def arrived(self, batch: Any) -> None:
         """The round's batch arrived (before ``postproc``, hooks, the storing device)."""
@@ -70,7 +70,7 @@ class RunMeter:
             return
         self._arrived = time.perf_counter_ns()
         if self.clock is not None:
-            self.clock.mark("write")  # the rollout's batch built
+            self.clock.count("write")  # the rollout's batch built
         self._waited = max(self._arrived - self._wall - (time.thread_time_ns() - self._cpu), 0)
         if self.frame_bytes is None and isinstance(batch, TensorDictBase) and batch.numel():
             self.frame_bytes = batch.bytes() / batch.numel()

@@ -7,8 +7,8 @@ arguments (:mod:`.settings`), its state (:mod:`.saved_state`), how it writes int
 (:mod:`.buffer_writes`), its one wait (:mod:`.waits`), the roster of its workers and their
 restarts (:mod:`.roster`), what it does when a worker fails or joins (:mod:`.recovery`; a node's own
 local restarts in :mod:`.node_restarts`), what it owns outside itself (:mod:`.lifetime`,
-:mod:`.threads`), and ``max_policy_lag`` (:mod:`.policy_lag`). A batched-inference collector's
-trainer side is here too: its inference loop (:mod:`.inference_loop`) and batch assembly
+:mod:`.threads`), ``max_policy_lag`` (:mod:`.policy_lag`) and ``metrics()`` (:mod:`.front_metrics`).
+A batched-inference collector's trainer side is here too: its inference loop (:mod:`.inference_loop`) and batch assembly
 (:mod:`.transitions`).
 
 May import :mod:`~rpc_collectors.cluster` and the layers below it; never a pool: the front drives

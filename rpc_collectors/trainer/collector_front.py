@@ -22,8 +22,7 @@ from rpc_collectors.core.errors import Failure, WorkerError
 from rpc_collectors.core.metrics import Metrics, WorkerPhases
 from rpc_collectors.single_process import preemption, remote_calls
 from rpc_collectors.single_process.base_collector import BaseCollector
-from rpc_collectors.trainer import buffer_writes, saved_state, torchrl_views
-from rpc_collectors.trainer import metrics as front_metrics
+from rpc_collectors.trainer import buffer_writes, front_metrics, saved_state, torchrl_views
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.lifetime import Resources, release_with, wait_gone, weak_method
 from rpc_collectors.trainer.recovery import Recovery
@@ -262,7 +261,7 @@ class CollectorFront(BaseCollector):
 
     def metrics(self) -> Metrics:
         """:meth:`BaseCollector.metrics <rpc_collectors.single_process.base_collector.BaseCollector.metrics>`, each
-        worker's phases asked of it, the roster's restarts, joins and leaves (:mod:`.metrics`)."""
+        worker's phases asked of it, the roster's restarts, joins and leaves (:mod:`.front_metrics`)."""
         return front_metrics.of(self)
 
     def worker_phases(self) -> tuple[WorkerPhases, ...]:
