@@ -9,7 +9,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 
 from rpc_collectors.core import checks, options, torchrl_args
-from rpc_collectors.single_process import batch_edits, envs, preemption
+from rpc_collectors.single_process import batch_edits, envs, preemption, run_meter
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.collector_views import CollectorViews
 from rpc_collectors.single_process.dispatching import DispatchingCollector
@@ -321,7 +321,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         layout = signature_of(module) if module is not None else None
         weights = whole_update(policy_or_weights, worker_ids, layout, 1, device)[0]
         weights = weights.clone() if weights is not None else None
-        self._meter.pushed(weights.bytes() if weights is not None else 0)  # acknowledged once applied
+        self._meter.pushed(run_meter.size_of(weights))  # acknowledged once applied
         with self._lock:
             self._pending = (weights, self.policy_version + 1 if self._pending is None else self._pending[1] + 1)
         if not self.running:

@@ -31,6 +31,13 @@ from rpc_collectors.single_process.phase_clock import PhaseClock, StoppedClock
 OFF = "metrics=False turned this collector's metrics off; accepted to have them: metrics=None (the default) or True"
 
 
+def size_of(tensors: TensorDictBase | None) -> int:
+    """The bytes of the tensors in ``tensors`` (None: 0)."""
+    if tensors is None:
+        return 0
+    return sum(t.numel() * t.element_size() for t in tensors.values(include_nested=True, leaves_only=True))
+
+
 class RunMeter:
     """A collector's round, lag, push and data-plane counters (``on=False``: none, and no clock reads)."""
 
@@ -73,7 +80,7 @@ class RunMeter:
             self.clock.count("write")  # the rollout's batch built
         self._waited = max(self._arrived - self._wall - (time.thread_time_ns() - self._cpu), 0)
         if self.frame_bytes is None and isinstance(batch, TensorDictBase) and batch.numel():
-            self.frame_bytes = batch.bytes() / batch.numel()
+            self.frame_bytes = size_of(batch) / batch.numel()
 
     def handed_out(self, collector: Any, record: BatchRecord | None) -> None:
         """The round's batch is handed out (``record``: its versions, if it has them); exports that are due are written."""

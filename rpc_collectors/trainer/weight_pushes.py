@@ -151,7 +151,7 @@ class WeightPusher:
     def _start(self, receive: dict[int, tuple], version: int, non_blocking: bool) -> None:
         """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on."""
         self.version = version
-        started = self.meter.pushed(self.plane.sender.flat.nbytes)
+        started = self.meter.pushed(sum(nbytes for _, nbytes, _, _ in self.plane.sender.flat.layout))
         self._push = {i: self.deferred.receive_weights(i, *args) for i, args in receive.items()}
         self._pushed = {i: call() for i, call in self._push.items()}
         torch.futures.collect_all(list(self._pushed.values())).then(lambda _: self.meter.acknowledged(started))
