@@ -4,11 +4,15 @@ Both loops step CartPole-v1 with the same ``nn.Linear(4, 2)`` argmax policy unde
 ``torch.no_grad()``, side by side in one run; the printed ratio is what matters (goal >= 0.5).
 Also compares a vector env of 8 against a hand-written vector loop.
 
-    python benchmarks/collector_overhead.py [--frames 50000] [--repeats 3]
+    python benchmarks/collector_overhead.py [--frames 50000] [--repeats 3] [--metrics]
+
+``--metrics`` measures instead ``Collector`` with ``collector.metrics()`` on (the default) against
+``metrics=False``, interleaved, and prints the ratio (goal: on/off >= 0.99).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -44,8 +48,9 @@ def hand_vector_loop(policy: nn.Module, frames: int, num_envs: int) -> float:
     return frames / (time.perf_counter() - start)
 
 
-def collector_loop(policy: nn.Module, frames: int, env: object, frames_per_batch: int) -> float:
-    collector = Collector(env, policy, frames_per_batch=frames_per_batch, total_frames=frames)
+def collector_loop(policy: nn.Module, frames: int, env: object, frames_per_batch: int, metrics: bool = True) -> float:
+    collector = Collector(env, policy, frames_per_batch=frames_per_batch, total_frames=frames,
+                          metrics=None if metrics else False)
     start = time.perf_counter()
     for _ in collector:
         pass
@@ -54,11 +59,31 @@ def collector_loop(policy: nn.Module, frames: int, env: object, frames_per_batch
     return rate
 
 
+def metrics_on_off(args: argparse.Namespace) -> None:
+    """Frames/s of ``Collector`` with ``collector.metrics()`` on and off (``metrics=False``), interleaved."""
+    policy = ArgmaxLinear()
+    print(f"{'case':<16} {'metrics on f/s':>15} {'off f/s':>10} {'on/off':>7}")
+    for name, env, frames_per_batch in [("single env", "CartPole-v1", 1000),
+                                        ("vector env B=8", functools.partial(GymEnv, "CartPole-v1", num_envs=8), 1000),
+                                        ("single, T=50", "CartPole-v1", 50)]:
+        on, off = [], []
+        for repeat in range(args.repeats):  # alternated: neither always goes first
+            for metrics in (True, False) if repeat % 2 == 0 else (False, True):
+                (on if metrics else off).append(collector_loop(policy, args.frames, env, frames_per_batch, metrics))
+        o, f = statistics.median(on), statistics.median(off)
+        print(f"{name:<16} {o:>15,.0f} {f:>10,.0f} {o / f:>7.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--metrics", action="store_true",
+                        help="instead: Collector with metrics on (the default) against metrics=False, interleaved")
     args = parser.parse_args()
+    if args.metrics:
+        metrics_on_off(args)
+        return
     torch.set_num_threads(1)
     policy = ArgmaxLinear()
     rows = []
