@@ -49,29 +49,41 @@ def hand_vector_loop(policy: nn.Module, frames: int, num_envs: int) -> float:
 
 
 def collector_loop(policy: nn.Module, frames: int, env: object, frames_per_batch: int, metrics: bool = True) -> float:
+    return collector_rates(policy, frames, env, frames_per_batch, metrics)[0]
+
+
+def collector_rates(policy: nn.Module, frames: int, env: object, frames_per_batch: int,
+                    metrics: bool = True) -> tuple[float, float]:
+    """Frames per second of wall time, and per second of this process's CPU time."""
     collector = Collector(env, policy, frames_per_batch=frames_per_batch, total_frames=frames,
                           metrics=None if metrics else False)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in collector:
         pass
-    rate = frames / (time.perf_counter() - start)
+    rates = frames / (time.perf_counter() - start), frames / (time.process_time() - cpu)
     collector.shutdown()
-    return rate
+    return rates
 
 
 def metrics_on_off(args: argparse.Namespace) -> None:
-    """Frames/s of ``Collector`` with ``collector.metrics()`` on and off (``metrics=False``), interleaved."""
+    """``Collector`` with ``collector.metrics()`` on against ``metrics=False``: pairs run back to back (each
+    pair's order alternated), the median of the pairs' ratios, of wall-time and of CPU-time rates (the
+    second is steadier on a loaded machine)."""
     policy = ArgmaxLinear()
-    print(f"{'case':<16} {'metrics on f/s':>15} {'off f/s':>10} {'on/off':>7}")
+    print(f"{'case':<16} {'on f/s':>9} {'off f/s':>9} {'on/off wall':>12} {'on/off CPU':>11}  ({args.repeats} pairs)")
     for name, env, frames_per_batch in [("single env", "CartPole-v1", 1000),
                                         ("vector env B=8", functools.partial(GymEnv, "CartPole-v1", num_envs=8), 1000),
                                         ("single, T=50", "CartPole-v1", 50)]:
-        on, off = [], []
-        for repeat in range(args.repeats):  # alternated: neither always goes first
-            for metrics in (True, False) if repeat % 2 == 0 else (False, True):
-                (on if metrics else off).append(collector_loop(policy, args.frames, env, frames_per_batch, metrics))
-        o, f = statistics.median(on), statistics.median(off)
-        print(f"{name:<16} {o:>15,.0f} {f:>10,.0f} {o / f:>7.4f}")
+        on, off, wall, cpu = [], [], [], []
+        for repeat in range(args.repeats):
+            order = (True, False) if repeat % 2 == 0 else (False, True)
+            rates = {metrics: collector_rates(policy, args.frames, env, frames_per_batch, metrics) for metrics in order}
+            on.append(rates[True][0])
+            off.append(rates[False][0])
+            wall.append(rates[True][0] / rates[False][0])
+            cpu.append(rates[True][1] / rates[False][1])
+        print(f"{name:<16} {statistics.median(on):>9,.0f} {statistics.median(off):>9,.0f} "
+              f"{statistics.median(wall):>12.4f} {statistics.median(cpu):>11.4f}", flush=True)
 
 
 def main() -> None:

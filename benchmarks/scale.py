@@ -363,11 +363,13 @@ def part_metrics(args) -> list[dict]:
             case = {"nodes": 8, "per": max(args.per_node), "sync": True, "step_s": STEP_S, "steps": args.steps,
                     "seconds": args.seconds, "metrics": on}
             out.append({**case, **run_case(__file__, case, timeout=600)})
-            print(f"  metrics={'on ' if on else 'off'} {out[-1]['frames_per_s']:,.0f} frames/s", flush=True)
-    on, off = ([r["frames_per_s"] for r in out if r["metrics"] is m] for m in (True, False))
-    print(f"8 x {max(args.per_node)} sync: metrics on {statistics.median(on):,.0f} frames/s, off "
-          f"{statistics.median(off):,.0f}: on/off = {statistics.median(on) / statistics.median(off):.4f} (medians of "
-          f"{args.repeats})", flush=True)
+            print(f"  metrics={'on ' if on else 'off'} {out[-1]['frames_per_s']:,.0f} frames/s, "
+                  f"{out[-1]['cpu_ms_per_round']:.2f} ms trainer CPU per round", flush=True)
+    rate, cpu = ({m: statistics.median(r[key] for r in out if r["metrics"] is m) for m in (True, False)}
+                 for key in ("frames_per_s", "cpu_ms_per_round"))
+    print(f"8 x {max(args.per_node)} sync, medians of {args.repeats}: metrics on {rate[True]:,.0f} frames/s, off "
+          f"{rate[False]:,.0f} (on/off {rate[True] / rate[False]:.4f}); trainer CPU per round on {cpu[True]:.2f} ms, "
+          f"off {cpu[False]:.2f} ms", flush=True)
     return out
 
 
