@@ -70,22 +70,24 @@ class WorkerMetrics:
 
 @dataclass(frozen=True)
 class RoundMetrics:
-    """The trainer's side of each batch handed out (a sync round, or one async batch).
+    """The trainer's side of each batch handed out (a sync round, or one async batch), from asking for
+    it to handing it out.
 
     Attributes:
         rounds: batches handed out.
-        wait_s: time the collecting thread was off its CPU while collecting (waiting for answers).
-        cpu_s: CPU time of the collecting thread (requests, receiving, combining, handing out).
-        handout_s: from a batch's arrival to its hand-out (storing device, ``postproc``, hooks).
-        last_wait_s, last_cpu_s, last_handout_s: the same, of the last batch.
+        wait_s: waiting for the workers' answers (and for pushes to be acknowledged) in those rounds.
+        busy_s: the rest: the trainer's own work (requests, receiving and combining batches, handing
+            out; a single-process collector's: its rollout), in wall-clock time.
+        handout_s: of ``busy_s``, from a batch's arrival to its hand-out (storing device, ``postproc``, hooks).
+        last_wait_s, last_busy_s, last_handout_s: the same, of the last batch.
     """
 
     rounds: int = 0
     wait_s: float = 0.0
-    cpu_s: float = 0.0
+    busy_s: float = 0.0
     handout_s: float = 0.0
     last_wait_s: float = 0.0
-    last_cpu_s: float = 0.0
+    last_busy_s: float = 0.0
     last_handout_s: float = 0.0
 
 

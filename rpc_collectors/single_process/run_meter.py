@@ -1,9 +1,10 @@
 """The trainer's side of ``collector.metrics()``: what it measures as batches are handed out.
 
-A :class:`RunMeter` is the one owner of those counters: each round's wall time, the collecting
-thread's CPU time and the hand-out time; the policy lag of each batch; the weight pushes and how
-long each took until every worker acknowledged it; the bytes per frame of the batches received.
-It reads six clocks per batch (a microsecond or two), and nothing with ``metrics=False``. The
+A :class:`RunMeter` is the one owner of those counters: each round's time waiting for workers (as
+the front's one wait counts it), busy otherwise, and handing out; the policy lag of each batch;
+the weight pushes and how long each took until every worker acknowledged it; the bytes per frame
+of the batches received. It reads the monotonic clock three times per batch (no CPU-time clock:
+those are system calls), and nothing with ``metrics=False``. The
 :class:`~rpc_collectors.core.metrics.Metrics` of a collector are built from it
 (:meth:`RunMeter.snapshot`) with what the collector's other parts own (frames, drops, the roster,
 the workers' phase clocks). With exports (:mod:`.metric_exports`), each batch end may write them.
@@ -45,10 +46,10 @@ class RunMeter:
         self.on, self.exports = on, exports
         self.start = time.monotonic()
         self.rounds = 0
-        self._wall = self._cpu = 0  # ns when the round began
-        self._arrived = self._waited = 0  # ns when its batch arrived; ns the thread waited for it
-        self.wait_ns = self.cpu_ns = self.handout_ns = 0
-        self.last: tuple[int, int, int] = (0, 0, 0)  # the last round's wait, cpu, hand-out ns
+        self.waits: Any = None  # what counts the front's waits (``waited_ns``); None: a collector that never waits
+        self._began = self._waited = self._arrived = 0  # ns: the round's start, the waits counted then, its batch's arrival
+        self.wait_ns = self.busy_ns = self.handout_ns = 0
+        self.last: tuple[int, int, int] = (0, 0, 0)  # the last round's wait, busy, hand-out ns
         self.lag_min: int | None = None
         self.lag_max = self.lag_sum = self.lag_last = self.lagged = 0
         self.frame_bytes: float | None = None  # bytes per frame of the batches received
@@ -67,7 +68,7 @@ class RunMeter:
     def begin(self) -> None:
         """A round begins: the trainer asks for its next batch."""
         if self.on:
-            self._wall, self._cpu = time.perf_counter_ns(), time.thread_time_ns()
+            self._began, self._waited = time.perf_counter_ns(), self.waits.waited_ns if self.waits is not None else 0
             if self.clock is not None:
                 self.clock.count("idle")
 
@@ -78,7 +79,8 @@ class RunMeter:
         self._arrived = time.perf_counter_ns()
         if self.clock is not None:
             self.clock.count("write")  # the rollout's batch built
-        self._waited = max(self._arrived - self._wall - (time.thread_time_ns() - self._cpu), 0)
+        waited = self.waits.waited_ns - self._waited if self.waits is not None else 0
+        self.last = (waited, self._arrived - self._began - waited, 0)
         if self.frame_bytes is None and isinstance(batch, TensorDictBase) and batch.numel():
             self.frame_bytes = size_of(batch) / batch.numel()
 
@@ -86,10 +88,10 @@ class RunMeter:
         """The round's batch is handed out (``record``: its versions, if it has them); exports that are due are written."""
         if not self.on:
             return
-        now, cpu = time.perf_counter_ns(), time.thread_time_ns()
-        self.last = (self._waited, cpu - self._cpu, now - self._arrived)
-        self.wait_ns, self.cpu_ns, self.handout_ns = (
-            self.wait_ns + self.last[0], self.cpu_ns + self.last[1], self.handout_ns + self.last[2])
+        handout = time.perf_counter_ns() - self._arrived
+        self.last = (self.last[0], self.last[1] + handout, handout)
+        self.wait_ns, self.busy_ns, self.handout_ns = (
+            self.wait_ns + self.last[0], self.busy_ns + self.last[1], self.handout_ns + handout)
         self.rounds += 1
         if record is not None:
             self.lag_min = record.min_lag if self.lag_min is None else min(self.lag_min, record.min_lag)
@@ -128,9 +130,9 @@ class RunMeter:
         if not self.on:
             raise RuntimeError(OFF)
         elapsed = time.monotonic() - self.start
-        last_wait, last_cpu, last_handout = self.last
-        rounds = RoundMetrics(self.rounds, self.wait_ns / 1e9, self.cpu_ns / 1e9, self.handout_ns / 1e9,
-                              last_wait / 1e9, last_cpu / 1e9, last_handout / 1e9)
+        last_wait, last_busy, last_handout = self.last
+        rounds = RoundMetrics(self.rounds, self.wait_ns / 1e9, self.busy_ns / 1e9, self.handout_ns / 1e9,
+                              last_wait / 1e9, last_busy / 1e9, last_handout / 1e9)
         lag = LagMetrics(self.lag_min or 0, self.lag_sum / self.lagged if self.lagged else 0.0, self.lag_max,
                          self.lag_last, *dropped)
         pushes = PushMetrics(self.pushes, self.push_bytes, self.ack_ns / 1e9, self.last_ack_ns / 1e9,

@@ -70,7 +70,7 @@ class CollectorFront(BaseCollector):
             checks.total_frames_fits(self.total_frames, self.frames_per_batch)
         self.specs = s.specs
         self.policy = policy
-        self.events = Events()
+        self.events = self._meter.waits = Events()
         self.roster = Roster(self.num_workers, s.max_worker_restarts)
         self.recovery = Recovery(self)
         self.continuity = Continuity(self)

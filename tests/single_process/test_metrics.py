@@ -53,7 +53,7 @@ def test_metrics_count_the_frames_batches_and_phases_of_the_run():
     (worker,) = m.workers
     assert (worker.worker_id, worker.pid, worker.frames, worker.batches) == (0, os.getpid(), 50, 5)
     assert worker.policy_s > 0 and worker.env_s > 0 and worker.write_s > 0  # every step marks both
-    assert m.rounds.cpu_s > 0 and m.rounds.handout_s > 0
+    assert m.rounds.busy_s > 0 and m.rounds.handout_s > 0
     assert m.pushes == PushMetrics() and m.data_plane.bytes == 0 and m.lag.max == 0
     assert m.roster.restarts == 0 and m.roster.alive == m.roster.workers == 1
 
