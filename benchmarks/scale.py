@@ -27,7 +27,10 @@ The cost model (``docs/scaling.md``) is fitted to the trainer's CPU per sync rou
 ``local`` and ``hosts`` cases: ``a * requests + b * frames``, each point printed with the model's
 value and the relative error; the push times give ``c * bytes + d * nodes``.
 
-    python benchmarks/scale.py [--parts local hosts ranks requests] [--seconds 8] [--steps 20]
+- ``metrics`` (not run by default): the 8 x 32 ``local`` case with ``collector.metrics()`` on (the
+  default) and off (``metrics=False``), ``--repeats`` of each, interleaved; the ratio of the medians.
+
+    python benchmarks/scale.py [--parts local hosts ranks requests metrics] [--seconds 8] [--steps 20]
 
 ``hosts`` needs root and runs under the cluster lock (``flock /tmp/rpc-cluster.lock``).
 """
@@ -128,6 +131,7 @@ def local_case(case: dict) -> dict:
         functools.partial(make_sleep_env, case["step_s"]), ScalePolicy(), num_collectors=nodes, launcher="local",
         collector_class=kind, num_workers_per_collector=per, sync=sync, rpc_timeout=120,
         frames_per_batch=(nodes * per if sync else 1) * case["steps"], track_policy_version=True,
+        metrics=None if case.get("metrics", True) else False,
     )
     out = measure(collector, case["seconds"], nodes if sync else 1, t0)
     out["spawners_left"] = [pid for pid in children_of() if _common.alive(pid)]
@@ -351,6 +355,24 @@ def part_local(args) -> list[dict]:
     return out
 
 
+def part_metrics(args) -> list[dict]:
+    """8 nodes x the most local workers, sync: metrics on (the default) against ``metrics=False``, interleaved."""
+    out = []
+    for repeat in range(args.repeats):
+        for on in (True, False) if repeat % 2 == 0 else (False, True):  # alternated: neither always goes first
+            case = {"nodes": 8, "per": max(args.per_node), "sync": True, "step_s": STEP_S, "steps": args.steps,
+                    "seconds": args.seconds, "metrics": on}
+            out.append({**case, **run_case(__file__, case, timeout=600)})
+            print(f"  metrics={'on ' if on else 'off'} {out[-1]['frames_per_s']:,.0f} frames/s, "
+                  f"{out[-1]['cpu_ms_per_round']:.2f} ms trainer CPU per round", flush=True)
+    rate, cpu = ({m: statistics.median(r[key] for r in out if r["metrics"] is m) for m in (True, False)}
+                 for key in ("frames_per_s", "cpu_ms_per_round"))
+    print(f"8 x {max(args.per_node)} sync, medians of {args.repeats}: metrics on {rate[True]:,.0f} frames/s, off "
+          f"{rate[False]:,.0f} (on/off {rate[True] / rate[False]:.4f}); trainer CPU per round on {cpu[True]:.2f} ms, "
+          f"off {cpu[False]:.2f} ms", flush=True)
+    return out
+
+
 def part_hosts(args) -> list[dict]:
     sys.path.insert(0, str(REPO / "tests"))
     import devcluster_module
@@ -448,7 +470,8 @@ def report(results: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["local", "hosts", "ranks", "requests"],
-                        choices=["local", "hosts", "ranks", "requests"])
+                        choices=["local", "hosts", "ranks", "requests", "metrics"])
+    parser.add_argument("--repeats", type=int, default=5, help="metrics: runs with metrics on, and as many off")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--steps", type=int, default=20, help="steps per worker per batch")
     parser.add_argument("--per-node", type=int, nargs="+", default=[1, 4, 8, 16, 32])
@@ -468,7 +491,8 @@ def main() -> None:
             emit(result)
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    parts = {"local": part_local, "hosts": part_hosts, "ranks": part_ranks, "requests": part_requests}
+    parts = {"local": part_local, "hosts": part_hosts, "ranks": part_ranks, "requests": part_requests,
+             "metrics": part_metrics}
     results = {}
     for name in args.parts:
         print(f"running {name} ...", flush=True)

@@ -26,10 +26,12 @@ from rpc_collectors.collectors.multi import MultiAsyncCollector, MultiCollector,
 from rpc_collectors.collectors.ray_extra import ray_collector
 from rpc_collectors.collectors.rpc import RPCCollector
 from rpc_collectors.core.errors import WorkerError
+from rpc_collectors.core.metrics import Metrics
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.single_process.dispatching import dispatch_with
 from rpc_collectors.single_process.envs import GymEnv
+from rpc_collectors.single_process.metric_exports import Export, JsonLines, Prometheus, TensorBoard
 from rpc_collectors.single_process.policies import RandomPolicy
 from rpc_collectors.single_process.trajectories import split_trajectories
 from rpc_collectors.transport.membership import WorkerLeftWarning, WorkerRestartWarning
@@ -58,17 +60,22 @@ __all__ = [
     "DataCollectorBase",
     "DistributedCollector",
     "DistributedSyncCollector",
+    "Export",
     "GymEnv",
+    "JsonLines",
+    "Metrics",
     "MultiAsyncCollector",
     "MultiCollector",
     "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
+    "Prometheus",
     "RPCCollector",
     "RandomPolicy",
     "RunCheckpoint",
     "RayCollector",
     "SyncDataCollector",
+    "TensorBoard",
     "WorkerError",
     "WorkerLeftWarning",
     "WorkerRestartWarning",

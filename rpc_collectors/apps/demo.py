@@ -36,6 +36,7 @@ from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
 from rpc_collectors.collectors.rpc import RPCCollector
 from rpc_collectors.core import checks
 from rpc_collectors.single_process.envs import GymEnv
+from rpc_collectors.single_process.metric_exports import Export
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,10 +65,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write a timeline of the first --trace-rounds batches there (Chrome trace format: "
                         "open it in Perfetto or chrome://tracing)")
     parser.add_argument("--trace-rounds", type=int, default=3, help="batches the timeline covers (default 3)")
+    parser.add_argument("--metrics", action="append", default=[], metavar="TARGET",
+                        help="write the collector's metrics to tensorboard:DIR, prometheus:PORT or jsonl:PATH "
+                        "(repeatable; needs the metrics extra for the first two)")
+    every = parser.add_mutually_exclusive_group()
+    every.add_argument("--metrics-every", type=float, default=None, metavar="SECONDS",
+                       help="seconds between metrics exports (default 10)")
+    every.add_argument("--metrics-batches", type=int, default=None, metavar="N", help="batches between metrics exports")
+
+
+def metrics_of(args: argparse.Namespace) -> Export | None:
+    """Where the demo's collector writes its metrics (``--metrics``), checked before any worker starts."""
+    if not args.metrics:
+        return None
+    try:
+        export = Export(*args.metrics, seconds=args.metrics_every, batches=args.metrics_batches)
+        export.probe()
+    except (ValueError, ImportError) as err:
+        raise SystemExit(f"--metrics: {err}") from None
+    return export
 
 
 def make_collector(
-    env_id: str, policy: Any, *, workers: int, envs_per_worker: int, steps: int, total_frames: int, sync: bool
+    env_id: str, policy: Any, *, workers: int, envs_per_worker: int, steps: int, total_frames: int, sync: bool,
+    metrics: Export | None = None,
 ) -> RPCCollector:
     """The demo's collector: ``workers`` local processes, each stepping ``envs_per_worker`` envs.
 
@@ -78,7 +99,7 @@ def make_collector(
     return RPCCollector(
         partial(GymEnv, env_id, num_envs=envs_per_worker), policy,
         frames_per_batch=frames_per_batch, total_frames=total_frames,
-        num_collectors=workers, sync=sync, launcher="local", cat_results="stack",
+        num_collectors=workers, sync=sync, launcher="local", cat_results="stack", metrics=metrics,
     )
 
 
@@ -219,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; it must be >= 1")
     checkpoint_dir = _checkpoint_dir(args)
     _check_trace(args)
+    metrics = metrics_of(args)
     output = args.output_dir or checkpoint_dir or Path("runs") / f"{args.env}-{datetime.now():%Y%m%d-%H%M%S}"
     torch.set_num_threads(1)  # small networks: threads only compete with the workers for cores
     torch.manual_seed(args.seed)
@@ -234,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         collector = make_collector(
             args.env, policy, workers=args.workers, envs_per_worker=args.envs_per_worker, steps=args.steps,
-            total_frames=args.total_frames, sync=args.sync,
+            total_frames=args.total_frames, sync=args.sync, metrics=metrics,
         )
         collector.set_seed(args.seed)
         if args.trace is not None:

@@ -121,6 +121,7 @@ class AsyncBatchedCollector(BaseCollector):
         postproc: Any = None,
         exploration_type: Any = None,
         replay_buffer: Any = None,
+        metrics: Any = None,
         replay_write_mode: str | None = None,
         post_collect_hook: Any = None,
         yield_completed_trajectories: bool = False,

@@ -77,6 +77,7 @@ class AsyncCollector(MultiAsyncCollector):
         num_workers_per_collector: int = 1,
         inference: str = "worker",
         replay_buffer: Any = None,
+        metrics: Any = None,
         init_fn: Any = None,
         track_traj_ids: bool = True,
         compile_policy: bool | dict | None = None,

@@ -96,6 +96,7 @@ class RayCollector(CollectorFront):
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         replay_buffer: Any = None,
+        metrics: Any = None,
         replay_write_mode: str | None = None,
         track_policy_version: bool = False,
         max_worker_restarts: int = 0,

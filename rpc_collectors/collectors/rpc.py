@@ -189,6 +189,7 @@ class RPCCollector(CollectorFront):
         env_device: Any = None,
         policy_device: Any = None,
         replay_buffer: Any = None,
+        metrics: Any = None,
         create_env_kwargs: dict | list | None = None,
         policy_factory: Any = None,
         init_fn: Any = None,

@@ -6,6 +6,7 @@ the user reads it (:mod:`.tracebacks`), the argument checks run before any proce
 another setting, or none, in :mod:`.torchrl_args`),
 warnings that point at the user's line (:mod:`.user_warnings`), the warning filters a worker runs
 under (:mod:`.worker_warnings`) and the wait on a future that keeps nobody alive
-(:mod:`.futures`), and every message between the trainer and its workers (:mod:`.protocol`).
+(:mod:`.futures`), every message between the trainer and its workers (:mod:`.protocol`), and what
+``collector.metrics()`` answers (:mod:`.metrics`).
 Imports nothing of the library.
 """

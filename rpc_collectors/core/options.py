@@ -187,7 +187,8 @@ class Collect(Group):
 @dataclasses.dataclass(frozen=True)
 class Batches(Group):
     """What the trainer hands out. Each field is checked here; those that read earlier fields
-    (``extend_buffer``, ``traj_format``, ``replay_write_mode``, ``trajs_per_write``) after the others.
+    (``extend_buffer``, ``traj_format``, ``replay_write_mode``, ``trajs_per_write``) after the others;
+    ``metrics`` by the collector, which opens its targets (``single_process.metric_exports``).
 
     Frames, one name per quantity along the whole path: ``frames_per_batch``, those of each batch
     handed out (``requested_frames_per_batch``, TorchRL's attribute and ``stats()`` key, keeps it as
@@ -210,6 +211,7 @@ class Batches(Group):
     traj_format: str | None = option(None, "whole trajectories \"padded\" or \"cat\"")
     replay_write_mode: str | None = option(None, "\"rollout\" or \"trajectory\" writes into the replay_buffer")
     trajs_per_write: int | None = option(None, "whole trajectories per replay_buffer write")
+    metrics: Any = option(None, "collector.metrics() kept (None, True) or off (False); targets: also written there")
 
     def __post_init__(self) -> None:
         super().__post_init__()

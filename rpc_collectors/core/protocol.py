@@ -201,6 +201,11 @@ class WorkerCalls(Generic[R]):
         cloudpickled)."""
         return self._send(worker_id, "set_hook", name, hook)
 
+    def phases(self, worker_id: int) -> R:
+        """The worker's frames, batches and time in each phase: a tuple of ``WorkerPhases``
+        (:mod:`~rpc_collectors.core.metrics`), one per process (a node: one per local worker)."""
+        return self._send(worker_id, "phases")
+
     def step_row(self, worker_id: int) -> R:
         """An env worker's row of a step plane (``AsyncBatchedCollector``), for the trainer to
         lay out."""

@@ -9,11 +9,13 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.core import options
-from rpc_collectors.single_process import remote_calls
+from rpc_collectors.core.metrics import Metrics, RosterMetrics, WorkerMetrics
+from rpc_collectors.single_process import metric_exports, remote_calls
 from rpc_collectors.single_process.batch_record import MASK, BatchRecord, frames_per_worker, take
 from rpc_collectors.single_process.preemption import valid_frames
 from rpc_collectors.single_process.private_keys import drop_private_keys
 from rpc_collectors.single_process.profiling import STARTED, ProfileConfig, RolloutProfiler
+from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, shift_ids, split_trajectories
 from rpc_collectors.single_process.trajectory_progress import TrajectoryProgress
 from rpc_collectors.single_process.whole_trajectories import WholeTrajectories, emit, on_buffer_device
@@ -75,6 +77,7 @@ class BaseCollector:
         self._profile_config: ProfileConfig | None = None
         self._profiler: RolloutProfiler | None = None  # enable_profile in this process
         self._closing = False  # shutdown() began: no new work, waits end
+        self._meter = RunMeter(*metric_exports.check(batches.metrics))  # metrics=: checked before any worker starts
 
     # ------------------------------------------------------------------ iteration
     @property
@@ -120,7 +123,9 @@ class BaseCollector:
             profiler = self._profiler
             if profiler is not None:
                 profiler.before_batch()
+            self._meter.begin()
             batch = self._collect_batch()
+            self._meter.arrived(batch)
             shift_ids(batch, self.run_start)
             if profiler is not None:
                 profiler.after_batch()
@@ -141,6 +146,7 @@ class BaseCollector:
             batch = self._postprocess(self._place(batch))
             if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
+            self._meter.handed_out(self, self.last_batch if versions is not None else None)
             yield batch
 
     def _postprocess(self, batch: TensorDictBase) -> TensorDictBase:
@@ -172,6 +178,16 @@ class BaseCollector:
         if self.track_policy_version and self.policy_version is not None:
             stats["policy_version"] = int(self.policy_version)
         return {**stats, "stepped_frames": int(self._frames + self.dropped_frames), **self.progress.counters()}
+
+    def metrics(self) -> Metrics:
+        """The run's :class:`~rpc_collectors.core.metrics.Metrics`: rounds, lag, restarts, pushes, the data plane,
+        each worker's phases (:mod:`~rpc_collectors.single_process.run_meter`); a RuntimeError with ``metrics=False``."""
+        drops = (int(self.dropped_frames), int(getattr(self, "dropped_batches", 0)))
+        return self._meter.snapshot(self._frames, drops, RosterMetrics(), self._worker_metrics(), data_plane=False)
+
+    def _worker_metrics(self) -> tuple[WorkerMetrics, ...]:
+        """Each worker process's metrics, from its phase clock (a single-process collector: its own)."""
+        return ()
 
     def worker_policy_versions(self) -> list[int | None]:
         """TorchRL's: the weights version each worker acknowledged (None: a push to it is in
@@ -363,6 +379,7 @@ class BaseCollector:
         self._stop.set()
         if self._profiler is not None:  # the batches profiled so far
             self._profiler.stop()
+        self._meter.close()
         self._shutdown(close_env)
         self._closed = True
 

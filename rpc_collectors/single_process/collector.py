@@ -9,7 +9,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 
 from rpc_collectors.core import checks, options, torchrl_args
-from rpc_collectors.single_process import batch_edits, envs, preemption
+from rpc_collectors.single_process import batch_edits, envs, preemption, run_meter
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.collector_views import CollectorViews
 from rpc_collectors.single_process.dispatching import DispatchingCollector
@@ -114,6 +114,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         env_device: Any = None,
         policy_device: Any = None,
         replay_buffer: Any = None,
+        metrics: Any = None,
         exploration_type: Any = InteractionType.RANDOM,
         track_policy_version: bool = False,
         create_env_kwargs: dict | None = None,
@@ -167,16 +168,13 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         self.interruptor = checks.interruptor(interruptor)
         self.track_traj_ids = c.track_traj_ids
         checks.split_needs_ids(self.split_trajs or self.whole_trajectories, self.track_traj_ids)
-        self.pre_collect_hook = c.pre_collect_hook
         self.worker_idx = None if worker_idx is None else checks.non_negative_int("worker_idx", worker_idx)
-        self.compile_policy = c.compile_policy
-        use_buffers = checks.use_buffers(c.use_buffers, self.replay_buffer)
+        self.compile_policy, use_buffers = c.compile_policy, checks.use_buffers(c.use_buffers, self.replay_buffer)
         self.max_frames_per_traj = checks.max_frames_per_traj(c.max_frames_per_traj)  # -1 is None
         self.init_random_frames = checks.init_random_frames(c.init_random_frames)  # None and -1 are 0
-        self.reset_at_each_iter = c.reset_at_each_iter
+        self.reset_at_each_iter, self.pre_collect_hook = c.reset_at_each_iter, c.pre_collect_hook
         self.devices = checks.devices(c.device, c.storing_device, c.env_device, c.policy_device)
-        self.exploration_type = c.exploration_type
-        self.track_policy_version = c.track_policy_version
+        self.exploration_type, self.track_policy_version = c.exploration_type, c.track_policy_version
         # the policy is in this process: a scheme only says whether update_policy_weights_ does anything
         self._no_push = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto") == torchrl_args.NO_PUSH
         return use_buffers
@@ -209,6 +207,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         """The rollout that steps this env kind, and how it stacks steps (TorchRL's ``_use_buffers``)."""
         self.traj_ids = traj_ids
         self.rollout = rollout_for(self.env, traj_ids, self.max_frames_per_traj, self.devices["storing_device"])
+        self.rollout.clock = self._meter.watch(self.rollout.clock)  # metrics=False: a clock that reads no time
         if isinstance(self.rollout, TensorDictRollout):  # a GymEnv's batches are dense always
             whole_batches = self.replay_buffer is not None and self.extend_buffer and not self.split_trajs
             lazy_ok = whole_batches and self.trajs_per_batch is None
@@ -259,8 +258,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         self._apply_pending_weights()
         if self.reset_at_each_iter and not self.rollout.fresh:
             self.rollout.invalidate()
-        random = self._frames < self.init_random_frames
-        fresh_obs = self.rollout.needs_reset
+        random, fresh_obs = self._frames < self.init_random_frames, self.rollout.needs_reset
         preempted = self.preemption.stopped if self.preemption is not None else (
             None if self.interruptor is None else self.interruptor.collection_stopped)
         interrupted = self._interrupted.is_set
@@ -323,6 +321,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         layout = signature_of(module) if module is not None else None
         weights = whole_update(policy_or_weights, worker_ids, layout, 1, device)[0]
         weights = weights.clone() if weights is not None else None
+        self._meter.pushed(run_meter.size_of(weights))  # acknowledged once applied
         with self._lock:
             self._pending = (weights, self.policy_version + 1 if self._pending is None else self._pending[1] + 1)
         if not self.running:
@@ -337,6 +336,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         if weights is not None:
             load_weights(self.policy.module, weights)
         self.policy_version = version
+        self._meter.acknowledged()
 
     # ------------------------------------------------------------------ state
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
@@ -373,8 +373,7 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         saved run's first episodes (call ``set_seed`` before, not after, this)."""
         with self._busy:
             self._load_base_state(state)
-            self.traj_ids.count = int(state["traj_count"])
-            self.policy_version = int(state["policy_version"])
+            self.traj_ids.count, self.policy_version = int(state["traj_count"]), int(state["policy_version"])
             if "policy_state_dict" in state and self.policy is not None and self.policy.module is not None:
                 self.policy.module.load_state_dict(state["policy_state_dict"])
             if state.get("seed") is not None:

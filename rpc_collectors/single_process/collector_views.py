@@ -1,12 +1,15 @@
 """What TorchRL's single-process collector shows beyond collecting: ``_wrapped_policy``,
-``reset()`` and ``fake_tensordict()``, from the state :class:`~rpc_collectors.single_process.collector.Collector` owns."""
+``reset()`` and ``fake_tensordict()``, and its phases (``metrics()``, a worker's answer to ``phases``),
+from the state :class:`~rpc_collectors.single_process.collector.Collector` owns."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 
+from rpc_collectors.core.metrics import WorkerMetrics, WorkerPhases
 from rpc_collectors.single_process.step_records import time_names
 from rpc_collectors.single_process.trajectories import TRAJ_IDS
 
@@ -23,6 +26,18 @@ class CollectorViews:
     _busy: Any
     track_policy_version: bool
     frames_per_env: int
+    worker_idx: int | None
+    _frames: int
+    _iter: int
+
+    def phases(self) -> tuple[WorkerPhases, ...]:
+        """Its frames, batches and phase clock (:mod:`.phase_clock`): a worker's answer to the trainer's ``phases``."""
+        clock = self.rollout.clock.totals_ns
+        return (WorkerPhases(self.worker_idx or 0, os.getpid(), self._frames, self._iter, dict(clock)),)
+
+    def _worker_metrics(self) -> tuple[WorkerMetrics, ...]:
+        """This process is its own one worker."""
+        return tuple(WorkerMetrics.of(phases) for phases in self.phases())
 
     @property
     def _wrapped_policy(self) -> Any:

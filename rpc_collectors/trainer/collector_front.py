@@ -19,9 +19,10 @@ from tensordict import TensorDictBase
 
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
+from rpc_collectors.core.metrics import Metrics, WorkerPhases
 from rpc_collectors.single_process import preemption, remote_calls
 from rpc_collectors.single_process.base_collector import BaseCollector
-from rpc_collectors.trainer import buffer_writes, saved_state, torchrl_views
+from rpc_collectors.trainer import buffer_writes, front_metrics, saved_state, torchrl_views
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.lifetime import Resources, release_with, wait_gone, weak_method
 from rpc_collectors.trainer.recovery import Recovery
@@ -71,7 +72,7 @@ class CollectorFront(BaseCollector):
             checks.total_frames_fits(self.total_frames, self.frames_per_batch)
         self.specs = s.specs
         self.policy = policy
-        self.events = Events()
+        self.events = self._meter.waits = Events()
         self.recorder, self.tracing = TraceRecorder(), TraceWindow(self)
         self.roster = Roster(self.num_workers, s.max_worker_restarts)
         self.recovery = Recovery(self)
@@ -88,7 +89,7 @@ class CollectorFront(BaseCollector):
             policy, self.workers, self.roster, self.deferred, self.gather, transport=s.weight_transport,
             factory=s.policy_factory, no_push=self._no_push, policy_device=s.policy_device, backend=self.backend,
             elastic=self.elastic, rpc_timeout=self.rpc_timeout, refill=self.roster.budget > 0 or self.elastic,
-            resources=self._resources, recorder=self.recorder,
+            resources=self._resources, recorder=self.recorder, meter=self._meter,
         )
         self._release = release_with(self, self._resources)
         self._closed = self._closing = False
@@ -269,6 +270,14 @@ class CollectorFront(BaseCollector):
         self.require_running()
         self.pusher.push_version(version, source)
 
+    def metrics(self) -> Metrics:
+        """``BaseCollector.metrics`` with each worker's phases, restarts, joins and leaves (:mod:`.front_metrics`)."""
+        return front_metrics.of(self)
+
+    def worker_phases(self) -> tuple[WorkerPhases, ...]:
+        """Each worker process's frames, batches and time in each phase (one call to each)."""
+        return front_metrics.phases_of(self)
+
     @property
     def dropped_frames(self) -> int:
         """Frames collected and not handed out (:mod:`.continuity`)."""
@@ -285,8 +294,8 @@ class CollectorFront(BaseCollector):
         (``"worker_idx"``: the worker ids; ``"replay_buffer..."``: the trainer's buffer, which the workers share)."""
         self.require_running()
         if torchrl_views.in_trainer(attr, self.replay_buffer):
-            return [remote_calls.attribute(self, attr) for _ in self._serving()]
-        return self.gather({i: self.deferred.get_distant_attr(i, attr) for i in self._serving()})
+            return [remote_calls.attribute(self, attr) for _ in self.roster.serving()]
+        return self.gather({i: self.deferred.get_distant_attr(i, attr) for i in self.roster.serving()})
 
     def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
         """TorchRL's: each worker's collector's ``method_name`` (a dotted path) called with its entry of
@@ -294,26 +303,22 @@ class CollectorFront(BaseCollector):
         args, kwargs = remote_calls.entries(list_of_args, list_of_kwargs, self.num_workers)
         self.require_running()
         if torchrl_views.in_trainer(method_name, self.replay_buffer):
-            return [remote_calls.attribute(self, method_name)(*args[i], **kwargs[i]) for i in self._serving()]
-        return self.gather({i: self.deferred.map_fn(i, method_name, args[i], kwargs[i]) for i in self._serving()})
+            return [remote_calls.attribute(self, method_name)(*args[i], **kwargs[i]) for i in self.roster.serving()]
+        return self.gather({i: self.deferred.map_fn(i, method_name, args[i], kwargs[i]) for i in self.roster.serving()})
 
     def fake_tensordict(self) -> Any:
-        """Not implemented, as in TorchRL: each worker's batch has its own layout (a single-process
-        ``Collector`` has it)."""
+        """Not implemented, as in TorchRL: each worker's batch has its own layout (``Collector`` has it)."""
         raise NotImplementedError(f"{type(self).__name__}.fake_tensordict is not implemented, as in TorchRL; "
                                   "accepted: Collector(...).fake_tensordict() with one of the workers' envs")
 
     @property
     def interruptor(self) -> None:
-        """TorchRL's shared flag that stops a sync round's other workers: None, as TorchRL's is without
-        preemption; with it, the trainer stops them by a call, so no flag exists either."""
+        """TorchRL's flag that stops a sync round's other workers: None (preemption stops them by a call)."""
         return None
 
     def _start_profile(self, config: Any) -> None:
-        raise ValueError(
-            f"enable_profile(workers={config.workers!r}) on {type(self).__name__}: profiling inside worker processes "
-            "is not supported; accepted: enable_profile on a single-process Collector"
-        )
+        raise ValueError(f"enable_profile(workers={config.workers!r}) on {type(self).__name__}: profiling inside "
+                         "worker processes is not supported; accepted: enable_profile on a single-process Collector")
 
     @property
     def pre_collect_hook(self) -> Any:
@@ -340,7 +345,7 @@ class CollectorFront(BaseCollector):
             return
         self.require_running()
         self.specs[:], pickled = torchrl_views.with_hook(self.specs, name, hook)
-        self.gather({i: self.deferred.set_hook(i, name, pickled) for i in self._serving()})
+        self.gather({i: self.deferred.set_hook(i, name, pickled) for i in self.roster.serving()})
 
     @property
     def _weight_sync_schemes(self) -> dict:
@@ -360,9 +365,6 @@ class CollectorFront(BaseCollector):
         return torchrl_views.worker_stats(stats, workers, alive, self._worker_totals, self.num_workers)
 
     # ---------------------------------------------------------------- state
-    def _serving(self) -> list[int]:
-        return self.roster.serving()
-
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every worker's env and torch RNG with distinct seeds; returns the next free seed."""
         self.require_running()
@@ -370,7 +372,7 @@ class CollectorFront(BaseCollector):
         if self.elastic:  # slot i gets seed + i; each collector in it one drawn from that seed's sequence
             for worker_id in range(self.num_workers):
                 self.roster.seeds[worker_id] = seed + worker_id
-            self.gather({i: self.deferred.set_seed(i, self.roster.seed(i)) for i in self._serving()})
+            self.gather({i: self.deferred.set_seed(i, self.roster.seed(i)) for i in self.roster.serving()})
             return seed + self.num_workers
         for worker_id in range(self.num_workers):
             self.roster.seeds[worker_id] = int(seed)

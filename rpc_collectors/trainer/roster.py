@@ -134,6 +134,7 @@ class Roster:
         self.seeds: list[int | None] = [None] * num_workers  # the seed each worker was last given
         self._ids = [0] * num_workers  # bound on the id counts worker i's processes may have used
         self.resumes = 0  # how many times the run was resumed from a saved state
+        self.joins = self.leaves = 0  # collectors that took a vacant slot, that left theirs (elastic)
 
     def __getitem__(self, worker_id: int) -> WorkerRecord:
         return self.records[worker_id]
@@ -188,11 +189,13 @@ class Roster:
     def joining(self, worker_id: int) -> None:
         """A collector is taking the vacant slot ``worker_id`` (elastic): a new generation, nothing to redo."""
         self.records[worker_id].vacated()
+        self.joins += 1
 
     def left_slot(self, worker_id: int) -> None:
         """The collector serving ``worker_id`` left an elastic trainer: its slot is vacant (no budget spent)."""
         self.records[worker_id].vacated()
         self.counts[worker_id] += 1
+        self.leaves += 1
 
     def served(self, worker_id: int, info: dict) -> None:
         """The process serving ``worker_id`` built its collector (``info``: what it reports of itself,

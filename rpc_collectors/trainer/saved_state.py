@@ -40,8 +40,6 @@ class Saved(Protocol):
 
     def require_running(self) -> None: ...
 
-    def _serving(self) -> list[int]: ...
-
     def _delivered_frames(self, worker: int) -> int: ...
 
     def _base_state(self) -> dict: ...
@@ -85,7 +83,7 @@ def load(front: Saved, state: dict) -> None:
     if front.elastic:
         if state.get("traj_id_bounds") is None or len(state["traj_id_bounds"]) != front.num_workers:
             raise ValueError(f"the state is not that of an elastic collector with {front.num_workers} slots")
-        if front._serving():
+        if front.roster.serving():
             raise RuntimeError("load_state_dict on an elastic collector must come before its first batch")
     elif state["workers"] is None:
         raise ValueError("the state is an elastic collector's; load it into a collector with elastic=True")

@@ -226,6 +226,8 @@ def _worker_options(o: options.Options, frames_per_batch_worker: list[int], loca
     kwargs.update(_collector_kwargs(o.launch.collector_kwargs))  # each value checked there
     kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])  # one collector_kwargs may set
     kwargs["preemptible"] = preemptive_threshold is not None  # the worker numbers its batches and pads cut ones
+    if o.batches.metrics is False:  # the workers' phase clocks read no time either
+        kwargs["metrics"] = False
     return kwargs, per_worker
 
 

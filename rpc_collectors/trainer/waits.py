@@ -51,6 +51,7 @@ class Events:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._items: list[Any] = []
+        self.waited_ns = 0  # how long waiters waited here, in all (the trainer's wait in metrics())
 
     def put(self, item: Any) -> None:
         with self._cond:
@@ -78,7 +79,9 @@ class Events:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
+                begun = time.perf_counter_ns()
                 self._cond.wait(remaining)
+                self.waited_ns += time.perf_counter_ns() - begun
 
     def drop(self, match: Callable[[Any], bool]) -> None:
         """Forget the events ``match`` accepts (answers nobody waits for any more)."""

@@ -23,6 +23,7 @@ from torch import nn
 from rpc_collectors.core import worker_checks
 from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.single_process.policies import run_device
+from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer.lifetime import Resources
 from rpc_collectors.trainer.roster import WorkerRecord
 from rpc_collectors.trainer.trace_spans import TraceRecorder
@@ -38,18 +39,20 @@ class WeightPusher:
     ``deferred``: the workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent by ``gather``;
     ``no_push`` (TorchRL's ``NoWeightSyncScheme``): no plane, a push does nothing; ``refill``: a
     replaced or newly joined worker gets the weights its slot holds; the plane, once laid out, is
-    released with ``resources``; ``recorder`` keeps its spans in a trace window.
+    released with ``resources``; ``meter`` counts the pushes and times their acknowledgements;
+    ``recorder`` keeps their spans in a trace window.
     """
 
     def __init__(
         self, policy: Any, pool: Any, roster: Sequence[WorkerRecord], deferred: WorkerCalls, gather: Callable[..., list],
         *, transport: str, factory: bool, no_push: bool, policy_device: Any, backend: str, elastic: bool,
-        rpc_timeout: float, refill: bool, resources: Resources, recorder: TraceRecorder | None = None,
+        rpc_timeout: float, refill: bool, resources: Resources, meter: RunMeter | None = None,
+        recorder: TraceRecorder | None = None,
     ) -> None:
         self.policy, self.pool, self.roster, self.deferred, self.gather = policy, pool, roster, deferred, gather
         self.transport, self.factory, self.no_push, self.policy_device = transport, factory, no_push, policy_device
         self.backend, self.elastic, self.rpc_timeout, self.refill = backend, elastic, rpc_timeout, refill
-        self.resources = resources
+        self.resources, self.meter = resources, meter if meter is not None else RunMeter(on=False)
         self.recorder = recorder if recorder is not None else TraceRecorder()  # its spans: "push", "push wait"
         self.plane: WeightPlane | None = None
         self.version = 0  # the newest weights' version (each worker acknowledges its own: worker_versions)
@@ -166,8 +169,10 @@ class WeightPusher:
         self.version = version
         for worker_id in receive:
             self.roster[worker_id].sent_weights(version)
+        metered = self.meter.pushed(sum(nbytes for _, nbytes, _, _ in self.plane.sender.flat.layout))
         self._push = {i: self.deferred.receive_weights(i, *args) for i, args in receive.items()}
         self._pushed = {i: call() for i, call in self._push.items()}
+        torch.futures.collect_all(list(self._pushed.values())).then(lambda _: self.meter.acknowledged(metered))
         self.recorder.end("push", started, version=version, workers=len(receive))
         if not non_blocking:
             self.finish()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from torch import nn
 
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
+from rpc_collectors.core.metrics import WorkerPhases
 from rpc_collectors.core.protocol import Dropped, LocalRestart
 from rpc_collectors.single_process.batch_record import VERSION, workers_in
 from rpc_collectors.single_process.policies import StepPolicy
@@ -123,7 +124,7 @@ class NodeCollector:
         self, create_env_fn: Any, policy: Any, node: NodeSpec, traj_id_start: int, traj_id_stride: int,
         node_id: int = 0, **kwargs: Any,
     ) -> None:
-        self.node = node
+        self.node, self.node_id = node, node_id
         # where the trainer's weights land: the policy, or (policy_factory) a TensorDict laid out as they are
         self.module: nn.Module | TensorDictBase | None = policy if isinstance(policy, nn.Module) else None
         # local worker w's ids x = w + W * c become traj_id_start * W + w + traj_id_stride * W * c
@@ -252,6 +253,11 @@ class NodeCollector:
         width = self.node.num_workers
         batch.set_(TRAJ_IDS, self._base + ids % width + self._stride * torch.div(ids, width, rounding_mode="floor"))
         return batch
+
+    def phases(self) -> tuple[WorkerPhases, ...]:
+        """Its local workers' frames, batches and phases, by the flat run's worker ids (``node_id * W + w``)."""
+        first = self.node_id * self.node.num_workers
+        return tuple(replace(p, worker_id=first + p.worker_id) for p in self.local.worker_phases())
 
     def set_seed(self, seed: int) -> int:
         return self.local.set_seed(seed)

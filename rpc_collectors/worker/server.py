@@ -28,6 +28,7 @@ from rpc_collectors.core import protocol, worker_warnings
 from rpc_collectors.core.protocol import Noted, Ready, WorkerInfo, WorkerSpec
 from rpc_collectors.single_process import remote_calls
 from rpc_collectors.single_process.collector import Collector
+from rpc_collectors.single_process.phase_clock import StoppedClock
 from rpc_collectors.single_process.preemption import Preemption
 from rpc_collectors.transport import doorbell, local_restarts, membership, rendezvous
 from rpc_collectors.transport.data import SlotSpec, SlotWriter
@@ -40,8 +41,8 @@ from rpc_collectors.worker import channel, cpp_log, spawner
 from rpc_collectors.worker.env_steps import EnvSteps, StepGroup, step_row
 from rpc_collectors.worker.node import NodeCollector
 from rpc_collectors.worker.node_inference import NodePolicy
+from rpc_collectors.worker.observing import ObservingCalls
 from rpc_collectors.worker.spawner import name_process
-from rpc_collectors.worker.trace_calls import TraceCalls
 
 TRAINER = "trainer"
 PING_EVERY = 5.0  # seconds between a server's checks that its trainer is still there
@@ -56,7 +57,7 @@ def worker_name(rank: int, session: str = "") -> str:
     return f"collector{rank}_{session}" if session else f"collector{rank}"
 
 
-class WorkerState(TraceCalls):
+class WorkerState(ObservingCalls):
     """One collector server: its collector, its weights, its identity (and its trace calls)."""
 
     def __init__(
@@ -111,13 +112,10 @@ class WorkerState(TraceCalls):
         """Who serves this collector: rank, host name, address, pid, machine id; its number of envs and torch threads."""
         node = isinstance(self.collector, NodeCollector)
         envs = self.collector.num_envs if node else int(torch.Size(self.collector.env.batch_size).numel())
-        info: WorkerInfo = {
-            "rank": self.rank, "host": socket.gethostname(), "address": self.address, "pid": os.getpid(),
-            "host_id": host_id(), "envs": envs, "threads": torch.get_num_threads(),
-        }
+        info: WorkerInfo = {"rank": self.rank, "host": socket.gethostname(), "address": self.address, "pid": os.getpid(),
+                            "host_id": host_id(), "envs": envs, "threads": torch.get_num_threads()}
         if node:
-            info["local_pids"] = self.collector.pids
-            info["inference"] = self.collector.node.inference
+            info["local_pids"], info["inference"] = self.collector.pids, self.collector.node.inference
         return info
 
     def _module(self) -> Any:
@@ -158,14 +156,16 @@ class WorkerState(TraceCalls):
         return True
 
     def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready | Noted:
-        """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned;
-        a node's answer carries its local restarts and own drops since its last
-        (:mod:`~rpc_collectors.transport.local_restarts`)."""
+        """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or returned; a node's
+        answer carries its local restarts and own drops since its last (:mod:`~rpc_collectors.transport.local_restarts`)."""
+        clock = self.collector.rollout.clock if isinstance(self.collector, Collector) else StoppedClock()  # a node's: its workers
+        clock.mark("idle")  # since its last batch: waiting for this request
         if self.preemption is not None:
             self.preemption.begin()
         if self.receiver is not None:
             with self._weights_lock():
                 self.receiver.apply(self.collector, min_version, self.timeout)
+            clock.mark("weights")
         if self.node_policy is not None:
             self.node_policy.begin()
         if self.writer is not None and isinstance(self.collector, Collector):  # observations go straight into the slot
@@ -178,7 +178,8 @@ class WorkerState(TraceCalls):
         elif node:  # its tensors are views of the local workers' shared slots, which an RPC result would carry whole
             result = batch.clone()
         else:
-            return batch
+            result = batch
+        clock.mark("write")  # the batch built and in its slot
         return local_restarts.attach(result, self.collector.new_restarts(), self.collector.new_drops()) if node else result
 
     def step_row(self) -> TensorDictBase:
@@ -235,10 +236,7 @@ class WorkerState(TraceCalls):
     def interrupt(self) -> None:
         """The process is closing: the batch in progress ends at its next step (a node's: its local
         collector shuts down, which ends its local workers' batches likewise)."""
-        if isinstance(self.collector, NodeCollector):
-            self.collector.shutdown()
-        else:
-            self.collector.interrupt()
+        self.collector.shutdown() if isinstance(self.collector, NodeCollector) else self.collector.interrupt()
 
     def close(self) -> None:
         if self.receiver is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensordict import TensorDict
 
 from procs import ctrl_c_raises
@@ -149,6 +150,13 @@ def test_cli_rejects_a_bad_trace_before_any_process_starts(tmp_path):
         main(["demo", "--trace", str(tmp_path / "no" / "t.json")])
     with pytest.raises(SystemExit, match="--trace-rounds=0 is invalid; accepted: an int > 0"):
         main(["demo", "--trace", str(tmp_path / "t.json"), "--trace-rounds", "0"])
+def test_cli_rejects_bad_metrics_before_any_process_starts(tmp_path):
+    with pytest.raises(SystemExit, match="--metrics: metrics='grafana:3000' is invalid; accepted"):
+        main(["demo", "--metrics", "grafana:3000"])
+    with pytest.raises(SystemExit, match=r"--metrics: Export\(batches\)=0 is invalid; accepted: an int > 0"):
+        main(["demo", "--metrics", f"jsonl:{tmp_path / 'm.jsonl'}", "--metrics-batches", "0"])
+    with pytest.raises(SystemExit, match="--metrics: metrics=JsonLines.* cannot be written"):
+        main(["demo", "--metrics", f"jsonl:{tmp_path}"])
 
 
 def test_plot_is_skipped_with_a_notice_without_matplotlib(monkeypatch, capsys, tmp_path):
@@ -193,6 +201,18 @@ def test_demo_writes_a_timeline_of_its_first_batches(tmp_path):
     assert sum(e["name"] == "hand-out" for e in events) == 2
     # 128 steps of 4 envs per worker and batch
     assert sum(e["name"] == "env" for e in events) == 2 * 2 * 128
+def test_demo_writes_its_metrics_to_tensorboard_and_json_lines(tmp_path):
+    out = tmp_path / "run"
+    result = run(demo_command("--total-frames", "2048", "--output-dir", str(out), "--metrics-batches", "1",
+                              "--metrics", f"tensorboard:{out / 'tb'}", "--metrics", f"jsonl:{out / 'metrics.jsonl'}"))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1024, 2048]  # a batch of 2 workers x 4 envs x 128 steps each
+    assert [[w["frames"] for w in line["metrics"]["workers"]] for line in lines] == [[512, 512], [1024, 1024]]
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("collector/frames")] == [(1024, 1024), (2048, 2048)]
+    assert "warning" not in result.stderr.lower()
 
 
 @pytest.mark.multiprocess

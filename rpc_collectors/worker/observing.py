@@ -1,4 +1,5 @@
-"""The trace calls a collector server serves: its clock, and a trace window on its phase clock.
+"""The calls that observe a collector server: its phases' totals, its clock, and a trace window on
+its phase clock.
 
 A worker's window keeps the spans its collector's phase clock marks
 (:mod:`~rpc_collectors.single_process.phase_clock`: whatever phases are marked); a node's is its
@@ -19,10 +20,15 @@ from rpc_collectors.worker.node import NodeCollector
 THREAD = "rollout"  # the row of a worker's phases in the timeline
 
 
-class TraceCalls:
-    """``clock`` and ``trace`` (:class:`~rpc_collectors.core.protocol.WorkerCalls`) on a server's ``collector``."""
+class ObservingCalls:
+    """``phases``, ``clock`` and ``trace`` (:class:`~rpc_collectors.core.protocol.WorkerCalls`) on a server's
+    ``collector``."""
 
     collector: Any
+
+    def phases(self) -> tuple:
+        """This worker's ``WorkerPhases`` (:mod:`~rpc_collectors.core.metrics`; a node's: its local workers')."""
+        return self.collector.phases()
 
     def clock(self) -> int:
         """This process's ``time.monotonic_ns()``."""

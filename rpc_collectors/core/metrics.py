@@ -1,0 +1,197 @@
+"""What ``collector.metrics()`` answers: a run's metrics, one frozen dataclass per group.
+
+:class:`Metrics` holds the groups: the workers (:class:`WorkerMetrics`, one per worker process;
+a node collector's local workers each have their own), the trainer's rounds
+(:class:`RoundMetrics`), policy lag and drops (:class:`LagMetrics`), restarts, joins and leaves
+(:class:`RosterMetrics`), weight pushes (:class:`PushMetrics`) and the data plane
+(:class:`DataPlaneMetrics`). :meth:`Metrics.scalars` flattens them into the ``name -> number``
+that the exporters write. A worker answers the trainer's ``phases`` call with
+:class:`WorkerPhases`, a few ints.
+
+Times are seconds of the monotonic clock; totals count from the collector's start (a worker's
+from its process's start: a replaced worker starts again from 0).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerPhases:
+    """A worker process's answer to ``phases``: its frames and batches collected, and the
+    nanoseconds of its phase clock in each phase (``idle``, ``weights``, ``policy``, ``env``,
+    ``write``); ``worker_id`` is the flat run's id (a node's local worker ``w`` of node ``i``:
+    ``i * W + w``)."""
+
+    worker_id: int
+    pid: int
+    frames: int
+    batches: int
+    phase_ns: dict[str, int]
+
+
+@dataclass(frozen=True)
+class WorkerMetrics:
+    """One worker process, from its own clock.
+
+    Attributes:
+        worker_id: the worker's id (a node's local worker ``w`` of node ``i``: ``i * W + w``).
+        pid: its process id.
+        frames: frames it collected since its process started (dropped ones too).
+        batches: batches it collected.
+        frames_per_s: ``frames`` over the time its clock counted (the sum of the phases below).
+        idle_s: waiting for the trainer's next request (between its batches).
+        weights_s: applying new weights before a batch.
+        policy_s: in policy calls.
+        env_s: in env steps (resets, the step record).
+        write_s: building the batch and writing it into its shared-memory slot.
+    """
+
+    worker_id: int
+    pid: int
+    frames: int
+    batches: int
+    frames_per_s: float
+    idle_s: float
+    weights_s: float
+    policy_s: float
+    env_s: float
+    write_s: float
+
+    @classmethod
+    def of(cls, phases: WorkerPhases) -> WorkerMetrics:
+        seconds = {name: ns / 1e9 for name, ns in phases.phase_ns.items()}
+        counted = sum(seconds.values())
+        return cls(phases.worker_id, phases.pid, phases.frames, phases.batches,
+                   phases.frames / counted if counted > 0 else 0.0, seconds["idle"], seconds["weights"],
+                   seconds["policy"], seconds["env"], seconds["write"])
+
+
+@dataclass(frozen=True)
+class RoundMetrics:
+    """The trainer's side of each batch handed out (a sync round, or one async batch), from asking for
+    it to handing it out.
+
+    Attributes:
+        rounds: batches handed out.
+        wait_s: waiting for the workers' answers (and for pushes to be acknowledged) in those rounds.
+        busy_s: the rest: the trainer's own work (requests, receiving and combining batches, handing
+            out; a single-process collector's: its rollout), in wall-clock time.
+        handout_s: of ``busy_s``, from a batch's arrival to its hand-out (storing device, ``postproc``, hooks).
+        last_wait_s, last_busy_s, last_handout_s: the same, of the last batch.
+    """
+
+    rounds: int = 0
+    wait_s: float = 0.0
+    busy_s: float = 0.0
+    handout_s: float = 0.0
+    last_wait_s: float = 0.0
+    last_busy_s: float = 0.0
+    last_handout_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LagMetrics:
+    """Policy lag of the batches handed out (:attr:`BatchRecord.lag
+    <rpc_collectors.single_process.batch_record.BatchRecord.lag>`), and what was dropped.
+
+    Attributes:
+        min: the smallest ``min_lag`` (the newest frame's) of any batch.
+        mean: the mean ``lag`` (the oldest frame's) over the batches.
+        max: the largest ``lag`` of any batch.
+        last: the last batch's ``lag``.
+        dropped_frames, dropped_batches: collected and not handed out (``max_policy_lag``, cut streams).
+    """
+
+    min: int = 0
+    mean: float = 0.0
+    max: int = 0
+    last: int = 0
+    dropped_frames: int = 0
+    dropped_batches: int = 0
+
+
+@dataclass(frozen=True)
+class RosterMetrics:
+    """Who serves the collector.
+
+    Attributes:
+        workers: worker slots (``num_workers``).
+        alive: slots served by a live process.
+        restarts: processes replaced (``max_worker_restarts``), a node's local workers included.
+        joins: collectors that took a slot of an elastic run.
+        leaves: collectors that left an elastic run.
+    """
+
+    workers: int = 1
+    alive: int = 1
+    restarts: int = 0
+    joins: int = 0
+    leaves: int = 0
+
+
+@dataclass(frozen=True)
+class PushMetrics:
+    """Weight pushes (``update_policy_weights_`` and the pushes the collector makes itself).
+
+    Attributes:
+        count: pushes made.
+        bytes: the weights' bytes pushed, each push counted once (however many workers got it).
+        ack_s: total time from each push until every worker it went to acknowledged it.
+        last_ack_s, max_ack_s: that time, of the last push and the longest.
+    """
+
+    count: int = 0
+    bytes: int = 0
+    ack_s: float = 0.0
+    last_ack_s: float = 0.0
+    max_ack_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DataPlaneMetrics:
+    """Batches moved from the workers to the trainer.
+
+    Attributes:
+        bytes: the bytes of the batches received (their tensors' size), dropped ones included.
+        bytes_per_s: ``bytes`` over the run's time so far.
+    """
+
+    bytes: int = 0
+    bytes_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A run's metrics (``collector.metrics()``).
+
+    Attributes:
+        elapsed_s: seconds since the collector started.
+        frames: frames handed out (``collector.frames``).
+        frames_per_s: ``frames`` over ``elapsed_s``.
+        rounds, lag, roster, pushes, data_plane: the groups above.
+        workers: one per worker process, by ``worker_id``.
+    """
+
+    elapsed_s: float
+    frames: int
+    frames_per_s: float
+    rounds: RoundMetrics
+    lag: LagMetrics
+    roster: RosterMetrics
+    pushes: PushMetrics
+    data_plane: DataPlaneMetrics
+    workers: tuple[WorkerMetrics, ...] = ()
+
+    def scalars(self) -> dict[str, float]:
+        """Every number by name: ``"frames_per_s"``, ``"lag/max"``, ``"workers/3/env_s"``, ..."""
+        out: dict[str, float] = {"elapsed_s": self.elapsed_s, "frames": self.frames, "frames_per_s": self.frames_per_s}
+        for group in ("rounds", "lag", "roster", "pushes", "data_plane"):
+            for name, value in dataclasses.asdict(getattr(self, group)).items():
+                out[f"{group}/{name}"] = value
+        for worker in self.workers:
+            for name, value in dataclasses.asdict(worker).items():
+                if name != "worker_id":
+                    out[f"workers/{worker.worker_id}/{name}"] = value
+        return out
