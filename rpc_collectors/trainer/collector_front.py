@@ -194,7 +194,8 @@ class CollectorFront(BaseCollector):
     # ---------------------------------------------------------------- collection
     def _collect_batch(self) -> TensorDictBase:
         batch = self.schedule.collect()
-        self.tracing.handed_out()
+        if self.tracing.rounds_left:  # a trace window is open
+            self.tracing.handed_out()
         return batch
 
     def trace(self, path: Any, rounds: int = 1, max_spans: int = MAX_SPANS) -> None:
@@ -235,8 +236,7 @@ class CollectorFront(BaseCollector):
         return self.pusher.acknowledged()
 
     def worker_policy_versions(self) -> list[int | None]:
-        """TorchRL's: the weights version each worker acknowledged (0 before any push; None
-        while a push to it is in flight, or where its slot has no worker)."""
+        """TorchRL's: each worker's acknowledged weights version (0 before a push; None: in flight, or no worker)."""
         return self.pusher.worker_versions()
 
     def _newest_version(self) -> int:

@@ -120,7 +120,7 @@ def files_of(entries: list[str]) -> dict[str, set[str]]:
     return sides
 
 
-@pytest.mark.parametrize("cls, most", [(MultiSyncCollector, 10), (MultiAsyncCollector, 11)])
+@pytest.mark.parametrize("cls, most", [(MultiSyncCollector, 11), (MultiAsyncCollector, 12)])
 def test_one_steady_state_batch_runs_in_a_bounded_set_of_files(tmp_path, cls, most):
     """A steady-state batch of local workers, from the trainer's request to the loop, runs in at
     most ``most`` of the package's files, trainer and worker together (the path of
