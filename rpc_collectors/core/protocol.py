@@ -211,10 +211,10 @@ class WorkerCalls(Generic[R]):
         lay out."""
         return self._send(worker_id, "step_row")
 
-    def join_steps(self, worker_id: int, spec: Any) -> R:
+    def join_steps(self, worker_id: int, group: Any) -> R:
         """Step the worker's envs with the actions the trainer writes into their rows of the step
         plane (a ``StepGroup``)."""
-        return self._send(worker_id, "join_steps", spec)
+        return self._send(worker_id, "join_steps", group)
 
     def clock(self, worker_id: int) -> R:
         """The worker's ``time.monotonic_ns()`` now (the trainer measures its clock's offset)."""

@@ -103,7 +103,9 @@ def test_a_trace_of_two_rounds_holds_the_trainer_and_one_policy_call_and_env_ste
     assert expected == {"policy": rounds * FRAMES_PER_WORKER // envs, "env": rounds * FRAMES_PER_WORKER // envs}
     for worker in ("worker 0", "worker 1"):
         (rollout,) = [spans for name, spans in trace.items() if name.startswith(worker)][0].values()
-        assert Counter(s["name"] for s in rollout) == expected
+        counts = Counter(s["name"] for s in rollout)
+        assert {phase: counts[phase] for phase in expected} == expected
+        assert counts["write"] == rounds  # each batch of the window built and written once
     (trainer,) = [threads for name, threads in trace.items() if name.startswith("trainer")]
     spans = [s for thread in trainer.values() for s in thread]
     assert Counter(s["name"] for s in spans)["hand-out"] == rounds
@@ -150,8 +152,8 @@ def test_a_collector_that_refuses_enable_profile_traces_at_most_max_spans_per_th
         for spans in threads.values():
             assert len(spans) <= 3
     for name, threads in trace.items():
-        if name.startswith("worker"):  # the newest kept: the last step's env step ends the last span
-            assert [s["name"] for s in threads["rollout"]] == ["env", "policy", "env"]
+        if name.startswith("worker"):  # the newest kept: the last step, then the batch's write
+            assert [s["name"] for s in threads["rollout"]] == ["policy", "env", "write"]
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -201,7 +203,8 @@ def test_a_nodes_trace_holds_its_waits_and_its_local_workers_spans(tmp_path, no_
     expected = single_process_phases(CountEnv, FRAMES_PER_WORKER, rounds)
     for name, threads in trace.items():
         if "local worker" in name:
-            assert Counter(s["name"] for s in threads["rollout"]) == expected
+            counts = Counter(s["name"] for s in threads["rollout"])
+            assert {phase: counts[phase] for phase in expected} == expected and counts["write"] == rounds
     assert_in_order_without_overlap(trace)
 
 
