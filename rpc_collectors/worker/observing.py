@@ -2,7 +2,8 @@
 its phase clock.
 
 A worker's window keeps the spans its collector's phase clock marks
-(:mod:`~rpc_collectors.single_process.phase_clock`: whatever phases are marked); a node's is its
+(:mod:`~rpc_collectors.single_process.phase_clock`: whatever phases are marked; with
+``metrics=False``, a clock of the window's own); a node's is its
 own front's window (:mod:`~rpc_collectors.trainer.trace_window`), which holds the node's waits
 and its local workers' spans, already on the node's clock.
 """
@@ -15,6 +16,7 @@ from collections import deque
 from typing import Any
 
 from rpc_collectors.core.protocol import ProcessSpans
+from rpc_collectors.single_process.phase_clock import PhaseClock, StoppedClock
 from rpc_collectors.worker.node import NodeCollector
 
 THREAD = "rollout"  # the row of a worker's phases in the timeline
@@ -39,9 +41,14 @@ class ObservingCalls:
         if isinstance(self.collector, NodeCollector):
             window = self.collector.local.tracing
             return window.open(keep) if keep is not None else window.take()
-        clock = self.collector.rollout.clock
+        rollout = self.collector.rollout
         if keep is not None:
-            clock.spans = deque(maxlen=keep)
+            if isinstance(rollout.clock, StoppedClock):  # metrics=False: a clock of the window's own
+                rollout.clock = PhaseClock()
+            rollout.clock.spans = deque(maxlen=keep)
             return None
+        clock = rollout.clock
         spans, clock.spans = clock.spans, None
+        if not self.collector._meter.on:
+            rollout.clock = StoppedClock()
         return [ProcessSpans((), socket.gethostname(), os.getpid(), {THREAD: list(spans or ())})]

@@ -274,3 +274,21 @@ def test_a_worker_lost_while_a_window_opens_is_left_out_and_the_others_are_trace
     window.open(10)
     assert asked == [[0, 1, 2], [0, 2]] and window.opened == [0, 2]
     assert front.recorder.spans is not None and front.recorder.spans.maxlen == 10
+
+
+@pytest.mark.multiprocess
+def test_a_collector_without_metrics_traces_its_workers_steps_and_stays_without_metrics(tmp_path, no_leftover_processes):
+    path, rounds = tmp_path / "no-metrics.json", 2
+    with MultiSyncCollector([CountEnv] * 2, policy=None, frames_per_batch=2 * FRAMES_PER_WORKER, total_frames=-1,
+                            metrics=False) as c:
+        c.trace(path, rounds=rounds)
+        for i, _ in enumerate(c):
+            if i == rounds:
+                break
+        clocks = c.get_distant_attr("rollout.clock")
+    assert [type(clock).__name__ for clock in clocks] == ["StoppedClock"] * 2  # off again once the window closed
+    expected = single_process_phases(CountEnv, FRAMES_PER_WORKER, rounds)
+    for name, threads in read(path).items():
+        if name.startswith("worker"):
+            counts = Counter(s["name"] for s in threads["rollout"])
+            assert {phase: counts[phase] for phase in expected} == expected, name
