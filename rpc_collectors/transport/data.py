@@ -54,7 +54,7 @@ from rpc_collectors.transport import shm
 from rpc_collectors.transport.doorbell import Dial, Doorbell, Ends, SocketDoorbell
 from rpc_collectors.transport.layouts import BatchLayout, aligned
 
-IN_FLIGHT = 2  # requests a pipelined worker on another host has at once: it collects one while it sends the other
+IN_FLIGHT = 2  # requests a pipelined worker with slots has at once: the next is waiting when it finishes one
 CONNECT_TIMEOUT = 10.0  # seconds at most for a worker on another host to connect its doorbell
 MIN_BYTES = 0  # smaller batches go as RPC results (0: none; raised to compare the two paths)
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
@@ -235,8 +235,9 @@ class BatchPlane:
     asks worker i to map (or make) its slots and open its doorbell; whether it could. ``sync``
     collectors get one round buffer when every worker is local and their batches share one
     layout. Batches end up on ``device`` (:meth:`place`). ``pipelined`` (async, not waiting for
-    weights after each batch): a worker on another host may have ``IN_FLIGHT`` requests at once
-    (:meth:`depth`), so that it collects its next batch while the last one crosses the network.
+    weights after each batch): a worker with slots may have ``IN_FLIGHT`` requests at once
+    (:meth:`depth`), so that it goes on to its next batch as soon as it finished one, while the
+    trainer takes that one in (on this host) or it crosses the network (on another host).
     """
 
     def __init__(
@@ -254,7 +255,7 @@ class BatchPlane:
         self._join, self._sync, self._keep_fds = join, sync, keep_fds
         # one that cannot reach the trainer's port gives up within its join call's timeout: its batches come by RPC
         self._address, self._connect_timeout = address, min(CONNECT_TIMEOUT, timeout / 2)
-        self._in_flight = IN_FLIGHT if pipelined else 1  # per worker on another host
+        self._in_flight = IN_FLIGHT if pipelined else 1  # per worker with slots
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
@@ -277,7 +278,7 @@ class BatchPlane:
 
     def depth(self, worker_id: int) -> int:
         """How many requests ``worker_id`` may have in flight."""
-        return self._in_flight if self.path_of(worker_id) == "tcp" else 1
+        return self._in_flight if self.path_of(worker_id) != "rpc" else 1
 
     def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot to ask ``worker_id`` to write its next batch into (None: as an RPC result)."""
@@ -340,7 +341,7 @@ class BatchPlane:
         if path is not None:
             layout = BatchLayout.of(result)
             if layout is not None and layout.nbytes >= MIN_BYTES:
-                slots = SLOTS if path == "shm" else SLOTS + self._in_flight - 1
+                slots = SLOTS + self._in_flight - 1
                 self._set_up(SlotPool(layout, 1, self._pinned, shared=path == "shm", slots=slots), [worker_id])
         return result
 
