@@ -54,7 +54,7 @@ from rpc_collectors.transport import shm
 from rpc_collectors.transport.doorbell import Dial, Doorbell, Ends, SocketDoorbell
 from rpc_collectors.transport.layouts import BatchLayout, aligned
 
-IN_FLIGHT = 2  # requests a pipelined worker with slots has at once: the next is waiting when it finishes one
+IN_FLIGHT = 2  # requests a pipelined worker has at once: its next is asked for while the trainer takes in its last
 CONNECT_TIMEOUT = 10.0  # seconds at most for a worker on another host to connect its doorbell
 MIN_BYTES = 0  # smaller batches go as RPC results (0: none; raised to compare the two paths)
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
@@ -146,7 +146,7 @@ class SlotPool:
         self._written: set[int] = set()  # asked for or written, not handed out yet
         self._round: set[int] = set()  # workers asked in the current round (rows > 1)
         self._slot: int | None = None
-        self._last: dict[int, int | None] = {}  # worker id -> the slot it was last asked to write
+        self._asked: dict[int, list[int]] = {}  # worker id -> the slots of its requests not handed out, oldest first
 
     def _map(self, pinned: bool) -> None:
         """Make the shared-memory file and map each slot of it."""
@@ -200,24 +200,30 @@ class SlotPool:
         """The slot ``worker_id`` writes its next batch into; a round's workers share one.
 
         ``hand_out`` always leaves a slot free; None (the batch comes as an RPC result) only if
-        something took a slot's memory some other way. ``again``: the slot of the last request,
-        for a replacement that redoes the batch of a worker that failed.
+        something took a slot's memory some other way. ``again``: for a replacement that redoes
+        the requests of a worker that failed, the slots they were asked into, one each in turn.
         """
-        if again and worker_id in self._last:
-            return self._last[worker_id]
+        asked = self._asked.setdefault(worker_id, [])
+        if again and asked:
+            asked.append(asked.pop(0))
+            return asked[-1]
         if self.rows == 1 or worker_id in self._round or not self._round:
             self._round.clear()
             self._slot = next((s for s in range(self.num_slots) if self._free(s)), None)
             if self._slot is not None:
                 self._written.add(self._slot)
         self._round.add(worker_id)
-        self._last[worker_id] = self._slot
+        if self._slot is not None:
+            asked.append(self._slot)
         return self._slot
 
     def hand_out(self, slot: int) -> TensorDict:
         """The batch in ``slot`` for the user: the slot's memory, under a storage of the user's
         own, while another slot stays free; else a copy."""
         self._written.discard(slot)
+        for asked in self._asked.values():
+            if slot in asked:
+                asked.remove(slot)
         rows = None if self.rows == 1 else self.rows
         if not any(self._free(s) for s in range(self.num_slots) if s != slot):
             return self.layout.view(self.slots[slot], rows).clone()
@@ -235,15 +241,17 @@ class BatchPlane:
     asks worker i to map (or make) its slots and open its doorbell; whether it could. ``sync``
     collectors get one round buffer when every worker is local and their batches share one
     layout. Batches end up on ``device`` (:meth:`place`). ``pipelined`` (async, not waiting for
-    weights after each batch): a worker with slots may have ``IN_FLIGHT`` requests at once
-    (:meth:`depth`), so that it goes on to its next batch as soon as it finished one, while the
-    trainer takes that one in (on this host) or it crosses the network (on another host).
+    weights after each batch): a worker on another host may have ``IN_FLIGHT`` requests at once
+    (:meth:`depth`), so that it collects its next batch while the last one crosses the network;
+    ``pipelined_here``: a worker on this host too, so that it goes on to its next batch as soon as
+    it finished one, while the trainer takes that one in (False where a bound on policy lag would
+    drop the batch asked ahead).
     """
 
     def __init__(
         self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool, keep_fds: bool = False,
         device: torch.device | None = None, address: str | None = None, timeout: float = 60.0,
-        pipelined: bool = False,
+        pipelined: bool = False, pipelined_here: bool = False,
     ) -> None:
         """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it
         (:meth:`rejoin`). ``timeout``: the RPC timeout, within which a worker on another host connects."""
@@ -255,7 +263,7 @@ class BatchPlane:
         self._join, self._sync, self._keep_fds = join, sync, keep_fds
         # one that cannot reach the trainer's port gives up within its join call's timeout: its batches come by RPC
         self._address, self._connect_timeout = address, min(CONNECT_TIMEOUT, timeout / 2)
-        self._in_flight = IN_FLIGHT if pipelined else 1  # per worker with slots
+        self._in_flight = {"tcp": IN_FLIGHT if pipelined else 1, "shm": IN_FLIGHT if pipelined_here else 1, "rpc": 1}
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
@@ -278,7 +286,7 @@ class BatchPlane:
 
     def depth(self, worker_id: int) -> int:
         """How many requests ``worker_id`` may have in flight."""
-        return self._in_flight if self.path_of(worker_id) != "rpc" else 1
+        return self._in_flight[self.path_of(worker_id)]
 
     def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot to ask ``worker_id`` to write its next batch into (None: as an RPC result)."""
@@ -341,7 +349,7 @@ class BatchPlane:
         if path is not None:
             layout = BatchLayout.of(result)
             if layout is not None and layout.nbytes >= MIN_BYTES:
-                slots = SLOTS + self._in_flight - 1
+                slots = SLOTS + self._in_flight[path] - 1
                 self._set_up(SlotPool(layout, 1, self._pinned, shared=path == "shm", slots=slots), [worker_id])
         return result
 

@@ -259,13 +259,14 @@ def test_shared_buffers_are_bounded_by_slots_times_workers_times_batch_bytes(syn
 
 
 @pytest.mark.parametrize("sync, kwargs, depth", [
-    (False, {}, IN_FLIGHT), (False, {"update_at_each_batch": True}, 1), (True, {}, 0),
-], ids=["async", "async-weights-each-batch", "sync"])
+    (False, {}, IN_FLIGHT), (False, {"update_at_each_batch": True}, 1), (False, {"max_policy_lag": 1}, 1), (True, {}, 0),
+], ids=["async", "async-weights-each-batch", "async-lag-bound", "sync"])
 def test_an_async_worker_finds_its_next_request_waiting_as_it_finishes_a_batch(sync, kwargs, depth):
     """Async (weights not pushed after each batch): each local worker with slots is asked for two
     batches at once, so it never waits for the trainer between batches; sync rounds and async
-    collectors that push weights after each batch ask one at a time (each batch's weights are
-    the newest when it starts), and a sync round's requests wait for the user's next batch."""
+    collectors that push weights after each batch or bound the policy lag ask one at a time (a
+    batch asked ahead would start on older weights), and a sync round's requests wait for the
+    user's next batch."""
     with collector(None, sync, **kwargs) as c:
         checker = Checker()
         for i, batch in enumerate(c):
@@ -282,7 +283,7 @@ def test_a_batch_the_user_holds_is_not_changed_by_later_collection(sync):
     collecting (async: two requests ahead) keeps its frames."""
     with collector(None, sync) as c:
         it, held = iter(c), None
-        for i in range(500):
+        for _ in range(500):
             batch = next(it)
             worker = 0 if sync else int(batch["collector", "worker_id"][0])
             if c._batches.path_of(worker) == "shm" and in_slot(batch["observation"], c._batches.pools[worker]):
