@@ -27,7 +27,7 @@ CPU per frame / the case's, i.e. the ratio to expect when the case has both core
 and the workers are never starved (an estimate; it ignores waiting in sync rounds). "shared" is the total size of the
 shared-memory buffers (3 slots x workers x batch bytes).
 
-    python benchmarks/data_plane.py [--seconds 4] [--rounds 3] [--obs 4f,84,256,pong] [--no-n8] [--rpc]
+    python benchmarks/data_plane.py [--seconds 4] [--rounds 3] [--obs 4f,84,256,pong] [--no-n8] [--rpc] [--cases 'N=2 sync,N=2 async']
 
 ``pong`` needs ale-py (``pip install ale-py``): a real Atari env, for a report.
 
@@ -99,10 +99,11 @@ def run(case: dict) -> dict:
         )
         warmup = 3 if sync else 3 * n
     try:
-        it = iter(collector)
+        it = iter(collector)  # one iterator, and no batch held past the next: a training loop's hold on its batches
         batch = next(it)
         frame_bytes = sum(v.numel() * v.element_size() for k, v in batch.items(True, True)
                           if k != ("collector", "worker_id")) / batch.numel()
+        del batch
         spent = instrument(collector) if case["kind"] != "single" else [0.0]
         if case.get("keep"):  # the user keeps the last few batches: the trainer must copy
             kept: list = []
@@ -118,7 +119,7 @@ def run(case: dict) -> dict:
         spent[0] = 0.0
         pids = [os.getpid()] + ([info["pid"] for info in collector.infos] if case["kind"] != "single" else [])
         cpu0, frames0 = _common.cpu_seconds(pids), collector.frames
-        rate = steady_rate(collector, case["seconds"], 0)
+        rate = steady_rate(it, case["seconds"], 0)  # iter(it) is it
         frames = collector.frames - frames0
         out = {"rate": rate, "frame_bytes": frame_bytes, "cpu_us": (_common.cpu_seconds(pids) - cpu0) / frames * 1e6}
         wall_bytes = frames * frame_bytes
@@ -166,6 +167,8 @@ def main() -> None:
     parser.add_argument("--obs", default="4f,84,256")
     parser.add_argument("--n8", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--rpc", action="store_true", help="every batch as an RPC result (no shared memory)")
+    parser.add_argument("--cases", help="only these cases, comma-separated (e.g. 'N=2 sync,N=2 async'); "
+                        "copy and 1 process always run")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
@@ -185,6 +188,8 @@ def main() -> None:
         names += [f"N=2 {kind} keep" for kind in ("sync", "async")]
         if args.n8:
             names += [f"N=8 {kind}" for kind in ("sync", "async")]
+        if args.cases:
+            names = [name for name in names if name in ("copy", "1 process") or name in args.cases.split(",")]
         rounds: dict[str, list[dict]] = {name: [] for name in names}
         for _ in range(args.rounds):
             for name in names:
