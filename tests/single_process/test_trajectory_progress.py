@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import TDCountEnv
 
 from rpc_collectors import Collector
@@ -52,8 +53,8 @@ def test_a_batch_changed_after_it_was_added_is_counted_as_it_was():
     for batch in given:
         progress.add(batch)
     expected = by_hand(given)
-    for batch in given:
-        batch[KEY].fill_(7)
+    for i, batch in enumerate(given):  # every step a trajectory of its own, none ended
+        batch[KEY].copy_(torch.arange(batch.numel()).reshape(batch.shape) + 1000 * (i + 1))
         batch["next", "done"].fill_(False)
     assert progress.counters() == expected
     assert progress.state()["pending"] and sum(progress.state()["pending"].values()) == expected["trajectory_pending_frames"]
