@@ -17,9 +17,10 @@ the same frames for the single process. Workers on this host deliver through sha
 
 "receive" is the trainer's own rate: bytes delivered divided by the time the trainer spent
 turning workers' answers into batches (handing out a slot, or copying it out, and building
-the TensorDict), i.e. what it could take in if workers were never late. The "keep" cases
-keep the last 4 batches alive (as a replay buffer holding references would), so the trainer
-copies each slot out instead of handing it over.
+the TensorDict), i.e. what it could take in if workers were never late. Each case's loop holds
+its batches as a training loop does (one iterator, each batch let go once the next is asked
+for), so slots are handed out; the "keep" cases keep the last 4 batches alive (as a replay
+buffer holding references would), so the trainer copies each slot out instead of handing it over.
 
 The machine is shared, so frames/s depend on what else runs. "CPU us/frame" (all processes
 of the case: trainer and workers) does not; "2 idle cores" = min(2, N) x the single process's
@@ -27,7 +28,7 @@ CPU per frame / the case's, i.e. the ratio to expect when the case has both core
 and the workers are never starved (an estimate; it ignores waiting in sync rounds). "shared" is the total size of the
 shared-memory buffers (3 slots x workers x batch bytes).
 
-    python benchmarks/data_plane.py [--seconds 4] [--rounds 3] [--obs 4f,84,256,pong] [--no-n8] [--rpc] [--cases 'N=2 sync,N=2 async']
+    python benchmarks/data_plane.py [--seconds 4] [--rounds 3] [--obs 4f,84,256,pong] [--no-n8] [--rpc] [--cases CASES]
 
 ``pong`` needs ale-py (``pip install ale-py``): a real Atari env, for a report.
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TDCountEnv
 
+from conftest import TDCountEnv
 from rpc_collectors import Collector
 from rpc_collectors.single_process.trajectory_progress import TrajectoryProgress
 
