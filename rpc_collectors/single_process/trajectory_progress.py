@@ -21,14 +21,37 @@ class TrajectoryProgress:
 
     ``completed_frames + pending_frames`` is every frame added; ``pending`` holds each running
     stream's frames so far (a stream cut without a done, by ``reset_at_each_iter``, stays there).
+    :meth:`add` only keeps each batch's streams and done flags (a copy, so no batch memory is held);
+    they are counted together when a counter is read, or once ``QUEUED`` batches or ``QUEUED_FRAMES``
+    frames wait: counting a run of batches at once gives what counting them one by one does, at a
+    fraction of the cost per batch.
     """
+
+    QUEUED, QUEUED_FRAMES = 64, 1 << 16  # batches, frames kept at most before they are counted
 
     def __init__(self, key: str | tuple) -> None:
         self.key = key
-        self.pending: dict[int, int] = {}  # stream -> frames since its last done
-        self.completed_frames = 0
-        self.completed_trajectories = 0
+        self._pending: dict[int, int] = {}  # stream -> frames since its last done
+        self._completed_frames = 0
+        self._completed_trajectories = 0
+        self._queued: list[tuple[np.ndarray, np.ndarray]] = []  # (streams, done) of batches not counted yet
+        self._queued_frames = 0
         self.written_frames = 0  # frames written into the replay buffer
+
+    @property
+    def pending(self) -> dict[int, int]:
+        self._count()
+        return self._pending
+
+    @property
+    def completed_frames(self) -> int:
+        self._count()
+        return self._completed_frames
+
+    @property
+    def completed_trajectories(self) -> int:
+        self._count()
+        return self._completed_trajectories
 
     @property
     def pending_frames(self) -> int:
@@ -44,7 +67,19 @@ class TrajectoryProgress:
             rows = batch.shape[:-1].numel() if batch.batch_dims > 1 else 1
             streams = np.repeat(np.arange(rows), batch.shape[-1])
         else:
-            streams = streams.reshape(-1).cpu().numpy()
+            streams = np.array(streams.reshape(-1).cpu().numpy())  # a copy: the batch's memory is the user's
+        self._queued.append((streams, done))
+        self._queued_frames += len(streams)
+        if len(self._queued) >= self.QUEUED or self._queued_frames >= self.QUEUED_FRAMES:
+            self._count()
+
+    def _count(self) -> None:
+        """Count the queued batches, in the order they were added."""
+        if not self._queued:
+            return
+        streams, done = (np.concatenate(parts) for parts in zip(*self._queued))
+        self._queued.clear()
+        self._queued_frames = 0
         valid = streams >= 0
         streams, done = streams[valid], done[valid]
         if not len(streams):
@@ -56,15 +91,15 @@ class TrajectoryProgress:
         frames = np.bincount(inverse, minlength=len(ids))
         after = np.bincount(inverse, weights=steps > last_done[inverse], minlength=len(ids)).astype(np.int64)
         ends = np.bincount(inverse[done], minlength=len(ids))
-        self.completed_trajectories += int(ends.sum())
+        self._completed_trajectories += int(ends.sum())
         for stream, count, left, ended in zip(ids.tolist(), frames.tolist(), after.tolist(), ends.tolist()):
-            before = self.pending.pop(stream, 0)
+            before = self._pending.pop(stream, 0)
             if ended:
-                self.completed_frames += before + count - left
+                self._completed_frames += before + count - left
             else:
                 left = before + count
             if left:
-                self.pending[stream] = left
+                self._pending[stream] = left
 
     def counters(self) -> dict[str, int]:
         """TorchRL's names for them, as ``stats()`` gives them."""
@@ -78,7 +113,9 @@ class TrajectoryProgress:
     def load(self, state: dict | None) -> None:
         """Restore :meth:`state` (None: a state saved without counters, which start from 0)."""
         state = state or {}
-        self.pending = {int(k): int(v) for k, v in state.get("pending", {}).items()}
-        self.completed_frames = int(state.get("completed_frames", 0))
-        self.completed_trajectories = int(state.get("completed_trajectories", 0))
+        self._queued.clear()
+        self._queued_frames = 0
+        self._pending = {int(k): int(v) for k, v in state.get("pending", {}).items()}
+        self._completed_frames = int(state.get("completed_frames", 0))
+        self._completed_trajectories = int(state.get("completed_trajectories", 0))
         self.written_frames = int(state.get("written_frames", 0))

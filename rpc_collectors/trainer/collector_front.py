@@ -108,6 +108,7 @@ class CollectorFront(BaseCollector):
                 local, weak_method(self._join_batches), sync=self.sync and not self.elastic, keep_fds=self.roster.budget > 0,
                 device=s.storing_device, address=address, timeout=self.rpc_timeout,
                 pipelined=not self.sync and not self.update_after_each_batch,
+                pipelined_here=not self.sync and not self.update_after_each_batch and self.max_policy_lag is None,
             )
             self.ready = True
         except BaseException:

@@ -1,42 +1,36 @@
 """The data plane: how a batch gets from a collector server to the trainer's memory.
 
-A worker's first batch travels as an RPC result. From its layout (keys, shapes, dtypes) the
-trainer allocates a buffer of ``SLOTS`` slots for it (a :class:`SlotPool`, which the worker
-maps from its :class:`SlotSpec` and writes with a :class:`SlotWriter`). From then on the trainer
-asks for "your next batch, into slot s" by the worker's doorbell (:mod:`~rpc_collectors.transport.doorbell`),
-and only once the batch is in slot s does the request complete: a worker on the trainer's host
-writes the batch into the shared buffer and answers with a small
-:class:`~rpc_collectors.core.protocol.Ready` through a pipe; a worker on another host writes into
-slots of its own and sends the slot's bytes after its "ready" over TCP, straight into slot s.
-A worker that dies while writing or sending never completes its request, so a partly written
-slot is never read. A batch that does not fit the layout (an env whose keys change) comes back
-pickled instead. Small batches take slots too: a slot's "ready" costs the trainer about half the
-CPU of unpickling the same batch as an RPC result, even for one frame. Sync collectors whose
-workers all share the trainer's host and one layout get one buffer whose slots hold a whole
-round: worker i writes row i of every tensor, so the ``[N, (B,) T]`` batch is assembled where
-the workers wrote it. Otherwise each worker has its own buffer.
+A worker's first batch travels as an RPC result. From its layout (keys, shapes, dtypes) the trainer allocates a buffer of
+``SLOTS`` slots for it (a :class:`SlotPool`, which the worker maps from its :class:`SlotSpec` and writes with a
+:class:`SlotWriter`). From then on the trainer asks for "your next batch, into slot s" by the worker's doorbell
+(:mod:`~rpc_collectors.transport.doorbell`), and only once the batch is in slot s does the request complete: a worker on the
+trainer's host writes the batch into the shared buffer and answers with a small :class:`~rpc_collectors.core.protocol.Ready`
+through a pipe; a worker on another host writes into slots of its own and sends the slot's bytes after its "ready" over TCP,
+straight into slot s. A worker that dies while writing or sending never completes its request, so a partly written slot is never
+read. A batch that does not fit the layout (an env whose keys change) comes back pickled instead. Small batches take slots too:
+a slot's "ready" costs the trainer about half the CPU of unpickling the same batch as an RPC result, even for one frame. Sync
+collectors whose workers all share the trainer's host and one layout get one buffer whose slots hold a whole round: worker i
+writes row i of every tensor, so the ``[N, (B,) T]`` batch is assembled where the workers wrote it. Otherwise each worker has
+its own buffer.
 
 Ownership. A yielded batch belongs to the user and is never written behind their back:
 
-* the trainer hands out the slot's memory (no copy) only while another slot of the same buffer
-  is free for the worker's next batch. Each hand-out is a torch storage of its own over the
-  slot, so what the user does to it (``share_memory_()`` moves it to new memory) never moves the
-  trainer's view of the slot. A slot is free again when nothing references that storage any
-  more (its use count is back to the trainer's own), or when it no longer uses the slot's
-  memory; so a batch the user still holds, or any view of it, keeps its slot out of use;
-* otherwise (the user keeps their batches: a list, a replay buffer storing references) it
-  copies the slot into fresh tensors, at memory speed, and the slot is free at once.
+* the trainer hands out the slot's memory (no copy) only while another slot of the same buffer is free for the worker's next
+  batch. Each hand-out is a torch storage of its own over the slot, so what the user does to it (``share_memory_()`` moves it to
+  new memory) never moves the trainer's view of the slot. A slot is free again when nothing references that storage any more
+  (its use count is back to the trainer's own), or when it no longer uses the slot's memory; so a batch the user still holds, or
+  any view of it, keeps its slot out of use;
+* otherwise (the user keeps their batches: a list, a replay buffer storing references) it copies the slot into fresh tensors, at
+  memory speed, and the slot is free at once.
 
-So a loop that drops each batch before the next gets every batch without a copy, one that
-keeps them gets copies, and the memory stays ``SLOTS`` x batch bytes per buffer either way
-(one slot more for each extra request in flight, see :class:`BatchPlane`).
+So a loop that drops each batch before the next gets every batch without a copy, one that keeps them gets copies, and the memory
+stays ``SLOTS`` x batch bytes per buffer either way (one slot more for each extra request in flight, see :class:`BatchPlane`).
 
-Device. Workers hand over batches in host memory; the trainer puts them on its storing device.
-For a CUDA storing device the slots are page-locked, so a batch is copied from the slot straight
-into GPU memory by DMA; that copy is the user's batch, so slots are never lent out to the user.
-A shared buffer is a nameless file in /dev/shm (:mod:`~rpc_collectors.transport.shm`): no process
-killed at any moment leaves a file behind, and a batch larger than the free space of /dev/shm is
-an ``OSError`` naming both sizes, never a SIGBUS in a worker later.
+Device. Workers hand over batches in host memory; the trainer puts them on its storing device. For a CUDA storing device the
+slots are page-locked, so a batch is copied from the slot straight into GPU memory by DMA; that copy is the user's batch, so
+slots are never lent out to the user. A shared buffer is a nameless file in /dev/shm (:mod:`~rpc_collectors.transport.shm`): no
+process killed at any moment leaves a file behind, and a batch larger than the free space of /dev/shm is an ``OSError`` naming
+both sizes, never a SIGBUS in a worker later.
 """
 from __future__ import annotations
 
@@ -54,7 +48,7 @@ from rpc_collectors.transport import shm
 from rpc_collectors.transport.doorbell import Dial, Doorbell, Ends, SocketDoorbell
 from rpc_collectors.transport.layouts import BatchLayout, aligned
 
-IN_FLIGHT = 2  # requests a pipelined worker on another host has at once: it collects one while it sends the other
+IN_FLIGHT = 2  # requests a pipelined worker has at once: its next is asked for while the trainer takes in its last
 CONNECT_TIMEOUT = 10.0  # seconds at most for a worker on another host to connect its doorbell
 MIN_BYTES = 0  # smaller batches go as RPC results (0: none; raised to compare the two paths)
 SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
@@ -62,8 +56,8 @@ SLOTS = 3  # the batch being written, the one handed out, and the user's previou
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """What a worker needs to map its buffer (or make its own), find its row in every slot and
-    open its doorbell. ``fd`` None: a worker on another host, whose slots are its own memory."""
+    """What a worker needs to map its buffer (or make its own), find its row in every slot and open its doorbell.
+    ``fd`` None: a worker on another host, whose slots are its own memory."""
 
     pid: int
     fd: int | None
@@ -76,8 +70,8 @@ class SlotSpec:
 
 
 def tensors_by_key(target: TensorDictBase) -> dict[tuple, tuple[torch.Tensor, np.ndarray | None]]:
-    """``{key tuple: (tensor, its numpy view, or None where numpy has no such dtype)}`` of the
-    tensors of ``target`` (a slot's TensorDict of views): where a batch's entries go."""
+    """``{key tuple: (tensor, its numpy view, or None where numpy has no such dtype)}`` of the tensors of ``target``
+    (a slot's TensorDict of views): where a batch's entries go."""
     out = {}
     for key, tensor in target.items(include_nested=True, leaves_only=True):
         try:
@@ -146,7 +140,7 @@ class SlotPool:
         self._written: set[int] = set()  # asked for or written, not handed out yet
         self._round: set[int] = set()  # workers asked in the current round (rows > 1)
         self._slot: int | None = None
-        self._last: dict[int, int | None] = {}  # worker id -> the slot it was last asked to write
+        self._asked: dict[int, list[int]] = {}  # worker id -> the slots of its requests not handed out, oldest first
 
     def _map(self, pinned: bool) -> None:
         """Make the shared-memory file and map each slot of it."""
@@ -199,25 +193,29 @@ class SlotPool:
     def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot ``worker_id`` writes its next batch into; a round's workers share one.
 
-        ``hand_out`` always leaves a slot free; None (the batch comes as an RPC result) only if
-        something took a slot's memory some other way. ``again``: the slot of the last request,
-        for a replacement that redoes the batch of a worker that failed.
-        """
-        if again and worker_id in self._last:
-            return self._last[worker_id]
+        ``hand_out`` always leaves a slot free; None (the batch comes as an RPC result) only if something took a
+        slot's memory some other way. ``again``: for a replacement that redoes the requests of a worker that
+        failed, the slots they were asked into, one each in turn."""
+        asked = self._asked.setdefault(worker_id, [])
+        if again and asked:  # rotated: each redone request gets its own slot
+            return asked.append(asked.pop(0)) or asked[-1]
         if self.rows == 1 or worker_id in self._round or not self._round:
             self._round.clear()
             self._slot = next((s for s in range(self.num_slots) if self._free(s)), None)
             if self._slot is not None:
                 self._written.add(self._slot)
         self._round.add(worker_id)
-        self._last[worker_id] = self._slot
+        asked.extend([] if self._slot is None else [self._slot])
         return self._slot
+
+    def returned(self, worker_id: int) -> None:  # its oldest request answered with the batch itself (it did not fit)
+        self._written.discard(self._asked[worker_id].pop(0) if self._asked.get(worker_id) and self.rows == 1 else None)
 
     def hand_out(self, slot: int) -> TensorDict:
         """The batch in ``slot`` for the user: the slot's memory, under a storage of the user's
         own, while another slot stays free; else a copy."""
         self._written.discard(slot)
+        self._asked = {w: [s for s in asked if s != slot] for w, asked in self._asked.items()}
         rows = None if self.rows == 1 else self.rows
         if not any(self._free(s) for s in range(self.num_slots) if s != slot):
             return self.layout.view(self.slots[slot], rows).clone()
@@ -234,18 +232,18 @@ class BatchPlane:
     over TCP to ``address`` (the trainer's interface; None: as RPC results). ``join(i, spec)``
     asks worker i to map (or make) its slots and open its doorbell; whether it could. ``sync``
     collectors get one round buffer when every worker is local and their batches share one
-    layout. Batches end up on ``device`` (:meth:`place`). ``pipelined`` (async, not waiting for
-    weights after each batch): a worker on another host may have ``IN_FLIGHT`` requests at once
-    (:meth:`depth`), so that it collects its next batch while the last one crosses the network.
+    layout. Batches end up on ``device`` (:meth:`place`). ``pipelined`` (async, not waiting for weights after each
+    batch): a worker on another host may have ``IN_FLIGHT`` requests at once (:meth:`depth`), so it collects its
+    next batch while the last crosses the network; ``pipelined_here``: one on this host too, so it goes on as
+    soon as it finished one (False where a bound on policy lag would drop the batch asked ahead).
     """
 
     def __init__(
         self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool, keep_fds: bool = False,
-        device: torch.device | None = None, address: str | None = None, timeout: float = 60.0,
-        pipelined: bool = False,
-    ) -> None:
-        """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it
-        (:meth:`rejoin`). ``timeout``: the RPC timeout, within which a worker on another host connects."""
+        device: torch.device | None = None, address: str | None = None, timeout: float = 60.0, pipelined: bool = False,
+        pipelined_here: bool = False) -> None:
+        """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it (:meth:`rejoin`).
+        ``timeout``: the RPC timeout, within which a worker on another host connects."""
         self.device = None if device is None or device.type == "cpu" else device
         self._no_device = device is None  # batches report device None, as TorchRL's do when none was given
         self._pinned = self.device is not None and self.device.type == "cuda"
@@ -254,7 +252,7 @@ class BatchPlane:
         self._join, self._sync, self._keep_fds = join, sync, keep_fds
         # one that cannot reach the trainer's port gives up within its join call's timeout: its batches come by RPC
         self._address, self._connect_timeout = address, min(CONNECT_TIMEOUT, timeout / 2)
-        self._in_flight = IN_FLIGHT if pipelined else 1  # per worker on another host
+        self._in_flight = {"tcp": IN_FLIGHT if pipelined else 1, "shm": IN_FLIGHT if pipelined_here else 1, "rpc": 1}
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
@@ -277,7 +275,7 @@ class BatchPlane:
 
     def depth(self, worker_id: int) -> int:
         """How many requests ``worker_id`` may have in flight."""
-        return self._in_flight if self.path_of(worker_id) == "tcp" else 1
+        return self._in_flight[self.path_of(worker_id)]
 
     def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot to ask ``worker_id`` to write its next batch into (None: as an RPC result)."""
@@ -336,11 +334,13 @@ class BatchPlane:
             if pool is self._round:  # a round with a batch that did not fit: this worker's row
                 return pool.hand_out(result.slot)[self._rows[worker_id]]
             return pool.hand_out(result.slot)
+        if worker_id in self.pools:
+            self.pools[worker_id].returned(worker_id)
         path = self._pending.pop(worker_id, None)  # one attempt per worker
         if path is not None:
             layout = BatchLayout.of(result)
             if layout is not None and layout.nbytes >= MIN_BYTES:
-                slots = SLOTS if path == "shm" else SLOTS + self._in_flight - 1
+                slots = SLOTS + self._in_flight[path] - 1
                 self._set_up(SlotPool(layout, 1, self._pinned, shared=path == "shm", slots=slots), [worker_id])
         return result
 

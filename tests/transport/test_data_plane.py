@@ -27,7 +27,7 @@ from tensordict import TensorDict
 from folders import PYTHONPATH
 from procs import wait_gone
 from rpc_collectors import GymEnv, MultiCollector, WorkerError
-from rpc_collectors.transport.data import SLOTS
+from rpc_collectors.transport.data import IN_FLIGHT, SLOTS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(90)]
 
@@ -240,7 +240,7 @@ def test_batches_placed_on_another_device_leave_every_slot_free(sync):
             pools = c._batches.buffers
             assert pools, "no shared-memory buffer: the path under test was not taken"
             for pool in pools:
-                assert all(pool._free(s) or s in pool._written for s in range(SLOTS)), "a slot is held outside the plane"
+                assert all(pool._free(s) or s in pool._written for s in range(pool.num_slots)), "a slot is held outside the plane"
             if i == 8:
                 break
 
@@ -254,7 +254,48 @@ def test_shared_buffers_are_bounded_by_slots_times_workers_times_batch_bytes(syn
     leaves = [v for k, v in batches[0].items(True, True) if k != ("collector", "worker_id")]
     batch_bytes = sum(v.numel() * v.element_size() for v in leaves) // (2 if sync else 1)  # one worker's
     padding = 64 * len(leaves) + mmap.PAGESIZE  # each tensor starts on a cache line, each slot on a page
-    assert SLOTS * 2 * batch_bytes <= shared <= SLOTS * 2 * (batch_bytes + padding)
+    slots = SLOTS if sync else SLOTS + IN_FLIGHT - 1  # async: a slot more for each extra request in flight
+    assert slots * 2 * batch_bytes <= shared <= slots * 2 * (batch_bytes + padding)
+
+
+@pytest.mark.parametrize("sync, kwargs, depth", [
+    (False, {}, IN_FLIGHT), (False, {"update_at_each_batch": True}, 1), (False, {"max_policy_lag": 1}, 1), (True, {}, 0),
+], ids=["async", "async-weights-each-batch", "async-lag-bound", "sync"])
+def test_an_async_worker_finds_its_next_request_waiting_as_it_finishes_a_batch(sync, kwargs, depth):
+    """Async (weights not pushed after each batch): each local worker with slots is asked for two
+    batches at once, so it never waits for the trainer between batches; sync rounds and async
+    collectors that push weights after each batch or bound the policy lag ask one at a time (a
+    batch asked ahead would start on older weights), and a sync round's requests wait for the
+    user's next batch."""
+    with collector(None, sync, **kwargs) as c:
+        checker = Checker()
+        for i, batch in enumerate(c):
+            checker.check(batch)
+            if i >= 6 and all(c._batches.path_of(w) == "shm" for w in range(2)):
+                break
+            assert i < 500, "a worker's batches never went through shared memory"
+        assert max(c.roster[w].outstanding for w in range(2)) == depth
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_a_batch_the_user_holds_is_not_changed_by_later_collection(sync):
+    """A batch handed out in its slot's memory (no copy) and held while the workers go on
+    collecting (async: two requests ahead) keeps its frames."""
+    with collector(None, sync) as c:
+        it, held = iter(c), None
+        for _ in range(500):
+            batch = next(it)
+            worker = 0 if sync else int(batch["collector", "worker_id"][0])
+            if c._batches.path_of(worker) == "shm" and in_slot(batch["observation"], c._batches.pools[worker]):
+                held = batch
+                break
+        assert held is not None, "no batch was handed out in its slot"
+        snapshot = held.clone()
+        checker = Checker()
+        for _ in range(12):
+            checker.check(next(it))
+    assert (held == snapshot).all()
+    Checker().check(held)
 
 
 def shm_files() -> set[str]:
