@@ -103,12 +103,11 @@ class CollectorFront(BaseCollector):
             local = [not self.workers.in_process and info is not None and info["host_id"] == host_id() for info in infos]
             self._resources.threads = TrainerThreads(s.num_threads, sum(local))
             rdv = self.workers.rdv  # other hosts send their batches to its address
-            address = rdv.address() if rdv is not None else None
+            pipelined = not self.sync and not self.update_after_each_batch
             self._batches = self._resources.batches = BatchPlane(  # elastic: a buffer per member, who may be anywhere
                 local, weak_method(self._join_batches), sync=self.sync and not self.elastic, keep_fds=self.roster.budget > 0,
-                device=s.storing_device, address=address, timeout=self.rpc_timeout,
-                pipelined=not self.sync and not self.update_after_each_batch,
-                pipelined_here=not self.sync and not self.update_after_each_batch and self.max_policy_lag is None,
+                device=s.storing_device, address=rdv.address() if rdv is not None else None, timeout=self.rpc_timeout,
+                pipelined=pipelined, pipelined_here=pipelined and self.max_policy_lag is None,
             )
             self.ready = True
         except BaseException:
