@@ -7,7 +7,9 @@ tests/conftest.py): the 1-node tests come first, then the 2-node ones, so each i
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import importlib.util
 import json
 import os
 import signal
@@ -15,6 +17,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
+from unittest import mock
 
 import cloudpickle
 import pytest
@@ -42,6 +46,55 @@ def log_dir(slurm_clusters, request) -> Path:
     path = slurm_clusters.root / "logs" / request.node.name
     path.mkdir(parents=True)
     return path
+
+
+class Submitted:
+    """Jobs of a group of tests submitted at once, by the group's first test, so that their waits
+    for SLURM (scheduling, start, the polls of their states) overlap; each test takes its own job
+    and checks it as if it had just submitted it. Whatever a test leaves running is cancelled."""
+
+    def __init__(self, cluster, root: Path) -> None:
+        self.cluster, self.root = cluster, root
+        self.jobs: dict[str, submitit.Job] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.held: list[socket.socket] = []
+
+    def log_dir(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True)
+        return path
+
+    def submit(self, name: str, fn, *args, env: dict[str, str | None] | None = None, **options) -> None:
+        """``slurm.submit`` with ``env`` set (None: unset) in the environment that the job inherits."""
+        with mock.patch.dict(os.environ):
+            for key, value in (env or {}).items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            self.jobs[name] = slurm.submit(fn, *args, log_dir=self.log_dir(name), **options)
+
+    @contextlib.contextmanager
+    def take(self, name: str) -> Iterator[submitit.Job]:
+        job = self.jobs.pop(name)
+        try:
+            yield job
+        finally:
+            self.cancel([job])
+
+    def cancel(self, jobs: list[submitit.Job]) -> None:
+        """Cancels ``jobs`` on this group's cluster (job ids repeat across clusters); a no-op for ended ones."""
+        if jobs:
+            subprocess.run(["scancel", *(job.job_id for job in jobs)], env=self.cluster.env, capture_output=True, timeout=30)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=30)
+        self.cancel(list(self.jobs.values()))
+        for held in self.held:
+            held.close()
 
 
 # --------------------------------------------------------------------------- task functions
@@ -145,11 +198,34 @@ def exit_without_result_once(flag: str) -> None:
 # --------------------------------------------------------------------------- 1 node
 
 
+@pytest.fixture(scope="module")
+def one_node_jobs(slurm_clusters):
+    """The jobs of the one-node tests below, submitted at once (8 CPUs: the last ones wait for the
+    first to end). The taken port stays bound until the module's tests are done."""
+    cluster = slurm_clusters.use(1)
+    submitted = Submitted(cluster, slurm_clusters.root / "logs" / "one-node")
+    taken = socket.socket()
+    submitted.held.append(taken)
+    taken.bind(("", 0))
+    try:
+        submitted.submit("rpc", rpc_collect_task, 200, 1000, None, tasks_per_node=3, time_min=5)
+        submitted.submit("allreduce", allreduce_task, tasks_per_node=3, time_min=5)
+        submitted.submit("failing", failing_task, time_min=5)
+        submitted.submit("taken-port", allreduce_task, time_min=5, env={"MASTER_PORT": str(taken.getsockname()[1])})
+        submitted.submit("blocking", blocking_task, time_min=5)
+        flag = submitted.root / "end"
+        submitted.submit("exit-once", exit_without_result_once, str(flag), time_min=5)
+        submitted.procs["submit-script"] = _start_submit_script(submitted.log_dir("submit-script"), cluster.env)
+        yield submitted
+    finally:
+        submitted.close()
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(180)
-def test_allreduce_three_tasks_one_node(one_node, log_dir):
-    job = slurm.submit(allreduce_task, log_dir=log_dir, tasks_per_node=3, time_min=5)
-    out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+def test_allreduce_three_tasks_one_node(one_node, one_node_jobs):
+    with one_node_jobs.take("allreduce") as job:
+        out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
     assert out["world"] == 3
     assert out["sum"] == 1 + 2 + 3
     assert out["master"] == "127.0.0.1"
@@ -160,61 +236,55 @@ def test_allreduce_three_tasks_one_node(one_node, log_dir):
 
 @pytest.mark.slurm
 @pytest.mark.timeout(240)
-def test_rpc_collector_one_trainer_two_collectors_one_node(one_node, log_dir):
-    job = slurm.submit(rpc_collect_task, 200, 1000, None, log_dir=log_dir, tasks_per_node=3, time_min=5)
-    out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S * 2)
+def test_rpc_collector_one_trainer_two_collectors_one_node(one_node, one_node_jobs):
+    with one_node_jobs.take("rpc") as job:
+        out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S * 2)
     _check_rpc_summary(out, 1000, workers=2)
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(180)
-def test_failing_task_reaches_submitter(one_node, log_dir):
-    job = slurm.submit(failing_task, log_dir=log_dir, time_min=5)
-    with pytest.raises(FailedJobError, match="deliberate failure in task") as info:
+def test_failing_task_reaches_submitter(one_node, one_node_jobs):
+    with one_node_jobs.take("failing") as job, pytest.raises(FailedJobError, match="deliberate failure in task") as info:
         slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
     assert "ValueError" in str(info.value)
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(180)
-def test_cancelled_job_reported(one_node, log_dir):
-    job = slurm.submit(blocking_task, log_dir=log_dir, time_min=5)
-    _wait_running(job)
-    job.cancel()
-    with pytest.raises(UncompletedJobError, match="CANCELLED"):
-        slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+def test_cancelled_job_reported(one_node, one_node_jobs):
+    with one_node_jobs.take("blocking") as job:
+        _wait_running(job)
+        job.cancel()
+        with pytest.raises(UncompletedJobError, match="CANCELLED"):
+            slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(180)
-def test_result_returns_soon_after_a_job_ended_however_long_it_ran(one_node, log_dir):
+def test_result_returns_soon_after_a_job_ended_however_long_it_ran(one_node, one_node_jobs):
     """submitit asks SLURM for the states of old jobs only about once a minute; result() must not
     report a job that ended as still running until then."""
     import time
 
-    flag = log_dir / "end"
-    job = slurm.submit(exit_without_result_once, str(flag), log_dir=log_dir, time_min=5)
-    _wait_running(job)
-    submitit.SlurmJob.watcher._start_time -= 240  # as if submitted four minutes ago, as a long run's jobs are
-    assert not job.done(force_check=True)  # submitit has just seen it running
-    flag.touch()
-    deadline = time.monotonic() + 60
-    while _states([job.job_id]).get(job.job_id) != "COMPLETED":  # SLURM's accounting has it ended
-        assert time.monotonic() < deadline, _states([job.job_id])
-        time.sleep(0.2)
-    assert slurm.result(job, timeout_s=15) is None
+    with one_node_jobs.take("exit-once") as job:
+        _wait_running(job)
+        submitit.SlurmJob.watcher._start_time -= 240  # as if submitted four minutes ago, as a long run's jobs are
+        assert not job.done(force_check=True)  # submitit has just seen it running
+        (one_node_jobs.root / "end").touch()
+        deadline = time.monotonic() + 60
+        while _states([job.job_id]).get(job.job_id) != "COMPLETED":  # SLURM's accounting has it ended
+            assert time.monotonic() < deadline, _states([job.job_id])
+            time.sleep(0.2)
+        assert slurm.result(job, timeout_s=15) is None
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(180)
-def test_taken_master_port_is_a_clear_error(one_node, log_dir, monkeypatch):
-    with socket.socket() as taken:
-        taken.bind(("", 0))
-        port = taken.getsockname()[1]
-        monkeypatch.setenv("MASTER_PORT", str(port))  # the job inherits it
-        job = slurm.submit(allreduce_task, log_dir=log_dir, time_min=5)
-        with pytest.raises(FailedJobError, match=f"MASTER_PORT {port} .*already in use"):
-            slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+def test_taken_master_port_is_a_clear_error(one_node, one_node_jobs):
+    port = one_node_jobs.held[0].getsockname()[1]  # the job inherited MASTER_PORT={port}
+    with one_node_jobs.take("taken-port") as job, pytest.raises(FailedJobError, match=f"MASTER_PORT {port} .*already in use"):
+        slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
 
 
 def _wait_running(job: submitit.Job, timeout_s: float = 60) -> None:
@@ -231,26 +301,33 @@ def _wait_running(job: submitit.Job, timeout_s: float = 60) -> None:
     raise AssertionError(f"job {job.job_id} not running after {timeout_s} s")
 
 
-@pytest.mark.slurm
-@pytest.mark.timeout(180)
-def test_submit_script_runs_training_script_in_every_task(one_node, log_dir, tmp_path):
-    script = tmp_path / "train.py"
+def _start_submit_script(folder: Path, env: dict[str, str]) -> subprocess.Popen:
+    """``slurm/submit.py train.py --out FOLDER --tasks-per-node 2 --wait``: each task writes a file."""
+    script = folder / "train.py"
     script.write_text(
         "import os, sys, pathlib\n"
         "out = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\n"
         "(out / os.environ['RANK']).write_text(os.environ['WORLD_SIZE'] + ' ' + __name__)\n"
     )
-    cmd = [sys.executable, str(REPO / "slurm" / "submit.py"), str(script), "--out", str(tmp_path),
-           "--tasks-per-node", "2", "--log-dir", str(log_dir), "--wait", "--timeout", "90"]
+    cmd = [sys.executable, str(REPO / "slurm" / "submit.py"), str(script), "--out", str(folder),
+           "--tasks-per-node", "2", "--log-dir", str(folder / "logs"), "--wait", "--timeout", "90"]
     # The port submitit derives from the job id lies among the ephemeral ports, and the local
     # cluster's job ids repeat from 1, so now and then it is taken by an unrelated connection
     # (test_taken_master_port_is_a_clear_error covers that error): this test pins a free one.
-    env = dict(one_node.env, MASTER_PORT=str(free_port()))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "submitted SLURM job" in proc.stdout and str(log_dir) in proc.stdout
-    assert (tmp_path / "0").read_text() == "2 __main__"
-    assert (tmp_path / "1").read_text() == "2 __main__"
+    env = dict(env, MASTER_PORT=str(free_port()))
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_submit_script_runs_training_script_in_every_task(one_node, one_node_jobs):
+    proc = one_node_jobs.procs["submit-script"]
+    out, err = proc.communicate(timeout=150)
+    folder = one_node_jobs.root / "submit-script"
+    assert proc.returncode == 0, out + err
+    assert "submitted SLURM job" in out and str(folder / "logs") in out
+    assert (folder / "0").read_text() == "2 __main__"
+    assert (folder / "1").read_text() == "2 __main__"
 
 
 @pytest.mark.slurm
@@ -269,11 +346,14 @@ def test_dry_run_prints_sbatch_options(tmp_path):
 
 
 @pytest.mark.parametrize("flag", [["--elastic"], ["--join", "1234"]])
-def test_elastic_jobs_keep_going_when_a_task_fails(tmp_path, flag):
+def test_elastic_jobs_keep_going_when_a_task_fails(tmp_path, flag, capsys):
+    """slurm/submit.py's ``main`` in this process (test_dry_run_prints_sbatch_options runs the script itself)."""
     (tmp_path / "train.py").write_text("print('hi')\n")
-    cmd = [sys.executable, str(REPO / "slurm" / "submit.py"), str(tmp_path / "train.py"), *flag,
-           "--log-dir", str(tmp_path / "logs"), "--dry-run"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=50, check=True).stdout
+    spec = importlib.util.spec_from_file_location("submit_script", REPO / "slurm" / "submit.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(tmp_path / "train.py"), *flag, "--log-dir", str(tmp_path / "logs"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
     assert "--kill-on-bad-exit=0" in out and "--kill-on-bad-exit=1" not in out, out
 
 
@@ -388,20 +468,31 @@ def test_a_loopback_interface_inherited_from_the_submitter_is_not_used_across_no
 # --------------------------------------------------------------------------- 2 nodes
 
 
+@pytest.fixture(scope="module")
+def two_node_jobs(slurm_clusters):
+    """The jobs of the two-node tests below, submitted at once (7 of each node's 8 CPUs)."""
+    submitted = Submitted(slurm_clusters.use(2), slurm_clusters.root / "logs" / "two-nodes")
+    try:
+        # the job inherits the submitter's environment: a loopback GLOO_SOCKET_IFNAME there (a local
+        # run's, or one a starting RPC agent sets in this process meanwhile) must not reach the ranks
+        for submitter_ifname in (None, "lo"):
+            submitted.submit(f"allreduce-{submitter_ifname}", allreduce_task, nodes=2, tasks_per_node=2, time_min=5,
+                             env={"GLOO_SOCKET_IFNAME": submitter_ifname, "TP_SOCKET_IFNAME": submitter_ifname})
+        # n1: the trainer and collector 1; n2: collectors 2 and 3
+        submitted.submit("rpc", rpc_collect_task, 300, 1200, "veth0", nodes=2, tasks_per_node=2, time_min=5)
+        submitted.submit("wrong-interface", allreduce_task, nodes=2, interface="nope0", time_min=5)
+        yield submitted
+    finally:
+        submitted.close()
+
+
 @pytest.mark.slurm
 @pytest.mark.cluster
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("submitter_ifname", [None, "lo"], ids=["clean-env", "submitter-loopback"])
-def test_allreduce_across_two_namespace_nodes(two_nodes, log_dir, monkeypatch, submitter_ifname):
-    # the job inherits the submitter's environment: a loopback GLOO_SOCKET_IFNAME there (a local
-    # run's, or one a starting RPC agent sets in this process meanwhile) must not reach the ranks
-    for key in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
-        if submitter_ifname is None:
-            monkeypatch.delenv(key, raising=False)
-        else:
-            monkeypatch.setenv(key, submitter_ifname)
-    job = slurm.submit(allreduce_task, log_dir=log_dir, nodes=2, tasks_per_node=2, time_min=5)
-    out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
+def test_allreduce_across_two_namespace_nodes(two_nodes, two_node_jobs, submitter_ifname):
+    with two_node_jobs.take(f"allreduce-{submitter_ifname}") as job:
+        out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
     assert out["sum"] == 1 + 2 + 3 + 4
     assert out["master"] == two_nodes.nodes["n1"]
     assert out["addresses"] == ["10.77.0.1", "10.77.0.1", "10.77.0.2", "10.77.0.2"]
@@ -410,11 +501,9 @@ def test_allreduce_across_two_namespace_nodes(two_nodes, log_dir, monkeypatch, s
 @pytest.mark.slurm
 @pytest.mark.cluster
 @pytest.mark.timeout(240)
-def test_rpc_collector_across_two_namespace_nodes(two_nodes, log_dir):
-    # n1: the trainer and collector 1; n2: collectors 2 and 3
-    job = slurm.submit(rpc_collect_task, 300, 1200, "veth0", log_dir=log_dir, nodes=2, tasks_per_node=2,
-                       time_min=5)
-    out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S * 2)
+def test_rpc_collector_across_two_namespace_nodes(two_nodes, two_node_jobs):
+    with two_node_jobs.take("rpc") as job:
+        out = slurm.result(job, timeout_s=RESULT_TIMEOUT_S * 2)
     _check_rpc_summary(out, 1200, workers=3)
     assert out["trainer_at"] == "10.77.0.1"
     assert out["workers_at"] == {1: "10.77.0.1", 2: "10.77.0.2", 3: "10.77.0.2"}
@@ -423,9 +512,9 @@ def test_rpc_collector_across_two_namespace_nodes(two_nodes, log_dir):
 @pytest.mark.slurm
 @pytest.mark.cluster
 @pytest.mark.timeout(180)
-def test_wrong_interface_fails_the_job_clearly(two_nodes, log_dir):
-    job = slurm.submit(allreduce_task, log_dir=log_dir, nodes=2, interface="nope0", time_min=5)
-    with pytest.raises(FailedJobError, match=r"interface='nope0' does not exist.*veth0"):
+def test_wrong_interface_fails_the_job_clearly(two_nodes, two_node_jobs):
+    with two_node_jobs.take("wrong-interface") as job, \
+            pytest.raises(FailedJobError, match=r"interface='nope0' does not exist.*veth0"):
         slurm.result(job, timeout_s=RESULT_TIMEOUT_S)
 
 
