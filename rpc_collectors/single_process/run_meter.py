@@ -33,10 +33,8 @@ OFF = "metrics=False turned this collector's metrics off; accepted to have them:
 
 
 def size_of(tensors: TensorDictBase | None) -> int:
-    """The bytes of the tensors in ``tensors`` (None: 0)."""
-    if tensors is None:
-        return 0
-    return sum(t.numel() * t.element_size() for t in tensors.values(include_nested=True, leaves_only=True))
+    """The bytes of the tensors in ``tensors`` (None: 0), lazy stacks of different shapes included."""
+    return 0 if tensors is None else tensors.bytes()
 
 
 class RunMeter:

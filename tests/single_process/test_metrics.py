@@ -11,14 +11,16 @@ import urllib.request
 import warnings
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensordict import TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict
 
 from conftest import CountEnv
 from rpc_collectors import Collector
 from rpc_collectors.core.metrics import PushMetrics
 from rpc_collectors.single_process.metric_exports import Export, JsonLines, Prometheus, TensorBoard
 from rpc_collectors.single_process.phase_clock import PHASES
+from rpc_collectors.single_process.run_meter import size_of
 from test_rpc_collector import BiasPolicy
 
 
@@ -185,3 +187,9 @@ def test_a_missing_extra_is_named(monkeypatch, module, target):
     monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
     with pytest.raises(ImportError, match=rf"needs the {module} package: pip install 'rpc_collectors\[metrics\]'"):
         collector(metrics=target)
+
+
+def test_a_batch_of_lazily_stacked_different_shapes_has_its_bytes_counted():
+    rows = [TensorDict({"x": torch.zeros(3, 2)}, [3]), TensorDict({"x": torch.zeros(3, 3)}, [3])]
+    batch = TensorDict({"obs": LazyStackedTensorDict.lazy_stack(rows, 0), "reward": torch.zeros(2, 3)}, [2, 3])
+    assert size_of(batch) == (6 + 9 + 6) * 4
