@@ -15,7 +15,8 @@ import threading
 import time
 from typing import Any
 
-from tensordict import TensorDictBase
+import torch
+from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.core.metrics import (
     DataPlaneMetrics,
@@ -34,7 +35,12 @@ OFF = "metrics=False turned this collector's metrics off; accepted to have them:
 
 def size_of(tensors: TensorDictBase | None) -> int:
     """The bytes of the tensors in ``tensors`` (None: 0), lazy stacks of different shapes included."""
-    return 0 if tensors is None else tensors.bytes()
+    if tensors is None:
+        return 0
+    if isinstance(tensors, LazyStackedTensorDict):  # its rows one by one: stacking them may fail
+        return sum(size_of(row) for row in tensors.tensordicts)
+    return sum(size_of(value) if isinstance(value, TensorDictBase) else value.numel() * value.element_size()
+               for value in tensors.values() if isinstance(value, (TensorDictBase, torch.Tensor)))
 
 
 class RunMeter:
