@@ -15,7 +15,7 @@ against our MultiCollector with a policy copy in every worker.
    updates the weights after every batch: frames dropped and mean lag against K.
 5. The inference thread (with ``--inference``, alone): the pixel envs and Nature-CNN with
    ``--processes`` env processes, ``AsyncBatchedCollector``'s default torch threads for its
-   inference thread (the free cores, :func:`rpc_collectors.trainer.threads.inference_threads`)
+   inference thread (:func:`rpc_collectors.trainer.threads.inference_threads`)
    against the old behaviour (the process's count) and against 1, and ``envs_per_worker=2``
    (two halves per process, twice the envs) against 1: ``--rounds`` interleaved rounds, medians.
 
@@ -155,7 +155,7 @@ def inference_thread(args: argparse.Namespace) -> None:
     from rpc_collectors.trainer.threads import inference_threads
 
     procs, cores = args.processes, len(os.sched_getaffinity(0))
-    rule, old = inference_threads(None, procs), torch.get_num_threads()
+    rule, old = inference_threads(None, procs, procs), torch.get_num_threads()
     cases = {
         f"rule ({rule} thread(s)), 1 env per process": {"num_threads": None},
         f"old ({old} threads: the process's), 1 env per process": {"num_threads": old},

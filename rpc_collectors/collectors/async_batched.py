@@ -79,9 +79,10 @@ class AsyncBatchedCollector(BaseCollector):
         envs_per_worker: envs each worker process steps (TorchRL's; default 1): worker ``w`` steps
             envs ``w * envs_per_worker`` on, the last worker the rest. 2 or more: in two halves.
         num_threads: the torch threads of the inference loop's thread (this collector's meaning of
-            TorchRL's ``num_threads``); None: the cores this process may run on
-            (``os.sched_getaffinity``) less the env worker processes, at least 1 and at most
-            ``torch.get_num_threads()``. Set in that thread only: yours keep their count.
+            TorchRL's ``num_threads``); None: one per 16 envs, within the cores this process may
+            run on less the env worker processes and ``torch.get_num_threads()``, at least 1
+            (:func:`~rpc_collectors.trainer.threads.inference_threads`). Set in that thread only:
+            yours keep their count.
         max_worker_restarts: replace this many failed env workers in all (each of their envs'
             transition in flight is lost, the one before it is marked truncated and done); beyond
             it, a failure is a :class:`~rpc_collectors.WorkerError`.
@@ -160,7 +161,8 @@ class AsyncBatchedCollector(BaseCollector):
         device = batched_args.policy_device(device, device_config)
         self._take(exploration_type, policy_version, policy_version_key, max_worker_restarts, prefetch, rpc_timeout)
         self.num_workers = -(-len(factories) // self.envs_per_worker)
-        self.num_threads = inference_threads(options.check("num_threads", num_threads), self.num_workers)
+        num_threads = options.check("num_threads", num_threads)
+        self.num_threads = inference_threads(num_threads, self.num_workers, len(factories))
         self._specs = _worker_specs(factories, kwargs)
         self.policy = StepPolicy(policy if policy_factory is None else policy_factory(), device)
         self._open(len(factories))

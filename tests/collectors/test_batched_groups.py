@@ -175,7 +175,7 @@ def test_the_inference_thread_runs_with_its_threads_and_yours_keep_theirs(num_th
             thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
             thread.start()
             thread.join(30)
-        expected = 1 if num_threads == 1 else inference_threads(None, 2)
+        expected = 1 if num_threads == 1 else inference_threads(None, 2, 2)
         assert c.num_threads == expected and len(batches) == 5
         assert policy.seen and set(policy.seen) == {expected}
         assert mine == 2 and later == [2]  # this thread's count, and the one new threads begin with
