@@ -102,12 +102,12 @@ class CollectorFront(BaseCollector):
             infos = self.infos
             local = [not self.workers.in_process and info is not None and info["host_id"] == host_id() for info in infos]
             self._resources.threads = TrainerThreads(s.num_threads, sum(local))
-            rdv = self.workers.rdv  # other hosts send their batches to its address
-            pipelined = not self.sync and not self.update_after_each_batch
+            rdv, pipelined = self.workers.rdv, not self.sync and not self.update_after_each_batch  # rdv: where hosts send batches
             self._batches = self._resources.batches = BatchPlane(  # elastic: a buffer per member, who may be anywhere
                 local, weak_method(self._join_batches), sync=self.sync and not self.elastic, keep_fds=self.roster.budget > 0,
                 device=s.storing_device, address=rdv.address() if rdv is not None else None, timeout=self.rpc_timeout,
-                pipelined=pipelined, pipelined_here=pipelined and self.max_policy_lag is None,
+                pipelined=pipelined,
+                pipelined_here=pipelined and self.max_policy_lag is None and self.max_weight_update_interval < 0,
             )
             self.ready = True
         except BaseException:

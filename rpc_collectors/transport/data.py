@@ -235,7 +235,7 @@ class BatchPlane:
     layout. Batches end up on ``device`` (:meth:`place`). ``pipelined`` (async, not waiting for weights after each
     batch): a worker on another host may have ``IN_FLIGHT`` requests at once (:meth:`depth`), so it collects its
     next batch while the last crosses the network; ``pipelined_here``: one on this host too, so it goes on as
-    soon as it finished one (False where a bound on policy lag would drop the batch asked ahead).
+    soon as it finished one (False where a bound on lag or on batches per weights would drop or break one asked ahead).
     """
 
     def __init__(
