@@ -147,7 +147,7 @@ def test_a_killed_env_worker_is_replaced_within_max_worker_restarts():
             deadline, back, after = time.monotonic() + 60, False, 0
             while not back and time.monotonic() < deadline:  # the replacement's steps come
                 batch = c.next()
-                after += c.pool.worker_pids.get(2, old) != old  # past the old worker's steps (no pid while its replacement starts)
+                after += c.pool.worker_pids.get(2, old) != old  # past the old one's steps (no pid while its successor starts)
                 back = after > 2 and 2 in batch["env_index"].tolist()
         assert back and c.roster.counts == [0, 0, 1]
     assert any(issubclass(w.category, WorkerRestartWarning) and "env worker 2" in str(w.message) for w in caught)
