@@ -1,17 +1,21 @@
 """Where a collector's time goes: its phases, timed on the monotonic clock all processes of a host share.
 
-A :class:`PhaseClock` gives the time since its last mark to the phase the next mark names. The
-rollout marks ``"policy"`` after each policy call and ``"env"`` after each env step; a worker
-marks ``"idle"`` when a request arrives, ``"weights"`` once new weights are in and ``"write"``
-once the batch is built and written. Totals are kept always (one clock read per mark); each
-mark's span only while ``spans`` is a deque (a trace window is open), which bounds them. A
-collector counts its time between rollouts (``idle`` before a batch, ``write`` after it) with
-:meth:`PhaseClock.count`, in the totals only; :class:`StoppedClock` reads no time (``metrics=False``).
+A :class:`PhaseClock` gives the time since its last mark to the phase the next mark names. A
+worker marks ``"idle"`` when a request arrives, ``"weights"`` once new weights are in and
+``"write"`` once the batch is built and written; a collector counts its time between rollouts
+(``idle`` before a batch, ``write`` after it) with :meth:`PhaseClock.count`, in the totals only.
+
+A rollout's steps are timed in its own loop, the cheapest way Python has: it reads the clock
+with :meth:`PhaseClock.steps`'s ``now`` after each policy call and each env step, sums the two
+phases in local variables, and hands the sums to :meth:`StepTimes.done` at its end. Totals are
+kept always; each mark's and each step's span only while ``spans`` is a deque (a trace window
+is open), which bounds them. :class:`StoppedClock` reads no time (``metrics=False``).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Callable
 
 PHASES = ("idle", "weights", "policy", "env", "write")
 Span = tuple[str, int, int]  # (phase, start, end) in time.monotonic_ns()
@@ -42,6 +46,35 @@ class PhaseClock:
         self.totals_ns[phase] += now - self.last_ns
         self.last_ns = now
 
+    def steps(self) -> tuple[Callable[[], int], int, list[int] | None]:
+        """For a rollout: the clock to read after each policy call and env step, the last mark's
+        time (the first policy call's start), and the list those reads go to while a trace window
+        is open (else None)."""
+        if self.spans is None:
+            return time.monotonic_ns, self.last_ns, None
+        stamps: list[int] = []
+
+        def now() -> int:
+            stamp = time.monotonic_ns()
+            stamps.append(stamp)
+            return stamp
+
+        return now, self.last_ns, stamps
+
+    def stepped(self, policy_ns: int, env_ns: int, last_ns: int, stamps: list[int] | None) -> None:
+        """A rollout's steps took ``policy_ns`` in policy calls and ``env_ns`` in env steps, up to
+        ``last_ns``; ``stamps``: its clock reads, alternately after a policy call and an env step."""
+        totals = self.totals_ns
+        totals["policy"] += policy_ns
+        totals["env"] += env_ns
+        spans = self.spans
+        if stamps is not None and spans is not None:
+            start = self.last_ns
+            for i, stamp in enumerate(stamps):
+                spans.append(("env" if i % 2 else "policy", start, stamp))
+                start = stamp
+        self.last_ns = last_ns
+
 
 class StoppedClock(PhaseClock):
     """A clock that counts nothing (``metrics=False``): a mark reads no clock."""
@@ -52,4 +85,11 @@ class StoppedClock(PhaseClock):
         """Nothing: metrics are off."""
 
     def count(self, phase: str) -> None:
+        """Nothing: metrics are off."""
+
+    def steps(self) -> tuple[Callable[[], int], int, list[int] | None]:
+        """A clock that reads 0 (``int()``): the rollout's sums stay 0."""
+        return int, 0, None
+
+    def stepped(self, policy_ns: int, env_ns: int, last_ns: int, stamps: list[int] | None) -> None:
         """Nothing: metrics are off."""

@@ -112,14 +112,17 @@ class ArrayRollout:
             self.traj = ids if self.env.is_vector else int(ids[0])
         env, vector, max_steps = self.env, self.env.is_vector, self.max_steps
         batch = env.batch_size
-        rec, mark = StepRecords(self.out), self.clock.mark
+        rec = StepRecords(self.out)
+        now, last, stamps = self.clock.steps()
+        policy_ns = env_ns = 0
         for _ in range(num_steps):
             obs = self.obs
             if policy is None:
                 out = {"action": env.sample_action()}
             else:
                 out = policy({k: torch.from_numpy(v) for k, v in obs.items()}, batch)
-            mark("policy")
+            read = now()
+            policy_ns += read - last
             next_obs, reward, term, trunc = env.step_arrays(env.action_to_numpy(out["action"]))
             rec.obs.append(obs)
             rec.next_obs.append(next_obs)
@@ -148,9 +151,11 @@ class ArrayRollout:
                 self.steps = 0
             else:
                 self.obs = next_obs
-            mark("env")
+            last = now()
+            env_ns += last - read
             if stopped is not None and stopped():
                 break
+        self.clock.stepped(policy_ns, env_ns, last, stamps)
         return rec.to_tensordict(batch, vector, self.policy_zeros, self.device, marks() if marks is not None else {})
 
 
@@ -215,14 +220,17 @@ class TensorDictRollout:
             n = int(np.prod(self.env.batch_size)) if len(self.env.batch_size) else 1
             self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
             self.stepped = True
-        env, batch, steps, mark = self.env, self.env.batch_size, [], self.clock.mark
+        env, batch, steps = self.env, self.env.batch_size, []
+        now, last, stamps = self.clock.steps()
+        policy_ns = env_ns = 0
         for _ in range(num_steps):
             td = self.td
             if policy is None:
                 td = env.rand_action(td)
             else:
                 td.update(policy(td, batch))
-            mark("policy")
+            read = now()
+            policy_ns += read - last
             td = env.step(td)
             nxt = td.get("next")
             dense = _dense(nxt)
@@ -241,9 +249,11 @@ class TensorDictRollout:
                 nxt.set("done", nxt.get("done") | capped)
             steps.append(td)
             self.td = self._next_root(nxt, td)
-            mark("env")
+            last = now()
+            env_ns += last - read
             if stopped is not None and stopped():
                 break
+        self.clock.stepped(policy_ns, env_ns, last, stamps)
         return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
@@ -303,11 +313,13 @@ class EnvBaseRollout(TensorDictRollout):
                 marks: Callable[[], dict] | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
-        env, batch, steps, mark = self.env, self.env.batch_size, [], self.clock.mark
+        env, batch, steps = self.env, self.env.batch_size, []
         if not self.stepped:
             n = int(np.prod(batch)) if len(batch) else 1
             self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(batch))
             self.stepped = True
+        now, last, stamps = self.clock.steps()
+        policy_ns = env_ns = 0
         for _ in range(num_steps):
             td = self.td
             if policy is None:
@@ -317,7 +329,8 @@ class EnvBaseRollout(TensorDictRollout):
                         td.set(key, zero)
             else:
                 td.update(policy(td, batch))
-            mark("policy")
+            read = now()
+            policy_ns += read - last
             ids = td.get(TRAJ_IDS)
             td, root = env.step_and_maybe_reset(td)
             nxt = td.get("next")
@@ -332,9 +345,11 @@ class EnvBaseRollout(TensorDictRollout):
             root = _dense(root)
             root.set(TRAJ_IDS, ids)
             self.td = root
-            mark("env")
+            last = now()
+            env_ns += last - read
             if stopped is not None and stopped():
                 break
+        self.clock.stepped(policy_ns, env_ns, last, stamps)
         return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
 
 
