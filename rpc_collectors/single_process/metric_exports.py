@@ -129,9 +129,8 @@ class JsonLines:
         return f"JsonLines({self.path!r})"
 
     def probe(self) -> None:
-        _writable_dir(os.path.dirname(os.path.abspath(self.path)), repr(self))
-        if os.path.isdir(self.path) or (os.path.exists(self.path) and not os.access(self.path, os.W_OK)):
-            raise ValueError(f"metrics={self!r} cannot be written; accepted: a path to a writable file")
+        _writable_dir(os.path.dirname(os.path.abspath(self.path)), repr(self))  # made, as TensorBoard makes its log_dir
+        checks.writable_file(f"metrics={self!r}: path", self.path)
 
     def write(self, metrics: Metrics, step: int) -> None:
         if self._file is None:
