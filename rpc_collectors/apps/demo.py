@@ -231,16 +231,42 @@ def _check_trace(args: argparse.Namespace) -> None:
         raise SystemExit(str(err)) from None
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the demo with parsed ``args``; returns the exit code (0, or 130 when interrupted). A
-    requeueable SLURM job's stop signal ends it with :class:`~rpc_collectors.cluster.requeue.Requeued`
-    once the run is checkpointed and the record written."""
+def _checked(args: argparse.Namespace) -> tuple[Path | None, Export | None]:
+    """Every argument checked before any process starts: the checkpoint folder and the metrics export."""
     for name in ("workers", "envs_per_worker", "steps", "total_frames"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; it must be >= 1")
     checkpoint_dir = _checkpoint_dir(args)
     _check_trace(args)
-    metrics = metrics_of(args)
+    return checkpoint_dir, metrics_of(args)
+
+
+def _close_bar(bar: tqdm, status: str) -> None:
+    """The progress bar ends with how the run ended (full when the target was reached first)."""
+    if status.startswith("reached"):  # the target ended the run before the frame budget: done
+        bar.total = bar.n
+    bar.set_description_str(status, refresh=False)
+    bar.close()
+
+
+def _print_outcome(args: argparse.Namespace, data: dict[str, Any], path: Path, output: Path, collector: Any) -> None:
+    """The summary, where the run record, the learning curve and the timeline were written."""
+    print(summary_table(data))
+    if data["status"].startswith("reached"):
+        print(f"reached a mean return of {args.target_return:g} over the last 20 episodes after "
+              f"{data['frames']:,} frames in {data['wall_time_s']:.1f} s")
+    plot = plot_curve(data, output / "learning_curve.png")
+    print(f"run record: {path}" + (f"\nlearning curve: {plot}" if plot else ""))
+    if args.trace is not None and collector is not None:
+        written = not collector.tracing.rounds_left and args.trace.exists()
+        print(f"timeline: {args.trace}" if written else f"timeline: not written (fewer than {args.trace_rounds} batches)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo with parsed ``args``; returns the exit code (0, or 130 when interrupted). A
+    requeueable SLURM job's stop signal ends it with :class:`~rpc_collectors.cluster.requeue.Requeued`
+    once the run is checkpointed and the record written."""
+    checkpoint_dir, metrics = _checked(args)
     output = args.output_dir or checkpoint_dir or Path("runs") / f"{args.env}-{datetime.now():%Y%m%d-%H%M%S}"
     torch.set_num_threads(1)  # small networks: threads only compete with the workers for cores
     torch.manual_seed(args.seed)
@@ -288,10 +314,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         end = time.perf_counter()
         if bar is not None:
-            if status.startswith("reached"):  # the target ended the run before the frame budget: done
-                bar.total = bar.n
-            bar.set_description_str(status, refresh=False)
-            bar.close()
+            _close_bar(bar, status)
         if collector is not None:
             collector.shutdown()
         data = record.finish(status, train_start - start, end - train_start)
@@ -300,15 +323,7 @@ def run(args: argparse.Namespace) -> int:
             current["end"] = status if current["end"] == "running" else current["end"]
             data["allocations"] = [*ckpt.allocations, current]
         path = record.save(output)
-    print(summary_table(data))
-    if data["status"].startswith("reached"):
-        print(f"reached a mean return of {args.target_return:g} over the last 20 episodes after "
-              f"{data['frames']:,} frames in {data['wall_time_s']:.1f} s")
-    plot = plot_curve(data, output / "learning_curve.png")
-    print(f"run record: {path}" + (f"\nlearning curve: {plot}" if plot else ""))
-    if args.trace is not None and collector is not None:
-        written = not collector.tracing.rounds_left and args.trace.exists()
-        print(f"timeline: {args.trace}" if written else f"timeline: not written (fewer than {args.trace_rounds} batches)")
+    _print_outcome(args, data, path, output, collector)
     if stop is not None:
         raise stop
     return 130 if status == "interrupted" else 0
