@@ -20,11 +20,11 @@ from tensordict import TensorDictBase
 
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.single_process import preemption
+from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer import node_restarts
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.recovery import Recovery
 from rpc_collectors.trainer.roster import Roster
-from rpc_collectors.trainer.trace_spans import TraceRecorder
 from rpc_collectors.trainer.waits import BATCH, Answer, Events, Joined, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport import layouts
@@ -59,9 +59,9 @@ class Scheduled(Protocol):
 class Schedule:
     """The batch requests of one collector front and the order its batches are handed out in."""
 
-    def __init__(self, front: Scheduled, recorder: TraceRecorder | None = None) -> None:
+    def __init__(self, front: Scheduled, meter: RunMeter | None = None) -> None:
         self.front = front
-        self.recorder = recorder if recorder is not None else TraceRecorder()  # its spans: "wait", "hand-out"
+        self.meter = meter if meter is not None else RunMeter(on=False)  # its spans: "wait", "hand-out"
         self.round: dict[int, Any] | None = None  # the answers of a sync round in progress
         self.last_async: int | None = None  # async: the worker whose batch the trainer holds
         self.layout: dict | None = None  # elastic: keys, shapes and dtypes of the run's first batch
@@ -83,10 +83,10 @@ class Schedule:
         front = self.front
         deadline = self.deadline()
         while True:
-            waited = self.recorder.start()
+            waited = self.meter.span_start()
             item = front.events.take(lambda e: isinstance(e, Joined) or (isinstance(e, Answer) and e.tag == BATCH),
                                      deadline, front.waits.check)
-            self.recorder.end("wait", waited, answered=getattr(item, "worker_id", None))
+            self.meter.span_end("wait", waited, answered=getattr(item, "worker_id", None))
             if item is None:
                 oldest = front.waits.batch_deadline()
                 if oldest is None:
@@ -181,10 +181,10 @@ class Schedule:
                 results[worker_id] = result
         finally:
             self.round = None
-        handing = self.recorder.start()
+        handing = self.meter.span_start()
         batch = self._combine([results[i] for i in range(front.num_workers)])
         batch = batch if front.preempt_after is None else self._without_padding(batch)
-        self.recorder.end("hand-out", handing)
+        self.meter.span_end("hand-out", handing)
         return batch
 
     def _first_ready(self) -> TensorDictBase:
@@ -207,9 +207,9 @@ class Schedule:
         continuity, pusher = self.front.continuity, self.front.pusher
         while True:
             self.last_async, result = self.next_answer()
-            handing = self.recorder.start()
+            handing = self.meter.span_start()
             worker_id, batch = self.last_async, self._receive(self.last_async, result)
-            self.recorder.end("hand-out", handing, worker=worker_id)
+            self.meter.span_end("hand-out", handing, worker=worker_id)
             if continuity.kept(worker_id, batch):
                 if not continuity.too_old(batch, pusher.version):
                     return batch
