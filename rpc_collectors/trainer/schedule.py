@@ -40,6 +40,7 @@ class Scheduled(Protocol):
     join_timeout: float
     cat_results: str | int
     preempt_after: int | None
+    max_policy_lag: int | None
     update_after_each_batch: bool
     max_weight_update_interval: int
     workers: Any
@@ -77,9 +78,10 @@ class Schedule:
             return oldest[0]
         return front.waits.deadline() if not front.elastic else time.monotonic() + front.join_timeout
 
-    def next_batch(self) -> tuple[int, Any]:
-        """The next worker's batch answer (worker id, batch or ``Ready``); collectors that join
-        meanwhile (elastic) are admitted. Deaths and timeouts raise :class:`Failure`."""
+    def next_batch(self) -> tuple[int, Any, bool]:
+        """The next worker's batch answer (worker id, batch or ``Ready``, and False if it was asked
+        before the worker's stream was cut); collectors that join meanwhile (elastic) are admitted.
+        Deaths and timeouts raise :class:`Failure`."""
         front = self.front
         deadline = self.deadline()
         while True:
@@ -100,13 +102,13 @@ class Schedule:
             if item.generation != record.generation:
                 continue  # the answer of a replaced worker
             result = front.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
-            record.answered()
+            fresh = record.answered()
             if record.info and "local_pids" in record.info:  # a node: its local restarts and own drops come with its answers
                 result, dropped = node_restarts.answer_of(record, item.worker_id, result)
                 front.continuity.count(dropped.frames, dropped.batches)
             if front.elastic:
                 self._same_layout(item.worker_id, result)
-            return item.worker_id, result
+            return item.worker_id, result, fresh
 
     def _same_layout(self, worker_id: int, result: Any) -> None:
         """Elastic: a member whose batch does not match the run's first one (keys, shapes,
@@ -120,7 +122,7 @@ class Schedule:
         if differs:
             raise Failure(worker_id, f"delivered a batch unlike the run's: {differs}")
 
-    def next_answer(self) -> tuple[int, Any]:
+    def next_answer(self) -> tuple[int, Any, bool]:
         """:meth:`next_batch`, recovering failed workers; a replacement is asked what its
         predecessor left unanswered."""
         front = self.front
@@ -177,7 +179,7 @@ class Schedule:
             while len(results) < front.num_workers:
                 if len(results) == front.preempt_after:
                     self._preempt([i for i in range(front.num_workers) if i not in results])
-                worker_id, result = self.next_answer()
+                worker_id, result, _ = self.next_answer()  # a sync round asks nothing before a cut
                 results[worker_id] = result
         finally:
             self.round = None
@@ -204,15 +206,17 @@ class Schedule:
     def _next_kept(self) -> TensorDictBase:
         """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's stream
         was cut, or collected with weights more than ``max_policy_lag`` behind."""
-        continuity, pusher = self.front.continuity, self.front.pusher
+        continuity, pusher, bounded = self.front.continuity, self.front.pusher, self.front.max_policy_lag is not None
         while True:
-            self.last_async, result = self.next_answer()
+            self.last_async, result, fresh = self.next_answer()
             handing = self.meter.span_start()
             worker_id, batch = self.last_async, self._receive(self.last_async, result)
             self.meter.span_end("hand-out", handing, worker=worker_id)
-            if continuity.kept(worker_id, batch):
-                if not continuity.too_old(batch, pusher.version):
-                    return batch
+            if not fresh:
+                continuity.stale(batch)
+            elif not bounded or not continuity.too_old(batch, pusher.version):
+                return batch
+            else:
                 if continuity.left_behind(worker_id, pusher.version):
                     pusher.push([worker_id], version=pusher.version)
                 continuity.drop(batch, [worker_id])
