@@ -4,7 +4,8 @@ A future completed with an exception holds that exception object where the garba
 cannot see it, and ``wait()`` raises the object itself. Each wait would add its frames to the
 exception's traceback, and those frames (with the collector in their locals, and the collector
 holding the future) would live as long as the future, in a cycle the garbage collector never breaks.
-:func:`outcome` leaves the held exception without a traceback and raises a copy of it.
+:func:`outcome` leaves the held exception without a traceback and raises a copy of it; a waiter
+that handles the failure itself raises :func:`detached`'s copy, outside its ``except`` block.
 """
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ def outcome(fut: torch.futures.Future) -> Any:
     try:
         return fut.wait()
     except Exception as err:
-        err.__traceback__ = None
         held = err
-    raise _copy(held)
+    raise detached(held)
 
 
-def _copy(err: BaseException) -> BaseException:
+def detached(err: BaseException) -> BaseException:
+    """A copy of ``err``, the exception a future holds (same type, message and attributes), to raise
+    in its place; ``err`` is left without the traceback its raising gave it."""
+    err.__traceback__ = None
     clone = type(err).__new__(type(err), *err.args)
     clone.__dict__.update(getattr(err, "__dict__", {}))
     clone.__cause__, clone.__suppress_context__ = err.__cause__, err.__suppress_context__

@@ -1,18 +1,24 @@
-"""The trainer's side of ``collector.metrics()``: what it measures as batches are handed out.
+"""The trainer's clock: the totals of ``collector.metrics()`` always, and spans in a trace window.
 
-A :class:`RunMeter` is the one owner of those counters: each round's time waiting for workers (as
-the front's one wait counts it), busy otherwise, and handing out; the policy lag of each batch;
-the weight pushes and how long each took until every worker acknowledged it; the bytes per frame
-of the batches received. It reads the monotonic clock three times per batch (no CPU-time clock:
-those are system calls), and nothing with ``metrics=False``. The
+A :class:`RunMeter` is the one owner of the trainer's timing. Its totals: each round's time waiting
+for workers (as the front's one wait counts it), busy otherwise, and handing out; the policy lag of
+each batch; the weight pushes and how long each took until every worker acknowledged it; the bytes
+per frame of the batches received. It reads the monotonic clock three times per batch for them (no
+CPU-time clock: those are system calls), and nothing with ``metrics=False``. The
 :class:`~rpc_collectors.core.metrics.Metrics` of a collector are built from it
 (:meth:`RunMeter.snapshot`) with what the collector's other parts own (frames, drops, the roster,
 the workers' phase clocks). With exports (:mod:`.metric_exports`), each batch end may write them.
+
+Its spans, while a trace window is open (``spans`` is a deque, ``collector.trace()``): the trainer's
+threads mark where a span starts (:meth:`RunMeter.span_start`) and ends (:meth:`RunMeter.span_end`),
+waits, hand-outs and weight pushes among them; with no window open, ``span_start`` answers 0 after
+one attribute check, reading no clock, and ``span_end`` keeps nothing.
 """
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -30,6 +36,7 @@ from rpc_collectors.core.metrics import (
 from rpc_collectors.single_process.batch_record import BatchRecord
 from rpc_collectors.single_process.phase_clock import PhaseClock, StoppedClock
 
+Span = tuple[str, str, int, int, Any]  # (thread name, span name, start, end, args) in time.monotonic_ns()
 OFF = "metrics=False turned this collector's metrics off; accepted to have them: metrics=None (the default) or True"
 
 
@@ -44,7 +51,8 @@ def size_of(tensors: TensorDictBase | None) -> int:
 
 
 class RunMeter:
-    """A collector's round, lag, push and data-plane counters (``on=False``: none, and no clock reads)."""
+    """A collector's round, lag, push and data-plane counters (``on=False``: none, and no clock reads),
+    and its trainer's spans while ``spans`` is a deque (a trace window is open)."""
 
     def __init__(self, on: bool = True, exports: Any = None) -> None:
         self.on, self.exports = on, exports
@@ -62,6 +70,7 @@ class RunMeter:
         self._acks = threading.Lock()
         self._unacked: list[int] = []  # the starts of the pushes not acknowledged yet
         self.clock: PhaseClock | None = None  # a Collector's: "idle" until a batch begins, then "write" (totals only)
+        self.spans: deque[Span] | None = None
 
     def watch(self, clock: PhaseClock) -> PhaseClock:
         """The phase clock of this collector's rollout: marked between batches (a :class:`StoppedClock` when off)."""
@@ -123,6 +132,25 @@ class RunMeter:
                 took = now - begun
                 self.ack_ns, self.last_ack_ns, self.max_ack_ns = self.ack_ns + took, took, max(self.max_ack_ns, took)
             self._unacked = [begun for begun in self._unacked if begun not in done]
+
+    # ---------------------------------------------------------------- spans of a trace window
+    def span_start(self) -> int:
+        """The start of a span (0: no window is open, nothing to record)."""
+        return time.monotonic_ns() if self.spans is not None else 0
+
+    def span_end(self, name: str, start: int, **args: Any) -> None:
+        """The span ``name`` from ``start`` to now, with ``args`` (shown with it), if a window is open."""
+        spans = self.spans
+        if start and spans is not None:
+            spans.append((threading.current_thread().name, name, start, time.monotonic_ns(), args or None))
+
+    def take_spans(self) -> dict[str, list[tuple]]:
+        """Close the window: its spans by thread, ``(name, start, end[, args])`` each, oldest first."""
+        spans, self.spans = self.spans, None
+        threads: dict[str, list[tuple]] = {}
+        for thread, name, start, end, args in spans or ():
+            threads.setdefault(thread, []).append((name, start, end, args) if args else (name, start, end))
+        return threads
 
     # ---------------------------------------------------------------- the snapshot
     def snapshot(

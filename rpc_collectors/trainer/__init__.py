@@ -10,7 +10,8 @@ joins (:mod:`.recovery`; a node's own local restarts in :mod:`.node_restarts`), 
 outside itself (:mod:`.lifetime`, :mod:`.threads`), and ``metrics()`` (:mod:`.front_metrics`).
 A batched-inference collector's trainer side is here too: its inference loop (:mod:`.inference_loop`)
 and batch assembly (:mod:`.transitions`).
-A trace window of a few rounds: :mod:`.trace_window` (the trainer's spans in :mod:`.trace_spans`, the
+A trace window of a few rounds: :mod:`.trace_window` (the trainer's spans kept by its clock, the
+:class:`~rpc_collectors.single_process.run_meter.RunMeter`; the
 workers' clock offsets in :mod:`.clock_offsets`, the Chrome trace file in :mod:`.timeline`).
 
 May import :mod:`~rpc_collectors.cluster` and the layers below it; never a pool: the front drives

@@ -30,7 +30,6 @@ from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.schedule import Schedule
 from rpc_collectors.trainer.settings import Settings
 from rpc_collectors.trainer.threads import TrainerThreads
-from rpc_collectors.trainer.trace_spans import TraceRecorder
 from rpc_collectors.trainer.trace_window import MAX_SPANS, TraceWindow
 from rpc_collectors.trainer.waits import Events, Joined, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
@@ -73,11 +72,11 @@ class CollectorFront(BaseCollector):
         self.specs = s.specs
         self.policy = policy
         self.events = self._meter.waits = Events()
-        self.recorder, self.tracing = TraceRecorder(), TraceWindow(self)
+        self.tracing = TraceWindow(self)
         self.roster = Roster(self.num_workers, s.max_worker_restarts)
         self.recovery = Recovery(self)
         self.continuity = Continuity(self)
-        self.schedule = Schedule(self, self.recorder)
+        self.schedule = Schedule(self, self._meter)
         self.ready = False  # failures are recovered only once the collector is up
         self._batches: BatchPlane | None = None
         self._resources = Resources()
@@ -89,7 +88,7 @@ class CollectorFront(BaseCollector):
             policy, self.workers, self.roster, self.deferred, self.gather, transport=s.weight_transport,
             factory=s.policy_factory, no_push=self._no_push, policy_device=s.policy_device, backend=self.backend,
             elastic=self.elastic, rpc_timeout=self.rpc_timeout, refill=self.roster.budget > 0 or self.elastic,
-            resources=self._resources, recorder=self.recorder, meter=self._meter,
+            resources=self._resources, meter=self._meter,
         )
         self._release = release_with(self, self._resources)
         self._closed = self._closing = False

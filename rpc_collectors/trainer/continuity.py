@@ -4,7 +4,7 @@ is cut, its trajectories end.
 Within one trajectory id the steps a collector hands out are consecutive. Whatever drops frames
 of a worker's stream goes through :class:`Continuity`, which owns the rule:
 
-* ``max_policy_lag`` (async): a batch whose oldest step was chosen with weights more than
+* ``max_policy_lag`` (async, where set): a batch whose oldest step was chosen with weights more than
   ``max_policy_lag`` versions behind the trainer's ``policy_version`` is not handed out
   (:meth:`~Continuity.too_old`); it is asked again, with the newest weights pushed to it: its own,
   or, if it was left out of the pushes since they were within the bound
@@ -15,7 +15,8 @@ of a worker's stream goes through :class:`Continuity`, which owns the rule:
   answer) and cuts its workers' streams: each is told to go on
   under new trajectory ids from its next step (:meth:`~rpc_collectors.single_process.collector.Collector.cut`;
   a node cuts those of the local workers in the batch), its env not reset;
-* a worker's batches asked before its cut reached it continue the dropped one: they are dropped too;
+* a worker's batches asked before its cut reached it continue the dropped one: they are dropped too
+  (its record counts them, :attr:`~rpc_collectors.trainer.roster.WorkerRecord.stale`, until they came);
 * a worker replaced (``max_worker_restarts``) or a collector that joins starts afresh: a new env
   under ids above any its slot used (:meth:`~rpc_collectors.trainer.roster.Roster.traj_id_start`), and
   what its predecessor was asked is asked of it again (nothing stale);
@@ -52,7 +53,6 @@ class Continuity:
 
     def __init__(self, front: StreamOwner) -> None:
         self.front = front
-        self.stale = [0] * front.num_workers  # answers still due from each worker that were asked before its cut
         self.dropped_frames = self.dropped_batches = 0  # counted here, or by a node, which tells its own
 
     def drop(self, batch: TensorDictBase, worker_ids: list[int] | None = None) -> None:
@@ -65,31 +65,24 @@ class Continuity:
         front = self.front
         worker_ids = [i for i in (range(front.num_workers) if worker_ids is None else worker_ids) if front.roster[i].serving]
         for worker_id in worker_ids:
-            self.stale[worker_id] = front.roster[worker_id].outstanding
+            front.roster[worker_id].cut()
         # which answer of the worker's process the cut follows (a node cuts the local workers in it)
         front.gather({i: front.deferred.cut(i, front.roster[i].requests - front.roster[i].outstanding) for i in worker_ids})
 
-    def kept(self, worker_id: int, batch: TensorDictBase) -> bool:
-        """Whether ``batch``, the answer of ``worker_id``, goes on: False (counted as dropped) if it was
-        asked before the worker's stream was cut."""
-        if not self.stale[worker_id]:
-            return True
-        self.stale[worker_id] -= 1
+    def stale(self, batch: TensorDictBase) -> None:
+        """``batch`` was asked before its worker's stream was cut (its record's answer was stale): dropped."""
         self._count(batch)
-        return False
 
     def too_old(self, batch: TensorDictBase, trainer_version: int) -> bool:
-        """Whether the oldest step of ``batch`` is more than ``max_policy_lag`` versions behind ``trainer_version``."""
-        max_lag = self.front.max_policy_lag
-        if max_lag is None or VERSION not in batch.keys(include_nested=True):
+        """Whether the oldest step of ``batch`` is more than ``max_policy_lag`` (set) versions behind ``trainer_version``."""
+        if VERSION not in batch.keys(include_nested=True):
             return False
-        return trainer_version - int(batch.get(VERSION).min()) > max_lag
+        return trainer_version - int(batch.get(VERSION).min()) > self.front.max_policy_lag
 
     def left_behind(self, worker_id: int, trainer_version: int) -> bool:
-        """Whether the newest weights pushed to ``worker_id`` are themselves more than ``max_policy_lag``
+        """Whether the newest weights pushed to ``worker_id`` are themselves more than ``max_policy_lag`` (set)
         versions behind (it was left out of the pushes since): only then does it need the trainer's."""
-        max_lag = self.front.max_policy_lag
-        return max_lag is not None and trainer_version - self.front.roster[worker_id].weights_version > max_lag
+        return trainer_version - self.front.roster[worker_id].weights_version > self.front.max_policy_lag
 
     def _count(self, batch: TensorDictBase) -> None:
         self.count(batch.numel(), 1)
@@ -100,9 +93,5 @@ class Continuity:
 
     def resumed(self) -> None:
         """Every worker loaded a saved state (its envs restart): what they were asked before is stale."""
-        for worker_id, record in enumerate(self.front.roster):
-            self.stale[worker_id] = record.outstanding
-
-    def replaced(self, worker_id: int) -> None:
-        """A new process serves ``worker_id`` (fresh env, fresh ids): nothing it answers is stale."""
-        self.stale[worker_id] = 0
+        for record in self.front.roster:
+            record.cut()

@@ -95,7 +95,6 @@ class Recovery:
         info = front.gather({worker_id: create}, recover=False)[0]
         front.roster.served(worker_id, info)
         front.roster[worker_id].uncounted = front._delivered_frames(worker_id)  # the new process counts from 0
-        front.continuity.replaced(worker_id)
         steps = []
         seed = front.roster.seed(worker_id)
         if seed is not None:

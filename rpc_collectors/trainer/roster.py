@@ -27,7 +27,9 @@ class WorkerRecord:
     ``info`` is what the process reported of itself (None: vacant, or not built yet).
     ``dead`` is why it died, as its pool first reported it, until it is replaced. ``outstanding``
     counts its batch requests in flight; ``redo`` the requests a failed predecessor left
-    unanswered, which its replacement is asked again (into the same slots). ``requests`` counts
+    unanswered, which its replacement is asked again (into the same slots); ``stale`` those of its
+    outstanding requests that were asked before its stream was cut (:mod:`.continuity`), whose
+    answers are dropped as they come. ``requests`` counts
     the batches this process was asked for (the number of the latest). ``serving_since`` is when
     it began on the oldest request it has not answered (asked, or its previous answer came):
     that request's ``rpc_timeout`` runs from there, in async runs too, where other workers'
@@ -45,6 +47,7 @@ class WorkerRecord:
     dead: str | None = None
     outstanding: int = 0
     redo: int = 0
+    stale: int = 0
     requests: int = 0
     serving_since: float | None = None
     local_restarts: int = 0
@@ -56,7 +59,7 @@ class WorkerRecord:
         """A new process is taking the slot: what the last one was asked is asked again."""
         self.generation += 1
         self.redo += self.outstanding
-        self.outstanding = self.requests = 0
+        self.outstanding = self.stale = self.requests = 0
         self.serving_since = None
         self.dead = None
         self.info = None
@@ -68,7 +71,7 @@ class WorkerRecord:
     def vacated(self) -> None:
         """The slot is vacant (elastic): nothing asked of the process that left is redone."""
         self.generation += 1
-        self.outstanding = self.redo = self.requests = 0
+        self.outstanding = self.redo = self.stale = self.requests = 0
         self.serving_since = None
         self.dead = None
         self.info = None
@@ -93,11 +96,20 @@ class WorkerRecord:
         if again and self.redo:
             self.redo -= 1
 
-    def answered(self) -> None:
-        """A batch request was answered: one batch more with the same weights."""
+    def answered(self) -> bool:
+        """A batch request was answered: one batch more with the same weights. False: it was asked
+        before the worker's stream was cut (``stale``)."""
         self.outstanding -= 1
         self.serving_since = time.monotonic() if self.outstanding else None
         self.batches_since_push += 1
+        if self.stale:
+            self.stale -= 1
+            return False
+        return True
+
+    def cut(self) -> None:
+        """The worker's stream was cut where its last answer ended: the requests outstanding are stale."""
+        self.stale = self.outstanding
 
     def sent_weights(self, version: int) -> None:
         """Weights ``version`` were sent: the next batch is collected with them."""

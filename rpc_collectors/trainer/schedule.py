@@ -20,11 +20,11 @@ from tensordict import TensorDictBase
 
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.single_process import preemption
+from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer import node_restarts
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.recovery import Recovery
 from rpc_collectors.trainer.roster import Roster
-from rpc_collectors.trainer.trace_spans import TraceRecorder
 from rpc_collectors.trainer.waits import BATCH, Answer, Events, Joined, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport import layouts
@@ -40,6 +40,7 @@ class Scheduled(Protocol):
     join_timeout: float
     cat_results: str | int
     preempt_after: int | None
+    max_policy_lag: int | None
     update_after_each_batch: bool
     max_weight_update_interval: int
     workers: Any
@@ -59,9 +60,9 @@ class Scheduled(Protocol):
 class Schedule:
     """The batch requests of one collector front and the order its batches are handed out in."""
 
-    def __init__(self, front: Scheduled, recorder: TraceRecorder | None = None) -> None:
+    def __init__(self, front: Scheduled, meter: RunMeter | None = None) -> None:
         self.front = front
-        self.recorder = recorder if recorder is not None else TraceRecorder()  # its spans: "wait", "hand-out"
+        self.meter = meter if meter is not None else RunMeter(on=False)  # its spans: "wait", "hand-out"
         self.round: dict[int, Any] | None = None  # the answers of a sync round in progress
         self.last_async: int | None = None  # async: the worker whose batch the trainer holds
         self.layout: dict | None = None  # elastic: keys, shapes and dtypes of the run's first batch
@@ -77,16 +78,17 @@ class Schedule:
             return oldest[0]
         return front.waits.deadline() if not front.elastic else time.monotonic() + front.join_timeout
 
-    def next_batch(self) -> tuple[int, Any]:
-        """The next worker's batch answer (worker id, batch or ``Ready``); collectors that join
-        meanwhile (elastic) are admitted. Deaths and timeouts raise :class:`Failure`."""
+    def next_batch(self) -> tuple[int, Any, bool]:
+        """The next worker's batch answer (worker id, batch or ``Ready``, and False if it was asked
+        before the worker's stream was cut); collectors that join meanwhile (elastic) are admitted.
+        Deaths and timeouts raise :class:`Failure`."""
         front = self.front
         deadline = self.deadline()
         while True:
-            waited = self.recorder.start()
+            waited = self.meter.span_start()
             item = front.events.take(lambda e: isinstance(e, Joined) or (isinstance(e, Answer) and e.tag == BATCH),
                                      deadline, front.waits.check)
-            self.recorder.end("wait", waited, answered=getattr(item, "worker_id", None))
+            self.meter.span_end("wait", waited, answered=getattr(item, "worker_id", None))
             if item is None:
                 oldest = front.waits.batch_deadline()
                 if oldest is None:
@@ -100,13 +102,13 @@ class Schedule:
             if item.generation != record.generation:
                 continue  # the answer of a replaced worker
             result = front.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
-            record.answered()
+            fresh = record.answered()
             if record.info and "local_pids" in record.info:  # a node: its local restarts and own drops come with its answers
                 result, dropped = node_restarts.answer_of(record, item.worker_id, result)
                 front.continuity.count(dropped.frames, dropped.batches)
             if front.elastic:
                 self._same_layout(item.worker_id, result)
-            return item.worker_id, result
+            return item.worker_id, result, fresh
 
     def _same_layout(self, worker_id: int, result: Any) -> None:
         """Elastic: a member whose batch does not match the run's first one (keys, shapes,
@@ -120,7 +122,7 @@ class Schedule:
         if differs:
             raise Failure(worker_id, f"delivered a batch unlike the run's: {differs}")
 
-    def next_answer(self) -> tuple[int, Any]:
+    def next_answer(self) -> tuple[int, Any, bool]:
         """:meth:`next_batch`, recovering failed workers; a replacement is asked what its
         predecessor left unanswered."""
         front = self.front
@@ -177,14 +179,14 @@ class Schedule:
             while len(results) < front.num_workers:
                 if len(results) == front.preempt_after:
                     self._preempt([i for i in range(front.num_workers) if i not in results])
-                worker_id, result = self.next_answer()
+                worker_id, result, _ = self.next_answer()  # a sync round asks nothing before a cut
                 results[worker_id] = result
         finally:
             self.round = None
-        handing = self.recorder.start()
+        handing = self.meter.span_start()
         batch = self._combine([results[i] for i in range(front.num_workers)])
         batch = batch if front.preempt_after is None else self._without_padding(batch)
-        self.recorder.end("hand-out", handing)
+        self.meter.span_end("hand-out", handing)
         return batch
 
     def _first_ready(self) -> TensorDictBase:
@@ -204,15 +206,17 @@ class Schedule:
     def _next_kept(self) -> TensorDictBase:
         """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's stream
         was cut, or collected with weights more than ``max_policy_lag`` behind."""
-        continuity, pusher = self.front.continuity, self.front.pusher
+        continuity, pusher, bounded = self.front.continuity, self.front.pusher, self.front.max_policy_lag is not None
         while True:
-            self.last_async, result = self.next_answer()
-            handing = self.recorder.start()
+            self.last_async, result, fresh = self.next_answer()
+            handing = self.meter.span_start()
             worker_id, batch = self.last_async, self._receive(self.last_async, result)
-            self.recorder.end("hand-out", handing, worker=worker_id)
-            if continuity.kept(worker_id, batch):
-                if not continuity.too_old(batch, pusher.version):
-                    return batch
+            self.meter.span_end("hand-out", handing, worker=worker_id)
+            if not fresh:
+                continuity.stale(batch)
+            elif not bounded or not continuity.too_old(batch, pusher.version):
+                return batch
+            else:
                 if continuity.left_behind(worker_id, pusher.version):
                     pusher.push([worker_id], version=pusher.version)
                 continuity.drop(batch, [worker_id])

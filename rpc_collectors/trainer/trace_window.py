@@ -1,6 +1,7 @@
 """A collector front's trace window: the timeline of a few rounds across its processes.
 
-``collector.trace(path, rounds=N)`` opens a window on the trainer (:mod:`.trace_spans`) and on
+``collector.trace(path, rounds=N)`` opens a window on the trainer (its clock's spans,
+:class:`~rpc_collectors.single_process.run_meter.RunMeter`) and on
 every serving worker (``trace``, one of :class:`~rpc_collectors.core.protocol.WorkerCalls`: a
 worker keeps its phase clock's spans, a node its own front's and its local workers'), each
 bounded by ``max_spans`` per thread. Once the front handed out N batches, it takes the workers'
@@ -26,7 +27,7 @@ MAX_SPANS = 100_000  # per thread of each process: about 10 MB
 
 
 class TraceWindow:
-    """The trace window of ``front``: its recorder, the workers it was opened on, the rounds left."""
+    """The trace window of ``front``: its clock's spans, the workers it was opened on, the rounds left."""
 
     def __init__(self, front: Any) -> None:
         self.front = front
@@ -52,14 +53,14 @@ class TraceWindow:
     def open(self, keep: int) -> None:
         """Keep at most ``keep`` spans per thread, here and in every serving worker."""
         front = self.front
-        self.opened_at, front.recorder.spans = time.monotonic_ns(), deque(maxlen=keep)
+        self.opened_at, front._meter.spans = time.monotonic_ns(), deque(maxlen=keep)
         serving = front.roster.serving()
         self.opened = list(self._gather(lambda i: front.deferred.trace(i, keep), serving))
 
     def take(self) -> list[ProcessSpans]:
         """Close the window: the spans of this process and of every worker it was opened on, on this process's clock."""
         front = self.front
-        own = ProcessSpans((), socket.gethostname(), os.getpid(), front.recorder.take())
+        own = ProcessSpans((), socket.gethostname(), os.getpid(), front._meter.take_spans())
         opened, self.opened = self.opened, []
         answers = self._gather(lambda i: front.deferred.trace(i, None), opened)
         offsets = clock_offsets.measure(front.workers, front.gather, front.deferred, list(answers))
@@ -88,6 +89,6 @@ class TraceWindow:
                 left.remove(failed.worker_id)
 
     def _give_up(self, path: str, err: BaseException) -> None:
-        self.opened, self.rounds_left, self.front.recorder.spans = [], 0, None
+        self.opened, self.rounds_left, self.front._meter.spans = [], 0, None
         warnings.warn(f"the trace window for {path!r} was given up ({type(err).__name__}: {err}); "
                       "collection goes on", RuntimeWarning, stacklevel=3)

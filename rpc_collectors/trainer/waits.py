@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from rpc_collectors.core.errors import Failure
-from rpc_collectors.core.futures import outcome
+from rpc_collectors.core.futures import detached
 from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.trainer.roster import Roster
 
@@ -125,12 +125,15 @@ class Waits:
             raise Failure(dead[0], self.roster[dead[0]].dead)
 
     def result(self, worker_id: int, fut: torch.futures.Future) -> Any:
-        """The answer in ``fut``; a failed call raises :class:`Failure` with what went wrong."""
+        """The answer in ``fut``; a failed call raises :class:`Failure` with what went wrong (from a
+        copy of the future's exception: :func:`~rpc_collectors.core.futures.detached`)."""
         try:
-            return outcome(fut)
+            return fut.wait()
         except Exception as err:
-            reason, remote = self.pool.failure(worker_id, err)
-            raise Failure(worker_id, reason, remote) from err
+            held = err
+        failed = detached(held)
+        reason, remote = self.pool.failure(worker_id, failed)
+        raise Failure(worker_id, reason, remote) from failed
 
     def late(self, worker_id: int) -> Failure:
         return Failure(worker_id, f"did not answer within rpc_timeout={self.rpc_timeout} s")

@@ -26,7 +26,6 @@ from rpc_collectors.single_process.policies import run_device
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer.lifetime import Resources
 from rpc_collectors.trainer.roster import WorkerRecord
-from rpc_collectors.trainer.trace_spans import TraceRecorder
 from rpc_collectors.transport import factory_weights
 from rpc_collectors.transport.rendezvous import host_id
 from rpc_collectors.transport.weight_sync import WeightPlane, choose_transport
@@ -39,21 +38,19 @@ class WeightPusher:
     ``deferred``: the workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent by ``gather``;
     ``no_push`` (TorchRL's ``NoWeightSyncScheme``): no plane, a push does nothing; ``refill``: a
     replaced or newly joined worker gets the weights its slot holds; the plane, once laid out, is
-    released with ``resources``; ``meter`` counts the pushes and times their acknowledgements;
-    ``recorder`` keeps their spans in a trace window.
+    released with ``resources``; ``meter`` counts the pushes, times their acknowledgements and keeps
+    their spans in a trace window.
     """
 
     def __init__(
         self, policy: Any, pool: Any, roster: Sequence[WorkerRecord], deferred: WorkerCalls, gather: Callable[..., list],
         *, transport: str, factory: bool, no_push: bool, policy_device: Any, backend: str, elastic: bool,
         rpc_timeout: float, refill: bool, resources: Resources, meter: RunMeter | None = None,
-        recorder: TraceRecorder | None = None,
     ) -> None:
         self.policy, self.pool, self.roster, self.deferred, self.gather = policy, pool, roster, deferred, gather
         self.transport, self.factory, self.no_push, self.policy_device = transport, factory, no_push, policy_device
         self.backend, self.elastic, self.rpc_timeout, self.refill = backend, elastic, rpc_timeout, refill
-        self.resources, self.meter = resources, meter if meter is not None else RunMeter(on=False)
-        self.recorder = recorder if recorder is not None else TraceRecorder()  # its spans: "push", "push wait"
+        self.resources, self.meter = resources, meter if meter is not None else RunMeter(on=False)  # spans: "push", "push wait"
         self.plane: WeightPlane | None = None
         self.version = 0  # the newest weights' version (each worker acknowledges its own: worker_versions)
         self.given: Any = None  # policy_factory: the weights pushed last, which a push without weights sends
@@ -122,7 +119,7 @@ class WeightPusher:
             return
         with self.lock:  # each of those workers gets its own, all as one new version
             self.finish()
-            version, started = self.version + 1, self.recorder.start()
+            version, started = self.version + 1, self.meter.span_start()
             self._start(self.plane.push_own(update, version, self._serving()), version, non_blocking, started)
 
     def _open_given(self, source: TensorDictBase | None, remember: bool = True) -> None:
@@ -152,7 +149,7 @@ class WeightPusher:
         with self.lock:
             self.finish()
             source = self.given if source is None else source
-            version, started = self.version + 1 if version is None else version, self.recorder.start()
+            version, started = self.version + 1 if version is None else version, self.meter.span_start()
             self._start(self.plane.push(worker_ids, source, version, slots), version, non_blocking, started)
 
     def rejoin(self, worker_id: int) -> tuple | None:
@@ -173,7 +170,7 @@ class WeightPusher:
         self._push = {i: self.deferred.receive_weights(i, *args) for i, args in receive.items()}
         self._pushed = {i: call() for i, call in self._push.items()}
         torch.futures.collect_all(list(self._pushed.values())).then(lambda _: self.meter.acknowledged(metered))
-        self.recorder.end("push", started, version=version, workers=len(receive))
+        self.meter.span_end("push", started, version=version, workers=len(receive))
         if not non_blocking:
             self.finish()
 
@@ -181,7 +178,7 @@ class WeightPusher:
         """Wait until the previous weight push reached its workers."""
         push, self._push = self._push, {}
         if push:
-            waited = self.recorder.start()
+            waited = self.meter.span_start()
             self.gather(push, self._pushed)
             self.plane.sender.wait()
-            self.recorder.end("push wait", waited, workers=len(push))
+            self.meter.span_end("push wait", waited, workers=len(push))

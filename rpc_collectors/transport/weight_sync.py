@@ -123,7 +123,7 @@ class WeightReceiver:
         self.group = process_group(spec, rank) if spec.kind == "broadcast" else None
         self.version = 0
         self.source: torch.Tensor | None = None  # where the newest received version lies
-        self.unapplied = False  # a version was received since the last apply
+        self.unapplied = False  # a version was received since the last apply (read without the lock: see apply)
         self._cond = threading.Condition()
 
     @property
@@ -160,7 +160,9 @@ class WeightReceiver:
         """Bring ``collector``'s policy to the newest staged version, waiting for ``min_version`` unless
         the collector holds it already (loaded from a saved state); one received at the collector's
         own version is applied too (a newcomer's first weights, of a trainer that resumed at that
-        version), one older than it (loaded since) is not."""
+        version), one older than it (loaded since) is not. With nothing received since the last apply
+        and ``min_version`` held already it does nothing: its server (between batches) skips it then,
+        reading ``unapplied`` without the lock, as if a version received meanwhile came just after."""
         with self._cond:
             if not self._cond.wait_for(lambda: max(self.version, collector.policy_version) >= min_version, timeout):
                 raise TimeoutError(f"weights version {min_version} did not arrive within {timeout} s")

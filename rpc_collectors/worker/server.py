@@ -162,9 +162,10 @@ class WorkerState(ObservingCalls):
         clock.mark("idle")  # since its last batch: waiting for this request
         if self.preemption is not None:
             self.preemption.begin()
-        if self.receiver is not None:
+        receiver = self.receiver  # none received since the last apply and min_version held: nothing to apply
+        if receiver is not None and (receiver.unapplied or self.collector.policy_version < min_version):
             with self._weights_lock():
-                self.receiver.apply(self.collector, min_version, self.timeout)
+                receiver.apply(self.collector, min_version, self.timeout)
             clock.mark("weights")
         if self.node_policy is not None:
             self.node_policy.begin()

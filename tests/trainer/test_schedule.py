@@ -138,6 +138,15 @@ def test_an_async_batch_too_far_behind_the_trainer_is_dropped_and_its_worker_ask
     assert (0, "cut", 1) in f.workers.told  # its stream goes on under new ids after the dropped batch
 
 
+def test_an_async_answer_asked_before_its_workers_stream_was_cut_is_dropped_and_the_next_handed_out():
+    f = front(1, sync=False)
+    assert f.schedule.collect()["step"].tolist() == list(range(FRAMES))
+    f.continuity.cut([0])  # the batch asked meanwhile continues the stream the cut ends
+    assert f.schedule.collect()["step"].tolist() == list(range(2 * FRAMES, 3 * FRAMES))
+    assert (f.continuity.dropped_frames, f.continuity.dropped_batches) == (FRAMES, 1)
+    assert (0, "cut", 1) in f.workers.told and f.roster[0].stale == 0
+
+
 def test_an_admitted_worker_is_asked_at_once_and_one_that_left_is_no_longer_the_async_one():
     f = front(2, sync=False)
     f.schedule.last_async = 1

@@ -44,8 +44,10 @@ def test_the_answers_asked_before_a_cut_are_dropped_and_counted():
     continuity = Continuity(front)
     continuity.cut([0])
     assert front.cuts == [(0, 1)]  # the cut follows its first answer
-    assert not continuity.kept(0, batch_of(0, 4)) and not continuity.kept(0, batch_of(0, 4))
-    assert continuity.kept(0, batch_of(0, 4)) and continuity.kept(1, batch_of(1, 4))
+    ask(front.roster[1], 1)
+    assert [front.roster[0].answered() for _ in range(3)] == [False, False, True] and front.roster[1].answered()
+    for _ in range(2):
+        continuity.stale(batch_of(0, 4))
     assert (continuity.dropped_frames, continuity.dropped_batches) == (8, 2)
 
 
@@ -64,11 +66,10 @@ def test_a_replacement_answers_nothing_stale_and_a_resume_makes_every_answer_in_
     front = Front(2)
     ask(front.roster[0], 2)
     ask(front.roster[1], 1)
-    continuity = Continuity(front)
-    continuity.resumed()
-    assert continuity.stale == [2, 1]
-    continuity.replaced(0)
-    assert continuity.stale == [0, 1] and continuity.kept(0, batch_of(0, 1))
+    Continuity(front).resumed()
+    assert [record.stale for record in front.roster] == [2, 1]
+    front.roster[0].replaced()
+    assert [record.stale for record in front.roster] == [0, 1]
 
 
 def test_a_replaced_worker_is_asked_again_what_its_predecessor_left_and_a_vacated_slot_nothing():

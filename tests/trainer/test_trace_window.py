@@ -24,8 +24,8 @@ from conftest import CountEnv, TDCountEnv
 from rpc_collectors import Collector, MultiSyncCollector, RPCCollector
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.core.protocol import ProcessSpans, WorkerCalls
+from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer import clock_offsets, timeline
-from rpc_collectors.trainer.trace_spans import TraceRecorder
 from rpc_collectors.trainer.trace_window import TraceWindow
 
 FRAMES_PER_WORKER = 6
@@ -167,7 +167,7 @@ def test_bad_trace_arguments_fail_before_any_worker_is_asked(kwargs, words, tmp_
     with MultiSyncCollector([CountEnv] * 2, policy=None, frames_per_batch=4, total_frames=8, launcher="debug") as c:
         with pytest.raises(ValueError, match=re.escape(words)):
             c.trace(**{"path": tmp_path / "t.json", **kwargs})
-        assert c.get_distant_attr("rollout.clock.spans") == [None, None] and c.recorder.spans is None
+        assert c.get_distant_attr("rollout.clock.spans") == [None, None] and c._meter.spans is None
         assert sum(b.numel() for b in c) == 8  # collection as without it
 
 
@@ -269,11 +269,11 @@ def test_a_worker_lost_while_a_window_opens_is_left_out_and_the_others_are_trace
         return [None for _ in calls]
 
     front = SimpleNamespace(num_workers=3, roster=SimpleNamespace(serving=lambda: [0, 1, 2]), gather=gather,
-                            deferred=WorkerCalls(lambda i, method, *args: (i, method, args)), recorder=TraceRecorder())
+                            deferred=WorkerCalls(lambda i, method, *args: (i, method, args)), _meter=RunMeter(on=False))
     window = TraceWindow(front)
     window.open(10)
     assert asked == [[0, 1, 2], [0, 2]] and window.opened == [0, 2]
-    assert front.recorder.spans is not None and front.recorder.spans.maxlen == 10
+    assert front._meter.spans is not None and front._meter.spans.maxlen == 10
 
 
 @pytest.mark.multiprocess
