@@ -26,7 +26,10 @@ MAX_SPANS = 100_000  # per thread of each process: about 10 MB
 
 
 class TraceWindow:
-    """The trace window of ``front``: its recorder, the workers it was opened on, the rounds left."""
+    """The trace window of ``front``: its recorder, the workers it was opened on, the rounds left.
+    ``front`` gives the window what it uses: ``recorder``, ``roster.serving()``, ``deferred`` calls,
+    ``gather`` and the pool (``workers``): a collector front's own, or a pool's
+    (:class:`~rpc_collectors.trainer.batched_observing.PoolParts`)."""
 
     def __init__(self, front: Any) -> None:
         self.front = front
