@@ -107,16 +107,20 @@ def read(path) -> dict[str, dict[str, list[dict]]]:
     return out
 
 
-def test_trace_writes_the_inference_loop_and_each_env_workers_steps_after_the_rounds(tmp_path):
+@pytest.mark.parametrize("metrics", [None, False])
+def test_trace_writes_the_inference_loop_and_each_env_workers_steps_after_the_rounds(tmp_path, metrics):
     path, max_spans = tmp_path / "batched.json", 40
     with AsyncBatchedCollector([count_env] * 3, policy=BiasPolicy(1, size=3), frames_per_batch=30, total_frames=-1,
-                               envs_per_worker=2, max_batch_size=2) as c:
+                               envs_per_worker=2, max_batch_size=2, metrics=metrics) as c:
         c.trace(path, rounds=2, max_spans=max_spans)
         batches = iter(c)
         next(batches)
         assert not path.exists()  # written once the second batch is handed out
         next(batches)
         assert path.exists()
+        if metrics is False:  # the window's clocks are gone with it
+            assert all(set(p.phase_ns.values()) == {0} for w in range(c.num_workers)
+                       for p in outcome(c.pool.calls.phases(w)))
     trace = read(path)
     assert sorted(trace) == ["trainer", "worker 0", "worker 1"]
     loop = Counter(e["name"] for e in trace["trainer"][INFERENCE])
