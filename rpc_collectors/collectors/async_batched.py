@@ -19,7 +19,7 @@ from tensordict.nn import set_interaction_type
 
 from rpc_collectors.core import batched_args, checks, options
 from rpc_collectors.core.futures import outcome
-from rpc_collectors.core.metrics import Metrics
+from rpc_collectors.core.metrics import InferenceMetrics, Metrics
 from rpc_collectors.pools.local import LocalPool
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.batch_record import BatchRecord
@@ -187,7 +187,7 @@ class AsyncBatchedCollector(BaseCollector):
         self.roster = Roster(self.num_workers, self.max_worker_restarts, name="env worker {}")
         self._seeds: list[int | None] = [None] * self.num_workers  # of each worker's first env
         self._loop: InferenceLoop | None = None
-        self._inference: InferenceLoop | None = None  # its counters, kept after shutdown for metrics()
+        self._inference: InferenceMetrics | None = None  # the loop's, once it is shut down
         self.plane: StepPlane | None = None
         self.pool = LocalPool(self.num_workers, self.rpc_timeout, lambda *_: None)
         self.recorder = TraceRecorder()
@@ -232,7 +232,6 @@ class AsyncBatchedCollector(BaseCollector):
             timeout=self.batching.timeout, exploration_type=self.exploration_type, prefetch=self.prefetch,
             threads=self.num_threads, metrics=self._meter.on, recorder=self.recorder,
         )
-        self._inference = self._loop
 
     def _version(self) -> int:
         return self.policy_version
@@ -382,6 +381,8 @@ class AsyncBatchedCollector(BaseCollector):
         if release is not None:
             release.detach()
         _close(self._loop, self.plane, self.pool, getattr(self, "_shutdown_timeout", SHUTDOWN_TIMEOUT))
+        if self._loop is not None:  # its counters outlive it, for metrics()
+            self._inference = batched_observing.inference_of(self._loop)
         self.plane = self._loop = None
 
 

@@ -71,9 +71,13 @@ def inference_of(loop: Any) -> InferenceMetrics:
 
 
 def of(collector: Any, metrics: Metrics) -> Metrics:
-    """``metrics`` (the trainer's rounds and lag) with ``collector``'s env workers, their roster and its inference loop."""
-    pool, running = collector.pool, collector.plane is not None
-    workers = tuple(WorkerMetrics.of(phases) for phases in worker_phases(pool)) if running else ()
-    roster = RosterMetrics(collector.num_workers, len(pool.worker_pids) if running else 0,
-                           sum(collector.roster.counts))
-    return dataclasses.replace(metrics, workers=workers, roster=roster, inference=inference_of(collector._inference))
+    """``metrics`` (the trainer's rounds and lag) with ``collector``'s env workers, their roster and its
+    inference loop (once shut down: no workers, the loop's last counters)."""
+    pool, loop = collector.pool, collector._loop
+    if loop is None:
+        workers, alive, inference = (), 0, collector._inference or InferenceMetrics()
+    else:
+        workers = tuple(WorkerMetrics.of(phases) for phases in worker_phases(pool))
+        alive, inference = len(pool.worker_pids), inference_of(loop)
+    roster = RosterMetrics(collector.num_workers, alive, sum(collector.roster.counts))
+    return dataclasses.replace(metrics, workers=workers, roster=roster, inference=inference)

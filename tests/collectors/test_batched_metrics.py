@@ -81,6 +81,8 @@ def test_metrics_has_one_entry_per_env_worker_counting_its_envs_steps(tmp_path):
     assert (metrics.roster.workers, metrics.roster.alive, metrics.roster.restarts) == (2, 2, 0)
     scalars = metrics.scalars()
     assert scalars["inference/passes"] == inference.passes and scalars["workers/1/frames"] == metrics.workers[1].frames
+    after = c.metrics()  # shut down: no workers to ask, the loop's last counts
+    assert after.workers == () and after.roster.alive == 0 and after.inference.passes >= inference.passes > 0
 
 
 def test_metrics_false_raises_and_no_clock_counts():
