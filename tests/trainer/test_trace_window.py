@@ -292,3 +292,19 @@ def test_a_collector_without_metrics_traces_its_workers_steps_and_stays_without_
         if name.startswith("worker"):
             counts = Counter(s["name"] for s in threads["rollout"])
             assert {phase: counts[phase] for phase in expected} == expected, name
+
+
+def test_a_span_another_thread_adds_while_the_window_closes_leaves_the_spans_taken_whole():
+    recorder = TraceRecorder()
+    recorder.spans = opened = deque(maxlen=10)
+
+    class Late(dict):
+        """Args whose truth take() asks as it reads the spans: meanwhile another thread's span lands."""
+
+        def __bool__(self) -> bool:
+            opened.append(("rpc-collectors-inference", "forward", 3, 4, None))
+            return True
+
+    opened.append(("MainThread", "wait", 1, 2, Late(answered=0)))
+    assert recorder.take() == {"MainThread": [("wait", 1, 2, {"answered": 0})]}
+    assert recorder.spans is None
