@@ -18,6 +18,11 @@ against our MultiCollector with a policy copy in every worker.
    inference thread (:func:`rpc_collectors.trainer.threads.inference_threads`)
    against the old behaviour (the process's count) and against 1, and ``envs_per_worker=2``
    (two halves per process, twice the envs) against 1: ``--rounds`` interleaved rounds, medians.
+6. Metrics (with ``--metrics``, alone): ``AsyncBatchedCollector`` with ``collector.metrics()`` on
+   (the default: each env worker's phase clock, the inference loop's counters) against
+   ``metrics=False``, on no-work envs of 4 floats and a width-64 MLP (where a step costs least, so
+   a clock read weighs most), ``--processes`` env processes of 2 envs each: ``--rounds``
+   back-to-back pairs, their order alternating, the median of the pairs' ratios.
 
 Every case runs in a fresh process for ``--seconds`` after a warm-up; ratios are of cases run
 side by side in this one run. Needs torchrl for TorchRL's cases (run it with the TorchRL venv's
@@ -25,6 +30,7 @@ python); without torchrl they are left out.
 
     /work/venv-torchrl/bin/python benchmarks/batched_inference.py [--seconds 8] [--nodes] [--lag]
     python benchmarks/batched_inference.py --inference [--processes 2] [--rounds 3] [--seconds 8]
+    python benchmarks/batched_inference.py --metrics [--processes 2] [--rounds 3] [--seconds 8]
 """
 from __future__ import annotations
 
@@ -102,12 +108,14 @@ def run(case: dict) -> dict:
     from rpc_collectors import AsyncBatchedCollector, MultiCollector, RPCCollector
 
     kind, seconds = case["kind"], case["seconds"]
-    env = functools.partial(_common.make_no_work_env, PIXELS, "uint8") if case["env"] == "pixels" else "CartPole-v1"
+    env = {"pixels": functools.partial(_common.make_no_work_env, PIXELS, "uint8"),
+           "floats": _common.make_no_work_env}.get(case["env"], "CartPole-v1")
     fpb = case["frames_per_batch"]
     if kind == "ours":
         collector = AsyncBatchedCollector([env] * case.get("envs", NUM_ENVS), policy=_policy(case), frames_per_batch=fpb,
                                           envs_per_worker=case.get("envs_per_worker", 1),
-                                          num_threads=case.get("num_threads"))
+                                          num_threads=case.get("num_threads"),
+                                          metrics=None if case.get("metrics", True) else False)
     elif kind == "node":  # 2 nodes of NUM_ENVS / 2 local workers
         per_node = NUM_ENVS // 2
         collector = RPCCollector(env, _policy(case), num_collectors=2, collector_class=case["node"],
@@ -179,6 +187,25 @@ def inference_thread(args: argparse.Namespace) -> None:
         print(f"{label:<52} {median:>9,.0f} {median / base:>7.2f}   {' '.join(f'{v:,.0f}' for v in values)}")
 
 
+def metrics_on_off(args: argparse.Namespace) -> None:
+    """Section 6: metrics on against ``metrics=False``, back-to-back pairs in fresh processes."""
+    print(f"metrics on / off: {args.processes} env processes x 2 no-work envs of 4 floats, MLP width 64, "
+          f"{args.rounds} pairs of {args.seconds:.0f} s, order alternating")
+    ratios, rates = [], {True: [], False: []}
+    for pair in range(args.rounds):
+        got = {}
+        for on in ((True, False) if pair % 2 == 0 else (False, True)):
+            case = {"kind": "ours", "env": "floats", "width": 64, "seconds": args.seconds, "frames_per_batch": 256,
+                    "envs": 2 * args.processes, "envs_per_worker": 2, "metrics": on}
+            got[on] = run_case(__file__, case, timeout=120 + 4 * args.seconds)["rate"]
+            rates[on].append(got[on])
+        ratios.append(got[True] / got[False])
+    for on, label in ((True, "metrics on"), (False, "metrics=False")):
+        print(f"{label:<14} median {statistics.median(rates[on]):>9,.0f} f/s   {' '.join(f'{v:,.0f}' for v in rates[on])}")
+    print(f"on / off: median of the pairs' ratios {statistics.median(ratios):.3f}   "
+          f"{' '.join(f'{r:.3f}' for r in ratios)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -186,8 +213,9 @@ def main() -> None:
     parser.add_argument("--lag", action="store_true", help="also the max_policy_lag cases")
     parser.add_argument("--nodes", action="store_true", help="also node collectors: inference per node or per worker")
     parser.add_argument("--inference", action="store_true", help="only the inference thread's cases (section 5)")
-    parser.add_argument("--processes", type=int, default=2, help="env processes of the --inference cases")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the --inference cases")
+    parser.add_argument("--processes", type=int, default=2, help="env processes of the --inference/--metrics cases")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the --inference/--metrics cases")
+    parser.add_argument("--metrics", action="store_true", help="only metrics on against metrics=False (section 6)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
@@ -196,6 +224,9 @@ def main() -> None:
         return
     if args.inference:
         inference_thread(args)
+        return
+    if args.metrics:
+        metrics_on_off(args)
         return
 
     def rate(kind: str, env: str, **kw) -> float:

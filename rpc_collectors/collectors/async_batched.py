@@ -17,17 +17,19 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import set_interaction_type
 
-from rpc_collectors.core import batched_args, checks, options, worker_warnings
+from rpc_collectors.core import batched_args, checks, options
 from rpc_collectors.core.futures import outcome
-from rpc_collectors.core.protocol import WorkerSpec
+from rpc_collectors.core.metrics import InferenceMetrics, Metrics
 from rpc_collectors.pools.local import LocalPool
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.batch_record import BatchRecord
 from rpc_collectors.single_process.policies import StepPolicy
+from rpc_collectors.trainer import batched_observing
 from rpc_collectors.trainer.inference_loop import InferenceLoop
 from rpc_collectors.trainer.lifetime import finalize_before_exit, weak_method
 from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.threads import inference_threads
+from rpc_collectors.trainer.trace_window import MAX_SPANS, TraceWindow
 from rpc_collectors.trainer.transitions import BATCH_KEYS, ENV_INDEX, Transitions
 from rpc_collectors.transport.step_plane import StepGroup, StepPlane
 from rpc_collectors.transport.weight_updates import whole_update
@@ -163,7 +165,7 @@ class AsyncBatchedCollector(BaseCollector):
         self.num_workers = -(-len(factories) // self.envs_per_worker)
         num_threads = options.check("num_threads", num_threads)
         self.num_threads = inference_threads(num_threads, self.num_workers, len(factories))
-        self._specs = _worker_specs(factories, kwargs)
+        self._specs = batched_args.worker_specs(factories, kwargs, self._meter.on)
         self.policy = StepPolicy(policy if policy_factory is None else policy_factory(), device)
         self._open(len(factories))
 
@@ -184,8 +186,10 @@ class AsyncBatchedCollector(BaseCollector):
         self.roster = Roster(self.num_workers, self.max_worker_restarts, name="env worker {}")
         self._seeds: list[int | None] = [None] * self.num_workers  # of each worker's first env
         self._loop: InferenceLoop | None = None
+        self._inference: InferenceMetrics | None = None  # the loop's, once it is shut down
         self.plane: StepPlane | None = None
         self.pool = LocalPool(self.num_workers, self.rpc_timeout, lambda *_: None)
+        self.tracing = TraceWindow(batched_observing.PoolParts(self.pool), self._meter)
         try:
             self._start()
         except BaseException:
@@ -224,7 +228,7 @@ class AsyncBatchedCollector(BaseCollector):
             self.plane, transitions, self.policy, self._lock, weak_method(self._version), weak_method(self._on_failure),
             max_batch_size=self.batching.max_batch_size, min_batch_size=self.batching.min_batch_size,
             timeout=self.batching.timeout, exploration_type=self.exploration_type, prefetch=self.prefetch,
-            threads=self.num_threads,
+            threads=self.num_threads, metrics=self._meter.on, meter=self._meter,
         )
 
     def _version(self) -> int:
@@ -287,6 +291,8 @@ class AsyncBatchedCollector(BaseCollector):
         if self.total_frames != -1 and self._frames + batch.numel() > self.total_frames:
             batch = batch[:self.total_frames - self._frames]
         self._record(batch)
+        if self.tracing.rounds_left:  # a trace window is open
+            self.tracing.handed_out()
         return batch
 
     def _record(self, batch: TensorDictBase) -> None:
@@ -345,6 +351,19 @@ class AsyncBatchedCollector(BaseCollector):
         self._load_base_state(state)
         self.policy_version = int(state["policy_version"])
 
+    def metrics(self) -> Metrics:
+        """As every collector's, with each env worker's phases, the roster of env workers and the
+        inference loop's forward passes (:mod:`~rpc_collectors.trainer.batched_observing`)."""
+        return batched_observing.of(self, super().metrics())
+
+    def trace(self, path: Any, rounds: int = 1, max_spans: int = MAX_SPANS) -> None:
+        """Write the timeline of the next ``rounds`` batches (the inference loop's waits and forward
+        passes, each env worker's phases), at most ``max_spans`` spans per thread, to ``path`` once
+        they are handed out, as a Chrome trace file (:mod:`~rpc_collectors.trainer.trace_window`)."""
+        if self._loop is None or self._closing:
+            raise RuntimeError("AsyncBatchedCollector was shut down")
+        self.tracing.start(path, rounds, max_spans)
+
     def server_stats(self, *, reset: bool = False) -> dict:
         """TorchRL's inference statistics: none are kept."""
         return {}
@@ -360,6 +379,8 @@ class AsyncBatchedCollector(BaseCollector):
         if release is not None:
             release.detach()
         _close(self._loop, self.plane, self.pool, getattr(self, "_shutdown_timeout", SHUTDOWN_TIMEOUT))
+        if self._loop is not None:  # its counters outlive it, for metrics()
+            self._inference = batched_observing.inference_of(self._loop)
         self.plane = self._loop = None
 
 
@@ -373,11 +394,3 @@ def _close(loop: InferenceLoop | None, plane: StepPlane | None, pool: LocalPool,
         plane.close()
     pool.close(max(0.5, (timeout - (time.monotonic() - start)) / 2))
 
-
-def _worker_specs(factories: list, kwargs: list[dict]) -> list[bytes]:
-    """What each env's worker builds its one-frame collector from (each factory checked picklable first)."""
-    for i, factory in enumerate(factories):
-        checks.picklable(f"create_env_fn[{i}]", factory)
-    filters = worker_warnings.for_workers()
-    return [WorkerSpec(factory, None, {"frames_per_batch": 1, "create_env_kwargs": kw, worker_warnings.KEY: filters}).dumps()
-            for factory, kw in zip(factories, kwargs)]

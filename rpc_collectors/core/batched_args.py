@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from rpc_collectors.core import checks
+from rpc_collectors.core import checks, worker_warnings
+from rpc_collectors.core.protocol import WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -209,3 +210,14 @@ def policy_device(device: Any, device_config: Any) -> torch.device | None:
             raise _refuse(f"device_config.{name}", str(value), "None or 'cpu'",
                           "batches are assembled in the trainer's memory")
     return checks.device("device_config.policy_device", getattr(device_config, "policy_device", None))
+
+
+def worker_specs(factories: list, kwargs: list[dict], metrics: bool) -> list[bytes]:
+    """What each env's worker builds its one-frame collector from (each factory checked picklable
+    first); ``metrics``: False turns the env workers' phase clocks off too."""
+    for i, factory in enumerate(factories):
+        checks.picklable(f"create_env_fn[{i}]", factory)
+    options = {"frames_per_batch": 1, worker_warnings.KEY: worker_warnings.for_workers()}
+    if not metrics:
+        options["metrics"] = False
+    return [WorkerSpec(factory, None, {**options, "create_env_kwargs": kw}).dumps() for factory, kw in zip(factories, kwargs)]

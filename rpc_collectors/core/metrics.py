@@ -33,7 +33,11 @@ class WorkerPhases:
 
 @dataclass(frozen=True)
 class WorkerMetrics:
-    """One worker process, from its own clock.
+    """One worker process, from its own clock. An env worker of ``AsyncBatchedCollector`` runs no
+    policy and builds no batch: its ``frames`` are its envs' steps, ``batches``, ``weights_s`` and
+    ``policy_s`` are 0, ``idle_s`` is its wait for actions (the trainer computing them), ``env_s``
+    its env steps with the copies of their results into the step plane's rows, and ``write_s``
+    telling the trainer those rows are ready (the ready bytes).
 
     Attributes:
         worker_id: the worker's id (a node's local worker ``w`` of node ``i``: ``i * W + w``).
@@ -163,6 +167,31 @@ class DataPlaneMetrics:
 
 
 @dataclass(frozen=True)
+class InferenceMetrics:
+    """The inference loop of a batched-inference collector (``AsyncBatchedCollector``): the thread
+    of the trainer's process that runs the policy for the ready envs, on that thread's clock.
+
+    Attributes:
+        passes: forward passes of the policy.
+        envs: env steps acted for: the envs of those passes, all together.
+        envs_per_pass: ``envs`` over ``passes`` (at most ``max_batch_size``).
+        wait_s: waiting for envs to be ready (their workers stepping them; ``min_batch_size``'s wait;
+            replacing failed env workers).
+        policy_s: in forward passes: reading the ready envs' observations, the policy call (and the
+            wait for ``update_policy_weights_``, which holds its lock), writing the actions back.
+        record_s: recording the transitions completed into batches, handing full ones to you (and
+            waiting while ``prefetch`` of them wait for you).
+    """
+
+    passes: int = 0
+    envs: int = 0
+    envs_per_pass: float = 0.0
+    wait_s: float = 0.0
+    policy_s: float = 0.0
+    record_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Metrics:
     """A run's metrics (``collector.metrics()``).
 
@@ -172,6 +201,7 @@ class Metrics:
         frames_per_s: ``frames`` over ``elapsed_s``.
         rounds, lag, roster, pushes, data_plane: the groups above.
         workers: one per worker process, by ``worker_id``.
+        inference: the inference loop of a batched-inference collector (None: a collector without one).
     """
 
     elapsed_s: float
@@ -183,13 +213,16 @@ class Metrics:
     pushes: PushMetrics
     data_plane: DataPlaneMetrics
     workers: tuple[WorkerMetrics, ...] = ()
+    inference: InferenceMetrics | None = None
 
     def scalars(self) -> dict[str, float]:
-        """Every number by name: ``"frames_per_s"``, ``"lag/max"``, ``"workers/3/env_s"``, ..."""
+        """Every number by name: ``"frames_per_s"``, ``"lag/max"``, ``"workers/3/env_s"``, ``"inference/passes"``, ..."""
         out: dict[str, float] = {"elapsed_s": self.elapsed_s, "frames": self.frames, "frames_per_s": self.frames_per_s}
         for group in ("rounds", "lag", "roster", "pushes", "data_plane"):
             for name, value in dataclasses.asdict(getattr(self, group)).items():
                 out[f"{group}/{name}"] = value
+        if self.inference is not None:
+            out.update({f"inference/{name}": value for name, value in dataclasses.asdict(self.inference).items()})
         for worker in self.workers:
             for name, value in dataclasses.asdict(worker).items():
                 if name != "worker_id":

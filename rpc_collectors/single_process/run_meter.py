@@ -148,7 +148,7 @@ class RunMeter:
         """Close the window: its spans by thread, ``(name, start, end[, args])`` each, oldest first."""
         spans, self.spans = self.spans, None
         threads: dict[str, list[tuple]] = {}
-        for thread, name, start, end, args in spans or ():
+        for thread, name, start, end, args in list(spans or ()):  # one copy: another thread may still append
             threads.setdefault(thread, []).append((name, start, end, args) if args else (name, start, end))
         return threads
 

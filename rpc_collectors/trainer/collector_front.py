@@ -72,7 +72,7 @@ class CollectorFront(BaseCollector):
         self.specs = s.specs
         self.policy = policy
         self.events = self._meter.waits = Events()
-        self.tracing = TraceWindow(self)
+        self.tracing = TraceWindow(self, self._meter)
         self.roster = Roster(self.num_workers, s.max_worker_restarts)
         self.recovery = Recovery(self)
         self.continuity = Continuity(self)

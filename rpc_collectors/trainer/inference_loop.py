@@ -15,6 +15,13 @@ an exception of the policy put in ``errors``; the loop never raises. The envs of
 ``on_failure`` replaced have their streams cut there (:meth:`Transitions.cut`), after the
 transitions their worker completed before it ended were recorded.
 
+The loop counts its forward passes and the envs they acted for, and marks a phase clock
+(:mod:`~rpc_collectors.single_process.phase_clock`, a :class:`StoppedClock` that reads no time
+with ``metrics=False``): ``idle`` after each wait for ready envs, ``write`` after recording what
+they completed, ``policy`` after each forward pass (:class:`~rpc_collectors.core.metrics.InferenceMetrics`).
+While a trace window is open the collector's clock (its
+:class:`~rpc_collectors.single_process.run_meter.RunMeter`) keeps each ``wait`` and ``forward`` span.
+
 The loop's thread runs the policy with ``threads`` torch threads
 (:func:`~rpc_collectors.trainer.threads.inference_threads`), set in that thread only: the
 thread that starts the loop keeps its own count.
@@ -29,6 +36,8 @@ from typing import Any, Callable
 import torch
 from tensordict.nn import set_interaction_type
 
+from rpc_collectors.single_process.phase_clock import PhaseClock, StoppedClock
+from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer.transitions import Transitions
 from rpc_collectors.transport.step_plane import StepPlane
 
@@ -55,12 +64,15 @@ class InferenceLoop:
         exploration_type: the interaction type set around each forward pass.
         prefetch: full batches that may wait.
         threads: the torch threads of the loop's thread.
+        metrics: whether its phase clock reads time (from its thread's start).
+        meter: the collector's clock, which keeps its spans while a trace window is open.
     """
 
     def __init__(
         self, plane: StepPlane, transitions: Transitions, policy: Callable, lock: threading.Lock,
         version: Callable[[], int], on_failure: Callable[[int, str], bool], *, max_batch_size: int,
-        min_batch_size: int, timeout: float, exploration_type: Any, prefetch: int, threads: int,
+        min_batch_size: int, timeout: float, exploration_type: Any, prefetch: int, threads: int, metrics: bool,
+        meter: RunMeter,
     ) -> None:
         self.plane, self.transitions, self.policy, self.lock = plane, transitions, policy, lock
         self.version, self.on_failure = version, on_failure
@@ -72,6 +84,9 @@ class InferenceLoop:
         self.acting = [False] * plane.num_envs  # an action is in flight: its answer completes a transition
         self.waiting: list[int] = []  # ready envs not acted for yet
         self.stop = threading.Event()
+        self.metrics, self.meter = metrics, meter
+        self.clock: PhaseClock = StoppedClock()
+        self.passes = self.acted = 0  # forward passes, envs acted for
         self.thread = threading.Thread(target=self._run, name="rpc-collectors-inference", daemon=True)
 
     def start(self) -> None:
@@ -104,6 +119,8 @@ class InferenceLoop:
     def _run(self) -> None:
         try:
             torch.set_num_threads(self.threads)
+            if self.metrics:
+                self.clock = PhaseClock()
             self._threads_set.set()
             while not self.stop.is_set():
                 if torch.get_num_threads() != self.threads:  # another thread set torch's count since
@@ -128,8 +145,12 @@ class InferenceLoop:
 
     def _poll(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for envs; hand the workers of those that ended to ``on_failure``."""
+        began = self.meter.span_start()
         ready, ended = self.plane.wait(timeout)
+        self.clock.mark("idle")
+        self.meter.span_end("wait", began, ready=len(ready))
         self._answered(ready)  # an env answers before its worker's end: its step lies in its row
+        self.clock.mark("write")
         for worker, text in self.plane.ended_workers(ended).items():
             envs = self.plane.envs_of(worker)
             for env in envs:
@@ -140,6 +161,7 @@ class InferenceLoop:
             for env in envs:  # the replacement starts from resets
                 for batch in self.transitions.cut(env):
                     self.put(batch)
+            self.clock.mark("idle")  # waiting for its envs again
 
     def _answered(self, ready: list[int]) -> None:
         """Record the transitions ``ready`` completed; they wait for actions now."""
@@ -152,6 +174,7 @@ class InferenceLoop:
         self.waiting.extend(ready)
 
     def _act(self, envs: list[int]) -> None:
+        began = self.meter.span_start()
         index = torch.tensor(envs, dtype=torch.int64)
         rows = self.plane.rows
         inputs = {key: rows.get(key).index_select(0, index) for key in self.transitions.obs_keys}
@@ -166,3 +189,6 @@ class InferenceLoop:
         gone = self.plane.go(envs)
         for env in gone:  # its worker died: the wait reports it
             self.acting[env] = False
+        self.passes, self.acted = self.passes + 1, self.acted + len(envs)
+        self.clock.mark("policy")
+        self.meter.span_end("forward", began, envs=len(envs))

@@ -21,16 +21,20 @@ from typing import Any, Callable
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.core.protocol import ProcessSpans
+from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer import clock_offsets, timeline
 
 MAX_SPANS = 100_000  # per thread of each process: about 10 MB
 
 
 class TraceWindow:
-    """The trace window of ``front``: its clock's spans, the workers it was opened on, the rounds left."""
+    """The trace window of ``front``: ``meter``'s spans (the trainer's clock), the workers it was
+    opened on, the rounds left. ``front`` gives the window what it uses: ``roster.serving()``,
+    ``deferred`` calls, ``gather`` and the pool (``workers``): a collector front's own, or a pool's
+    (:class:`~rpc_collectors.trainer.batched_observing.PoolParts`)."""
 
-    def __init__(self, front: Any) -> None:
-        self.front = front
+    def __init__(self, front: Any, meter: RunMeter) -> None:
+        self.front, self.meter = front, meter
         self.path: str | None = None
         self.rounds_left = 0  # 0: no window of the user's is open
         self.opened: list[int] = []  # the workers whose window is open
@@ -53,14 +57,14 @@ class TraceWindow:
     def open(self, keep: int) -> None:
         """Keep at most ``keep`` spans per thread, here and in every serving worker."""
         front = self.front
-        self.opened_at, front._meter.spans = time.monotonic_ns(), deque(maxlen=keep)
+        self.opened_at, self.meter.spans = time.monotonic_ns(), deque(maxlen=keep)
         serving = front.roster.serving()
         self.opened = list(self._gather(lambda i: front.deferred.trace(i, keep), serving))
 
     def take(self) -> list[ProcessSpans]:
         """Close the window: the spans of this process and of every worker it was opened on, on this process's clock."""
         front = self.front
-        own = ProcessSpans((), socket.gethostname(), os.getpid(), front._meter.take_spans())
+        own = ProcessSpans((), socket.gethostname(), os.getpid(), self.meter.take_spans())
         opened, self.opened = self.opened, []
         answers = self._gather(lambda i: front.deferred.trace(i, None), opened)
         offsets = clock_offsets.measure(front.workers, front.gather, front.deferred, list(answers))
@@ -89,6 +93,6 @@ class TraceWindow:
                 left.remove(failed.worker_id)
 
     def _give_up(self, path: str, err: BaseException) -> None:
-        self.opened, self.rounds_left, self.front._meter.spans = [], 0, None
+        self.opened, self.rounds_left, self.meter.spans = [], 0, None
         warnings.warn(f"the trace window for {path!r} was given up ({type(err).__name__}: {err}); "
                       "collection goes on", RuntimeWarning, stacklevel=3)

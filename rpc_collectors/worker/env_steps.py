@@ -15,6 +15,12 @@ trainer acts for one half, the worker steps the other, so it never idles waiting
 as long as a half's step takes at least as long as a forward pass. With one env it is the
 plain step loop above. Each env's first reset is done before the worker's ``join_steps`` call
 returns, so a seed the trainer sets afterwards applies from the next reset on.
+
+The loop marks its worker's collector's phase clock (:mod:`~rpc_collectors.single_process.phase_clock`,
+read anew each turn: a trace window may swap it) three times per half: ``idle`` once its actions
+came, ``env`` once its envs stepped and wrote their results into their rows, ``write`` once it
+rang their ready bytes. So the worker's ``phases`` and ``trace`` calls
+(:mod:`~rpc_collectors.worker.observing`) answer for it; with ``metrics=False`` the clock reads no time.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from rpc_collectors.core.metrics import WorkerPhases
 from rpc_collectors.core.protocol import WorkerSpec
 from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env, make_env
 from rpc_collectors.transport.data import SlotSpec, SlotWriter
@@ -154,9 +161,12 @@ class EnvSteps:
     Args:
         env: the worker's own env (its collector's), the group's first.
         group: the rows of the group's envs, the specs of its other envs (built here) and its seed.
+        rollout: the worker's collector's rollout, whose phase ``clock`` the loop marks.
     """
 
-    def __init__(self, env: Any, group: StepGroup) -> None:
+    def __init__(self, env: Any, group: StepGroup, rollout: Any) -> None:
+        self.rollout = rollout
+        self.frames = 0  # env steps taken
         envs = [env]
         for data in group.others:
             spec = WorkerSpec.loads(data)
@@ -184,8 +194,13 @@ class EnvSteps:
         for i, row in enumerate(self.envs[1:], start=1):
             row.env.set_seed(seed + i)
 
+    def phases(self, worker_id: int) -> tuple[WorkerPhases]:
+        """Its env steps and its phase clock's totals: the worker's answer to ``phases``."""
+        return (WorkerPhases(worker_id, os.getpid(), self.frames, 0, dict(self.rollout.clock.totals_ns)),)
+
     def _serve(self) -> None:
         current = self.envs[0]
+        rollout = self.rollout
         try:
             try:
                 while True:
@@ -193,9 +208,14 @@ class EnvSteps:
                         for row in half:
                             if not os.read(row.go, 1):
                                 return
+                        clock = rollout.clock
+                        clock.mark("idle")
                         for current in half:
                             current.step()
+                        self.frames += len(half)
+                        clock.mark("env")
                         _ring(half)
+                        clock.mark("write")
             except Exception:  # an env raised: its traceback goes to the trainer on its pipe
                 send_error(current.ready, traceback.format_exc())
         except OSError:  # the trainer closed a doorbell, or went away

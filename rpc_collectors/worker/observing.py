@@ -29,7 +29,11 @@ class ObservingCalls:
     collector: Any
 
     def phases(self) -> tuple:
-        """This worker's ``WorkerPhases`` (:mod:`~rpc_collectors.core.metrics`; a node's: its local workers')."""
+        """This worker's ``WorkerPhases`` (:mod:`~rpc_collectors.core.metrics`; a node's: its local workers';
+        an ``AsyncBatchedCollector``'s env worker's: its env steps)."""
+        steps = getattr(self, "steps", None)
+        if steps is not None:
+            return steps.phases(self.collector.worker_idx)
         return self.collector.phases()
 
     def clock(self) -> int:

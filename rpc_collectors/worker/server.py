@@ -189,7 +189,7 @@ class WorkerState(ObservingCalls):
 
     def join_steps(self, group: StepGroup) -> None:
         """Step this env, and the group's others, with the actions the trainer writes into their rows of the step plane."""
-        self.steps = EnvSteps(self.collector.env, group)
+        self.steps = EnvSteps(self.collector.env, group, self.collector.rollout)
 
     def get_distant_attr(self, attr: str) -> Any:
         """TorchRL's ``get_distant_attr``: this worker's collector's attribute at the dotted path ``attr``."""

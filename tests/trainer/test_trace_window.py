@@ -269,11 +269,12 @@ def test_a_worker_lost_while_a_window_opens_is_left_out_and_the_others_are_trace
         return [None for _ in calls]
 
     front = SimpleNamespace(num_workers=3, roster=SimpleNamespace(serving=lambda: [0, 1, 2]), gather=gather,
-                            deferred=WorkerCalls(lambda i, method, *args: (i, method, args)), _meter=RunMeter(on=False))
-    window = TraceWindow(front)
+                            deferred=WorkerCalls(lambda i, method, *args: (i, method, args)))
+    meter = RunMeter(on=False)
+    window = TraceWindow(front, meter)
     window.open(10)
     assert asked == [[0, 1, 2], [0, 2]] and window.opened == [0, 2]
-    assert front._meter.spans is not None and front._meter.spans.maxlen == 10
+    assert meter.spans is not None and meter.spans.maxlen == 10
 
 
 @pytest.mark.multiprocess
@@ -292,3 +293,19 @@ def test_a_collector_without_metrics_traces_its_workers_steps_and_stays_without_
         if name.startswith("worker"):
             counts = Counter(s["name"] for s in threads["rollout"])
             assert {phase: counts[phase] for phase in expected} == expected, name
+
+
+def test_a_span_another_thread_adds_while_the_window_closes_leaves_the_spans_taken_whole():
+    meter = RunMeter()
+    meter.spans = opened = deque(maxlen=10)
+
+    class Late(dict):
+        """Args whose truth take_spans() asks as it reads the spans: meanwhile another thread's span lands."""
+
+        def __bool__(self) -> bool:
+            opened.append(("rpc-collectors-inference", "forward", 3, 4, None))
+            return True
+
+    opened.append(("MainThread", "wait", 1, 2, Late(answered=0)))
+    assert meter.take_spans() == {"MainThread": [("wait", 1, 2, {"answered": 0})]}
+    assert meter.spans is None
