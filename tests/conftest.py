@@ -212,6 +212,15 @@ def pytest_collection_modifyitems(items: list) -> None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures (their jobs) are torn down
+def pytest_runtest_teardown(item, nextitem) -> None:
+    """The cluster stops after the session's last SLURM test, not at the end of the session: the
+    tests that a pytest-xdist worker runs after its SLURM tests find none of its daemons among
+    their process's descendants."""
+    if "slurm_clusters" in item.fixturenames and (nextitem is None or "slurm_clusters" not in nextitem.fixturenames):
+        item.funcargs["slurm_clusters"].close()
+
+
 @pytest.fixture(scope="session")
 def slurm_clusters():
     """The session's dev cluster pool; stops whatever cluster runs at the end, even after failures."""
