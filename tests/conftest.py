@@ -183,6 +183,13 @@ def ctrl_c_raises_here():
 CLUSTER_FIXTURES = ("one_node", "two_nodes")
 
 
+def pytest_configure(config) -> None:
+    dist = getattr(config.option, "dist", "no")  # pytest-xdist's option; "load" where -n came alone
+    if dist not in ("no", "loadgroup"):
+        raise pytest.UsageError(f"--dist {dist}: accepted with -n: --dist loadgroup (one worker runs each "
+                                f"xdist_group's tests, e.g. every SLURM test: one dev cluster on a machine)")
+
+
 def xdist_group(item) -> str | None:
     """The tests that must not run beside each other in two pytest-xdist workers share a group (one
     worker runs a group's tests one after another, in the session's order); None: any worker, any time.
