@@ -183,12 +183,49 @@ def ctrl_c_raises_here():
 CLUSTER_FIXTURES = ("one_node", "two_nodes")
 
 
+def pytest_configure(config) -> None:
+    dist = getattr(config.option, "dist", "no")  # pytest-xdist's option; "load" where -n came alone
+    if dist not in ("no", "loadgroup"):
+        raise pytest.UsageError(f"--dist {dist}: accepted with -n: --dist loadgroup (one worker runs each "
+                                f"xdist_group's tests, e.g. every SLURM test: one dev cluster on a machine)")
+
+
+def xdist_group(item) -> str | None:
+    """The tests that must not run beside each other in two pytest-xdist workers share a group (one
+    worker runs a group's tests one after another, in the session's order); None: any worker, any time.
+
+    - every SLURM test: one dev cluster on the machine, started once per worker session;
+    - a module's network-namespace hosts (its fixed names, subnet and ports), and a module-scoped
+      fixture (a module's own Ray on 127.0.0.1, the warmed process the doc blocks fork from): the module.
+    """
+    if "slurm_clusters" in item.fixturenames or item.get_closest_marker("slurm"):
+        return "slurm"
+    fixtures = item._fixtureinfo.name2fixturedefs.values()
+    if item.get_closest_marker("cluster") or any(defs[-1].scope == "module" for defs in fixtures):
+        return item.module.__name__
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list) -> None:
     def order(item) -> int:
         uses = [i for i, name in enumerate(CLUSTER_FIXTURES, start=1) if name in getattr(item, "fixturenames", ())]
         return uses[0] if uses else 0
 
     items.sort(key=order)  # stable: the order within each group stays
+    for item in items:
+        group = None if item.get_closest_marker("xdist_group") else xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures (their jobs) are torn down
+def pytest_runtest_teardown(item, nextitem) -> None:
+    """The cluster stops after the session's last SLURM test, not at the end of the session: the
+    tests that a pytest-xdist worker runs after its SLURM tests find none of its daemons among
+    their process's descendants."""
+    if "slurm_clusters" in item.fixturenames and (nextitem is None or "slurm_clusters" not in nextitem.fixturenames):
+        item.funcargs["slurm_clusters"].close()
 
 
 @pytest.fixture(scope="session")

@@ -384,6 +384,7 @@ def test_submitit_jobs_log_to_torchrls_folder_when_slurm_kwargs_has_none(monkeyp
     assert not jobs.executor({"folder": str(tmp_path / "mine")}).default_folder
 
 
+@pytest.mark.xdist_group("ray")  # its own Ray: never beside tests/collectors/test_ray.py's
 def test_collector_ray_backend_builds_a_ray_collector_or_says_what_is_missing():
     """With ray installed: a RayCollector; otherwise an
     ImportError saying so, before anything starts."""

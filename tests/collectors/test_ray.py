@@ -33,7 +33,7 @@ from rpc_collectors.collectors.ray import RayCollector  # noqa: E402
 from test_restarts import StampEnv  # noqa: E402
 from test_rpc_collector import BiasPolicy  # noqa: E402
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300), pytest.mark.xdist_group("ray")]  # one Ray at a time
 
 CPUS = 4  # logical CPUs of the session's Ray: two actors of 1 CPU, with room for a replacement
 

@@ -199,6 +199,7 @@ def block_runner(tmp_path_factory):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.xdist_group("ray")  # one worker forks them all from its warmed runner; the ray blocks start a Ray
 @pytest.mark.parametrize("block", RUNNABLE)
 def test_block_runs(block: Block, tmp_path: Path, block_runner: subprocess.Popen) -> None:
     if block.needs == "ray" and importlib.util.find_spec("ray") is None:

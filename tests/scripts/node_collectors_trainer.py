@@ -68,7 +68,7 @@ def main() -> None:
     weights_for(policy, -1)
     collector = RPCCollector(
         make_env, policy, collector_class="sync", num_workers_per_collector=PER_NODE,
-        frames_per_batch=NODES * PER_NODE * STEPS, cat_results="stack", launcher="torchrun", rpc_timeout=30,
+        frames_per_batch=NODES * PER_NODE * STEPS, cat_results="stack", launcher="torchrun", rpc_timeout=60,
         track_policy_version=True, inference=args.inference,
     )
     # Only rank 0 gets here.
