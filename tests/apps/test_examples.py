@@ -155,7 +155,7 @@ def test_cli_rejects_bad_metrics_before_any_process_starts(tmp_path):
         main(["demo", "--metrics", "grafana:3000"])
     with pytest.raises(SystemExit, match=r"--metrics: Export\(batches\)=0 is invalid; accepted: an int > 0"):
         main(["demo", "--metrics", f"jsonl:{tmp_path / 'm.jsonl'}", "--metrics-batches", "0"])
-    with pytest.raises(SystemExit, match="--metrics: metrics=JsonLines.* cannot be written"):
+    with pytest.raises(SystemExit, match=r"--metrics: metrics=JsonLines\(.*\): path=.* is a folder; accepted: a file path"):
         main(["demo", "--metrics", f"jsonl:{tmp_path}"])
 
 
