@@ -6,8 +6,9 @@ worker marks ``"idle"`` when a request arrives, ``"weights"`` once new weights a
 (``idle`` before a batch, ``write`` after it) with :meth:`PhaseClock.count`, in the totals only.
 
 A rollout's steps are timed in its own loop, the cheapest way Python has: it reads the clock
-with :meth:`PhaseClock.steps`'s ``now`` after each policy call and each env step, sums the two
-phases in local variables, and hands the sums to :meth:`StepTimes.done` at its end. Totals are
+with :meth:`PhaseClock.steps`'s ``now`` after each policy call and each env step, sums its env
+steps' time in a local variable, and hands the sum and its first and last reads to
+:meth:`PhaseClock.stepped` at its end (the rest of that time went to policy calls). Totals are
 kept always; each mark's and each step's span only while ``spans`` is a deque (a trace window
 is open), which bounds them. :class:`StoppedClock` reads no time (``metrics=False``).
 """
@@ -48,8 +49,8 @@ class PhaseClock:
 
     def steps(self) -> tuple[Callable[[], int], int, list[int] | None]:
         """For a rollout: the clock to read after each policy call and env step, the last mark's
-        time (the first policy call's start), and the list those reads go to while a trace window
-        is open (else None)."""
+        time (where its first policy call starts), and the list those reads go to while a trace
+        window is open (else None)."""
         if self.spans is None:
             return time.monotonic_ns, self.last_ns, None
         stamps: list[int] = []
@@ -61,15 +62,16 @@ class PhaseClock:
 
         return now, self.last_ns, stamps
 
-    def stepped(self, policy_ns: int, env_ns: int, last_ns: int, stamps: list[int] | None) -> None:
-        """A rollout's steps took ``policy_ns`` in policy calls and ``env_ns`` in env steps, up to
-        ``last_ns``; ``stamps``: its clock reads, alternately after a policy call and an env step."""
+    def stepped(self, first_ns: int, last_ns: int, env_ns: int, stamps: list[int] | None) -> None:
+        """A rollout's steps ran from ``first_ns`` (the last mark) to ``last_ns``, ``env_ns`` of it in
+        env steps and the rest in policy calls; ``stamps``: its clock reads, alternately after a
+        policy call and an env step."""
         totals = self.totals_ns
-        totals["policy"] += policy_ns
+        totals["policy"] += last_ns - first_ns - env_ns
         totals["env"] += env_ns
         spans = self.spans
         if stamps is not None and spans is not None:
-            start = self.last_ns
+            start = first_ns
             for i, stamp in enumerate(stamps):
                 spans.append(("env" if i % 2 else "policy", start, stamp))
                 start = stamp
@@ -91,5 +93,5 @@ class StoppedClock(PhaseClock):
         """A clock that reads 0 (``int()``): the rollout's sums stay 0."""
         return int, 0, None
 
-    def stepped(self, policy_ns: int, env_ns: int, last_ns: int, stamps: list[int] | None) -> None:
+    def stepped(self, first_ns: int, last_ns: int, env_ns: int, stamps: list[int] | None) -> None:
         """Nothing: metrics are off."""

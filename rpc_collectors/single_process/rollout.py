@@ -114,7 +114,7 @@ class ArrayRollout:
         batch = env.batch_size
         rec = StepRecords(self.out)
         now, last, stamps = self.clock.steps()
-        policy_ns = env_ns = 0
+        first, env_ns = last, 0
         for _ in range(num_steps):
             obs = self.obs
             if policy is None:
@@ -122,7 +122,6 @@ class ArrayRollout:
             else:
                 out = policy({k: torch.from_numpy(v) for k, v in obs.items()}, batch)
             read = now()
-            policy_ns += read - last
             next_obs, reward, term, trunc = env.step_arrays(env.action_to_numpy(out["action"]))
             rec.obs.append(obs)
             rec.next_obs.append(next_obs)
@@ -155,7 +154,7 @@ class ArrayRollout:
             env_ns += last - read
             if stopped is not None and stopped():
                 break
-        self.clock.stepped(policy_ns, env_ns, last, stamps)
+        self.clock.stepped(first, last, env_ns, stamps)
         return rec.to_tensordict(batch, vector, self.policy_zeros, self.device, marks() if marks is not None else {})
 
 
@@ -222,7 +221,7 @@ class TensorDictRollout:
             self.stepped = True
         env, batch, steps = self.env, self.env.batch_size, []
         now, last, stamps = self.clock.steps()
-        policy_ns = env_ns = 0
+        first, env_ns = last, 0
         for _ in range(num_steps):
             td = self.td
             if policy is None:
@@ -230,7 +229,6 @@ class TensorDictRollout:
             else:
                 td.update(policy(td, batch))
             read = now()
-            policy_ns += read - last
             td = env.step(td)
             nxt = td.get("next")
             dense = _dense(nxt)
@@ -253,7 +251,7 @@ class TensorDictRollout:
             env_ns += last - read
             if stopped is not None and stopped():
                 break
-        self.clock.stepped(policy_ns, env_ns, last, stamps)
+        self.clock.stepped(first, last, env_ns, stamps)
         return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
@@ -319,7 +317,7 @@ class EnvBaseRollout(TensorDictRollout):
             self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(batch))
             self.stepped = True
         now, last, stamps = self.clock.steps()
-        policy_ns = env_ns = 0
+        first, env_ns = last, 0
         for _ in range(num_steps):
             td = self.td
             if policy is None:
@@ -330,7 +328,6 @@ class EnvBaseRollout(TensorDictRollout):
             else:
                 td.update(policy(td, batch))
             read = now()
-            policy_ns += read - last
             ids = td.get(TRAJ_IDS)
             td, root = env.step_and_maybe_reset(td)
             nxt = td.get("next")
@@ -349,7 +346,7 @@ class EnvBaseRollout(TensorDictRollout):
             env_ns += last - read
             if stopped is not None and stopped():
                 break
-        self.clock.stepped(policy_ns, env_ns, last, stamps)
+        self.clock.stepped(first, last, env_ns, stamps)
         return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
 
 
