@@ -228,7 +228,7 @@ class AsyncBatchedCollector(BaseCollector):
             self.plane, transitions, self.policy, self._lock, weak_method(self._version), weak_method(self._on_failure),
             max_batch_size=self.batching.max_batch_size, min_batch_size=self.batching.min_batch_size,
             timeout=self.batching.timeout, exploration_type=self.exploration_type, prefetch=self.prefetch,
-            threads=self.num_threads, metrics=self._meter.on, meter=self._meter,
+            threads=self.num_threads, meter=self._meter,
         )
 
     def _version(self) -> int:

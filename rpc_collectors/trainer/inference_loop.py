@@ -64,14 +64,14 @@ class InferenceLoop:
         exploration_type: the interaction type set around each forward pass.
         prefetch: full batches that may wait.
         threads: the torch threads of the loop's thread.
-        metrics: whether its phase clock reads time (from its thread's start).
-        meter: the collector's clock, which keeps its spans while a trace window is open.
+        meter: the collector's clock, which keeps its spans while a trace window is open; where its
+            metrics are on (``meter.on``), the loop's phase clock reads time from its thread's start.
     """
 
     def __init__(
         self, plane: StepPlane, transitions: Transitions, policy: Callable, lock: threading.Lock,
         version: Callable[[], int], on_failure: Callable[[int, str], bool], *, max_batch_size: int,
-        min_batch_size: int, timeout: float, exploration_type: Any, prefetch: int, threads: int, metrics: bool,
+        min_batch_size: int, timeout: float, exploration_type: Any, prefetch: int, threads: int,
         meter: RunMeter,
     ) -> None:
         self.plane, self.transitions, self.policy, self.lock = plane, transitions, policy, lock
@@ -84,7 +84,7 @@ class InferenceLoop:
         self.acting = [False] * plane.num_envs  # an action is in flight: its answer completes a transition
         self.waiting: list[int] = []  # ready envs not acted for yet
         self.stop = threading.Event()
-        self.metrics, self.meter = metrics, meter
+        self.meter = meter
         self.clock: PhaseClock = StoppedClock()
         self.passes = self.acted = 0  # forward passes, envs acted for
         self.thread = threading.Thread(target=self._run, name="rpc-collectors-inference", daemon=True)
@@ -119,7 +119,7 @@ class InferenceLoop:
     def _run(self) -> None:
         try:
             torch.set_num_threads(self.threads)
-            if self.metrics:
+            if self.meter.on:
                 self.clock = PhaseClock()
             self._threads_set.set()
             while not self.stop.is_set():
