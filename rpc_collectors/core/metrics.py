@@ -47,8 +47,9 @@ class WorkerMetrics:
         frames_per_s: ``frames`` over the time its clock counted (the sum of the phases below).
         idle_s: waiting for the trainer's next request (between its batches).
         weights_s: applying new weights before a batch.
-        policy_s: in policy calls.
-        env_s: in env steps (resets, the step record).
+        policy_s: in policy calls (a rollout's time but its env steps').
+        env_s: in env steps (resets, the step record): a sample of a rollout's steps timed, their
+            mean counted for each step (every step while a trace window is open).
         write_s: building the batch and writing it into its shared-memory slot.
     """
 

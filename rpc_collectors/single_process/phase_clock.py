@@ -5,32 +5,42 @@ worker marks ``"idle"`` when a request arrives, ``"weights"`` once new weights a
 ``"write"`` once the batch is built and written; a collector counts its time between rollouts
 (``idle`` before a batch, ``write`` after it) with :meth:`PhaseClock.count`, in the totals only.
 
-A rollout's steps are timed in its own loop, the cheapest way Python has: it reads the clock
-with :meth:`PhaseClock.steps`'s ``now`` after each policy call and each env step, sums its env
-steps' time in a local variable, and hands the sum and its first and last reads to
-:meth:`PhaseClock.stepped` at its end (the rest of that time went to policy calls). Totals are
-kept always; each mark's and each step's span only while ``spans`` is a deque (a trace window
-is open), which bounds them. :class:`StoppedClock` reads no time (``metrics=False``).
+A rollout's steps are sampled, the cheapest way Python has: the rollout reads the clock around
+the env step of the steps :meth:`PhaseClock.steps` picks (one in :data:`SAMPLED` on average), sums
+those env steps' time in local variables, and hands the sums to :meth:`PhaseClock.stepped` at its
+end, which reads the clock once more: the rollout's whole time is exact, its env steps' share is
+the sampled steps' mean times the steps, and the rest went to policy calls. While ``spans`` is a
+deque (a trace window is open) every step is timed and each policy call's and env step's span kept;
+each mark's too, bounded by the deque. :class:`StoppedClock` reads no time (``metrics=False``).
 """
 from __future__ import annotations
 
+import itertools
+import random
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, Iterator
 
 PHASES = ("idle", "weights", "policy", "env", "write")
 Span = tuple[str, int, int]  # (phase, start, end) in time.monotonic_ns()
+SAMPLED = 32  # a rollout times one step in SAMPLED on average (all of them in a trace window)
+# Which steps a rollout times, in turn: a fixed pseudo-random pattern whose length is a prime, so
+# that no env's episode length or batch size lines up with it; its first step is timed.
+_DRAWS = random.Random(0)
+PATTERN = (True, *(_DRAWS.random() < 1 / SAMPLED for _ in range(1008)))
 
 
 class PhaseClock:
     """Nanoseconds spent in each of :data:`PHASES` since it was made, and the spans of a trace window."""
 
-    __slots__ = ("totals_ns", "spans", "last_ns")
+    __slots__ = ("totals_ns", "spans", "last_ns", "pattern", "env_step_ns")
 
     def __init__(self) -> None:
         self.totals_ns: dict[str, int] = dict.fromkeys(PHASES, 0)
         self.spans: deque[Span] | None = None
         self.last_ns = time.monotonic_ns()
+        self.pattern = itertools.cycle(PATTERN)  # goes on across rollouts
+        self.env_step_ns = 0  # the mean env step of the last rollout that timed one
 
     def mark(self, phase: str) -> None:
         """The time since the last mark was spent in ``phase``."""
@@ -47,12 +57,12 @@ class PhaseClock:
         self.totals_ns[phase] += now - self.last_ns
         self.last_ns = now
 
-    def steps(self) -> tuple[Callable[[], int], int, list[int] | None]:
-        """For a rollout: the clock to read after each policy call and env step, the last mark's
-        time (where its first policy call starts), and the list those reads go to while a trace
-        window is open (else None)."""
+    def steps(self, num_steps: int) -> tuple[Iterator[bool], Callable[[], int], list[int] | None]:
+        """For a rollout of ``num_steps`` steps: whether to time each step's env step, the clock to
+        read before and after it, and the list those reads go to while a trace window is open (then
+        every step is timed; else None)."""
         if self.spans is None:
-            return time.monotonic_ns, self.last_ns, None
+            return itertools.islice(self.pattern, num_steps), time.monotonic_ns, None
         stamps: list[int] = []
 
         def now() -> int:
@@ -60,22 +70,26 @@ class PhaseClock:
             stamps.append(stamp)
             return stamp
 
-        return now, self.last_ns, stamps
+        return itertools.repeat(True, num_steps), now, stamps
 
-    def stepped(self, first_ns: int, last_ns: int, env_ns: int, stamps: list[int] | None) -> None:
-        """A rollout's steps ran from ``first_ns`` (the last mark) to ``last_ns``, ``env_ns`` of it in
-        env steps and the rest in policy calls; ``stamps``: its clock reads, alternately after a
-        policy call and an env step."""
+    def stepped(self, steps: int, timed: int, env_ns: int, stamps: list[int] | None) -> None:
+        """A rollout ran ``steps`` steps since the last mark; the env steps of ``timed`` of them took
+        ``env_ns``; ``stamps``: its clock reads of a trace window, before and after each env step."""
+        now = stamps[-1] if stamps else time.monotonic_ns()  # a window's spans end where its last step did
+        if timed:
+            self.env_step_ns = env_ns // timed
+        total = now - self.last_ns
+        env = env_ns if timed == steps else min(self.env_step_ns * steps, total)
         totals = self.totals_ns
-        totals["policy"] += last_ns - first_ns - env_ns
-        totals["env"] += env_ns
+        totals["policy"] += total - env
+        totals["env"] += env
         spans = self.spans
         if stamps is not None and spans is not None:
-            start = first_ns
+            start = self.last_ns
             for i, stamp in enumerate(stamps):
                 spans.append(("env" if i % 2 else "policy", start, stamp))
                 start = stamp
-        self.last_ns = last_ns
+        self.last_ns = now
 
 
 class StoppedClock(PhaseClock):
@@ -89,9 +103,9 @@ class StoppedClock(PhaseClock):
     def count(self, phase: str) -> None:
         """Nothing: metrics are off."""
 
-    def steps(self) -> tuple[Callable[[], int], int, list[int] | None]:
-        """A clock that reads 0 (``int()``): the rollout's sums stay 0."""
-        return int, 0, None
+    def steps(self, num_steps: int) -> tuple[Iterator[bool], Callable[[], int], list[int] | None]:
+        """No step timed."""
+        return itertools.repeat(False, num_steps), int, None
 
-    def stepped(self, first_ns: int, last_ns: int, env_ns: int, stamps: list[int] | None) -> None:
+    def stepped(self, steps: int, timed: int, env_ns: int, stamps: list[int] | None) -> None:
         """Nothing: metrics are off."""

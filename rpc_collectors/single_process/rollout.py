@@ -67,7 +67,7 @@ class ArrayRollout:
         self.out: dict = {}  # the tensors of the slot the next batch goes to, by key (see tensors_by_key)
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
         self.device: torch.device | None = None
-        self.clock = PhaseClock()  # marks each policy call and env step
+        self.clock = PhaseClock()  # times its policy calls and env steps
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -113,15 +113,16 @@ class ArrayRollout:
         env, vector, max_steps = self.env, self.env.is_vector, self.max_steps
         batch = env.batch_size
         rec = StepRecords(self.out)
-        now, last, stamps = self.clock.steps()
-        first, env_ns = last, 0
-        for _ in range(num_steps):
+        timing, now, stamps = self.clock.steps(num_steps)
+        timed = env_ns = 0
+        for timed_step in timing:
             obs = self.obs
             if policy is None:
                 out = {"action": env.sample_action()}
             else:
                 out = policy({k: torch.from_numpy(v) for k, v in obs.items()}, batch)
-            read = now()
+            if timed_step:
+                read = now()
             next_obs, reward, term, trunc = env.step_arrays(env.action_to_numpy(out["action"]))
             rec.obs.append(obs)
             rec.next_obs.append(next_obs)
@@ -150,11 +151,11 @@ class ArrayRollout:
                 self.steps = 0
             else:
                 self.obs = next_obs
-            last = now()
-            env_ns += last - read
+            if timed_step:
+                env_ns, timed = env_ns + now() - read, timed + 1
             if stopped is not None and stopped():
                 break
-        self.clock.stepped(first, last, env_ns, stamps)
+        self.clock.stepped(len(rec.rewards), timed, env_ns, stamps)
         return rec.to_tensordict(batch, vector, self.policy_zeros, self.device, marks() if marks is not None else {})
 
 
@@ -172,7 +173,7 @@ class TensorDictRollout:
         self.td: TensorDictBase | None = None
         self.stepped = False
         self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
-        self.clock = PhaseClock()  # marks each policy call and env step
+        self.clock = PhaseClock()  # times its policy calls and env steps
         self.stacking = "auto"  # how steps are stacked (_stack_steps): "dense" is TorchRL's use_buffers=True
         self.rewards = list(getattr(env, "reward_keys", ["reward"]))
         self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *self.rewards]
@@ -220,15 +221,16 @@ class TensorDictRollout:
             self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
             self.stepped = True
         env, batch, steps = self.env, self.env.batch_size, []
-        now, last, stamps = self.clock.steps()
-        first, env_ns = last, 0
-        for _ in range(num_steps):
+        timing, now, stamps = self.clock.steps(num_steps)
+        timed = env_ns = 0
+        for timed_step in timing:
             td = self.td
             if policy is None:
                 td = env.rand_action(td)
             else:
                 td.update(policy(td, batch))
-            read = now()
+            if timed_step:
+                read = now()
             td = env.step(td)
             nxt = td.get("next")
             dense = _dense(nxt)
@@ -247,11 +249,11 @@ class TensorDictRollout:
                 nxt.set("done", nxt.get("done") | capped)
             steps.append(td)
             self.td = self._next_root(nxt, td)
-            last = now()
-            env_ns += last - read
+            if timed_step:
+                env_ns, timed = env_ns + now() - read, timed + 1
             if stopped is not None and stopped():
                 break
-        self.clock.stepped(first, last, env_ns, stamps)
+        self.clock.stepped(len(steps), timed, env_ns, stamps)
         return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
@@ -316,9 +318,9 @@ class EnvBaseRollout(TensorDictRollout):
             n = int(np.prod(batch)) if len(batch) else 1
             self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(batch))
             self.stepped = True
-        now, last, stamps = self.clock.steps()
-        first, env_ns = last, 0
-        for _ in range(num_steps):
+        timing, now, stamps = self.clock.steps(num_steps)
+        timed = env_ns = 0
+        for timed_step in timing:
             td = self.td
             if policy is None:
                 td = env.rand_action(td)
@@ -327,7 +329,8 @@ class EnvBaseRollout(TensorDictRollout):
                         td.set(key, zero)
             else:
                 td.update(policy(td, batch))
-            read = now()
+            if timed_step:
+                read = now()
             ids = td.get(TRAJ_IDS)
             td, root = env.step_and_maybe_reset(td)
             nxt = td.get("next")
@@ -342,11 +345,11 @@ class EnvBaseRollout(TensorDictRollout):
             root = _dense(root)
             root.set(TRAJ_IDS, ids)
             self.td = root
-            last = now()
-            env_ns += last - read
+            if timed_step:
+                env_ns, timed = env_ns + now() - read, timed + 1
             if stopped is not None and stopped():
                 break
-        self.clock.stepped(first, last, env_ns, stamps)
+        self.clock.stepped(len(steps), timed, env_ns, stamps)
         return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
 
 

@@ -4,10 +4,51 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
+import torch
+from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import Collector
-from rpc_collectors.single_process.phase_clock import PHASES, PhaseClock, StoppedClock
+from rpc_collectors.single_process import phase_clock
+from rpc_collectors.single_process.phase_clock import PHASES, SAMPLED, PhaseClock, StoppedClock
+
+
+class StepTime:
+    """A monotonic clock that moves only when an env steps (by ``ENV_NS``) or a policy is called (by
+    ``POLICY_NS``); it counts its reads."""
+
+    ENV_NS, POLICY_NS = 3, 1
+
+    def __init__(self) -> None:
+        self.ns = self.reads = 0
+
+    def monotonic_ns(self) -> int:
+        self.reads += 1
+        return self.ns
+
+
+class TimedEnv(CountEnv):
+    """``CountEnv`` whose steps take ``StepTime.ENV_NS`` on ``clock``."""
+
+    def __init__(self, clock: StepTime) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def step(self, action):
+        self.clock.ns += StepTime.ENV_NS
+        return super().step(action)
+
+
+class TimedPolicy(nn.Module):
+    """Action 0, in ``StepTime.POLICY_NS`` on ``clock``."""
+
+    def __init__(self, clock: StepTime) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        self.clock.ns += StepTime.POLICY_NS
+        return torch.zeros(observation.shape[:-1], dtype=torch.int64)
 
 
 def test_marks_split_the_time_between_them_and_spans_are_kept_only_while_a_window_is_open():
@@ -43,6 +84,29 @@ def test_a_collectors_rollout_times_one_policy_call_and_one_env_step_per_step(en
     assert all(steps[i][2] == steps[i + 1][1] for i in range(0, 20, 2))  # a step's env step follows its policy call
     for phase in ("policy", "env"):
         assert clock.totals_ns[phase] == sum(end - begin for name, begin, end in steps if name == phase) > 0
+
+
+@pytest.mark.parametrize("frames_per_batch", [1, 50, 1000])
+def test_a_rollout_times_a_sample_of_its_steps_and_splits_its_time_exactly_when_steps_cost_the_same(
+        monkeypatch, frames_per_batch):
+    """Outside a trace window a rollout reads the clock around about one env step in ``SAMPLED``,
+    and once at its end: every step here costs the same, so its env steps' and policy calls' totals
+    are exact, batches of one step (none of them timed, most of the time) included."""
+    clock = StepTime()
+    monkeypatch.setattr(phase_clock, "time", clock)
+    frames = 4000
+    collector = Collector(lambda: TimedEnv(clock), TimedPolicy(clock), frames_per_batch=frames_per_batch,
+                          total_frames=frames)
+    for _ in collector:
+        pass
+    totals = collector.rollout.clock.totals_ns
+    collector.shutdown()
+    assert totals["env"] == StepTime.ENV_NS * frames
+    assert totals["policy"] == StepTime.POLICY_NS * frames
+    assert sum(totals.values()) == clock.ns  # all of it, the policy's probe before the first batch in "idle"
+    batches = frames // frames_per_batch
+    per_batch = 3  # the rollout's end, and the collector's idle and write counts
+    assert clock.reads - per_batch * batches <= 2 * 2 * frames / SAMPLED  # two reads per timed step
 
 
 def test_a_stopped_clock_counts_nothing():
