@@ -8,8 +8,8 @@ Also compares a vector env of 8 against a hand-written vector loop.
 
 ``--metrics`` measures instead ``Collector`` with ``collector.metrics()`` on (the default) against
 ``metrics=False`` and prints the ratio (goal: on/off >= 0.99). One collector runs both sides,
-its metrics switched between blocks of 1,000 frames (``--frames`` each side, the order
-alternating): two collectors, even in one process, differ by 1-4 % from each other (their memory
+its metrics switched between blocks of 1,000 frames (``--frames`` each side, in pairs, each
+pair's order drawn): two collectors, even in one process, differ by 1-4 % from each other (their memory
 layouts), metrics or not, which hides a 1 % effect.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch import nn
 
 from _common import ArgmaxLinear
 from rpc_collectors import Collector, GymEnv
+from rpc_collectors.single_process.phase_clock import PhaseClock
 
 BLOCK = 1000  # frames of one turn of --metrics: one batch of 1,000 frames, or 20 of 50
 
@@ -65,20 +66,18 @@ def collector_rates(policy: nn.Module, frames: int, env: object, frames_per_batc
     return rate
 
 
-def switch_metrics(collector: Collector, on: bool) -> None:
-    """Turn ``collector``'s metrics on, or off as ``metrics=False`` builds it: a meter that counts
-    nothing and a rollout clock that reads no time."""
-    meter = collector._meter
-    if not hasattr(meter, "kept_clock"):
-        meter.kept_clock = collector.rollout.clock
-    meter.on = on
-    collector.rollout.clock = meter.watch(meter.kept_clock)
+def switch_metrics(collector: Collector, clock: PhaseClock, on: bool) -> None:
+    """Turn ``collector``'s metrics on (``clock``: its rollout's phase clock), or off as ``metrics=False``
+    builds it: a meter that counts nothing and a rollout clock that reads no time."""
+    collector._meter.on = on
+    collector.rollout.clock = collector._meter.watch(clock)
 
 
 def metrics_on_off(args: argparse.Namespace) -> None:
-    """``Collector`` with ``collector.metrics()`` on against off, in turns in one collector: frames/s of
-    each side's blocks, and on/off of the summed wall and thread CPU times (the second leaves out
-    the time this process waited for a core)."""
+    """``Collector`` with ``collector.metrics()`` on against off, in turns in one collector: each side's
+    frames/s (the mean of its blocks'), and the median of the pairs' on/off ratios of wall and of
+    thread CPU time (the second leaves out the time this process waited for a core); a median, as
+    the garbage collector's rare long pauses would otherwise decide a sum."""
     policy = ArgmaxLinear()
     print(f"{'case':<16} {'on f/s':>9} {'off f/s':>9} {'on/off wall':>12} {'on/off CPU':>11}  "
           f"({args.frames:,} frames each, blocks of {BLOCK:,} frames in turns)")
@@ -86,13 +85,13 @@ def metrics_on_off(args: argparse.Namespace) -> None:
                                         ("vector env B=8", functools.partial(GymEnv, "CartPole-v1", num_envs=8), 1000),
                                         ("single, T=50", "CartPole-v1", 50)]:
         collector = Collector(env, policy, frames_per_batch=frames_per_batch, total_frames=-1)
-        batches = iter(collector)
+        batches, clock = iter(collector), collector.rollout.clock
         frames, wall, cpu = {True: 0, False: 0}, [], []  # frames per side; each pair's on/off
         order = random.Random(0)  # not alternating: a periodic cost (the garbage collector's) would fall on one side
         for pair in range(-1, args.frames // BLOCK):  # pair -1: warm-up, not counted
             took = {}
             for on in order.sample((True, False), 2):
-                switch_metrics(collector, on)
+                switch_metrics(collector, clock, on)
                 start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
                 for _ in range(BLOCK // frames_per_batch):
                     next(batches)
