@@ -181,7 +181,7 @@ class InferenceLoop:
         with self.lock, torch.no_grad(), set_interaction_type(self.exploration_type):
             outputs = self.policy(inputs, torch.Size([len(envs)]))
             version = self.version()
-        self.transitions.stage(index, inputs, outputs, version)  # raises if the outputs changed their shapes
+        self.transitions.stage(envs, inputs, outputs, version)  # raises if the outputs changed their shapes
         action = rows.get("action")
         action.index_copy_(0, index, outputs["action"].reshape(len(envs), *action.shape[1:]).to(action.dtype))
         for env in envs:
