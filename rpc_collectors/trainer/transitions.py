@@ -5,8 +5,9 @@ action (the observation, the policy's outputs, the weights version) in the env's
 When an env answers, its transition is complete: the step's result in the env's row of the
 step plane is copied into the staging row, which now holds the env's latest transition, and
 the transition the other row held (the env's previous one) goes into the next free place of
-the batch being filled, one indexed copy per key for every env that answered together; that
-row stages the env's next transition. A full batch lies in one of a few preallocated buffers
+the batch being filled, one indexed copy per key for every env that answered together (rows of
+pixels one copy each); that row stages the env's next transition. Rows move as their bytes
+through numpy (:func:`byte_rows`), whatever their dtype. A full batch lies in one of a few preallocated buffers
 (:class:`~rpc_collectors.transport.data.SlotPool`): it is handed out as it lies while the user
 can no longer hold it, as a copy otherwise.
 
