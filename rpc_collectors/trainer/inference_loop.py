@@ -1,11 +1,12 @@
 """The inference loop of a batched-inference collector: one thread in the trainer's process that
 runs the policy on the largest batch of ready observations and hands out full batches.
 
-Each turn it sleeps until some env is ready (:meth:`StepPlane.wait`), records the transitions
-the ready envs completed (:class:`~rpc_collectors.trainer.transitions.Transitions`), then acts:
-it gathers the ready envs' observations (at most ``max_batch_size`` per forward pass, waiting up
-to ``timeout`` s for ``min_batch_size`` of them), calls the policy once under the collector's
-lock, writes the actions into the envs' rows and rings them. The policy is the trainer's own
+Each turn it sleeps until some env is ready (:meth:`StepPlane.wait`), waits up to ``timeout`` s
+for ``min_batch_size`` ready envs, then for the envs in flight about to answer
+(:class:`~rpc_collectors.trainer.patience.Patience`), records the transitions the ready envs
+completed, all at once (:class:`~rpc_collectors.trainer.transitions.Transitions`), then acts:
+it gathers the ready envs' observations (at most ``max_batch_size`` per forward pass), calls the
+policy once under the collector's lock, writes the actions into the envs' rows and rings them. The policy is the trainer's own
 object: weights the trainer changes are used by the next forward pass, which is stamped with the
 collector's ``policy_version`` at that moment.
 
@@ -38,6 +39,7 @@ from tensordict.nn import set_interaction_type
 
 from rpc_collectors.single_process.phase_clock import PhaseClock, StoppedClock
 from rpc_collectors.single_process.run_meter import RunMeter
+from rpc_collectors.trainer.patience import Patience
 from rpc_collectors.trainer.transitions import Transitions
 from rpc_collectors.transport.step_plane import StepPlane
 
@@ -83,10 +85,12 @@ class InferenceLoop:
         self.errors: queue.SimpleQueue = queue.SimpleQueue()  # what ended the loop, for the user
         self.acting = [False] * plane.num_envs  # an action is in flight: its answer completes a transition
         self.waiting: list[int] = []  # ready envs not acted for yet
+        self.completed: list[int] = []  # envs whose transitions completed, not recorded yet
         self.stop = threading.Event()
         self.meter = meter
         self.clock: PhaseClock = StoppedClock()
         self.passes = self.acted = 0  # forward passes, envs acted for
+        self.patience = Patience(plane.num_envs)
         self.thread = threading.Thread(target=self._run, name="rpc-collectors-inference", daemon=True)
 
     def start(self) -> None:
@@ -139,9 +143,20 @@ class InferenceLoop:
             deadline = time.monotonic() + self.timeout
             while len(self.waiting) < self.min_batch_size and (left := deadline - time.monotonic()) > 0:
                 self._poll(left)
+        if self.waiting:
+            self._gather()
+        self._record()
         while self.waiting:
             envs, self.waiting = self.waiting[:self.max_batch_size], self.waiting[self.max_batch_size:]
             self._act(envs)
+
+    def _gather(self) -> None:
+        """Wait, while the forward pass has room, for the envs in flight about to answer (:class:`Patience`)."""
+        now = time.monotonic()
+        deadline = self.patience.deadline(now)
+        while len(self.waiting) < self.max_batch_size and now < deadline and self.patience.due(self.acting, deadline):
+            self._poll(deadline - now)
+            now = time.monotonic()
 
     def _poll(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for envs; hand the workers of those that ended to ``on_failure``."""
@@ -149,8 +164,10 @@ class InferenceLoop:
         ready, ended = self.plane.wait(timeout)
         self.clock.mark("idle")
         self.meter.span_end("wait", began, ready=len(ready))
-        self._answered(ready)  # an env answers before its worker's end: its step lies in its row
-        self.clock.mark("write")
+        self._answered(ready)
+        if not ended:
+            return
+        self._record()  # an env answers before its worker's end: its step lies in its row
         for worker, text in self.plane.ended_workers(ended).items():
             envs = self.plane.envs_of(worker)
             for env in envs:
@@ -164,28 +181,38 @@ class InferenceLoop:
             self.clock.mark("idle")  # waiting for its envs again
 
     def _answered(self, ready: list[int]) -> None:
-        """Record the transitions ``ready`` completed; they wait for actions now."""
+        """``ready`` wait for actions now; the transitions they completed are recorded before any is acted for."""
         completed = [env for env in ready if self.acting[env]]
-        if completed:
-            for batch in self.transitions.record(completed):
-                self.put(batch)
+        self.patience.answered(completed, time.monotonic())
+        self.completed.extend(completed)
         for env in ready:
             self.acting[env] = False
         self.waiting.extend(ready)
+
+    def _record(self) -> None:
+        """Record the transitions completed since the last call, all at once."""
+        if self.completed:
+            completed, self.completed = self.completed, []
+            for batch in self.transitions.record(completed):
+                self.put(batch)
+        self.clock.mark("write")
 
     def _act(self, envs: list[int]) -> None:
         began = self.meter.span_start()
         index = torch.tensor(envs, dtype=torch.int64)
         rows = self.plane.rows
         inputs = {key: rows.get(key).index_select(0, index) for key in self.transitions.obs_keys}
+        start = time.monotonic()
         with self.lock, torch.no_grad(), set_interaction_type(self.exploration_type):
             outputs = self.policy(inputs, torch.Size([len(envs)]))
             version = self.version()
-        self.transitions.stage(index, inputs, outputs, version)  # raises if the outputs changed their shapes
+        self.patience.passed(time.monotonic() - start)
+        self.transitions.stage(envs, inputs, outputs, version)  # raises if the outputs changed their shapes
         action = rows.get("action")
         action.index_copy_(0, index, outputs["action"].reshape(len(envs), *action.shape[1:]).to(action.dtype))
         for env in envs:
             self.acting[env] = True
+        self.patience.went(envs, time.monotonic())
         gone = self.plane.go(envs)
         for env in gone:  # its worker died: the wait reports it
             self.acting[env] = False

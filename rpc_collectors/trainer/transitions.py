@@ -5,8 +5,9 @@ action (the observation, the policy's outputs, the weights version) in the env's
 When an env answers, its transition is complete: the step's result in the env's row of the
 step plane is copied into the staging row, which now holds the env's latest transition, and
 the transition the other row held (the env's previous one) goes into the next free place of
-the batch being filled, one indexed copy per key for every env that answered together; that
-row stages the env's next transition. A full batch lies in one of a few preallocated buffers
+the batch being filled, one indexed copy per key for every env that answered together (rows of
+pixels one copy each); that row stages the env's next transition. Rows move as their bytes
+through numpy (:func:`byte_rows`), whatever their dtype. A full batch lies in one of a few preallocated buffers
 (:class:`~rpc_collectors.transport.data.SlotPool`): it is handed out as it lies while the user
 can no longer hold it, as a copy otherwise.
 
@@ -24,8 +25,10 @@ action (TorchRL's ``policy_version_key``), as TorchRL's ``AsyncBatchedCollector`
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -38,20 +41,32 @@ ENV_INDEX = "env_index"
 ROOT_FLAGS = ("done", "terminated", "truncated")
 # keys of every batch: the collector's own (its records under MARKS), and TorchRL's names for an env's step
 BATCH_KEYS = (ENV_INDEX, MARKS, *ROOT_FLAGS, "action", "next", "observation", "reward")
-LARGE_ROW = 1024  # bytes: rows at least this large are scattered by slices (an indexed copy costs per element)
+LARGE_ROW = 1024  # bytes: rows at least this large are copied one by one (no gathered copy in between)
 
 
-def scatter_rows(dst: torch.Tensor, rows: list[int], index: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst[rows[i]] = src[i]`` (``index``: ``rows`` as an int64 tensor): one indexed copy of
-    small rows; large rows (pixels) by one slice copy per run of consecutive rows."""
-    if dst.stride(0) * dst.element_size() < LARGE_ROW:
-        dst.index_copy_(0, index, src)
-        return
-    start = 0
-    for i in range(1, len(rows) + 1):
-        if i == len(rows) or rows[i] != rows[i - 1] + 1:
-            dst[rows[start]:rows[i - 1] + 1].copy_(src[start:i])
-            start = i
+def byte_rows(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` (contiguous, rows along dim 0) as a ``[rows, bytes]`` uint8 array over its memory:
+    a row moves as its bytes whatever its dtype, at numpy's cost per copy (about half torch's)."""
+    return tensor.view(tensor.shape[0], math.prod(tensor.shape[1:])).view(torch.uint8).numpy()
+
+
+class Rows:
+    """Row numbers, as a sequence (large rows: one copy each) and as an index (small rows: one indexed copy)."""
+
+    __slots__ = ("each", "index")
+
+    def __init__(self, rows: list[int] | range) -> None:
+        self.each = rows
+        self.index = slice(rows.start, rows.stop) if isinstance(rows, range) else np.array(rows, dtype=np.int64)
+
+
+def copy_rows(dst: np.ndarray, to: Rows, src: np.ndarray, at: Rows) -> None:
+    """``dst[to[i]] = src[at[i]]`` for every i (arrays of :func:`byte_rows`)."""
+    if dst.shape[1] >= LARGE_ROW:
+        for d, s in zip(to.each, at.each):
+            dst[d] = src[s]
+    else:
+        dst[to.index] = src[at.index]
 
 
 class Transitions:
@@ -94,7 +109,9 @@ class Transitions:
         frames.set(ENV_INDEX, torch.arange(num_envs).repeat(2))  # row r is env r % N's
         self.frame_keys = list(frames.keys(include_nested=True, leaves_only=True))
         self._frame = {key: frames.get(key) for key in self.frame_keys}  # the tensors, looked up once
-        self._next = [(frames.get(key), rows.get(key)) for key in self.next_keys]
+        self._bytes = {key: byte_rows(value) for key, value in self._frame.items()}
+        self._next = [(self._bytes[key], byte_rows(rows.get(key))) for key in self.next_keys]
+        self._versions = None if version_key is None else self._frame[version_key].numpy()
         self.output_shapes = {key: frames.get(key).shape[1:] for key in outputs}
         self.staging = list(range(num_envs))  # the row env e stages its transition in flight in
         self.holding = [False] * num_envs  # its other row holds its latest complete transition
@@ -108,22 +125,21 @@ class Transitions:
         self.buffers = SlotPool(self.layout, 1, shared=False, slots=SLOTS + prefetch)
         self._slot: int | None = None
         self._batch: TensorDict | None = None
-        self._into: list[tuple[torch.Tensor, torch.Tensor]] = []  # (frame rows, batch) of each key
+        self._into: list[tuple[np.ndarray, np.ndarray]] = []  # (frame rows, batch rows) of each key
         self._filled = 0
 
-    def stage(self, envs: torch.Tensor, inputs: Mapping, outputs: Mapping, version: int) -> None:
-        """What chose the actions of ``envs`` (an int64 index): observations, outputs, version.
+    def stage(self, envs: list[int], inputs: Mapping, outputs: Mapping, version: int) -> None:
+        """What chose the actions of ``envs``: observations, outputs, version.
 
         Raises ValueError if the outputs' keys or shapes are not those the policy gave at start-up."""
         self._check_outputs(outputs, len(envs))
-        frame, rows = self._frame, [self.staging[env] for env in envs.tolist()]
-        index = torch.tensor(rows, dtype=torch.int64)
+        frame, rows, given = self._bytes, Rows([self.staging[env] for env in envs]), Rows(range(len(envs)))
         for key in self.obs_keys:
-            scatter_rows(frame[key], rows, index, inputs[key])
+            copy_rows(frame[key], rows, byte_rows(inputs[key]), given)
         for key, value in outputs.items():
-            scatter_rows(frame[key], rows, index, value.to(frame[key].dtype))
-        if self.version_key is not None:
-            frame[self.version_key].index_fill_(0, index, version)
+            copy_rows(frame[key], rows, byte_rows(value.detach().to("cpu", self._frame[key].dtype).contiguous()), given)
+        if self._versions is not None:
+            self._versions[rows.index] = version
 
     def _check_outputs(self, outputs: Mapping, n: int) -> None:
         shapes, seen = self.output_shapes, 0
@@ -146,9 +162,9 @@ class Transitions:
         and the one each env held before goes into the batch. Returns the batches this completed."""
         full = self._release([env for env in envs if self.holding[env]])
         rows = [self.staging[env] for env in envs]
-        index, plane = torch.tensor(rows, dtype=torch.int64), torch.tensor(envs, dtype=torch.int64)
+        into, plane = Rows(rows), Rows(envs)
         for frames, plane_rows in self._next:
-            scatter_rows(frames, rows, index, plane_rows.index_select(0, plane))
+            copy_rows(frames, into, plane_rows, plane)
         for env, row in zip(envs, rows):
             self.holding[env] = True
             self.staging[env] = self._other(env, row)
@@ -173,17 +189,16 @@ class Transitions:
     def _release(self, envs: list[int]) -> list[TensorDictBase]:
         """Move the held transitions of ``envs`` into the next free places of the batch."""
         full = []
-        index = torch.tensor([self._other(env, self.staging[env]) for env in envs], dtype=torch.int64)
+        held = [self._other(env, self.staging[env]) for env in envs]
         done = 0
         while done < len(envs):
             if self._batch is None:
                 self._open()
             n = min(len(envs) - done, self.frames_per_batch - self._filled)
-            part = index[done:done + n]
-            lo, hi = self._filled, self._filled + n
+            part, places = Rows(held[done:done + n]), Rows(range(self._filled, self._filled + n))
             for frames, batch in self._into:
-                torch.index_select(frames, 0, part, out=batch[lo:hi])
-            self._filled, done = hi, done + n
+                copy_rows(batch, places, frames, part)
+            self._filled, done = self._filled + n, done + n
             if self._filled == self.frames_per_batch:
                 full.append(self._hand_out())
         for env in envs:
@@ -198,7 +213,7 @@ class Transitions:
             self._batch = self.layout.view(self.buffers.slots[self._slot], None)
         for flag in ROOT_FLAGS:
             self._batch.get(flag).zero_()
-        self._into = [(self._frame[key], self._batch.get(key)) for key in self.frame_keys]
+        self._into = [(self._bytes[key], byte_rows(self._batch.get(key))) for key in self.frame_keys]
         self._filled = 0
 
     def _hand_out(self) -> TensorDictBase:

@@ -1,0 +1,73 @@
+"""A batched-inference collector's batch assembly (``Transitions``), driven without processes:
+each frame of a batch holds what chose its action and what its step gave, whatever the dtypes."""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from rpc_collectors.trainer.transitions import LARGE_ROW, Transitions
+
+NUM_ENVS, WIDTH = 3, 600  # 600 bfloat16 values: a row of 1,200 bytes, past LARGE_ROW
+
+
+def plane_rows() -> TensorDict:
+    """The step plane's rows: an observation of a dtype numpy lacks (bfloat16), a small int32 entry."""
+    rows = TensorDict(batch_size=[NUM_ENVS])
+    for key in ("observation", ("next", "observation")):
+        rows.set(key, torch.zeros(NUM_ENVS, WIDTH, dtype=torch.bfloat16))
+    for key in ("position", ("next", "position")):
+        rows.set(key, torch.zeros(NUM_ENVS, 3, dtype=torch.int32))
+    rows.set("action", torch.zeros(NUM_ENVS, dtype=torch.int64))
+    rows.set(("next", "reward"), torch.zeros(NUM_ENVS, 1))
+    for flag in ("done", "terminated", "truncated"):
+        rows.set(("next", flag), torch.zeros(NUM_ENVS, 1, dtype=torch.bool))
+    return rows
+
+
+def observation(env: int, step: int) -> torch.Tensor:
+    return torch.full((WIDTH,), 4 * step + env, dtype=torch.bfloat16)
+
+
+def position(env: int, step: int) -> torch.Tensor:
+    return torch.tensor([env, step, -step], dtype=torch.int32)
+
+
+def test_each_frame_holds_what_chose_its_action_and_what_its_step_gave():
+    assert WIDTH * torch.bfloat16.itemsize >= LARGE_ROW
+    rows = plane_rows()
+    outputs = {"action": torch.zeros((), dtype=torch.int64), "logits": torch.zeros(2)}
+    transitions = Transitions(rows, outputs, frames_per_batch=4, version_key="policy_version", prefetch=1)
+    steps = [0] * NUM_ENVS
+    for env in range(NUM_ENVS):
+        rows["observation"][env], rows["position"][env] = observation(env, 0), position(env, 0)
+    batches = []
+    # envs acted for together, in turns of different sizes and orders: the copies see rows out of order
+    for version, envs in enumerate([[0, 1, 2], [2, 0], [1], [0, 2, 1], [1, 0], [2], [0, 1, 2], [2, 1, 0]]):
+        index = torch.tensor(envs)
+        inputs = {key: rows.get(key).index_select(0, index) for key in transitions.obs_keys}
+        logits = torch.stack([torch.tensor(envs, dtype=torch.float32), torch.full((len(envs),), float(version))], 1)
+        chosen = {"action": torch.tensor(envs) * 10 + version, "logits": logits.t().contiguous().t()}  # not contiguous
+        transitions.stage(envs, inputs, chosen, version)
+        for env in envs:  # the env steps: its row holds the step's result and its next observation
+            steps[env] += 1
+            rows["next", "observation"][env] = rows["observation"][env] = observation(env, steps[env])
+            rows["next", "position"][env] = rows["position"][env] = position(env, steps[env])
+            rows["next", "reward"][env] = float(version)
+            rows["next", "done"][env] = steps[env] % 3 == 0
+        batches += transitions.record(envs)
+    frames = torch.cat([batch.clone() for batch in batches])
+    assert len(frames) == 12 and frames["observation"].dtype == torch.bfloat16
+    for frame in frames.unbind(0):
+        env, version = int(frame["env_index"]), int(frame["policy_version"])
+        step = int(frame["position"][1])  # the step whose observation chose this action
+        assert (frame["observation"] == observation(env, step)).all()
+        assert (frame["next", "observation"] == observation(env, step + 1)).all()
+        assert (frame["next", "position"] == position(env, step + 1)).all()
+        assert int(frame["action"]) == env * 10 + version
+        assert frame["logits"].tolist() == [env, version]
+        assert float(frame["next", "reward"]) == version
+        assert bool(frame["next", "done"]) == ((step + 1) % 3 == 0)
+        assert not frame["done"].any() and not frame["truncated"].any()
+    for env in range(NUM_ENVS):  # each env's frames in order from its first step (the rest fill the next batch)
+        mine = frames[frames["env_index"] == env]
+        assert mine["position"][:, 1].tolist() == list(range(len(mine)))
