@@ -7,15 +7,18 @@ Also compares a vector env of 8 against a hand-written vector loop.
     python benchmarks/collector_overhead.py [--frames 50000] [--repeats 3] [--metrics]
 
 ``--metrics`` measures instead ``Collector`` with ``collector.metrics()`` on (the default) against
-``metrics=False`` and prints the ratio (goal: on/off >= 0.99). One collector runs both sides,
-its metrics switched between blocks of 1,000 frames (``--frames`` each side, in pairs, each
-pair's order drawn): two collectors, even in one process, differ by 1-4 % from each other (their memory
-layouts), metrics or not, which hides a 1 % effect.
+``metrics=False`` and prints the ratio (goal: on/off >= 0.99). Two collectors in this process,
+same policy, same env seed, step the same frames in turns, block by block (1,000 frames, ``--frames``
+each); before each pair of blocks one of them, drawn, has its metrics on and the other off. A
+pair's ratio compares the same frames (CartPole's resets make blocks differ by several %), and the
+two collectors' medians, each on in half of the pairs, are combined so that what differs between
+the two objects (their memory layouts: 1-4 %) cancels.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import math
 import random
 import statistics
 import time
@@ -74,35 +77,45 @@ def switch_metrics(collector: Collector, clock: PhaseClock, on: bool) -> None:
 
 
 def metrics_on_off(args: argparse.Namespace) -> None:
-    """``Collector`` with ``collector.metrics()`` on against off, in turns in one collector: each side's
-    frames/s (the mean of its blocks'), and the median of the pairs' on/off ratios of wall and of
-    thread CPU time (the second leaves out the time this process waited for a core); a median, as
-    the garbage collector's rare long pauses would otherwise decide a sum."""
+    """``Collector`` with ``collector.metrics()`` on against off: each side's frames/s (the mean of its
+    blocks'), and on/off of wall and of thread CPU time (the second leaves out the time this process
+    waited for a core): the geometric mean of the two collectors' medians of the pairs' ratios (a
+    median, as the garbage collector's rare long pauses would otherwise decide a sum)."""
     policy = ArgmaxLinear()
     print(f"{'case':<16} {'on f/s':>9} {'off f/s':>9} {'on/off wall':>12} {'on/off CPU':>11}  "
-          f"({args.frames:,} frames each, blocks of {BLOCK:,} frames in turns)")
+          f"({args.frames:,} frames each, pairs of blocks of {BLOCK:,} frames)")
     for name, env, frames_per_batch in [("single env", "CartPole-v1", 1000),
                                         ("vector env B=8", functools.partial(GymEnv, "CartPole-v1", num_envs=8), 1000),
                                         ("single, T=50", "CartPole-v1", 50)]:
-        collector = Collector(env, policy, frames_per_batch=frames_per_batch, total_frames=-1)
-        batches, clock = iter(collector), collector.rollout.clock
-        frames, wall, cpu = {True: 0, False: 0}, [], []  # frames per side; each pair's on/off
-        order = random.Random(0)  # not alternating: a periodic cost (the garbage collector's) would fall on one side
+        twins = []
+        for _ in range(2):
+            collector = Collector(env, policy, frames_per_batch=frames_per_batch, total_frames=-1)
+            collector.set_seed(0)
+            twins.append((collector, iter(collector), collector.rollout.clock))
+        rates = {True: [], False: []}
+        wall: list[list[float]] = [[], []]  # by the twin that had its metrics on: the pairs' on/off
+        cpu: list[list[float]] = [[], []]
+        draw = random.Random(0)  # drawn, not alternating: a periodic cost would fall on one side
         for pair in range(-1, args.frames // BLOCK):  # pair -1: warm-up, not counted
+            on_twin = draw.randrange(2)
             took = {}
-            for on in order.sample((True, False), 2):
-                switch_metrics(collector, clock, on)
+            for twin in draw.sample((0, 1), 2):
+                collector, batches, clock = twins[twin]
+                switch_metrics(collector, clock, twin == on_twin)
                 start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
                 for _ in range(BLOCK // frames_per_batch):
                     next(batches)
-                took[on] = time.perf_counter_ns() - start, time.thread_time_ns() - start_cpu
+                took[twin == on_twin] = time.perf_counter_ns() - start, time.thread_time_ns() - start_cpu
             if pair >= 0:
-                wall.append(took[False][0] / took[True][0])
-                cpu.append(took[False][1] / took[True][1])
-                frames = {on: frames[on] + BLOCK / took[on][0] * 1e9 for on in took}
-        collector.shutdown()
-        print(f"{name:<16} {frames[True] / len(wall):>9,.0f} {frames[False] / len(wall):>9,.0f} "
-              f"{statistics.median(wall):>12.4f} {statistics.median(cpu):>11.4f}", flush=True)
+                wall[on_twin].append(took[False][0] / took[True][0])
+                cpu[on_twin].append(took[False][1] / took[True][1])
+                for on, (ns, _) in took.items():
+                    rates[on].append(BLOCK / ns * 1e9)
+        for collector, _, _ in twins:
+            collector.shutdown()
+        on_off = [math.sqrt(statistics.median(ratios[0]) * statistics.median(ratios[1])) for ratios in (wall, cpu)]
+        print(f"{name:<16} {statistics.fmean(rates[True]):>9,.0f} {statistics.fmean(rates[False]):>9,.0f} "
+              f"{on_off[0]:>12.4f} {on_off[1]:>11.4f}", flush=True)
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 A :class:`PhaseClock` gives the time since its last mark to the phase the next mark names. A
 worker marks ``"idle"`` when a request arrives, ``"weights"`` once new weights are in and
 ``"write"`` once the batch is built and written; a collector counts its time between rollouts
-(``idle`` before a batch, ``write`` after it) with :meth:`PhaseClock.count`, in the totals only.
+(``idle`` before a batch, ``write`` after it) with :meth:`PhaseClock.count`, in the totals only, at
+the times its run meter read.
 
 A rollout's steps are sampled, the cheapest way Python has: the rollout reads the clock around
 the env step of the steps :meth:`PhaseClock.steps` picks (one in :data:`SAMPLED` on average), sums
@@ -23,7 +24,7 @@ from typing import Callable, Iterator
 
 PHASES = ("idle", "weights", "policy", "env", "write")
 Span = tuple[str, int, int]  # (phase, start, end) in time.monotonic_ns()
-SAMPLED = 32  # a rollout times one step in SAMPLED on average (all of them in a trace window)
+SAMPLED = 64  # a rollout times one step in SAMPLED on average (all of them in a trace window)
 # Which steps a rollout times, in turn: a fixed pseudo-random pattern whose length is a prime, so
 # that no env's episode length or batch size lines up with it; its first step is timed.
 _DRAWS = random.Random(0)
@@ -51,9 +52,9 @@ class PhaseClock:
             spans.append((phase, self.last_ns, now))
         self.last_ns = now
 
-    def count(self, phase: str) -> None:
-        """As :meth:`mark`, in the totals only: no span (a collector's time between its rollouts)."""
-        now = time.monotonic_ns()
+    def count(self, phase: str, now: int) -> None:
+        """As :meth:`mark` at ``now`` (the caller's read of ``time.monotonic_ns()``), in the totals only:
+        no span (a collector's time between its rollouts)."""
         self.totals_ns[phase] += now - self.last_ns
         self.last_ns = now
 
@@ -100,7 +101,7 @@ class StoppedClock(PhaseClock):
     def mark(self, phase: str) -> None:
         """Nothing: metrics are off."""
 
-    def count(self, phase: str) -> None:
+    def count(self, phase: str, now: int) -> None:
         """Nothing: metrics are off."""
 
     def steps(self, num_steps: int) -> tuple[Iterator[bool], Callable[[], int], list[int] | None]:

@@ -4,7 +4,8 @@ A :class:`RunMeter` is the one owner of the trainer's timing. Its totals: each r
 for workers (as the front's one wait counts it), busy otherwise, and handing out; the policy lag of
 each batch; the weight pushes and how long each took until every worker acknowledged it; the bytes
 per frame of the batches received. It reads the monotonic clock three times per batch for them (no
-CPU-time clock: those are system calls), and nothing with ``metrics=False``. The
+CPU-time clock: those are system calls), and hands the first two reads to a single-process
+collector's phase clock (``clock``: its time between rollouts); nothing with ``metrics=False``. The
 :class:`~rpc_collectors.core.metrics.Metrics` of a collector are built from it
 (:meth:`RunMeter.snapshot`) with what the collector's other parts own (frames, drops, the roster,
 the workers' phase clocks). With exports (:mod:`.metric_exports`), each batch end may write them.
@@ -81,17 +82,17 @@ class RunMeter:
     def begin(self) -> None:
         """A round begins: the trainer asks for its next batch."""
         if self.on:
-            self._began, self._waited = time.perf_counter_ns(), self.waits.waited_ns if self.waits is not None else 0
+            self._began, self._waited = time.monotonic_ns(), self.waits.waited_ns if self.waits is not None else 0
             if self.clock is not None:
-                self.clock.count("idle")
+                self.clock.count("idle", self._began)
 
     def arrived(self, batch: Any) -> None:
         """The round's batch arrived (before ``postproc``, hooks, the storing device)."""
         if not self.on:
             return
-        self._arrived = time.perf_counter_ns()
+        self._arrived = time.monotonic_ns()
         if self.clock is not None:
-            self.clock.count("write")  # the rollout's batch built
+            self.clock.count("write", self._arrived)  # the rollout's batch built
         waited = self.waits.waited_ns - self._waited if self.waits is not None else 0
         self.last = (waited, self._arrived - self._began - waited, 0)
         if self.frame_bytes is None and isinstance(batch, TensorDictBase) and batch.numel():
@@ -101,7 +102,7 @@ class RunMeter:
         """The round's batch is handed out (``record``: its versions, if it has them); exports that are due are written."""
         if not self.on:
             return
-        handout = time.perf_counter_ns() - self._arrived
+        handout = time.monotonic_ns() - self._arrived
         self.last = (self.last[0], self.last[1] + handout, handout)
         self.wait_ns, self.busy_ns, self.handout_ns = (
             self.wait_ns + self.last[0], self.busy_ns + self.last[1], self.handout_ns + handout)
@@ -116,7 +117,7 @@ class RunMeter:
     # ---------------------------------------------------------------- pushes
     def pushed(self, nbytes: int) -> int:
         """A weight push of ``nbytes`` went out; returns its start, for :meth:`acknowledged`."""
-        started = time.perf_counter_ns()
+        started = time.monotonic_ns()
         with self._acks:
             self.pushes, self.push_bytes = self.pushes + 1, self.push_bytes + nbytes
             self._unacked.append(started)
@@ -125,7 +126,7 @@ class RunMeter:
     def acknowledged(self, started: int | None = None) -> None:
         """Every worker the push begun at ``started`` went to acknowledged it (None: every push
         not acknowledged yet); from any thread."""
-        now = time.perf_counter_ns()
+        now = time.monotonic_ns()
         with self._acks:
             done = [started] if started is not None else self._unacked
             for begun in done:

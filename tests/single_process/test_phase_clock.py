@@ -9,7 +9,7 @@ from torch import nn
 
 from conftest import CountEnv
 from rpc_collectors import Collector
-from rpc_collectors.single_process import phase_clock
+from rpc_collectors.single_process import phase_clock, run_meter
 from rpc_collectors.single_process.phase_clock import PHASES, SAMPLED, PhaseClock, StoppedClock
 
 
@@ -25,6 +25,9 @@ class StepTime:
     def monotonic_ns(self) -> int:
         self.reads += 1
         return self.ns
+
+    def monotonic(self) -> float:
+        return self.ns / 1e9
 
 
 class TimedEnv(CountEnv):
@@ -94,6 +97,7 @@ def test_a_rollout_times_a_sample_of_its_steps_and_splits_its_time_exactly_when_
     are exact, batches of one step (none of them timed, most of the time) included."""
     clock = StepTime()
     monkeypatch.setattr(phase_clock, "time", clock)
+    monkeypatch.setattr(run_meter, "time", clock)  # the collector's reads between its rollouts
     frames = 4000
     collector = Collector(lambda: TimedEnv(clock), TimedPolicy(clock), frames_per_batch=frames_per_batch,
                           total_frames=frames)
@@ -105,7 +109,7 @@ def test_a_rollout_times_a_sample_of_its_steps_and_splits_its_time_exactly_when_
     assert totals["policy"] == StepTime.POLICY_NS * frames
     assert sum(totals.values()) == clock.ns  # all of it, the policy's probe before the first batch in "idle"
     batches = frames // frames_per_batch
-    per_batch = 3  # the rollout's end, and the collector's idle and write counts
+    per_batch = 4  # the rollout's end, and the collector's run meter: a batch's start, arrival, hand-out
     assert clock.reads - per_batch * batches <= 2 * 2 * frames / SAMPLED  # two reads per timed step
 
 
