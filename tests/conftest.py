@@ -4,6 +4,7 @@
 observe ``[t, episode, last action]``; episode ``k`` lasts ``lengths[k % len(lengths)]`` steps
 and ends terminated when ``k`` is even, truncated when ``k`` is odd. So a test can tell from a
 batch alone whether final observations, resets, truncation and trajectory ids are right.
+``FixedAction`` is a linear policy whose weights alone decide its action.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
+from torch import nn
 
 from folders import FOLDERS
 
@@ -52,6 +54,21 @@ class CountEnv(gym.Env):
 
     def close(self) -> None:
         self.closed = True
+
+
+class FixedAction(nn.Module):
+    """Action = argmax(W obs + b) on ``obs_size`` floats; with W = 0 the bias alone picks ``action``,
+    so the weights alone decide it."""
+
+    def __init__(self, action: int, obs_size: int = 4) -> None:
+        super().__init__()
+        self.linear = nn.Linear(obs_size, 2)
+        with torch.no_grad():
+            self.linear.weight.zero_()
+            self.linear.bias.copy_(torch.eye(2)[action])
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.linear(observation.float()).argmax(-1)
 
 
 class TDCountEnv:

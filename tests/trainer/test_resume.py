@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import CountEnv
+from conftest import CountEnv, FixedAction
 from procs import wait_gone
 from rpc_collectors import Collector, GymEnv, MultiCollector, RPCCollector, RunCheckpoint, WorkerRestartWarning
 
@@ -73,20 +73,6 @@ def test_resume_after_a_replacement_never_reuses_a_trajectory_id(kind):
         second.shutdown()
     reused = sorted(before & after)
     assert not reused, f"{len(reused)} trajectory ids of the saved run came back after the resume: {reused[:10]}"
-
-
-class FixedAction(nn.Module):
-    """Action = argmax(W obs + b) on CartPole's 4 floats; with W = 0 the bias alone picks ``action``."""
-
-    def __init__(self, action: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-        with torch.no_grad():
-            self.linear.weight.zero_()
-            self.linear.bias.copy_(torch.eye(2)[action])
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.linear(observation.float()).argmax(-1)
 
 
 def cartpole() -> GymEnv:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
-from conftest import CountEnv
+from conftest import CountEnv, FixedAction
 from rpc_collectors.core import worker_warnings
 from rpc_collectors.core.protocol import WorkerSpec
 from rpc_collectors.transport.weight_sync import TransportSpec
@@ -18,31 +17,17 @@ pytestmark = pytest.mark.timeout(60)
 VERSION, FRAMES = ("collector", "policy_version"), 6
 
 
-class Policy(nn.Module):
-    """Always the action ``choice``: the weights alone decide it."""
-
-    def __init__(self, choice: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(3, 2)
-        with torch.no_grad():
-            self.linear.weight.zero_()
-            self.linear.bias.copy_(torch.tensor([1.0, 0.0] if choice == 0 else [0.0, 1.0]))
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.linear(observation).argmax(-1)
-
-
 def server() -> WorkerState:
     options = {"frames_per_batch": FRAMES, worker_warnings.KEY: worker_warnings.for_workers()}
-    state = WorkerState(WorkerSpec(CountEnv, Policy(0), options).dumps(), 0, 1, 0, in_process=True)
+    state = WorkerState(WorkerSpec(CountEnv, FixedAction(0, obs_size=3), options).dumps(), 0, 1, 0, in_process=True)
     flat = FlatWeights(state._module())
     state.join_weights(TransportSpec("rpc", flat.nbytes, signature=flat.signature))
     return state
 
 
 def pushed(version: int, choice: int) -> tuple[int, str, torch.Tensor]:
-    """``receive_weights`` arguments of the trainer's push of ``Policy(choice)`` as ``version``."""
-    flat = FlatWeights(Policy(choice))
+    """``receive_weights`` arguments of the trainer's push of ``FixedAction(choice, obs_size=3)`` as ``version``."""
+    flat = FlatWeights(FixedAction(choice, obs_size=3))
     payload = flat.new_buffer()
     flat.pack(payload)
     return version, "rpc", payload
