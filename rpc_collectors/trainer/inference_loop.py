@@ -6,7 +6,9 @@ for ``min_batch_size`` ready envs, then for the envs in flight about to answer
 (:class:`~rpc_collectors.trainer.patience.Patience`), records the transitions the ready envs
 completed, all at once (:class:`~rpc_collectors.trainer.transitions.Transitions`), then acts:
 it gathers the ready envs' observations (at most ``max_batch_size`` per forward pass), calls the
-policy once under the collector's lock, writes the actions into the envs' rows and rings them. The policy is the trainer's own
+policy once under the collector's lock, writes the actions into the envs' rows and rings them;
+while they step it moves the transitions due into the batch and stages what chose the actions
+(:meth:`Transitions.stage`). The policy is the trainer's own
 object: weights the trainer changes are used by the next forward pass, which is stamped with the
 collector's ``policy_version`` at that moment.
 
@@ -24,8 +26,8 @@ While a trace window is open the collector's clock (its
 :class:`~rpc_collectors.single_process.run_meter.RunMeter`) keeps each ``wait`` and ``forward`` span.
 
 The loop's thread runs the policy with ``threads`` torch threads
-(:func:`~rpc_collectors.trainer.threads.inference_threads`), set in that thread only: the
-thread that starts the loop keeps its own count.
+(:func:`~rpc_collectors.trainer.threads.inference_threads`) and gradients off, both set in that
+thread only: the thread that starts the loop keeps its own.
 """
 from __future__ import annotations
 
@@ -91,6 +93,7 @@ class InferenceLoop:
         self.clock: PhaseClock = StoppedClock()
         self.passes = self.acted = 0  # forward passes, envs acted for
         self.patience = Patience(plane.num_envs)
+        self._index: tuple[list[int], torch.Tensor] = ([], torch.empty(0, dtype=torch.int64))  # the last pass's
         self.thread = threading.Thread(target=self._run, name="rpc-collectors-inference", daemon=True)
 
     def start(self) -> None:
@@ -123,6 +126,7 @@ class InferenceLoop:
     def _run(self) -> None:
         try:
             torch.set_num_threads(self.threads)
+            torch.set_grad_enabled(False)
             if self.meter.on:
                 self.clock = PhaseClock()
             self._threads_set.set()
@@ -193,29 +197,33 @@ class InferenceLoop:
         """Record the transitions completed since the last call, all at once."""
         if self.completed:
             completed, self.completed = self.completed, []
-            for batch in self.transitions.record(completed):
-                self.put(batch)
+            self.transitions.record(completed)
         self.clock.mark("write")
 
     def _act(self, envs: list[int]) -> None:
         began = self.meter.span_start()
-        index = torch.tensor(envs, dtype=torch.int64)
+        if self._index[0] != envs:  # passes mostly act for the same envs
+            self._index = (envs, torch.tensor(envs, dtype=torch.int64))
+        index = self._index[1]
         rows = self.plane.rows
         inputs = {key: rows.get(key).index_select(0, index) for key in self.transitions.obs_keys}
         start = time.monotonic()
-        with self.lock, torch.no_grad(), set_interaction_type(self.exploration_type):
+        with self.lock, set_interaction_type(self.exploration_type):
             outputs = self.policy(inputs, torch.Size([len(envs)]))
             version = self.version()
-        self.patience.passed(time.monotonic() - start)
-        self.transitions.stage(envs, inputs, outputs, version)  # raises if the outputs changed their shapes
+        went = time.monotonic()
+        self.patience.passed(went - start)
+        self.transitions.check(outputs, len(envs))  # before any action goes out
         action = rows.get("action")
         action.index_copy_(0, index, outputs["action"].reshape(len(envs), *action.shape[1:]).to(action.dtype))
         for env in envs:
             self.acting[env] = True
-        self.patience.went(envs, time.monotonic())
+        self.patience.went(envs, went)
         gone = self.plane.go(envs)
         for env in gone:  # its worker died: the wait reports it
             self.acting[env] = False
+        for batch in self.transitions.stage(envs, inputs, outputs, version):  # while the envs step
+            self.put(batch)
         self.passes, self.acted = self.passes + 1, self.acted + len(envs)
         self.clock.mark("policy")
         self.meter.span_end("forward", began, envs=len(envs))

@@ -4,9 +4,11 @@ Each env has two frame rows. When the trainer acts for some envs, it keeps what 
 action (the observation, the policy's outputs, the weights version) in the env's staging row.
 When an env answers, its transition is complete: the step's result in the env's row of the
 step plane is copied into the staging row, which now holds the env's latest transition, and
-the transition the other row held (the env's previous one) goes into the next free place of
-the batch being filled, one indexed copy per key for every env that answered together (rows of
-pixels one copy each); that row stages the env's next transition. Rows move as their bytes
+the transition the other row held (the env's previous one) is due for the batch. It goes into
+the next free place of the batch being filled before its row stages the env's next transition
+(:meth:`Transitions.stage` moves every due transition first, so the trainer does it while the
+envs step), one indexed copy per key for every env that answered together (rows of pixels one
+copy each). Rows move as their bytes
 through numpy (:func:`byte_rows`), whatever their dtype. A full batch lies in one of a few preallocated buffers
 (:class:`~rpc_collectors.transport.data.SlotPool`): it is handed out as it lies while the user
 can no longer hold it, as a copy otherwise.
@@ -127,12 +129,12 @@ class Transitions:
         self._batch: TensorDict | None = None
         self._into: list[tuple[np.ndarray, np.ndarray]] = []  # (frame rows, batch rows) of each key
         self._filled = 0
+        self._due: list[int] = []  # frame rows whose transitions go into the batch next, in order
 
-    def stage(self, envs: list[int], inputs: Mapping, outputs: Mapping, version: int) -> None:
-        """What chose the actions of ``envs``: observations, outputs, version.
-
-        Raises ValueError if the outputs' keys or shapes are not those the policy gave at start-up."""
-        self._check_outputs(outputs, len(envs))
+    def stage(self, envs: list[int], inputs: Mapping, outputs: Mapping, version: int) -> list[TensorDictBase]:
+        """What chose the actions of ``envs``: observations, outputs (checked by :meth:`check`),
+        version. The due transitions go into the batch first; returns the batches this completed."""
+        full = self._release()
         frame, rows, given = self._bytes, Rows([self.staging[env] for env in envs]), Rows(range(len(envs)))
         for key in self.obs_keys:
             copy_rows(frame[key], rows, byte_rows(inputs[key]), given)
@@ -140,8 +142,11 @@ class Transitions:
             copy_rows(frame[key], rows, byte_rows(value.detach().to("cpu", self._frame[key].dtype).contiguous()), given)
         if self._versions is not None:
             self._versions[rows.index] = version
+        return full
 
-    def _check_outputs(self, outputs: Mapping, n: int) -> None:
+    def check(self, outputs: Mapping, n: int) -> None:
+        """Raises ValueError if the policy's ``outputs`` for ``n`` envs have not the keys and
+        shapes it gave at start-up."""
         shapes, seen = self.output_shapes, 0
         for key, value in outputs.items():
             want = shapes.get(key)
@@ -157,10 +162,10 @@ class Transitions:
                 f"the keys it returned at start-up, {sorted(map(str, shapes))}"
             )
 
-    def record(self, envs: list[int]) -> list[TensorDictBase]:
+    def record(self, envs: list[int]) -> None:
         """The transitions of ``envs``, whose rows hold their steps' results now: each is held,
-        and the one each env held before goes into the batch. Returns the batches this completed."""
-        full = self._release([env for env in envs if self.holding[env]])
+        and the one each env held before is due for the batch."""
+        self._due += [self._other(env, self.staging[env]) for env in envs if self.holding[env]]
         rows = [self.staging[env] for env in envs]
         into, plane = Rows(rows), Rows(envs)
         for frames, plane_rows in self._next:
@@ -168,7 +173,6 @@ class Transitions:
         for env, row in zip(envs, rows):
             self.holding[env] = True
             self.staging[env] = self._other(env, row)
-        return full
 
     def _other(self, env: int, row: int) -> int:
         return env + self.num_envs if row == env else env
@@ -184,25 +188,24 @@ class Transitions:
         if ("next", "truncated") in self._frame:
             self._frame["next", "truncated"][row] |= ~done
         done.fill_(True)
-        return self._release([env])
+        self.holding[env] = False
+        self._due.append(row)
+        return self._release()
 
-    def _release(self, envs: list[int]) -> list[TensorDictBase]:
-        """Move the held transitions of ``envs`` into the next free places of the batch."""
-        full = []
-        held = [self._other(env, self.staging[env]) for env in envs]
+    def _release(self) -> list[TensorDictBase]:
+        """Move the due transitions into the next free places of the batch, in order."""
+        full, held, self._due = [], self._due, []
         done = 0
-        while done < len(envs):
+        while done < len(held):
             if self._batch is None:
                 self._open()
-            n = min(len(envs) - done, self.frames_per_batch - self._filled)
+            n = min(len(held) - done, self.frames_per_batch - self._filled)
             part, places = Rows(held[done:done + n]), Rows(range(self._filled, self._filled + n))
             for frames, batch in self._into:
                 copy_rows(batch, places, frames, part)
             self._filled, done = self._filled + n, done + n
             if self._filled == self.frames_per_batch:
                 full.append(self._hand_out())
-        for env in envs:
-            self.holding[env] = False
         return full
 
     def _open(self) -> None:

@@ -47,14 +47,15 @@ def test_each_frame_holds_what_chose_its_action_and_what_its_step_gave():
         inputs = {key: rows.get(key).index_select(0, index) for key in transitions.obs_keys}
         logits = torch.stack([torch.tensor(envs, dtype=torch.float32), torch.full((len(envs),), float(version))], 1)
         chosen = {"action": torch.tensor(envs) * 10 + version, "logits": logits.t().contiguous().t()}  # not contiguous
-        transitions.stage(envs, inputs, chosen, version)
+        transitions.check(chosen, len(envs))
+        batches += transitions.stage(envs, inputs, chosen, version)
         for env in envs:  # the env steps: its row holds the step's result and its next observation
             steps[env] += 1
             rows["next", "observation"][env] = rows["observation"][env] = observation(env, steps[env])
             rows["next", "position"][env] = rows["position"][env] = position(env, steps[env])
             rows["next", "reward"][env] = float(version)
             rows["next", "done"][env] = steps[env] % 3 == 0
-        batches += transitions.record(envs)
+        transitions.record(envs)
     frames = torch.cat([batch.clone() for batch in batches])
     assert len(frames) == 12 and frames["observation"].dtype == torch.bfloat16
     for frame in frames.unbind(0):
