@@ -150,6 +150,7 @@ class InferenceLoop:
         if self.waiting:
             self._gather()
         self._record()
+        self.waiting.sort()  # rows in order: a pass of consecutive envs moves each key in one copy
         while self.waiting:
             envs, self.waiting = self.waiting[:self.max_batch_size], self.waiting[self.max_batch_size:]
             self._act(envs)
@@ -196,7 +197,7 @@ class InferenceLoop:
     def _record(self) -> None:
         """Record the transitions completed since the last call, all at once."""
         if self.completed:
-            completed, self.completed = self.completed, []
+            completed, self.completed = sorted(self.completed), []
             self.transitions.record(completed)
         self.clock.mark("write")
 

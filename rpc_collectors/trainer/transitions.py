@@ -53,18 +53,21 @@ def byte_rows(tensor: torch.Tensor) -> np.ndarray:
 
 
 class Rows:
-    """Row numbers, as a sequence (large rows: one copy each) and as an index (small rows: one indexed copy)."""
+    """Row numbers, as a sequence (large rows: one copy each) and as an index: a slice where they
+    are consecutive (one copy of them all), an array otherwise (small rows: one indexed copy)."""
 
     __slots__ = ("each", "index")
 
     def __init__(self, rows: list[int] | range) -> None:
+        if rows and not isinstance(rows, range) and rows[-1] - rows[0] == len(rows) - 1 and rows == sorted(rows):
+            rows = range(rows[0], rows[-1] + 1)  # whole passes act for consecutive envs, in consecutive rows
         self.each = rows
         self.index = slice(rows.start, rows.stop) if isinstance(rows, range) else np.array(rows, dtype=np.int64)
 
 
 def copy_rows(dst: np.ndarray, to: Rows, src: np.ndarray, at: Rows) -> None:
     """``dst[to[i]] = src[at[i]]`` for every i (arrays of :func:`byte_rows`)."""
-    if dst.shape[1] >= LARGE_ROW:
+    if dst.shape[1] >= LARGE_ROW and not (isinstance(to.index, slice) and isinstance(at.index, slice)):
         for d, s in zip(to.each, at.each):
             dst[d] = src[s]
     else:
