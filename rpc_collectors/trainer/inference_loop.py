@@ -21,7 +21,7 @@ transitions their worker completed before it ended were recorded.
 The loop counts its forward passes and the envs they acted for, and marks a phase clock
 (:mod:`~rpc_collectors.single_process.phase_clock`, a :class:`StoppedClock` that reads no time
 with ``metrics=False``): ``idle`` after each wait for ready envs, ``write`` after recording what
-they completed, ``policy`` after each forward pass (:class:`~rpc_collectors.core.metrics.InferenceMetrics`).
+they completed and after staging a pass, ``policy`` after each forward pass (:class:`~rpc_collectors.core.metrics.InferenceMetrics`).
 While a trace window is open the collector's clock (its
 :class:`~rpc_collectors.single_process.run_meter.RunMeter`) keeps each ``wait`` and ``forward`` span.
 
@@ -212,19 +212,19 @@ class InferenceLoop:
         with self.lock, set_interaction_type(self.exploration_type):
             outputs = self.policy(inputs, torch.Size([len(envs)]))
             version = self.version()
-        went = time.monotonic()
-        self.patience.passed(went - start)
+        self.patience.passed(time.monotonic() - start)
         self.transitions.check(outputs, len(envs))  # before any action goes out
         action = rows.get("action")
         action.index_copy_(0, index, outputs["action"].reshape(len(envs), *action.shape[1:]).to(action.dtype))
         for env in envs:
             self.acting[env] = True
-        self.patience.went(envs, went)
+        self.patience.went(envs, time.monotonic())
         gone = self.plane.go(envs)
         for env in gone:  # its worker died: the wait reports it
             self.acting[env] = False
-        for batch in self.transitions.stage(envs, inputs, outputs, version):  # while the envs step
-            self.put(batch)
         self.passes, self.acted = self.passes + 1, self.acted + len(envs)
         self.clock.mark("policy")
         self.meter.span_end("forward", began, envs=len(envs))
+        for batch in self.transitions.stage(envs, inputs, outputs, version):  # while the envs step
+            self.put(batch)
+        self.clock.mark("write")

@@ -72,3 +72,38 @@ def test_each_frame_holds_what_chose_its_action_and_what_its_step_gave():
     for env in range(NUM_ENVS):  # each env's frames in order from its first step (the rest fill the next batch)
         mine = frames[frames["env_index"] == env]
         assert mine["position"][:, 1].tolist() == list(range(len(mine)))
+
+
+def test_a_cut_hands_out_the_transitions_due_then_the_one_before_the_cut_marked_truncated():
+    rows = plane_rows()
+    transitions = Transitions(rows, {"action": torch.zeros((), dtype=torch.int64)}, frames_per_batch=4,
+                              version_key=None, prefetch=1)
+    steps = [0] * NUM_ENVS
+    batches = []
+
+    def act_and_step(envs: list[int]) -> None:
+        index = torch.tensor(envs)
+        inputs = {key: rows.get(key).index_select(0, index) for key in transitions.obs_keys}
+        batches.extend(transitions.stage(envs, inputs, {"action": index.clone()}, 0))
+        for env in envs:
+            steps[env] += 1
+            rows["next", "position"][env] = rows["position"][env] = position(env, steps[env])
+        transitions.record(envs)
+
+    for env in range(NUM_ENVS):
+        rows["position"][env] = position(env, 0)
+    act_and_step([0, 1, 2])
+    act_and_step([0, 1, 2])  # each env holds its step 1; its step 0 is due
+    assert batches == []
+    cut = transitions.cut(1)
+    assert len(cut) == 1
+    frames = cut[0]
+    assert frames["env_index"].tolist() == [0, 1, 2, 1] and frames["position"][:, 1].tolist() == [0, 0, 0, 1]
+    assert frames["next", "truncated"].flatten().tolist() == [False, False, False, True]
+    assert frames["next", "done"].flatten().tolist() == [False, False, False, True]
+    act_and_step([2, 0])
+    act_and_step([0, 2])  # staging moved the steps 1 of envs 2 and 0 into the batch: 2 of 4 places
+    assert batches == []
+    frames = transitions.cut(0)[0]  # the steps 2 due, then env 0's step 3 opens the next batch
+    assert frames["env_index"].tolist() == [2, 0, 0, 2] and frames["position"][:, 1].tolist() == [1, 1, 2, 2]
+    assert not frames["next", "truncated"].any()
