@@ -180,8 +180,8 @@ class InferenceMetrics:
             replacing failed env workers).
         policy_s: in forward passes: reading the ready envs' observations, the policy call (and the
             wait for ``update_policy_weights_``, which holds its lock), writing the actions back.
-        record_s: recording the transitions completed into batches, handing full ones to you (and
-            waiting while ``prefetch`` of them wait for you).
+        record_s: recording the transitions completed into batches (and, after each pass, what chose
+            its actions), handing full ones to you (and waiting while ``prefetch`` of them wait for you).
     """
 
     passes: int = 0
