@@ -21,7 +21,8 @@ transitions their worker completed before it ended were recorded.
 The loop counts its forward passes and the envs they acted for, and marks a phase clock
 (:mod:`~rpc_collectors.single_process.phase_clock`, a :class:`StoppedClock` that reads no time
 with ``metrics=False``): ``idle`` after each wait for ready envs, ``write`` after recording what
-they completed and after staging a pass, ``policy`` after each forward pass (:class:`~rpc_collectors.core.metrics.InferenceMetrics`).
+they completed and after staging a pass, ``policy`` after each forward pass
+(:class:`~rpc_collectors.core.metrics.InferenceMetrics`).
 While a trace window is open the collector's clock (its
 :class:`~rpc_collectors.single_process.run_meter.RunMeter`) keeps each ``wait`` and ``forward`` span.
 

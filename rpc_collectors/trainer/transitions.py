@@ -7,9 +7,9 @@ step plane is copied into the staging row, which now holds the env's latest tran
 the transition the other row held (the env's previous one) is due for the batch. It goes into
 the next free place of the batch being filled before its row stages the env's next transition
 (:meth:`Transitions.stage` moves every due transition first, so the trainer does it while the
-envs step), one indexed copy per key for every env that answered together (rows of pixels one
-copy each). Rows move as their bytes
-through numpy (:func:`byte_rows`), whatever their dtype. A full batch lies in one of a few preallocated buffers
+envs step). Each key moves in one copy for the envs that answered together (:func:`copy_rows`:
+a slice where their rows are consecutive, else an indexed copy, or one copy per row of pixels),
+as bytes through numpy (:func:`byte_rows`), whatever its dtype. A full batch lies in one of a few preallocated buffers
 (:class:`~rpc_collectors.transport.data.SlotPool`): it is handed out as it lies while the user
 can no longer hold it, as a copy otherwise.
 
@@ -183,7 +183,7 @@ class Transitions:
     def cut(self, env: int) -> list[TensorDictBase]:
         """``env``'s stream is cut (its next frame starts from a reset of another env): its held
         transition, the last before the cut, is marked truncated and done (unless its episode
-        ended there) and goes into the batch. Returns the batches this completed."""
+        ended there) and goes into the batch, after the transitions due. Returns the batches this completed."""
         if not self.holding[env]:  # no frame before the cut: the env had not completed a step
             return []
         row = self._other(env, self.staging[env])
