@@ -6,7 +6,8 @@ the user reads it (:mod:`.tracebacks`), the argument checks run before any proce
 another setting, or none, in :mod:`.torchrl_args`),
 warnings that point at the user's line (:mod:`.user_warnings`), the warning filters a worker runs
 under (:mod:`.worker_warnings`) and the wait on a future that keeps nobody alive
-(:mod:`.futures`), every message between the trainer and its workers (:mod:`.protocol`), and what
+(:mod:`.futures`), every message between the trainer and its workers (:mod:`.protocol`), user code as bytes
+for another process (:mod:`.pickling`), and what
 ``collector.metrics()`` answers (:mod:`.metrics`).
 Imports nothing of the library.
 """

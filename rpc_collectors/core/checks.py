@@ -5,11 +5,10 @@ import numbers
 import os
 from typing import Any
 
-import cloudpickle
 import torch
 from tensordict.nn import InteractionType
 
-from rpc_collectors.core import user_warnings
+from rpc_collectors.core import pickling, user_warnings
 
 MAX_TIMEOUT = 1e6  # seconds (11.6 days): what every timer below the RPC layer can hold
 
@@ -55,7 +54,7 @@ def seed(value: Any) -> int:
 def picklable(name: str, value: Any) -> None:
     """``value`` must survive the trip to a worker process (cloudpickle)."""
     try:
-        cloudpickle.dumps(value)
+        pickling.dumps(value)
     except Exception as err:
         raise TypeError(
             f"{name}={value!r} cannot be sent to the worker processes ({type(err).__name__}: {err}); accepted: "

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypedDict, TypeVar
 
-import cloudpickle
+from rpc_collectors.core import pickling
 
 CREATE = "create"
 """The first call a worker serves: ``create(spec, worker_id, num_workers, traj_id_start)``, with the
@@ -38,13 +38,13 @@ class WorkerSpec:
     node: Any = None
 
     def dumps(self) -> bytes:
-        """This spec as the bytes a pool sends (cloudpickle: closures and lambdas travel too)."""
-        return cloudpickle.dumps(self)
+        """This spec as the bytes a pool sends (:func:`~rpc_collectors.core.pickling.dumps`: closures and lambdas travel too)."""
+        return pickling.dumps(self)
 
     @classmethod
     def loads(cls, data: bytes) -> WorkerSpec:
         """The spec that :meth:`dumps` gave ``data``."""
-        spec = cloudpickle.loads(data)
+        spec = pickling.loads(data)
         if not isinstance(spec, cls):
             raise TypeError(
                 f"a worker spec must be a pickled WorkerSpec, got a pickled {type(spec).__name__}"

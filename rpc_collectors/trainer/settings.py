@@ -13,13 +13,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
 import torch
 from tensordict.nn import TensorDictModuleBase
 
 from rpc_collectors.cluster import jobs as collector_jobs
 from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
-from rpc_collectors.core import checks, options, worker_checks, worker_warnings
+from rpc_collectors.core import checks, options, pickling, worker_checks, worker_warnings
 from rpc_collectors.core.protocol import WorkerSpec
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.single_process.envs import check_env_id
@@ -316,7 +315,7 @@ def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: Nod
     try:
         specs, pickled = [], {}  # workers given the same factory, policy and options share one pickle
         for fn, p, kw in zip(env_fns, policies, worker_kwargs):
-            key = (id(fn), id(p), cloudpickle.dumps(kw))
+            key = (id(fn), id(p), pickling.dumps(kw))
             if key not in pickled:
                 pickled[key] = WorkerSpec(fn, p, kw, node).dumps()
             specs.append(pickled[key])

@@ -8,9 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import cloudpickle
-
-from rpc_collectors.core import torchrl_args
+from rpc_collectors.core import pickling, torchrl_args
 from rpc_collectors.core.protocol import WorkerSpec
 
 HOOKS = ("pre_collect_hook", "post_collect_hook")
@@ -31,7 +29,7 @@ def with_hook(specs: list[bytes], name: str, hook: Any) -> tuple[list[bytes], by
     for spec in specs:
         loaded = WorkerSpec.loads(spec)
         changed.append(dataclasses.replace(loaded, options={**loaded.options, name: hook}).dumps())
-    return changed, cloudpickle.dumps(hook)
+    return changed, pickling.dumps(hook)
 
 
 def weight_schemes(given: Any, no_push: bool, plane: Any, requested: str, ray: bool) -> dict:

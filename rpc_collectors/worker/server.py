@@ -18,13 +18,12 @@ import threading
 import warnings
 from typing import Any
 
-import cloudpickle
 import torch
 import torch.distributed.rpc as rpc
 import torch.distributed.rpc.constants as rpc_constants
 from tensordict import TensorDictBase
 
-from rpc_collectors.core import protocol, worker_warnings
+from rpc_collectors.core import pickling, protocol, worker_warnings
 from rpc_collectors.core.protocol import Noted, Ready, WorkerInfo, WorkerSpec
 from rpc_collectors.single_process import remote_calls
 from rpc_collectors.single_process.collector import Collector
@@ -201,7 +200,7 @@ class WorkerState(ObservingCalls):
 
     def set_hook(self, name: str, hook: bytes) -> None:
         """Set the collector's ``pre_collect_hook`` or ``post_collect_hook`` (cloudpickled; TorchRL's setters)."""
-        setattr(self.collector, name, cloudpickle.loads(hook))
+        setattr(self.collector, name, pickling.loads(hook))
 
     def preempt(self, batch: int) -> None:
         """End the ``batch``-th batch asked of this worker at its next step (TorchRL's preemption)."""
