@@ -9,7 +9,7 @@ the next free place of the batch being filled before its row stages the env's ne
 (:meth:`Transitions.stage` moves every due transition first, so the trainer does it while the
 envs step). Each key moves in one copy for the envs that answered together (:func:`copy_rows`:
 a slice where their rows are consecutive, else an indexed copy, or one copy per row of pixels),
-as bytes through numpy (:func:`byte_rows`), whatever its dtype. A full batch lies in one of a few preallocated buffers
+as bytes through numpy (:func:`byte_rows`), whatever its dtype and memory layout. A full batch lies in one of a few preallocated buffers
 (:class:`~rpc_collectors.transport.data.SlotPool`): it is handed out as it lies while the user
 can no longer hold it, as a copy otherwise.
 
@@ -47,9 +47,20 @@ LARGE_ROW = 1024  # bytes: rows at least this large are copied one by one (no ga
 
 
 def byte_rows(tensor: torch.Tensor) -> np.ndarray:
-    """``tensor`` (contiguous, rows along dim 0) as a ``[rows, bytes]`` uint8 array over its memory:
-    a row moves as its bytes whatever its dtype, at numpy's cost per copy (about half torch's)."""
+    """``tensor`` (contiguous, rows along dim 0) as a ``[rows, bytes]`` uint8 array over its memory
+    (writes reach ``tensor``): a row moves as its bytes whatever its dtype, at numpy's cost per copy
+    (about half torch's)."""
     return tensor.view(tensor.shape[0], math.prod(tensor.shape[1:])).view(torch.uint8).numpy()
+
+
+def source_rows(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor``'s rows to copy from, as :func:`byte_rows` gives them, in any memory layout: over a
+    dense copy where no byte view exists (expanded, stride 0 even where torch calls it contiguous;
+    transposed). Where the view exists it reads the same values, strides and all."""
+    try:
+        return byte_rows(tensor)
+    except RuntimeError:
+        return byte_rows(tensor.clone(memory_format=torch.contiguous_format))
 
 
 class Rows:
@@ -140,9 +151,9 @@ class Transitions:
         full = self._release()
         frame, rows, given = self._bytes, Rows([self.staging[env] for env in envs]), Rows(range(len(envs)))
         for key in self.obs_keys:
-            copy_rows(frame[key], rows, byte_rows(inputs[key]), given)
+            copy_rows(frame[key], rows, source_rows(inputs[key]), given)
         for key, value in outputs.items():
-            copy_rows(frame[key], rows, byte_rows(value.detach().to("cpu", self._frame[key].dtype).contiguous()), given)
+            copy_rows(frame[key], rows, source_rows(value.detach().to("cpu", self._frame[key].dtype)), given)
         if self._versions is not None:
             self._versions[rows.index] = version
         return full

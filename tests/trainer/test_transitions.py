@@ -107,3 +107,28 @@ def test_a_cut_hands_out_the_transitions_due_then_the_one_before_the_cut_marked_
     frames = transitions.cut(0)[0]  # the steps 2 due, then env 0's step 3 opens the next batch
     assert frames["env_index"].tolist() == [2, 0, 0, 2] and frames["position"][:, 1].tolist() == [1, 1, 2, 2]
     assert not frames["next", "truncated"].any()
+
+
+def test_outputs_in_any_memory_layout_are_staged_by_value():
+    """A policy may write expanded (stride 0, which torch calls contiguous at one env), transposed or
+    sliced outputs, for one env or several: each frame holds the values."""
+    rows = plane_rows()
+    outputs = {"action": torch.zeros((), dtype=torch.int64), "value": torch.zeros(1), "pair": torch.zeros(2)}
+    transitions = Transitions(rows, outputs, frames_per_batch=3, version_key=None, prefetch=1)
+    batches = []
+    for envs in ([0], [1, 2], [0], [1], [2], [0, 1, 2]):  # the last staging moves env 2's due transition
+        n = len(envs)
+        chosen = {
+            "action": torch.tensor(7).expand(n),  # stride 0
+            "value": torch.tensor([0.5]).expand(n, 1),  # stride (0, 1)
+            "pair": torch.tensor([[1.0] * n, [2.0] * n]).t(),  # transposed
+        }
+        inputs = {key: rows.get(key).index_select(0, torch.tensor(envs)) for key in transitions.obs_keys}
+        transitions.check(chosen, n)
+        batches += transitions.stage(envs, inputs, chosen, 0)
+        transitions.record(envs)
+    (frames,) = batches
+    assert frames["env_index"].tolist() == [0, 1, 2]
+    assert frames["action"].tolist() == [7, 7, 7]
+    assert frames["value"].flatten().tolist() == [0.5, 0.5, 0.5]
+    assert frames["pair"].tolist() == [[1.0, 2.0]] * 3
