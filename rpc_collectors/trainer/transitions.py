@@ -9,9 +9,9 @@ the next free place of the batch being filled before its row stages the env's ne
 (:meth:`Transitions.stage` moves every due transition first, so the trainer does it while the
 envs step). Each key moves in one copy for the envs that answered together (:func:`copy_rows`:
 a slice where their rows are consecutive, else an indexed copy, or one copy per row of pixels),
-as bytes through numpy (:func:`byte_rows`), whatever its dtype and memory layout. A full batch lies in one of a few preallocated buffers
-(:class:`~rpc_collectors.transport.data.SlotPool`): it is handed out as it lies while the user
-can no longer hold it, as a copy otherwise.
+as bytes through numpy (:func:`byte_rows`), whatever its dtype and memory layout. A full batch
+lies in one of a few preallocated buffers (:class:`~rpc_collectors.transport.data.SlotPool`): it
+is handed out as it lies while the user can no longer hold it, as a copy otherwise.
 
 Continuity: each env's latest transition stays held until the env's next one completes, so
 when an env's stream is cut (its worker replaced: the step in flight is lost, and the new env
