@@ -200,6 +200,22 @@ def ctrl_c_raises_here():
 CLUSTER_FIXTURES = ("one_node", "two_nodes")
 
 
+REPORTED = ("torch", "tensordict", "cloudpickle", "gymnasium", "numpy", "submitit", "hypothesis", "prometheus_client", "ray")
+
+
+def pytest_report_header(config) -> str:
+    """The versions the library's behaviour rests on, first in every run: a red run names what moved."""
+    import importlib.metadata as metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "absent"
+
+    return "dependencies: " + ", ".join(f"{name} {version(name)}" for name in REPORTED)
+
+
 def pytest_configure(config) -> None:
     dist = getattr(config.option, "dist", "no")  # pytest-xdist's option; "load" where -n came alone
     if dist not in ("no", "loadgroup"):
