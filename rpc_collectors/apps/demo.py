@@ -38,6 +38,9 @@ from rpc_collectors.core import checks
 from rpc_collectors.single_process.envs import GymEnv
 from rpc_collectors.single_process.metric_exports import Export
 
+TOTAL_FRAMES = 500_000
+"""The default frame budget, rounded up to whole batches (a budget the user gives is taken as given)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The demo's command-line options."""
@@ -45,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="collector worker processes (default 2)")
     parser.add_argument("--envs-per-worker", type=int, default=4, help="vector envs in each worker (default 4)")
     parser.add_argument("--steps", type=int, default=128, help="steps per env in each batch (default 128)")
-    parser.add_argument("--total-frames", type=int, default=500_000, help="stop after this many frames (default 500000)")
+    parser.add_argument("--total-frames", type=int, default=None,
+                        help=f"stop after this many frames (default {TOTAL_FRAMES}, rounded up to whole batches)")
     parser.add_argument("--target-return", type=float, default=475.0,
                         help="stop when the mean return of the last 20 episodes reaches it (default 475)")
     parser.add_argument("--seed", type=int, default=0)
@@ -234,8 +238,11 @@ def _check_trace(args: argparse.Namespace) -> None:
 def _checked(args: argparse.Namespace) -> tuple[Path | None, Export | None]:
     """Every argument checked before any process starts: the checkpoint folder and the metrics export."""
     for name in ("workers", "envs_per_worker", "steps", "total_frames"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; it must be >= 1")
+    if args.total_frames is None:  # the default budget in whole batches: the collector warns of a budget given
+        batch = args.workers * args.envs_per_worker * args.steps
+        args.total_frames = -(-TOTAL_FRAMES // batch) * batch
     checkpoint_dir = _checkpoint_dir(args)
     _check_trace(args)
     return checkpoint_dir, metrics_of(args)

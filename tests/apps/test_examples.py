@@ -189,6 +189,17 @@ def test_demo_short_run_writes_record_and_summary(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_the_demos_first_screen_has_no_warning_the_user_did_not_cause(tmp_path):
+    """README's command 1 with the default frame budget (a low target ends it soon)."""
+    result = run(demo_command("--target-return", "30", "--output-dir", str(tmp_path / "run")))
+    assert result.returncode == 0, result.stderr
+    assert "reached a mean return of 30" in result.stdout
+    assert "warning" not in result.stderr.lower(), result.stderr
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["settings"]["total_frames"] % 1024 == 0 and record["settings"]["total_frames"] >= demo.TOTAL_FRAMES
+
+
+@pytest.mark.multiprocess
 def test_demo_writes_a_timeline_of_its_first_batches(tmp_path):
     out, trace = tmp_path / "run", tmp_path / "timeline.json"
     result = run(demo_command("--total-frames", "2048", "--output-dir", str(out), "--trace", str(trace),
