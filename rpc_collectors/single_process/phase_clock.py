@@ -3,8 +3,10 @@
 A :class:`PhaseClock` gives the time since its last mark to the phase the next mark names. A
 worker marks ``"idle"`` when a request arrives, ``"weights"`` once new weights are in and
 ``"write"`` once the batch is built and written; a collector counts its time between rollouts
-(``idle`` before a batch, ``write`` after it) with :meth:`PhaseClock.count`, in the totals only, at
-the times its run meter read.
+(``idle`` before a batch, ``write`` after it) with :meth:`PhaseClock.count`, at the times its run
+meter read. Each mark's clock read ends one phase and begins the next, so a trace window's spans
+are back to back and hold every nanosecond of the totals; a span of the phase of the span before
+it extends that one (a worker's ``write`` goes on from its collector's to the slot written).
 
 A rollout's steps are sampled, the cheapest way Python has: the rollout reads the clock around
 the env step of the steps :meth:`PhaseClock.steps` picks (one in :data:`SAMPLED` on average), sums
@@ -49,14 +51,26 @@ class PhaseClock:
         self.totals_ns[phase] += now - self.last_ns
         spans = self.spans  # read once: a window may close from another thread
         if spans is not None:
-            spans.append((phase, self.last_ns, now))
+            self._keep(spans, phase, now)
         self.last_ns = now
 
     def count(self, phase: str, now: int) -> None:
-        """As :meth:`mark` at ``now`` (the caller's read of ``time.monotonic_ns()``), in the totals only:
-        no span (a collector's time between its rollouts)."""
+        """As :meth:`mark` at ``now``, the caller's read of ``time.monotonic_ns()`` (a collector's time
+        between its rollouts)."""
         self.totals_ns[phase] += now - self.last_ns
+        spans = self.spans
+        if spans is not None:
+            self._keep(spans, phase, now)
         self.last_ns = now
+
+    def _keep(self, spans: deque[Span], phase: str, now: int) -> None:
+        """Keep the span of ``phase`` from the last mark to ``now``: the last one kept, made longer, if
+        it is of ``phase`` and ends there (replaced in one step: a closing window never misses it)."""
+        last = spans[-1] if spans else None
+        if last is not None and last[0] == phase and last[2] == self.last_ns:
+            spans[-1] = (phase, last[1], now)
+        else:
+            spans.append((phase, self.last_ns, now))
 
     def steps(self, num_steps: int) -> tuple[Iterator[bool], Callable[[], int], list[int] | None]:
         """For a rollout of ``num_steps`` steps: whether to time each step's env step, the clock to

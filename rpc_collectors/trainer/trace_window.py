@@ -7,12 +7,14 @@ worker keeps its phase clock's spans, a node its own front's and its local worke
 bounded by ``max_spans`` per thread. Once the front handed out N batches, it takes the workers'
 spans, measures their clocks' offsets (:mod:`.clock_offsets`), moves every span onto the
 trainer's clock and writes the file (:mod:`.timeline`). A window that fails (a worker lost, a
-full disk) is given up with a warning: collection goes on.
+full disk) is given up with a warning: collection goes on. One window at a time: ``trace()`` claims
+it before asking the workers, and a ``trace()`` while it is claimed (from any thread) is refused.
 """
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import warnings
 from collections import deque
@@ -35,7 +37,8 @@ class TraceWindow:
 
     def __init__(self, front: Any, meter: RunMeter) -> None:
         self.front, self.meter = front, meter
-        self.path: str | None = None
+        self.claim = threading.Lock()  # held while trace() checks and claims the window
+        self.path: str | None = None  # the claimed window's file, until written or given up
         self.rounds_left = 0  # 0: no window of the user's is open
         self.opened: list[int] = []  # the workers whose window is open
         self.opened_at = 0  # when, on this process's time.monotonic_ns()
@@ -44,15 +47,17 @@ class TraceWindow:
         """Open a window for the next ``rounds`` batches handed out, written to ``path`` then."""
         path = checks.writable_file("path", path)
         rounds, max_spans = checks.positive_int("rounds", rounds), checks.positive_int("max_spans", max_spans)
-        if self.rounds_left:
-            raise RuntimeError(f"a trace window is open: {self.rounds_left} more batches, then {self.path!r} "
-                               "is written; call trace() again after that")
+        with self.claim:
+            if self.path is not None:
+                raise RuntimeError(f"a trace is already open: {self.path!r} is written once its batches are "
+                                   "handed out; call trace() again after that")
+            self.path = path
         try:
             self.open(max_spans)
         except Exception as err:  # noqa: BLE001 - a trace never stops collection
             self._give_up(path, err)
             return
-        self.path, self.rounds_left = path, rounds
+        self.rounds_left = rounds
 
     def open(self, keep: int) -> None:
         """Keep at most ``keep`` spans per thread, here and in every serving worker."""
@@ -81,6 +86,8 @@ class TraceWindow:
                 timeline.write(self.path, self.take(), self.opened_at)
             except Exception as err:  # noqa: BLE001 - a trace never stops collection
                 self._give_up(self.path, err)
+            else:
+                self.path = None  # closed: trace() may open the next window
 
     def _gather(self, call: Callable[[int], Any], worker_ids: list[int]) -> dict[int, Any]:
         """``{worker_id: answer}`` of ``call(worker_id)`` sent to ``worker_ids``, without those that
@@ -93,6 +100,6 @@ class TraceWindow:
                 left.remove(failed.worker_id)
 
     def _give_up(self, path: str, err: BaseException) -> None:
-        self.opened, self.rounds_left, self.meter.spans = [], 0, None
+        self.opened, self.rounds_left, self.meter.spans, self.path = [], 0, None, None
         warnings.warn(f"the trace window for {path!r} was given up ({type(err).__name__}: {err}); "
                       "collection goes on", RuntimeWarning, stacklevel=3)

@@ -67,26 +67,30 @@ def test_marks_split_the_time_between_them_and_spans_are_kept_only_while_a_windo
     assert [phase for phase, _, _ in clock.spans] == ["write", "idle"]  # bounded: the oldest went
     assert all(begin <= end for _, begin, end in clock.spans)
     assert clock.spans[0][2] == clock.spans[1][1]  # back to back, one clock
+    clock.count("idle", clock.last_ns + 5)  # the same phase goes on: its span grows
+    assert [phase for phase, _, _ in clock.spans] == ["write", "idle"] and clock.spans[1][2] == clock.last_ns
     assert sum(clock.totals_ns.values()) == clock.last_ns - start
     assert set(clock.totals_ns) == set(PHASES)
 
 
 @pytest.mark.parametrize("env", [CountEnv, "CartPole-v1"], ids=["tensordict env", "gymnasium env"])
-def test_a_collectors_rollout_times_one_policy_call_and_one_env_step_per_step(env):
-    """The rollout's own sums and the spans of a window open all along agree, step for step."""
+def test_a_window_open_all_along_holds_every_nanosecond_a_collector_counts_in_spans_back_to_back(env):
+    """One policy call and one env step per step, the batch's write after its last step and the wait
+    before its first: each span begins at the clock read that ended the one before, and each phase's
+    spans add up to its seconds in ``metrics()``."""
     collector = Collector(env, policy=None, frames_per_batch=5, total_frames=10)
     clock = collector.rollout.clock
     clock.spans = deque()
     for _ in collector:
         pass
+    (worker,) = collector.metrics().workers
     collector.shutdown()
-    phases = [phase for phase, _, _ in clock.spans]
-    assert phases == ["policy", "env"] * 10
-    steps = list(clock.spans)
-    assert all(begin <= end for _, begin, end in steps)
-    assert all(steps[i][2] == steps[i + 1][1] for i in range(0, 20, 2))  # a step's env step follows its policy call
-    for phase in ("policy", "env"):
-        assert clock.totals_ns[phase] == sum(end - begin for name, begin, end in steps if name == phase) > 0
+    spans = list(clock.spans)
+    assert [phase for phase, _, _ in spans] == (["idle"] + ["policy", "env"] * 5 + ["write"]) * 2
+    assert all(begin <= end for _, begin, end in spans)
+    assert all(before[2] == after[1] for before, after in zip(spans, spans[1:]))  # one read ends a span, begins the next
+    for phase in PHASES:
+        assert getattr(worker, f"{phase}_s") == sum(end - begin for name, begin, end in spans if name == phase) / 1e9
 
 
 @pytest.mark.parametrize("frames_per_batch", [1, 50, 1000])

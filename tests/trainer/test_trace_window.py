@@ -10,6 +10,7 @@ import functools
 import json
 import re
 import shutil
+import threading
 import time
 import warnings
 from collections import Counter, deque
@@ -100,7 +101,8 @@ def test_a_trace_of_two_rounds_holds_the_trainer_and_one_policy_call_and_env_ste
     trace = read(path)
     assert sorted(trace) == sorted(f"{who} ({c.infos[0]['host']})" for who in ("trainer", "worker 0", "worker 1"))
     expected = single_process_phases(make_env, FRAMES_PER_WORKER, rounds)
-    assert expected == {"policy": rounds * FRAMES_PER_WORKER // envs, "env": rounds * FRAMES_PER_WORKER // envs}
+    steps = rounds * FRAMES_PER_WORKER // envs
+    assert expected == {"idle": rounds, "policy": steps, "env": steps, "write": rounds}
     for worker in ("worker 0", "worker 1"):
         (rollout,) = [spans for name, spans in trace.items() if name.startswith(worker)][0].values()
         counts = Counter(s["name"] for s in rollout)
@@ -154,6 +156,67 @@ def test_a_collector_that_refuses_enable_profile_traces_at_most_max_spans_per_th
     for name, threads in trace.items():
         if name.startswith("worker"):  # the newest kept: the last step, then the batch's write
             assert [s["name"] for s in threads["rollout"]] == ["policy", "env", "write"]
+
+
+def test_a_workers_row_is_back_to_back_and_its_write_spans_hold_the_write_seconds_of_its_metrics(tmp_path):
+    path, rounds = tmp_path / "rows.json", 2
+    with MultiSyncCollector([CountEnv] * 2, policy=None, frames_per_batch=2 * FRAMES_PER_WORKER, total_frames=-1,
+                            launcher="debug") as c:
+        c.trace(path, rounds=rounds)  # before the first batch: the window holds every write
+        for i, _ in enumerate(c):
+            if i == rounds - 1:
+                break
+        workers = c.metrics().workers
+    trace = read(path)
+    for worker in workers:
+        (rollout,) = [threads for name, threads in trace.items() if name.startswith(f"worker {worker.worker_id} ")][0].values()
+        spans = [(s["name"], round(s["ts"] * 1e3), round((s["ts"] + s["dur"]) * 1e3)) for s in rollout]  # ns since the opening
+        assert [name for name, _, _ in spans].count("write") == rounds
+        # one clock read ends a span and begins the next
+        assert all(before[2] == after[1] for before, after in zip(spans, spans[1:])), spans
+        assert worker.write_s == sum(end - start for name, start, end in spans if name == "write") / 1e9
+
+
+def test_of_two_threads_calling_trace_at_once_one_opens_the_window_and_the_other_is_refused(tmp_path, monkeypatch):
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    with MultiSyncCollector([CountEnv] * 2, policy=None, frames_per_batch=4, total_frames=-1, launcher="debug") as c:
+        opening, asked, refused = c.tracing.open, [], []
+        go_on = threading.Event()  # both calls asked the workers, or one of them was refused
+
+        def open_slowly(keep: int) -> None:  # the workers answer once the other call got as far as it can
+            asked.append(keep)
+            if len(asked) == 2:
+                go_on.set()
+            go_on.wait(timeout=30)
+            opening(keep)
+
+        def call(path: Path) -> None:
+            barrier.wait()
+            try:
+                c.trace(path)
+            except RuntimeError as err:
+                refused.append(err)
+                go_on.set()
+
+        monkeypatch.setattr(c.tracing, "open", open_slowly)
+        barrier = threading.Barrier(2, timeout=30)
+        threads = [threading.Thread(target=call, args=(path,)) for path in paths]
+        try:
+            for thread in threads:
+                thread.start()
+        finally:
+            for thread in threads:
+                thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in threads)
+        next(iter(c))  # the window's one batch
+        written = [path for path in paths if path.exists()]
+        assert len(asked) == 1 and len(written) == 1 and len(refused) == 1
+        assert str(refused[0]) == (f"a trace is already open: {str(written[0])!r} is written once its batches are "
+                                   "handed out; call trace() again after that")
+        again = tmp_path / "again.json"
+        c.trace(again)  # the window closed with its file written: the next one opens
+        next(iter(c))
+        assert again.exists()
 
 
 @pytest.mark.parametrize("kwargs, words", [
