@@ -31,7 +31,7 @@ from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.single_process.dispatching import dispatch_with
 from rpc_collectors.single_process.envs import GymEnv
-from rpc_collectors.single_process.metric_exports import Export, JsonLines, Prometheus, TensorBoard
+from rpc_collectors.single_process.metric_exports import Export, JsonLines, Prometheus, PrometheusTextfile, TensorBoard
 from rpc_collectors.single_process.policies import RandomPolicy
 from rpc_collectors.single_process.trajectories import split_trajectories
 from rpc_collectors.transport.membership import WorkerLeftWarning, WorkerRestartWarning
@@ -70,6 +70,7 @@ __all__ = [
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
     "Prometheus",
+    "PrometheusTextfile",
     "RPCCollector",
     "RandomPolicy",
     "RunCheckpoint",

@@ -7,31 +7,36 @@ at the end of a batch, with the frames handed out as the step. Targets:
 
 * :class:`TensorBoard` (a log dir: event files, ``pip install 'rpc_collectors[metrics]'``),
 * :class:`Prometheus` (a port: an HTTP endpoint to scrape, same extra),
+* :class:`PrometheusTextfile` (a folder: a file for node_exporter's textfile collector, same extra),
 * :class:`JsonLines` (a file: one JSON object per export),
 * any object with TorchRL's logger method ``log_scalar(name, value, step=...)`` (TorchRL's loggers),
 * or the strings ``"tensorboard:DIR"``, ``"prometheus:PORT"``, ``"jsonl:PATH"``.
 
 Each target is checked when the collector is built (its package, its directory, its port),
-before any worker starts, and opened at the first batch. A target that fails later is warned
-about once and collection goes on.
+before any worker starts, opened at the first batch and closed with the collector; a later collector
+opens it again. A target that fails later is warned about once per failure (until it works again)
+and collection goes on.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-import socket
+import re
 import time
 import warnings
 from typing import Any
 
 from rpc_collectors.core import checks
 from rpc_collectors.core.metrics import Metrics
+from rpc_collectors.single_process.prometheus_exposition import Endpoint, Gauges, serve
 
 EXTRA = "pip install 'rpc_collectors[metrics]'"
 DEFAULT_SECONDS = 10.0
+AGAIN = "collection goes on, and this export is tried again at each interval, without another warning until it works"
 STRINGS = ("tensorboard:DIR", "prometheus:PORT", "jsonl:PATH")
-ACCEPTED = ("None, True, False, a target (TensorBoard, Prometheus, JsonLines, an object with log_scalar, "
+ACCEPTED = ("None, True, False, a target (TensorBoard, Prometheus, PrometheusTextfile, JsonLines, an object with log_scalar, "
             f"or one of the strings {', '.join(STRINGS)}), a list of targets, or an Export")
 
 
@@ -67,59 +72,85 @@ class TensorBoard:
 
     def close(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            self._writer, writer = None, self._writer
+            writer.close()
 
 
 class Prometheus:
     """An HTTP endpoint at ``address:port`` that Prometheus scrapes: each number a gauge named
-    ``rpc_collectors_<group>_<name>``, a worker's ``rpc_collectors_worker_<name>{worker="<id>"}``."""
+    ``rpc_collectors_<group>_<name>``, a worker's ``rpc_collectors_worker_<name>{worker="<id>"}``. It listens
+    on loopback unless ``address`` says otherwise, serves at most ``connections`` connections at once (one
+    more is closed at once) and closes a connection that sends or takes nothing for ``timeout`` seconds."""
 
-    def __init__(self, port: int, address: str = "127.0.0.1") -> None:
+    def __init__(self, port: int, address: str = "127.0.0.1", *, connections: int = 16, timeout: float = 10.0) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             raise ValueError(f"Prometheus(port={port!r}) is invalid; accepted: an int from 1 to 65535")
         self.port, self.address = port, address
-        self.latest: Metrics | None = None
-        self._server: Any = None
+        self.connections = checks.positive_int("Prometheus(connections)", connections)
+        self.timeout = checks.timeout("Prometheus(timeout)", timeout)
+        self.gauges = Gauges()
+        self._server: Endpoint | None = None
 
     def __repr__(self) -> str:
         return f"Prometheus({self.port!r}, address={self.address!r})"
 
     def probe(self) -> None:
+        """Bind the port as the endpoint will (``SO_REUSEADDR``: a just-closed endpoint's port is free), and let it go."""
         _needs("prometheus_client", repr(self))
-        with socket.socket(socket.AF_INET6 if ":" in self.address else socket.AF_INET) as probe:
-            try:
-                probe.bind((self.address, self.port))
-            except OSError as err:
-                raise ValueError(f"metrics={self!r} cannot listen there ({err}); accepted: a free port") from None
+        try:
+            Endpoint(self.address, self.port, self.connections, self.timeout).server_close()
+        except OSError as err:
+            raise ValueError(f"metrics={self!r} cannot listen there ({err}); accepted: a free port") from None
 
     def write(self, metrics: Metrics, step: int) -> None:
-        self.latest = metrics
+        self.gauges.latest = metrics
         if self._server is None:
-            from prometheus_client import CollectorRegistry, start_http_server
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(self)
-            self._server, _ = start_http_server(self.port, self.address, registry)
-
-    def collect(self) -> Any:
-        """The gauges of the latest metrics (prometheus_client's collector interface)."""
-        from prometheus_client.core import GaugeMetricFamily
-        families: dict[str, GaugeMetricFamily] = {}
-        for name, value in (self.latest.scalars() if self.latest is not None else {}).items():
-            parts = name.split("/")
-            worker = parts[0] == "workers"
-            family = "rpc_collectors_" + ("worker_" + parts[2] if worker else "_".join(parts))
-            gauge = families.setdefault(family, GaugeMetricFamily(family, family, labels=["worker"] if worker else []))
-            gauge.add_metric([parts[1]] if worker else [], value)
-        return iter(families.values())
+            self._server = serve(self.address, self.port, self.gauges.registry(), self.connections, self.timeout)
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server, server = None, self._server
+            server.close()
+
+
+class PrometheusTextfile:
+    """A file for node_exporter's textfile collector (``--collector.textfile.directory=directory``):
+    ``<directory>/rpc_collectors_<name>.prom``, the endpoint's gauges, each labelled ``trainer="<name>"``,
+    replaced whole at each export (prometheus_client's ``write_to_textfile``: a temporary file renamed
+    over it) and removed at close. ``name`` defaults to ``<SLURM_JOB_ID>-<pid>`` (``<pid>`` outside a
+    SLURM job), so that trainers sharing a node write files of their own; a process with several
+    collectors gives each its own."""
+
+    def __init__(self, directory: str | os.PathLike, name: str | None = None) -> None:
+        job = os.environ.get("SLURM_JOB_ID")
+        name = name if name is not None else f"{job}-{os.getpid()}" if job else str(os.getpid())
+        if not isinstance(name, str) or not re.fullmatch(r"[\w.-]+", name):
+            raise ValueError(f"PrometheusTextfile(name={name!r}) is invalid; accepted: letters, digits, '_', '.' and '-'")
+        self.directory, self.name = os.fspath(directory), name
+        self.path = os.path.join(self.directory, f"rpc_collectors_{name}.prom")
+        self.gauges = Gauges(trainer=name)
+
+    def __repr__(self) -> str:
+        return f"PrometheusTextfile({self.directory!r}, name={self.name!r})"
+
+    def probe(self) -> None:
+        _needs("prometheus_client", repr(self))
+        _writable_dir(self.directory, repr(self))
+
+    def write(self, metrics: Metrics, step: int) -> None:
+        from prometheus_client import write_to_textfile
+        self.gauges.latest = metrics
+        write_to_textfile(self.path, self.gauges.registry())
+
+    def close(self) -> None:
+        """Remove the file: node_exporter would go on exporting a finished run's last values."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
 
 
 class JsonLines:
-    """A file with one JSON object per export: ``{"step", "time", "metrics"}`` (the groups as objects)."""
+    """A file with one JSON object per export: ``{"step", "time", "metrics"}`` (the groups as objects), each
+    line appended whole or not at all (what a failing write, on a full disk, wrote of it is cut off again)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
@@ -134,14 +165,21 @@ class JsonLines:
 
     def write(self, metrics: Metrics, step: int) -> None:
         if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (closed by close())
-        line = {"step": step, "time": time.time(), "metrics": dataclasses.asdict(metrics)}
-        self._file.write(json.dumps(line) + "\n")
-        self._file.flush()
+            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115  (closed by close())
+        line = json.dumps({"step": step, "time": time.time(), "metrics": dataclasses.asdict(metrics)}) + "\n"
+        end = self._file.seek(0, os.SEEK_END)
+        try:
+            view = memoryview(line.encode())
+            while view:
+                view = view[self._file.write(view):]
+        except BaseException:
+            self._file.truncate(end)  # whole lines or nothing
+            raise
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
+            self._file, file = None, self._file
+            file.close()
 
 
 class Logger:
@@ -175,7 +213,7 @@ def _writable_dir(path: str, target: str) -> None:
 
 def target(value: Any) -> Any:
     """The export target ``value`` names (a target, a logger, or one of :data:`STRINGS`)."""
-    if isinstance(value, (TensorBoard, Prometheus, JsonLines, Logger)):
+    if isinstance(value, (TensorBoard, Prometheus, PrometheusTextfile, JsonLines, Logger)):
         return value
     if callable(getattr(value, "log_scalar", None)):
         return Logger(value)
@@ -204,7 +242,7 @@ class Export:
         self.seconds = None if batches is not None else checks.timeout(
             "Export(seconds)", DEFAULT_SECONDS if seconds is None else seconds)
         self._next = 0.0  # when the next export is due (seconds: time.monotonic())
-        self._failed: set[int] = set()
+        self._failing: set[int] = set()  # the targets (their index; -1: collector.metrics()) failing since last warned
 
     def __repr__(self) -> str:
         every = f"batches={self.batches}" if self.batches is not None else f"seconds={self.seconds}"
@@ -226,30 +264,37 @@ class Export:
         return True
 
     def write(self, collector: Any) -> None:
-        """Write ``collector.metrics()`` to every target; a failure is warned about once, and collection goes on."""
+        """Write ``collector.metrics()`` to every target; a failure is warned about once, until that target
+        works again, and collection goes on."""
         try:
             metrics = collector.metrics()
         except Exception as err:  # e.g. a worker that died meanwhile: its recovery is the next batch's business
-            self._warn(-1, "collector.metrics()", err)
+            self._failed(-1, "collector.metrics()", err)
             return
+        self._failing.discard(-1)
         for i, each in enumerate(self.targets):
             try:
                 each.write(metrics, collector.frames)
             except Exception as err:
-                self._warn(i, repr(each), err)
+                self._failed(i, repr(each), err)
+            else:
+                self._failing.discard(i)
 
-    def _warn(self, key: int, what: str, err: Exception) -> None:
-        if key not in self._failed:
-            self._failed.add(key)
-            warnings.warn(f"metrics: {what} failed ({type(err).__name__}: {err}); collection goes on, and this "
-                          "export is tried again at each interval without another warning", RuntimeWarning, stacklevel=2)
+    def _failed(self, key: int, what: str, err: Exception, then: str = AGAIN) -> None:
+        if key not in self._failing:
+            self._failing.add(key)
+            warnings.warn(f"metrics: {what} failed ({type(err).__name__}: {err}); {then}", RuntimeWarning, stacklevel=2)
 
     def close(self) -> None:
-        for each in self.targets:
+        """Close every target (a target failing since its last write is not warned about again); the next
+        collector given this export starts afresh."""
+        for i, each in enumerate(self.targets):
             try:
                 each.close()
             except Exception as err:
-                self._warn(id(each), f"closing {each!r}", err)
+                self._failed(i, f"closing {each!r}", err, "it is not tried again")
+        self._failing.clear()
+        self._next = 0.0
 
 
 def check(value: Any) -> tuple[bool, Export | None]:
