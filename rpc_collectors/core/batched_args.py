@@ -74,10 +74,9 @@ def env_factories(create_env_fn: Any, num_envs: Any) -> list:
 
 def env_kwargs(create_env_kwargs: Any, num_envs: int) -> list[dict]:
     """One dict of factory keywords per env (TorchRL's dict for all, or list of dicts)."""
-    if create_env_kwargs is None or isinstance(create_env_kwargs, dict):
+    if not isinstance(checks.env_kwargs(create_env_kwargs, "env"), (list, tuple)):
         return [dict(create_env_kwargs or {}) for _ in range(num_envs)]
-    if isinstance(create_env_kwargs, (list, tuple)) and len(create_env_kwargs) == num_envs \
-            and all(isinstance(kw, dict) for kw in create_env_kwargs):
+    if len(create_env_kwargs) == num_envs:
         return [dict(kw) for kw in create_env_kwargs]
     raise ValueError(
         f"AsyncBatchedCollector: create_env_kwargs={create_env_kwargs!r} is invalid; accepted: None, a dict, or a "

@@ -215,12 +215,16 @@ def policy_or_factory(policy: Any, policy_factory: Any) -> Any:
     return policy_factory()
 
 
-def env_kwargs(value: Any, name: str = "create_env_kwargs") -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise TypeError(f"{name}={value!r} is invalid; accepted: None or a dict of keyword arguments")
-    return value
+def env_kwargs(value: Any, each: str | None = None) -> Any:
+    """TorchRL's ``create_env_kwargs``, as given: None or a dict of keyword arguments (str keys); where
+    each ``each`` (``"worker"``, ``"env"``) builds its own env, also a list of such dicts, one per
+    ``each`` (their number is checked where it is known)."""
+    entries = value if each is not None and isinstance(value, (list, tuple)) else [value]
+    if value is None or (entries and all(isinstance(kw, dict) and all(isinstance(key, str) for key in kw)
+                                         for kw in entries)):
+        return value
+    listed = f", or a list of them, one per {each}" if each is not None else ""
+    raise TypeError(f"create_env_kwargs={value!r} is invalid; accepted: None or a dict of keyword arguments (str keys){listed}")
 
 
 def step_by_step_buffer(buffer: Any, postproc: Any, split_trajs: bool) -> None:

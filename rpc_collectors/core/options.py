@@ -96,11 +96,11 @@ def _compile_policy(name: str, value: Any) -> dict | None:
 
 
 def _trust_policy(name: str, value: Any) -> bool:
-    return torchrl_args.trust_policy(value)
+    return torchrl_args.trust_policy(value, name)
 
 
 def _cudagraph_policy(name: str, value: Any) -> Any:
-    torchrl_args.cudagraph_policy(value)
+    torchrl_args.cudagraph_policy(value, name)
     return value
 
 

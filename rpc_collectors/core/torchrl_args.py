@@ -150,30 +150,30 @@ def trajs_per_write(value: Any, whole_trajectories: bool, replay_buffer: Any) ->
     return value
 
 
-def cudagraph_policy(value: Any) -> None:
+def cudagraph_policy(value: Any, name: str = "cudagraph_policy") -> None:
     """TorchRL's ``cudagraph_policy``: None/False; True or a dict of ``CudaGraphModule`` arguments
     only on a machine without CUDA, where (as TorchRL's ``CudaGraphModule`` does there) the policy
     runs as it is, with a warning that says so."""
     if value is None or value is False:
         return
     if value is not True and not isinstance(value, Mapping):
-        raise TypeError(f"cudagraph_policy={value!r} is invalid; accepted: None, a bool or a dict of CudaGraphModule arguments")
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None, a bool or a dict of CudaGraphModule arguments")
     if torch.cuda.is_available():
         raise ValueError(
-            f"cudagraph_policy={value!r} is not supported on CUDA (the policy would not be captured in a CUDA "
+            f"{name}={value!r} is not supported on CUDA (the policy would not be captured in a CUDA "
             "graph); accepted: None or False (compile_policy=True compiles the policy)"
         )
     user_warnings.warn(
-        f"cudagraph_policy={value!r}: this machine has no CUDA device, so the policy runs as it is, without CUDA "
+        f"{name}={value!r}: this machine has no CUDA device, so the policy runs as it is, without CUDA "
         "graphs or their speed-up (as TorchRL's CudaGraphModule passes calls through without CUDA)",
     )
 
 
-def trust_policy(value: Any) -> bool:
+def trust_policy(value: Any, name: str = "trust_policy") -> bool:
     """TorchRL's ``trust_policy``: True calls a policy on the step's TensorDict as it is, even a plain
     ``nn.Module`` (which otherwise reads ``"observation"`` and writes ``"action"``)."""
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise TypeError(f"trust_policy={value!r} is invalid; accepted: None or a bool")
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None or a bool")
     return value

@@ -95,7 +95,7 @@ def per_worker_weights(value: Any, worker_ids: Any) -> bool:
 _COLLECTOR_KWARGS_CHECKED = (
     "init_random_frames", "exploration_type", "max_frames_per_traj", "reset_at_each_iter", "track_policy_version",
     "set_truncated", "track_traj_ids", "compact_obs", "reset_when_done", "compile_policy", "pre_collect_hook",
-    "auto_register_policy_transforms", "use_buffers", "post_collect_hook",
+    "auto_register_policy_transforms", "use_buffers", "post_collect_hook", "trust_policy", "cudagraph_policy",
 )
 _DEVICES = ("device", "storing_device", "env_device", "policy_device")
 

@@ -124,7 +124,7 @@ class BaseCollector:
             if profiler is not None:
                 profiler.before_batch()
             self._meter.begin()
-            batch = self._collect_batch()
+            previous, batch = self.last_batch, self._collect_batch()  # a record of this batch replaces previous
             self._meter.arrived(batch)
             shift_ids(batch, self.run_start)
             if profiler is not None:
@@ -146,7 +146,7 @@ class BaseCollector:
             batch = self._postprocess(self._place(batch))
             if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
-            self._meter.handed_out(self, self.last_batch if versions is not None else None)
+            self._meter.handed_out(self, self.last_batch if self.last_batch is not previous else None)
             yield batch
 
     def _postprocess(self, batch: TensorDictBase) -> TensorDictBase:

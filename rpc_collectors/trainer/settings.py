@@ -214,6 +214,7 @@ def _worker_options(o: options.Options, frames_per_batch_worker: list[int], loca
     which ``init_random_frames`` is shared out."""
     kwargs = {name: value for name, value in o.collect.arguments().items() if name != "cudagraph_policy"}
     num_workers = len(frames_per_batch_worker)
+    checks.env_kwargs(kwargs["create_env_kwargs"], "worker")  # here: a worker would refuse it once started
     per_worker = {name: _per_worker(name, kwargs.pop(name), num_workers) for name in PER_WORKER}
     per_worker["frames_per_batch"] = frames_per_batch_worker
     for name in DEVICES:  # TorchRL's list of one device per worker

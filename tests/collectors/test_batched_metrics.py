@@ -85,6 +85,22 @@ def test_metrics_has_one_entry_per_env_worker_counting_its_envs_steps(tmp_path):
     assert after.workers == () and after.roster.alive == 0 and after.inference.passes >= inference.passes > 0
 
 
+def test_lag_agrees_with_each_batchs_record_while_weights_are_pushed():
+    lags, min_lags = [], []
+    with AsyncBatchedCollector([count_env] * 2, policy=BiasPolicy(1, size=3), frames_per_batch=4,
+                               total_frames=48) as c:
+        for _ in c:
+            lags.append(c.last_batch.lag)
+            min_lags.append(c.last_batch.min_lag)
+            c.update_policy_weights_()  # twice per batch: the batches waiting and being filled fall behind
+            c.update_policy_weights_()
+        m = c.metrics()
+    assert (m.lag.min, m.lag.max, m.lag.last) == (min(min_lags), max(lags), lags[-1])
+    assert m.lag.mean == pytest.approx(sum(lags) / len(lags))
+    assert max(lags) > 0  # the run did lag: the comparison above means something
+    assert m.rounds.rounds == len(lags) == 12
+
+
 def test_metrics_false_raises_and_no_clock_counts():
     with AsyncBatchedCollector([count_env] * 2, policy=BiasPolicy(1, size=3), frames_per_batch=4, total_frames=8,
                                metrics=False) as c:

@@ -242,3 +242,43 @@ def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused_before_any_
     with pytest.raises(ValueError, match=f"{argument}={value!r} is invalid; accepted: a number of seconds"):
         getattr(rpc_collectors, kind)([EnvFactory()] * 2, policy=nn.Linear(3, 2), frames_per_batch=8, **{argument: value})
     assert not descendants() - before
+
+
+def build(kind: str, **kwargs):
+    """A collector of ``kind`` over CountEnv factories (two workers; one env for ``Collector``)."""
+    import rpc_collectors
+
+    if kind == "Collector":
+        return Collector(EnvFactory(), None, frames_per_batch=8, **kwargs)
+    if kind == "AsyncBatchedCollector":
+        return rpc_collectors.AsyncBatchedCollector([EnvFactory()] * 2, policy=nn.Linear(3, 2), frames_per_batch=8, **kwargs)
+    launcher = {"launcher": "debug"} if kind == "RPCCollector" else {}  # debug: no process, even were the check missing
+    return getattr(rpc_collectors, kind)([EnvFactory()] * 2, None, frames_per_batch=8, **launcher, **kwargs)
+
+
+def refused_before_any_process(error: type, kind: str, words: list[str], **kwargs) -> None:
+    """Building ``kind`` from ``kwargs`` raises ``error`` naming ``words`` and starts no process (one
+    built in error is shut down at once)."""
+    from procs import descendants
+
+    before = descendants()
+    with pytest.raises(error) as info:
+        with build(kind, **kwargs):
+            pass
+    for word in words:
+        assert word in str(info.value), str(info.value)
+    assert "accepted" in str(info.value)
+    assert not descendants() - before
+
+
+@pytest.mark.parametrize("value", [5, "x", {1: "a"}, [{}, 5]], ids=repr)
+@pytest.mark.parametrize("kind", ["Collector", "MultiSyncCollector", "MultiAsyncCollector", "RPCCollector",
+                                  "AsyncBatchedCollector"])
+def test_create_env_kwargs_not_dicts_of_keywords_are_refused_before_any_process_starts(kind, value):
+    refused_before_any_process(TypeError, kind, [f"create_env_kwargs={value!r}"], create_env_kwargs=value)
+
+
+@pytest.mark.parametrize("key, value", [("trust_policy", 5), ("cudagraph_policy", "x")])
+@pytest.mark.parametrize("kind", ["MultiSyncCollector", "MultiAsyncCollector", "RPCCollector"])
+def test_collector_kwargs_checked_by_the_collector_are_refused_before_any_process_starts(kind, key, value):
+    refused_before_any_process(TypeError, kind, [f"collector_kwargs[{key!r}]={value!r}"], collector_kwargs={key: value})
