@@ -154,10 +154,10 @@ def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool, repl
     return "padded" if value is None else value
 
 
-def interruptor(value: Any) -> Any:
+def interruptor(value: Any, name: str = "interruptor") -> Any:
     """TorchRL's ``interruptor``: None, or an object with a ``collection_stopped()`` method."""
     if value is not None and not callable(getattr(value, "collection_stopped", None)):
-        raise TypeError(f"interruptor={value!r} is invalid; accepted: None or an object with a collection_stopped() "
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None or an object with a collection_stopped() "
                         "method (TorchRL's _Interruptor)")
     return value
 

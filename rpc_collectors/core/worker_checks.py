@@ -9,8 +9,10 @@ import torch
 from rpc_collectors.core import options
 from rpc_collectors.core.checks import (
     _is_int,
+    boolean,
     device,
     devices,
+    interruptor,
     non_negative_int,
 )
 
@@ -107,6 +109,10 @@ def collector_kwargs(kwargs: dict) -> None:
             device(f"collector_kwargs[{key!r}]", value)
         elif key in _COLLECTOR_KWARGS_CHECKED:
             options.check(key, value, f"collector_kwargs[{key!r}]")
+        elif key == "no_cuda_sync":  # Collector's own arguments, outside the table
+            boolean(f"collector_kwargs[{key!r}]", value)
+        elif key == "interruptor":
+            interruptor(value, f"collector_kwargs[{key!r}]")
 
 
 def max_worker_restarts(value: Any, launcher: str, weight_transport: str, backend: str) -> int:

@@ -278,7 +278,8 @@ def test_create_env_kwargs_not_dicts_of_keywords_are_refused_before_any_process_
     refused_before_any_process(TypeError, kind, [f"create_env_kwargs={value!r}"], create_env_kwargs=value)
 
 
-@pytest.mark.parametrize("key, value", [("trust_policy", 5), ("cudagraph_policy", "x")])
+@pytest.mark.parametrize("key, value", [("trust_policy", 5), ("cudagraph_policy", "x"), ("no_cuda_sync", 5),
+                                        ("interruptor", object())])
 @pytest.mark.parametrize("kind", ["MultiSyncCollector", "MultiAsyncCollector", "RPCCollector"])
 def test_collector_kwargs_checked_by_the_collector_are_refused_before_any_process_starts(kind, key, value):
     refused_before_any_process(TypeError, kind, [f"collector_kwargs[{key!r}]={value!r}"], collector_kwargs={key: value})
