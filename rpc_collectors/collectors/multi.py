@@ -7,6 +7,7 @@ and converts them into the option groups of :mod:`rpc_collectors.core.options`.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +47,12 @@ class _SyncChoosesClass(type):
             kwargs.pop("sync")
             return (MultiSyncCollector if sync else MultiAsyncCollector)(*args, **kwargs)
         return super().__call__(*args, **kwargs)
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """What ``help()``, editors and ``inspect.signature`` show: the class's ``__init__`` (not ``__call__``)."""
+        init = inspect.signature(cls.__init__)
+        return init.replace(parameters=list(init.parameters.values())[1:])
 
 
 class MultiCollector(CollectorFront, metaclass=_SyncChoosesClass):

@@ -26,6 +26,21 @@ def test_public_names_and_module_paths_stay_where_users_import_them():
         assert callable(getattr(slurm, name)), name
 
 
+def test_every_public_class_shows_its_options_to_help_and_editors():
+    """``inspect.signature`` (``help()``, editors, notebooks) of each public class shows every option of
+    its ``__init__``, also where a metaclass chooses the class (``MultiCollector(sync=...)``); ``Collector``
+    adds its dispatch's keywords."""
+    import inspect
+
+    for name in rpc_collectors.__all__:
+        cls = getattr(rpc_collectors, name)
+        if not inspect.isclass(cls) or not cls.__init__.__module__.startswith("rpc_collectors"):
+            continue
+        shown = inspect.signature(cls).parameters
+        options = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        assert all(shown.get(p.name) == p for p in options), name
+
+
 def test_collector_dispatch_is_wired_when_the_package_is_imported():
     """``Collector(..., num_collectors=N)`` builds a multi-worker class without starting it when
     the arguments are wrong: the dispatch reaches the class the backend names."""
