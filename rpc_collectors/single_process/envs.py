@@ -7,6 +7,7 @@ its array methods (``reset_arrays`` / ``step_arrays``), which skip per-step Tens
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -334,17 +335,27 @@ def with_step_counter(env: Any, max_steps: int) -> Any:
     return TransformedEnv(env, StepCounter(max_steps=max_steps))
 
 
+def _is_env_base(env: Any) -> bool:
+    """Whether ``env`` is an instance of TorchRL's ``EnvBase`` (whose module is imported once one exists)."""
+    envs = sys.modules.get("torchrl.envs")
+    return envs is not None and isinstance(env, envs.EnvBase)
+
+
 def with_policy_transforms(env: Any, policy: Any, register: bool | None) -> Any:
     """TorchRL's ``auto_register_policy_transforms``: True appends the transforms a recurrent policy
     needs (``InitTracker``, ``TensorDictPrimer``) to the TorchRL env if it lacks them; None leaves
-    the env as it is and warns when they lack (TorchRL 0.14's default); False leaves it silently."""
+    the env as it is and warns when they lack (TorchRL 0.14's default); False leaves it silently.
+
+    Invariant: only an instance of TorchRL's ``EnvBase`` is handed to TorchRL's helpers; an env
+    that merely has its protocol (a hand-written one, ``step_and_maybe_reset`` and all, TorchRL
+    installed or not) steps as it is under None, and True is a ValueError naming the argument."""
     if register is False or policy is None:
         return env
-    if not is_torchrl_env(env):
+    if not _is_env_base(env):
         if register:
             raise ValueError(
-                f"auto_register_policy_transforms=True appends TorchRL transforms, which need a TorchRL env, not {env!r}; "
-                "accepted with this env: None or False"
+                f"auto_register_policy_transforms=True appends TorchRL transforms, which need a TorchRL env (an "
+                f"instance of torchrl.envs.EnvBase), not {env!r}; accepted with this env: None or False"
             )
         return env
     from torchrl.modules.utils.utils import _compute_missing_env_transforms, _maybe_append_env_transforms_from_module

@@ -63,6 +63,24 @@ def source_rows(tensor: torch.Tensor) -> np.ndarray:
         return byte_rows(tensor.clone(memory_format=torch.contiguous_format))
 
 
+def output_leaves(outputs: Mapping) -> dict:
+    """The policy's outputs by leaf key (``"action"``, ``("pol", "logits")``), the one way every
+    method here reads them.
+
+    Invariant: a policy that writes nested keys gives a TensorDict (or a mapping) of TensorDicts;
+    each of its tensors is a frame entry of its own, never the sub-TensorDict as one entry."""
+    if isinstance(outputs, TensorDictBase):
+        return dict(outputs.items(include_nested=True, leaves_only=True))
+    leaves = {}
+    for key, value in outputs.items():
+        if isinstance(value, TensorDictBase):
+            for sub, leaf in value.items(include_nested=True, leaves_only=True):
+                leaves[(key, *((sub,) if isinstance(sub, str) else sub))] = leaf
+        else:
+            leaves[key] = value
+    return leaves
+
+
 class Rows:
     """Row numbers, as a sequence (large rows: one copy each) and as an index: a slice where they
     are consecutive (one copy of them all), an array otherwise (small rows: one indexed copy)."""
@@ -105,6 +123,7 @@ class Transitions:
         self, rows: TensorDict, outputs: Mapping, frames_per_batch: int, version_key: Any, prefetch: int,
     ) -> None:
         num_envs = rows.batch_size[0]
+        outputs = output_leaves(outputs)
         if version_key is not None:  # the env's and the policy's keys are known now
             batched_args.free_key(version_key, [*BATCH_KEYS, *rows.keys(True, True), *outputs])
         self.rows, self.frames_per_batch, self.version_key = rows, frames_per_batch, version_key
@@ -152,7 +171,7 @@ class Transitions:
         frame, rows, given = self._bytes, Rows([self.staging[env] for env in envs]), Rows(range(len(envs)))
         for key in self.obs_keys:
             copy_rows(frame[key], rows, source_rows(inputs[key]), given)
-        for key, value in outputs.items():
+        for key, value in output_leaves(outputs).items():
             copy_rows(frame[key], rows, source_rows(value.detach().to("cpu", self._frame[key].dtype)), given)
         if self._versions is not None:
             self._versions[rows.index] = version
@@ -161,7 +180,7 @@ class Transitions:
     def check(self, outputs: Mapping, n: int) -> None:
         """Raises ValueError if the policy's ``outputs`` for ``n`` envs have not the keys and
         shapes it gave at start-up."""
-        shapes, seen = self.output_shapes, 0
+        shapes, seen, outputs = self.output_shapes, 0, output_leaves(outputs)
         for key, value in outputs.items():
             want = shapes.get(key)
             if want is not None and (value.shape[0] != n or value.shape[1:] != want):
