@@ -1,6 +1,7 @@
 """The public multi-worker collectors, each a choice of pool and default layout over the front:
 ``RPCCollector`` (:mod:`.rpc`) and the ``Multi*`` classes (:mod:`.multi`), which open over the pool
-their launcher picks (:mod:`.opening`), ``AsyncCollector``
+their launcher picks (:mod:`.opening`) with their arguments checked into the front's settings
+(:mod:`.construction`), ``AsyncCollector``
 (:mod:`.async_collector`), TorchRL's ``DistributedCollector``
 (:mod:`.distributed_collector`), ``RayCollector`` (:mod:`.ray`, needs the ``ray`` extra; :mod:`.ray_extra` imports it on demand),
 ``AsyncBatchedCollector`` (:mod:`.async_batched`), and what

@@ -9,17 +9,18 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from rpc_collectors.collectors import construction
 from rpc_collectors.core import checks, options, torchrl_args
 from rpc_collectors.pools.debug import DebugPool
 from rpc_collectors.pools.local import LocalPool
 from rpc_collectors.pools.ranks.elastic_pool import ElasticPool
 from rpc_collectors.pools.ranks.static import RankPool
 from rpc_collectors.pools.ranks.submitit import SubmititPool
-from rpc_collectors.trainer import settings
 from rpc_collectors.trainer.collector_front import CollectorFront
+from rpc_collectors.trainer.settings import Settings
 
 
-def _pool(s: settings.Settings, on_death: Any, on_arrival: Any) -> Any:
+def _pool(s: Settings, on_death: Any, on_arrival: Any) -> Any:
     """The worker pool of a collector with settings ``s``."""
     if s.launcher == "debug":
         return DebugPool(s.num_workers)
@@ -38,7 +39,7 @@ def start(front: CollectorFront, create_env_fn: Any, policy: Any, o: options.Opt
     batches, run, weights, launch, collect = o.batches, o.run, o.weights, o.launch, o.collect
     CollectorFront.__init__(front, batches, one_per_worker=True)
     front._closed = front._closing = True  # until the workers are up
-    front.max_policy_lag = settings.check_max_policy_lag(run.max_policy_lag, run.sync)
+    front.max_policy_lag = construction.check_max_policy_lag(run.max_policy_lag, run.sync)
     checks.split_needs_ids(front.split_trajs or front.whole_trajectories, collect.track_traj_ids)
     checks.use_buffers(collect.use_buffers, front.replay_buffer)
     front.preemptive_threshold = checks.preemptive_threshold(
@@ -48,8 +49,8 @@ def start(front: CollectorFront, create_env_fn: Any, policy: Any, o: options.Opt
     front._no_push = weight_transport == torchrl_args.NO_PUSH  # TorchRL's NoWeightSyncScheme
     front._schemes_given, front._use_buffers = weights.weight_sync_schemes, collect.use_buffers
     front._hooks = {"pre_collect_hook": collect.pre_collect_hook, "post_collect_hook": collect.post_collect_hook}
-    resolved, rdv = settings.rendezvous(launch.launcher, launch.elastic, launch.join_timeout, launch.rpc_timeout)
-    checked = settings.check(
+    resolved, rdv = construction.rendezvous(launch.launcher, launch.elastic, launch.join_timeout, launch.rpc_timeout)
+    checked = construction.check(
         o, launcher=resolved, rdv=rdv, create_env_fn=create_env_fn, policy=policy,
         frames_per_batch=front.requested_frames_per_batch, default_cat_results=front._default_cat_results,
         weight_transport="auto" if front._no_push else weight_transport,

@@ -8,12 +8,13 @@ from typing import Any, Awaitable, Iterator
 
 from tensordict.nn import InteractionType
 
+from rpc_collectors.collectors import construction
 from rpc_collectors.collectors.multi import MultiCollector
 from rpc_collectors.core import checks, options, torchrl_args
 from rpc_collectors.pools import ray_actors as ray_pool
 from rpc_collectors.single_process.collector import Collector
-from rpc_collectors.trainer import settings
 from rpc_collectors.trainer.collector_front import CollectorFront
+from rpc_collectors.trainer.settings import Settings
 
 SINGLE_COLLECTORS = ("Collector", "SyncDataCollector")  # TorchRL's names of the single-process collector
 
@@ -119,9 +120,9 @@ class RayCollector(CollectorFront):
 
         given = options.Options.given(dict(locals(), launcher="ray", collector_class=_class_name(collector_class)))
 
-        def check(kwargs: dict | None) -> settings.Settings:
+        def check(kwargs: dict | None) -> Settings:
             o = dataclasses.replace(given, launch=dataclasses.replace(given.launch, collector_kwargs=kwargs))
-            return settings.check(
+            return construction.check(
                 o, launcher="ray", rdv=None, create_env_fn=create_env_fn, policy=policy,
                 frames_per_batch=self.requested_frames_per_batch, default_cat_results=self._default_cat_results,
                 weight_transport=transport, node_collector=MultiCollector,
@@ -182,7 +183,7 @@ class _Done:
         return iter(())
 
 
-def _pool(s: settings.Settings, configs: list[dict], shared_memory: bool, on_death: Any, on_arrival: Any) -> Any:
+def _pool(s: Settings, configs: list[dict], shared_memory: bool, on_death: Any, on_arrival: Any) -> Any:
     """The actors' pool: no death is reported unasked (a dead actor fails its calls and doorbell)."""
     return ray_pool.RayPool(s.num_workers, s.rpc_timeout, configs, s.rpc_timeout, shared_memory)
 

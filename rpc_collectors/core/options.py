@@ -18,7 +18,7 @@ Every public constructor spells these options out in its signature (``tests/core
 checks names, defaults and docs against this table) and converts them into the groups, which check
 each option when they are built (the checks of :mod:`rpc_collectors.core.checks`; an option that
 reads others of its group after them). Checks that read several groups, the env or the launcher
-stay with the code that has them (``trainer.settings.check``).
+stay with the code that has them (``collectors.construction.check``).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Every message between the trainer and its workers, whatever carries it (pipes, RPC, Ray, or a
 plain call in the trainer's own process in the debug launcher).
 
-* :class:`WorkerSpec`: what a worker builds its collector from, sent pickled in :data:`CREATE`;
-  the worker answers with a :class:`WorkerInfo`.
+* :class:`WorkerSpec`: what a worker builds its collector from (a node's with its :class:`NodeSpec`),
+  sent pickled in :data:`CREATE`; the worker answers with a :class:`WorkerInfo`.
 * :class:`WorkerCalls`: the calls a worker serves then, one typed method each. The trainer makes
   them through it; a worker runs them through :func:`serve`, which refuses any other name.
 * The answers to ``collect``: a batch (a ``TensorDict``), :class:`Ready` (the batch is in a
@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypedDict, TypeVar
 
 from rpc_collectors.core import pickling
+
+KILL_WAIT = 1.0
+"""Seconds from SIGKILL to a killed worker's reported exit, at most: the spawner reaps within it, and
+the trainer waits as long for a node's local workers to be gone, before shutdown goes on without them."""
 
 CREATE = "create"
 """The first call a worker serves: ``create(spec, worker_id, num_workers, traj_id_start)``, with the
@@ -50,6 +54,19 @@ class WorkerSpec:
                 f"a worker spec must be a pickled WorkerSpec, got a pickled {type(spec).__name__}"
             )
         return spec
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What a node runs: ``num_workers`` local workers, sync or async, restarted up to ``max_worker_restarts``."""
+
+    collector: type  # the multi-worker collector each node runs (MultiCollector), given by the public class
+    sync: bool
+    num_workers: int
+    launcher: str  # "local", or "debug" under the debug launcher: the local workers live in the node too
+    max_worker_restarts: int
+    rpc_timeout: float  # the trainer's; the node's own waits take a share of it (worker.node)
+    inference: str = "worker"  # "node": one policy in the node, called by its local workers
 
 
 class WorkerInfo(TypedDict, total=False):

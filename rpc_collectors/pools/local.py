@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from rpc_collectors.core.futures import outcome
-from rpc_collectors.core.protocol import CREATE
+from rpc_collectors.core.protocol import CREATE, KILL_WAIT
 from rpc_collectors.pools.pool import OnDeath, WorkerPool, traceback_failure
 from rpc_collectors.transport.rendezvous import Rendezvous, serve_store
 from rpc_collectors.transport.shm import SharedBytes
@@ -27,7 +27,7 @@ from rpc_collectors.worker.channel import EXIT_WAIT, Channel, ChannelClosed
 CLOSE_WAIT = 10.0  # seconds for a worker to end its batch, close its envs and exit once its channel closes (as
 # TorchRL's shutdown: an env such as a ParallelEnv takes seconds to close its own processes)
 SHARE_SPEC = 1 << 20  # bytes: a larger spec is read by the workers from one shared-memory file, not sent down each pipe
-NODE_CLOSE_WAIT = CLOSE_WAIT + spawner.KILL_WAIT + 0.5  # a node reaps its own local workers first
+NODE_CLOSE_WAIT = CLOSE_WAIT + KILL_WAIT + 0.5  # a node reaps its own local workers first
 
 
 def describe_exit(code: int) -> str:

@@ -3,7 +3,7 @@ async first-come, weight-update cadence, ``total_frames``, layouts, seeding and 
 (:mod:`.collector_front`, which holds its parts: the request/wait loop and the sync and async
 schedules in :mod:`.schedule`, the weight pusher in :mod:`.weight_pushes`, trajectory continuity
 and ``max_policy_lag`` in :mod:`.continuity`, TorchRL's views of the workers in
-:mod:`.torchrl_views`), its checked arguments (:mod:`.settings`), its state (:mod:`.saved_state`),
+:mod:`.torchrl_views`), the settings it runs with (:mod:`.settings`), its state (:mod:`.saved_state`),
 how it writes into a replay buffer (:mod:`.buffer_writes`), its one wait (:mod:`.waits`), the
 roster of its workers and their restarts (:mod:`.roster`), what it does when a worker fails or
 joins (:mod:`.recovery`; a node's own local restarts in :mod:`.node_restarts`), and what it owns
@@ -15,7 +15,9 @@ A trace window of a few rounds: :mod:`.trace_window` (the trainer's spans kept b
 :class:`~rpc_collectors.single_process.run_meter.RunMeter`; the
 workers' clock offsets in :mod:`.clock_offsets`, the Chrome trace file in :mod:`.timeline`).
 
-May import :mod:`~rpc_collectors.cluster` and the layers below it; never a pool: the front drives
+Runs in the trainer's process: it never imports the worker side (:mod:`~rpc_collectors.worker`) or
+:mod:`~rpc_collectors.cluster` (a contract in setup.cfg; the public layer builds what crosses to the
+workers, :mod:`rpc_collectors.collectors.construction`), and never a pool: the front drives
 any pool through the surface of :class:`~rpc_collectors.pools.pool.WorkerPool`, which is handed to
 it.
 """

@@ -20,6 +20,7 @@ from tensordict import TensorDictBase
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import Failure, WorkerError
 from rpc_collectors.core.metrics import Metrics, WorkerPhases
+from rpc_collectors.core.protocol import KILL_WAIT
 from rpc_collectors.single_process import preemption, remote_calls
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.trainer import buffer_writes, front_metrics, saved_state, torchrl_views
@@ -37,7 +38,6 @@ from rpc_collectors.transport.data import BatchPlane
 from rpc_collectors.transport.rendezvous import host_id
 from rpc_collectors.transport.weight_sync import WeightPlane
 from rpc_collectors.transport.weights import one_source
-from rpc_collectors.worker.spawner import KILL_WAIT
 
 
 class CollectorFront(BaseCollector):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -36,7 +36,7 @@ from torch import nn
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
 from rpc_collectors.core.metrics import WorkerPhases
-from rpc_collectors.core.protocol import Dropped, LocalRestart
+from rpc_collectors.core.protocol import Dropped, LocalRestart, NodeSpec
 from rpc_collectors.single_process.batch_record import VERSION, workers_in
 from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.single_process.trajectories import TRAJ_IDS
@@ -51,19 +51,6 @@ CLASS_NAMES = {
 NODE_WAIT_SHARE = 0.5  # of the trainer's rpc_timeout: how long a node waits on one of its local workers
 INFERENCE = ("worker", "node")
 KEEP_HANDED = 4  # how many of its last batches a node remembers the local workers of (the trainer asks at most 2 ahead)
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """What a node runs: ``num_workers`` local workers, sync or async, restarted up to ``max_worker_restarts``."""
-
-    collector: type  # the multi-worker collector each node runs (MultiCollector), given by the public class
-    sync: bool
-    num_workers: int
-    launcher: str  # "local", or "debug" under the debug launcher: the local workers live in the node too
-    max_worker_restarts: int
-    rpc_timeout: float  # the trainer's; the node's own waits take NODE_WAIT_SHARE of it
-    inference: str = "worker"  # "node": one policy in the node, called by its local workers
 
 
 def node_class(collector_class: Any, num_workers_per_collector: Any) -> tuple[str | None, int]:

@@ -33,11 +33,12 @@ from typing import Callable
 
 import torch
 
+from rpc_collectors.core.protocol import KILL_WAIT
+
 PRELOAD = ("torch", "tensordict", "gymnasium", "numpy", "cloudpickle", "rpc_collectors.worker.server")
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 SPAWNER_NAME = "rpc-spawner"
-KILL_WAIT = 1.0  # seconds from SIGKILL to a reported exit, at most, before shutdown goes on without it
 
 
 def _prctl(option: int, arg: object) -> None:
