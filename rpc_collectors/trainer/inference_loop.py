@@ -216,7 +216,7 @@ class InferenceLoop:
         self.patience.passed(time.monotonic() - start)
         self.transitions.check(outputs, len(envs))  # before any action goes out
         action = rows.get("action")
-        action.index_copy_(0, index, outputs["action"].reshape(len(envs), *action.shape[1:]).to(action.dtype))
+        action.index_copy_(0, index, outputs["action"].reshape(len(envs), *action.shape[1:]).to(action.device, action.dtype))
         for env in envs:
             self.acting[env] = True
         self.patience.went(envs, time.monotonic())
