@@ -161,7 +161,7 @@ def rank_round_trips(collector, calls: int = 300) -> dict:
     """Trainer CPU of a no-op ``rpc_sync`` to rank 1 and of a raw TCP round trip on loopback."""
     from torch.distributed import rpc
 
-    from rpc_collectors.worker import server
+    from rpc_collectors.worker import rpc_rank as server
 
     name = collector.workers._name(0)
     rpc.rpc_sync(name, server.ping, args=(0,))

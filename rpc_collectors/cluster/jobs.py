@@ -30,7 +30,7 @@ from rpc_collectors.cluster.requeue import unblock, usr_signal
 from rpc_collectors.cluster.submission import _write_json, setup_join_env
 from rpc_collectors.cluster.task_start import python_command
 from rpc_collectors.transport.rendezvous import interface_address, interface_towards
-from rpc_collectors.worker.server import serve
+from rpc_collectors.worker.rpc_rank import serve_rank
 
 # TorchRL's time limit (its DEFAULT_SLURM_CONF); partition and CPUs per task are the cluster's defaults
 DEFAULT_SLURM_KWARGS = {"timeout_min": 10}
@@ -130,7 +130,7 @@ def collector_job(rendezvous_file: str, join_timeout: float, rpc_timeout: float)
     signal.signal(usr_signal(), signal.SIG_IGN)  # submitit's signal before the time limit: the trainer resubmits us
     unblock()  # the task started with it blocked (see task_start), so that it cannot end the task as it starts
     setup_join_env(Path(rendezvous_file), wait_s=join_timeout)
-    code = serve(member_rendezvous(join_rendezvous(), join_timeout), rpc_timeout)
+    code = serve_rank(member_rendezvous(join_rendezvous(), join_timeout), rpc_timeout)
     if code:
         raise RuntimeError("this collector lost its trainer (see the lines above)")
     return code

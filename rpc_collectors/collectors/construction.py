@@ -29,7 +29,7 @@ from rpc_collectors.trainer.settings import Settings
 from rpc_collectors.transport.rendezvous import Rendezvous, detect_launcher, from_environment
 from rpc_collectors.transport.weight_sync import TRANSPORTS
 from rpc_collectors.worker.node import check_inference, node_class
-from rpc_collectors.worker.server import serve
+from rpc_collectors.worker.rpc_rank import serve_rank
 
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
     "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
@@ -70,7 +70,7 @@ def _serve(rdv: Rendezvous, rpc_timeout: float) -> None:
     """Serve a collector in this process until the trainer stops it, then exit the process."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(serve(rdv, float(rpc_timeout)))
+    os._exit(serve_rank(rdv, float(rpc_timeout)))
 
 
 def check_max_policy_lag(value: Any, sync: Any) -> int | None:

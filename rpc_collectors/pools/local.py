@@ -87,7 +87,7 @@ class LocalPool(WorkerPool):
         bell = self.channels[worker_id] = Channel()
         bell.hello.add_done_callback(lambda _f: self._notify())
         pid = self.spawner.spawn(
-            "rpc_collectors.worker.server:local_main", [worker_id + 1, *dataclasses.astuple(bell.ends)],
+            "rpc_collectors.worker.local_worker:local_main", [worker_id + 1, *dataclasses.astuple(bell.ends)],
             self.rpc_timeout, lambda pid, code, i=worker_id: self._on_exit(i, pid, code),
         )
         self.pids[pid] = worker_id

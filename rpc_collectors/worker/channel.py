@@ -212,7 +212,7 @@ class Channel:
         self.fail("the collector closed its channel")
 
 
-def serve(
+def run_channel(
     ends: Ends, handle: Callable[[str, tuple], Any], on_end: Callable[[], None],
     interrupt: Callable[[], None] | None = None,
 ) -> None:

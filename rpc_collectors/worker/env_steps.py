@@ -39,6 +39,7 @@ from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env, make_env
 from rpc_collectors.transport.data import SlotSpec, SlotWriter
 from rpc_collectors.transport.doorbell import _write_all
 from rpc_collectors.transport.step_plane import READY, StepGroup, send_error
+from rpc_collectors.worker.served_collector import ServedCollector
 
 FLAGS = ("done", "terminated", "truncated")
 
@@ -159,15 +160,15 @@ class EnvSteps:
     trainer closes a doorbell: the envs in two halves, stepped in turn (one env: one half).
 
     Args:
-        env: the worker's own env (its collector's), the group's first.
+        collector: the worker's collector: its env is the group's first, its ``phase_clock`` the one
+            the loop marks.
         group: the rows of the group's envs, the specs of its other envs (built here) and its seed.
-        rollout: the worker's collector's rollout, whose phase ``clock`` the loop marks.
     """
 
-    def __init__(self, env: Any, group: StepGroup, rollout: Any) -> None:
-        self.rollout = rollout
+    def __init__(self, collector: ServedCollector, group: StepGroup) -> None:
+        self.collector = collector
         self.frames = 0  # env steps taken
-        envs = [env]
+        envs = [collector.env]
         for data in group.others:
             spec = WorkerSpec.loads(data)
             envs.append(make_env(spec.create_env_fn, spec.options.get("create_env_kwargs")))
@@ -196,11 +197,11 @@ class EnvSteps:
 
     def phases(self, worker_id: int) -> tuple[WorkerPhases]:
         """Its env steps and its phase clock's totals: the worker's answer to ``phases``."""
-        return (WorkerPhases(worker_id, os.getpid(), self.frames, 0, dict(self.rollout.clock.totals_ns)),)
+        return (WorkerPhases(worker_id, os.getpid(), self.frames, 0, dict(self.collector.phase_clock.totals_ns)),)
 
     def _serve(self) -> None:
         current = self.envs[0]
-        rollout = self.rollout
+        collector = self.collector
         try:
             try:
                 while True:
@@ -208,7 +209,7 @@ class EnvSteps:
                         for row in half:
                             if not os.read(row.go, 1):
                                 return
-                        clock = rollout.clock
+                        clock = collector.phase_clock
                         clock.mark("idle")
                         for current in half:
                             current.step()

@@ -36,10 +36,13 @@ from torch import nn
 from rpc_collectors.core import checks
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
 from rpc_collectors.core.metrics import WorkerPhases
-from rpc_collectors.core.protocol import Dropped, LocalRestart, NodeSpec
+from rpc_collectors.core.protocol import Dropped, LocalRestart, NodeSpec, ProcessSpans
 from rpc_collectors.single_process.batch_record import VERSION, workers_in
+from rpc_collectors.single_process.phase_clock import PhaseClock, StoppedClock
 from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.single_process.trajectories import TRAJ_IDS
+from rpc_collectors.transport import local_restarts
+from rpc_collectors.transport.weights import holder_of, signature_of
 from rpc_collectors.worker.node_inference import NodeInference
 
 # collector_class: TorchRL's strings and class names -> the node's local collector (None: a single Collector)
@@ -101,17 +104,20 @@ class NodeCollector:
     """A node's collector: W local workers behind the one server the trainer calls.
 
     Built by :class:`~rpc_collectors.worker.server.WorkerState` from a spec with a :class:`NodeSpec`;
-    it offers what the server uses of a single-process ``Collector``. ``traj_id_start`` and
+    it meets :class:`~rpc_collectors.worker.served_collector.ServedCollector`. ``traj_id_start`` and
     ``traj_id_stride`` are the node's trajectory ids as the trainer gives them to any worker
     (``start + k * stride``, with ``stride`` the trainer's number of nodes); ``node_id``: the
     trainer's worker id of this node, which its warnings name.
     """
+
+    env = None  # a node is never an env worker: its local workers step the envs
 
     def __init__(
         self, create_env_fn: Any, policy: Any, node: NodeSpec, traj_id_start: int, traj_id_stride: int,
         node_id: int = 0, **kwargs: Any,
     ) -> None:
         self.node, self.node_id = node, node_id
+        self.worker_idx = node_id  # TorchRL's attribute: which worker this is
         # where the trainer's weights land: the policy, or (policy_factory) a TensorDict laid out as they are
         self.module: nn.Module | TensorDictBase | None = policy if isinstance(policy, nn.Module) else None
         # local worker w's ids x = w + W * c become traj_id_start * W + w + traj_id_stride * W * c
@@ -160,13 +166,19 @@ class NodeCollector:
         return self.inference.lock if self.inference is not None else contextlib.nullcontext()
 
     @property
-    def num_envs(self) -> int:
-        return sum(info["envs"] for info in self.local.infos)
+    def phase_clock(self) -> PhaseClock:
+        """A clock that counts nothing: its local workers keep their phases on their own clocks."""
+        return StoppedClock()
 
     @property
     def pids(self) -> list[int | None]:
         """The local workers' pids."""
         return [info["pid"] for info in self.local.infos]
+
+    def worker_info(self) -> dict:
+        """Its local workers' envs and pids, and its inference mode."""
+        envs = sum(info["envs"] for info in self.local.infos)
+        return {"envs": envs, "local_pids": self.pids, "inference": self.node.inference}
 
     def new_restarts(self) -> tuple[LocalRestart, ...]:
         """The local workers replaced since the last call, for the trainer (with the node's next answer)."""
@@ -192,21 +204,30 @@ class NodeCollector:
         workers get them through shared memory before their next batch."""
         self._version = version
 
-    def hold_weights(self, holder: TensorDictBase) -> None:
-        """The local workers build their policies (policy_factory): the trainer's weights land in
-        ``holder`` and are passed on from there."""
-        self.module = holder
+    def weights_signature(self) -> tuple | None:
+        """What the node's policy holds; None: it takes any (its local workers build their policies)."""
+        return signature_of(self.module) if self.module is not None else None
+
+    def weights_holder(self, signature: tuple) -> nn.Module | TensorDictBase | None:
+        """Where the trainer's weights land: the node's policy or, where its local workers build theirs
+        (policy_factory), empty tensors laid out as ``signature``, held from now on and passed on from there."""
+        if self.module is None and signature:
+            self.module = holder_of(signature)
+        return self.module
 
     def _pass_weights_on(self) -> None:
         if self.inference is None and self.module is not None and self._version > self.local.pushed_version:
             given = self.module if isinstance(self.module, TensorDictBase) else None
             self.local.push_version(self._version, given)
 
-    def cut(self, batch: int) -> None:
+    def cut(self, batch: int | None = None) -> None:
         """The trainer dropped this node's ``batch``-th batch: the streams of the local workers in it are
         cut (:mod:`~rpc_collectors.trainer.continuity`; every local worker's if it is no longer known)."""
         with self._busy:
             self.local.continuity.cut(self._handed.get(batch))
+
+    def write_into(self, tensors: dict) -> None:
+        """Nothing: its local workers write into slots of their own, and its server copies the node's batch."""
 
     def next(self) -> TensorDictBase:
         """The node's next batch, with trajectory ids in the trainer's numbering.
@@ -241,10 +262,24 @@ class NodeCollector:
         batch.set_(TRAJ_IDS, self._base + ids % width + self._stride * torch.div(ids, width, rounding_mode="floor"))
         return batch
 
+    def returned(self, batch: TensorDictBase) -> TensorDictBase:
+        """A copy of ``batch``: its tensors view the local workers' shared slots, which an answer would carry whole."""
+        return batch.clone()
+
+    def noted(self, answer: Any) -> Any:
+        """``answer`` with the local restarts and drops since the last (:mod:`~rpc_collectors.transport.local_restarts`)."""
+        return local_restarts.attach(answer, self.new_restarts(), self.new_drops())
+
     def phases(self) -> tuple[WorkerPhases, ...]:
         """Its local workers' frames, batches and phases, by the flat run's worker ids (``node_id * W + w``)."""
         first = self.node_id * self.node.num_workers
         return tuple(replace(p, worker_id=first + p.worker_id) for p in self.local.worker_phases())
+
+    def trace(self, keep: int | None) -> list[ProcessSpans] | None:
+        """Open its local collector's trace window (its waits, its local workers' spans on its clock),
+        keeping at most ``keep`` spans per thread, or close it (None): its spans."""
+        window = self.local.tracing
+        return window.open(keep) if keep is not None else window.take()
 
     def set_seed(self, seed: int) -> int:
         return self.local.set_seed(seed)
@@ -265,6 +300,10 @@ class NodeCollector:
         self.local.load_state_dict(state["local"])
         # with inference="node" the version is the node's own (its local workers hold no weights)
         self._version = state.get("version", 0) if self.inference is not None else self.local.pushed_version
+
+    def interrupt(self) -> None:
+        """The process is closing: the node shuts down, which ends its local workers' batches."""
+        self.shutdown()
 
     def shutdown(self) -> None:
         self.local.shutdown()

@@ -35,7 +35,7 @@ import torch
 
 from rpc_collectors.core.protocol import KILL_WAIT
 
-PRELOAD = ("torch", "tensordict", "gymnasium", "numpy", "cloudpickle", "rpc_collectors.worker.server")
+PRELOAD = ("torch", "tensordict", "gymnasium", "numpy", "cloudpickle", "rpc_collectors.worker.local_worker")
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 SPAWNER_NAME = "rpc-spawner"
@@ -100,7 +100,8 @@ class Spawner:
         replies_r, replies_w = os.pipe()
         if fresh_interpreter:
             self.proc: subprocess.Popen | None = subprocess.Popen(
-                [sys.executable, "-c", f"from rpc_collectors.worker.spawner import serve; serve({requests_r}, {replies_w})"],
+                [sys.executable, "-c",
+                 f"from rpc_collectors.worker.spawner import run_spawner; run_spawner({requests_r}, {replies_w})"],
                 pass_fds=(requests_r, replies_w),
             )
             self.pid = self.proc.pid
@@ -110,7 +111,7 @@ class Spawner:
             if self.pid == 0:
                 try:
                     drop_inherited_fds((requests_r, replies_w))
-                    serve(requests_r, replies_w)
+                    run_spawner(requests_r, replies_w)
                 finally:
                     os._exit(0)
         os.close(requests_r)
@@ -267,7 +268,7 @@ def _close_shared() -> None:
         _shared.close()
 
 
-def serve(requests_fd: int, replies_fd: int) -> None:
+def run_spawner(requests_fd: int, replies_fd: int) -> None:
     """The spawner process: fork a child per request line until the requests pipe closes.
 
     Child exits arrive as SIGCHLD through a wake-up pipe and are reaped in the main loop, so

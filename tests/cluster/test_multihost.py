@@ -35,7 +35,7 @@ TRAINER_HOST, WORKER_HOSTS = 1, (2, 3)  # HostNetwork hosts are 1-based; rank r 
 CUT_RANK = 2  # worker_id 1, in host 3
 RPC_TIMEOUT_S = 5.0
 EXIT_MARGIN_S = 10.0  # after the RPC timeout: the batch in flight, shutting the agent down, exit
-PING_EVERY_S = 5.0  # rpc_collectors.worker.server.PING_EVERY: a server checks its trainer this often
+PING_EVERY_S = 5.0  # rpc_collectors.worker.rpc_rank.PING_EVERY: a server checks its trainer this often
 WORKER_EXIT_MARGIN_S = 10.0
 
 pytestmark = [pytest.mark.cluster, pytest.mark.multiprocess]

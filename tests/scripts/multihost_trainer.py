@@ -23,7 +23,7 @@ from torch import nn
 
 import multihost_probe
 from rpc_collectors import RPCCollector
-from rpc_collectors.worker.server import worker_name
+from rpc_collectors.worker.rpc_rank import worker_name
 
 
 class ArgmaxPolicy(nn.Module):

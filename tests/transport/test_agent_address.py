@@ -11,7 +11,7 @@ import pytest
 import torch.distributed.rpc as rpc
 
 from rpc_collectors.transport.rendezvous import Rendezvous, free_port
-from rpc_collectors.worker import server
+from rpc_collectors.worker import rpc_rank as server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,7 +29,7 @@ def test_an_agent_on_another_interface_than_the_first_is_refused(monkeypatch):
 SUCCESSIVE_AGENTS = """
 import torch.distributed.rpc as rpc
 from rpc_collectors.transport.rendezvous import Rendezvous, serve_store
-from rpc_collectors.worker import server
+from rpc_collectors.worker import rpc_rank as server
 for _ in range(2):
     store, port = serve_store("127.0.0.1", 0, 10)
     server.start_agent(server.TRAINER, Rendezvous("torchrun", 0, 1, "127.0.0.1", port, "lo"), 10)

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from rpc_collectors.transport.doorbell import Doorbell
-from rpc_collectors.worker.channel import Channel, ChannelClosed, RemoteError, serve
+from rpc_collectors.worker.channel import Channel, ChannelClosed, RemoteError, run_channel
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -20,7 +20,7 @@ class Worker:
 
     def __init__(self, channel: Channel) -> None:
         self.release, self.ended = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=serve, args=(channel.ends, self.handle, self.ended.set), daemon=True)
+        self.thread = threading.Thread(target=run_channel, args=(channel.ends, self.handle, self.ended.set), daemon=True)
         self.thread.start()
         channel.hello.wait()
         channel.opened()

@@ -5,26 +5,26 @@ from __future__ import annotations
 
 import pytest
 
-from rpc_collectors.worker import server
+from rpc_collectors.worker import rpc_rank
 
 
 @pytest.fixture
 def stop_event(monkeypatch):
-    monkeypatch.setattr(server, "PING_EVERY", 0.01)
-    server._stop.clear()
-    yield server._stop
-    server._stop.clear()
+    monkeypatch.setattr(rpc_rank, "PING_EVERY", 0.01)
+    rpc_rank._stop.clear()
+    yield rpc_rank._stop
+    rpc_rank._stop.clear()
 
 
 def test_a_ping_that_fails_because_the_trainer_stopped_us_meanwhile_is_a_clean_exit(stop_event, monkeypatch, capsys):
     """The trainer stops every server, then its own agent: a ping sent just before the stop arrived
     fails with the agent gone. That is the end the trainer asked for: exit code 0, nothing said."""
     def ping_in_flight_at_the_stop(*args, **kwargs):
-        server._stop.set()  # what the trainer's stop() call does
+        rpc_rank._stop.set()  # what the trainer's stop() call does
         raise RuntimeError("RPCErr:1:RPC ran for more than set timeout")
 
-    monkeypatch.setattr(server.rpc, "rpc_sync", ping_in_flight_at_the_stop)
-    assert server.watch_trainer("rpc-worker0", 1, rpc_timeout=5.0) == 0
+    monkeypatch.setattr(rpc_rank.rpc, "rpc_sync", ping_in_flight_at_the_stop)
+    assert rpc_rank.watch_trainer("rpc-worker0", 1, rpc_timeout=5.0) == 0
     assert capsys.readouterr().err == ""
 
 
@@ -36,6 +36,6 @@ def test_a_trainer_gone_without_stopping_us_is_an_exit_code_1_that_says_why(stop
             raise answer
         return answer
 
-    monkeypatch.setattr(server.rpc, "rpc_sync", ping)
-    assert server.watch_trainer("rpc-worker0", 1, rpc_timeout=5.0) == 1
+    monkeypatch.setattr(rpc_rank.rpc, "rpc_sync", ping)
+    assert rpc_rank.watch_trainer("rpc-worker0", 1, rpc_timeout=5.0) == 1
     assert said in capsys.readouterr().err

@@ -20,7 +20,7 @@ VERSION, FRAMES = ("collector", "policy_version"), 6
 def server() -> WorkerState:
     options = {"frames_per_batch": FRAMES, worker_warnings.KEY: worker_warnings.for_workers()}
     state = WorkerState(WorkerSpec(CountEnv, FixedAction(0, obs_size=3), options).dumps(), 0, 1, 0, in_process=True)
-    flat = FlatWeights(state._module())
+    flat = FlatWeights(state.collector.weights_holder(()))
     state.join_weights(TransportSpec("rpc", flat.nbytes, signature=flat.signature))
     return state
 

@@ -18,7 +18,7 @@ from rpc_collectors.cluster.elastic import JOIN_VARIABLE, TRAINER_KEY
 from rpc_collectors.pools.ranks.static import RankPool
 from rpc_collectors.transport import membership
 from rpc_collectors.transport.rendezvous import Rendezvous
-from rpc_collectors.worker import server as worker
+from rpc_collectors.worker import rpc_rank
 
 
 class ElasticPool(RankPool):
@@ -81,7 +81,7 @@ class ElasticPool(RankPool):
 
     def _server_names(self) -> list[str]:
         with self._members_lock:
-            return [worker.worker_name(rank, self.rdv.session) for rank in sorted(self.members)]
+            return [rpc_rank.worker_name(rank, self.rdv.session) for rank in sorted(self.members)]
 
     def close(self, timeout: float = 2.0) -> None:
         membership.listen(None)

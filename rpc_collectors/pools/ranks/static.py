@@ -1,7 +1,7 @@
 """The other ranks of a torchrun/SLURM world, each serving one collector over ``torch.distributed.rpc``.
 
 This process (rank 0) starts its RPC agent; every other rank runs the same script, whose
-collector constructor serves a collector until the trainer stops it (:func:`rpc_collectors.worker.server.serve`).
+collector constructor serves a collector until the trainer stops it (:func:`rpc_collectors.worker.rpc_rank.serve_rank`).
 An RPC agent belongs to its process, so one such pool can live in a process at a time.
 """
 from __future__ import annotations
@@ -16,8 +16,7 @@ import torch.distributed.rpc as rpc
 
 from rpc_collectors.pools.pool import WorkerPool, traceback_failure
 from rpc_collectors.transport.rendezvous import Rendezvous, serve_store, stopped_key, store_client
-from rpc_collectors.worker import cpp_log, spawner
-from rpc_collectors.worker import server as worker
+from rpc_collectors.worker import cpp_log, rpc_rank, spawner
 
 RPC_TIMED_OUT = "ran for more than set timeout"  # torch's message for an RPC past its timeout
 _starting = threading.Lock()  # held while an RPC agent of this process starts
@@ -67,7 +66,7 @@ class RankPool(WorkerPool):
 
         def start() -> None:
             try:
-                worker.start_agent(worker.TRAINER, self.rdv, self.rpc_timeout)
+                rpc_rank.start_agent(rpc_rank.TRAINER, self.rdv, self.rpc_timeout)
             except BaseException as err:
                 errors.append(err)
             finally:
@@ -83,19 +82,19 @@ class RankPool(WorkerPool):
             self._rpc_up = True
 
     def _name(self, worker_id: int) -> str:
-        return worker.worker_name(self.ranks[worker_id], self.rdv.session)
+        return rpc_rank.worker_name(self.ranks[worker_id], self.rdv.session)
 
     def identity(self, worker_id: int) -> dict:
         return {"rank": self.ranks[worker_id]}
 
     def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
         return rpc.rpc_async(
-            self._name(worker_id), worker.create, args=(spec, worker_id, self.num_workers, traj_id_start),
+            self._name(worker_id), rpc_rank.create, args=(spec, worker_id, self.num_workers, traj_id_start),
             timeout=self.rpc_timeout,
         )
 
     def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
-        return rpc.rpc_async(self._name(worker_id), worker.call, args=(method, *args), timeout=self.rpc_timeout)
+        return rpc.rpc_async(self._name(worker_id), rpc_rank.call, args=(method, *args), timeout=self.rpc_timeout)
 
     def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
         raised = traceback_failure(err)
@@ -128,11 +127,11 @@ class RankPool(WorkerPool):
         self._quiet.close()
 
     def _stop_servers(self, timeout: float) -> None:
-        """Stop the servers, then this agent, then let them stop theirs (see ``worker.stop``)."""
+        """Stop the servers, then this agent, then let them stop theirs (see ``rpc_rank.stop``)."""
         stops = []
         for name in self._server_names():
             try:
-                stops.append(rpc.rpc_async(name, worker.stop, timeout=timeout))
+                stops.append(rpc.rpc_async(name, rpc_rank.stop, timeout=timeout))
             except RuntimeError:
                 pass
         for fut in stops:

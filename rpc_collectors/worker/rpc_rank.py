@@ -1,0 +1,158 @@
+"""A torchrun/SLURM rank serving a collector over ``torch.distributed.rpc``.
+
+:func:`serve_rank` starts this process's RPC agent, joins the trainer's group and pings the trainer
+until it stops the server or goes away. The trainer calls the RPC entry points :func:`create`
+(build the :class:`~rpc_collectors.worker.server.WorkerState`), :func:`call` (serve one call of
+:mod:`~rpc_collectors.core.protocol`) and :func:`stop`; the server calls the trainer's :func:`ping`.
+One server per process: the module keeps its state, its rendezvous and its stop.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import sys
+import threading
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed.rpc as rpc
+import torch.distributed.rpc.constants as rpc_constants
+
+from rpc_collectors.core import protocol
+from rpc_collectors.core.protocol import WorkerInfo
+from rpc_collectors.transport import membership, rendezvous
+from rpc_collectors.transport.rendezvous import Rendezvous, interface_address, socket_interface
+from rpc_collectors.worker import cpp_log, spawner
+from rpc_collectors.worker.server import WorkerState
+from rpc_collectors.worker.spawner import name_process
+
+TRAINER = "trainer"
+PING_EVERY = 5.0  # seconds between a server's checks that its trainer is still there
+STOP_GRACE = 5.0  # at most this many seconds from stop() to the end of the server
+
+_state: WorkerState | None = None
+_rdv: Rendezvous | None = None
+_stop = threading.Event()
+_agent_started = False  # whether this process started an RPC agent
+_listening_on: str | None = None  # the address its first one bound to its interface (None: TensorPipe's own pick)
+
+
+def worker_name(rank: int, session: str = "") -> str:
+    """RPC name of the server on ``rank``; ``session`` keeps names unique per collector.
+
+    No ``-``: a dynamic RPC group lists its members as ``name-rank`` (see :mod:`membership`).
+    """
+    return f"collector{rank}_{session}" if session else f"collector{rank}"
+
+
+def create(spec: bytes, worker_id: int, num_workers: int, traj_id_start: int | None = None) -> WorkerInfo:
+    """RPC: build this server's collector (:data:`~rpc_collectors.core.protocol.CREATE`)."""
+    global _state
+    interface = _rdv.interface if _rdv is not None else None
+    address = interface_address(interface) if interface else None
+    _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id, traj_id_start, address,
+                         interface=interface)
+    return _state.info()
+
+
+def call(method: str, *args: Any) -> Any:
+    """RPC: serve the call ``method`` (:class:`~rpc_collectors.core.protocol.WorkerCalls`) with ``args``."""
+    if _state is None:
+        raise RuntimeError(f"{rpc.get_worker_info().name} has no collector yet")
+    return protocol.serve(_state, method, args)
+
+
+def stop() -> None:
+    """RPC: close this server's collector, then end the server once the trainer's agent stopped.
+
+    From here on the server drops torch's C++ warnings: its agent would otherwise log every
+    connection that its peers close as they stop, though nothing went wrong.
+    """
+    global _state
+    state, _state = _state, None
+    if state is not None:
+        state.close()
+    cpp_log.level().value = cpp_log.ERROR
+    _stop.set()
+
+
+def ping(rank: int) -> bool:
+    """RPC (served by the trainer): the trainer is alive; False if it evicted the server of ``rank``."""
+    return membership.is_member(rank)
+
+
+def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
+    """Start this process's RPC agent as ``name``, bound to the rendezvous's interface. TensorPipe
+    keeps the first agent's address for the whole process: one asked to listen elsewhere is refused."""
+    global _agent_started, _listening_on
+    address = rdv.address() if rdv.interface else None
+    if address and _listening_on and address != _listening_on:
+        raise RuntimeError(
+            f"this process's first RPC agent listened on {_listening_on}, and torch's TensorPipe keeps that address "
+            f"for every later agent of the process; this one's peers reach it on {address} (interface "
+            f"{rdv.interface!r}): run this collector in a new process"
+        )
+    # TCP ("uv") only: TensorPipe's shared-memory transport busy-polls a core in every process
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method=rdv.init_method(rpc_timeout), rpc_timeout=rpc_timeout, _transports=["uv"]
+    )
+    # init_rpc builds a gloo group of its own with a 24-day timeout: bound it by rpc_timeout
+    default_timeout = rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT
+    rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = datetime.timedelta(seconds=rpc_timeout)
+    try:
+        with socket_interface(rdv.interface), warnings.catch_warnings():
+            # that group also trips a deprecation warning inside torch
+            warnings.filterwarnings("ignore", message="You are using a Backend")
+            world_size = None if rdv.dynamic else rdv.world_size  # None: members may join and leave
+            rpc.init_rpc(name, rank=rdv.rank, world_size=world_size, rpc_backend_options=options)
+    finally:
+        rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = default_timeout
+    if not _agent_started:
+        _agent_started, _listening_on = True, address
+
+
+def serve_rank(rdv: Rendezvous, rpc_timeout: float) -> int:
+    """Run a collector server until the trainer stops it or goes away; returns an exit code."""
+    global _rdv
+    _rdv = rdv
+    if "OMP_NUM_THREADS" not in os.environ:  # one torch thread, as local workers (torchrun sets 1 too; srun does not)
+        torch.set_num_threads(1)
+    name_process(f"rpc-worker{rdv.rank - 1}")
+    spawner.rpc_starts_here(fork_now=False)  # a node collector's local workers must not inherit the agent
+    if rdv.dynamic:  # its peers may die and be replaced: TensorPipe would log each of their connections
+        cpp_log.level().value = cpp_log.ERROR
+    name = worker_name(rdv.rank, rdv.session)
+    store = rendezvous.store_client(rdv, rpc_timeout)
+    if rdv.dynamic:  # one join at a time (see membership.membership_lock)
+        with membership.membership_lock(store, name, rpc_timeout):
+            membership.clear_for_join(store, rpc._init_counter, TRAINER)
+            start_agent(name, rdv, rpc_timeout)
+            rpc.rpc_sync(TRAINER, membership.arrive, args=(rdv.rank,), timeout=rpc_timeout)
+    else:
+        start_agent(name, rdv, rpc_timeout)
+    code = watch_trainer(name, rdv.rank, rpc_timeout)
+    if _stop.is_set():  # stopped by the trainer: let its agent stop first (see stop())
+        with contextlib.suppress(RuntimeError):
+            store.wait([rendezvous.stopped_key(rdv)], datetime.timedelta(seconds=min(rpc_timeout, STOP_GRACE)))
+    if _state is not None:
+        _state.close()
+    rpc.shutdown(graceful=False)
+    return code
+
+
+def watch_trainer(name: str, rank: int, rpc_timeout: float) -> int:
+    """Ping the trainer until it stops this server (exit code 0) or is gone (1, said on stderr)."""
+    while not _stop.wait(min(PING_EVERY, rpc_timeout)):
+        try:
+            if rpc.rpc_sync(TRAINER, ping, args=(rank,), timeout=max(rpc_timeout, PING_EVERY)):
+                continue
+            gone = f"the trainer evicted this collector (it did not answer within rpc_timeout={rpc_timeout} s)"
+        except RuntimeError as err:
+            gone = f"the trainer is unreachable ({err})"
+        if _stop.is_set():  # the trainer stopped us, then its agent, while the ping was on its way
+            return 0
+        print(f"{name}: {gone}; exiting", file=sys.stderr)
+        return 1
+    return 0
