@@ -1,8 +1,9 @@
 """Fast, leak-free start of local worker processes.
 
-A spawner is a helper process, forked from the trainer (or, once CUDA is initialised there,
-started fresh), that has torch, tensordict and gymnasium imported and forks one worker per
-request: eight workers start in well under a second instead of each paying the imports.
+A spawner is a helper process, forked from the trainer (or started fresh where a fork could not
+run CUDA or RPC: a CUDA build of torch, an RPC agent in this process), that has torch, tensordict
+and gymnasium imported and forks one worker per request: eight workers start in well under a
+second instead of each paying the imports.
 Unlike ``multiprocessing``'s spawn and forkserver, it never re-imports the user's
 ``__main__``, so scripts need no ``if __name__ == "__main__"`` guard.
 
@@ -92,7 +93,7 @@ class Spawner:
 
     Args:
         fresh_interpreter: start the spawner with a new interpreter instead of forking this
-            process (needed once CUDA or an RPC agent was initialised here).
+            process (needed where a fork could not run CUDA or RPC).
     """
 
     def __init__(self, fresh_interpreter: bool) -> None:
@@ -241,8 +242,15 @@ def shared_spawner() -> Spawner:
     """This process's spawner, started on first use and kept for later collectors."""
     global _shared
     if _shared is None or not _shared.alive:
-        _shared = Spawner(fresh_interpreter=torch.cuda.is_initialized() or not _forked_safely)
+        _shared = Spawner(fresh_interpreter=_fork_unsafe())
     return _shared
+
+
+def _fork_unsafe() -> bool:
+    """Whether a fork of this process could not run CUDA or RPC. With a CUDA build, any query of the
+    devices (``torch.cuda.is_available()``, which the trainer's checks make) marks later forks unable
+    to use CUDA, and no API tells whether one was made: such a build starts the spawner fresh."""
+    return torch.backends.cuda.is_built() or torch.cuda.is_initialized() or not _forked_safely
 
 
 def shared_pid() -> int | None:
