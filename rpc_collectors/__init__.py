@@ -22,6 +22,7 @@ from rpc_collectors.collectors.async_batched import AsyncBatchedCollector
 from rpc_collectors.collectors.async_collector import AsyncCollector
 from rpc_collectors.collectors.dispatch import resolve
 from rpc_collectors.collectors.distributed_collector import DistributedCollector, DistributedSyncCollector
+from rpc_collectors.collectors.evaluator import Evaluator
 from rpc_collectors.collectors.multi import MultiAsyncCollector, MultiCollector, MultiSyncCollector
 from rpc_collectors.collectors.ray_extra import ray_collector
 from rpc_collectors.collectors.rpc import RPCCollector
@@ -60,6 +61,7 @@ __all__ = [
     "DataCollectorBase",
     "DistributedCollector",
     "DistributedSyncCollector",
+    "Evaluator",
     "Export",
     "GymEnv",
     "JsonLines",

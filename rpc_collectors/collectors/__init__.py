@@ -7,5 +7,13 @@ their launcher picks (:mod:`.opening`) with their arguments checked into the fro
 ``AsyncBatchedCollector`` (:mod:`.async_batched`), and what
 ``Collector(..., num_collectors=N, backend=...)`` builds (:mod:`.dispatch`).
 
+TorchRL's ``Evaluator`` (:mod:`.evaluator`, exported here as in ``torchrl.collectors``) runs on
+those collectors: its arguments (:mod:`.evaluation_options`), where its rollouts run
+(:mod:`.evaluation_runs`), the env and policy it evaluates (:mod:`.evaluation_envs`) and the
+metrics it reports (:mod:`.evaluation_metrics`).
+
 May import :mod:`~rpc_collectors.trainer`, :mod:`~rpc_collectors.pools` and every layer below them.
 """
+from rpc_collectors.collectors.evaluator import Evaluator
+
+__all__ = ["Evaluator"]

@@ -354,6 +354,21 @@ def test_ppo_example_resumes_from_its_checkpoint(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_ppo_with_evaluator_example_short_run(tmp_path):
+    """The evaluator's worker evaluates each batch's weights beside training; every result names
+    the weights version it evaluated, and the last is the final weights' (2 batches: version 2)."""
+    result = run([sys.executable, str(EXAMPLES / "ppo_with_evaluator.py"), "--total-frames", "2048",
+                  "--eval-every", "1", "--eval-episodes", "2", "--output-dir", str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    evaluations = json.loads((tmp_path / "run.json").read_text())["evaluations"]
+    assert evaluations[-1]["eval/step"] == 2048 and evaluations[-1]["eval/policy_version"] == 2
+    assert all(e["eval/policy_version"] == e["eval/step"] // 1024 for e in evaluations)
+    assert all(e["eval/num_episodes"] == 2 for e in evaluations)
+    assert "final eval at   2,048 frames (weights v2)" in result.stdout
+    assert "run record:" in result.stdout
+
+
+@pytest.mark.multiprocess
 def test_torchrun_example_short_run():
     """Rank 0 trains, ranks 1 and 2 serve collectors and exit 0 with it."""
     result = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",

@@ -1,0 +1,188 @@
+"""The :class:`~rpc_collectors.collectors.evaluator.Evaluator`'s arguments, each checked before
+anything is built or started (messages name the argument, its value and what is accepted), and
+the run they choose (:mod:`.evaluation_runs`); the weights and steps an evaluation is asked for.
+"""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from rpc_collectors.collectors.evaluation_envs import WorkerSetup, is_factory
+from rpc_collectors.collectors.evaluation_runs import (
+    InThreadRun,
+    RunSettings,
+    WorkerRun,
+    worker_collector,
+)
+from rpc_collectors.collectors.ray_extra import ray_collector
+from rpc_collectors.core import checks
+from rpc_collectors.single_process.collector import Collector
+
+BACKENDS = ("thread", "process", "ray")
+BUSY_POLICIES = ("skip", "error", "queue")
+SINGLE_COLLECTORS = ("Collector", "SyncDataCollector")  # TorchRL's single-process collector
+# the collector's arguments the Evaluator sets itself, and the argument of its own that sets each
+SET_HERE = {"create_env_fn": "env", "policy": "policy", "policy_factory": "policy_factory",
+            "frames_per_batch": "frames_per_batch", "total_frames": "(endless)",
+            "max_frames_per_traj": "max_steps", "trajs_per_batch": "num_trajectories",
+            "exploration_type": "exploration_type"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """An evaluation asked for: the weights to load (None: those loaded), their version, a step."""
+
+    weights: Any
+    version: int | None
+    step: int | None
+
+
+def busy_policy(value: Any) -> str:
+    if value not in BUSY_POLICIES:
+        raise ValueError(f"Unknown busy_policy {value!r}; accepted: 'skip', 'error' or 'queue'")
+    return value
+
+
+def backend(value: Any) -> str:
+    if value not in BACKENDS:
+        raise ValueError(f"Unknown backend {value!r}; accepted: 'thread', 'process' or 'ray'")
+    return value
+
+
+def text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: a str")
+    return value
+
+
+def key(name: str, value: Any) -> str | tuple:
+    """A TensorDict key: a str, or a non-empty tuple of them (a nested key)."""
+    nested = isinstance(value, tuple) and value and all(isinstance(part, str) for part in value)
+    if not (isinstance(value, str) or nested):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: a str or a tuple of str such as "
+                        "('next', 'reward')")
+    return value
+
+
+def mapping(name: str, value: Any) -> dict:
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None or a dict")
+    return dict(value or {})
+
+
+def settings(num_trajectories: Any, max_steps: Any, frames_per_batch: Any, exploration_type: Any,
+             device: Any, collector_kwargs: Any) -> RunSettings:
+    """What every evaluation collects; ``frames_per_batch`` defaults to ``max_steps``, else 1000."""
+    num_trajectories = checks.positive_int("num_trajectories", num_trajectories)
+    max_steps = checks.optional_positive_int("max_steps", max_steps)
+    frames_per_batch = checks.optional_positive_int("frames_per_batch", frames_per_batch)
+    kwargs = mapping("collector_kwargs", collector_kwargs)
+    clash = sorted(set(kwargs) & set(SET_HERE))
+    if clash:
+        raise ValueError(f"collector_kwargs keys {clash} are the Evaluator's to set (by "
+                         f"{', '.join(SET_HERE[key] for key in clash)}); accepted: the collector's "
+                         "other arguments")
+    given_format = kwargs.pop("traj_format", None) or "padded"  # TorchRL 0.14's, without a warning
+    traj_format = checks.traj_format(given_format, num_trajectories, False)
+    device = checks.device("device", device)
+    if device is not None:
+        kwargs = {"policy_device": device, **kwargs}
+    return RunSettings(num_trajectories, max_steps, frames_per_batch or max_steps or 1000,
+                       checks.exploration_type(exploration_type), traj_format, kwargs)
+
+
+def open_run(env: Any, policy: Any, policy_factory: Any, run_settings: RunSettings, backend: str,
+             collector_cls: Any, weight_sync_schemes: Any, init_fn: Any, num_gpus: Any,
+             ray_kwargs: Any) -> InThreadRun | WorkerRun:
+    """The run of ``backend`` (``"thread"`` with ``weight_sync_schemes``: a worker process, as in
+    TorchRL), every argument checked first; nothing starts before the first evaluation."""
+    checks.optional_callable("policy_factory", policy_factory)
+    checks.optional_callable("init_fn", init_fn)
+    if policy is not None and policy_factory is not None:
+        raise ValueError("policy and policy_factory were both given; accepted: one of them, "
+                         "not both")
+    if policy is None and policy_factory is None:
+        raise ValueError("policy=None and policy_factory=None: a policy or a policy_factory must "
+                         "be provided")
+    if backend == "thread" and weight_sync_schemes is None:
+        lazy = policy_factory is not None and is_factory(env)
+        cls = collector_class(collector_cls)
+        return InThreadRun(env, policy, policy_factory, cls, run_settings, lazy)
+    schemes = " with weight_sync_schemes" if weight_sync_schemes is not None else ""
+    where = f"backend={backend!r}{schemes}"
+    if not is_factory(env):
+        raise ValueError(f"env={env!r} is an env instance, but {where} builds the env in its "
+                         "worker process; accepted: a callable returning an env (or a "
+                         "gymnasium id)")
+    if policy_factory is None:
+        raise ValueError(f"policy={policy!r} cannot be used with {where}: the worker builds its "
+                         "own policy; accepted: policy_factory, a callable (env) -> policy")
+    if collector_cls is not None:
+        raise ValueError(f"collector_cls={collector_cls!r} is for backend='thread'; accepted with "
+                         f"{where}: None")
+    checks.picklable("env", env)
+    checks.picklable("policy_factory", policy_factory)
+    if weight_sync_schemes is not None:
+        kwargs = {**run_settings.collector_kwargs, "weight_sync_schemes": weight_sync_schemes}
+        run_settings = replace(run_settings, collector_kwargs=kwargs)
+    remote = {}
+    if backend == "ray":
+        remote = {"num_cpus": 1, "num_gpus": gpus(num_gpus), **mapping("ray_kwargs", ray_kwargs)}
+        ray_collector()  # an ImportError naming the extra where Ray is missing
+    setup = WorkerSetup(env, policy_factory, init_fn)
+    return WorkerRun(worker_collector(backend, setup, run_settings, remote), run_settings)
+
+
+def gpus(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+        raise ValueError(f"num_gpus={value!r} is invalid; accepted: a number >= 0 (Ray's num_gpus)")
+    return value
+
+
+def collector_class(value: Any) -> type:
+    if value is None or (isinstance(value, str) and value in SINGLE_COLLECTORS):
+        return Collector
+    if isinstance(value, type):
+        return value
+    raise ValueError(f"collector_cls={value!r} is invalid; accepted: None, 'Collector' (or "
+                     "'SyncDataCollector') or a collector class taking the single-process "
+                     "Collector's arguments")
+
+
+def request(weights: Any, step: Any, weights_dict: Any, version: Any) -> Request:
+    """An evaluation of ``weights`` (TorchRL's ``weights_dict={"policy": ...}`` too), copied now."""
+    given = mapping("weights_dict", weights_dict)
+    if weights is not None:
+        given.setdefault("policy", weights)
+    others = sorted(map(str, set(given) - {"policy"}))
+    if others:
+        raise ValueError(f"weights_dict keys {others} are not supported; accepted: 'policy' (this "
+                         "Evaluator loads the policy's weights)")
+    for name, value in (("step", step), ("version", version)):
+        integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        if value is not None and not integer:
+            raise TypeError(f"{name}={value!r} is invalid; accepted: None or an int")
+    source = given.get("policy")
+    return Request(None if source is None else copied(source), version, step)
+
+
+def extract_weights(policy: nn.Module) -> TensorDictBase:
+    """Detached, cloned CPU weights of ``policy``, safe to hand to another thread."""
+    return TensorDict.from_module(policy).data.detach().clone().cpu()
+
+
+def copied(source: Any) -> Any:
+    """Weights copied to the CPU: the trainer may change them while an evaluation waits."""
+    if isinstance(source, nn.Module):
+        return extract_weights(source)
+    if isinstance(source, TensorDictBase):
+        return source.detach().clone().cpu()
+    if isinstance(source, Mapping):
+        return {name: value.detach().clone().cpu() for name, value in source.items()}
+    raise TypeError(f"weights={source!r} is invalid; accepted: an nn.Module, a TensorDict of "
+                    "weights or a state dict")
