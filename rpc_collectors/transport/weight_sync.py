@@ -101,8 +101,10 @@ def process_group(spec: TransportSpec, rank: int) -> dist.ProcessGroup:
     """Join the weight process group (never the default group) through a prefixed store."""
     timeout = datetime.timedelta(seconds=spec.timeout)
     store = dist.PrefixStore(spec.prefix, dist.TCPStore(spec.addr, spec.port, is_master=False, timeout=timeout))
-    if spec.backend == "nccl":
-        return dist.ProcessGroupNCCL(store, rank, spec.world_size, dist.ProcessGroupNCCL.Options())
+    if spec.backend == "nccl":  # its waits bounded as gloo's (NCCL's own default: 10 minutes)
+        nccl = dist.ProcessGroupNCCL.Options()
+        nccl._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, spec.world_size, nccl)
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
     gloo = dist.ProcessGroupGloo
