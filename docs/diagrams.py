@@ -34,7 +34,7 @@ BATCH_PATH = Sequence(
         "F": "trainer/schedule.py, roster.py",
         "P": "transport/data.py, layouts.py",
         "D": "transport/doorbell.py",
-        "S": "worker/server.py",
+        "S": "worker/server.py, single.py",
         "R": "single_process/collector.py, rollout.py",
         "E": "single_process/envs.py",
     },

@@ -120,7 +120,8 @@ def files_of(entries: list[str]) -> dict[str, set[str]]:
     return sides
 
 
-@pytest.mark.parametrize("cls, most", [(MultiSyncCollector, 8), (MultiAsyncCollector, 8)])
+# 9: worker/single.py, the worker's face of its Collector (worker/served_collector.py's interface), joined the path
+@pytest.mark.parametrize("cls, most", [(MultiSyncCollector, 9), (MultiAsyncCollector, 9)])
 def test_one_steady_state_batch_runs_in_a_bounded_set_of_files(tmp_path, cls, most):
     """A steady-state batch of local workers, from the trainer's request to the loop, runs in at
     most ``most`` of the package's files, trainer and worker together (the path of
