@@ -14,6 +14,16 @@ metrics it reports (:mod:`.evaluation_metrics`).
 
 May import :mod:`~rpc_collectors.trainer`, :mod:`~rpc_collectors.pools` and every layer below them.
 """
-from rpc_collectors.collectors.evaluator import Evaluator
+from typing import Any
 
 __all__ = ["Evaluator"]
+
+
+def __getattr__(name: str) -> Any:
+    """``Evaluator``, imported when first asked for: the package itself imports none of its modules,
+    which import one another through it."""
+    if name == "Evaluator":
+        from rpc_collectors.collectors.evaluator import Evaluator
+
+        return Evaluator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
