@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import resource
 import statistics
+import subprocess
 import time
 import warnings
 
@@ -246,6 +247,16 @@ def run_on_hosts(net, argv: list[str], env: dict, hosts: list[int], name: str, t
     if procs[0].returncode != 0 or not lines:
         raise RuntimeError(f"the trainer failed ({procs[0].returncode})\n{err[-3000:]}")
     return json.loads(lines[-1])
+
+
+def reap(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for each of ``procs``; kill and reap one that outlives it."""
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def emit(result: dict) -> None:

@@ -107,12 +107,7 @@ def bare_broadcast(nbytes: int, repeats: int, world: int = 5) -> dict:
         barrier = statistics.median(barriers[1:]) / 2
         return {"bcast": statistics.median(casts[1:]) - barrier, "barrier": barrier, "runs": casts[1:]}
     finally:
-        for p in peers:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _common.reap(peers, 30)
 
 
 # ---------------------------------------------------------------- ours

@@ -184,12 +184,7 @@ def bare_nccl_case(c: dict) -> dict:
             group.shutdown()
         return {"bcast_ms": bcast * 1e3, "barrier_ms": barrier * 1e3, "GBps": c["nbytes"] / bcast / 1e9}
     finally:
-        for p in peers:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _common.reap(peers, 20)
 
 
 def _die_with_parent() -> None:
