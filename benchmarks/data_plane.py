@@ -62,7 +62,7 @@ LABEL = {"4f": "4 floats", "84": "4x84x84 uint8", "256": "3x256x256 uint8", "pon
 def instrument(collector: MultiCollector) -> list[float]:
     """Accumulate the trainer's time spent turning answers into batches (receive and stack)."""
     spent = [0.0]
-    plane = collector._batches
+    plane = collector.slots.plane
     for name in ("receive", "round"):
         inner = getattr(plane, name)
 
@@ -125,7 +125,7 @@ def run(case: dict) -> dict:
         out = {"rate": rate, "frame_bytes": frame_bytes, "cpu_us": (_common.cpu_seconds(pids) - cpu0) / frames * 1e6}
         wall_bytes = frames * frame_bytes
         if case["kind"] != "single":
-            out["shared"] = collector._batches.shared_bytes
+            out["shared"] = collector.slots.plane.shared_bytes
             out["receive"] = wall_bytes / spent[0] if spent[0] else 0.0
         return out
     finally:

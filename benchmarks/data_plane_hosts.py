@@ -95,9 +95,11 @@ def peer(kind: str, rank: int, seconds: float) -> dict:
     if kind == "doorbell":
         import pickle
 
-        from rpc_collectors.transport.data import IN_FLIGHT, SLOTS, SlotPool, SlotWriter
-        from rpc_collectors.transport.doorbell import Ready, SocketDoorbell, answer
+        from rpc_collectors.transport.data import IN_FLIGHT, SLOTS, SlotPool
+        from rpc_collectors.transport.doorbell import Ready, answer
         from rpc_collectors.transport.layouts import BatchLayout
+        from rpc_collectors.transport.socket_doorbell import SocketDoorbell
+        from rpc_collectors.worker.single import SlotWriter
 
         store = torch.distributed.TCPStore(master, port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
         if rank == 1:
@@ -171,7 +173,7 @@ def collector_rank(seconds: float, single: bool, obs: str) -> dict:
     c = RPCCollector(make, None, frames_per_batch=frames, sync=False, launcher="torchrun", rpc_timeout=60)
     try:
         rate = _common.steady_rate(c, seconds, 3)
-        return {"MBps": rate * frame_bytes / 1e6, "rate": rate, "path": c._batches.path_of(0)}
+        return {"MBps": rate * frame_bytes / 1e6, "rate": rate, "path": c.slots.plane.path_of(0)}
     finally:
         c.shutdown()
 

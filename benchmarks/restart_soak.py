@@ -65,7 +65,7 @@ def main() -> None:
         for _ in range(20):
             next(batches)
         late = snapshot()
-        plane = collector._batches
+        plane = collector.slots.plane
         paths = [plane.path_of(w) for w in range(2)]
         lost = [len(plane.pools[w]._written) - collector.roster[w].outstanding for w in range(2)]
         print(f"restarts: {sum(collector.worker_restarts)} in {time.monotonic() - started:.1f} s")

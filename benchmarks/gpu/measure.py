@@ -281,7 +281,7 @@ def batches_case(obs: str, n: int, storing: str, seconds: float) -> dict:
         it = iter(collector)
         for _ in range(2 * n):  # every worker's first batch (it sets up its slots), and one more
             next(it)
-        plane, spent, moved = collector._batches, [0.0], [0]
+        plane, spent, moved = collector.slots.plane, [0.0], [0]
         place = plane.to_storing_device
 
         def timed(batch):

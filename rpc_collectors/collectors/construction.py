@@ -1,12 +1,13 @@
-"""How a multi-worker collector is built from its arguments, before any process starts, and where it runs.
+"""How a multi-worker collector is built from its arguments, before any process starts, and where
+it runs.
 
 :func:`rendezvous` resolves the launcher and, on a process that is not the trainer (a
 torchrun/SLURM rank > 0, or a collector joining an elastic trainer), serves a collector there
-and exits the process. :func:`check` turns the remaining arguments into
-:class:`~rpc_collectors.trainer.settings.Settings`: each wrong one is a ``ValueError``/``TypeError``
-naming the argument, the value and what is accepted. This layer may reach both sides of the
-process boundary: the worker's (what a worker serves, a node's spec) and the cluster's (jobs, elastic
-joins); the trainer's side below it imports neither.
+and exits the process. :func:`plan` turns the remaining arguments into
+the collector's :class:`~rpc_collectors.trainer.plan.Plan`: each wrong one is a
+``ValueError``/``TypeError`` naming the argument, the value and what is accepted. This layer may
+reach both sides of the process boundary: the worker's (what a worker serves, a node's spec) and
+the cluster's (jobs, elastic joins); the trainer's side below it imports neither.
 """
 from __future__ import annotations
 
@@ -20,38 +21,52 @@ from tensordict.nn import TensorDictModuleBase
 
 from rpc_collectors.cluster import jobs as collector_jobs
 from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
-from rpc_collectors.core import checks, options, pickling, worker_checks, worker_warnings
+from rpc_collectors.core import (
+    checks,
+    options,
+    pickling,
+    torchrl_args,
+    worker_checks,
+    worker_warnings,
+)
 from rpc_collectors.core.protocol import NodeSpec, WorkerSpec
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.single_process.envs import check_env_id
 from rpc_collectors.single_process.policies import StepPolicy, check_forward
-from rpc_collectors.trainer.settings import Settings
+from rpc_collectors.trainer.plan import Plan
 from rpc_collectors.transport.rendezvous import Rendezvous, detect_launcher, from_environment
-from rpc_collectors.transport.weight_sync import TRANSPORTS
-from rpc_collectors.worker.node import check_inference, node_class
+from rpc_collectors.worker.node import check_inference
 from rpc_collectors.worker.rpc_rank import serve_rank
 
 COLLECTOR_KWARGS = set(inspect.signature(Collector.__init__).parameters) - {
-    "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start", "traj_id_stride",
-    "split_trajs", "postproc", "replay_buffer", "extend_buffer", "create_env_kwargs", "policy_factory",
-    "trajs_per_batch", "traj_format", "trajs_per_write", "replay_write_mode", "weight_sync_schemes", "worker_idx",
+    "self", "create_env_fn", "policy", "frames_per_batch", "total_frames", "traj_id_start",
+    "traj_id_stride", "split_trajs", "postproc", "replay_buffer", "extend_buffer",
+    "create_env_kwargs", "policy_factory", "trajs_per_batch", "traj_format", "trajs_per_write",
+    "replay_write_mode", "weight_sync_schemes", "worker_idx",
 }
-PER_WORKER = ("create_env_kwargs", "policy_factory")  # one value for every worker, or a list of them
+# one value for every worker, or a list of them
+PER_WORKER = ("create_env_kwargs", "policy_factory")
 DEVICES = ("device", "storing_device", "env_device", "policy_device")
 
 
-def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: float) -> tuple[str, Rendezvous | None]:
+def rendezvous(
+    launcher: str, elastic: bool, join_timeout: float, rpc_timeout: float,
+) -> tuple[str, Rendezvous | None]:
     """The resolved launcher and, under torchrun/SLURM, this trainer's rendezvous.
 
     Any other process of the run serves a collector here until the trainer stops it, then exits.
     """
     resolved = detect_launcher(launcher, elastic)
     joining = join_rendezvous()
-    if joining is not None:  # a collector process started to join a running trainer
+    # a collector process started to join a running trainer
+    if joining is not None:
         if not elastic:
-            raise ValueError(f"{JOIN_VARIABLE} is set, so this process joins a trainer as a collector; that needs elastic=True")
+            raise ValueError(
+                f"{JOIN_VARIABLE} is set, so this process joins a trainer as a collector; "
+                "that needs elastic=True")
         _serve(member_rendezvous(joining, join_timeout), rpc_timeout)
-    if resolved == "submitit":  # this process trains; the collector jobs it submits join it
+    # this process trains; the collector jobs it submits join it
+    if resolved == "submitit":
         return resolved, None
     if resolved in ("torchrun", "slurm"):
         rdv = from_environment(resolved)
@@ -60,9 +75,9 @@ def rendezvous(launcher: str, elastic: bool, join_timeout: float, rpc_timeout: f
         return resolved, rdv
     if elastic:
         raise ValueError(
-            f"elastic=True needs a trainer that collectors can join over the network; accepted with "
-            f"launcher={launcher!r} (resolved to {resolved!r}): False (elastic launchers: 'torchrun', 'slurm', 'submitit')"
-        )
+            "elastic=True needs a trainer that collectors can join over the network; "
+            f"accepted with launcher={launcher!r} (resolved to {resolved!r}): False "
+            "(elastic launchers: 'torchrun', 'slurm', 'submitit')")
     return resolved, None
 
 
@@ -73,93 +88,115 @@ def _serve(rdv: Rendezvous, rpc_timeout: float) -> None:
     os._exit(serve_rank(rdv, float(rpc_timeout)))
 
 
-def check_max_policy_lag(value: Any, sync: Any) -> int | None:
-    """``max_policy_lag``: None (no bound) or an int >= 0, for async collection only (:mod:`.continuity`)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"max_policy_lag={value!r} is invalid; accepted: None (no bound) or an int >= 0")
-    if sync:
-        raise ValueError(
-            f"max_policy_lag={value!r} applies to async collection, where a worker's batch may lag the trainer's "
-            "weights; accepted with sync=True: None"
-        )
-    return value
+def plan(
+    o: options.Options, *, create_env_fn: Any, policy: Any, default_cat_results: Any,
+    node_collector: type | None = None, ray: bool = False,
+) -> Plan:
+    """The :class:`Plan` of a multi-worker collector: ``o`` (each option checked by the table when
+    its group was built) checked where options read each other (:func:`_across`), the launcher or
+    the env, with the launcher resolved (:func:`rendezvous`, which serves a collector on any other
+    rank of the run; ``ray``: the workers are the Ray actors of ``RayCollector``).
 
-
-def check(
-    o: options.Options, *, launcher: str, rdv: Rendezvous | None, create_env_fn: Any, policy: Any,
-    frames_per_batch: int, default_cat_results: Any, weight_transport: str, preemptive_threshold: float | None = None,
-    node_collector: type | None = None,
-) -> Settings:
-    """Check the options of a multi-worker collector that read each other, the launcher or the env (each
-    group checked its own when it was built); ``o.collect`` are those of each worker's :class:`Collector`
-    (``init_random_frames`` for the whole collector, shared out here); ``frames_per_batch`` the
-    collector's total; ``weight_transport`` as ``weight_sync_schemes`` names it;
-    ``preemptive_threshold`` as :func:`checks.preemptive_threshold` returns it.
-
-    ``collector_class`` ``"sync"``/``"async"`` makes each worker a node of
-    ``num_workers_per_collector`` local workers (:mod:`rpc_collectors.worker.node`): frames are
-    shared out over every local worker, and ``max_worker_restarts`` is each node's budget for
-    replacing its own local workers. ``node_collector`` is the multi-worker class a node runs
-    (the public layer passes its ``MultiCollector``: this layer does not import it); ``inference``
-    ``"node"`` runs one policy per node (:func:`~rpc_collectors.worker.node.check_inference`)."""
+    ``o.collect`` are the options of each worker's :class:`Collector` (``init_random_frames`` is
+    for the whole collector, shared out here). ``collector_class`` ``"sync"``/``"async"`` makes each
+    worker a node of ``num_workers_per_collector`` local workers
+    (:mod:`rpc_collectors.worker.node`): frames are shared out over every local worker, and
+    ``max_worker_restarts`` is each node's budget for replacing its own local workers.
+    ``node_collector`` is the multi-worker class a node runs (the public layer passes its
+    ``MultiCollector``: this layer does not import it); ``inference`` ``"node"`` runs one policy
+    per node (:func:`~rpc_collectors.worker.node.check_inference`).
+    """
     launch, run, weights = o.launch, o.run, o.weights
-    node_kind, per_node, inference = _node_kind(o, policy, preemptive_threshold, node_collector)
+    weight_transport, threshold = _across(o, ray)
+    launcher, rdv = ("ray", None) if ray else rendezvous(
+        launch.launcher, launch.elastic, launch.join_timeout, launch.rpc_timeout)
+    # 1.0: every worker finishes, as no threshold
+    preempting = None if threshold == 1.0 else threshold
+    node_kind, per_node, inference = _node_kind(o, policy, preempting, node_collector)
     env_fns = _env_fns(create_env_fn, launch.num_collectors, rdv, launch.elastic)
     num_workers = len(env_fns)
     cat_results = default_cat_results if run.cat_results is None else run.cat_results
-    checks.choice("weight_transport", weight_transport, TRANSPORTS)
+    pushes = "auto" if weight_transport == torchrl_args.NO_PUSH else weight_transport
     if launch.elastic:
-        worker_checks.elastic(weight_transport, weights.backend)
+        worker_checks.elastic(pushes, weights.backend)
     tcp_port, executor = _launcher(launch, launcher)
-    node = None if node_kind is None else NodeSpec(  # a node replaces its own local workers, the trainer no node
+    # a node replaces its own local workers, the trainer no node
+    node = None if node_kind is None else NodeSpec(
         collector=node_collector, sync=node_kind == "sync", num_workers=per_node,
-        launcher="debug" if launcher == "debug" else "local", rpc_timeout=launch.rpc_timeout, inference=inference,
-        max_worker_restarts=checks.non_negative_int("max_worker_restarts", launch.max_worker_restarts),
+        launcher="debug" if launcher == "debug" else "local", rpc_timeout=launch.rpc_timeout,
+        inference=inference, max_worker_restarts=checks.non_negative_int(
+            "max_worker_restarts", launch.max_worker_restarts),
     )
     restarts = 0 if node is not None else worker_checks.max_worker_restarts(
-        launch.max_worker_restarts, launcher, weight_transport, weights.backend)
+        launch.max_worker_restarts, launcher, pushes, weights.backend)
+    frames = o.batches.frames_per_batch
     frames_per_batch, frames_per_batch_worker = _frames(
-        o.batches.frames_per_batch, frames_per_batch, num_workers, run.sync, cat_results,
-        per_node if node_kind == "sync" else 1, launch.collector_class if node is not None else None,
+        frames, sum(frames) if isinstance(frames, list) else frames, num_workers, run.sync,
+        cat_results, per_node if node_kind == "sync" else 1,
+        launch.collector_class if node is not None else None,
     )
+    if preempting is None:
+        # preempted batches vary in size
+        checks.total_frames_fits(o.batches.total_frames, frames_per_batch)
     if policy is not None and not callable(policy):
-        StepPolicy(policy)  # raises the TypeError naming the argument
+        # raises the TypeError naming the argument
+        StepPolicy(policy)
     if _plain_module(policy) and not o.collect.trust_policy:
-        check_forward(policy)  # here, before any worker builds it
-    kwargs, per_worker = _worker_options(o, frames_per_batch_worker, num_workers * per_node, per_node,
-                                         preemptive_threshold)
-    devices = worker_checks.worker_devices_of(*[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
-    kwargs["storing_device"] = "cpu"  # batches travel in host memory; the trainer places them (data_plane)
+        # here, before any worker builds it
+        check_forward(policy)
+    kwargs, per_worker = _worker_options(
+        o, frames_per_batch_worker, num_workers * per_node, per_node, preempting)
+    devices = worker_checks.worker_devices_of(
+        *[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
+    # batches travel in host memory; the trainer places them (data_plane)
+    kwargs["storing_device"] = "cpu"
     per_worker.pop("storing_device", None)
-    if executor is not None:  # the last check: it makes the folder if it is missing
+    if executor is not None:
+        # the last check: it makes the folder if it is missing
         collector_jobs.writable_folder(executor)
-    return Settings(
-        launcher=launcher, rdv=rdv, elastic=launch.elastic, join_timeout=launch.join_timeout, num_workers=num_workers,
-        sync=run.sync, cat_results=cat_results, num_threads=run.num_threads, backend=weights.backend,
-        rpc_timeout=launch.rpc_timeout, update_after_each_batch=weights.update_after_each_batch or weights.update_at_each_batch,
-        max_weight_update_interval=weights.max_weight_update_interval,
-        weight_transport=weight_transport, max_worker_restarts=restarts, frames_per_batch=frames_per_batch,
-        frames_per_batch_worker=frames_per_batch_worker, exploration_type=kwargs["exploration_type"],
-        policy_device=devices["policy_device"], storing_device=devices["storing_device"],
-        specs=_specs(env_fns, policy, kwargs, per_worker, node), node=node, tcp_port=tcp_port, executor=executor,
-        preemptive_threshold=preemptive_threshold, track_policy_version=kwargs["track_policy_version"],
+    return Plan(
+        options=o, launcher=launcher, rdv=rdv, num_workers=num_workers, cat_results=cat_results,
+        frames_per_batch=frames_per_batch, frames_per_batch_worker=frames_per_batch_worker,
+        weight_transport=pushes, no_push=weight_transport == torchrl_args.NO_PUSH,
+        max_worker_restarts=restarts,
+        preemptive_threshold=threshold,
+        preempt_after=None if preempting is None else int(num_workers * preempting),
+        update_after_each_batch=weights.update_after_each_batch or weights.update_at_each_batch,
+        exploration_type=kwargs["exploration_type"],
+        track_policy_version=kwargs["track_policy_version"], policy_device=devices["policy_device"],
+        storing_device=devices["storing_device"],
+        specs=_specs(env_fns, policy, kwargs, per_worker, node),
+        tcp_port=tcp_port, executor=executor, node=node,
         policy_factory=any(factory is not None for factory in per_worker["policy_factory"]),
     )
 
 
+def _across(o: options.Options, ray: bool) -> tuple[str, float | None]:
+    """The checks of options that read options of other groups; the weight transport that
+    ``weight_sync_schemes`` names and ``preemptive_threshold`` as checked."""
+    batches, run, launch, collect = o.batches, o.run, o.launch, o.collect
+    whole = batches.trajs_per_batch is not None or batches.replay_write_mode == "trajectory"
+    checks.split_needs_ids(batches.split_trajs or whole, collect.track_traj_ids)
+    checks.use_buffers(collect.use_buffers, batches.replay_buffer)
+    checks.preemption_fits(run.preemptive_threshold, launch.elastic, batches.split_trajs or whole)
+    transport = torchrl_args.weight_sync_schemes(
+        o.weights.weight_sync_schemes, o.weights.weight_transport, ray=ray)
+    return transport, run.preemptive_threshold
+
+
 def _node_kind(o: options.Options, policy: Any, preemptive_threshold: float | None,
                node_collector: type | None) -> tuple[str | None, int, str]:
-    """What each worker runs: ``("sync" | "async" | None, its local workers, inference)``, checked against the rest."""
+    """What each worker runs: ``("sync" | "async" | None, its local workers, inference)``, checked
+    against the rest."""
     collector_class = o.launch.collector_class
-    node_kind, per_node = node_class(collector_class, o.launch.num_workers_per_collector)
+    node_kind, per_node = checks.node_class(collector_class, o.launch.num_workers_per_collector)
     factories = o.collect.policy_factory
     factories = list(factories) if isinstance(factories, (list, tuple)) else [factories]
     inference = check_inference(o.launch.inference, node_kind, collector_class, policy, factories)
     if node_kind is not None and node_collector is None:
-        raise ValueError(f"collector_class={collector_class!r} runs node collectors, which this collector does not "
-                         "support; accepted: collector_class='single'")
+        raise ValueError(
+            f"collector_class={collector_class!r} runs node collectors, which this collector "
+            "does not support; accepted: collector_class='single'")
     if preemptive_threshold is not None and node_kind is not None:
         raise ValueError(
             f"preemptive_threshold={preemptive_threshold!r} does not work with node collectors "
@@ -173,50 +210,65 @@ def _launcher(launch: options.Launch, launcher: str) -> tuple[int | None, Any]:
     tcp_port = worker_checks.tcp_port(launch.tcp_port, launcher)
     slurm_kwargs = launch.slurm_kwargs
     if slurm_kwargs is not None and launcher != "submitit":
-        raise ValueError(f"slurm_kwargs={slurm_kwargs!r} is for launcher='submitit'; accepted with launcher={launcher!r}: None")
+        raise ValueError(
+            f"slurm_kwargs={slurm_kwargs!r} is for launcher='submitit'; "
+            f"accepted with launcher={launcher!r}: None")
     return tcp_port, collector_jobs.executor(slurm_kwargs) if launcher == "submitit" else None
 
 
-def _worker_options(o: options.Options, frames_per_batch_worker: list[int], local_workers: int, per_node: int,
-                    preemptive_threshold: float | None) -> tuple[dict, dict]:
-    """Each worker's :class:`Collector` options: those shared by all, and those with one value per worker.
+def _worker_options(o: options.Options, frames_per_batch_worker: list[int], local_workers: int,
+                    per_node: int, preemptive_threshold: float | None) -> tuple[dict, dict]:
+    """Each worker's :class:`Collector` options: those shared by all, and those with one value per
+    worker.
 
-    ``local_workers``: the worker processes of the whole collector (``per_node`` in each worker), over
-    which ``init_random_frames`` is shared out."""
-    kwargs = {name: value for name, value in o.collect.arguments().items() if name != "cudagraph_policy"}
+    ``local_workers``: the worker processes of the whole collector (``per_node`` in each worker),
+    over which ``init_random_frames`` is shared out."""
+    kwargs = {
+        name: value for name, value in o.collect.arguments().items() if name != "cudagraph_policy"}
     num_workers = len(frames_per_batch_worker)
-    checks.env_kwargs(kwargs["create_env_kwargs"], "worker")  # here: a worker would refuse it once started
+    # here: a worker would refuse it once started
+    checks.env_kwargs(kwargs["create_env_kwargs"], "worker")
     per_worker = {name: _per_worker(name, kwargs.pop(name), num_workers) for name in PER_WORKER}
     per_worker["frames_per_batch"] = frames_per_batch_worker
-    for name in DEVICES:  # TorchRL's list of one device per worker
+    # TorchRL's list of one device per worker
+    for name in DEVICES:
         if isinstance(kwargs[name], (list, tuple)):
             per_worker[name] = _per_worker(name, kwargs.pop(name), num_workers)
-    for i, factory in enumerate(per_worker["policy_factory"]):  # with a policy too, the trainer's weight source only
+    # with a policy too, the trainer's weight source only
+    for i, factory in enumerate(per_worker["policy_factory"]):
         checks.optional_callable(f"policy_factory[{i}]", factory)
-    kwargs["init_random_frames"] = -(-checks.init_random_frames(kwargs["init_random_frames"]) // local_workers) * per_node
-    kwargs.update(_collector_kwargs(o.launch.collector_kwargs))  # each value checked there
-    kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])  # one collector_kwargs may set
-    kwargs["preemptible"] = preemptive_threshold is not None  # the worker numbers its batches and pads cut ones
-    if o.batches.metrics is False:  # the workers' phase clocks read no time either
+    random_frames = checks.init_random_frames(kwargs["init_random_frames"])
+    kwargs["init_random_frames"] = -(-random_frames // local_workers) * per_node
+    # each value checked there
+    kwargs.update(_collector_kwargs(o.launch.collector_kwargs))
+    # one collector_kwargs may set
+    kwargs["exploration_type"] = checks.exploration_type(kwargs["exploration_type"])
+    # the worker numbers its batches and pads cut ones
+    kwargs["preemptible"] = preemptive_threshold is not None
+    # the workers' phase clocks read no time either
+    if o.batches.metrics is False:
         kwargs["metrics"] = False
     return kwargs, per_worker
 
 
 def _frames(given: Any, total: int, num_workers: int, sync: bool, cat_results: Any, split: int,
             node_class_given: Any) -> tuple[int, list[int]]:
-    """The collector's frames per batch and each worker's (``frames_per_batch_worker``, one per worker).
+    """The collector's frames per batch and each worker's (``frames_per_batch_worker``, one per
+    worker).
 
-    ``given`` is ``frames_per_batch`` as given (TorchRL's list of one per worker, kept in sync batches;
-    async ones each have the list's sum, as TorchRL's), ``total`` the collector's frames per batch as given
-    (a list's sum); ``split``: the local workers a sync node's batch holds one batch of each of;
-    ``node_class_given``: the ``collector_class`` of node collectors, None without them."""
+    ``given`` is ``frames_per_batch`` as given (TorchRL's list of one per worker, kept in sync
+    batches; async ones each have the list's sum, as TorchRL's), ``total`` the collector's frames
+    per batch as given (a list's sum); ``split``: the local workers a sync node's batch holds one
+    batch of each of; ``node_class_given``: the ``collector_class`` of node collectors, None
+    without them."""
     if not isinstance(given, list):
         parts = num_workers * split if sync else split
         each = checks.frames_per_batch_fits(total, parts, "workers") * split
         return each * num_workers if sync else each, [each] * num_workers
     if node_class_given is not None:
         raise ValueError(
-            f"frames_per_batch={given!r}: a list of one per worker does not work with node collectors "
+            f"frames_per_batch={given!r}: a list of one per worker does not work with node "
+            "collectors "
             f"(collector_class={node_class_given!r}); accepted: one int"
         )
     frames = worker_checks.frames_per_worker(given, num_workers, sync, cat_results)
@@ -227,20 +279,26 @@ def _plain_module(policy: Any) -> bool:
     return isinstance(policy, torch.nn.Module) and not isinstance(policy, TensorDictModuleBase)
 
 
-def _env_fns(create_env_fn: Any, num_collectors: int | None, rdv: Rendezvous | None, elastic: bool) -> list:
+def _env_fns(
+    create_env_fn: Any, num_collectors: int | None, rdv: Rendezvous | None, elastic: bool,
+) -> list:
     if num_collectors is not None:
         checks.positive_int("num_collectors", num_collectors)
     if isinstance(create_env_fn, (list, tuple)):
         if not create_env_fn:
-            raise ValueError("create_env_fn=[] is empty; accepted: an env factory or a non-empty list of them")
+            raise ValueError(
+                "create_env_fn=[] is empty; accepted: an env factory or a non-empty list of them")
         if num_collectors is not None and num_collectors != len(create_env_fn):
-            raise ValueError(f"num_collectors={num_collectors} does not match the {len(create_env_fn)} entries of create_env_fn")
+            raise ValueError(
+                f"num_collectors={num_collectors} does not match the {len(create_env_fn)} entries "
+                "of create_env_fn")
         fns = list(create_env_fn)
     else:
         n = num_collectors if num_collectors is not None else (rdv.world_size - 1 if rdv else None)
         if not n:
             raise ValueError(
-                "num_collectors=None: give the number of workers (with elastic=True: of collector slots), "
+                "num_collectors=None: give the number of workers "
+                "(with elastic=True: of collector slots), "
                 "or a list of env factories as create_env_fn"
             )
         fns = [create_env_fn] * n
@@ -260,11 +318,11 @@ def _env_fns(create_env_fn: Any, num_collectors: int | None, rdv: Rendezvous | N
 def _collector_kwargs(collector_kwargs: dict | None) -> dict:
     if collector_kwargs is None:
         return {}
-    if not isinstance(collector_kwargs, dict):
-        raise TypeError(f"collector_kwargs={collector_kwargs!r} is invalid; accepted: None or a dict")
     unknown = set(collector_kwargs) - COLLECTOR_KWARGS
     if unknown:
-        raise ValueError(f"collector_kwargs has unknown keys {sorted(unknown)}; accepted: {sorted(COLLECTOR_KWARGS)}")
+        raise ValueError(
+            f"collector_kwargs has unknown keys {sorted(unknown)}; "
+            f"accepted: {sorted(COLLECTOR_KWARGS)}")
     worker_checks.collector_kwargs(collector_kwargs)
     return dict(collector_kwargs)
 
@@ -274,18 +332,28 @@ def _per_worker(name: str, value: Any, num_workers: int) -> list:
     if not isinstance(value, (list, tuple)):
         return [value] * num_workers
     if len(value) != num_workers:
-        raise ValueError(f"{name} has {len(value)} entries for {num_workers} workers; accepted: one value, or one per worker")
+        raise ValueError(
+            f"{name} has {len(value)} entries for {num_workers} workers; "
+            "accepted: one value, or one per worker")
     return list(value)
 
 
-def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: NodeSpec | None) -> list[bytes]:
-    """What each worker builds its collector from, pickled here so that failures name the argument."""
+def _specs(
+    env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: NodeSpec | None,
+) -> list[bytes]:
+    """What each worker builds its collector from, pickled here so that failures name the
+    argument."""
     kwargs = dict(kwargs, **{worker_warnings.KEY: worker_warnings.for_workers()})
-    worker_kwargs = [dict(kwargs, **{name: values[i] for name, values in per_worker.items()}) for i in range(len(env_fns))]
-    # a worker that builds its policy (policy_factory) is not sent the trainer's, whose weights it gets pushed
+    worker_kwargs = [
+        dict(kwargs, **{name: values[i] for name, values in per_worker.items()})
+        for i in range(len(env_fns))
+    ]
+    # a worker that builds its policy (policy_factory) is not sent the trainer's, whose weights it
+    # gets pushed
     policies = [policy if kw["policy_factory"] is None else None for kw in worker_kwargs]
     try:
-        specs, pickled = [], {}  # workers given the same factory, policy and options share one pickle
+        # workers given the same factory, policy and options share one pickle
+        specs, pickled = [], {}
         for fn, p, kw in zip(env_fns, policies, worker_kwargs):
             key = (id(fn), id(p), pickling.dumps(kw))
             if key not in pickled:
@@ -294,8 +362,10 @@ def _specs(env_fns: list, policy: Any, kwargs: dict, per_worker: dict, node: Nod
         return specs
     except Exception:
         named = [(f"create_env_fn[{i}]", fn) for i, fn in enumerate(env_fns)] + [("policy", policy)]
-        named += [(f"{name}[{i}]", v) for name, values in per_worker.items() for i, v in enumerate(values)]
-        named += [(name, kwargs[name]) for name in ("init_fn", "pre_collect_hook", "post_collect_hook")]
+        named += [(f"{name}[{i}]", v)
+                  for name, values in per_worker.items() for i, v in enumerate(values)]
+        named += [
+            (name, kwargs[name]) for name in ("init_fn", "pre_collect_hook", "post_collect_hook")]
         for name, value in named:
             checks.picklable(name, value)
         raise

@@ -1,5 +1,6 @@
-"""``RayCollector``: the collector front over Ray actors (:mod:`rpc_collectors.pools.ray_actors`), with
-TorchRL's ``RayCollector`` arguments. Needs the ``ray`` extra (``pip install "rpc_collectors[ray]"``)."""
+"""``RayCollector``: the collector front over Ray actors (:mod:`rpc_collectors.pools.ray_actors`),
+with TorchRL's ``RayCollector`` arguments. Needs the ``ray`` extra
+(``pip install "rpc_collectors[ray]"``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,17 +11,19 @@ from tensordict.nn import InteractionType
 
 from rpc_collectors.collectors import construction
 from rpc_collectors.collectors.multi import MultiCollector
-from rpc_collectors.core import checks, options, torchrl_args
+from rpc_collectors.core import checks, options
 from rpc_collectors.pools import ray_actors as ray_pool
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.trainer.collector_front import CollectorFront
-from rpc_collectors.trainer.settings import Settings
+from rpc_collectors.trainer.plan import Plan
 
-SINGLE_COLLECTORS = ("Collector", "SyncDataCollector")  # TorchRL's names of the single-process collector
+# TorchRL's names of the single-process collector
+SINGLE_COLLECTORS = ("Collector", "SyncDataCollector")
 
 
 class RayCollector(CollectorFront):
-    """Collects with ``num_collectors`` Ray actors, each running a single-process :class:`Collector`.
+    """Collects with ``num_collectors`` Ray actors, each running a single-process
+    :class:`Collector`.
 
     Args are TorchRL's ``RayCollector``'s, with this library's collector semantics:
 
@@ -29,7 +32,8 @@ class RayCollector(CollectorFront):
             a list of one per actor); ``update_policy_weights_(weights)`` pushes to them.
         policy, frames_per_batch, total_frames (-1: endless), max_frames_per_traj,
             init_random_frames, reset_at_each_iter, postproc, split_trajs, exploration_type,
-            replay_buffer, replay_write_mode, track_policy_version: as for :class:`~rpc_collectors.RPCCollector`.
+            replay_buffer, replay_write_mode, track_policy_version: as for
+            :class:`~rpc_collectors.RPCCollector`.
         device, storing_device, env_device, policy_device: one device, or a list with one per
             collector (``storing_device``: one device; batches are stored on the trainer).
         collector_class: what each actor runs: ``"single"`` or the single-process ``Collector``
@@ -42,7 +46,8 @@ class RayCollector(CollectorFront):
             actor; never modified.
         num_workers_per_collector: W, the local workers of each node actor (1 with ``"single"``).
         sync: True: each batch stacks one batch per actor, ``[N, frames_per_batch / N]``;
-            False (default): each batch is one actor's ``[frames_per_batch]``, first ready first served.
+            False (default): each batch is one actor's ``[frames_per_batch]``, first ready first
+            served.
         ray_init_config: None attaches to the Ray of this process, or one Ray can find
             (``RAY_ADDRESS``, the newest on this machine), else starts a local instance; a dict
             with ``address`` attaches there; one without starts a local instance with it.
@@ -62,9 +67,13 @@ class RayCollector(CollectorFront):
         trust_policy: as for :class:`Collector`, in every actor.
         weight_sync_schemes: TorchRL's ``{"policy": scheme}``, mapped onto the actors' weight
             transport (:mod:`rpc_collectors.core.torchrl_args`): ``RayWeightSyncScheme`` and
-            ``MultiProcessWeightSyncScheme`` one ``ray.put`` per version, ``SharedMemWeightSyncScheme``
-            shared memory (actors on the trainer's node), ``NoWeightSyncScheme`` no pushes.
+            ``MultiProcessWeightSyncScheme`` one ``ray.put`` per version,
+            ``SharedMemWeightSyncScheme`` shared memory (actors on the trainer's node),
+            ``NoWeightSyncScheme`` no pushes.
     """
+
+    # the "rpc" transport is one ray.put (TorchRL's RayWeightSyncScheme)
+    _ray_actors = True
 
     _default_cat_results: str | int = "stack"
 
@@ -107,35 +116,36 @@ class RayCollector(CollectorFront):
         weight_sync_schemes: dict | None = None,
     ) -> None:
         super().__init__(options.Batches.given(locals()))
-        self._closed = self._closing = True  # until the actors are up
+        # until the actors are up
+        self._closed = self._closing = True
         self._ray_started = False
         shared_memory = checks.boolean("shared_memory", shared_memory)
-        transport = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto", ray=True)
-        self._no_push = transport == torchrl_args.NO_PUSH
-        self._schemes_given, self._ray_actors = weight_sync_schemes, True
-        transport = "auto" if self._no_push else transport
         count = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else num_collectors
         kwargs_each = _listed("collector_kwargs", collector_kwargs, count) or [collector_kwargs]
         configs = _remote_configs(remote_configs, count)
 
-        given = options.Options.given(dict(locals(), launcher="ray", collector_class=_class_name(collector_class)))
+        # collector_kwargs: one dict, or one per collector, each planned on its own below
+        named = dict(locals(), collector_kwargs=None, collector_class=_class_name(collector_class))
+        given = options.Options.given(named)
 
-        def check(kwargs: dict | None) -> Settings:
-            o = dataclasses.replace(given, launch=dataclasses.replace(given.launch, collector_kwargs=kwargs))
-            return construction.check(
-                o, launcher="ray", rdv=None, create_env_fn=create_env_fn, policy=policy,
-                frames_per_batch=self.requested_frames_per_batch, default_cat_results=self._default_cat_results,
-                weight_transport=transport, node_collector=MultiCollector,
-            )
+        def plan(kwargs: dict | None) -> Plan:
+            launch = dataclasses.replace(given.launch, collector_kwargs=kwargs)
+            o = dataclasses.replace(given, launch=launch)
+            return construction.plan(o, create_env_fn=create_env_fn, policy=policy,
+                                     default_cat_results=self._default_cat_results,
+                                     node_collector=MultiCollector, ray=True)
 
-        checked = [check(kwargs) for kwargs in kwargs_each]  # settings takes one collector_kwargs dict
-        s = checked[0]
-        s.specs = [c.specs[i] for i, c in enumerate(checked)] if len(checked) > 1 else s.specs
+        # a plan takes one collector_kwargs dict: each collector's spec comes from the plan with its
+        # own
+        plans = [plan(kwargs) for kwargs in kwargs_each]
+        s = plans[0]
+        if len(plans) > 1:
+            s = dataclasses.replace(s, specs=[p.specs[i] for i, p in enumerate(plans)])
         if configs is None:
             configs = [dict(ray_pool.DEFAULT_REMOTE_CONFIG) for _ in range(s.num_workers)]
         elif len(configs) != s.num_workers:
-            raise ValueError(f"remote_configs has {len(configs)} entries for {s.num_workers} collectors; "
-                             "accepted: one per collector")
+            raise ValueError(f"remote_configs has {len(configs)} entries for {s.num_workers} "
+                             "collectors; accepted: one per collector")
         self._ray_started = ray_pool.connect(ray_init_config, s.rpc_timeout)
         try:
             ray_pool.check_resources(configs)
@@ -146,14 +156,18 @@ class RayCollector(CollectorFront):
 
     @property
     def remote_collectors(self) -> list:
-        """The Ray actor handles, one per collector (each serves one single-process ``Collector``)."""
-        return [self.workers.actors[i] for i in sorted(self.workers.actors)] if self.workers is not None else []
+        """The Ray actor handles, one per collector (each serves one single-process
+        ``Collector``)."""
+        if self.workers is None:
+            return []
+        return [self.workers.actors[i] for i in sorted(self.workers.actors)]
 
     def local_policy(self) -> Any:
         """The trainer's policy, whose weights :meth:`update_policy_weights_` pushes."""
         return self.policy
 
-    def shutdown(self, timeout: float | None = None, shutdown_ray: bool = False, close_env: bool = True) -> None:
+    def shutdown(self, timeout: float | None = None, shutdown_ray: bool = False,
+                 close_env: bool = True) -> None:
         """Close every actor's collector and envs (within ``timeout`` seconds, default 5), kill the
         actors, and stop Ray if this collector started it (or ``shutdown_ray``)."""
         if timeout is not None and self.workers is not None:
@@ -163,9 +177,10 @@ class RayCollector(CollectorFront):
 
     def async_shutdown(self, timeout: float | None = None, close_env: bool = True,
                        shutdown_ray: bool = False) -> Awaitable[None]:
-        """Stop background collection after the current batch, then :meth:`shutdown` (``shutdown_ray``
-        as there). Done when it returns; TorchRL's ``RayCollector.async_shutdown`` is a coroutine,
-        so what it returns may also be awaited (``await collector.async_shutdown(shutdown_ray=False)``)."""
+        """Stop background collection after the current batch, then :meth:`shutdown`
+        (``shutdown_ray`` as there). Done when it returns; TorchRL's ``RayCollector.async_shutdown``
+        is a coroutine, so what it returns may also be awaited
+        (``await collector.async_shutdown(shutdown_ray=False)``)."""
         super().async_shutdown(timeout, close_env)
         self._stop_ray(shutdown_ray)
         return _Done()
@@ -183,8 +198,9 @@ class _Done:
         return iter(())
 
 
-def _pool(s: Settings, configs: list[dict], shared_memory: bool, on_death: Any, on_arrival: Any) -> Any:
-    """The actors' pool: no death is reported unasked (a dead actor fails its calls and doorbell)."""
+def _pool(s: Plan, configs: list[dict], shared_memory: bool, on_death: Any, on_arrival: Any) -> Any:
+    """The actors' pool: no death is reported unasked (a dead actor fails its calls and
+    doorbell)."""
     return ray_pool.RayPool(s.num_workers, s.rpc_timeout, configs, s.rpc_timeout, shared_memory)
 
 
@@ -201,7 +217,8 @@ def _listed(name: str, value: Any, count: int | None) -> list | None:
     if not isinstance(value, (list, tuple)):
         return None
     if count is None or len(value) != count:
-        raise ValueError(f"{name} has {len(value)} entries; accepted: one value, or a list with one per collector ({count})")
+        raise ValueError(f"{name} has {len(value)} entries; accepted: one value, or a list with "
+                         f"one per collector ({count})")
     return list(value)
 
 
@@ -211,5 +228,6 @@ def _remote_configs(value: Any, count: int | None) -> list[dict] | None:
     configs = value if isinstance(value, (list, tuple)) else [value] * (count or 0)
     for i, config in enumerate(configs):
         if not isinstance(config, dict):
-            raise TypeError(f"remote_configs[{i}]={config!r} is invalid; accepted: a dict of Ray actor options")
+            raise TypeError(f"remote_configs[{i}]={config!r} is invalid; accepted: a dict of Ray "
+                            "actor options")
     return [dict(config) for config in configs]

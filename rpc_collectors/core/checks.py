@@ -10,7 +10,8 @@ from tensordict.nn import InteractionType
 
 from rpc_collectors.core import pickling, user_warnings
 
-MAX_TIMEOUT = 1e6  # seconds (11.6 days): what every timer below the RPC layer can hold
+# seconds (11.6 days): what every timer below the RPC layer can hold
+MAX_TIMEOUT = 1e6
 
 
 def _is_int(value: Any) -> bool:
@@ -24,12 +25,6 @@ def positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def total_frames(value: Any) -> int:
-    if not _is_int(value) or (value <= 0 and value != -1):
-        raise ValueError(f"total_frames={value!r} is invalid; accepted: -1 (endless) or an int > 0")
-    return int(value)
-
-
 def choice(name: str, value: Any, accepted: tuple) -> Any:
     if isinstance(value, bool) or value not in accepted:
         raise ValueError(f"{name}={value!r} is invalid; accepted: {', '.join(map(repr, accepted))}")
@@ -37,11 +32,13 @@ def choice(name: str, value: Any, accepted: tuple) -> Any:
 
 
 def timeout(name: str, value: Any, *, zero: bool = False) -> float:
-    """A finite number of seconds, > 0 (>= 0 with ``zero``) and at most ``MAX_TIMEOUT``; NaN is refused."""
+    """A finite number of seconds, > 0 (>= 0 with ``zero``) and at most
+    ``MAX_TIMEOUT``; NaN is refused."""
     number = not isinstance(value, bool) and isinstance(value, numbers.Real)
     if not number or not (0 <= value if zero else 0 < value) or not value <= MAX_TIMEOUT:
         bound = ">= 0" if zero else "> 0"
-        raise ValueError(f"{name}={value!r} is invalid; accepted: a number of seconds {bound} and <= {MAX_TIMEOUT:.0f}")
+        raise ValueError(f"{name}={value!r} is invalid; accepted: a number of seconds "
+                         f"{bound} and <= {MAX_TIMEOUT:.0f}")
     return float(value)
 
 
@@ -57,8 +54,9 @@ def picklable(name: str, value: Any) -> None:
         pickling.dumps(value)
     except Exception as err:
         raise TypeError(
-            f"{name}={value!r} cannot be sent to the worker processes ({type(err).__name__}: {err}); accepted: "
-            "an object cloudpickle can pickle: build locks, sockets, open files and the like inside the env factory"
+            f"{name}={value!r} cannot be sent to the worker processes ({type(err).__name__}: "
+            f"{err}); accepted: an object cloudpickle can pickle: build locks, sockets, open "
+            "files and the like inside the env factory"
         ) from err
 
 
@@ -71,7 +69,8 @@ def max_frames_per_traj(value: Any, name: str = "max_frames_per_traj") -> int | 
     if value is None or (_is_int(value) and value == -1):
         return None
     if not _is_int(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} is invalid; accepted: None or -1 (no limit), or an int > 0")
+        raise ValueError(f"{name}={value!r} is invalid; accepted: None or -1 "
+                         "(no limit), or an int > 0")
     return int(value)
 
 
@@ -83,9 +82,10 @@ def no_step_counter(env: Any, max_frames: Any) -> None:
     counted = [key for key in keys if "step_count" in ((key,) if isinstance(key, str) else key)]
     if counted:
         raise ValueError(
-            f"max_frames_per_traj={max_frames!r} conflicts with the env's own step counter ({counted[0]!r} in "
-            "its output_spec, e.g. a StepCounter transform); accepted: max_frames_per_traj=None or -1 with this "
-            "env, or an env without a StepCounter (use StepCounter(max_steps=...) to limit its trajectories)"
+            f"max_frames_per_traj={max_frames!r} conflicts with the env's own step counter "
+            f"({counted[0]!r} in its output_spec, e.g. a StepCounter transform); accepted: "
+            "max_frames_per_traj=None or -1 with this env, or an env without a StepCounter (use "
+            "StepCounter(max_steps=...) to limit its trajectories)"
         )
 
 
@@ -94,7 +94,8 @@ def init_random_frames(value: Any, name: str = "init_random_frames") -> int:
     if value is None or (_is_int(value) and value == -1):
         return 0
     if not _is_int(value) or value < 0:
-        raise ValueError(f"{name}={value!r} is invalid; accepted: None or -1 (none), or an int >= 0")
+        raise ValueError(f"{name}={value!r} is invalid; accepted: None or "
+                         "-1 (none), or an int >= 0")
     return int(value)
 
 
@@ -120,7 +121,8 @@ def optional_boolean(name: str, value: Any) -> bool | None:
 def use_buffers(value: Any, replay_buffer: Any) -> bool | None:
     value = optional_boolean("use_buffers", value)
     if value and replay_buffer is not None:
-        raise TypeError("use_buffers=True and a replay_buffer were both given; accepted with a replay_buffer: None or False")
+        raise TypeError("use_buffers=True and a replay_buffer were both given; accepted "
+                        "with a replay_buffer: None or False")
     return value
 
 
@@ -130,36 +132,69 @@ def optional_callable(name: str, value: Any) -> Any:
     return value
 
 
-def reset_when_done(value: Any) -> None:
-    """Envs are always reset when done; False is refused, as TorchRL refuses it."""
-    if value is not True:
-        raise ValueError(f"reset_when_done={value!r} is invalid; accepted: True (envs are reset when done, as in TorchRL)")
-
-
-def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool, replay_buffer: Any = None) -> str:
-    """``traj_format`` of ``trajs_per_batch`` batches: ``"padded"`` (default, TorchRL 0.14's) or ``"cat"``.
-    Left to its default where batches are yielded, it warns as TorchRL does that TorchRL 0.16's default,
-    which this package follows, is ``"cat"``."""
+def traj_format(value: Any, trajs_per_batch: int | None, split_trajs: bool,
+                replay_buffer: Any = None) -> str:
+    """``traj_format`` of ``trajs_per_batch`` batches: ``"padded"`` (default, TorchRL 0.14's) or
+    ``"cat"``. Left to its default where batches are yielded, it warns as TorchRL does that TorchRL
+    0.16's default, which this package follows, is ``"cat"``."""
     if value is not None and trajs_per_batch is None:
         raise ValueError(f"traj_format={value!r} needs trajs_per_batch; accepted without it: None")
     if trajs_per_batch is not None and split_trajs:
-        raise ValueError("trajs_per_batch yields whole trajectories; accepted with it: split_trajs=False")
-    if value not in (None, "padded", "cat"):  # TorchRL's wording, which its users match on
+        raise ValueError("trajs_per_batch yields whole trajectories; accepted "
+                         "with it: split_trajs=False")
+    # TorchRL's wording, which its users match on
+    if value not in (None, "padded", "cat"):
         raise ValueError(f"traj_format={value!r} is invalid: it must be 'padded' or 'cat'")
     if value is None and trajs_per_batch is not None and replay_buffer is None:
         user_warnings.warn(
-            "trajs_per_batch is set but traj_format is not: batches are 'padded', but the default will change "
-            "to 'cat' in torchrl v0.16 (and here with it); pass traj_format='padded' to keep this layout, or "
-            "traj_format='cat' for whole trajectories laid end to end", FutureWarning)
+            "trajs_per_batch is set but traj_format is not: batches are 'padded', but the default "
+            "will change to 'cat' in torchrl v0.16 (and here with it); pass traj_format='padded' "
+            "to keep this layout, or traj_format='cat' for whole "
+            "trajectories laid end to end", FutureWarning)
     return "padded" if value is None else value
 
 
 def interruptor(value: Any, name: str = "interruptor") -> Any:
     """TorchRL's ``interruptor``: None, or an object with a ``collection_stopped()`` method."""
     if value is not None and not callable(getattr(value, "collection_stopped", None)):
-        raise TypeError(f"{name}={value!r} is invalid; accepted: None or an object with a collection_stopped() "
-                        "method (TorchRL's _Interruptor)")
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None or an object with a "
+                        "collection_stopped() method (TorchRL's _Interruptor)")
     return value
+
+
+# TorchRL's collector_class, by name: what each worker runs (None: a single-process Collector)
+NODE_CLASSES = {
+    "single": None, "Collector": None, "SyncDataCollector": None,
+    "sync": "sync", "MultiSyncCollector": "sync", "MultiSyncDataCollector": "sync",
+    "async": "async", "MultiAsyncCollector": "async", "MultiaSyncDataCollector": "async",
+}
+
+
+def node_class(collector_class: Any, num_workers_per_collector: Any) -> tuple[str | None, int]:
+    """``("sync" | "async" | None, W)`` of TorchRL's ``collector_class`` (a string, or one of
+    the collector classes, ours or TorchRL's, by name) and ``num_workers_per_collector``."""
+    accepted = ("'single', 'sync', 'async', or the classes Collector, MultiSyncCollector, "
+                "MultiAsyncCollector (ours or TorchRL's; also their older names)")
+    name = collector_class if isinstance(collector_class,
+                                         str) else getattr(collector_class, "__name__", None)
+    module = getattr(collector_class, "__module__", "") or ""
+    known = isinstance(collector_class, str) or (
+        isinstance(collector_class, type) and module.split(".")[0] in ("rpc_collectors", "torchrl")
+    )
+    if not known or name not in NODE_CLASSES:
+        raise ValueError(f"collector_class={collector_class!r} is invalid; accepted: {accepted}")
+    kind = NODE_CLASSES[name]
+    count = num_workers_per_collector
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"num_workers_per_collector={num_workers_per_collector!r} is invalid; "
+                         "accepted: an int >= 1")
+    if kind is None and num_workers_per_collector != 1:
+        raise ValueError(
+            f"num_workers_per_collector={num_workers_per_collector} needs a multi-process "
+            f"collector_class; accepted with collector_class={collector_class!r}: 1 (or "
+            "collector_class='sync' / 'async')"
+        )
+    return kind, int(num_workers_per_collector)
 
 
 def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:
@@ -168,39 +203,31 @@ def split_needs_ids(split_trajs: bool, track_traj_ids: Any) -> None:
                          "(trajectories are told apart by their ids)")
 
 
-def preemptive_threshold(value: Any, sync: Any, elastic: Any, whole_trajectories: bool) -> float | None:
-    """TorchRL's ``preemptive_threshold``: None (or 1.0: every worker finishes) for no preemption,
-    else a fraction in [0, 1) of the workers of a sync round that finish before the others stop."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"preemptive_threshold={value!r} is invalid; accepted: None or a number in [0, 1]")
-    if value == 1.0:
-        return 1.0
-    if sync is False:
-        raise ValueError(
-            f"preemptive_threshold={value!r} ends the rounds of a sync collector early; an async one hands in "
-            "each worker's batch as soon as it is ready, so nothing waits on the slowest; accepted with sync=False: None"
-        )
-    if elastic is True:
-        raise ValueError(f"preemptive_threshold={value!r} does not work with elastic=True; accepted with it: None")
+def preemption_fits(value: float | None, elastic: bool, whole_trajectories: bool) -> None:
+    """``preemptive_threshold`` (checked, below 1.0) against the options of other groups."""
+    if value is None or value == 1.0:
+        return
+    if elastic:
+        raise ValueError(f"preemptive_threshold={value!r} does not work with "
+                         "elastic=True; accepted with it: None")
     if whole_trajectories:
         raise ValueError(
-            f"preemptive_threshold={value!r} pads a preempted worker's batch with steps it did not collect, which "
-            "split_trajs=True, trajs_per_batch and replay_write_mode='trajectory' would take for a trajectory; "
-            "accepted with them: None"
+            f"preemptive_threshold={value!r} pads a preempted worker's batch with steps it did not "
+            "collect, which split_trajs=True, trajs_per_batch and replay_write_mode='trajectory' "
+            "would take for a trajectory; accepted with them: None"
         )
-    return float(value)
 
 
 def compile_kwargs(value: Any) -> dict | None:
-    """``compile_policy``: None/False (not compiled), True (``torch.compile``'s defaults) or its keyword arguments."""
+    """``compile_policy``: None/False (not compiled), True (``torch.compile``'s
+    defaults) or its keyword arguments."""
     if value is None or value is False:
         return None
     if value is True:
         return {}
     if not isinstance(value, dict):
-        raise TypeError(f"compile_policy={value!r} is invalid; accepted: None, a bool or a dict of torch.compile arguments")
+        raise TypeError(f"compile_policy={value!r} is invalid; accepted: None, a bool or "
+                        "a dict of torch.compile arguments")
     return dict(value)
 
 
@@ -211,39 +238,22 @@ def policy_or_factory(policy: Any, policy_factory: Any) -> Any:
     if policy is not None:
         raise TypeError("policy and policy_factory were both given; accepted: one of them")
     if not callable(policy_factory):
-        raise TypeError(f"policy_factory={policy_factory!r} is not callable; accepted: None or a callable returning a policy")
+        raise TypeError(f"policy_factory={policy_factory!r} is not callable; accepted: "
+                        "None or a callable returning a policy")
     return policy_factory()
 
 
 def env_kwargs(value: Any, each: str | None = None) -> Any:
-    """TorchRL's ``create_env_kwargs``, as given: None or a dict of keyword arguments (str keys); where
-    each ``each`` (``"worker"``, ``"env"``) builds its own env, also a list of such dicts, one per
-    ``each`` (their number is checked where it is known)."""
+    """TorchRL's ``create_env_kwargs``, as given: None or a dict of keyword arguments (str keys);
+    where each ``each`` (``"worker"``, ``"env"``) builds its own env, also a list of such dicts, one
+    per ``each`` (their number is checked where it is known)."""
     entries = value if each is not None and isinstance(value, (list, tuple)) else [value]
-    if value is None or (entries and all(isinstance(kw, dict) and all(isinstance(key, str) for key in kw)
-                                         for kw in entries)):
+    dicts = all(isinstance(kw, dict) and all(isinstance(key, str) for key in kw) for kw in entries)
+    if value is None or (entries and dicts):
         return value
     listed = f", or a list of them, one per {each}" if each is not None else ""
-    raise TypeError(f"create_env_kwargs={value!r} is invalid; accepted: None or a dict of keyword arguments (str keys){listed}")
-
-
-def step_by_step_buffer(buffer: Any, postproc: Any, split_trajs: bool) -> None:
-    """``extend_buffer=False`` adds steps one at a time: no whole batch for ``postproc``/``split_trajs``."""
-    if not callable(getattr(buffer, "add", None)):
-        raise TypeError(f"extend_buffer=False needs a replay_buffer with add(); {buffer!r} has none; "
-                        "accepted: extend_buffer=True")
-    if postproc is not None or split_trajs:
-        raise ValueError("extend_buffer=False adds each step to the replay buffer; "
-                         "accepted with it: postproc=None, split_trajs=False")
-
-
-def replay_buffer(value: Any) -> Any:
-    if value is not None and not callable(getattr(value, "extend", None)):
-        raise TypeError(
-            f"replay_buffer={value!r} has no extend() method; accepted: None or any object with "
-            ".extend(tensordict), such as a TorchRL ReplayBuffer"
-        )
-    return value
+    raise TypeError(f"create_env_kwargs={value!r} is invalid; accepted: None or a dict of "
+                    f"keyword arguments (str keys){listed}")
 
 
 def device(name: str, value: Any) -> torch.device | None:
@@ -252,17 +262,23 @@ def device(name: str, value: Any) -> torch.device | None:
     try:
         dev = torch.device(value)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"{name}={value!r} is not a device; accepted: None, 'cpu', 'cuda', 'cuda:N' or a torch.device") from err
+        raise ValueError(f"{name}={value!r} is not a device; accepted: None, 'cpu', "
+                         "'cuda', 'cuda:N' or a torch.device") from err
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{name}={value!r} asks for CUDA, which this machine does not have; accepted here: None or 'cpu'")
+        raise ValueError(f"{name}={value!r} asks for CUDA, which this machine does not "
+                         "have; accepted here: None or 'cpu'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"{name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise ValueError(
+            f"{name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{name}={value!r} is not supported; accepted: None, 'cpu', 'cuda' or 'cuda:N'")
+        raise ValueError(f"{name}={value!r} is not supported; accepted: "
+                         "None, 'cpu', 'cuda' or 'cuda:N'")
     return dev
 
 
-def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: Any) -> dict[str, torch.device | None]:
+def devices(device_: Any, storing_device: Any, env_device: Any,
+            policy_device: Any) -> dict[str, torch.device | None]:
     """Resolve the four device arguments; ``device`` is the default for the other three."""
     base = device("device", device_)
     return {
@@ -272,17 +288,9 @@ def devices(device_: Any, storing_device: Any, env_device: Any, policy_device: A
     }
 
 
-def frames_per_batch(name: str, value: Any) -> int | list[int]:
-    """An int > 0, or TorchRL's list of one per worker (each an int > 0)."""
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise ValueError(f"{name}={value!r} is invalid; accepted: an int > 0, or a list of them, one per worker")
-        return [positive_int(f"{name}[{i}]", f) for i, f in enumerate(value)]
-    return positive_int(name, value)
-
-
 def exploration_type(value: Any, name: str = "exploration_type") -> InteractionType:
-    """TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) or its name; None: RANDOM."""
+    """TorchRL's ``ExplorationType`` (tensordict's ``InteractionType``) or its
+    name; None: RANDOM."""
     if value is None:
         return InteractionType.RANDOM
     if isinstance(value, InteractionType):
@@ -299,14 +307,15 @@ def exploration_type(value: Any, name: str = "exploration_type") -> InteractionT
 def frames_per_batch_fits(frames_per_batch: int, parts: int, what: str = "envs") -> int:
     """Frames for each of ``parts`` envs or workers: ``frames_per_batch`` divided, rounded up.
 
-    As TorchRL does, a ``frames_per_batch`` that does not divide evenly is rounded up with a warning.
+    As TorchRL does, a ``frames_per_batch`` that does not divide evenly is rounded up with a
+    warning.
     """
     per_part = -(-frames_per_batch // parts)
     if frames_per_batch % parts:
         user_warnings.warn(
-            f"frames_per_batch={frames_per_batch} does not divide evenly over {parts} {what}: each batch "
-            f"holds {per_part * parts} frames ({per_part} per {what[:-1]}); pass a multiple of {parts} "
-            "to get exactly frames_per_batch"
+            f"frames_per_batch={frames_per_batch} does not divide evenly over {parts} {what}: each "
+            f"batch holds {per_part * parts} frames ({per_part} per {what[:-1]}); pass a multiple "
+            f"of {parts} to get exactly frames_per_batch"
         )
     return per_part
 
@@ -317,15 +326,16 @@ def total_frames_fits(total_frames: int, frames_per_batch: int) -> None:
     if total_frames != -1 and total_frames % frames_per_batch:
         batches = -(-total_frames // frames_per_batch)
         user_warnings.warn(
-            f"total_frames={total_frames} is not a multiple of the batch size ({frames_per_batch} frames): the run "
-            f"collects {batches * frames_per_batch} frames in {batches} batch{'es' if batches > 1 else ''}; pass a multiple "
-            f"of {frames_per_batch} "
-            "to get exactly total_frames"
+            f"total_frames={total_frames} is not a multiple of the batch size ({frames_per_batch} "
+            f"frames): the run collects {batches * frames_per_batch} frames in {batches} "
+            f"batch{'es' if batches > 1 else ''}; pass a multiple of "
+            f"{frames_per_batch} to get exactly total_frames"
         )
 
 
 def writable_file(name: str, value: Any) -> str:
-    """A path a file can be written to now: its folder exists and is writable, and it is no folder."""
+    """A path a file can be written to now: its folder exists and is writable,
+    and it is no folder."""
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name}={value!r} is invalid; accepted: a file path (str or os.PathLike)")
     path = os.fspath(value)
@@ -333,5 +343,6 @@ def writable_file(name: str, value: Any) -> str:
     if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK) \
             or (os.path.exists(path) and not os.access(path, os.W_OK)):
         why = "is a folder" if os.path.isdir(path) else f"cannot be written in {folder!r}"
-        raise ValueError(f"{name}={path!r} {why}; accepted: a file path in an existing, writable folder")
+        raise ValueError(f"{name}={path!r} {why}; accepted: a file path in "
+                         "an existing, writable folder")
     return path

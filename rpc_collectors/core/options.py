@@ -1,4 +1,5 @@
-"""The collectors' options, one table: each group a frozen dataclass, each field TorchRL's name, default and doc.
+"""The collectors' options, one table: each group a frozen dataclass, each field TorchRL's name,
+default and doc.
 
 =================  ============================================================================
 group              what its options say
@@ -11,14 +12,15 @@ group              what its options say
 =================  ============================================================================
 
 A field's default is that of TorchRL's ``Collector`` and ``Multi*`` classes where they take the
-option, else ``RPCCollector``'s; where a class has its own default for an option (as TorchRL's
-class of that name does), :data:`CLASS_DEFAULTS` says so, and
-:data:`OTHER_MEANING` names the classes where TorchRL uses the name for another quantity.
-Every public constructor spells these options out in its signature (``tests/core/test_options_table.py``
-checks names, defaults and docs against this table) and converts them into the groups, which check
-each option when they are built (the checks of :mod:`rpc_collectors.core.checks`; an option that
-reads others of its group after them). Checks that read several groups, the env or the launcher
-stay with the code that has them (``collectors.construction.check``).
+option, else ``RPCCollector``'s; where a class has its own default for an option (as TorchRL's class
+of that name does), :data:`CLASS_DEFAULTS` says so, and :data:`OTHER_MEANING` names the classes
+where TorchRL uses the name for another quantity. Every public constructor spells these options out
+in its signature (``tests/core/test_options_table.py`` checks names, defaults and docs against this
+table) and converts them into the groups, which check each option when they are built (the checks of
+:mod:`rpc_collectors.core.checks`; an option that reads others of its group after them). Every
+option is checked here but those of :data:`CHECKED_ELSEWHERE`, which need the envs, the launcher or
+the collector; checks that read several groups are in one place, ``collectors.construction``'s
+``_across``.
 """
 from __future__ import annotations
 
@@ -26,102 +28,44 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-import torch
 from tensordict.nn import InteractionType
 
-from rpc_collectors.core import checks, torchrl_args
+from rpc_collectors.core import checks, option_checks, torchrl_args
 
 CAT_RESULTS = ("stack", 0, -1)
+WEIGHT_TRANSPORTS = ("auto", "shm", "broadcast", "rpc")
+# "mp": TorchRL's name for local; "submitit_delayed": TorchRL's, refused with what to use instead
+LAUNCHERS = ("auto", "local", "torchrun", "slurm", "debug", "submitit", "mp", "submitit_delayed")
+INFERENCE = ("worker", "node")
 G = TypeVar("G", bound="Group")
 
 
 def option(default: Any, doc: str, check: Callable[[str, Any], Any] | None = None) -> Any:
-    """A field of the table: its default, a one-line doc, and the check (name, value) -> value it passes."""
+    """A field of the table: its default, a one-line doc, and the check (name,
+    value) -> value it passes."""
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
-
-
-def _boolean(name: str, value: Any) -> bool:
-    return checks.boolean(name, value)
-
-
-def _optional_positive_int(name: str, value: Any) -> int | None:
-    return checks.optional_positive_int(name, value)
-
-
-def _exploration_type(name: str, value: Any) -> InteractionType:
-    return checks.exploration_type(value, name)
-
-
-def _max_frames_per_traj(name: str, value: Any) -> Any:
-    checks.max_frames_per_traj(value, name)
-    return value  # as given: None and TorchRL's -1 both say no limit
-
-
-def _init_random_frames(name: str, value: Any) -> Any:
-    checks.init_random_frames(value, name)
-    return value  # as given: None and TorchRL's -1 both say none
-
-
-def _frames_per_batch(name: str, value: Any) -> int | list[int]:
-    return checks.frames_per_batch(name, value)
-
-
-def _total_frames(name: str, value: Any) -> int:
-    return checks.total_frames(value)
-
-
-def _split_trajs(name: str, value: Any) -> bool:
-    return checks.boolean(name, False if value is None else value)  # TorchRL's None is False
-
-
-def _replay_buffer(name: str, value: Any) -> Any:
-    return checks.replay_buffer(value)
-
-
-def _optional_boolean(name: str, value: Any) -> bool | None:
-    return checks.optional_boolean(name, value)
-
-
-def _optional_callable(name: str, value: Any) -> Any:
-    return checks.optional_callable(name, value)
-
-
-def _reset_when_done(name: str, value: Any) -> bool:
-    checks.reset_when_done(value)
-    return value
-
-
-def _compile_policy(name: str, value: Any) -> dict | None:
-    return checks.compile_kwargs(value)
-
-
-def _trust_policy(name: str, value: Any) -> bool:
-    return torchrl_args.trust_policy(value, name)
-
-
-def _cudagraph_policy(name: str, value: Any) -> Any:
-    torchrl_args.cudagraph_policy(value, name)
-    return value
-
-
-def _timeout(name: str, value: Any) -> float:
-    return checks.timeout(name, value)
 
 
 def _cat_results(name: str, value: Any) -> Any:
     return None if value is None else checks.choice(name, value, CAT_RESULTS)
 
 
-def _backend(name: str, value: Any) -> str:
-    checks.choice(name, value, ("gloo", "nccl"))
-    if value == "nccl" and not torch.cuda.is_available():
-        raise ValueError("backend='nccl' needs CUDA, which this machine does not have; accepted here: 'gloo'")
+def _weight_transport(name: str, value: Any) -> str:
+    return checks.choice(name, value, WEIGHT_TRANSPORTS)
+
+
+def _launcher(name: str, value: Any) -> str:
+    if value not in LAUNCHERS:
+        raise ValueError(f"{name}={value!r} is not known; accepted: "
+                         f"{', '.join(map(repr, LAUNCHERS))}")
     return value
 
 
-def _update_interval(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-        raise ValueError(f"{name}={value!r} is invalid; accepted: -1 (never) or an int >= 0")
+def _inference(name: str, value: Any) -> str:
+    if not isinstance(value, str) or value not in INFERENCE:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: 'worker' (a policy in every "
+                         "worker) or 'node' (one policy per node collector, with "
+                         "collector_class='sync' or 'async')")
     return value
 
 
@@ -146,81 +90,112 @@ class Group:
     @classmethod
     def given(cls: type[G], arguments: Mapping[str, Any]) -> G:
         """The group of the options in ``arguments`` that it holds (others keep their defaults)."""
-        return cls(**{f.name: arguments[f.name] for f in dataclasses.fields(cls) if f.name in arguments})
+        return cls(
+            **{f.name: arguments[f.name] for f in dataclasses.fields(cls) if f.name in arguments}
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class Collect(Group):
     """What each worker collects (its :class:`~rpc_collectors.Collector`'s options)."""
 
-    max_frames_per_traj: int | None = option(None, "truncate trajectories at this many steps; None or -1: no limit",
-                                            _max_frames_per_traj)
-    init_random_frames: int | None = option(None, "the first frames, up to this many, use random actions; None or -1: none",
-                                           _init_random_frames)
-    reset_at_each_iter: bool = option(False, "reset the env at the start of every batch", _boolean)
-    exploration_type: Any = option(InteractionType.RANDOM, "TorchRL's ExplorationType around every policy call",
-                                   _exploration_type)
-    track_policy_version: bool = option(False, "batches carry the weights version of each step", _boolean)
-    device: Any = option(None, "default of the three devices below")
-    storing_device: Any = option(None, "where batches are stored")
-    env_device: Any = option(None, "where the env runs")
-    policy_device: Any = option(None, "where the policy runs")
+    max_frames_per_traj: int | None = option(
+        None, "truncate trajectories at this many steps; None or -1: no limit",
+        option_checks.max_frames_per_traj
+    )
+    init_random_frames: int | None = option(
+        None, "the first frames, up to this many, use random actions; None or -1: none",
+        option_checks.init_random_frames
+    )
+    reset_at_each_iter: bool = option(False, "reset the env at the start of every batch",
+                                      option_checks.boolean)
+    exploration_type: Any = option(InteractionType.RANDOM,
+                                   "TorchRL's ExplorationType around every policy call",
+                                   option_checks.exploration_type)
+    track_policy_version: bool = option(False, "batches carry the weights version of each step",
+                                        option_checks.boolean)
+    device: Any = option(None, "default of the three devices below", option_checks.device)
+    storing_device: Any = option(None, "where batches are stored", option_checks.device)
+    env_device: Any = option(None, "where the env runs", option_checks.device)
+    policy_device: Any = option(None, "where the policy runs", option_checks.device)
     create_env_kwargs: dict | list | None = option(None, "keyword arguments for create_env_fn")
     policy_factory: Any = option(None, "builds the policy in each worker, instead of policy")
     init_fn: Any = option(None, "called in each worker process before its env and policy are built",
-                          _optional_callable)
-    set_truncated: bool = option(False, "mark the last step of every batch truncated", _boolean)
-    reset_when_done: bool = option(True, "True only, as TorchRL", _reset_when_done)
-    track_traj_ids: bool = option(True, "batches carry (\"collector\", \"traj_ids\")", _boolean)
-    compile_policy: bool | dict | None = option(None, "True or torch.compile keyword arguments", _compile_policy)
-    compact_obs: bool = option(False, "drop (\"next\", observation) entries the next step's root holds",
-                               _boolean)
-    pre_collect_hook: Any = option(None, "called before each batch is collected", _optional_callable)
-    post_collect_hook: Any = option(None, "called with each batch before it is handed out", _optional_callable)
-    auto_register_policy_transforms: bool | None = option(None, "add the transforms a recurrent policy needs",
-                                                            _optional_boolean)
-    use_buffers: bool | None = option(None, "stack steps into one dense TensorDict", _optional_boolean)
-    trust_policy: bool | None = option(None, "a plain module called on TensorDicts, unchecked", _trust_policy)
-    cudagraph_policy: bool | dict | None = option(None, "CUDA graphs: a pass-through without CUDA", _cudagraph_policy)
+                          option_checks.optional_callable)
+    set_truncated: bool = option(False, "mark the last step of every batch truncated",
+                                 option_checks.boolean)
+    reset_when_done: bool = option(True, "True only, as TorchRL", option_checks.reset_when_done)
+    track_traj_ids: bool = option(True, "batches carry (\"collector\", \"traj_ids\")",
+                                  option_checks.boolean)
+    compile_policy: bool | dict | None = option(None, "True or torch.compile keyword arguments",
+                                                option_checks.compile_policy)
+    compact_obs: bool = option(False,
+                               "drop (\"next\", observation) entries the next step's root holds",
+                               option_checks.boolean)
+    pre_collect_hook: Any = option(None, "called before each batch is collected",
+                                   option_checks.optional_callable)
+    post_collect_hook: Any = option(None, "called with each batch before it is handed out",
+                                    option_checks.optional_callable)
+    auto_register_policy_transforms: bool | None = option(
+        None, "add the transforms a recurrent policy needs", option_checks.optional_boolean
+    )
+    use_buffers: bool | None = option(None, "stack steps into one dense TensorDict",
+                                      option_checks.optional_boolean)
+    trust_policy: bool | None = option(None, "a plain module called on TensorDicts, unchecked",
+                                       option_checks.trust_policy)
+    cudagraph_policy: bool | dict | None = option(None, "CUDA graphs: a pass-through without CUDA",
+                                                  option_checks.cudagraph_policy)
 
 
 @dataclasses.dataclass(frozen=True)
 class Batches(Group):
     """What the trainer hands out. Each field is checked here; those that read earlier fields
-    (``extend_buffer``, ``traj_format``, ``replay_write_mode``, ``trajs_per_write``) after the others;
-    ``metrics`` by the collector, which opens its targets (``single_process.metric_exports``).
+    (``extend_buffer``, ``traj_format``, ``replay_write_mode``, ``trajs_per_write``) after the
+    others; ``metrics`` by the collector, which opens its targets
+    (``single_process.metric_exports``).
 
     Frames, one name per quantity along the whole path: ``frames_per_batch``, those of each batch
     handed out (``requested_frames_per_batch``, TorchRL's attribute and ``stats()`` key, keeps it as
     given, before it is rounded up over the envs or workers); ``frames_per_batch_worker``
     (TorchRL's), those of each worker's batch: sync, its share of a batch; async, a whole batch;
-    TorchRL's list ``frames_per_batch`` gives each worker its own. A worker's ``Collector`` gets it as
-    its ``frames_per_batch``. ``frames_per_env``: each env's share of a ``Collector``'s batch, the
-    length of its time dim.
+    TorchRL's list ``frames_per_batch`` gives each worker its own. A worker's ``Collector`` gets it
+    as its ``frames_per_batch``. ``frames_per_env``: each env's share of a ``Collector``'s batch,
+    the length of its time dim.
     """
 
-    frames_per_batch: Any = option(dataclasses.MISSING, "frames per batch (required); a list: one per worker",
-                                   _frames_per_batch)
-    total_frames: int = option(-1, "frames in the whole run; -1: endless", _total_frames)
-    split_trajs: bool | None = option(None, "hand out [n_traj, T_max] padded trajectories; None is False", _split_trajs)
-    postproc: Any = option(None, "applied to each batch before it is handed out", _optional_callable)
-    replay_buffer: Any = option(None, "batches go to its extend(); iteration yields None", _replay_buffer)
-    extend_buffer: bool = option(True, "False: the replay_buffer gets each step with add()", _boolean)
+    frames_per_batch: Any = option(dataclasses.MISSING,
+                                   "frames per batch (required); a list: one per worker",
+                                   option_checks.frames_per_batch)
+    total_frames: int = option(-1, "frames in the whole run; -1: endless",
+                               option_checks.total_frames)
+    split_trajs: bool | None = option(None,
+                                      "hand out [n_traj, T_max] padded trajectories; None is False",
+                                      option_checks.split_trajs)
+    postproc: Any = option(None, "applied to each batch before it is handed out",
+                           option_checks.optional_callable)
+    replay_buffer: Any = option(None, "batches go to its extend(); iteration yields None",
+                                option_checks.replay_buffer)
+    extend_buffer: bool = option(True, "False: the replay_buffer gets each step with add()",
+                                 option_checks.boolean)
     trajs_per_batch: int | None = option(None, "hand out batches of this many whole trajectories",
-                                         _optional_positive_int)
+                                         option_checks.optional_positive_int)
     traj_format: str | None = option(None, "whole trajectories \"padded\" or \"cat\"")
-    replay_write_mode: str | None = option(None, "\"rollout\" or \"trajectory\" writes into the replay_buffer")
+    replay_write_mode: str | None = option(
+        None, "\"rollout\" or \"trajectory\" writes into the replay_buffer"
+    )
     trajs_per_write: int | None = option(None, "whole trajectories per replay_buffer write")
-    metrics: Any = option(None, "collector.metrics() kept (None, True) or off (False); targets: also written there")
+    metrics: Any = option(
+        None, "collector.metrics() kept (None, True) or off (False); targets: also written there"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.extend_buffer and self.replay_buffer is not None:
-            checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
-        self._set("traj_format", checks.traj_format(self.traj_format, self.trajs_per_batch, self.split_trajs,
-                                                    self.replay_buffer))
-        self._set("replay_write_mode", torchrl_args.replay_write_mode(self.replay_write_mode, self.replay_buffer,
-                                                                      self.trajs_per_batch))
+            option_checks.step_by_step_buffer(self.replay_buffer, self.postproc, self.split_trajs)
+        self._set("traj_format", checks.traj_format(
+            self.traj_format, self.trajs_per_batch, self.split_trajs, self.replay_buffer))
+        self._set("replay_write_mode", torchrl_args.replay_write_mode(
+            self.replay_write_mode, self.replay_buffer, self.trajs_per_batch))
         self._set("trajs_per_write", torchrl_args.trajs_per_write(
             self.trajs_per_write, self.replay_write_mode == "trajectory", self.replay_buffer))
 
@@ -229,49 +204,108 @@ class Batches(Group):
 class Run(Group):
     """How a multi-worker run is driven."""
 
-    sync: bool = option(True, "True: rounds of every worker's batch; False: first ready first served", _boolean)
-    cat_results: str | int | None = option(None, "a sync round stacked (\"stack\") or concatenated (0, -1)",
-                                           _cat_results)
-    preemptive_threshold: float | None = option(None, "sync: the fraction of workers after which a round ends")
-    max_policy_lag: int | None = option(None, "async: drop a batch this many weight versions behind")
+    sync: bool = option(True,
+                        "True: rounds of every worker's batch; False: first ready first served",
+                        option_checks.boolean)
+    cat_results: str | int | None = option(
+        None, "a sync round stacked (\"stack\") or concatenated (0, -1)", _cat_results
+    )
+    preemptive_threshold: float | None = option(
+        None, "sync: the fraction of workers after which a round ends"
+    )
+    max_policy_lag: int | None = option(None,
+                                        "async: drop a batch this many weight versions behind")
     num_threads: int | None = option(None, "torch threads of the trainer while the collector runs",
-                                     _optional_positive_int)
+                                     option_checks.optional_positive_int)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("preemptive_threshold",
+                  option_checks.preemptive_threshold(self.preemptive_threshold, self.sync))
+        self._set("max_policy_lag", option_checks.max_policy_lag(self.max_policy_lag, self.sync))
 
 
 @dataclasses.dataclass(frozen=True)
 class Weights(Group):
     """How weights move from the trainer to the workers."""
 
-    update_after_each_batch: bool = option(False, "push the weights before each worker's next batch", _boolean)
-    update_at_each_batch: bool = option(False, "TorchRL's name for update_after_each_batch", _boolean)
-    max_weight_update_interval: int = option(-1, "push after this many batches with the same weights; -1: never",
-                                             _update_interval)
-    weight_transport: str = option("auto", "\"auto\", \"shm\", \"broadcast\" or \"rpc\"")
-    weight_sync_schemes: dict | None = option(None, "TorchRL's {\"policy\": scheme}: names the weight transport")
-    backend: str = option("gloo", "the weight process group's backend, \"gloo\" or \"nccl\"", _backend)
+    update_after_each_batch: bool = option(
+        False, "push the weights before each worker's next batch", option_checks.boolean
+    )
+    update_at_each_batch: bool = option(False, "TorchRL's name for update_after_each_batch",
+                                        option_checks.boolean)
+    max_weight_update_interval: int = option(
+        -1, "push after this many batches with the same weights; -1: never",
+        option_checks.update_interval
+    )
+    weight_transport: str = option("auto", "\"auto\", \"shm\", \"broadcast\" or \"rpc\"",
+                                   _weight_transport)
+    weight_sync_schemes: dict | None = option(
+        None, "TorchRL's {\"policy\": scheme}: names the weight transport"
+    )
+    backend: str = option("gloo", "the weight process group's backend, \"gloo\" or \"nccl\"",
+                          option_checks.backend)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # RayWeightSyncScheme is the Ray collector's: construction checks which collector took it
+        torchrl_args.weight_sync_schemes(self.weight_sync_schemes, self.weight_transport, ray=True)
 
 
 @dataclasses.dataclass(frozen=True)
 class Launch(Group):
     """How workers are launched and waited for."""
 
-    num_collectors: int | None = option(None, "the number of workers when create_env_fn is not a list",
-                                        _optional_positive_int)
-    launcher: str = option("auto", "\"auto\", \"local\"/\"mp\", \"torchrun\", \"slurm\", \"debug\" or \"submitit\"")
-    tcp_port: int | str | None = option(None, "the rendezvous (submitit) or weight store (local) port")
-    slurm_kwargs: dict | None = option(None, "launcher=\"submitit\": the jobs' folder and executor parameters")
-    rpc_timeout: float = option(60.0, "seconds any single wait on a worker may take", _timeout)
-    collector_kwargs: dict | None = option(None, "extra keyword arguments for every worker's Collector")
-    max_worker_restarts: int = option(0, "failed workers replaced in the run before a WorkerError")
-    elastic: bool = option(False, "torchrun/SLURM: collectors may join and leave the running trainer", _boolean)
-    join_timeout: float = option(300.0, "elastic: seconds a round waits for a vacant slot to be taken", _timeout)
-    collector_class: Any = option("single", "what each worker runs: \"single\", \"sync\" or \"async\"")
+    num_collectors: int | None = option(None,
+                                        "the number of workers when create_env_fn is not a list",
+                                        option_checks.optional_positive_int)
+    launcher: str = option(
+        "auto", "\"auto\", \"local\"/\"mp\", \"torchrun\", \"slurm\", \"debug\" or \"submitit\"",
+        _launcher
+    )
+    tcp_port: int | str | None = option(None,
+                                        "the rendezvous (submitit) or weight store (local) port")
+    slurm_kwargs: dict | None = option(
+        None, "launcher=\"submitit\": the jobs' folder and executor parameters"
+    )
+    rpc_timeout: float = option(60.0, "seconds any single wait on a worker may take",
+                                option_checks.timeout)
+    collector_kwargs: dict | None = option(
+        None, "extra keyword arguments for every worker's Collector", option_checks.optional_dict
+    )
+    max_worker_restarts: int = option(0, "failed workers replaced in the run before a WorkerError",
+                                      option_checks.non_negative_int)
+    elastic: bool = option(False,
+                           "torchrun/SLURM: collectors may join and leave the running trainer",
+                           option_checks.boolean)
+    join_timeout: float = option(
+        300.0, "elastic: seconds a round waits for a vacant slot to be taken", option_checks.timeout
+    )
+    collector_class: Any = option("single",
+                                  "what each worker runs: \"single\", \"sync\" or \"async\"")
     num_workers_per_collector: int = option(1, "the local workers of each node collector")
-    inference: str = option("worker", "\"worker\" (a policy in every worker) or \"node\" (one per node)")
+    inference: str = option(
+        "worker", "\"worker\" (a policy in every worker) or \"node\" (one per node)", _inference
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks.node_class(self.collector_class, self.num_workers_per_collector)
 
 
 GROUPS: tuple[type[Group], ...] = (Collect, Batches, Run, Weights, Launch)
-TABLE: dict[str, dataclasses.Field] = {f.name: f for group in GROUPS for f in dataclasses.fields(group)}
+# the options the table does not check, and who does once it knows what they need
+CHECKED_ELSEWHERE: dict[str, str] = {
+    "create_env_kwargs": "the collector: one dict, or one per worker or env, "
+                         "once their number is known",
+    "policy_factory": "the collector: one factory, or one per worker, once their number is known",
+    "metrics": "the collector, which opens the targets (single_process.metric_exports)",
+    "tcp_port": "collectors.construction: what the port is for depends on the launcher",
+    "slurm_kwargs": "collectors.construction: the collector jobs' executor, "
+                    "for launcher='submitit' only",
+}
+TABLE: dict[str, dataclasses.Field] = {f.name: f for group in GROUPS
+                                       for f in dataclasses.fields(group)}
 
 # TorchRL's distributed classes spell "none" as -1 and False where its Collector says None
 _DISTRIBUTED = {"max_frames_per_traj": -1, "init_random_frames": -1, "split_trajs": False}
@@ -300,7 +334,8 @@ def default(name: str, class_name: str) -> Any:
 
 
 def check(name: str, value: Any, shown: str | None = None) -> Any:
-    """``value`` of option ``name`` checked as the table checks it (the message naming it ``shown``)."""
+    """``value`` of option ``name`` checked as the table checks it (the message
+    naming it ``shown``)."""
     checker = TABLE[name].metadata["check"]
     return value if checker is None else checker(shown or name, value)
 
@@ -322,6 +357,7 @@ class Options:
 
     @classmethod
     def given(cls, arguments: Mapping[str, Any]) -> Options:
-        """The groups of the options in ``arguments`` (a constructor's ``locals()``; other names are ignored)."""
+        """The groups of the options in ``arguments`` (a constructor's
+        ``locals()``; other names are ignored)."""
         return cls(Collect.given(arguments), Batches.given(arguments), Run.given(arguments),
                    Weights.given(arguments), Launch.given(arguments))

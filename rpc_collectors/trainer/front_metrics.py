@@ -8,24 +8,27 @@ module puts them together; it costs nothing between calls.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from rpc_collectors.core.metrics import Metrics, RosterMetrics, WorkerMetrics, WorkerPhases
+from rpc_collectors.single_process.run_meter import RunMeter
+from rpc_collectors.trainer.continuity import Continuity
+from rpc_collectors.trainer.roster import Roster
+from rpc_collectors.trainer.waits import Waits
 
 
-def phases_of(front: Any) -> tuple[WorkerPhases, ...]:
+def phases_of(roster: Roster, waits: Waits) -> tuple[WorkerPhases, ...]:
     """Each serving worker process's phases, by worker id (one call to each serving worker)."""
-    serving = front.roster.serving()
-    answers = front.gather({i: front.deferred.phases(i) for i in serving}) if serving else []
+    serving = roster.serving()
+    answers = waits.gather({i: waits.deferred.phases(i) for i in serving}) if serving else []
     return tuple(phases for answer in answers for phases in answer)
 
 
-def of(front: Any) -> Metrics:
-    """The :class:`Metrics` of collector front ``front``."""
-    roster = front.roster
-    alive = 0 if front._closing else sum(record.serving and record.dead is None for record in roster)
-    restarts = sum(front.worker_restarts) - roster.leaves
-    who = RosterMetrics(front.num_workers, alive, restarts, roster.joins, roster.leaves)
-    workers = tuple(WorkerMetrics.of(phases) for phases in phases_of(front))
-    dropped = (int(front.dropped_frames), int(front.dropped_batches))
-    return front._meter.snapshot(front.frames, dropped, who, workers, data_plane=True)
+def of(meter: RunMeter, frames: int, roster: Roster, waits: Waits, continuity: Continuity,
+       closing: bool) -> Metrics:
+    """The :class:`Metrics` of a front that counted ``frames`` with ``meter``, over ``roster``'s
+    workers (none alive once it is ``closing``)."""
+    alive = 0 if closing else sum(record.serving and record.dead is None for record in roster)
+    restarts = sum(roster.worker_restarts) - roster.leaves
+    who = RosterMetrics(len(roster), alive, restarts, roster.joins, roster.leaves)
+    workers = tuple(WorkerMetrics.of(phases) for phases in phases_of(roster, waits))
+    dropped = (int(continuity.dropped_frames), int(continuity.dropped_batches))
+    return meter.snapshot(frames, dropped, who, workers, data_plane=True)

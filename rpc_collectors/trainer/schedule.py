@@ -1,19 +1,20 @@
 """The request/wait loop of a collector front, and its sync and async schedules.
 
 Sync: every worker is asked for a batch and the round's answers are combined in the class's
-layout (``cat_results``); with ``preemptive_threshold`` the others are stopped once enough handed in.
-Async: each worker keeps its request depth in flight, and the first batch ready is handed out,
+layout (``cat_results``); with ``preemptive_threshold`` the others are stopped once enough handed
+in. Async: each worker keeps its request depth in flight, and the first batch ready is handed out,
 unless :mod:`.continuity` drops it (asked before a cut of its worker's stream, or too far behind
 the trainer's weights: ``max_policy_lag``). Every answer arrives through the front's one
 :class:`~rpc_collectors.trainer.waits.Events`; a failed worker raises
-:class:`~rpc_collectors.core.errors.Failure`, which :class:`~rpc_collectors.trainer.recovery.Recovery`
-handles before the loop asks again. :class:`Schedule` owns the state of the loop: the sync round in
-progress, the async worker whose batch the trainer holds, the elastic run's batch layout.
+:class:`~rpc_collectors.core.errors.Failure`, which
+:class:`~rpc_collectors.trainer.recovery.Recovery` handles before the loop asks again.
+:class:`Schedule` owns the state of the loop: the sync round in progress, the async worker whose
+batch the trainer holds, the elastic run's batch layout.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
@@ -22,98 +23,99 @@ from rpc_collectors.core.errors import Failure
 from rpc_collectors.single_process import preemption
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer import node_restarts
+from rpc_collectors.trainer.batch_slots import BatchSlots
 from rpc_collectors.trainer.continuity import Continuity
+from rpc_collectors.trainer.plan import Plan
 from rpc_collectors.trainer.recovery import Recovery
 from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.waits import BATCH, Answer, Events, Joined, Waits
 from rpc_collectors.trainer.weight_pushes import WeightPusher
 from rpc_collectors.transport import layouts
-from rpc_collectors.transport.data import BatchPlane
-
-
-class Scheduled(Protocol):
-    """What :class:`Schedule` uses of its collector front: the run's settings and the front's parts."""
-
-    num_workers: int
-    sync: bool
-    elastic: bool
-    join_timeout: float
-    cat_results: str | int
-    preempt_after: int | None
-    max_policy_lag: int | None
-    update_after_each_batch: bool
-    max_weight_update_interval: int
-    workers: Any
-    roster: Roster
-    events: Events
-    waits: Waits
-    recovery: Recovery
-    continuity: Continuity
-    pusher: WeightPusher
-    _batches: BatchPlane | None
-
-    def data_plane_call(self, method: Callable[..., Any], *args: Any) -> Any: ...
-
-    def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int: ...
 
 
 class Schedule:
-    """The batch requests of one collector front and the order its batches are handed out in."""
+    """The batch requests of one collector front and the order its batches are handed out in.
 
-    def __init__(self, front: Scheduled, meter: RunMeter | None = None) -> None:
-        self.front = front
-        self.meter = meter if meter is not None else RunMeter(on=False)  # its spans: "wait", "hand-out"
-        self.round: dict[int, Any] | None = None  # the answers of a sync round in progress
-        self.last_async: int | None = None  # async: the worker whose batch the trainer holds
-        self.layout: dict | None = None  # elastic: keys, shapes and dtypes of the run's first batch
+    It asks ``pool``'s workers (``roster``'s records) for batches into ``slots``, takes their
+    answers from ``events``, waits through ``waits``, pushes weights due through ``pusher``, drops
+    through ``continuity`` and recovers through ``recovery``; ``plan`` holds the run's options.
+    ``fail(error)`` shuts the front down and hands back the error to raise.
+    """
+
+    def __init__(
+        self, plan: Plan, roster: Roster, events: Events, waits: Waits, pool: Any,
+        pusher: WeightPusher, slots: BatchSlots, continuity: Continuity, recovery: Recovery,
+        fail: Callable[[BaseException], BaseException], meter: RunMeter | None = None,
+    ) -> None:
+        self.plan, self.roster, self.events, self.waits = plan, roster, events, waits
+        self.pool = pool
+        # the option groups it reads (Plan's properties would put plan.py on a batch's path)
+        options = plan.options
+        self.run, self.weights, self.launch = options.run, options.weights, options.launch
+        self.pusher, self.slots, self.continuity = pusher, slots, continuity
+        self.recovery, self.fail = recovery, fail
+        # its spans: "wait", "hand-out"
+        self.meter = meter if meter is not None else RunMeter(on=False)
+        # the answers of a sync round in progress
+        self.round: dict[int, Any] | None = None
+        # async: the worker whose batch the trainer holds
+        self.last_async: int | None = None
+        # elastic: keys, shapes and dtypes of the run's first batch
+        self.layout: dict | None = None
 
     # ---------------------------------------------------------------- the loop
     def deadline(self) -> float:
-        """Until when to wait for the next batch: each outstanding request's answer within rpc_timeout
-        of when its worker began on it (async too: one worker's answers never cover another's silence);
-        with none outstanding (elastic, vacant slots), a collector within join_timeout."""
-        front = self.front
-        oldest = front.waits.batch_deadline()
+        """Until when to wait for the next batch: each outstanding request's answer within
+        rpc_timeout of when its worker began on it (async too: one worker's answers never cover
+        another's silence); with none outstanding (elastic, vacant slots), a collector within
+        join_timeout."""
+        oldest = self.waits.batch_deadline()
         if oldest is not None:
             return oldest[0]
-        return front.waits.deadline() if not front.elastic else time.monotonic() + front.join_timeout
+        if not self.launch.elastic:
+            return self.waits.deadline()
+        return time.monotonic() + self.launch.join_timeout
 
     def next_batch(self) -> tuple[int, Any, bool]:
         """The next worker's batch answer (worker id, batch or ``Ready``, and False if it was asked
         before the worker's stream was cut); collectors that join meanwhile (elastic) are admitted.
         Deaths and timeouts raise :class:`Failure`."""
-        front = self.front
         deadline = self.deadline()
         while True:
             waited = self.meter.span_start()
-            item = front.events.take(lambda e: isinstance(e, Joined) or (isinstance(e, Answer) and e.tag == BATCH),
-                                     deadline, front.waits.check)
+            item = self.events.take(
+                lambda e: isinstance(e, Joined) or (isinstance(e, Answer) and e.tag == BATCH),
+                deadline, self.waits.check)
             self.meter.span_end("wait", waited, answered=getattr(item, "worker_id", None))
             if item is None:
-                oldest = front.waits.batch_deadline()
+                oldest = self.waits.batch_deadline()
                 if oldest is None:
-                    raise front.recovery.no_collector()
-                raise front.waits.late(oldest[1])
+                    raise self.recovery.no_collector()
+                raise self.waits.late(oldest[1])
             if isinstance(item, Joined):
-                front.recovery.admit(item.rank)
+                self.recovery.admit(item.rank)
                 deadline = self.deadline()
                 continue
-            record = front.roster[item.worker_id]
+            record = self.roster[item.worker_id]
             if item.generation != record.generation:
-                continue  # the answer of a replaced worker
-            result = front.waits.result(item.worker_id, item.fut)  # a failure leaves it asked: its replacement redoes it
+                # the answer of a replaced worker
+                continue
+            # a failure leaves it asked: its replacement redoes it
+            result = self.waits.result(item.worker_id, item.fut)
             fresh = record.answered()
-            if record.info and "local_pids" in record.info:  # a node: its local restarts and own drops come with its answers
+            # a node: its local restarts and own drops come with its answers
+            if record.info and "local_pids" in record.info:
                 result, dropped = node_restarts.answer_of(record, item.worker_id, result)
-                front.continuity.count(dropped.frames, dropped.batches)
-            if front.elastic:
+                self.continuity.count(dropped.frames, dropped.batches)
+            if self.launch.elastic:
                 self._same_layout(item.worker_id, result)
             return item.worker_id, result, fresh
 
     def _same_layout(self, worker_id: int, result: Any) -> None:
         """Elastic: a member whose batch does not match the run's first one (keys, shapes,
         dtypes) fails, so its slot falls vacant, instead of mixing layouts in the run."""
-        if not isinstance(result, TensorDictBase):  # in its own slots, laid out from its first batch
+        # in its own slots, laid out from its first batch
+        if not isinstance(result, TensorDictBase):
             return
         signature = layouts.signature_of(result)
         if self.layout is None:
@@ -125,39 +127,41 @@ class Schedule:
     def next_answer(self) -> tuple[int, Any, bool]:
         """:meth:`next_batch`, recovering failed workers; a replacement is asked what its
         predecessor left unanswered."""
-        front = self.front
         while True:
             try:
                 return self.next_batch()
             except Failure as failed:
-                front.recovery.recover(failed)
-                for worker_id, record in enumerate(front.roster):
+                self.recovery.recover(failed)
+                for worker_id, record in enumerate(self.roster):
                     for _ in range(record.redo):
                         self.request(worker_id)
 
     def request(self, worker_id: int, again: bool = False) -> None:
         """Ask ``worker_id`` for its next batch (``again``, or a request its predecessor left:
         into the same slot); a vacant elastic slot is asked once a collector takes it."""
-        front, record = self.front, self.front.roster[worker_id]
+        plan, record = self.plan, self.roster[worker_id]
         if not record.serving:
             return
         again = again or record.redo > 0
-        if not again and front.pusher.plane is not None and record.weights_due(
-                front.update_after_each_batch, front.max_weight_update_interval):
-            front.pusher.push(list(range(front.num_workers)) if front.sync else [worker_id])
-        slot = front._batches.slot_for(worker_id, again)
-        fut = front._batches.ring(worker_id, record.weights_version, slot)  # a worker with slots
+        due = record.weights_due(plan.update_after_each_batch,
+                                 self.weights.max_weight_update_interval)
+        if not again and self.pusher.plane is not None and due:
+            self.pusher.push(list(range(plan.num_workers)) if self.run.sync else [worker_id])
+        slot = self.slots.plane.slot_for(worker_id, again)
+        # a worker with slots is rung; any other asked by a call
+        fut = self.slots.plane.ring(worker_id, record.weights_version, slot)
         if fut is None:
-            fut = front.workers.calls.collect(worker_id, record.weights_version, slot)
-        front.roster.asked(worker_id, front.frames_per_batch_worker(), again)
-        front.events.watch(worker_id, record.generation, BATCH, fut)
+            fut = self.pool.calls.collect(worker_id, record.weights_version, slot)
+        self.roster.asked(worker_id, max(plan.frames_per_batch_worker), again)
+        self.events.watch(worker_id, record.generation, BATCH, fut)
 
     # ---------------------------------------------------------------- membership
     def admitted(self, worker_id: int) -> None:
-        """A collector took ``worker_id``'s slot: a sync round that waits for the slot asks it at once."""
+        """A collector took ``worker_id``'s slot: a sync round that waits for the slot asks it at
+        once."""
         if self.round is not None and worker_id not in self.round:
             self.request(worker_id, again=True)
-        elif self.round is None and not self.front.sync:
+        elif self.round is None and not self.run.sync:
             self.request(worker_id)
 
     def left(self, worker_id: int) -> None:
@@ -168,45 +172,49 @@ class Schedule:
     # ---------------------------------------------------------------- schedules
     def collect(self) -> TensorDictBase:
         """The next batch: a sync round's, or the first async batch kept."""
-        return self._round() if self.front.sync else self._first_ready()
+        return self._round() if self.run.sync else self._first_ready()
 
     def _round(self) -> TensorDictBase:
-        front = self.front
-        for worker_id in range(front.num_workers):
+        plan = self.plan
+        for worker_id in range(plan.num_workers):
             self.request(worker_id)
         self.round = results = {}
         try:
-            while len(results) < front.num_workers:
-                if len(results) == front.preempt_after:
-                    self._preempt([i for i in range(front.num_workers) if i not in results])
-                worker_id, result, _ = self.next_answer()  # a sync round asks nothing before a cut
+            while len(results) < plan.num_workers:
+                if len(results) == plan.preempt_after:
+                    self._preempt([i for i in range(plan.num_workers) if i not in results])
+                # a sync round asks nothing before a cut
+                worker_id, result, _ = self.next_answer()
                 results[worker_id] = result
         finally:
             self.round = None
         handing = self.meter.span_start()
-        batch = self._combine([results[i] for i in range(front.num_workers)])
-        batch = batch if front.preempt_after is None else self._without_padding(batch)
+        batch = self._combine([results[i] for i in range(plan.num_workers)])
+        batch = batch if plan.preempt_after is None else self._without_padding(batch)
         self.meter.span_end("hand-out", handing)
         return batch
 
     def _first_ready(self) -> TensorDictBase:
-        front = self.front
         if self.last_async is not None:
-            self.request(self.last_async)  # after the trainer's step, with fresh weights if asked
-        for worker_id in range(front.num_workers):
+            # after the trainer's step, with fresh weights if asked
+            self.request(self.last_async)
+        for worker_id in range(self.plan.num_workers):
             if worker_id != self.last_async:
-                for _ in range(front._batches.depth(worker_id) - front.roster[worker_id].outstanding):
+                missing = self.slots.plane.depth(worker_id) - self.roster[worker_id].outstanding
+                for _ in range(missing):
                     self.request(worker_id)
         batch = self._next_kept()
-        if not front.update_after_each_batch:
-            self.request(self.last_async)  # keep the worker busy while the trainer works
+        if not self.plan.update_after_each_batch:
+            # keep the worker busy while the trainer works
+            self.request(self.last_async)
             self.last_async = None
         return batch
 
     def _next_kept(self) -> TensorDictBase:
-        """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's stream
-        was cut, or collected with weights more than ``max_policy_lag`` behind."""
-        continuity, pusher, bounded = self.front.continuity, self.front.pusher, self.front.max_policy_lag is not None
+        """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's
+        stream was cut, or collected with weights more than ``max_policy_lag`` behind."""
+        continuity, pusher = self.continuity, self.pusher
+        bounded = self.run.max_policy_lag is not None
         while True:
             self.last_async, result, fresh = self.next_answer()
             handing = self.meter.span_start()
@@ -225,28 +233,36 @@ class Schedule:
     def _preempt(self, worker_ids: list[int]) -> None:
         """Ask ``worker_ids`` to end the batch in progress at their next step (not waited for: a
         worker that died meanwhile shows in the round's wait)."""
-        front = self.front
         for worker_id in worker_ids:
-            if front.roster[worker_id].serving:
-                front.workers.calls.preempt(worker_id, front.roster[worker_id].requests)
+            if self.roster[worker_id].serving:
+                self.pool.calls.preempt(worker_id, self.roster[worker_id].requests)
 
     def _without_padding(self, batch: TensorDictBase) -> TensorDictBase:
         """As TorchRL: concatenated along time (``cat_results=-1``, or 0 over ``[T]`` batches),
         the steps a preempted worker did not collect are dropped; stacked, its mask marks them."""
-        cat_results = self.front.cat_results
+        cat_results = self.plan.cat_results
         if cat_results == -1 or (cat_results == 0 and batch.batch_dims == 1):
             return preemption.drop_padding(batch)
         return batch
 
     def _receive(self, worker_id: int, result: Any) -> TensorDictBase:
         """The batch of a worker's answer, labelled with its worker id."""
-        batch = self.front.data_plane_call(self.front._batches.receive, worker_id, result)
+        batch = self._plane_call(self.slots.plane.receive, worker_id, result)
         batch.set(layouts.WORKER_ID, torch.full(batch.shape, worker_id, dtype=torch.int64))
         return batch
 
     def _combine(self, results: list) -> TensorDictBase:
-        front = self.front
-        stacked = front.data_plane_call(front._batches.round, results)  # the round where the workers wrote it
+        # the round where the workers wrote it
+        stacked = self._plane_call(self.slots.plane.round, results)
         if stacked is None:
-            return layouts.combine([self._receive(i, r) for i, r in enumerate(results)], front.cat_results)
-        return layouts.lay_out(stacked, front.cat_results)
+            return layouts.combine([self._receive(i, r) for i, r in enumerate(results)],
+                                   self.plan.cat_results)
+        return layouts.lay_out(stacked, self.plan.cat_results)
+
+    def _plane_call(self, method: Callable[..., Any], *args: Any) -> Any:
+        """A call of the batch plane (:meth:`.BatchSlots.call`, here: a batch's path stays in this
+        module)."""
+        try:
+            return method(*args)
+        except OSError as err:
+            raise self.fail(err) from None

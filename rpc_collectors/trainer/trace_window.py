@@ -12,6 +12,7 @@ it before asking the workers, and a ``trace()`` while it is claimed (from any th
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -25,32 +26,51 @@ from rpc_collectors.core.errors import Failure
 from rpc_collectors.core.protocol import ProcessSpans
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer import clock_offsets, timeline
+from rpc_collectors.trainer.roster import Roster
 
-MAX_SPANS = 100_000  # per thread of each process: about 10 MB
+# per thread of each process: about 10 MB
+MAX_SPANS = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceParts:
+    """What a collector front's :class:`TraceWindow` uses: the serving workers (``roster``),
+    their calls and answers (``deferred``, ``gather``) and the pool (``workers``)."""
+
+    roster: Roster
+    deferred: Any
+    gather: Callable[..., list]
+    workers: Any
 
 
 class TraceWindow:
     """The trace window of ``front``: ``meter``'s spans (the trainer's clock), the workers it was
     opened on, the rounds left. ``front`` gives the window what it uses: ``roster.serving()``,
     ``deferred`` calls, ``gather`` and the pool (``workers``): a collector front's own, or a pool's
-    (:class:`~rpc_collectors.trainer.batched_observing.PoolParts`)."""
+    (:class:`~rpc_collectors.trainer.batched_observing.PoolParts`).
+
+    ``claim`` is held while ``trace()`` checks and claims the window; ``path`` is the claimed
+    window's file, until written or given up; ``rounds_left`` 0: no window of the user's is open;
+    ``opened``: the workers whose window is open, since ``opened_at`` (on this process's
+    ``time.monotonic_ns()``)."""
 
     def __init__(self, front: Any, meter: RunMeter) -> None:
         self.front, self.meter = front, meter
-        self.claim = threading.Lock()  # held while trace() checks and claims the window
-        self.path: str | None = None  # the claimed window's file, until written or given up
-        self.rounds_left = 0  # 0: no window of the user's is open
-        self.opened: list[int] = []  # the workers whose window is open
-        self.opened_at = 0  # when, on this process's time.monotonic_ns()
+        self.claim = threading.Lock()
+        self.path: str | None = None
+        self.rounds_left = 0
+        self.opened: list[int] = []
+        self.opened_at = 0
 
     def start(self, path: Any, rounds: Any, max_spans: Any) -> None:
         """Open a window for the next ``rounds`` batches handed out, written to ``path`` then."""
         path = checks.writable_file("path", path)
-        rounds, max_spans = checks.positive_int("rounds", rounds), checks.positive_int("max_spans", max_spans)
+        rounds = checks.positive_int("rounds", rounds)
+        max_spans = checks.positive_int("max_spans", max_spans)
         with self.claim:
             if self.path is not None:
-                raise RuntimeError(f"a trace is already open: {self.path!r} is written once its batches are "
-                                   "handed out; call trace() again after that")
+                raise RuntimeError(f"a trace is already open: {self.path!r} is written once its "
+                                   "batches are handed out; call trace() again after that")
             self.path = path
         try:
             self.open(max_spans)
@@ -67,13 +87,15 @@ class TraceWindow:
         self.opened = list(self._gather(lambda i: front.deferred.trace(i, keep), serving))
 
     def take(self) -> list[ProcessSpans]:
-        """Close the window: the spans of this process and of every worker it was opened on, on this process's clock."""
+        """Close the window: the spans of this process and of every worker it was opened on, on
+        this process's clock."""
         front = self.front
         own = ProcessSpans((), socket.gethostname(), os.getpid(), self.meter.take_spans())
         opened, self.opened = self.opened, []
         answers = self._gather(lambda i: front.deferred.trace(i, None), opened)
         offsets = clock_offsets.measure(front.workers, front.gather, front.deferred, list(answers))
-        return [own] + [entry.moved(i, offsets[i][0], -(-offsets[i][1] // 2))  # half the round trip, rounded up
+        # each offset's error: half the round trip, rounded up
+        return [own] + [entry.moved(i, offsets[i][0], -(-offsets[i][1] // 2))
                         for i, entries in answers.items() for entry in entries]
 
     def handed_out(self) -> None:
@@ -87,7 +109,8 @@ class TraceWindow:
             except Exception as err:  # noqa: BLE001 - a trace never stops collection
                 self._give_up(self.path, err)
             else:
-                self.path = None  # closed: trace() may open the next window
+                # closed: trace() may open the next window
+                self.path = None
 
     def _gather(self, call: Callable[[int], Any], worker_ids: list[int]) -> dict[int, Any]:
         """``{worker_id: answer}`` of ``call(worker_id)`` sent to ``worker_ids``, without those that

@@ -15,7 +15,8 @@ from typing import Iterator
 
 import torch.distributed as dist
 
-LAUNCHERS = ("auto", "local", "torchrun", "slurm", "debug", "submitit", "mp", "submitit_delayed")  # the last three: TorchRL's
+from rpc_collectors.core.options import LAUNCHERS
+
 SIOCGIFADDR = 0x8915
 
 
@@ -23,22 +24,28 @@ SIOCGIFADDR = 0x8915
 class Rendezvous:
     """How this process joins the RPC world."""
 
-    launcher: str  # "local", "torchrun", "slurm" or "debug"
+    # "local", "torchrun", "slurm" or "debug"
+    launcher: str
     rank: int
     world_size: int
     master_addr: str
     master_port: int
-    interface: str | None  # network interface for TensorPipe and gloo
-    agent_store: bool = False  # torchrun's agent already serves the store on master_port
-    session: str = ""  # tells apart the worker names of successive collectors in one trainer
-    dynamic: bool = False  # members join and leave a running group (world_size is not fixed)
+    # network interface for TensorPipe and gloo
+    interface: str | None
+    # torchrun's agent already serves the store on master_port
+    agent_store: bool = False
+    # tells apart the worker names of successive collectors in one trainer
+    session: str = ""
+    # members join and leave a running group (world_size is not fixed)
+    dynamic: bool = False
 
     def address(self) -> str:
         """This process's address on the rendezvous's interface (without one, ``master_addr``)."""
         return interface_address(self.interface) if self.interface else self.master_addr
 
     def init_method(self, timeout: float) -> str:
-        """``init_rpc``'s URL: the store on master_addr:master_port, reached within ``timeout`` s."""
+        """``init_rpc``'s URL: the store on master_addr:master_port, reached
+        within ``timeout`` s."""
         return f"{SCHEME}://{self.master_addr}:{self.master_port}?timeout={timeout}"
 
 
@@ -47,20 +54,23 @@ def detect_launcher(launcher: str, elastic: bool = False) -> str:
 
     A SLURM job of one task runs local workers, unless ``elastic`` (its collectors join later)."""
     if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher={launcher!r} is not known; accepted: {', '.join(map(repr, LAUNCHERS))}")
+        known = ", ".join(map(repr, LAUNCHERS))
+        raise ValueError(f"launcher={launcher!r} is not known; accepted: {known}")
     if launcher == "submitit_delayed":
         raise ValueError(
-            "launcher='submitit_delayed' is not supported: it is TorchRL's way to run the trainer and its collectors "
-            "in one SLURM submission; accepted instead: launcher='slurm' (or 'auto') with the script submitted by "
-            "slurm/submit.py, one job whose task 0 trains and whose other tasks collect, or launcher='submitit' "
-            "with the trainer outside a job (a login node), or elastic=True with collector jobs of "
-            "slurm/submit.py --join JOBID"
+            "launcher='submitit_delayed' is not supported: it is TorchRL's way to run the trainer "
+            "and its collectors in one SLURM submission; accepted instead: launcher='slurm' (or "
+            "'auto') with the script submitted by slurm/submit.py, one job whose task 0 trains and "
+            "whose other tasks collect, or launcher='submitit' with the trainer outside a job (a "
+            "login node), or elastic=True with collector jobs of slurm/submit.py --join JOBID"
         )
-    if launcher == "mp":  # TorchRL's name for local worker processes
+    # TorchRL's name for local worker processes
+    if launcher == "mp":
         return "local"
     if launcher != "auto":
         return launcher
-    torchrun_variables = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "SLURM_JOB_ID" not in os.environ
+    torchrun_variables = ("RANK" in os.environ and "WORLD_SIZE" in os.environ
+                          and "SLURM_JOB_ID" not in os.environ)
     if "TORCHELASTIC_RUN_ID" in os.environ or torchrun_variables:
         return "torchrun"
     if "SLURM_JOB_ID" in os.environ and (int(os.environ.get("SLURM_NTASKS", "1")) > 1 or elastic):
@@ -78,7 +88,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 SCHEME = "rpc-collectors"
 
 
-def serve_store(host: str, port: int, timeout: float, argument: str = "MASTER_PORT") -> tuple[dist.TCPStore, int]:
+def serve_store(host: str, port: int, timeout: float,
+                argument: str = "MASTER_PORT") -> tuple[dist.TCPStore, int]:
     """Serve the rendezvous store on ``host:port`` only (``port=0``: any free port).
 
     Every process, this one included, reaches it as a client through the ``rpc-collectors://``
@@ -93,7 +104,8 @@ def serve_store(host: str, port: int, timeout: float, argument: str = "MASTER_PO
             sock.bind((host, port))
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
-                raise ValueError(f"{argument}={port} is already in use on {host}; choose a free port") from err
+                raise ValueError(f"{argument}={port} is already in use on {host}; choose a free "
+                                 "port") from err
             raise
         sock.listen(1024)
         port = sock.getsockname()[1]
@@ -115,8 +127,10 @@ def store_client(rdv: Rendezvous, timeout: float) -> dist.TCPStore:
 
     def connect() -> None:
         try:
-            outcome.append(dist.TCPStore(rdv.master_addr, rdv.master_port, None, False, datetime.timedelta(seconds=timeout)))
-        except Exception as err:  # torch's DistNetworkError and kin
+            outcome.append(dist.TCPStore(rdv.master_addr, rdv.master_port, None, False,
+                                         datetime.timedelta(seconds=timeout)))
+        except Exception as err:
+            # torch's DistNetworkError and kin
             outcome.append(err)
 
     thread = threading.Thread(target=connect, name="rpc-collectors-store-client", daemon=True)
@@ -125,7 +139,8 @@ def store_client(rdv: Rendezvous, timeout: float) -> dist.TCPStore:
     if outcome and not isinstance(outcome[0], Exception):
         return outcome[0]
     reason = f": {str(outcome[0]).splitlines()[0]}" if outcome else ""
-    raise ConnectionError(f"no rendezvous store answered at {rdv.master_addr}:{rdv.master_port} within {timeout:g} s{reason}")
+    raise ConnectionError(f"no rendezvous store answered at {rdv.master_addr}:{rdv.master_port} "
+                          f"within {timeout:g} s{reason}")
 
 
 def stopped_key(rdv: Rendezvous) -> str:
@@ -151,11 +166,13 @@ def interface_address(name: str) -> str:
     """The IPv4 address of network interface ``name``."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
-            packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR,
+                                 struct.pack("256s", name.encode()[:15]))
         except OSError as err:
             names = [n for _, n in socket.if_nameindex()]
             raise ValueError(
-                f"network interface {name!r} has no IPv4 address here; interfaces: {', '.join(names)}"
+                f"network interface {name!r} has no IPv4 address here; interfaces: "
+                f"{', '.join(names)}"
             ) from err
     return socket.inet_ntoa(packed[20:24])
 
@@ -163,22 +180,27 @@ def interface_address(name: str) -> str:
 def interface_towards(addr: str) -> str:
     """The name of the interface this host uses to reach ``addr``."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((socket.gethostbyname(addr), 9))  # UDP connect sends nothing
+        # UDP connect sends nothing
+        sock.connect((socket.gethostbyname(addr), 9))
         local = sock.getsockname()[0]
     for _, name in socket.if_nameindex():
         with contextlib.suppress(ValueError):
             if interface_address(name) == local:
                 return name
-    raise ValueError(f"no network interface of this host has the address {local} that routes to {addr}")
+    raise ValueError(f"no network interface of this host has the address {local} that routes to "
+                     f"{addr}")
 
 
 def from_environment(launcher: str) -> Rendezvous:
-    """Rendezvous of a torchrun or SLURM run, read from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT."""
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    """Rendezvous of a torchrun or SLURM run, read from RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+               if k not in os.environ]
     if missing:
         raise ValueError(
-            f"launcher={launcher!r} needs the environment variables {', '.join(missing)}; run under "
-            "torchrun, or submit with rpc_collectors.cluster.submission, or use launcher='local'"
+            f"launcher={launcher!r} needs the environment variables {', '.join(missing)}; run "
+            "under torchrun, or submit with rpc_collectors.cluster.submission, or use "
+            "launcher='local'"
         )
     addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
     if not port.isdigit() or not 0 < int(port) < 65536:
@@ -192,10 +214,12 @@ def from_environment(launcher: str) -> Rendezvous:
 
 
 def interface_for(addr: str) -> str:
-    """``TP_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` when set (checked), else the interface that routes to ``addr``."""
+    """``TP_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` when set (checked), else the interface
+    that routes to ``addr``."""
     interface = os.environ.get("TP_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME")
     if interface:
-        interface_address(interface)  # a wrong name fails here, not as a hang
+        # a wrong name fails here, not as a hang
+        interface_address(interface)
         return interface
     return interface_towards(addr)
 

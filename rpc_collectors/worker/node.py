@@ -45,115 +45,107 @@ from rpc_collectors.transport import local_restarts
 from rpc_collectors.transport.weights import holder_of, signature_of
 from rpc_collectors.worker.node_inference import NodeInference
 
-# collector_class: TorchRL's strings and class names -> the node's local collector (None: a single Collector)
-CLASS_NAMES = {
-    "single": None, "Collector": None, "SyncDataCollector": None,
-    "sync": "sync", "MultiSyncCollector": "sync", "MultiSyncDataCollector": "sync",
-    "async": "async", "MultiAsyncCollector": "async", "MultiaSyncDataCollector": "async",
-}
-NODE_WAIT_SHARE = 0.5  # of the trainer's rpc_timeout: how long a node waits on one of its local workers
-INFERENCE = ("worker", "node")
-KEEP_HANDED = 4  # how many of its last batches a node remembers the local workers of (the trainer asks at most 2 ahead)
+# collector_class: TorchRL's strings and class names -> the node's local collector
+# (None: a single Collector)
+# of the trainer's rpc_timeout: how long a node waits on one of its local workers
+NODE_WAIT_SHARE = 0.5
+# how many of its last batches a node remembers the local workers of (the
+# trainer asks at most 2 ahead)
+KEEP_HANDED = 4
 
 
-def node_class(collector_class: Any, num_workers_per_collector: Any) -> tuple[str | None, int]:
-    """``("sync" | "async" | None, W)`` of TorchRL's ``collector_class`` (a string, or one of
-    the collector classes, ours or TorchRL's, by name) and ``num_workers_per_collector``."""
-    accepted = ("'single', 'sync', 'async', or the classes Collector, MultiSyncCollector, MultiAsyncCollector "
-                "(ours or TorchRL's; also their older names)")
-    name = collector_class if isinstance(collector_class, str) else getattr(collector_class, "__name__", None)
-    module = getattr(collector_class, "__module__", "") or ""
-    known = isinstance(collector_class, str) or (
-        isinstance(collector_class, type) and module.split(".")[0] in ("rpc_collectors", "torchrl")
-    )
-    if not known or name not in CLASS_NAMES:
-        raise ValueError(f"collector_class={collector_class!r} is invalid; accepted: {accepted}")
-    kind = CLASS_NAMES[name]
-    if isinstance(num_workers_per_collector, bool) or not isinstance(num_workers_per_collector, int) \
-            or num_workers_per_collector < 1:
-        raise ValueError(f"num_workers_per_collector={num_workers_per_collector!r} is invalid; accepted: an int >= 1")
-    if kind is None and num_workers_per_collector != 1:
-        raise ValueError(
-            f"num_workers_per_collector={num_workers_per_collector} needs a multi-process collector_class; "
-            f"accepted with collector_class={collector_class!r}: 1 (or collector_class='sync' / 'async')"
-        )
-    return kind, int(num_workers_per_collector)
-
-
-def check_inference(inference: Any, node_kind: str | None, collector_class: Any, policy: Any, factories: list) -> str:
-    """``inference`` checked against the rest: ``"node"`` needs node collectors and a policy with
-    ``in_keys`` (a ``TensorDictModule`` or an ``nn.Module``) given as ``policy``."""
-    if not isinstance(inference, str) or inference not in INFERENCE:
-        raise ValueError(f"inference={inference!r} is invalid; accepted: 'worker' (a policy in every worker) or "
-                         "'node' (one policy per node collector, with collector_class='sync' or 'async')")
+def check_inference(inference: Any, node_kind: str | None, collector_class: Any, policy: Any,
+                    factories: list) -> str:
+    """``inference`` (its value checked by the options table) against the rest: ``"node"`` needs
+    node collectors and a policy with ``in_keys`` (a ``TensorDictModule`` or an ``nn.Module``)
+    given as ``policy``."""
     if inference == "worker":
         return inference
     if node_kind is None:
-        raise ValueError(f"inference='node' needs node collectors; collector_class={collector_class!r} runs none; "
-                         "accepted: collector_class='sync' or 'async' (with num_workers_per_collector), "
-                         "or inference='worker'")
+        raise ValueError("inference='node' needs node collectors; "
+                         f"collector_class={collector_class!r} runs none; accepted: "
+                         "collector_class='sync' or 'async' (with num_workers_per_collector), or "
+                         "inference='worker'")
     if any(factory is not None for factory in factories):
-        raise ValueError("inference='node' takes the policy itself; accepted: policy=<module>, policy_factory=None")
+        raise ValueError("inference='node' takes the policy itself; accepted: policy=<module>, "
+                         "policy_factory=None")
     if policy is None or StepPolicy(policy).td_module is None:
-        raise ValueError(f"inference='node': policy={policy!r} has no in_keys to send to the node; accepted: "
-                         "a TensorDictModule or an nn.Module (reading 'observation')")
+        raise ValueError(f"inference='node': policy={policy!r} has no in_keys to send to the node; "
+                         "accepted: a TensorDictModule or an nn.Module (reading 'observation')")
     return inference
 
 
 class NodeCollector:
     """A node's collector: W local workers behind the one server the trainer calls.
 
-    Built by :class:`~rpc_collectors.worker.server.WorkerState` from a spec with a :class:`NodeSpec`;
-    it meets :class:`~rpc_collectors.worker.served_collector.ServedCollector`. ``traj_id_start`` and
-    ``traj_id_stride`` are the node's trajectory ids as the trainer gives them to any worker
-    (``start + k * stride``, with ``stride`` the trainer's number of nodes); ``node_id``: the
-    trainer's worker id of this node, which its warnings name.
+    Built by :class:`~rpc_collectors.worker.server.WorkerState` from a spec with a
+    :class:`NodeSpec`; it meets :class:`~rpc_collectors.worker.served_collector.ServedCollector`.
+    ``traj_id_start`` and ``traj_id_stride`` are the node's trajectory ids as the trainer gives them
+    to any worker (``start + k * stride``, with ``stride`` the trainer's number of nodes);
+    ``node_id``: the trainer's worker id of this node, which its warnings name.
     """
 
-    env = None  # a node is never an env worker: its local workers step the envs
+    # a node is never an env worker: its local workers step the envs
+    env = None
 
     def __init__(
-        self, create_env_fn: Any, policy: Any, node: NodeSpec, traj_id_start: int, traj_id_stride: int,
-        node_id: int = 0, **kwargs: Any,
+        self, create_env_fn: Any, policy: Any, node: NodeSpec, traj_id_start: int,
+        traj_id_stride: int, node_id: int = 0, **kwargs: Any,
     ) -> None:
         self.node, self.node_id = node, node_id
-        self.worker_idx = node_id  # TorchRL's attribute: which worker this is
-        # where the trainer's weights land: the policy, or (policy_factory) a TensorDict laid out as they are
-        self.module: nn.Module | TensorDictBase | None = policy if isinstance(policy, nn.Module) else None
+        # TorchRL's attribute: which worker this is
+        self.worker_idx = node_id
+        # where the trainer's weights land: the policy, or (policy_factory) a
+        # TensorDict laid out as they are
+        module = policy if isinstance(policy, nn.Module) else None
+        self.module: nn.Module | TensorDictBase | None = module
         # local worker w's ids x = w + W * c become traj_id_start * W + w + traj_id_stride * W * c
-        self._base, self._stride = traj_id_start * node.num_workers, traj_id_stride * node.num_workers
-        self._version = 0  # of the weights in this node's policy
+        width = node.num_workers
+        self._base, self._stride = traj_id_start * width, traj_id_stride * width
+        # of the weights in this node's policy
+        self._version = 0
         self.inference: NodeInference | None = None
         if node.inference == "node":
             policy = self._serve_policy(policy, kwargs)
         try:
             self.local = node.collector(
                 [create_env_fn] * node.num_workers, policy, sync=node.sync, launcher=node.launcher,
-                total_frames=-1, cat_results="stack", rpc_timeout=node.rpc_timeout * NODE_WAIT_SHARE,
+                total_frames=-1, cat_results="stack",
+                rpc_timeout=node.rpc_timeout * NODE_WAIT_SHARE,
                 max_worker_restarts=node.max_worker_restarts, **kwargs,
             )
         except Exception:
             if self.inference is not None:
                 self.inference.close()
-                if self.inference.error is not None:  # the node's policy raised on the local workers' first step
+                # the node's policy raised on the local workers' first step
+                if self.inference.error is not None:
                     raise self.inference.error from None
             raise
-        self.local.keep_version_key = True  # passed on to the trainer, which reads and removes it
+        # passed on to the trainer, which reads and removes it
+        self.local.keep_version_key = True
         self.local.roster.name = f"node {node_id}'s local worker {{}}"
-        self._told = 0  # of the local collector's restarts, how many the trainer was told of
-        self._dropped_told = Dropped()  # of the local collector's drops, what the trainer was told of
-        self._telling = threading.Lock()  # answers may leave side by side (RPC): each drop is told once
-        self._busy = threading.Lock()  # held by a batch in progress: a cut waits for its end
-        self._handed: dict[int, list[int]] = {}  # the local workers in each of the last batches handed out, by number
-        self._count = 0  # batches handed out
+        # of the local collector's restarts, how many the trainer was told of
+        self._told = 0
+        # of the local collector's drops, what the trainer was told of
+        self._dropped_told = Dropped()
+        # answers may leave side by side (RPC): each drop is told once
+        self._telling = threading.Lock()
+        # held by a batch in progress: a cut waits for its end
+        self._busy = threading.Lock()
+        # the local workers in each of the last batches handed out, by number
+        self._handed: dict[int, list[int]] = {}
+        # batches handed out
+        self._count = 0
 
     def _serve_policy(self, policy: Any, kwargs: dict) -> Any:
         """Run ``policy`` here, on the policy device (else a GPU if there is one), for every local
         worker; returns what the local workers call instead."""
         device = kwargs.pop("policy_device", None)
-        device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available()
+                              else "cpu")
         if isinstance(policy, nn.Module):
-            policy.to(device)  # in place: the trainer's weights land where it runs
+            # in place: the trainer's weights land where it runs
+            policy.to(device)
         self.inference = NodeInference(
             policy, device, kwargs.get("exploration_type"), lambda: self._version,
             checks.compile_kwargs(kwargs.pop("compile_policy", None)),
@@ -181,7 +173,8 @@ class NodeCollector:
         return {"envs": envs, "local_pids": self.pids, "inference": self.node.inference}
 
     def new_restarts(self) -> tuple[LocalRestart, ...]:
-        """The local workers replaced since the last call, for the trainer (with the node's next answer)."""
+        """The local workers replaced since the last call, for the trainer (with
+        the node's next answer)."""
         taken = self.local.roster.taken[self._told:]
         self._told += len(taken)
         return tuple(LocalRestart(worker, reason, self.pids[worker]) for worker, reason in taken)
@@ -190,7 +183,8 @@ class NodeCollector:
         """The frames and batches the node dropped since the last call, for the trainer's
         ``dropped_frames`` (with the node's next answer)."""
         with self._telling:
-            told, now = self._dropped_told, Dropped(self.local.dropped_frames, self.local.dropped_batches)
+            told, now = self._dropped_told, Dropped(self.local.dropped_frames,
+                                                    self.local.dropped_batches)
             self._dropped_told = now
         return Dropped(now.frames - told.frames, now.batches - told.batches)
 
@@ -205,29 +199,34 @@ class NodeCollector:
         self._version = version
 
     def weights_signature(self) -> tuple | None:
-        """What the node's policy holds; None: it takes any (its local workers build their policies)."""
+        """What the node's policy holds; None: it takes any (its local workers
+        build their policies)."""
         return signature_of(self.module) if self.module is not None else None
 
     def weights_holder(self, signature: tuple) -> nn.Module | TensorDictBase | None:
-        """Where the trainer's weights land: the node's policy or, where its local workers build theirs
-        (policy_factory), empty tensors laid out as ``signature``, held from now on and passed on from there."""
+        """Where the trainer's weights land: the node's policy or, where its local workers build
+        theirs (policy_factory), empty tensors laid out as ``signature``, held from now on and
+        passed on from there."""
         if self.module is None and signature:
             self.module = holder_of(signature)
         return self.module
 
     def _pass_weights_on(self) -> None:
-        if self.inference is None and self.module is not None and self._version > self.local.pushed_version:
+        behind = self._version > self.local.pushed_version
+        if self.inference is None and self.module is not None and behind:
             given = self.module if isinstance(self.module, TensorDictBase) else None
             self.local.push_version(self._version, given)
 
     def cut(self, batch: int | None = None) -> None:
-        """The trainer dropped this node's ``batch``-th batch: the streams of the local workers in it are
-        cut (:mod:`~rpc_collectors.trainer.continuity`; every local worker's if it is no longer known)."""
+        """The trainer dropped this node's ``batch``-th batch: the streams of the local
+        workers in it are cut (:mod:`~rpc_collectors.trainer.continuity`; every local worker's
+        if it is no longer known)."""
         with self._busy:
             self.local.continuity.cut(self._handed.get(batch))
 
     def write_into(self, tensors: dict) -> None:
-        """Nothing: its local workers write into slots of their own, and its server copies the node's batch."""
+        """Nothing: its local workers write into slots of their own, and its server
+        copies the node's batch."""
 
     def next(self) -> TensorDictBase:
         """The node's next batch, with trajectory ids in the trainer's numbering.
@@ -247,9 +246,11 @@ class NodeCollector:
             while batch.get(VERSION).min() < newest:
                 self.local.continuity.drop(batch)
                 batch = self.local.next()
-        except WorkerError as err:  # the trainer's WorkerError names this node and, from this, the local worker
+        except WorkerError as err:
+            # the trainer's WorkerError names this node and, from this, the local worker
             if self.inference is not None and self.inference.error is not None:
-                raise self.inference.error from None  # the node's policy raised: its own traceback
+                # the node's policy raised: its own traceback
+                raise self.inference.error from None
             detail = f"\n{err.remote_traceback}" if err.remote_traceback else ""
             raise LocalWorkerError(
                 f"lost its local worker {err.worker_id} (pid {err.pid}), which {err.reason}{detail}"
@@ -259,25 +260,30 @@ class NodeCollector:
         self._handed.pop(self._count - KEEP_HANDED, None)
         ids = batch.get(TRAJ_IDS)
         width = self.node.num_workers
-        batch.set_(TRAJ_IDS, self._base + ids % width + self._stride * torch.div(ids, width, rounding_mode="floor"))
+        batch.set_(TRAJ_IDS,
+                   self._base + ids % width + self._stride * torch.div(
+                       ids, width, rounding_mode="floor"))
         return batch
 
     def returned(self, batch: TensorDictBase) -> TensorDictBase:
-        """A copy of ``batch``: its tensors view the local workers' shared slots, which an answer would carry whole."""
+        """A copy of ``batch``: its tensors view the local workers' shared slots, which an
+        answer would carry whole."""
         return batch.clone()
 
     def noted(self, answer: Any) -> Any:
-        """``answer`` with the local restarts and drops since the last (:mod:`~rpc_collectors.transport.local_restarts`)."""
+        """``answer`` with the local restarts and drops since the last
+        (:mod:`~rpc_collectors.transport.local_restarts`)."""
         return local_restarts.attach(answer, self.new_restarts(), self.new_drops())
 
     def phases(self) -> tuple[WorkerPhases, ...]:
-        """Its local workers' frames, batches and phases, by the flat run's worker ids (``node_id * W + w``)."""
+        """Its local workers' frames, batches and phases, by the flat run's worker ids
+        (``node_id * W + w``)."""
         first = self.node_id * self.node.num_workers
         return tuple(replace(p, worker_id=first + p.worker_id) for p in self.local.worker_phases())
 
     def trace(self, keep: int | None) -> list[ProcessSpans] | None:
-        """Open its local collector's trace window (its waits, its local workers' spans on its clock),
-        keeping at most ``keep`` spans per thread, or close it (None): its spans."""
+        """Open its local collector's trace window (its waits, its local workers' spans on its
+        clock), keeping at most ``keep`` spans per thread, or close it (None): its spans."""
         window = self.local.tracing
         return window.open(keep) if keep is not None else window.take()
 
@@ -294,12 +300,14 @@ class NodeCollector:
         local = self.local.state_dict()
         for worker in local["workers"]:
             worker["traj_count"] += skipped
-        return {"local": local, "traj_count": skipped + max(self.local.roster.bounds()), "version": self._version}
+        return {"local": local, "traj_count": skipped + max(self.local.roster.bounds()),
+                "version": self._version}
 
     def load_state_dict(self, state: dict) -> None:
         self.local.load_state_dict(state["local"])
         # with inference="node" the version is the node's own (its local workers hold no weights)
-        self._version = state.get("version", 0) if self.inference is not None else self.local.pushed_version
+        self._version = state.get("version",
+                                  0) if self.inference is not None else self.local.pushed_version
 
     def interrupt(self) -> None:
         """The process is closing: the node shuts down, which ends its local workers' batches."""

@@ -76,7 +76,7 @@ def test_sync_and_async_collectors_side_by_side_each_with_its_own_workers_and_we
                 eval_policy.set_action(versions["eval"] % 2)
                 evaluate.update_policy_weights_()
         assert train.policy_version == versions["train"] and evaluate.policy_version == versions["eval"]
-        assert evaluate._batches.path_of(0) == "shm" and train._batches.path_of(0) == "rpc"  # both data paths
+        assert evaluate.slots.plane.path_of(0) == "shm" and train.slots.plane.path_of(0) == "rpc"  # both data paths
     finally:
         train.shutdown()
         evaluate.shutdown()

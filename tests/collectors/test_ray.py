@@ -218,7 +218,7 @@ def test_large_uint8_observations_byte_for_byte(ray_cluster, shared_memory):
                     counter = int.from_bytes(bytes(obs[w, t].reshape(-1)[1:5].tolist()), "little")
                     assert np.array_equal(obs[w, t].numpy(), image(w, counter, shape))
             obs.zero_()  # the user's batch is their own memory
-        assert collector._batches.path_of(0) == ("shm" if shared_memory else "rpc")
+        assert collector.slots.plane.path_of(0) == ("shm" if shared_memory else "rpc")
     finally:
         collector.shutdown()
     assert_gone_and_ray_alive(pids)

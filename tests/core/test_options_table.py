@@ -127,6 +127,35 @@ def test_a_group_checks_its_options_when_built(group, arguments, error, words):
         group.given(arguments)
 
 
+@pytest.mark.parametrize("name", sorted(options.TABLE))
+def test_every_option_but_those_checked_elsewhere_is_refused_by_its_group_when_nonsense(name):
+    """A value no option takes (an ``object()``) is refused, naming the option, when its group is
+    built: before the collector reads the envs or a worker starts. At most 8 options wait for what
+    only the collector knows (:data:`~rpc_collectors.core.options.CHECKED_ELSEWHERE`)."""
+    group = next(group for group in options.GROUPS if name in {f.name for f in dataclasses.fields(group)})
+    arguments = {"frames_per_batch": 5} if group is options.Batches else {}
+    arguments[name] = object()
+    if name in options.CHECKED_ELSEWHERE:
+        group.given(arguments)
+        return
+    with pytest.raises((TypeError, ValueError), match=re.escape(name)):
+        group.given(arguments)
+
+
+def test_few_options_are_checked_outside_the_table():
+    assert len(options.CHECKED_ELSEWHERE) <= 8 and set(options.CHECKED_ELSEWHERE) <= set(options.TABLE)
+
+
+@pytest.mark.parametrize(("arguments", "words"), [
+    ({"sync": True, "max_policy_lag": 1}, "max_policy_lag=1 applies to async collection"),
+    ({"sync": False, "preemptive_threshold": 0.5}, "accepted with sync=False: None"),
+    ({"max_policy_lag": -1, "sync": False}, "max_policy_lag=-1 is invalid"),
+])
+def test_a_run_checks_the_options_that_read_sync(arguments, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        options.Run.given(arguments)
+
+
 def test_batches_read_torchrl_spellings_as_the_collectors_do():
     batches = options.Batches(frames_per_batch=(3, 4), split_trajs=None)
     assert batches.frames_per_batch == [3, 4] and batches.split_trajs is False

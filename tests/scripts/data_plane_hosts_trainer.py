@@ -51,8 +51,8 @@ def main() -> None:
                 seen.update(batch["collector", "worker_id"].unique().tolist())
                 if not started and i >= 1 and seen == {0, 1}:  # each worker's first batch set its path up
                     started = True  # (async, on a loaded machine: one worker may deliver twice before the other once)
-                    emit({"event": "start", "paths": [collector._batches.path_of(w) for w in range(2)],
-                          "in_flight": [collector._batches.depth(w) for w in range(2)],
+                    emit({"event": "start", "paths": [collector.slots.plane.path_of(w) for w in range(2)],
+                          "in_flight": [collector.slots.plane.depth(w) for w in range(2)],
                           "pids": [info["pid"] for info in collector.infos],
                           "hosts": [info["host"] for info in collector.infos]})
                 if args.endless or i < args.batches:

@@ -117,7 +117,7 @@ def main() -> None:
             emit({
                 "event": "batch", "index": index, "shape": list(batch.shape), "frames": collector.frames,
                 "policy_version": collector.policy_version, "versions": versions, "slots": slots,
-                "paths": [collector._batches.path_of(w) for w in range(args.slots)],
+                "paths": [collector.slots.plane.path_of(w) for w in range(args.slots)],
                 "actions": batch["action"].unique().tolist(),
             })
             collector.update_policy_weights_()

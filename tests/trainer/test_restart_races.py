@@ -72,8 +72,8 @@ def test_deaths_noticed_in_weight_pushes_leave_no_batch_slot_behind():
                 check_whole(next(batches), FRAMES)
         assert collector.worker_restarts == [3, 3]
         for worker_id in range(2):
-            assert collector._batches.path_of(worker_id) == "shm"
-            asked = collector._batches.pools[worker_id]._written  # slots asked for and not handed out yet
+            assert collector.slots.plane.path_of(worker_id) == "shm"
+            asked = collector.slots.plane.pools[worker_id]._written  # slots asked for and not handed out yet
             assert len(asked) <= collector.roster[worker_id].outstanding, "a batch slot was lost to a dead worker"
     finally:
         collector.shutdown()

@@ -70,27 +70,33 @@ class Slots:
 
 
 def front(n: int = 2, sync: bool = True, **options: object) -> SimpleNamespace:
+    """A front's parts over ``n`` workers that answer at once; ``options``: the plan's, as given."""
     workers, events = Workers(n), Events()
     roster = Roster(n, max_worker_restarts=0)
     for worker_id in range(n):
         roster.served(worker_id, {"envs": 1})
-    f = SimpleNamespace(
-        num_workers=n, sync=sync, elastic=False, join_timeout=10.0, cat_results="stack", preempt_after=None,
-        update_after_each_batch=False, max_weight_update_interval=-1, max_policy_lag=None,
-        frames_per_batch_worker=lambda *, worker_idx=None: FRAMES,
-        workers=workers, roster=roster, events=events, _batches=Slots(),
-        recovery=SimpleNamespace(recover=_no_recovery), data_plane_call=lambda method, *args: method(*args),
+    given = {"sync": sync, "elastic": False, "max_policy_lag": None, "preempt_after": None, **options}
+    groups = SimpleNamespace(
+        run=SimpleNamespace(sync=given["sync"], max_policy_lag=given["max_policy_lag"]),
+        weights=SimpleNamespace(max_weight_update_interval=-1),
+        launch=SimpleNamespace(elastic=given["elastic"], join_timeout=10.0),
     )
-    f.__dict__.update(options)
-    f.waits = Waits(events, roster, workers, 10.0, lambda: None, _no_recovery)
-    f.gather = f.waits.gather
-    f.deferred = WorkerCalls(lambda i, method, *args: lambda: workers.call(i, method, *args))
-    f.continuity = Continuity(f)
-    f.pusher = WeightPusher(None, workers, roster, f.deferred, f.gather, transport="rpc", factory=False, no_push=False,
-                            policy_device=None, backend="gloo", elastic=False, rpc_timeout=10.0, refill=False,
-                            resources=Resources())
-    f.schedule = Schedule(f)
-    return f
+    plan = SimpleNamespace(options=groups, num_workers=n, cat_results="stack", preempt_after=given["preempt_after"],
+                           update_after_each_batch=False, frames_per_batch_worker=[FRAMES] * n)
+    waits = Waits(events, roster, workers, 10.0, lambda: None, _no_recovery)
+    waits.deferred = WorkerCalls(lambda i, method, *args: lambda: workers.call(i, method, *args))
+    slots = SimpleNamespace(plane=Slots())
+    continuity = Continuity(roster, waits, groups.run.max_policy_lag)
+    pusher = WeightPusher(None, workers, roster, waits.deferred, waits.gather, transport="rpc", factory=False,
+                          no_push=False, policy_device=None, backend="gloo", elastic=False, rpc_timeout=10.0,
+                          refill=False, resources=Resources())
+    recovery = SimpleNamespace(recover=_no_recovery)
+    schedule = Schedule(plan, roster, events, waits, workers, pusher, slots, continuity, recovery, _no_failure)
+    return SimpleNamespace(workers=workers, roster=roster, continuity=continuity, pusher=pusher, schedule=schedule)
+
+
+def _no_failure(error: BaseException) -> BaseException:
+    raise AssertionError(f"nothing fails here: {error}")
 
 
 def _no_recovery(failed: Failure) -> bool:
@@ -164,7 +170,7 @@ def test_an_elastic_member_whose_batch_differs_from_the_runs_fails_to_recovery()
         failures.append(failed)
         raise Left
 
-    f.recovery = SimpleNamespace(recover=leave)
+    f.schedule.recovery = SimpleNamespace(recover=leave)
     f.schedule.collect()
     f.workers.call = _wider(f.workers)
     with pytest.raises(Left):

@@ -41,7 +41,7 @@ def test_the_answers_asked_before_a_cut_are_dropped_and_counted():
     front = Front(2)
     ask(front.roster[0], 3)  # three batches asked of worker 0
     front.roster[0].answered()  # one of them handed out
-    continuity = Continuity(front)
+    continuity = Continuity(front.roster, front, None)
     continuity.cut([0])
     assert front.cuts == [(0, 1)]  # the cut follows its first answer
     ask(front.roster[1], 1)
@@ -54,7 +54,7 @@ def test_the_answers_asked_before_a_cut_are_dropped_and_counted():
 def test_a_dropped_batch_cuts_the_streams_of_the_workers_in_it():
     front = Front(3)
     front.roster[2].vacated()  # a vacant slot is told nothing
-    continuity = Continuity(front)
+    continuity = Continuity(front.roster, front, None)
     batch = torch.cat([batch_of(0, 2), batch_of(2, 3)])
     continuity.drop(batch)
     assert front.cuts == [(0, 0)] and (continuity.dropped_frames, continuity.dropped_batches) == (5, 1)
@@ -66,7 +66,7 @@ def test_a_replacement_answers_nothing_stale_and_a_resume_makes_every_answer_in_
     front = Front(2)
     ask(front.roster[0], 2)
     ask(front.roster[1], 1)
-    Continuity(front).resumed()
+    Continuity(front.roster, front, None).resumed()
     assert [record.stale for record in front.roster] == [2, 1]
     front.roster[0].replaced()
     assert [record.stale for record in front.roster] == [0, 1]

@@ -65,16 +65,18 @@ def test_batches_land_on_the_gpu_from_pinned_shared_memory(sync):
             checker.check(batch.cpu())
             if i == 8:
                 break
-        pools = c._batches.buffers
+        pools = c.slots.plane.buffers
         assert pools and all(slot.is_pinned() for pool in pools for slot in pool.slots)
 
 
 def test_batches_from_another_host_are_received_into_pinned_slots_and_land_on_the_gpu():
     """The path of a worker on another host, on loopback: its bytes arrive in a pinned slot of the
     trainer's own memory, and the batch is copied from there to the GPU."""
-    from rpc_collectors.transport.data import BatchPlane, SlotPool, SlotWriter
-    from rpc_collectors.transport.doorbell import Ready, SocketDoorbell, answer
+    from rpc_collectors.transport.data import BatchPlane, SlotPool
+    from rpc_collectors.transport.doorbell import Ready, answer
     from rpc_collectors.transport.layouts import BatchLayout
+    from rpc_collectors.transport.socket_doorbell import SocketDoorbell
+    from rpc_collectors.worker.single import SlotWriter
 
     def batch(mark: int) -> TensorDict:
         obs = torch.full((50, 3, 32, 32), mark, dtype=torch.uint8)

@@ -122,7 +122,7 @@ def test_batches_hold_exactly_what_each_env_produced(sync, num_envs):
             if i >= 7 and seen == {0, 1}:  # async on a loaded machine: one worker may deliver many batches first
                 break
             assert i < 500, f"only workers {seen} delivered in 500 batches"
-        assert [c._batches.path_of(w) for w in range(2)] == ["shm", "shm"]  # the path under test
+        assert [c.slots.plane.path_of(w) for w in range(2)] == ["shm", "shm"]  # the path under test
 
 
 @pytest.mark.parametrize("cat_results", ["stack", 0, -1])
@@ -132,7 +132,7 @@ def test_one_sync_worker_gives_every_batch_the_same_shape(cat_results):
     envs = [functools.partial(make_env, 0, None, SHAPE)]
     with MultiCollector(envs, None, sync=True, frames_per_batch=60, total_frames=300, cat_results=cat_results) as c:
         shapes = {tuple(batch.shape) for batch in c}
-        assert c._batches.path_of(0) == "shm"
+        assert c.slots.plane.path_of(0) == "shm"
     assert shapes == {(1, 60) if cat_results == "stack" else (60,)}
 
 
@@ -143,7 +143,7 @@ def test_sync_layouts_from_shared_memory(cat_results):
         for _ in range(3):
             batch = next(it)
             Checker().check(batch)
-        assert c._batches.path_of(0) == "shm"
+        assert c.slots.plane.path_of(0) == "shm"
     expected = {"stack": (2, 2, 30), 0: (4, 30), -1: (2, 60)}[cat_results]
     assert tuple(batch.shape) == expected and batch.names[-1] == "time"
 
@@ -164,7 +164,7 @@ def test_every_batch_reports_the_storing_device(sync, kwargs):
             if i >= 5 and seen == {0, 1}:  # async on a loaded machine: one worker may deliver many batches first
                 break
             assert i < 500, f"only workers {seen} delivered in 500 batches"
-        assert [c._batches.path_of(w) for w in range(2)] == ["shm", "shm"]  # the path under test
+        assert [c.slots.plane.path_of(w) for w in range(2)] == ["shm", "shm"]  # the path under test
     assert devices == [{torch.device("cpu")}] * len(devices)
 
 
@@ -198,7 +198,7 @@ def test_a_loop_that_drops_each_batch_gets_it_where_the_worker_wrote_it(sync):
             checker.check(batch)
             worker = 0 if sync else int(batch["collector", "worker_id"][0])
             if worker in answered:  # a worker's first batch comes as an RPC result and sets up its slots
-                lent.append(in_slot(batch["observation"], c._batches.pools[worker]))
+                lent.append(in_slot(batch["observation"], c.slots.plane.pools[worker]))
             answered.add(worker)
             if len(lent) == 9:
                 break
@@ -219,7 +219,7 @@ def test_share_memory_on_a_batch_leaves_its_slot_to_the_workers(sync):
                 moved.append((batch, batch.clone()))
             else:
                 batch.share_memory_()
-            if i >= 15 and c._batches.path_of(0) == "shm":  # async: worker 0's first batch may come late
+            if i >= 15 and c.slots.plane.path_of(0) == "shm":  # async: worker 0's first batch may come late
                 break
             assert i < 500, "worker 0's batches never went through shared memory"
     assert all(batch["observation"].is_shared() for batch, _ in moved)
@@ -233,11 +233,11 @@ def test_batches_placed_on_another_device_leave_every_slot_free(sync):
     ("meta" stands in for a GPU: a device whose tensors live outside host memory; tests/transport/test_cuda.py
     runs the same on a real one where there is one.)"""
     with collector(None, sync) as c:
-        c._batches.device = torch.device("meta")
+        c.slots.plane.device = torch.device("meta")
         for i, batch in enumerate(c):
             assert all(v.device.type == "meta" for v in batch.values(True, True))
             assert tuple(batch.shape) == ((2, 60) if sync else (60,))
-            pools = c._batches.buffers
+            pools = c.slots.plane.buffers
             assert pools, "no shared-memory buffer: the path under test was not taken"
             for pool in pools:
                 assert all(pool._free(s) or s in pool._written for s in range(pool.num_slots)), "a slot is held outside the plane"
@@ -250,7 +250,7 @@ def test_shared_buffers_are_bounded_by_slots_times_workers_times_batch_bytes(syn
     with collector(3, sync) as c:
         it = iter(c)
         batches = [next(it) for _ in range(6)]
-        shared = c._batches.shared_bytes
+        shared = c.slots.plane.shared_bytes
     leaves = [v for k, v in batches[0].items(True, True) if k != ("collector", "worker_id")]
     batch_bytes = sum(v.numel() * v.element_size() for v in leaves) // (2 if sync else 1)  # one worker's
     padding = 64 * len(leaves) + mmap.PAGESIZE  # each tensor starts on a cache line, each slot on a page
@@ -271,7 +271,7 @@ def test_an_async_worker_finds_its_next_request_waiting_as_it_finishes_a_batch(s
         checker = Checker()
         for i, batch in enumerate(c):
             checker.check(batch)
-            if i >= 6 and all(c._batches.path_of(w) == "shm" for w in range(2)):
+            if i >= 6 and all(c.slots.plane.path_of(w) == "shm" for w in range(2)):
                 break
             assert i < 500, "a worker's batches never went through shared memory"
         assert max(c.roster[w].outstanding for w in range(2)) == depth
@@ -286,7 +286,7 @@ def test_a_batch_the_user_holds_is_not_changed_by_later_collection(sync):
         for _ in range(500):
             batch = next(it)
             worker = 0 if sync else int(batch["collector", "worker_id"][0])
-            if c._batches.path_of(worker) == "shm" and in_slot(batch["observation"], c._batches.pools[worker]):
+            if c.slots.plane.path_of(worker) == "shm" and in_slot(batch["observation"], c.slots.plane.pools[worker]):
                 held = batch
                 break
         assert held is not None, "no batch was handed out in its slot"
@@ -321,7 +321,7 @@ def test_an_env_error_reaches_the_trainer_with_its_traceback(sync):
         with pytest.raises(WorkerError) as failure:
             for batch in c:
                 checker.check(batch)
-                bells.update(c._batches._bells)
+                bells.update(c.slots.plane._bells)
     finally:
         c.shutdown()
     assert bells == {0, 1}  # both were asked, and answered, through their pipes
@@ -375,7 +375,7 @@ def test_batches_that_stop_fitting_their_slots_arrive_whole(sync):
                     per_worker[w].append(part)
             if min(len(v) for v in per_worker.values()) == 4:
                 break
-        assert [c._batches.path_of(w) for w in range(2)] == ["shm", "shm"]
+        assert [c.slots.plane.path_of(w) for w in range(2)] == ["shm", "shm"]
     for w, parts in per_worker.items():
         parts = parts[:4]  # async: the other worker may have delivered more meanwhile
         assert [("step" in p.keys()) for p in parts] == [False, False, True, True]
@@ -392,11 +392,11 @@ def test_worker_killed_while_writing_its_slot_gives_one_error_and_no_torn_batch(
     c = collector(None, False, frames_per_worker=64, shape=big)
     it = iter(c)
     checker = Checker()
-    while c._batches.path_of(1) != "shm":
+    while c.slots.plane.path_of(1) != "shm":
         checker.check(next(it))
     for _ in range(2):
         checker.check(next(it))
-    pool = c._batches.pools[1]
+    pool = c.slots.plane.pools[1]
     victim = c.infos[1]["pid"]
     addresses = []  # first byte of both observation tensors in each slot (read without holding the slot)
     for slot in range(SLOTS):
@@ -443,8 +443,8 @@ KILLED_TRAINER = textwrap.dedent("""
     told = False
     for i, batch in enumerate(c):  # collects until the test kills this process
         # async: a worker's first batch, which sets up its slots, may come after the other's third
-        if not told and (i == 200 or all(c._batches.path_of(w) == "shm" for w in range(2))):
-            print("shm" if c._batches.path_of(0) == c._batches.path_of(1) == "shm" else "rpc", flush=True)
+        if not told and (i == 200 or all(c.slots.plane.path_of(w) == "shm" for w in range(2))):
+            print("shm" if c.slots.plane.path_of(0) == c.slots.plane.path_of(1) == "shm" else "rpc", flush=True)
             told = True
 """)
 
