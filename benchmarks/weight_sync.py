@@ -17,6 +17,14 @@ batch must carry the new ``("collector", "policy_version")`` on every frame.
 Goals: broadcast transport <= 1.2x the bare broadcast; shm <= 0.25x; non_blocking returns
 in <= 10 ms and the next batch uses the new version.
 (TorchRL 0.14.1: 72 ms to 4 workers, bare broadcast about 68 ms on this kind of machine.)
+
+Phases (also ``--phases`` alone): a policy of one flat float32 parameter, 1M (4 MB) and 10M (40 MB),
+pushed to 8 and 32 local workers of a no-op env (``MultiSyncCollector``, ``weight_transport="auto"``:
+shared memory), each push followed by a batch (in which each worker applies it); each phase of
+``metrics().pushes`` (pause, transfer, acknowledge, apply) as a share of their sum, side by side,
+and the pause's share against the 10 % goal.
+
+    python benchmarks/weight_sync.py --phases [--repeats 10] [--workers 8 32]
 """
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ from torch import nn
 
 import _common
 from _common import emit, run_case
-from rpc_collectors import RPCCollector
+from rpc_collectors import MultiSyncCollector, RPCCollector
 from rpc_collectors.transport.rendezvous import free_port
 
 POLICY_VERSION = ("collector", "policy_version")
@@ -152,10 +160,84 @@ def ours(transport: str, hidden: int, repeats: int) -> dict:
         collector.shutdown()
 
 
+# ---------------------------------------------------------------- phases of a push
+PHASES = ("pause", "transfer", "acknowledge", "apply")
+PAUSE_GOAL = 0.10
+
+
+class Flat(nn.Module):
+    """A policy of one flat float32 parameter of ``numel`` (its weights' bytes: 4 * numel); action 0."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(numel), requires_grad=False)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(observation.shape[:-1], dtype=torch.int64)
+
+
+def phases(numel: int, workers: int, repeats: int, transport: str) -> dict:
+    """``repeats`` pushes of ``Flat(numel)`` to ``workers``, each followed by a batch (its apply), then
+    one more push whose answers tell the last apply: the phase totals of ``metrics().pushes``."""
+    torch.set_num_threads(1)
+    policy = Flat(numel)
+    collector = MultiSyncCollector(
+        [_common.make_no_work_env] * workers, policy, frames_per_batch=workers * 4, total_frames=-1,
+        weight_transport=transport, rpc_timeout=120,
+    )
+    try:
+        it = iter(collector)
+        next(it)
+        blocking = []
+        for k in range(repeats + 1):
+            with torch.no_grad():
+                policy.weight.add_(1.0)
+            t0 = time.perf_counter()
+            collector.update_policy_weights_()
+            blocking.append(time.perf_counter() - t0)
+            if k < repeats:
+                next(it)
+        m = collector.metrics().pushes
+        return {"seconds": {phase: getattr(m, f"{phase}_s") for phase in PHASES}, "count": m.count,
+                "blocking": statistics.median(blocking), "ack_s": m.ack_s, "kind": collector.weights.spec.kind}
+    finally:
+        collector.shutdown()
+
+
+def print_phases(numels: list[int], workers: list[int], repeats: int, transport: str) -> None:
+    cases = [(n, w) for n in numels for w in workers]
+    results = {case: run_case(__file__, {"kind": "phases", "numel": case[0], "workers": case[1],
+                                         "repeats": repeats, "transport": transport}, timeout=900)
+               for case in cases}
+    kind = next(iter(results.values()))["kind"]
+    print(f"push phases, weight_transport={transport!r} ({kind}), no-op env, {repeats} pushes each followed by a "
+          "batch; share of the phases' sum")
+    heads = [f"{n * 4 / 1e6:.0f} MB x {w}" for n, w in cases]
+    print(f"{'phase':<13}" + "".join(f"{h:>14}" for h in heads))
+    for phase in PHASES:
+        row = []
+        for case in cases:
+            seconds = results[case]["seconds"]
+            row.append(f"{seconds[phase] / sum(seconds.values()):>8.1%} {seconds[phase] / repeats * 1e3:>4.0f}ms"
+                       if seconds[phase] / repeats >= 0.0005 else
+                       f"{seconds[phase] / sum(seconds.values()):>8.1%} {seconds[phase] / repeats * 1e3:>4.1f}ms")
+        print(f"{phase:<13}" + "".join(f"{r:>14}" for r in row))
+    print(f"{'update() ms':<13}" + "".join(f"{results[c]['blocking'] * 1e3:>14.1f}" for c in cases))
+    verdicts = []
+    for case in cases:
+        seconds = results[case]["seconds"]
+        share = seconds["pause"] / sum(seconds.values())
+        verdicts.append(f"{'met' if share <= PAUSE_GOAL else 'MISSED'}")
+    print(f"{'pause <= 10%':<13}" + "".join(f"{v:>14}" for v in verdicts))
+    print("(ms: per push; apply is the slowest worker's copy into its policy, told with its next acknowledgement)")
+
+
 def run(case: dict) -> dict:
     _common.quiet()
     if case["kind"] == "bare":
         return bare_broadcast(case["nbytes"], case["repeats"])
+    if case["kind"] == "phases":
+        return phases(case["numel"], case["workers"], case["repeats"], case["transport"])
     return ours(case["kind"], case["hidden"], case["repeats"])
 
 
@@ -163,6 +245,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=3200, help="hidden width; 3200 gives 9.8M parameters")
+    parser.add_argument("--phases", action="store_true", help="only the phases of a push, 4 and 40 MB")
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 32], help="workers of the phase cases")
+    parser.add_argument("--transport", default="auto", help="weight_transport of the phase cases")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -171,6 +256,9 @@ def main() -> None:
         return
     if args.case:
         emit(run(json.loads(args.case)))
+        return
+    if args.phases:
+        print_phases([1_000_000, 10_000_000], args.workers, args.repeats, args.transport)
         return
     common = {"hidden": args.hidden, "repeats": args.repeats}
     shm = run_case(__file__, {"kind": "shm", **common})
@@ -199,6 +287,8 @@ def main() -> None:
               f"policy_version: {'yes' if r['versions_ok'] else 'NO'}; "
               f"workers' weights equal the trainer's: {'yes' if r['weights_ok'] else 'NO'}")
     print("TorchRL 0.14.1: 72 ms to 4 workers (point-to-point), about 68 ms for the bare broadcast")
+    print()
+    print_phases([1_000_000, 10_000_000], args.workers, args.repeats, args.transport)
 
 
 if __name__ == "__main__":

@@ -69,22 +69,24 @@ class WorkerMetrics:
         seconds = {name: ns / 1e9 for name, ns in phases.phase_ns.items()}
         counted = sum(seconds.values())
         return cls(phases.worker_id, phases.pid, phases.frames, phases.batches,
-                   phases.frames / counted if counted > 0 else 0.0, seconds["idle"], seconds["weights"],
-                   seconds["policy"], seconds["env"], seconds["write"])
+                   phases.frames / counted if counted > 0 else 0.0, seconds["idle"],
+                   seconds["weights"], seconds["policy"], seconds["env"], seconds["write"])
 
 
 @dataclass(frozen=True)
 class RoundMetrics:
-    """The trainer's side of each batch handed out (a sync round, or one async batch), from asking for
-    it to handing it out.
+    """The trainer's side of each batch handed out (a sync round, or one async batch), from asking
+    for it to handing it out.
 
     Attributes:
         rounds: batches handed out.
-        wait_s: waiting for the workers' answers (and for pushes to be acknowledged) in those rounds.
+        wait_s: waiting for the workers' answers (and for pushes to be acknowledged) in those
+            rounds.
         busy_s: the rest: the trainer's own work (requests, receiving and combining batches, handing
             out; a single-process collector's: its rollout), in wall-clock time.
-        handout_s: of ``busy_s``, from a batch's arrival to its hand-out (storing device, ``postproc``, hooks).
-        last_wait_s, last_busy_s, last_handout_s: the same, of the last batch.
+        handout_s: of ``busy_s``, from a batch's arrival to its hand-out (storing device,
+            ``postproc``, hooks). last_wait_s, last_busy_s, last_handout_s: the same, of the last
+            batch.
     """
 
     rounds: int = 0
@@ -105,8 +107,8 @@ class LagMetrics:
         min: the smallest ``min_lag`` (the newest frame's) of any batch.
         mean: the mean ``lag`` (the oldest frame's) over the batches.
         max: the largest ``lag`` of any batch.
-        last: the last batch's ``lag``.
-        dropped_frames, dropped_batches: collected and not handed out (``max_policy_lag``, cut streams).
+        last: the last batch's ``lag``. dropped_frames, dropped_batches: collected and not handed
+            out (``max_policy_lag``, cut streams).
     """
 
     min: int = 0
@@ -140,11 +142,33 @@ class RosterMetrics:
 class PushMetrics:
     """Weight pushes (``update_policy_weights_`` and the pushes the collector makes itself).
 
+    A multi-process collector's push is split into four phases, each a total over the pushes
+    (its ``last_*``: the last push's). The first three are the trainer's, back to back from the
+    push's start to its last acknowledgement; apply is the workers'. A single-process
+    ``Collector`` applies its own weights: its phases stay 0.
+
     Attributes:
         count: pushes made.
         bytes: the weights' bytes pushed, each push counted once (however many workers got it).
-        ack_s: total time from each push until every worker it went to acknowledged it.
+        ack_s: total time from each push until every worker it went to acknowledged it (counted
+            from the end of its pause: the weights packed and the transport started).
         last_ack_s, max_ack_s: that time, of the last push and the longest.
+        pause_s: the trainer's collecting stopped for the push: copying the weights out of the
+            policy into the send buffer (with ``weight_transport="shm"``, the shared-memory slot
+            the workers read), before the transfer can start.
+        transfer_s: the bytes moving: starting the broadcast or the sends and sending each worker
+            its call (with ``"rpc"``, the weights in it), then the slowest worker's receipt of the
+            bytes, timed by that worker (a broadcast, a point-to-point receive, a copy out of a
+            shared-memory slot; none with ``"shm"`` to every worker: each reads the slot as it
+            applies).
+        acknowledge_s: the rest, until the last worker's acknowledgement reached the trainer: the
+            calls' way there and back, and the wait for workers busy answering another call.
+        apply_s: the workers copying the received weights into their policies (before their
+            next batch), each version's slowest worker's, as the workers timed it; a worker tells
+            it with its acknowledgement of the next push, so the last push's apply counts once
+            the push after it is acknowledged.
+        last_pause_s, last_transfer_s, last_acknowledge_s, last_apply_s: those of the last push
+            (``last_apply_s``: of the newest version whose apply was told).
     """
 
     count: int = 0
@@ -152,6 +176,14 @@ class PushMetrics:
     ack_s: float = 0.0
     last_ack_s: float = 0.0
     max_ack_s: float = 0.0
+    pause_s: float = 0.0
+    transfer_s: float = 0.0
+    acknowledge_s: float = 0.0
+    apply_s: float = 0.0
+    last_pause_s: float = 0.0
+    last_transfer_s: float = 0.0
+    last_acknowledge_s: float = 0.0
+    last_apply_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -176,12 +208,13 @@ class InferenceMetrics:
         passes: forward passes of the policy.
         envs: env steps acted for: the envs of those passes, all together.
         envs_per_pass: ``envs`` over ``passes`` (at most ``max_batch_size``).
-        wait_s: waiting for envs to be ready (their workers stepping them; ``min_batch_size``'s wait;
-            replacing failed env workers).
+        wait_s: waiting for envs to be ready (their workers stepping them; ``min_batch_size``'s
+            wait; replacing failed env workers).
         policy_s: in forward passes: reading the ready envs' observations, the policy call (and the
             wait for ``update_policy_weights_``, which holds its lock), writing the actions back.
         record_s: recording the transitions completed into batches (and, after each pass, what chose
-            its actions), handing full ones to you (and waiting while ``prefetch`` of them wait for you).
+            its actions), handing full ones to you (and waiting while ``prefetch`` of them wait for
+            you).
     """
 
     passes: int = 0
@@ -202,7 +235,8 @@ class Metrics:
         frames_per_s: ``frames`` over ``elapsed_s``.
         rounds, lag, roster, pushes, data_plane: the groups above.
         workers: one per worker process, by ``worker_id``.
-        inference: the inference loop of a batched-inference collector (None: a collector without one).
+        inference: the inference loop of a batched-inference collector (None: a collector without
+            one).
     """
 
     elapsed_s: float
@@ -217,13 +251,16 @@ class Metrics:
     inference: InferenceMetrics | None = None
 
     def scalars(self) -> dict[str, float]:
-        """Every number by name: ``"frames_per_s"``, ``"lag/max"``, ``"workers/3/env_s"``, ``"inference/passes"``, ..."""
-        out: dict[str, float] = {"elapsed_s": self.elapsed_s, "frames": self.frames, "frames_per_s": self.frames_per_s}
+        """Every number by name: ``"frames_per_s"``, ``"lag/max"``,
+        ``"workers/3/env_s"``, ``"inference/passes"``, ..."""
+        out: dict[str, float] = {"elapsed_s": self.elapsed_s, "frames": self.frames,
+                                 "frames_per_s": self.frames_per_s}
         for group in ("rounds", "lag", "roster", "pushes", "data_plane"):
             for name, value in dataclasses.asdict(getattr(self, group)).items():
                 out[f"{group}/{name}"] = value
         if self.inference is not None:
-            out.update({f"inference/{name}": value for name, value in dataclasses.asdict(self.inference).items()})
+            inference = dataclasses.asdict(self.inference)
+            out.update({f"inference/{name}": value for name, value in inference.items()})
         for worker in self.workers:
             for name, value in dataclasses.asdict(worker).items():
                 if name != "worker_id":

@@ -6,7 +6,8 @@ trainer's policy when the front opens, or, when the workers build their policies
 (``pushed_version``) and sends the flat buffer to all workers (one broadcast or shared memory) or
 to some; each worker applies it before its next batch, never in the middle of one.
 :class:`WeightPusher` is the front's part that does this and owns what it needs: the plane, the
-version of the newest weights, the push in flight and, with ``policy_factory``, the weights given last.
+version of the newest weights, the push in flight and, with ``policy_factory``, the weights given
+last.
 The version each worker was sent, and the batches it delivered since, are in its roster record
 (:class:`~rpc_collectors.trainer.roster.WorkerRecord`), which the pusher updates with each push.
 """
@@ -35,27 +36,36 @@ from rpc_collectors.transport.weight_updates import whole_update
 class WeightPusher:
     """The weight pushes of one collector front to the workers of ``pool`` (records in ``roster``).
 
-    ``deferred``: the workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent by ``gather``;
-    ``no_push`` (TorchRL's ``NoWeightSyncScheme``): no plane, a push does nothing; ``refill``: a
-    replaced or newly joined worker gets the weights its slot holds; the plane, once laid out, is
-    released with ``resources``; ``meter`` counts the pushes, times their acknowledgements and keeps
-    their spans in a trace window.
+    ``deferred``: the workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent by
+    ``gather``; ``no_push`` (TorchRL's ``NoWeightSyncScheme``): no plane, a push does nothing;
+    ``refill``: a replaced or newly joined worker gets the weights its slot holds; the plane, once
+    laid out, is released with ``resources``; ``meter`` counts the pushes, times their
+    acknowledgements and their phases (pause, transfer, acknowledge, and the workers' apply that
+    their answers tell) and keeps their spans (``"push"``, ``"push wait"``, and the phases' own
+    row) in a trace window.
+
+    ``version`` is the newest weights' version (each worker acknowledges its own:
+    :meth:`worker_versions`); ``given`` (``policy_factory``) the weights pushed last, which a push
+    without weights sends; ``_push`` the push in progress: its calls and their futures.
     """
 
     def __init__(
-        self, policy: Any, pool: Any, roster: Sequence[WorkerRecord], deferred: WorkerCalls, gather: Callable[..., list],
-        *, transport: str, factory: bool, no_push: bool, policy_device: Any, backend: str, elastic: bool,
+        self, policy: Any, pool: Any, roster: Sequence[WorkerRecord], deferred: WorkerCalls,
+        gather: Callable[..., list], *, transport: str, factory: bool, no_push: bool,
+        policy_device: Any, backend: str, elastic: bool,
         rpc_timeout: float, refill: bool, resources: Resources, meter: RunMeter | None = None,
     ) -> None:
-        self.policy, self.pool, self.roster, self.deferred, self.gather = policy, pool, roster, deferred, gather
-        self.transport, self.factory, self.no_push, self.policy_device = transport, factory, no_push, policy_device
-        self.backend, self.elastic, self.rpc_timeout, self.refill = backend, elastic, rpc_timeout, refill
-        self.resources, self.meter = resources, meter if meter is not None else RunMeter(on=False)  # spans: "push", "push wait"
+        self.policy, self.pool, self.roster = policy, pool, roster
+        self.deferred, self.gather = deferred, gather
+        self.transport, self.factory, self.no_push = transport, factory, no_push
+        self.policy_device, self.backend, self.elastic = policy_device, backend, elastic
+        self.rpc_timeout, self.refill = rpc_timeout, refill
+        self.resources, self.meter = resources, meter if meter is not None else RunMeter(on=False)
         self.plane: WeightPlane | None = None
-        self.version = 0  # the newest weights' version (each worker acknowledges its own: worker_versions)
-        self.given: Any = None  # policy_factory: the weights pushed last, which a push without weights sends
+        self.version = 0
+        self.given: Any = None
         self.lock = threading.RLock()
-        self._push: dict[int, Any] = {}  # the push in progress: its calls and their futures
+        self._push: dict[int, Any] = {}
         self._pushed: dict[int, torch.futures.Future] = {}
 
     @property
@@ -66,24 +76,32 @@ class WeightPusher:
         return [i for i, record in enumerate(self.roster) if record.serving]
 
     def open(self, given: Any = None) -> None:
-        """The weight plane, for the trainer's policy or (``policy_factory``) the ``given`` weights."""
+        """The weight plane, for the trainer's policy or (``policy_factory``) the ``given``
+        weights."""
         module = self.policy if isinstance(self.policy, nn.Module) else given
         if module is None or self.no_push:
             return
-        if self.factory:  # the workers' policies must hold what the trainer will push
-            signatures = self.gather({i: self.deferred.weights_signature(i) for i in self._serving()})
+        if self.factory:
+            # the workers' policies must hold what the trainer will push
+            signatures = self.gather({i: self.deferred.weights_signature(i)
+                                      for i in self._serving()})
             factory_weights.check_workers(dict(zip(self._serving(), signatures)), module)
-        same_host = all(record.info is not None and record.info["host_id"] == host_id() for record in self.roster)
+        same_host = all(record.info is not None and record.info["host_id"] == host_id()
+                        for record in self.roster)
         kind = choose_transport(
-            self.transport, same_host, self.backend, self.elastic, self.pool.in_process, self.pool.process_groups,
+            self.transport, same_host, self.backend, self.elastic, self.pool.in_process,
+            self.pool.process_groups,
         )
         rdv = self.pool.weight_rendezvous() if kind == "broadcast" else None
         self.plane = self.resources.sender = WeightPlane(
-            module, kind, self.num_workers, self.rpc_timeout, refill=self.refill, backend=self.backend, rdv=rdv,
+            module, kind, self.num_workers, self.rpc_timeout, refill=self.refill,
+            backend=self.backend, rdv=rdv,
         )
-        for record in self.roster:  # every worker holds version 0 of these weights, no batch delivered since
+        # every worker holds version 0 of these weights, no batch delivered since
+        for record in self.roster:
             record.sent_weights(0)
-        joins = {i: self.deferred.join_weights(i, self.plane.spec) for i in range(self.num_workers) if self.roster[i].info}
+        joins = {i: self.deferred.join_weights(i, self.plane.spec)
+                 for i in range(self.num_workers) if self.roster[i].info}
         futures = {i: call() for i, call in joins.items()}
         self.plane.sender.connect()
         self.gather(joins, futures)
@@ -97,34 +115,43 @@ class WeightPusher:
                 for i, record in enumerate(self.roster)]
 
     def acknowledged(self) -> int | None:
-        """The version every serving worker acknowledged; None while they differ or a push is in flight."""
+        """The version every serving worker acknowledged; None while they differ or a push is in
+        flight."""
         versions = self.worker_versions()
         acknowledged = {versions[i] for i in self._serving()}
         return acknowledged.pop() if len(acknowledged) == 1 else None
 
     def update(self, policy_or_weights: Any, worker_ids: Any, non_blocking: bool) -> None:
-        """``update_policy_weights_``: the whole update checked first, then pushed as one new version."""
+        """``update_policy_weights_``: the whole update checked first, then pushed as one new
+        version."""
         if self.no_push:
             return
-        devices = self.policy_device if isinstance(self.policy_device, list) else [self.policy_device]
-        device = [run_device(self.policy, d) for d in devices]  # where the workers run their policy
-        device = device if isinstance(self.policy_device, list) else device[0]
+        listed = isinstance(self.policy_device, list)
+        devices = self.policy_device if listed else [self.policy_device]
+        # where the workers run their policy
+        device = [run_device(self.policy, d) for d in devices]
+        device = device if listed else device[0]
         layout = self.plane.sender.flat.signature if self.plane is not None else None
         update = whole_update(policy_or_weights, worker_ids, layout, self.num_workers, device)
         per_worker = worker_checks.per_worker_weights(policy_or_weights, worker_ids)
         first = next(iter(update.values()))
         self._open_given(first, remember=not per_worker)
         if not per_worker:
-            self.push([i for i in update if self.roster[i].serving], first, non_blocking, slots=list(update))
+            serving = [i for i in update if self.roster[i].serving]
+            self.push(serving, first, non_blocking, slots=list(update))
             return
-        with self.lock:  # each of those workers gets its own, all as one new version
+        # each of those workers gets its own, all as one new version
+        with self.lock:
             self.finish()
             version, started = self.version + 1, self.meter.span_start()
-            self._start(self.plane.push_own(update, version, self._serving()), version, non_blocking, started)
+            began = self.meter.push_clock()
+            receive = self.plane.push_own(update, version, self._serving())
+            self._start(receive, version, non_blocking, started, (began, self.meter.push_clock()))
 
     def _open_given(self, source: TensorDictBase | None, remember: bool = True) -> None:
         """``policy_factory``: lay the weight plane out from the first weights pushed (checked
-        against every worker's policy); they, or later ones, are what a push without weights sends."""
+        against every worker's policy); they, or later ones, are what a push without weights
+        sends."""
         if self.plane is None:
             if not self.factory:
                 raise TypeError(factory_weights.NOT_A_MODULE)
@@ -132,44 +159,62 @@ class WeightPusher:
                 raise TypeError(factory_weights.NO_WEIGHTS)
             with self.lock:
                 self.open(given=source)
-        if remember and self.factory and source is not None and not isinstance(self.policy, nn.Module):
+        keep = remember and self.factory and source is not None
+        if keep and not isinstance(self.policy, nn.Module):
             self.given = source
 
     def push_version(self, version: int, source: TensorDictBase | None = None) -> None:
-        """Push the policy's weights (or ``source``) to every worker as ``version`` (a node passing on its trainer's)."""
+        """Push the policy's weights (or ``source``) to every worker as ``version`` (a node
+        passing on its trainer's)."""
         self._open_given(source)
         self.push(self._serving(), source, version=version)
 
     def push(
-        self, worker_ids: list[int], source: Any = None, non_blocking: bool = False, version: int | None = None,
-        slots: list[int] | None = None,
+        self, worker_ids: list[int], source: Any = None, non_blocking: bool = False,
+        version: int | None = None, slots: list[int] | None = None,
     ) -> None:
-        """Push the trainer's weights (or ``source``) to ``worker_ids`` as ``version`` (default: a new
-        one); ``slots`` (default: ``worker_ids``) hold them from now on."""
+        """Push the trainer's weights (or ``source``) to ``worker_ids`` as ``version`` (default: a
+        new one); ``slots`` (default: ``worker_ids``) hold them from now on."""
         with self.lock:
             self.finish()
             source = self.given if source is None else source
-            version, started = self.version + 1 if version is None else version, self.meter.span_start()
-            self._start(self.plane.push(worker_ids, source, version, slots), version, non_blocking, started)
+            version = self.version + 1 if version is None else version
+            started = self.meter.span_start()
+            began = self.meter.push_clock()
+            tensors = self.plane.tensors(source)
+            # with "shm" the copy into the slot is the transfer, else a pause before it
+            checked = self.meter.push_clock() if self.plane.packs_in_place else 0
+            self.plane.pack(source, tensors)
+            packed = checked or self.meter.push_clock()
+            receive = self.plane.send(worker_ids, version, slots)
+            self._start(receive, version, non_blocking, started, (began, packed))
 
     def rejoin(self, worker_id: int) -> tuple | None:
-        """``receive_weights`` arguments that give the new process serving ``worker_id`` what its slot
-        holds (None: nothing was pushed, it keeps its policy's own, version 0); its next batch is
-        collected with them."""
+        """``receive_weights`` arguments that give the new process serving ``worker_id`` what its
+        slot holds (None: nothing was pushed, it keeps its policy's own, version 0); its next
+        batch is collected with them."""
         held = self.plane.rejoin(worker_id)
         self.roster[worker_id].sent_weights(0 if held is None else held[0])
         return held
 
-    def _start(self, receive: dict[int, tuple], version: int, non_blocking: bool, started: int) -> None:
-        """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from now on
-        (``started``: when the push began, for its span)."""
+    def _start(self, receive: dict[int, tuple], version: int, non_blocking: bool,
+               started: int, packing: tuple[int, int]) -> None:
+        """Send each worker its ``receive_weights`` arguments; ``version`` is the trainer's from
+        now on (``started``: when the push began, for its span; ``packing``: the meter's
+        :meth:`~rpc_collectors.single_process.run_meter.RunMeter.push_clock` as its pause began
+        and as its transfer did, for its phases)."""
         self.version = version
         for worker_id in receive:
             self.roster[worker_id].sent_weights(version)
-        metered = self.meter.pushed(sum(nbytes for _, nbytes, _, _ in self.plane.sender.flat.layout))
+        size = sum(nbytes for _, nbytes, _, _ in self.plane.sender.flat.layout)
+        metered = self.meter.pushed(size)
         self._push = {i: self.deferred.receive_weights(i, *args) for i, args in receive.items()}
         self._pushed = {i: call() for i, call in self._push.items()}
-        torch.futures.collect_all(list(self._pushed.values())).then(lambda _: self.meter.acknowledged(metered))
+        times = (*packing, self.meter.push_clock())
+        futures = list(self._pushed.values())
+        acknowledged = torch.futures.collect_all(futures)
+        acknowledged.then(
+            lambda _: self.meter.acknowledged(metered, times, receipts_of(futures)))
         self.meter.span_end("push", started, version=version, workers=len(receive))
         if not non_blocking:
             self.finish()
@@ -182,3 +227,16 @@ class WeightPusher:
             self.gather(push, self._pushed)
             self.plane.sender.wait()
             self.meter.span_end("push wait", waited, workers=len(push))
+
+
+def receipts_of(futures: list[torch.futures.Future]) -> list:
+    """The answers of the acknowledged ``futures`` (each worker's
+    :data:`~rpc_collectors.transport.weight_sync.Receipt`); a failed one has none."""
+    receipts = []
+    for fut in futures:
+        try:
+            receipts.append(fut.value())
+        except Exception:
+            # its failure is the gather's to report
+            continue
+    return receipts

@@ -15,7 +15,10 @@ Three transports, all separate from the default process group:
 
 The trainer side is :class:`WeightPlane` (which transport, each push, how far behind each
 worker is) over a :class:`WeightSender`; each worker holds a :class:`WeightReceiver` that
-stages incoming weights and applies them to its collector between batches.
+stages incoming weights and applies them to its collector between batches, and answers each
+receipt with a :data:`Receipt`: how long it took the bytes in, and how long its last apply took
+(the pushes' phases of ``metrics()``). What both ends share (the spec, the shared-memory slots,
+the process group) is in :mod:`.weight_channels`.
 
 Shared-memory slots: the trainer packs every version into the slot that the latest push to
 *all* workers did not use, and only after the previous push was acknowledged. A push to all
@@ -34,99 +37,56 @@ gets what its slot holds (:meth:`WeightPlane.rejoin`).
 """
 from __future__ import annotations
 
-import datetime
 import os
 import threading
+import time
 import uuid
-from dataclasses import dataclass
+from collections import deque
 
 import torch
 import torch.distributed as dist
 
-from rpc_collectors.transport import shm
+from rpc_collectors.transport.weight_channels import (
+    SHM_SLOTS,
+    TransportSpec,
+    map_slots,
+    parse_mode,
+    process_group,
+    shm_file,
+)
 from rpc_collectors.transport.weights import FlatWeights
 
 TRANSPORTS = ("auto", "shm", "broadcast", "rpc")
 
-
-@dataclass(frozen=True)
-class TransportSpec:
-    """What a worker needs to join the weight plane."""
-
-    kind: str  # "shm", "broadcast" or "rpc"
-    nbytes: int
-    path: str | None = None  # shm file
-    addr: str | None = None  # broadcast: store address, port and key prefix
-    port: int | None = None
-    prefix: str | None = None
-    world_size: int = 0
-    backend: str = "gloo"
-    interface: str | None = None
-    timeout: float = 60.0
-    signature: tuple = ()  # (key, dtype, shape) of every tensor, as the trainer lays them out
-
-
-SHM_SLOTS = 2
-
-
-def map_slots(path: str, nbytes: int) -> list[torch.Tensor]:
-    """Map the shared-memory file at ``path``: its ``SHM_SLOTS`` slots of ``nbytes`` each."""
-    whole = torch.from_file(path, shared=True, size=max(SHM_SLOTS * nbytes, 1), dtype=torch.uint8)
-    return [whole[i * nbytes:(i + 1) * nbytes] for i in range(SHM_SLOTS)]
-
-
-def shm_file(nbytes: int) -> tuple[str, int, torch.Tensor]:
-    """Create a nameless shared-memory file for weights of ``nbytes`` (two slots); returns the path
-    to open it by, its descriptor and slot 0 (see :mod:`rpc_collectors.transport.shm`).
-
-    Close the descriptor once every worker mapped it. The pages are touched here, so the first
-    update does not pay the page faults.
-    """
-    fd, path = shm.nameless_file(
-        "weights", SHM_SLOTS * nbytes, "the shared-memory weights file",
-        f": {SHM_SLOTS} copies of the policy's {nbytes} bytes", "use weight_transport='broadcast'",
-    )
-    slots = map_slots(path, nbytes)
-    for slot in slots:
-        slot.zero_()
-    return path, fd, slots[0]
-
-
-def _parse_mode(mode: str) -> tuple[str, int]:
-    kind, _, slot = mode.partition(":")
-    return kind, int(slot or 0)
-
-
-def process_group(spec: TransportSpec, rank: int) -> dist.ProcessGroup:
-    """Join the weight process group (never the default group) through a prefixed store."""
-    timeout = datetime.timedelta(seconds=spec.timeout)
-    store = dist.PrefixStore(spec.prefix, dist.TCPStore(spec.addr, spec.port, is_master=False, timeout=timeout))
-    if spec.backend == "nccl":  # its waits bounded as gloo's (NCCL's own default: 10 minutes)
-        nccl = dist.ProcessGroupNCCL.Options()
-        nccl._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, spec.world_size, nccl)
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    gloo = dist.ProcessGroupGloo
-    device = gloo.create_device(interface=spec.interface) if spec.interface else gloo.create_default_device()
-    options._devices = [device]
-    return dist.ProcessGroupGloo(store, rank, spec.world_size, options)
+Receipt = tuple[int, "int | None", int]
+"""A worker's answer to ``receive_weights``, of its own clock: the nanoseconds it took the bytes in
+(a broadcast, a point-to-point receive, a copy out of a shared-memory slot; 0 where they came
+with the call or are read when applied), then the version its last apply brought in and the
+nanoseconds that copy into its policy took (None, 0: none since its last answer)."""
 
 
 class WeightReceiver:
-    """Worker side: receive flat weights (or where they lie in shared memory); apply them between batches."""
+    """Worker side: receive flat weights (or where they lie in shared memory); apply
+    them between batches."""
 
     def __init__(self, spec: TransportSpec, flat: FlatWeights, rank: int) -> None:
         self.spec, self.flat = spec, flat
-        device = torch.device("cuda", torch.cuda.current_device()) if spec.backend == "nccl" else flat.device
-        self._device = device
-        self._staging: torch.Tensor | None = None  # allocated on first use (shm rarely needs it)
+        nccl = spec.backend == "nccl"
+        self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else flat.device
+        # allocated on first use (shm rarely needs it)
+        self._staging: torch.Tensor | None = None
         self.slots = map_slots(spec.path, spec.nbytes) if spec.kind == "shm" else None
         self.group = process_group(spec, rank) if spec.kind == "broadcast" else None
         self.version = 0
-        self.source: torch.Tensor | None = None  # where the newest received version lies
-        self.unapplied = False  # a version was received since the last apply (read without the lock: see apply)
+        # where the newest received version lies
+        self.source: torch.Tensor | None = None
+        # a version was received since the last apply (read without the lock: see apply)
+        self.unapplied = False
+        # the last apply not told yet: its version and nanoseconds (see Receipt)
+        self.applied: tuple[int | None, int] = (None, 0)
         self._cond = threading.Condition()
+        # a trace window's apply spans (start, end): a deque while one is open
+        self.spans: deque | None = None
 
     @property
     def staging(self) -> torch.Tensor:
@@ -134,14 +94,17 @@ class WeightReceiver:
             self._staging = self.flat.new_buffer(self._device)
         return self._staging
 
-    def receive(self, version: int, mode: str, payload: torch.Tensor | None = None) -> None:
-        """Take version ``version``: from shared memory, the broadcast, a point-to-point send or ``payload``.
+    def receive(self, version: int, mode: str, payload: torch.Tensor | None = None) -> Receipt:
+        """Take version ``version``: from shared memory, the broadcast, a
+        point-to-point send or ``payload``; answers its :data:`Receipt`.
 
         Modes: ``"shm:<slot>"`` (read the slot when applying), ``"shm-copy:<slot>"`` (copy the
         slot now), ``"broadcast"``, ``"p2p"``, ``"rpc"`` (``payload``, a copy this worker owns).
         """
-        kind, slot = _parse_mode(mode)
-        with self._cond:  # an apply in progress finishes first
+        kind, slot = parse_mode(mode)
+        # an apply in progress finishes first
+        with self._cond:
+            began = time.monotonic_ns()
             if kind == "rpc":
                 self.source = payload
             elif kind == "shm":
@@ -155,26 +118,39 @@ class WeightReceiver:
             else:
                 self.group.recv([self.staging], 0, version).wait()
                 self.source = self.staging
+            took = time.monotonic_ns() - began if kind != "rpc" and kind != "shm" else 0
             self.version, self.unapplied = version, True
+            applied, self.applied = self.applied, (None, 0)
             self._cond.notify_all()
+        return took, *applied
 
     def apply(self, collector: "object", min_version: int, timeout: float) -> None:
-        """Bring ``collector``'s policy to the newest staged version, waiting for ``min_version`` unless
-        the collector holds it already (loaded from a saved state); one received at the collector's
-        own version is applied too (a newcomer's first weights, of a trainer that resumed at that
-        version), one older than it (loaded since) is not. With nothing received since the last apply
-        and ``min_version`` held already it does nothing: its server (between batches) skips it then,
-        reading ``unapplied`` without the lock, as if a version received meanwhile came just after."""
+        """Bring ``collector``'s policy to the newest staged version, waiting for ``min_version``
+        unless the collector holds it already (loaded from a saved state); one received at the
+        collector's own version is applied too (a newcomer's first weights, of a trainer that
+        resumed at that version), one older than it (loaded since) is not. With nothing received
+        since the last apply and ``min_version`` held already it does nothing: its server (between
+        batches) skips it then, reading ``unapplied`` without the lock, as if a version received
+        meanwhile came just after."""
         with self._cond:
-            if not self._cond.wait_for(lambda: max(self.version, collector.policy_version) >= min_version, timeout):
-                raise TimeoutError(f"weights version {min_version} did not arrive within {timeout} s")
+            if not self._cond.wait_for(
+                    lambda: max(self.version, collector.policy_version) >= min_version, timeout):
+                raise TimeoutError(f"weights version {min_version} did not arrive within {timeout} "
+                                   "s")
             if self.unapplied and self.version >= collector.policy_version:
+                began = time.monotonic_ns()
                 self.flat.unpack(self.source)
+                ended = time.monotonic_ns()
+                self.applied = (self.version, ended - began)
+                spans = self.spans
+                if spans is not None:
+                    spans.append(("apply", began, ended, {"version": self.version}))
                 collector.policy_version = self.version
             self.unapplied = False
 
     def superseded(self) -> None:
-        """The collector loaded a saved state: weights received before it are not applied after it."""
+        """The collector loaded a saved state: weights received before it are
+        not applied after it."""
         with self._cond:
             self.unapplied = False
 
@@ -188,15 +164,19 @@ class WeightSender:
     """Trainer side: pack the policy into the flat buffer and push it to workers."""
 
     def __init__(
-        self, flat: FlatWeights, spec: TransportSpec, buffer: torch.Tensor, fd: int | None = None, keep_fd: bool = False
+        self, flat: FlatWeights, spec: TransportSpec, buffer: torch.Tensor, fd: int | None = None,
+        keep_fd: bool = False
     ) -> None:
-        """``fd``: the shared-memory file's descriptor (see :func:`shm_file`), closed by :meth:`joined`,
-        or only by :meth:`close` with ``keep_fd`` (workers that join later open the file through it)."""
+        """``fd``: the shared-memory file's descriptor (see :func:`shm_file`), closed by
+        :meth:`joined`, or only by :meth:`close` with ``keep_fd`` (workers that join later open
+        the file through it)."""
         self.flat, self.spec = flat, spec
         self.fd, self.keep_fd = fd, keep_fd
-        self.latest: tuple[int, str] | None = None  # the latest version, and how a worker that joins now receives it
+        # the latest version, and how a worker that joins now receives it
+        self.latest: tuple[int, str] | None = None
         self.slots = map_slots(spec.path, spec.nbytes) if spec.kind == "shm" else [buffer]
-        self._next = 0  # the slot the next version is packed into
+        # the slot the next version is packed into
+        self._next = 0
         self.group: dist.ProcessGroup | None = None
         self.work: list = []
 
@@ -226,14 +206,18 @@ class WeightSender:
         if self.spec.kind == "shm":
             self.joined()
             slot = self._next
-            self.latest = version, f"shm-copy:{slot}"  # the slot holds this version until the next pack
-            if all_workers:  # workers read this slot lazily: the next version goes to the other
+            # the slot holds this version until the next pack
+            self.latest = version, f"shm-copy:{slot}"
+            # workers read this slot lazily: the next version goes to the other
+            if all_workers:
                 self._next = (slot + 1) % SHM_SLOTS
                 return f"shm:{slot}"
-            return f"shm-copy:{slot}"  # the workers copy it now; the slot is free once they answered
+            # the workers copy it now; the slot is free once they answered
+            return f"shm-copy:{slot}"
         if self.spec.kind == "rpc":
             self.latest = version, "rpc"
-            return "rpc"  # the caller sends the buffer with each worker's call
+            # the caller sends the buffer with each worker's call
+            return "rpc"
         if all_workers:
             self.work = [self.group.broadcast(self.buffer, 0)]
             return "broadcast"
@@ -255,16 +239,20 @@ class WeightSender:
 
 
 def choose_transport(
-    requested: str, same_host: bool, backend: str, elastic: bool, in_process: bool, groups: bool = True,
+    requested: str, same_host: bool, backend: str, elastic: bool, in_process: bool,
+    groups: bool = True,
 ) -> str:
     """The transport a collector's weights take: ``"auto"`` is shared memory when every worker
     shares the trainer's host (gloo), else the broadcast group; elastic collectors, and workers
     that cannot join a process group (``groups=False``: Ray actors), use ``"rpc"``."""
-    kind = requested if requested != "auto" else ("shm" if same_host and backend == "gloo" else "broadcast")
+    kind = requested if requested != "auto" else ("shm" if same_host and backend == "gloo"
+                                                  else "broadcast")
     if elastic or (not groups and kind == "broadcast"):
         kind = "rpc"
-    if kind != "shm" and in_process:  # in-process workers would share the trainer's buffer
-        raise ValueError(f"weight_transport={kind!r} needs worker processes; the debug launcher uses 'shm'")
+    # in-process workers would share the trainer's buffer
+    if kind != "shm" and in_process:
+        raise ValueError(f"weight_transport={kind!r} needs worker processes; the debug launcher "
+                         "uses 'shm'")
     if kind == "shm" and not same_host:
         raise ValueError("weight_transport='shm' needs every worker on the trainer's host")
     return kind
@@ -279,10 +267,11 @@ class WeightPlane:
     """
 
     def __init__(
-        self, module: "torch.nn.Module | object", kind: str, num_workers: int, timeout: float, refill: bool,
-        backend: str = "gloo", rdv: "object | None" = None,
+        self, module: "torch.nn.Module | object", kind: str, num_workers: int, timeout: float,
+        refill: bool, backend: str = "gloo", rdv: "object | None" = None,
     ) -> None:
-        """``module``: the trainer's policy, or a TensorDict of the weights its workers' policies hold."""
+        """``module``: the trainer's policy, or a TensorDict of the weights its
+        workers' policies hold."""
         flat = FlatWeights(module)
         fd = None
         if kind == "rpc":
@@ -290,7 +279,8 @@ class WeightPlane:
             spec = TransportSpec("rpc", flat.nbytes, timeout=timeout, signature=flat.signature)
         elif kind == "shm":
             path, fd, buffer = shm_file(flat.nbytes)
-            spec = TransportSpec("shm", flat.nbytes, path=path, timeout=timeout, signature=flat.signature)
+            spec = TransportSpec("shm", flat.nbytes, path=path, timeout=timeout,
+                                 signature=flat.signature)
         else:
             spec = TransportSpec(
                 "broadcast", flat.nbytes, addr=rdv.master_addr, port=rdv.master_port,
@@ -299,21 +289,45 @@ class WeightPlane:
             )
             buffer = flat.new_buffer(torch.device("cuda") if backend == "nccl" else None)
         self.num_workers, self.refill = num_workers, refill
-        self.sender = WeightSender(flat, spec, buffer, fd, keep_fd=refill)  # a new process opens the shm file
-        self.own: dict[int, tuple[int, torch.Tensor]] = {}  # refill: slot i's own weights and their version
+        # a new process opens the shm file
+        self.sender = WeightSender(flat, spec, buffer, fd, keep_fd=refill)
+        # refill: slot i's own weights and their version
+        self.own: dict[int, tuple[int, torch.Tensor]] = {}
 
     @property
     def spec(self) -> TransportSpec:
         return self.sender.spec
 
     def push(
-        self, worker_ids: list[int], source: "object | None", version: int, slots: list[int] | None = None,
+        self, worker_ids: list[int], source: "object | None", version: int,
+        slots: list[int] | None = None,
     ) -> dict[int, tuple]:
         """Pack ``source`` (None: the module's tensors now) as ``version`` and start sending it to
         ``worker_ids``; ``slots`` (default: ``worker_ids``; an update names vacant ones too) hold
-        these weights from now on. Returns the arguments of each one's ``receive_weights`` call."""
-        self.sender.flat.pack(self.sender.buffer, source)
-        mode = self.sender.push([i + 1 for i in worker_ids], version, all_workers=len(worker_ids) == self.num_workers)
+        these weights from now on. Returns the arguments of each one's ``receive_weights`` call.
+        It is :meth:`pack` then :meth:`send`."""
+        self.pack(source)
+        return self.send(worker_ids, version, slots)
+
+    @property
+    def packs_in_place(self) -> bool:
+        """Whether packing is the transfer itself: with "shm", a copy into the slot workers read."""
+        return self.spec.kind == "shm"
+
+    def tensors(self, source: "object | None") -> list[torch.Tensor]:
+        """``source``'s tensors (None: the module's now), checked against the layout."""
+        return self.sender.flat.tensors(source)
+
+    def pack(self, source: "object | None", tensors: list[torch.Tensor] | None = None) -> None:
+        """Copy ``source`` (None: the module's tensors now; ``tensors``: its :meth:`tensors`)
+        into the buffer the next push sends."""
+        self.sender.flat.pack(self.sender.buffer, source, tensors)
+
+    def send(self, worker_ids: list[int], version: int,
+             slots: list[int] | None = None) -> dict[int, tuple]:
+        """Start sending what :meth:`pack` packed as ``version`` (see :meth:`push`)."""
+        mode = self.sender.push([i + 1 for i in worker_ids], version,
+                                all_workers=len(worker_ids) == self.num_workers)
         for worker_id in worker_ids if slots is None else slots:
             self.own.pop(worker_id, None)
         return {worker_id: self._receive_args(version, mode) for worker_id in worker_ids}

@@ -11,7 +11,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-ALIGN = 64  # bytes; keeps every tensor's view aligned for any dtype
+# bytes; keeps every tensor's view aligned for any dtype
+ALIGN = 64
 
 
 def weights_of(source: Any, argument: str = "policy_or_weights") -> TensorDictBase:
@@ -23,25 +24,28 @@ def weights_of(source: Any, argument: str = "policy_or_weights") -> TensorDictBa
     if isinstance(source, Mapping):
         return TensorDict(dict(source), batch_size=[]).unflatten_keys(".")
     raise TypeError(
-        f"{argument}={type(source).__name__} is not accepted; accepted: None, an nn.Module, a TensorDict "
-        "of weights (TensorDict.from_module) or a state dict"
+        f"{argument}={type(source).__name__} is not accepted; accepted: None, an nn.Module, a "
+        "TensorDict of weights (TensorDict.from_module) or a state dict"
     )
 
 
 def one_source(policy_or_weights: Any, weights: Any, policy: Any) -> Any:
-    """The one of TorchRL's three spellings (positional, ``weights=``, ``policy=``) that was given, or None."""
+    """The one of TorchRL's three spellings (positional, ``weights=``, ``policy=``)
+    that was given, or None."""
     given = [x for x in (policy_or_weights, weights, policy) if x is not None]
     if len(given) > 1:
-        raise TypeError("update_policy_weights_: give the new weights once: positionally, as weights= or as policy=")
+        raise TypeError("update_policy_weights_: give the new weights once: positionally, as "
+                        "weights= or as policy=")
     return given[0] if given else None
 
 
 def signature_of(weights: nn.Module | TensorDictBase) -> tuple:
-    """``(key, dtype, shape)`` of every tensor of a module or a TensorDict of weights, by sorted key:
-    what :func:`checked` compares and :class:`FlatWeights` lays out."""
+    """``(key, dtype, shape)`` of every tensor of a module or a TensorDict of weights, by sorted
+    key: what :func:`checked` compares and :class:`FlatWeights` lays out."""
     td = _tensors_of(weights)
     return tuple(sorted(
-        ((_as_tuple(key), t.dtype, tuple(t.shape)) for key, t in td.items(include_nested=True, leaves_only=True)),
+        ((_as_tuple(key), t.dtype, tuple(t.shape))
+         for key, t in td.items(include_nested=True, leaves_only=True)),
         key=lambda entry: entry[0],
     ))
 
@@ -59,14 +63,16 @@ def check_layout(given: tuple, layout: tuple, argument: str, whose: str = "the p
             want = "absent" if key not in ours else f"{ours[key][0]} {list(ours[key][1])}"
             name = key[0] if len(key) == 1 else key
             raise ValueError(
-                f"{argument}: weight {name!r} is {have}, {whose} has {want}; accepted: weights with the same "
-                f"keys, dtypes and shapes as {whose}"
+                f"{argument}: weight {name!r} is {have}, {whose} has {want}; accepted: weights "
+                f"with the same keys, dtypes and shapes as {whose}"
             )
 
 
-def checked(source: Any, layout: tuple, argument: str = "policy_or_weights", whose: str = "the policy") -> TensorDictBase:
-    """``source`` (an ``nn.Module``, a TensorDict of weights or a state dict) as a TensorDict of weights,
-    checked whole against ``layout`` (the policy's :func:`signature_of`) before anything changes.
+def checked(source: Any, layout: tuple, argument: str = "policy_or_weights",
+            whose: str = "the policy") -> TensorDictBase:
+    """``source`` (an ``nn.Module``, a TensorDict of weights or a state dict) as a
+    TensorDict of weights, checked whole against ``layout`` (the policy's
+    :func:`signature_of`) before anything changes.
 
     Every weight update, whatever its form and collector, passes here before a policy or a version
     changes: what passes holds exactly the policy's tensors, so copying it in cannot fail half way
@@ -78,7 +84,8 @@ def checked(source: Any, layout: tuple, argument: str = "policy_or_weights", who
 
 
 def load_weights(module: nn.Module, weights: TensorDictBase) -> None:
-    """Copy ``weights`` (:func:`checked` against ``module``'s layout) into ``module``'s tensors, in place."""
+    """Copy ``weights`` (:func:`checked` against ``module``'s layout) into
+    ``module``'s tensors, in place."""
     TensorDict.from_module(module).data.update_(weights)
 
 
@@ -92,8 +99,10 @@ def _as_tuple(key: Any) -> tuple:
 
 def holder_of(signature: tuple) -> TensorDictBase:
     """Empty tensors laid out as ``signature`` (:attr:`FlatWeights.signature`): where a process
-    without a policy of its own (a node whose workers build theirs) keeps the weights it passes on."""
-    return TensorDict({key: torch.empty(shape, dtype=dtype) for key, dtype, shape in signature}, batch_size=[])
+    without a policy of its own (a node whose workers build theirs) keeps the
+    weights it passes on."""
+    return TensorDict({key: torch.empty(shape, dtype=dtype) for key, dtype, shape in signature},
+                      batch_size=[])
 
 
 class FlatWeights:
@@ -128,16 +137,21 @@ class FlatWeights:
         return [buffer[o:o + n].view(dtype).view(shape) for o, n, dtype, shape in self.layout]
 
     def tensors(self, source: Any = None) -> list[torch.Tensor]:
-        """``source``'s tensors (None: the module's now) in this layout, :func:`checked` against it."""
+        """``source``'s tensors (None: the module's now) in this layout,
+        :func:`checked` against it."""
         weights = checked(self.module if source is None else source, self.signature,
-                          "update_policy_weights_" if source is not None else "the policy", "the workers' policy")
+                          "update_policy_weights_" if source is not None else "the policy",
+                          "the workers' policy")
         return [weights.get(key) for key in self.keys]
 
-    def pack(self, buffer: torch.Tensor, source: TensorDictBase | None = None) -> None:
-        """Copy the module's current weights (or ``source``'s) into ``buffer``."""
+    def pack(self, buffer: torch.Tensor, source: TensorDictBase | None = None,
+             tensors: list[torch.Tensor] | None = None) -> None:
+        """Copy the module's current weights (or ``source``'s) into ``buffer`` (``tensors``: their
+        :meth:`tensors`, already looked up)."""
         if self.keys:
             with torch.no_grad():
-                torch._foreach_copy_(self.views(buffer), self.tensors(source))
+                tensors = self.tensors(source) if tensors is None else tensors
+                torch._foreach_copy_(self.views(buffer), tensors)
 
     def unpack(self, buffer: torch.Tensor) -> None:
         """Copy weights from ``buffer`` into the module's current tensors, in place."""
