@@ -21,7 +21,10 @@ from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
 from rpc_collectors.collectors.async_batched import AsyncBatchedCollector
 from rpc_collectors.collectors.async_collector import AsyncCollector
 from rpc_collectors.collectors.dispatch import resolve
-from rpc_collectors.collectors.distributed_collector import DistributedCollector, DistributedSyncCollector
+from rpc_collectors.collectors.distributed_collector import (
+    DistributedCollector,
+    DistributedSyncCollector,
+)
 from rpc_collectors.collectors.evaluator import Evaluator
 from rpc_collectors.collectors.multi import MultiAsyncCollector, MultiCollector, MultiSyncCollector
 from rpc_collectors.collectors.ray_extra import ray_collector
@@ -32,12 +35,19 @@ from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.single_process.dispatching import dispatch_with
 from rpc_collectors.single_process.envs import GymEnv
-from rpc_collectors.single_process.metric_exports import Export, JsonLines, Prometheus, PrometheusTextfile, TensorBoard
+from rpc_collectors.single_process.metric_exports import (
+    Export,
+    JsonLines,
+    Prometheus,
+    PrometheusTextfile,
+    TensorBoard,
+)
 from rpc_collectors.single_process.policies import RandomPolicy
 from rpc_collectors.single_process.trajectories import split_trajectories
 from rpc_collectors.transport.membership import WorkerLeftWarning, WorkerRestartWarning
 
-dispatch_with(resolve)  # Collector(..., num_collectors=N, backend=...) builds the collectors above
+# Collector(..., num_collectors=N, backend=...) builds the collectors above
+dispatch_with(resolve)
 
 # TorchRL's legacy names
 SyncDataCollector = Collector

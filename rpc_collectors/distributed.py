@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rpc_collectors.collectors.distributed_collector import DistributedCollector, DistributedSyncCollector
+from rpc_collectors.collectors.distributed_collector import (
+    DistributedCollector,
+    DistributedSyncCollector,
+)
 from rpc_collectors.collectors.ray_extra import ray_collector
 from rpc_collectors.collectors.rpc import RPCCollector
 

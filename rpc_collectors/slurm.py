@@ -1,5 +1,6 @@
 """SLURM submission through submitit (``from rpc_collectors import slurm``): one process per
-task, with the torch.distributed variables set. Defined in :mod:`rpc_collectors.cluster.submission`."""
+task, with the torch.distributed variables set. Defined in
+:mod:`rpc_collectors.cluster.submission`."""
 from rpc_collectors.cluster.checkpoint import CheckpointError
 from rpc_collectors.cluster.requeue import Requeued
 from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
@@ -19,6 +20,7 @@ from rpc_collectors.cluster.submission import (
 
 __all__ = [
     "CheckpointError", "Requeued", "RunCheckpoint",
-    "SlurmConfig", "job_port", "master_address", "rendezvous_file", "result", "run_script", "sbatch_script",
+    "SlurmConfig", "job_port", "master_address", "rendezvous_file", "result", "run_script",
+    "sbatch_script",
     "setup_distributed_env", "setup_join_env", "submit", "task_interface",
 ]

@@ -22,11 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo_parser = commands.add_parser(
         "demo", help="train PPO on CartPole-v1 with 2 local collector workers until it reaches 475",
-        description="Train PPO with a collector of local worker processes until the mean return of the "
-        "last 20 episodes reaches the target; print a summary and write run.json and "
-        "learning_curve.png to the output folder. Ctrl-C stops cleanly and keeps the record. "
-        "With --checkpoint-dir the run is checkpointed there and resumes when started again (also as a "
-        "requeued SLURM job).",
+        description="Train PPO with a collector of local worker processes until the mean return of "
+        "the last 20 episodes reaches the target; print a summary and write run.json and "
+        "learning_curve.png to the output folder. Ctrl-C stops cleanly and keeps the record. With "
+        "--checkpoint-dir the run is checkpointed there and resumes when started "
+        "again (also as a requeued SLURM job).",
     )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.run)

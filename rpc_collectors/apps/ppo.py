@@ -32,7 +32,8 @@ WORKER_ID = ("collector", "worker_id")
 
 @dataclass
 class PPOConfig:
-    """PPO hyperparameters; the defaults solve CartPole-v1 in 20k-30k frames (1024-frame batches)."""
+    """PPO hyperparameters; the defaults solve CartPole-v1 in 20k-30k frames
+    (1024-frame batches)."""
 
     lr: float = 2.5e-3
     gamma: float = 0.99
@@ -44,14 +45,16 @@ class PPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     hidden: int = 64
-    target_return: float | None = 475.0  # stop once the mean of the last `window` episodes reaches it
+    # stop once the mean of the last `window` episodes reaches it
+    target_return: float | None = 475.0
     window: int = 20
 
 
 # ----------------------------------------------------------------------------- networks
 def mlp(n_in: int, n_out: int, hidden: int, out_std: float) -> nn.Sequential:
     """Two tanh hidden layers, orthogonal init (as CleanRL's PPO)."""
-    layers = [nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, n_out)]
+    layers = [nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+              nn.Linear(hidden, n_out)]
     for layer in layers:
         if isinstance(layer, nn.Linear):
             nn.init.orthogonal_(layer.weight, 2 ** 0.5 if layer is not layers[-1] else out_std)
@@ -68,10 +71,13 @@ class Actor(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         log_probs = torch.log_softmax(self.net(obs), -1)
-        action = torch.multinomial(log_probs.exp().reshape(-1, log_probs.shape[-1]), 1).reshape(log_probs.shape[:-1])
+        action = torch.multinomial(log_probs.exp().reshape(-1, log_probs.shape[-1]), 1).reshape(
+            log_probs.shape[:-1]
+        )
         return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: torch.Tensor,
+                 action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of ``action`` and the policy's entropy at ``obs``."""
         log_probs = torch.log_softmax(self.net(obs), -1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
@@ -79,7 +85,8 @@ class Actor(nn.Module):
 
 
 def make_policy(actor: Actor) -> TensorDictModule:
-    """The policy the collector runs: reads ``"observation"``, writes ``"action"`` and ``"sample_log_prob"``."""
+    """The policy the collector runs: reads ``"observation"``, writes
+    ``"action"`` and ``"sample_log_prob"``."""
     return TensorDictModule(actor, in_keys=["observation"], out_keys=["action", "sample_log_prob"])
 
 
@@ -88,10 +95,12 @@ def make_agent(env_id: str, hidden: int = 64) -> tuple[Actor, nn.Module]:
     env = gym.make(env_id)
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
-    if not isinstance(act_space, gym.spaces.Discrete) or not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+    flat_box = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
+    if not isinstance(act_space, gym.spaces.Discrete) or not flat_box:
         raise ValueError(
-            f"env={env_id!r} has observation space {obs_space} and action space {act_space}; this PPO "
-            "accepts a flat Box observation space and a Discrete action space (e.g. CartPole-v1, Acrobot-v1)"
+            f"env={env_id!r} has observation space {obs_space} and action space {act_space}; this "
+            "PPO accepts a flat Box observation space and a Discrete action "
+            "space (e.g. CartPole-v1, Acrobot-v1)"
         )
     obs_dim = int(obs_space.shape[0])
     return Actor(obs_dim, int(act_space.n), hidden), mlp(obs_dim, 1, hidden, out_std=1.0)
@@ -111,7 +120,9 @@ class EpisodeReturns:
         done = batch.get(("next", "done")).reshape(-1)
         unique, inverse = torch.unique(ids, return_inverse=True)
         sums = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, reward)
-        ended = torch.zeros(len(unique), dtype=torch.bool).index_put_((inverse[done],), torch.tensor(True))
+        ended = torch.zeros(len(unique), dtype=torch.bool).index_put_(
+            (inverse[done],), torch.tensor(True)
+        )
         finished = []
         for traj, total, is_done in zip(unique.tolist(), sums.tolist(), ended.tolist()):
             total += self.partial.pop(traj, 0.0)
@@ -132,7 +143,8 @@ def gae(
     gamma: float,
     lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation along the last dim (time); returns (advantage, value target).
+    """Generalised advantage estimation along the last dim (time); returns (advantage, value
+    target).
 
     ``next_value`` is the critic at ``("next", "observation")``: it bootstraps truncated episodes
     and the batch's last step; ``terminated`` zeroes it, ``done`` stops the recursion.
@@ -148,10 +160,10 @@ def gae(
 
 
 # -------------------------------------------------------------------------------- update
-def ppo_update(
-    actor: Actor, critic: nn.Module, optimizer: torch.optim.Optimizer, data: TensorDictBase, cfg: PPOConfig
-) -> dict[str, float]:
-    """Clipped-objective PPO on a flat batch with ``advantage`` and ``value_target``; returns mean losses."""
+def ppo_update(actor: Actor, critic: nn.Module, optimizer: torch.optim.Optimizer,
+               data: TensorDictBase, cfg: PPOConfig) -> dict[str, float]:
+    """Clipped-objective PPO on a flat batch with ``advantage`` and
+    ``value_target``; returns mean losses."""
     stats = collections.defaultdict(float)
     n_updates = 0
     for _ in range(cfg.epochs):
@@ -161,8 +173,10 @@ def ppo_update(
             ratio = (log_prob - mb["sample_log_prob"]).exp()
             adv = mb["advantage"]
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)).mean()
-            value_loss = 0.5 * (critic(mb["observation"]).squeeze(-1) - mb["value_target"]).pow(2).mean()
+            clipped = ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
+            policy_loss = torch.max(-adv * ratio, -adv * clipped).mean()
+            value_error = critic(mb["observation"]).squeeze(-1) - mb["value_target"]
+            value_loss = 0.5 * value_error.pow(2).mean()
             entropy = entropy.mean()
             loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
 
@@ -184,18 +198,24 @@ def ppo_update(
 class Iteration:
     """What :func:`train` reports after each batch."""
 
-    frames: int  # frames collected so far
+    # frames collected so far
+    frames: int
     batch_frames: int
-    episode_returns: list[float]  # episodes that ended in this batch
-    mean_return: float | None  # mean of the last `window` episodes
-    policy_lag: int  # trainer's weights version minus the batch's oldest policy_version
-    worker_frames: dict[int, int]  # frames of this batch per worker
+    # episodes that ended in this batch
+    episode_returns: list[float]
+    # mean of the last `window` episodes
+    mean_return: float | None
+    # trainer's weights version minus the batch's oldest policy_version
+    policy_lag: int
+    # frames of this batch per worker
+    worker_frames: dict[int, int]
     losses: dict[str, float]
     solved: bool
 
 
 def worker_frames(batch: TensorDictBase, num_workers: int) -> dict[int, int]:
-    """Frames per worker: from ``("collector", "worker_id")`` if present, else dim 0 of a stacked batch."""
+    """Frames per worker: from ``("collector", "worker_id")`` if present, else
+    dim 0 of a stacked batch."""
     if WORKER_ID in batch.keys(include_nested=True):
         ids, counts = torch.unique(batch.get(WORKER_ID), return_counts=True)
         return dict(zip(ids.tolist(), counts.tolist()))
@@ -223,7 +243,8 @@ def train(
     optimizer = optimizer if optimizer is not None else make_optimizer(actor, critic, cfg)
     returns = EpisodeReturns()
     recent: collections.deque[float] = collections.deque(maxlen=cfg.window)
-    version = getattr(collector, "policy_version", 0)  # bumped at every push, as the collector's (resumed: from there)
+    # bumped at every push, as the collector's (resumed: from there)
+    version = getattr(collector, "policy_version", 0)
     frames = getattr(collector, "frames", 0)
     for batch in collector:
         frames += batch.numel()
@@ -242,7 +263,8 @@ def train(
         )
         batch.set("advantage", advantage)
         batch.set("value_target", value_target)
-        data = batch.select("observation", "action", "sample_log_prob", "advantage", "value_target").reshape(-1)
+        keys = ("observation", "action", "sample_log_prob", "advantage", "value_target")
+        data = batch.select(*keys).reshape(-1)
 
         losses = ppo_update(actor, critic, optimizer, data, cfg)
 
@@ -251,13 +273,13 @@ def train(
         version += 1
 
         mean_return = sum(recent) / len(recent) if recent else None
-        solved = (
-            cfg.target_return is not None and len(recent) == cfg.window and mean_return >= cfg.target_return
-        )
+        solved = (cfg.target_return is not None and len(recent) == cfg.window
+                  and mean_return >= cfg.target_return)
         yield Iteration(
-            frames=frames, batch_frames=batch.numel(), episode_returns=finished, mean_return=mean_return,
-            policy_lag=lag, worker_frames=collector.last_batch.worker_frames or worker_frames(batch, num_workers),
-            losses=losses, solved=solved,
+            frames=frames, batch_frames=batch.numel(), episode_returns=finished,
+            mean_return=mean_return, policy_lag=lag,
+            worker_frames=collector.last_batch.worker_frames or worker_frames(batch, num_workers),
+            losses=losses, solved=solved
         )
         if solved:
             return

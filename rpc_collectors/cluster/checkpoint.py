@@ -8,9 +8,9 @@ next save (or :class:`RunCheckpoint` on the folder) removes the temporary files 
 :class:`CheckpointWriteError` naming the folder and its free space; the previous checkpoint stays.
 The file starts with a line holding the SHA-256 of the rest, so a flipped bit is refused on
 reading. ``load`` checks that what it reads is a checkpoint of this run (the same modules, keys
-and shapes) before changing anything, and names the file in every error. The file also keeps the run's allocations
-(one record per SLURM allocation or process that ran it: start, frames, how it ended), written
-beside it as ``run.json`` for people to read.
+and shapes) before changing anything, and names the file in every error. The file also keeps the
+run's allocations (one record per SLURM allocation or process that ran it: start, frames, how it
+ended), written beside it as ``run.json`` for people to read.
 """
 from __future__ import annotations
 
@@ -34,10 +34,13 @@ import torch
 FILE_NAME = "checkpoint.pt"
 RECORD_NAME = "run.json"
 FORMAT = "rpc_collectors.checkpoint/1"
-ENV_DIR = "RPC_COLLECTORS_CHECKPOINT_DIR"  # set in SLURM jobs submitted with a checkpoint_dir
-CHECKSUM = b"rpc_collectors checkpoint sha256 "  # the file's first line: this, the hex digest of the rest, "\n"
+# set in SLURM jobs submitted with a checkpoint_dir
+ENV_DIR = "RPC_COLLECTORS_CHECKPOINT_DIR"
+# the file's first line: this, the hex digest of the rest, "\n"
+CHECKSUM = b"rpc_collectors checkpoint sha256 "
 HEADER_SIZE = len(CHECKSUM) + 64 + 1
-ZIP_START = b"PK"  # a file written before checkpoints carried a checksum: torch's zip alone
+# a file written before checkpoints carried a checksum: torch's zip alone
+ZIP_START = b"PK"
 
 
 class CheckpointError(RuntimeError):
@@ -58,8 +61,9 @@ def check_directory(directory: str | os.PathLike, name: str = "checkpoint_dir") 
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
             pass
     except OSError as err:
-        raise ValueError(f"{name}={str(path)!r} is not a writable folder ({err.strerror or err}); accepted: "
-                         "a folder this user can create files in, on a filesystem every node of the job reads") from None
+        raise ValueError(f"{name}={str(path)!r} is not a writable folder ({err.strerror or err}); "
+                         "accepted: a folder this user can create files in, on a filesystem every "
+                         "node of the job reads") from None
     return path
 
 
@@ -68,33 +72,40 @@ def read(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    with open(path, "rb") as file:  # one open file: what is checked is what is loaded
+    # one open file: what is checked is what is loaded
+    with open(path, "rb") as file:
         head = file.read(HEADER_SIZE)
         if head.startswith(CHECKSUM):
             digest = hashlib.sha256()
             while chunk := file.read(2**24):
                 digest.update(chunk)
             if digest.hexdigest().encode() != head[len(CHECKSUM):-1]:
-                raise CheckpointError(f"{path} is not a readable checkpoint (its content does not match its SHA-256 "
-                                      "checksum: corrupt or truncated); delete it to start afresh, or restore a copy")
+                raise CheckpointError(f"{path} is not a readable checkpoint (its content does not "
+                                      "match its SHA-256 checksum: corrupt or truncated); delete "
+                                      "it to start afresh, or restore a copy")
             start = HEADER_SIZE
-        elif head.startswith(ZIP_START):  # written before checkpoints carried a checksum
+        elif head.startswith(ZIP_START):
+            # written before checkpoints carried a checksum
             start = 0
         else:
-            raise CheckpointError(f"{path} is not a readable checkpoint (neither an rpc_collectors checksum line nor "
-                                  "torch's format at its start); delete it to start afresh, or restore a copy")
+            raise CheckpointError(f"{path} is not a readable checkpoint (neither an rpc_collectors "
+                                  "checksum line nor torch's format at its start); delete it to "
+                                  "start afresh, or restore a copy")
         try:
             content = torch.load(_From(file, start), map_location="cpu", weights_only=False)
-        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
-            raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt: {err}); "
-                                  "delete it to start afresh, or restore a copy") from None
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile,
+                ValueError) as err:
+            raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt: "
+                                  f"{err}); delete it to start afresh, or restore a copy") from None
     if not isinstance(content, dict) or content.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an rpc_collectors checkpoint (no {FORMAT!r} format mark)")
+        raise CheckpointError(f"{path} is not an rpc_collectors checkpoint (no {FORMAT!r} format "
+                              "mark)")
     return content
 
 
 class _From:
-    """A binary file read from ``start`` on, as if it began there (torch reads the zip after the checksum line)."""
+    """A binary file read from ``start`` on, as if it began there (torch reads the zip
+    after the checksum line)."""
 
     def __init__(self, file: io.BufferedReader, start: int) -> None:
         self.file, self.start = file, start
@@ -107,7 +118,8 @@ class _From:
         return self.file.readinto(buffer)
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self.file.seek(offset + self.start if whence == os.SEEK_SET else offset, whence) - self.start
+        return self.file.seek(offset + self.start if whence == os.SEEK_SET else offset,
+                              whence) - self.start
 
     def tell(self) -> int:
         return self.file.tell() - self.start
@@ -145,7 +157,8 @@ def write_atomically(path: Path, content: Any) -> None:
         fd, tmp = _locked_temporary(path)
         try:
             with os.fdopen(fd, "wb") as file:
-                file.write(bytes(HEADER_SIZE))  # the checksum line, written once the rest is
+                # the checksum line, written once the rest is
+                file.write(bytes(HEADER_SIZE))
                 hashing = _HashingFile(file)
                 try:
                     torch.save(content, hashing)
@@ -166,8 +179,8 @@ def write_atomically(path: Path, content: Any) -> None:
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """``text`` to ``path`` through one temporary file beside it (a kill leaves one at most), fsynced
-    and renamed over it, so that a reader (or a kill) never meets half a file."""
+    """``text`` to ``path`` through one temporary file beside it (a kill leaves one at most),
+    fsynced and renamed over it, so that a reader (or a kill) never meets half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "w") as file:
@@ -196,7 +209,8 @@ def _locked_temporary(path: Path) -> tuple[int, str]:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         fcntl.flock(fd, fcntl.LOCK_EX)
         with contextlib.suppress(FileNotFoundError):
-            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:  # not taken for stale between mkstemp and flock
+            # not taken for stale between mkstemp and flock
+            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
                 return fd, tmp
         os.close(fd)
 
@@ -212,7 +226,8 @@ def remove_stale_temporaries(path: Path) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
                 os.unlink(tmp)
-        except OSError:  # a save in progress holds it, or it is gone
+        except OSError:
+            # a save in progress holds it, or it is gone
             pass
         finally:
             os.close(fd)
@@ -220,7 +235,8 @@ def remove_stale_temporaries(path: Path) -> None:
 
 @contextlib.contextmanager
 def _written(path: Path) -> Iterator[None]:
-    """Turn a failed write of ``path`` into a CheckpointWriteError naming its folder and free space."""
+    """Turn a failed write of ``path`` into a CheckpointWriteError naming its
+    folder and free space."""
     try:
         yield
     except OSError as err:
@@ -232,7 +248,8 @@ def _written(path: Path) -> Iterator[None]:
         full = " (the disk is full)" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         raise CheckpointWriteError(
             f"could not write {path.name} to {path.parent}: {err.strerror or err}{full}; {space}. "
-            f"The previous {path.name} there, if any, is unchanged; free space or choose another folder") from err
+            f"The previous {path.name} there, if any, is unchanged; free space or choose another "
+            "folder") from err
 
 
 def signature(state: Mapping[str, Any]) -> dict[str, tuple]:
@@ -247,7 +264,8 @@ def signature(state: Mapping[str, Any]) -> dict[str, tuple]:
 
 
 def difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
-    """How ``saved``'s state dict differs from ``current``'s in keys and tensor shapes ("" if not)."""
+    """How ``saved``'s state dict differs from ``current``'s in keys and
+    tensor shapes ("" if not)."""
     old, new = signature(saved), signature(current)
     missing, extra = sorted(set(new) - set(old)), sorted(set(old) - set(new))
     if missing or extra:

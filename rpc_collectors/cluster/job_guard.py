@@ -13,7 +13,8 @@ import sys
 def main() -> None:
     jobs = [line.strip() for line in sys.stdin if line.strip()]
     if jobs:
-        subprocess.run(["scancel", *jobs], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
+        subprocess.run(["scancel", *jobs], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=120, check=False)
 
 
 if __name__ == "__main__":

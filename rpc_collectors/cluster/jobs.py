@@ -32,17 +32,23 @@ from rpc_collectors.cluster.task_start import python_command
 from rpc_collectors.transport.rendezvous import interface_address, interface_towards
 from rpc_collectors.worker.rpc_rank import serve_rank
 
-# TorchRL's time limit (its DEFAULT_SLURM_CONF); partition and CPUs per task are the cluster's defaults
+# TorchRL's time limit (its DEFAULT_SLURM_CONF); partition and CPUs per task are
+# the cluster's defaults
 DEFAULT_SLURM_KWARGS = {"timeout_min": 10}
-DEFAULT_FOLDER = "log_test"  # TorchRL's folder for the jobs' logs, in the working directory, when slurm_kwargs has none
-DEFAULT_MAX_RESUBMITS = 10  # collector jobs submitted again in a run, after SLURM ended them
-RESUBMITTED_STATES = ("TIMEOUT", "PREEMPTED", "NODE_FAIL")  # the ends that are SLURM's, not the collector's
-END_GRACE_S = 5.0  # how long stopped collectors' jobs get to complete before they are cancelled
+# TorchRL's folder for the jobs' logs, in the working directory, when slurm_kwargs has none
+DEFAULT_FOLDER = "log_test"
+# collector jobs submitted again in a run, after SLURM ended them
+DEFAULT_MAX_RESUBMITS = 10
+# the ends that are SLURM's, not the collector's
+RESUBMITTED_STATES = ("TIMEOUT", "PREEMPTED", "NODE_FAIL")
+# how long stopped collectors' jobs get to complete before they are cancelled
+END_GRACE_S = 5.0
 POLL_S = 0.2
 
 
 def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
-    """The submitit executor of the collector jobs, from ``slurm_kwargs`` (checked; no job is submitted).
+    """The submitit executor of the collector jobs, from ``slurm_kwargs``
+    (checked; no job is submitted).
 
     ``slurm_kwargs["folder"]`` is where the jobs' logs go (see :func:`writable_folder`), by default
     :data:`DEFAULT_FOLDER` in the working directory, as TorchRL's (the executor's ``default_folder``
@@ -53,15 +59,17 @@ def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
     given = {} if slurm_kwargs is None else slurm_kwargs
     if not isinstance(given, dict) or ("folder" in given and not given["folder"]):
         raise ValueError(
-            f"slurm_kwargs={slurm_kwargs!r} is invalid for launcher='submitit'; accepted: None or a dict such as "
-            f"{example} ('folder': where the collector jobs' logs go, one every node can read; "
-            f"without it ./{DEFAULT_FOLDER}, as TorchRL)"
+            f"slurm_kwargs={slurm_kwargs!r} is invalid for launcher='submitit'; accepted: None or "
+            f"a dict such as {example} ('folder': where the collector jobs' logs go, one every "
+            f"node can read; without it ./{DEFAULT_FOLDER}, as TorchRL)"
         )
     resubmits = given.get("max_resubmits", DEFAULT_MAX_RESUBMITS)
     if not isinstance(resubmits, int) or isinstance(resubmits, bool) or resubmits < 0:
-        raise ValueError(f"slurm_kwargs['max_resubmits']={resubmits!r} is invalid; accepted: an int >= 0, how many "
-                         "collector jobs ended by SLURM (time limit, preemption) are submitted again in a run")
-    params = {**DEFAULT_SLURM_KWARGS, **{k: v for k, v in given.items() if k not in ("folder", "max_resubmits")}}
+        raise ValueError(f"slurm_kwargs['max_resubmits']={resubmits!r} is invalid; accepted: an "
+                         "int >= 0, how many collector jobs ended by SLURM (time limit, "
+                         "preemption) are submitted again in a run")
+    params = {**DEFAULT_SLURM_KWARGS,
+              **{k: v for k, v in given.items() if k not in ("folder", "max_resubmits")}}
     try:
         jobs = submitit.AutoExecutor(folder=given.get("folder", DEFAULT_FOLDER), cluster="slurm",
                                      slurm_python=python_command())
@@ -69,8 +77,8 @@ def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
     except (AssertionError, NameError, TypeError, ValueError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(
-            f"slurm_kwargs={slurm_kwargs!r} is invalid: {reason}; accepted: 'folder' and the parameters of "
-            f"submitit.AutoExecutor.update_parameters, e.g. {example}"
+            f"slurm_kwargs={slurm_kwargs!r} is invalid: {reason}; accepted: 'folder' and the "
+            f"parameters of submitit.AutoExecutor.update_parameters, e.g. {example}"
         ) from err
     jobs.max_resubmits = resubmits
     jobs.default_folder = "folder" not in given
@@ -79,16 +87,20 @@ def executor(slurm_kwargs: Any) -> submitit.AutoExecutor:
 
 def writable_folder(jobs: submitit.AutoExecutor) -> None:
     """Make the jobs' folder if it is missing and check this process can write there (the
-    trainer's rendezvous file and submitit's job files go there); a ``ValueError`` names it otherwise."""
+    trainer's rendezvous file and submitit's job files go there); a
+    ``ValueError`` names it otherwise."""
     path = Path(jobs.folder)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path, prefix=".rpc-collectors-"):
             pass
     except OSError as err:
-        reason = f"{err.strerror or type(err).__name__}" + (f": {err.filename}" if err.filename else "")
-        name = f"the collector jobs' folder {str(path)!r} (slurm_kwargs has no 'folder')" if jobs.default_folder \
-            else f"slurm_kwargs['folder']={str(path)!r}"
+        named = f": {err.filename}" if err.filename else ""
+        reason = f"{err.strerror or type(err).__name__}" + named
+        if jobs.default_folder:
+            name = f"the collector jobs' folder {str(path)!r} (slurm_kwargs has no 'folder')"
+        else:
+            name = f"slurm_kwargs['folder']={str(path)!r}"
         raise ValueError(
             f"{name} is not a folder this process can write ({reason}); accepted: "
             "a folder this process can create or write, on a file system every node reads"
@@ -100,7 +112,8 @@ def trainer_interface() -> str:
     ``GLOO_SOCKET_IFNAME`` when set, else the one that routes to the SLURM controller."""
     interface = os.environ.get("TP_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME")
     if interface:
-        interface_address(interface)  # a wrong name fails here, with the list of interfaces
+        # a wrong name fails here, with the list of interfaces
+        interface_address(interface)
         return interface
     return interface_towards(controller_address())
 
@@ -108,18 +121,21 @@ def trainer_interface() -> str:
 def controller_address() -> str:
     """The SLURM controller's address (``scontrol show config``'s SlurmctldHost)."""
     try:
-        proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                              timeout=30)
         reason = (proc.stderr.strip().splitlines() or ["no output"])[-1] if proc.returncode else ""
     except (OSError, subprocess.TimeoutExpired) as err:
         reason = str(err)
     if reason:
-        raise RuntimeError(f"launcher='submitit' needs a SLURM cluster this process can submit to; `scontrol show "
-                           f"config` failed ({reason}): check SLURM_CONF and that the controller runs")
-    match = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout, re.MULTILINE)
+        raise RuntimeError("launcher='submitit' needs a SLURM cluster this process can submit to; "
+                           f"`scontrol show config` failed ({reason}): check SLURM_CONF and that "
+                           "the controller runs")
+    match = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", proc.stdout,
+                      re.MULTILINE)
     if match is None:
         raise RuntimeError(
-            "`scontrol show config` names no SlurmctldHost; set TP_SOCKET_IFNAME to the interface where the "
-            "collector jobs reach this trainer"
+            "`scontrol show config` names no SlurmctldHost; set TP_SOCKET_IFNAME to the interface "
+            "where the collector jobs reach this trainer"
         )
     return match.group(2) or match.group(1)
 
@@ -127,8 +143,10 @@ def controller_address() -> str:
 def collector_job(rendezvous_file: str, join_timeout: float, rpc_timeout: float) -> int:
     """A collector job's task: join the trainer whose rendezvous is in ``rendezvous_file`` and
     serve a collector until the trainer stops it."""
-    signal.signal(usr_signal(), signal.SIG_IGN)  # submitit's signal before the time limit: the trainer resubmits us
-    unblock()  # the task started with it blocked (see task_start), so that it cannot end the task as it starts
+    # submitit's signal before the time limit: the trainer resubmits us
+    signal.signal(usr_signal(), signal.SIG_IGN)
+    # the task started with it blocked (see task_start), so that it cannot end the task as it starts
+    unblock()
     setup_join_env(Path(rendezvous_file), wait_s=join_timeout)
     code = serve_rank(member_rendezvous(join_rendezvous(), join_timeout), rpc_timeout)
     if code:
@@ -144,20 +162,24 @@ class CollectorJobs:
         self.folder = Path(jobs.folder)
         self.rendezvous = self.folder / f"{session}_rendezvous.json"
         self.jobs: list[submitit.Job] = []
-        self.resubmitted: list[tuple[str, str, str]] = []  # (job id, the state it ended in, its successor's id)
+        # (job id, the state it ended in, its successor's id)
+        self.resubmitted: list[tuple[str, str, str]] = []
         self.max_resubmits = getattr(jobs, "max_resubmits", DEFAULT_MAX_RESUBMITS)
         self.default_folder = getattr(jobs, "default_folder", False)
-        self._seen: set[str] = set()  # ended jobs already looked at
+        # ended jobs already looked at
+        self._seen: set[str] = set()
         self._args: tuple = ()
         self._lock = threading.Lock()
         self._guard: subprocess.Popen | None = None
 
-    def submit(self, count: int, address: str, port: int, join_timeout: float, rpc_timeout: float) -> None:
+    def submit(self, count: int, address: str, port: int, join_timeout: float,
+               rpc_timeout: float) -> None:
         """Write the trainer's rendezvous and submit ``count`` collector jobs that join it; one line
         on stderr says where their logs go when ``slurm_kwargs`` named no folder."""
         self.folder.mkdir(parents=True, exist_ok=True)
         if self.default_folder:
-            print(f"rpc_collectors: the collector jobs' logs go to {self.folder} (slurm_kwargs has no 'folder')",
+            print(f"rpc_collectors: the collector jobs' logs go to {self.folder} (slurm_kwargs has "
+                  "no 'folder')",
                   file=sys.stderr, flush=True)
         _write_json(self.rendezvous, {"master_addr": address, "master_port": port})
         guard = Path(__file__).with_name("job_guard.py")
@@ -181,13 +203,15 @@ class CollectorJobs:
         """The jobs that ended (id: SLURM state), as SLURM's accounting reports them now."""
         with self._lock:
             watcher = submitit.SlurmJob.watcher
-            watcher.update()  # one sacct call for every job
+            # one sacct call for every job
+            watcher.update()
             return {job.job_id: watcher.get_state(job.job_id, mode="cache") for job in self.jobs
                     if watcher.is_done(job.job_id, mode="cache")}
 
     def resubmit_ended(self) -> list[str]:
-        """Submit a job again for each that SLURM ended (time limit, preemption, node failure) since the
-        last call, while ``max_resubmits`` lasts; the new jobs' ids. One line on stderr for each."""
+        """Submit a job again for each that SLURM ended (time limit, preemption, node
+        failure) since the last call, while ``max_resubmits`` lasts; the new jobs' ids. One
+        line on stderr for each."""
         new = []
         for job_id, state in self.ended().items():
             if job_id in self._seen:
@@ -196,14 +220,16 @@ class CollectorJobs:
             if state.split()[0] not in RESUBMITTED_STATES:
                 continue
             if len(self.resubmitted) >= self.max_resubmits:
-                print(f"rpc_collectors: collector job {job_id} ended as {state}; not submitted again "
-                      f"(max_resubmits={self.max_resubmits} used)", file=sys.stderr, flush=True)
+                print(f"rpc_collectors: collector job {job_id} ended as {state}; not submitted "
+                      f"again (max_resubmits={self.max_resubmits} used)", file=sys.stderr,
+                      flush=True)
                 continue
             job = self._submit_one()
             self.resubmitted.append((job_id, state, job.job_id))
             new.append(job.job_id)
-            print(f"rpc_collectors: collector job {job_id} ended as {state}; submitted job {job.job_id} in its place "
-                  f"({len(self.resubmitted)} of max_resubmits={self.max_resubmits})", file=sys.stderr, flush=True)
+            print(f"rpc_collectors: collector job {job_id} ended as {state}; submitted job "
+                  f"{job.job_id} in its place ({len(self.resubmitted)} of "
+                  f"max_resubmits={self.max_resubmits})", file=sys.stderr, flush=True)
         return new
 
     def describe(self, job_id: str) -> str:
@@ -217,8 +243,8 @@ class CollectorJobs:
         ids = [job.job_id for job in self.jobs]
         if not ids:
             return []
-        out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True,
-                             timeout=30).stdout
+        out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True,
+                             text=True, timeout=30).stdout
         return [line.strip() for line in out.splitlines() if line.strip() in ids]
 
     def end(self, grace: float = END_GRACE_S) -> None:
@@ -229,9 +255,11 @@ class CollectorJobs:
             while self.queued() and time.monotonic() < deadline:
                 time.sleep(POLL_S)
         except (OSError, subprocess.TimeoutExpired):
-            pass  # squeue failed: the guard cancels them all
+            # squeue failed: the guard cancels them all
+            pass
         if self._guard is not None:
-            self._guard.stdin.close()  # the guard cancels every job still there
+            # the guard cancels every job still there
+            self._guard.stdin.close()
             self._guard.wait(timeout=150)
             self._guard = None
         self.rendezvous.unlink(missing_ok=True)

@@ -1,11 +1,12 @@
 """``RunCheckpoint``: save and resume a whole training run, and stop it for a SLURM requeue.
 
-    ckpt = RunCheckpoint(directory, collector=collector, modules={"policy": policy}, optimizers={"adam": adam})
-    extra = ckpt.resume() or {}            # the last checkpoint's user dict; None on a fresh run
-    for batch in collector:
+    ckpt = RunCheckpoint(directory, collector=collector, modules={"policy": policy},
+    optimizers={"adam": adam}) extra = ckpt.resume() or {} # the last checkpoint's user dict; None
+    on a fresh run for batch in collector:
         ...                                # train on the batch, push the weights
         ckpt.after_batch({"step": step})   # saves every `every` batches; after SLURM's stop signal:
-                                           # saves, shuts the collector down, requeues the job, exits
+                                           # saves, shuts the collector
+                                           down, requeues the job, exits
 
 The file format and its atomic write are in :mod:`.checkpoint`; the signals in :mod:`.requeue`.
 """
@@ -29,7 +30,8 @@ def _named(name: str, value: Any, needs: tuple[str, ...]) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise TypeError(f"{name}={value!r} is invalid; accepted: a dict of name -> object, e.g. {{'policy': policy}}")
+        raise TypeError(f"{name}={value!r} is invalid; accepted: a dict of name -> object, e.g. "
+                        f"{{'policy': policy}}")
     for key, obj in value.items():
         _check_methods(f"{name}[{key!r}]", obj, needs)
     return dict(value)
@@ -39,7 +41,8 @@ def _check_methods(label: str, obj: Any, needs: tuple[str, ...]) -> None:
     lacking = [method for method in needs if not callable(getattr(obj, method, None))]
     if lacking:
         raise TypeError(f"{label}={obj!r} has no {' / '.join(lacking)}; accepted: objects with "
-                        f"{' and '.join(needs)} (collectors, torch modules, optimizers, TorchRL replay buffers)")
+                        f"{' and '.join(needs)} (collectors, torch modules, optimizers, TorchRL "
+                        "replay buffers)")
 
 
 class RunCheckpoint:
@@ -53,13 +56,14 @@ class RunCheckpoint:
     """
 
     def __init__(self, directory: str | os.PathLike | None = None, *, collector: Any = None,
-                 modules: Mapping[str, Any] | None = None, optimizers: Mapping[str, Any] | None = None,
+                 modules: Mapping[str, Any] | None = None,
+                 optimizers: Mapping[str, Any] | None = None,
                  replay_buffer: Any = None, every: int | None = None) -> None:
         if directory is None:
             directory = os.environ.get(files.ENV_DIR)
             if directory is None:
-                raise TypeError(f"directory=None and ${files.ENV_DIR} is not set; accepted: a folder path, "
-                                "or a SLURM job submitted with checkpoint_dir=...")
+                raise TypeError(f"directory=None and ${files.ENV_DIR} is not set; accepted: a "
+                                "folder path, or a SLURM job submitted with checkpoint_dir=...")
         self.directory = files.check_directory(directory, "directory")
         self.path = self.directory / files.FILE_NAME
         self.record_path = self.directory / files.RECORD_NAME
@@ -74,9 +78,11 @@ class RunCheckpoint:
             _check_methods("replay_buffer", replay_buffer, ("state_dict", "load_state_dict"))
         self.every = checks.optional_positive_int("every", every)
         self.batches = 0
-        self.start: int | None = None  # which start of the run this is, once counted (resume or load)
+        # which start of the run this is, once counted (resume or load)
+        self.start: int | None = None
         self.allocations: list[dict] = []
-        self.allocation = {"job_id": os.environ.get("SLURM_JOB_ID"), "restart": requeue.restart_count(),
+        self.allocation = {"job_id": os.environ.get("SLURM_JOB_ID"),
+                           "restart": requeue.restart_count(),
                            "host": socket.gethostname(), "start": files.now(), "start_frames": 0,
                            "frames": 0, "end": "running"}
 
@@ -85,13 +91,15 @@ class RunCheckpoint:
 
     # ---------------------------------------------------------------- load
     def resume(self) -> dict | None:
-        """Load the checkpoint if there is one (see :meth:`load`); None on a fresh run. Call it before
-        collecting: it counts this start of the run, whose trajectory ids lie in a range of their own."""
+        """Load the checkpoint if there is one (see :meth:`load`); None on a fresh run.
+        Call it before collecting: it counts this start of the run, whose trajectory ids
+        lie in a range of their own."""
         self._start()
         return self.load() if self.exists() else None
 
     def _start(self) -> None:
-        """Count this start of the run (:mod:`.run_starts`), once, and give the collector its id range."""
+        """Count this start of the run (:mod:`.run_starts`), once, and give the
+        collector its id range."""
         if self.start is None:
             self.start = self.allocation["run_start"] = run_starts.next_start(self.directory)
             if isinstance(self.collector, BaseCollector):
@@ -113,8 +121,10 @@ class RunCheckpoint:
             self.replay_buffer.load_state_dict(content["replay_buffer"])
         self.allocations = [dict(a) for a in content.get("allocations", [])]
         for previous in self.allocations:
-            if previous["end"] == "running":  # killed before it could checkpoint at its end
-                previous["end"] = "ended without a final checkpoint (frames after its last one are collected again)"
+            # killed before it could checkpoint at its end
+            if previous["end"] == "running":
+                previous["end"] = ("ended without a final checkpoint (frames after its last one "
+                                   "are collected again)")
         self.allocation["start_frames"] = self.allocation["frames"] = int(content["frames"])
         print(f"rpc_collectors: resumed from {self.path} at {content['frames']:,} frames "
               f"(allocation {len(self.allocations) + 1})", flush=True)
@@ -136,7 +146,8 @@ class RunCheckpoint:
             sizes = [len(g["params"]) for g in optimizer.state_dict()["param_groups"]]
             saved = [len(g["params"]) for g in content["optimizers"][name]["param_groups"]]
             if sizes != saved:
-                raise fail(f"optimizer {name!r} has parameter groups of {saved} tensors there, {sizes} here")
+                raise fail(f"optimizer {name!r} has parameter groups of {saved} tensors there, "
+                           f"{sizes} here")
         for key, obj in (("collector", self.collector), ("replay_buffer", self.replay_buffer)):
             if (obj is None) != (content.get(key) is None):
                 raise fail(f"it {'lacks' if obj is not None else 'has'} a {key} state")
@@ -169,13 +180,15 @@ class RunCheckpoint:
         self.allocation.update(frames=frames, end=end, saved=files.now())
         if requeue.signalled_at() is not None:
             self.allocation["signal_at"] = round(requeue.signalled_at(), 3)
-        if state is not None and state.get("undelivered_frames") is not None:  # collected, in no batch yet
+        # collected, in no batch yet
+        if state is not None and state.get("undelivered_frames") is not None:
             self.allocation["undelivered_frames"] = int(state["undelivered_frames"])
         content = {
             "format": files.FORMAT, "frames": frames, "collector": state,
             "modules": {name: m.state_dict() for name, m in self.modules.items()},
             "optimizers": {name: o.state_dict() for name, o in self.optimizers.items()},
-            "replay_buffer": self.replay_buffer.state_dict() if self.replay_buffer is not None else None,
+            "replay_buffer": self.replay_buffer.state_dict() if self.replay_buffer is not None
+            else None,
             "extra": dict(extra or {}), "allocations": [*self.allocations, self.allocation],
         }
         files.write_atomically(self.path, content)
@@ -199,14 +212,16 @@ class RunCheckpoint:
         self.save(extra, end=reason)
         requeued = requeue.will_requeue(reason)
         if requeued is not False:
-            requeue.requeue_followers()  # collector jobs that joined an elastic trainer come back with it
+            # collector jobs that joined an elastic trainer come back with it
+            requeue.requeue_followers()
         if self.collector is not None:
             self.collector.shutdown()
         requeue.requeue(reason)
         signalled = requeue.signalled_at()
-        after = f" {time.time() - signalled:.1f} s after the signal" if signalled is not None else ""
-        print(f"rpc_collectors: {reason}: job {os.environ.get('SLURM_JOB_ID', '?')} {requeue.outcome(reason, requeued)}"
-              f"{after}, {self.allocation['frames']:,} frames checkpointed", file=sys.stderr, flush=True)
+        after = "" if signalled is None else f" {time.time() - signalled:.1f} s after the signal"
+        print(f"rpc_collectors: {reason}: job {os.environ.get('SLURM_JOB_ID', '?')} "
+              f"{requeue.outcome(reason, requeued)}{after}, {self.allocation['frames']:,} frames "
+              "checkpointed", file=sys.stderr, flush=True)
         raise requeue.Requeued(reason)
 
     def finish(self, extra: Mapping[str, Any] | None = None) -> Path:

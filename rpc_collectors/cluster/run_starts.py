@@ -16,14 +16,15 @@ STARTS_NAME = "starts"
 
 
 def next_start(directory: Path) -> int:
-    """Count a new start of the run whose checkpoint folder is ``directory``; returns its number (0: the first)."""
+    """Count a new start of the run whose checkpoint folder is ``directory``; returns its
+    number (0: the first)."""
     path = directory / STARTS_NAME
     try:
         start = int(path.read_text()) + 1
     except FileNotFoundError:
         start = 0
     except ValueError:
-        raise CheckpointError(f"{path} does not hold a count of the run's starts; restore it, or delete the "
-                              "folder's checkpoint to start afresh") from None
+        raise CheckpointError(f"{path} does not hold a count of the run's starts; restore it, or "
+                              "delete the folder's checkpoint to start afresh") from None
     write_text_atomically(path, f"{start}\n")
     return start

@@ -23,8 +23,6 @@ import os
 import re
 import runpy
 import shlex
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, fields
@@ -36,11 +34,19 @@ from submitit.helpers import TorchDistributedEnvironment
 from submitit.slurm.slurm import _make_sbatch_string
 
 from rpc_collectors.cluster import checkpoint, requeue, task_start
+from rpc_collectors.cluster.task_hosts import (
+    _check_interface,
+    _check_port_free,
+    _interface_names,
+    _loopback,
+    _resolve,
+    _scontrol_node_addr,
+)
 from rpc_collectors.core import checks
-from rpc_collectors.transport.rendezvous import interface_address, interface_towards
+from rpc_collectors.transport.rendezvous import interface_towards
 
-__all__ = ["SlurmConfig", "submit", "result", "run_script", "sbatch_script", "setup_distributed_env",
-           "master_address", "rendezvous_file"]
+__all__ = ["SlurmConfig", "submit", "result", "run_script", "sbatch_script",
+           "setup_distributed_env", "master_address", "rendezvous_file"]
 
 _MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
 _FLAG_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
@@ -49,16 +55,20 @@ _JOB_ID_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
 # elastic jobs keep going: a failed collector's slot is taken by another.
 _SRUN_ARGS = ("--kill-on-bad-exit=1",)
 _ELASTIC_SRUN_ARGS = ("--kill-on-bad-exit=0",)
-JOB_PORTS = range(20000, 32768)  # a job's MASTER_PORT, below the kernel's ephemeral ports
-JOIN_WAIT_S = 600.0  # how long a joining task waits for its trainer's rendezvous file
-STATE_CHECK_S = 5.0  # result(): seconds between its own asks of SLURM for a job's state
+# a job's MASTER_PORT, below the kernel's ephemeral ports
+JOB_PORTS = range(20000, 32768)
+# how long a joining task waits for its trainer's rendezvous file
+JOIN_WAIT_S = 600.0
+# result(): seconds between its own asks of SLURM for a job's state
+STATE_CHECK_S = 5.0
 
 
 @dataclass(frozen=True)
 class SlurmConfig:
     """Resources of one job. ``sbatch_flags`` adds ``--key=value`` lines (True: ``--key``)."""
 
-    log_dir: str | os.PathLike  # stored as an absolute Path
+    # stored as an absolute Path
+    log_dir: str | os.PathLike
     nodes: int = 1
     tasks_per_node: int = 1
     gpus_per_node: int = 0
@@ -69,12 +79,18 @@ class SlurmConfig:
     sbatch_flags: Mapping[str, str | int | bool] = field(default_factory=dict)
     interface: str | None = None
     job_name: str = "rpc_collectors"
-    elastic: bool = False  # a trainer that collector jobs may join (writes its rendezvous file)
-    join: str | None = None  # job id of an elastic trainer: this job runs collectors that join it
-    requeue: bool = False  # at the time limit or on preemption the trainer checkpoints and the job requeues
-    signal_delay_s: int = 120  # seconds before the time limit that SLURM signals the job (submitit's USR2)
-    max_requeues: int = 10  # requeues at the time limit a job may use (preemptions are SLURM's to count)
-    checkpoint_dir: str | os.PathLike | None = None  # the tasks' $RPC_COLLECTORS_CHECKPOINT_DIR
+    # a trainer that collector jobs may join (writes its rendezvous file)
+    elastic: bool = False
+    # job id of an elastic trainer: this job runs collectors that join it
+    join: str | None = None
+    # at the time limit or on preemption the trainer checkpoints and the job requeues
+    requeue: bool = False
+    # seconds before the time limit that SLURM signals the job (submitit's USR2)
+    signal_delay_s: int = 120
+    # requeues at the time limit a job may use (preemptions are SLURM's to count)
+    max_requeues: int = 10
+    # the tasks' $RPC_COLLECTORS_CHECKPOINT_DIR
+    checkpoint_dir: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.log_dir, (str, os.PathLike)) or not str(self.log_dir):
@@ -91,16 +107,17 @@ class SlurmConfig:
                              "format, e.g. '16G', '500M'")
         _check_sbatch_flags(self.sbatch_flags)
         checks.boolean("elastic", self.elastic)
-        if self.join is not None and not (isinstance(self.join, str) and _JOB_ID_RE.match(self.join)):
-            raise ValueError(f"join={self.join!r} is invalid; accepted: None or the SLURM job id of an "
-                             "elastic trainer job, e.g. '1234'")
+        job_id = isinstance(self.join, str) and _JOB_ID_RE.match(self.join)
+        if self.join is not None and not job_id:
+            raise ValueError(f"join={self.join!r} is invalid; accepted: None or the SLURM job id "
+                             "of an elastic trainer job, e.g. '1234'")
         checks.boolean("requeue", self.requeue)
         checks.positive_int("signal_delay_s", self.signal_delay_s)
         checks.non_negative_int("max_requeues", self.max_requeues)
         requeue.check_signal_delay(self.signal_delay_s, self.time_min, self.requeue)
         if self.join is not None and self.elastic:
-            raise ValueError(f"elastic=True and join={self.join!r}: a job either trains (elastic) or runs "
-                             "collectors that join a trainer (join); accepted: one of them")
+            raise ValueError(f"elastic=True and join={self.join!r}: a job either trains (elastic) "
+                             "or runs collectors that join a trainer (join); accepted: one of them")
 
     def sbatch_parameters(self) -> dict[str, Any]:
         """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``."""
@@ -155,7 +172,8 @@ def submit(fn: Callable[..., Any], *args: Any, **options: Any) -> submitit.Job:
                         f"{sorted(f.name for f in fields(SlurmConfig))}")
     config = SlurmConfig(**options)
     stops = None
-    if config.checkpoint_dir is not None:  # a bad folder or checkpoint fails here, before the job runs
+    # a bad folder or checkpoint fails here, before the job runs
+    if config.checkpoint_dir is not None:
         stops = {"checkpoint_dir": str(checkpoint.check_directory(config.checkpoint_dir))}
         if (Path(stops["checkpoint_dir"]) / checkpoint.FILE_NAME).exists():
             checkpoint.read(Path(stops["checkpoint_dir"]) / checkpoint.FILE_NAME)
@@ -169,7 +187,8 @@ def submit(fn: Callable[..., Any], *args: Any, **options: Any) -> submitit.Job:
 
 def sbatch_script(config: SlurmConfig) -> str:
     """The sbatch script ``submit`` would use for ``config`` (nothing is submitted)."""
-    command = " ".join([task_start.python_command(), "-u -m submitit.core._submit", shlex.quote(str(config.log_dir))])
+    command = " ".join([task_start.python_command(), "-u -m submitit.core._submit",
+                        shlex.quote(str(config.log_dir))])
     return _make_sbatch_string(command=command, folder=config.log_dir, **config.sbatch_parameters())
 
 
@@ -182,18 +201,22 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
     end is seen within about ``STATE_CHECK_S`` seconds of SLURM's accounting recording it.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    asked = time.monotonic()  # submitit asks SLURM less and less often (up to once a minute): ask it ourselves
+    # submitit asks SLURM less and less often (up to once a minute): ask it ourselves
+    asked = time.monotonic()
     while True:
         late = deadline is not None and time.monotonic() > deadline
-        force = late or time.monotonic() - asked >= STATE_CHECK_S  # at the deadline: the state as SLURM has it now
+        # at the deadline: the state as SLURM has it now
+        force = late or time.monotonic() - asked >= STATE_CHECK_S
         if force:
             asked = time.monotonic()
-        state = requeue.job_state(job.job_id) if force else None  # submitit's cache can miss a requeued job's end
+        # submitit's cache can miss a requeued job's end
+        state = requeue.job_state(job.job_id) if force else None
         if job.done(force_check=force) or (state is not None and state not in requeue.UNFINISHED):
             break
         if late:
             raise TimeoutError(f"SLURM job {job.job_id} has not finished after {timeout_s} s "
-                               f"(state {state or job.state}); cancel it with `scancel {job.job_id}`")
+                               f"(state {state or job.state}); cancel it with `scancel "
+                               f"{job.job_id}`")
         time.sleep(poll_s)
     state = requeue.job_state(job.job_id) or job.state
     tasks = [job.task(i) for i in range(job.num_tasks)]
@@ -204,7 +227,8 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
                 raise submitit.core.utils.FailedJobError(
                     f"SLURM job {job.job_id}, task {task.task_id} raised:\n{error}") from error
     if not tasks[0].paths.result_pickle.exists():
-        if state.startswith("COMPLETED"):  # collector servers end with exit code 0 and no result
+        # collector servers end with exit code 0 and no result
+        if state.startswith("COMPLETED"):
             return None
         raise submitit.core.utils.UncompletedJobError(
             f"SLURM job {job.job_id} ended as {state} without a result (cancelled, out of "
@@ -214,13 +238,15 @@ def result(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 1.
 
 def run_script(path: str | os.PathLike, argv: Sequence[str] = ()) -> None:
     """Run a Python script as ``__main__`` with ``sys.argv = [path, *argv]`` (in a task); as under
-    ``python script.py``, its folder comes first on ``sys.path``, so it imports its sibling modules."""
+    ``python script.py``, its folder comes first on ``sys.path``, so it
+    imports its sibling modules."""
     sys.argv = [str(path), *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
         runpy.run_path(str(path), run_name="__main__")
     except requeue.Requeued:
-        raise  # ends the task without a result: the job was requeued
+        # ends the task without a result: the job was requeued
+        raise
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             raise RuntimeError(f"{path} exited with status {exit_.code!r}") from exit_
@@ -229,16 +255,21 @@ def run_script(path: str | os.PathLike, argv: Sequence[str] = ()) -> None:
 # --------------------------------------------------------------------------- inside a task
 
 
-def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: bool, elastic: bool = False,
+def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: bool,
+              elastic: bool = False,
               join: str | None = None, log_dir: str = "", stops: dict | None = None) -> Any:
     if stops is not None and "checkpoint_dir" in stops:
         os.environ[checkpoint.ENV_DIR] = stops["checkpoint_dir"]
-    if stops is not None and "max_requeues" in stops:  # replaces submitit's handlers (see cluster/requeue.py)
+    # replaces submitit's handlers (see cluster/requeue.py)
+    if stops is not None and "max_requeues" in stops:
         trainer_job = join or os.environ["SLURM_JOB_ID"]
         requeue.install(trainer=join is None and os.environ.get("SLURM_PROCID", "0") == "0",
-                        max_requeues=stops["max_requeues"], rendezvous=rendezvous_file(log_dir, trainer_job),
-                        followers=Path(log_dir) / f"{trainer_job}_followers" if elastic or join else None)
-    requeue.unblock()  # a signal that came while the task started is handled now (submitit's, without requeue)
+                        max_requeues=stops["max_requeues"],
+                        rendezvous=rendezvous_file(log_dir, trainer_job),
+                        followers=Path(log_dir) / f"{trainer_job}_followers" if elastic or join
+                        else None)
+    # a signal that came while the task started is handled now (submitit's, without requeue)
+    requeue.unblock()
     if join is not None:
         setup_join_env(rendezvous_file(log_dir, join), interface)
     else:
@@ -257,7 +288,8 @@ def rendezvous_file(log_dir: str | os.PathLike, job_id: str) -> Path:
 def _write_json(path: Path, record: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
-    tmp.replace(path)  # readers never see half a file
+    # readers never see half a file
+    tmp.replace(path)
 
 
 def setup_join_env(path: Path, interface: str | None = None, wait_s: float = JOIN_WAIT_S) -> str:
@@ -266,8 +298,9 @@ def setup_join_env(path: Path, interface: str | None = None, wait_s: float = JOI
     deadline = time.monotonic() + wait_s
     while not path.exists():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no elastic trainer wrote {path} within {wait_s:.0f} s: is the trainer job running, "
-                               "submitted with elastic=True (submit.py --elastic), with this log_dir?")
+            raise TimeoutError(f"no elastic trainer wrote {path} within {wait_s:.0f} s: is the "
+                               "trainer job running, submitted with elastic=True (submit.py "
+                               "--elastic), with this log_dir?")
         time.sleep(1.0)
     record = json.loads(path.read_text())
     address = record["master_addr"]
@@ -322,37 +355,6 @@ def master_address(hostname: str, multi_node: bool) -> str:
     return address
 
 
-def _resolve(name: str) -> str | None:
-    try:
-        return socket.gethostbyname(name)
-    except OSError:
-        return None
-
-
-def _scontrol_node_addr(node: str) -> str | None:
-    try:
-        out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r"\bNodeAddr=(\S+)", out)
-    return match.group(1) if match else None
-
-
-def _check_port_free(port: int) -> None:
-    """Refuse a port that is taken, binding as the rendezvous store will (a TIME_WAIT port is free)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", port))
-        except OSError as err:
-            origin = ("set in the environment" if "MASTER_PORT" in os.environ
-                      else f"derived from SLURM job id {os.environ.get('SLURM_JOB_ID')}")
-            raise RuntimeError(
-                f"MASTER_PORT {port} ({origin}) is already in use on {socket.gethostname()}: "
-                "resubmit, or export MASTER_PORT=<a free port> before submitting") from err
-
-
 def task_interface(interface: str | None, peer: str, remote_peers: bool) -> str:
     """The interface a task binds gloo and TensorPipe to, to reach ``peer`` (the master, or the
     trainer a collector joins) and, with ``remote_peers``, tasks on other nodes.
@@ -366,8 +368,9 @@ def task_interface(interface: str | None, peer: str, remote_peers: bool) -> str:
     if interface:
         ifname = _check_interface(interface)
         if remote_peers and _loopback(ifname):
-            raise ValueError(f"interface={interface!r} is a loopback interface, which the job's other nodes "
-                             f"cannot reach; accepted here: {[n for n in _interface_names() if not _loopback(n)]}")
+            raise ValueError(f"interface={interface!r} is a loopback interface, which the job's "
+                             "other nodes cannot reach; accepted here: "
+                             f"{[n for n in _interface_names() if not _loopback(n)]}")
         return ifname
     preset = os.environ.get("GLOO_SOCKET_IFNAME")
     if preset in _interface_names() and not (remote_peers and _loopback(preset)):
@@ -375,21 +378,3 @@ def task_interface(interface: str | None, peer: str, remote_peers: bool) -> str:
     return interface_towards(peer)
 
 
-def _loopback(name: str) -> bool:
-    """Whether interface ``name`` has no address other hosts could reach (loopback, or no IPv4 at all)."""
-    try:
-        return ipaddress.ip_address(interface_address(name)).is_loopback
-    except ValueError:
-        return True
-
-
-def _interface_names() -> list[str]:
-    return sorted(name for _, name in socket.if_nameindex())
-
-
-def _check_interface(name: str) -> str:
-    names = _interface_names()
-    if name not in names:
-        raise ValueError(f"interface={name!r} does not exist on {socket.gethostname()}; "
-                         f"accepted here: {names}")
-    return name

@@ -15,12 +15,14 @@ import sys
 
 
 def python_command() -> str:
-    """The command that starts Python in a task (submitit's ``python`` option): through this script."""
+    """The command that starts Python in a task (submitit's ``python``
+    option): through this script."""
     return f"{shlex.quote(sys.executable)} -S {shlex.quote(os.path.abspath(__file__))}"
 
 
 def main() -> None:
-    usr = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))  # as submitit names it
+    # as submitit names it
+    usr = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
     signal.pthread_sigmask(signal.SIG_BLOCK, {usr, signal.SIGTERM})
     os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 

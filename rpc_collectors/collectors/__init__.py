@@ -1,11 +1,12 @@
 """The public multi-worker collectors, each a choice of pool and default layout over the front:
 ``RPCCollector`` (:mod:`.rpc`) and the ``Multi*`` classes (:mod:`.multi`), which open over the pool
-their launcher picks (:mod:`.opening`) with their arguments checked into the front's settings
+their launcher picks (:mod:`.opening`) with their arguments checked into the front's plan
 (:mod:`.construction`), ``AsyncCollector``
 (:mod:`.async_collector`), TorchRL's ``DistributedCollector``
-(:mod:`.distributed_collector`), ``RayCollector`` (:mod:`.ray`, needs the ``ray`` extra; :mod:`.ray_extra` imports it on demand),
-``AsyncBatchedCollector`` (:mod:`.async_batched`), and what
-``Collector(..., num_collectors=N, backend=...)`` builds (:mod:`.dispatch`).
+(:mod:`.distributed_collector`), ``RayCollector`` (:mod:`.ray`, needs the ``ray`` extra;
+:mod:`.ray_extra` imports it on demand), ``AsyncBatchedCollector`` (:mod:`.async_batched`,
+started by :mod:`.batched_startup`), and what ``Collector(..., num_collectors=N, backend=...)``
+builds (:mod:`.dispatch`).
 
 TorchRL's ``Evaluator`` (:mod:`.evaluator`, exported here as in ``torchrl.collectors``) runs on
 those collectors: its arguments (:mod:`.evaluation_options`), where its rollouts run

@@ -3,8 +3,10 @@ every env that is ready, in the trainer's process, as TorchRL 0.14.1's class of 
 
 The envs' workers are local processes (:class:`~rpc_collectors.pools.local.LocalPool`), each
 stepping ``envs_per_worker`` envs (:mod:`rpc_collectors.worker.env_steps`) through their rows of
-the step plane (:mod:`rpc_collectors.transport.step_plane`). The inference loop (:mod:`rpc_collectors.trainer.inference_loop`)
-acts for the ready envs and assembles the batches (:mod:`rpc_collectors.trainer.transitions`).
+the step plane (:mod:`rpc_collectors.transport.step_plane`). The inference loop
+(:mod:`rpc_collectors.trainer.inference_loop`) acts for the ready envs and assembles the batches
+(:mod:`rpc_collectors.trainer.transitions`). :mod:`.batched_startup` starts the workers and the
+loop, and restarts a worker that failed.
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import set_interaction_type
 
+from rpc_collectors.collectors import batched_startup
+from rpc_collectors.collectors.batched_startup import PRIVATE_VERSION
 from rpc_collectors.core import batched_args, checks, options
 from rpc_collectors.core.futures import outcome
 from rpc_collectors.core.metrics import InferenceMetrics, Metrics
@@ -26,18 +29,18 @@ from rpc_collectors.single_process.batch_record import BatchRecord
 from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.trainer import batched_observing
 from rpc_collectors.trainer.inference_loop import InferenceLoop
-from rpc_collectors.trainer.lifetime import finalize_before_exit, weak_method
+from rpc_collectors.trainer.lifetime import finalize_before_exit
 from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.threads import inference_threads
 from rpc_collectors.trainer.trace_window import MAX_SPANS, TraceWindow
-from rpc_collectors.trainer.transitions import BATCH_KEYS, ENV_INDEX, Transitions
-from rpc_collectors.transport.step_plane import StepGroup, StepPlane
+from rpc_collectors.trainer.transitions import BATCH_KEYS, ENV_INDEX
+from rpc_collectors.transport.step_plane import StepPlane
 from rpc_collectors.transport.weight_updates import whole_update
 from rpc_collectors.transport.weights import load_weights, one_source, signature_of
 
-PRIVATE_VERSION = "_policy_version"  # where versions are staged with policy_version_key=None
 SHUTDOWN_TIMEOUT = 5.0
-ERROR_POLL = 0.2  # seconds between checks for the loop's errors while a batch is awaited
+# seconds between checks for the loop's errors while a batch is awaited
+ERROR_POLL = 0.2
 
 
 class AsyncBatchedCollector(BaseCollector):
@@ -54,7 +57,8 @@ class AsyncBatchedCollector(BaseCollector):
     bumps ``policy_version`` (and copies weights in, when given some), under the loop's lock.
 
     Batches are ``[frames_per_batch]``: the transitions in the order they completed (each env's
-    joins once the env's next one completed, see :class:`~rpc_collectors.trainer.transitions.Transitions`), with
+    joins once the env's next one completed, see
+    :class:`~rpc_collectors.trainer.transitions.Transitions`), with
     ``"env_index"`` and the version that chose each action (``policy_version_key``). ``last_batch``
     (a :class:`~rpc_collectors.single_process.batch_record.BatchRecord`) has their oldest and newest
     versions and the frames of each env.
@@ -94,12 +98,13 @@ class AsyncBatchedCollector(BaseCollector):
     TorchRL's other arguments are accepted where they select this path (``transport`` None,
     ``"auto"`` or ``"driver"``, ``backend``/``env_backend`` ``"multiprocessing"``,
     ``policy_backend`` ``"threading"``, ``env_exchange`` ``"auto"``/``"shm"``,
-    ``transition_chunk_size`` ``"auto"``/1, ``verbose``) and refused otherwise; those of features not
-    offered (``reset_at_each_iter``, ``yield_completed_trajectories``, ``weight_sync``,
+    ``transition_chunk_size`` ``"auto"``/1, ``verbose``) and refused otherwise; those of features
+    not offered (``reset_at_each_iter``, ``yield_completed_trajectories``, ``weight_sync``,
     ``weight_sync_model_id``, ``worker_affinity``, ``driver_affinity``) only at their defaults.
     """
 
-    _stream_key = ENV_INDEX  # batches carry no trajectory ids: an env's steps are told apart by its index
+    # batches carry no trajectory ids: an env's steps are told apart by its index
+    _stream_key = ENV_INDEX
 
     def __init__(
         self,
@@ -145,23 +150,27 @@ class AsyncBatchedCollector(BaseCollector):
         rpc_timeout: float = 60.0,
     ) -> None:
         super().__init__(options.Batches.given(locals()), post_collect_hook)
-        self.frames_per_batch = self.requested_frames_per_batch  # transitions, whichever env's: not rounded
+        # transitions, whichever env's: not rounded
+        self.frames_per_batch = self.requested_frames_per_batch
         batched_args.replay_write_mode(self.replay_write_mode)
         batched_args.one_policy(policy, policy_factory)
         factories = batched_args.env_factories(create_env_fn, num_envs)
         kwargs = batched_args.env_kwargs(create_env_kwargs, len(factories))
-        self.batching = batched_args.batching(server_config, max_batch_size, min_batch_size, server_timeout,
-                                              len(factories))
-        batched_args.backends(transport, backend, env_backend, policy_backend, env_exchange, transition_chunk_size)
+        self.batching = batched_args.batching(server_config, max_batch_size, min_batch_size,
+                                              server_timeout, len(factories))
+        batched_args.backends(transport, backend, env_backend, policy_backend, env_exchange,
+                              transition_chunk_size)
         self.envs_per_worker = checks.positive_int("envs_per_worker", envs_per_worker)
         batched_args.unsupported(
-            reset_at_each_iter=reset_at_each_iter, yield_completed_trajectories=yield_completed_trajectories,
-            weight_sync=weight_sync, weight_sync_model_id=weight_sync_model_id, worker_affinity=worker_affinity,
+            reset_at_each_iter=reset_at_each_iter,
+            yield_completed_trajectories=yield_completed_trajectories, weight_sync=weight_sync,
+            weight_sync_model_id=weight_sync_model_id, worker_affinity=worker_affinity,
             driver_affinity=driver_affinity,
         )
         checks.boolean("verbose", verbose)
         device = batched_args.policy_device(device, device_config)
-        self._take(exploration_type, policy_version, policy_version_key, max_worker_restarts, prefetch, rpc_timeout)
+        self._take(exploration_type, policy_version, policy_version_key, max_worker_restarts,
+                   prefetch, rpc_timeout)
         self.num_workers = -(-len(factories) // self.envs_per_worker)
         num_threads = options.check("num_threads", num_threads)
         self.num_threads = inference_threads(num_threads, self.num_workers, len(factories))
@@ -169,24 +178,28 @@ class AsyncBatchedCollector(BaseCollector):
         self.policy = StepPolicy(policy if policy_factory is None else policy_factory(), device)
         self._open(len(factories))
 
-    def _take(self, exploration_type: Any, policy_version: Any, policy_version_key: Any, max_worker_restarts: Any,
-              prefetch: Any, rpc_timeout: Any) -> None:
+    def _take(self, exploration_type: Any, policy_version: Any, policy_version_key: Any,
+              max_worker_restarts: Any, prefetch: Any, rpc_timeout: Any) -> None:
         """Keep the options of the inference loop and the env workers, each checked."""
         self.exploration_type = options.check("exploration_type", exploration_type)
         self.policy_version = checks.non_negative_int("policy_version", policy_version)
         self.policy_version_key = batched_args.version_key(policy_version_key, BATCH_KEYS)
-        self.max_worker_restarts = checks.non_negative_int("max_worker_restarts", max_worker_restarts)
+        restarts = checks.non_negative_int("max_worker_restarts", max_worker_restarts)
+        self.max_worker_restarts = restarts
         self.prefetch = checks.positive_int("prefetch", prefetch)
         self.rpc_timeout = options.check("rpc_timeout", rpc_timeout)
 
     def _open(self, num_envs: int) -> None:
-        """Start the env workers and the inference loop; a failure shuts down what started."""
+        """Start the env workers and the inference loop; a failure shuts down what started.
+
+        ``_seeds``: the seed of each worker's first env; ``_inference``: the loop's counters, once
+        it is shut down."""
         self.num_envs = num_envs
         self._lock = threading.Lock()
         self.roster = Roster(self.num_workers, self.max_worker_restarts, name="env worker {}")
-        self._seeds: list[int | None] = [None] * self.num_workers  # of each worker's first env
+        self._seeds: list[int | None] = [None] * self.num_workers
         self._loop: InferenceLoop | None = None
-        self._inference: InferenceMetrics | None = None  # the loop's, once it is shut down
+        self._inference: InferenceMetrics | None = None
         self.plane: StepPlane | None = None
         self.pool = LocalPool(self.num_workers, self.rpc_timeout, lambda *_: None)
         self.tracing = TraceWindow(batched_observing.PoolParts(self.pool), self._meter)
@@ -196,77 +209,29 @@ class AsyncBatchedCollector(BaseCollector):
             self.shutdown()
             raise
         # the loop's thread reaches this object only weakly: dropping it stops the loop and the envs
-        self._release = finalize_before_exit(self, _close, self._loop, self.plane, self.pool, SHUTDOWN_TIMEOUT)
+        self._release = finalize_before_exit(self, _close, self._loop, self.plane, self.pool,
+                                             SHUTDOWN_TIMEOUT)
 
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:
-        for worker in range(self.num_workers):
-            self._starting(worker, lambda w=worker: outcome(self.pool.create(w, self._specs[w * self.envs_per_worker])))
-        try:
-            row = outcome(self.pool.calls.step_row(0))
-        except RuntimeError as err:  # the env is not one this collector steps: its TypeError, as the worker raised it
-            last = str(err).strip().splitlines()[-1]
-            raise TypeError(last.removeprefix("TypeError: ")) from None
-        self.plane = StepPlane(row, self.num_envs, self.envs_per_worker)
-        for worker in range(self.num_workers):
-            self._starting(worker, lambda w=worker: self._join(w))
-        inputs = {key: row.get(key).unsqueeze(0) for key in row.keys(include_nested=True, leaves_only=True)
-                  if key != "action" and not (isinstance(key, tuple) and key[0] == "next")}
-        with torch.no_grad(), set_interaction_type(self.exploration_type):
-            outputs = self.policy(inputs, torch.Size([1]))  # its outputs, laid out in every batch
-        action = outputs.get("action") if hasattr(outputs, "get") else None
-        if not isinstance(action, torch.Tensor) or action[0].numel() != row.get("action").numel():
-            shape = list(action.shape[1:]) if isinstance(action, torch.Tensor) else None
-            raise ValueError(
-                f"policy={self.policy.source!r} returned an action of shape {shape} for one env; the env's action "
-                f"needs shape {list(row.get('action').shape)} (an index for a discrete action, e.g. logits.argmax(-1))"
-            )
-        key = self.policy_version_key if self.policy_version_key is not None else PRIVATE_VERSION
-        transitions = Transitions(self.plane.rows, {k: v[0] for k, v in outputs.items()}, self.frames_per_batch,
-                                  key, self.prefetch)
-        self._loop = InferenceLoop(
-            self.plane, transitions, self.policy, self._lock, weak_method(self._version), weak_method(self._on_failure),
-            max_batch_size=self.batching.max_batch_size, min_batch_size=self.batching.min_batch_size,
-            timeout=self.batching.timeout, exploration_type=self.exploration_type, prefetch=self.prefetch,
-            threads=self.num_threads, meter=self._meter,
-        )
+        """Start the env workers, their plane and the inference loop
+        (:func:`.batched_startup.start`)."""
+        self._loop = batched_startup.start(self)
 
     def _version(self) -> int:
         return self.policy_version
 
     def _starting(self, worker: int, step: Any) -> None:
         """Run a start-up ``step`` of ``worker``; its failure is a WorkerError naming the worker."""
-        try:
-            step()
-        except RuntimeError as err:
-            reason, remote = self.pool.failure(worker, err)
-            raise self.pool.error(worker, f"{reason} during start-up", remote) from None
+        batched_startup.starting(self, worker, step)
 
     def _join(self, worker: int) -> None:
         """Have ``worker`` step its envs through their rows of the plane."""
-        seed, envs = self._seeds[worker], self.plane.envs_of(worker)
-        if seed is not None:
-            outcome(self.pool.calls.set_seed(worker, seed))
-        group = StepGroup(self.plane.specs(worker), [self._specs[env] for env in envs[1:]], seed)
-        outcome(self.pool.calls.join_steps(worker, group))
-        self.plane.opened(worker)
+        batched_startup.join(self, worker)
 
     def _on_failure(self, worker: int, text: str) -> bool:
         """In the loop: replace ``worker`` if the budget allows, else queue its WorkerError."""
-        if text:
-            reason, remote = "raised in its env", text
-        else:
-            reason, remote = self.pool.channels[worker].exit_reason() or "closed its doorbell", ""
-        if not self._closing and self.roster.take(worker, reason):
-            try:
-                self.pool.replace(worker)
-                outcome(self.pool.create(worker, self._specs[self.plane.envs_of(worker)[0]]))
-                self._join(worker)
-                return True
-            except Exception as err:  # the replacement failed too: that ends the run
-                reason, remote = f"could not be replaced after it {reason}: {err}", remote
-        self._loop.errors.put(self.pool.error(worker, reason, remote))
-        return False
+        return batched_startup.replace(self, worker, text)
 
     # ------------------------------------------------------------------ batches
     def _collect_batch(self) -> TensorDictBase:
@@ -285,13 +250,15 @@ class AsyncBatchedCollector(BaseCollector):
             try:
                 batch = loop.batches.get(timeout=ERROR_POLL)
                 break
-            except queue.Empty:  # the loop keeps going, or it was stopped: shutdown() in another thread
+            except queue.Empty:
+                # the loop keeps going, or it was stopped: shutdown() in another thread
                 if loop.stop.is_set() and loop.errors.empty() and loop.batches.empty():
                     raise RuntimeError("AsyncBatchedCollector was shut down") from None
         if self.total_frames != -1 and self._frames + batch.numel() > self.total_frames:
             batch = batch[:self.total_frames - self._frames]
         self._record(batch)
-        if self.tracing.rounds_left:  # a trace window is open
+        if self.tracing.rounds_left:
+            # a trace window is open
             self.tracing.handed_out()
         return batch
 
@@ -300,34 +267,39 @@ class AsyncBatchedCollector(BaseCollector):
         versions = batch.get(key)
         low, high = torch.aminmax(versions)
         envs, counts = torch.unique(batch.get(ENV_INDEX), return_counts=True)
-        self.last_batch = BatchRecord(self._iter + 1, batch.numel(), int(low), int(high), self.policy_version,
-                                      dict(zip(envs.tolist(), counts.tolist())))
+        frames_of_env = dict(zip(envs.tolist(), counts.tolist()))
+        self.last_batch = BatchRecord(self._iter + 1, batch.numel(), int(low), int(high),
+                                      self.policy_version, frames_of_env)
         if self.policy_version_key is None:
             batch.exclude(PRIVATE_VERSION, inplace=True)
 
     # ------------------------------------------------------------------ weights, seeds, state
     def update_policy_weights_(
-        self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None, policy: Any = None,
-        model_id: str | None = None,
+        self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None,
+        policy: Any = None, model_id: str | None = None,
     ) -> None:
         """The next forward pass uses new weights: those given (an ``nn.Module``, a TensorDict of
         weights or a state dict), copied into the policy, or, with none, the policy as it is now
-        (trained in place; a policy on another ``device`` re-reads the one you passed). Bumps ``policy_version``.
-        The update is checked whole first: one that raises changed no weight and no version."""
+        (trained in place; a policy on another ``device`` re-reads the one you passed). Bumps
+        ``policy_version``. The update is checked whole first: one that raises changed no weight
+        and no version."""
         source = one_source(policy_or_weights, weights, policy)
         if model_id not in (None, "policy"):
-            raise ValueError(f"update_policy_weights_: model_id={model_id!r} is unknown; accepted: None or 'policy'")
+            raise ValueError(f"update_policy_weights_: model_id={model_id!r} is unknown; "
+                             "accepted: None or 'policy'")
         if worker_ids is not None:
             raise ValueError(
-                f"update_policy_weights_: worker_ids={worker_ids!r} is not accepted: the one policy is in this "
-                "process; accepted: None"
+                f"update_policy_weights_: worker_ids={worker_ids!r} is not accepted: the one "
+                "policy is in this process; accepted: None"
             )
         module = self.policy.module
         if source is None and module is not None and module is not self.policy.source:
             source = self.policy.source
         if source is not None and module is None:
-            raise TypeError("update_policy_weights_: this collector's policy has no weights to update")
-        new = whole_update(source, None, signature_of(module) if module is not None else None, 1, None)[0]
+            raise TypeError("update_policy_weights_: this collector's policy has no weights "
+                            "to update")
+        signature = signature_of(module) if module is not None else None
+        new = whole_update(source, None, signature, 1, None)[0]
         new = new.clone() if new is not None else None
         with self._lock:
             if new is not None:
@@ -359,7 +331,8 @@ class AsyncBatchedCollector(BaseCollector):
     def trace(self, path: Any, rounds: int = 1, max_spans: int = MAX_SPANS) -> None:
         """Write the timeline of the next ``rounds`` batches (the inference loop's waits and forward
         passes, each env worker's phases), at most ``max_spans`` spans per thread, to ``path`` once
-        they are handed out, as a Chrome trace file (:mod:`~rpc_collectors.trainer.trace_window`)."""
+        they are handed out, as a Chrome trace file
+        (:mod:`~rpc_collectors.trainer.trace_window`)."""
         if self._loop is None or self._closing:
             raise RuntimeError("AsyncBatchedCollector was shut down")
         self.tracing.start(path, rounds, max_spans)
@@ -369,7 +342,8 @@ class AsyncBatchedCollector(BaseCollector):
         return {}
 
     # ------------------------------------------------------------------ shutdown
-    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+    def shutdown(self, timeout: float | None = None, close_env: bool = True,
+                 raise_on_error: bool = True) -> None:
         """Stop the inference loop, the envs and their workers; bounded and idempotent."""
         self._shutdown_timeout = SHUTDOWN_TIMEOUT if timeout is None else timeout
         super().shutdown(close_env)
@@ -378,13 +352,16 @@ class AsyncBatchedCollector(BaseCollector):
         release = getattr(self, "_release", None)
         if release is not None:
             release.detach()
-        _close(self._loop, self.plane, self.pool, getattr(self, "_shutdown_timeout", SHUTDOWN_TIMEOUT))
-        if self._loop is not None:  # its counters outlive it, for metrics()
+        timeout = getattr(self, "_shutdown_timeout", SHUTDOWN_TIMEOUT)
+        _close(self._loop, self.plane, self.pool, timeout)
+        if self._loop is not None:
+            # its counters outlive it, for metrics()
             self._inference = batched_observing.inference_of(self._loop)
         self.plane = self._loop = None
 
 
-def _close(loop: InferenceLoop | None, plane: StepPlane | None, pool: LocalPool, timeout: float) -> None:
+def _close(loop: InferenceLoop | None, plane: StepPlane | None, pool: LocalPool,
+           timeout: float) -> None:
     """Stop the inference loop, the envs and their workers within about ``timeout`` s: at
     ``shutdown()``, or when the collector is garbage-collected or the interpreter exits before."""
     start = time.monotonic()

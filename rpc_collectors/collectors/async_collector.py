@@ -29,7 +29,8 @@ class AsyncCollector(MultiAsyncCollector):
     ``max_frames_per_traj``, ``init_random_frames``, ``reset_at_each_iter``, ``postproc``,
     ``exploration_type``, ``reset_when_done``, ``preemptive_threshold``, ``num_threads``,
     ``set_truncated``, ``track_policy_version``, ...) is as for
-    :class:`~rpc_collectors.MultiAsyncCollector` (``weight_updater`` and ``weight_recv_schemes`` too),
+    :class:`~rpc_collectors.MultiAsyncCollector` (``weight_updater`` and ``weight_recv_schemes``
+    too),
     but its ``num_workers`` and ``num_collectors`` (one worker).
     """
 
@@ -99,7 +100,9 @@ class AsyncCollector(MultiAsyncCollector):
     ) -> None:
         if num_sub_threads != 1:
             raise ValueError(
-                f"num_sub_threads={num_sub_threads!r} is not supported; accepted: 1 (the worker runs one torch thread)"
+                f"num_sub_threads={num_sub_threads!r} is not supported; accepted: 1 (the worker "
+                "runs one torch thread)"
             )
-        arguments = dict(locals(), total_frames=-1 if total_frames is None else total_frames, sync=False)
+        arguments = dict(locals(), total_frames=-1 if total_frames is None else total_frames,
+                         sync=False)
         self._start([create_env_fn], policy, local_options([create_env_fn], None, arguments))

@@ -1,4 +1,5 @@
-"""``Collector(..., num_collectors=N, backend=..., sync=..., backend_options=...)``: TorchRL 0.14.1's dispatch.
+"""``Collector(..., num_collectors=N, backend=..., sync=..., backend_options=...)``: TorchRL
+0.14.1's dispatch.
 
 Calling :class:`~rpc_collectors.Collector` itself with any of these keywords builds the collector
 the backend names, as TorchRL's ``Collector`` does: ``"direct"`` (this process; the default
@@ -27,10 +28,12 @@ from rpc_collectors.collectors.rpc import RPCCollector
 from rpc_collectors.single_process.collector import Collector
 
 BACKENDS = ("direct", "process", "ray", "rpc", "distributed", "submitit")
-ALIASES = {"multiprocessing": "process"}  # TorchRL's long spelling
+# TorchRL's long spelling
+ALIASES = {"multiprocessing": "process"}
 POSITIVE = "it must be a positive integer; accepted: None or an int >= 1"
 RESERVED_OPTIONS = {"backend_options", "num_collectors", "num_workers", "sync"}
-TORCHRL_PATHS = {  # where TorchRL's dispatch finds each backend's class
+# where TorchRL's dispatch finds each backend's class
+TORCHRL_PATHS = {
     "process": ("torchrl.collectors._multi_base", "MultiCollector"),
     "ray": ("torchrl.collectors.distributed.ray", "RayCollector"),
     "rpc": ("torchrl.collectors.distributed.rpc", "RPCCollector"),
@@ -39,13 +42,15 @@ TORCHRL_PATHS = {  # where TorchRL's dispatch finds each backend's class
 }
 
 
-def resolve(args: tuple, kwargs: dict, backend: Any, backend_options: Any, num_collectors: Any, sync: Any) -> tuple:
+def resolve(args: tuple, kwargs: dict, backend: Any, backend_options: Any, num_collectors: Any,
+            sync: Any) -> tuple:
     """``(class, args, kwargs)`` that ``Collector(*args, **kwargs)`` with these selectors builds;
     class None: the single-process ``Collector``. Raises on contradictory arguments."""
     if len(args) > 2:
-        raise TypeError(f"Collector takes at most create_env_fn and policy positionally, got {len(args)} "
-                        "positional arguments; accepted: the others as keywords")
-    if num_collectors is not None and (isinstance(num_collectors, bool) or not isinstance(num_collectors, int)):
+        raise TypeError(f"Collector takes at most create_env_fn and policy positionally, got "
+                        f"{len(args)} positional arguments; accepted: the others as keywords")
+    not_int = isinstance(num_collectors, bool) or not isinstance(num_collectors, int)
+    if num_collectors is not None and not_int:
         raise TypeError(f"num_collectors={num_collectors!r} is invalid: {POSITIVE}")
     if num_collectors is not None and num_collectors < 1:
         raise ValueError(f"num_collectors={num_collectors!r} is invalid: {POSITIVE}")
@@ -54,20 +59,23 @@ def resolve(args: tuple, kwargs: dict, backend: Any, backend_options: Any, num_c
         backend = _context_backend() or ("direct" if num_collectors is None else "process")
     backend = ALIASES.get(backend, backend) if isinstance(backend, str) else backend
     if backend not in BACKENDS:
-        chosen = " (selected by an enclosing torchrl.service_backend context)" if from_context else ""
+        context = " (selected by an enclosing torchrl.service_backend context)"
+        chosen = context if from_context else ""
         raise ValueError(f"backend={backend!r}{chosen} is not supported by Collector; "
                          f"accepted: {', '.join(map(repr, BACKENDS))}")
     if backend_options is not None and not isinstance(backend_options, dict):
-        raise TypeError(f"backend_options={backend_options!r} is invalid; accepted: None or a dict of keywords")
+        raise TypeError(f"backend_options={backend_options!r} is invalid; accepted: None or a "
+                        "dict of keywords")
     options = dict(backend_options or {})
     reserved = sorted(RESERVED_OPTIONS & set(options))
     if reserved:
-        raise ValueError(f"backend_options has the keys {reserved}, reserved for Collector's own arguments; "
-                         f"accepted: pass them as Collector(..., {reserved[0]}=...)")
+        raise ValueError(f"backend_options has the keys {reserved}, reserved for Collector's own "
+                         f"arguments; accepted: pass them as Collector(..., {reserved[0]}=...)")
     positional = set(("create_env_fn", "policy")[: len(args)])
     duplicates = sorted(set(options) & (set(kwargs) | positional))
     if duplicates:
-        raise ValueError(f"backend_options has duplicate arguments {duplicates}, also given to Collector; accepted: each once")
+        raise ValueError(f"backend_options has duplicate arguments {duplicates}, also given to "
+                         "Collector; accepted: each once")
     if backend == "direct":
         return None, *_direct(args, kwargs, num_collectors, sync, options)
     if sync is not None and not isinstance(sync, bool):
@@ -78,26 +86,31 @@ def resolve(args: tuple, kwargs: dict, backend: Any, backend_options: Any, num_c
     if backend == "submitit":
         launcher = kwargs.setdefault("launcher", "submitit")
         if launcher != "submitit":
-            raise ValueError(f"backend='submitit' with launcher={launcher!r}: it requires launcher='submitit'; accepted: "
-                             "launcher='submitit' or none (backend='distributed' takes the other launchers)")
+            raise ValueError(f"backend='submitit' with launcher={launcher!r}: it requires "
+                             "launcher='submitit'; accepted: launcher='submitit' or none "
+                             "(backend='distributed' takes the other launchers)")
     _drop_collector_defaults(target, kwargs)
     return _torchrl_path_class(backend) or target, args, {**kwargs, **extra, "sync": bool(sync)}
 
 
-def _direct(args: tuple, kwargs: dict, num_collectors: Any, sync: Any, options: dict) -> tuple[tuple, dict]:
+def _direct(args: tuple, kwargs: dict, num_collectors: Any, sync: Any,
+            options: dict) -> tuple[tuple, dict]:
     """The single-process collector's arguments: one env (a list must hold exactly one)."""
     if num_collectors not in (None, 1):
-        raise ValueError(f"backend='direct' with num_collectors={num_collectors!r}: it runs at most one collector; "
-                         "accepted: None or 1 (more collectors: backend='process', 'rpc', 'distributed', 'submitit' or 'ray')")
+        raise ValueError(f"backend='direct' with num_collectors={num_collectors!r}: it runs at "
+                         "most one collector; accepted: None or 1 (more collectors: "
+                         "backend='process', 'rpc', 'distributed', 'submitit' or 'ray')")
     if sync is not None:
-        raise ValueError(f"sync={sync!r} with backend='direct'; accepted: None (sync is for multi-collector backends)")
-    if options:
-        raise ValueError(f"backend_options={options!r} with backend='direct'; accepted: None (options are for "
+        raise ValueError(f"sync={sync!r} with backend='direct'; accepted: None (sync is for "
                          "multi-collector backends)")
+    if options:
+        raise ValueError(f"backend_options={options!r} with backend='direct'; accepted: None "
+                         "(options are for multi-collector backends)")
     env, put = _env_argument(args, kwargs)
     if isinstance(env, (list, tuple)):
         if len(env) != 1:
-            raise ValueError(f"backend='direct' with {len(env)} env constructors in create_env_fn; accepted: exactly one")
+            raise ValueError(f"backend='direct' with {len(env)} env constructors in "
+                             "create_env_fn; accepted: exactly one")
         args, kwargs = put(env[0])
     return args, kwargs
 
@@ -110,14 +123,17 @@ def _env_argument(args: tuple, kwargs: dict) -> tuple[Any, Any]:
 
 
 def _env_list(args: tuple, kwargs: dict, num_collectors: int | None) -> tuple[tuple, dict, int]:
-    """``create_env_fn`` as a list of one constructor per collector, checked against ``num_collectors``."""
+    """``create_env_fn`` as a list of one constructor per collector, checked against
+    ``num_collectors``."""
     env, put = _env_argument(args, kwargs)
     if isinstance(env, (list, tuple)):
         if not env:
-            raise ValueError("create_env_fn=[] is empty; accepted: an env constructor or a non-empty list of them")
+            raise ValueError("create_env_fn=[] is empty; accepted: an env constructor or a "
+                             "non-empty list of them")
         if num_collectors is not None and num_collectors != len(env):
-            raise ValueError(f"num_collectors={num_collectors} does not match the {len(env)} env constructors of "
-                             "create_env_fn; accepted: the same number, or num_collectors=None")
+            raise ValueError(f"num_collectors={num_collectors} does not match the {len(env)} env "
+                             "constructors of create_env_fn; accepted: the same number, or "
+                             "num_collectors=None")
         num_collectors = len(env)
     else:
         num_collectors = num_collectors or 1
@@ -126,7 +142,8 @@ def _env_list(args: tuple, kwargs: dict, num_collectors: int | None) -> tuple[tu
 
 
 def _context_backend() -> str | None:
-    """The backend of an enclosing ``torchrl.service_backend(...)`` context, where TorchRL is imported."""
+    """The backend of an enclosing ``torchrl.service_backend(...)`` context, where TorchRL is
+    imported."""
     backends = sys.modules.get("torchrl._comm.backends")
     current = getattr(backends, "_get_service_backend", None)
     return current() if callable(current) else None
@@ -177,7 +194,8 @@ def _drop_collector_defaults(target: Any, kwargs: dict) -> None:
 
 
 def _parameters(target: Any) -> dict:
-    """The keywords ``target`` takes, following ``**kwargs`` on to the base classes' constructors."""
+    """The keywords ``target`` takes, following ``**kwargs`` on to the base classes'
+    constructors."""
     parameters: dict = {}
     for cls in target.__mro__:
         if "__init__" not in vars(cls):

@@ -17,17 +17,23 @@ from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.trainer.collector_front import CollectorFront
 
 
-def _cadence(update_interval: int | None, update_after_each_batch: bool, max_weight_update_interval: int) -> dict:
+def _cadence(update_interval: int | None, update_after_each_batch: bool,
+             max_weight_update_interval: int) -> dict:
     """TorchRL's ``update_interval`` (push the weights every k batches) in this front's terms:
     k=1 is ``update_after_each_batch``, k>1 ``max_weight_update_interval=k-1``."""
     if update_interval is None:
-        return {"update_after_each_batch": update_after_each_batch, "max_weight_update_interval": max_weight_update_interval}
-    if isinstance(update_interval, bool) or not isinstance(update_interval, int) or update_interval < 1:
-        raise ValueError(f"update_interval={update_interval!r} is invalid; accepted: None or an int >= 1")
+        return {"update_after_each_batch": update_after_each_batch,
+                "max_weight_update_interval": max_weight_update_interval}
+    not_int = isinstance(update_interval, bool) or not isinstance(update_interval, int)
+    if not_int or update_interval < 1:
+        raise ValueError(f"update_interval={update_interval!r} is invalid; accepted: None or an "
+                         "int >= 1")
     if update_after_each_batch or max_weight_update_interval != -1:
         raise ValueError(
-            f"update_interval={update_interval!r} conflicts with update_after_each_batch={update_after_each_batch!r}, "
-            f"max_weight_update_interval={max_weight_update_interval!r}; accepted: one way to set the weight cadence"
+            f"update_interval={update_interval!r} conflicts with "
+            f"update_after_each_batch={update_after_each_batch!r}, "
+            f"max_weight_update_interval={max_weight_update_interval!r}; accepted: one way to set "
+            "the weight cadence"
         )
     if update_interval == 1:
         return {"update_after_each_batch": True, "max_weight_update_interval": -1}
@@ -35,7 +41,8 @@ def _cadence(update_interval: int | None, update_after_each_batch: bool, max_wei
 
 
 def _node_collectors(arguments: dict) -> dict:
-    """``arguments`` with TorchRL's default ``collector_class`` (its ``Collector``, one worker each) as ``"single"``."""
+    """``arguments`` with TorchRL's default ``collector_class`` (its ``Collector``, one worker
+    each) as ``"single"``."""
     if arguments["collector_class"] is Collector and arguments["num_workers_per_collector"] == 1:
         return dict(arguments, collector_class="single")
     return arguments
@@ -45,16 +52,18 @@ class DistributedCollector(CollectorFront):
     """TorchRL's ``DistributedCollector``: N collectors on SLURM jobs (``launcher="submitit"``) or
     local processes (``"mp"``); sync batches stacked ``[N, (B,) T]``, async ones one worker's.
 
-    ``policy`` and TorchRL's other arguments keep their meaning and defaults (``sync=False``, ``launcher="submitit"``,
-    ``update_interval``: push the weights every k batches); ``create_env_fn`` is a list with one
-    env factory per collector, or one factory with ``num_collectors``. Every other option is as
-    for :class:`~rpc_collectors.RPCCollector` (``elastic``, ``rpc_timeout``, ``cat_results``, ...).
-    TorchRL's ``weight_sync_schemes`` name the weight transport (:mod:`rpc_collectors.core.torchrl_args`);
-    ``weight_updater``, ``weight_recv_schemes``, ``visible_devices`` and ``tensorpipe_options`` are
-    accepted as None only, as for ``RPCCollector``.
+    ``policy`` and TorchRL's other arguments keep their meaning and defaults (``sync=False``,
+    ``launcher="submitit"``, ``update_interval``: push the weights every k batches);
+    ``create_env_fn`` is a list with one env factory per collector, or one factory with
+    ``num_collectors``. Every other option is as for :class:`~rpc_collectors.RPCCollector`
+    (``elastic``, ``rpc_timeout``, ``cat_results``, ...). TorchRL's ``weight_sync_schemes`` name
+    the weight transport (:mod:`rpc_collectors.core.torchrl_args`); ``weight_updater``,
+    ``weight_recv_schemes``, ``visible_devices`` and ``tensorpipe_options`` are accepted as None
+    only, as for ``RPCCollector``.
     """
 
-    _default_cat_results: str | int = "stack"  # TorchRL stacks its nodes' batches
+    # TorchRL stacks its nodes' batches
+    _default_cat_results: str | int = "stack"
 
     def __init__(
         self,
@@ -124,20 +133,24 @@ class DistributedCollector(CollectorFront):
         visible_devices: Any = None,
         tensorpipe_options: dict | None = None,
     ) -> None:
-        arguments = dict(locals(), **_cadence(update_interval, update_after_each_batch, max_weight_update_interval))
+        arguments = dict(locals(), **_cadence(update_interval, update_after_each_batch,
+                                              max_weight_update_interval))
         self._start(create_env_fn, policy, options_of(_node_collectors(arguments)))
 
-    _start = MultiCollector._start  # opens over the pool the launcher picks
+    # opens over the pool the launcher picks
+    _start = MultiCollector._start
 
 
 class DistributedSyncCollector(CollectorFront):
     """TorchRL's ``DistributedSyncCollector``: :class:`DistributedCollector` with sync rounds
     (``[N, (B,) T]`` batches) and the weights pushed before every ``update_interval``-th round
-    (default 1: every round; None: only by ``update_policy_weights_`` or ``max_weight_update_interval``);
-    ``create_env_fn``, ``policy``, ``weight_updater``, ``weight_recv_schemes``, ``visible_devices``,
-    ``tensorpipe_options`` and every other option are as for :class:`DistributedCollector`, but ``sync``."""
+    (default 1: every round; None: only by ``update_policy_weights_`` or
+    ``max_weight_update_interval``); ``create_env_fn``, ``policy``, ``weight_updater``,
+    ``weight_recv_schemes``, ``visible_devices``, ``tensorpipe_options`` and every other option
+    are as for :class:`DistributedCollector`, but ``sync``."""
 
-    _default_cat_results: str | int = "stack"  # as DistributedCollector's
+    # as DistributedCollector's
+    _default_cat_results: str | int = "stack"
 
     def __init__(
         self,
@@ -206,7 +219,8 @@ class DistributedSyncCollector(CollectorFront):
         visible_devices: Any = None,
         tensorpipe_options: dict | None = None,
     ) -> None:
-        arguments = dict(locals(), sync=True, **_cadence(update_interval, update_after_each_batch, max_weight_update_interval))
+        arguments = dict(locals(), sync=True, **_cadence(update_interval, update_after_each_batch,
+                                                         max_weight_update_interval))
         self._start(create_env_fn, policy, options_of(_node_collectors(arguments)))
 
     _start = MultiCollector._start

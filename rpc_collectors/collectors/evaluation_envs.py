@@ -16,7 +16,8 @@ from torch import nn
 
 from rpc_collectors.single_process.envs import make_env
 
-_BUILT: dict[str, Any] = {}  # in a worker: the env built for a policy, until its collector takes it
+# in a worker: the env built for a policy, until its collector takes it
+_BUILT: dict[str, Any] = {}
 
 
 def is_factory(env: Any) -> bool:
@@ -46,7 +47,8 @@ def freeze_norms(env: Any) -> Any:
         transform = pending.pop()
         if callable(getattr(transform, "freeze", None)):
             transform.freeze()
-        else:  # a Compose holds its transforms in .transforms
+        else:
+            # a Compose holds its transforms in .transforms
             pending.extend(getattr(transform, "transforms", ()))
     return env
 
@@ -74,7 +76,8 @@ def needs_env(policy_factory: Callable) -> bool:
         inspect.signature(policy_factory).bind()
     except TypeError:
         return True
-    except ValueError:  # no signature to read (some builtins)
+    except ValueError:
+        # no signature to read (some builtins)
         return False
     return False
 
@@ -102,7 +105,8 @@ class WorkerSetup:
     def __init__(self, env: Callable, policy_factory: Callable, init_fn: Callable | None = None,
                  ) -> None:
         self.env_factory, self.policy_factory, self.init_fn = env, policy_factory, init_fn
-        self.token = uuid.uuid4().hex  # names the env handed from policy() to env() in the worker
+        # names the env handed from policy() to env() in the worker
+        self.token = uuid.uuid4().hex
 
     def _build_env(self, **kwargs: Any) -> Any:
         return freeze_norms(make_env(self.env_factory, kwargs, argument="env"))

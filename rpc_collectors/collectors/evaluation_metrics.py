@@ -21,7 +21,8 @@ EPISODE_REWARD = ("next", "episode_reward")
 STEP_COUNT = ("next", "step_count")
 # TorchRL's, in its order
 EPISODE_METRICS = ("reward", "reward_std", "num_episodes", "episode_length", "fps")
-CUSTOM = "custom/"  # what metrics_fn returned, before it is named with the prefix
+# what metrics_fn returned, before it is named with the prefix
+CUSTOM = "custom/"
 
 
 def trajectories(batch: TensorDictBase, done_key: Any) -> list[TensorDictBase]:
@@ -34,7 +35,8 @@ def trajectories(batch: TensorDictBase, done_key: Any) -> list[TensorDictBase]:
         flat = batch.reshape(-1)
         ids = flat.get(TRAJ_IDS)
         found = [flat[ids == traj] for traj in ids.unique(sorted=True)]
-    else:  # each env's row of steps, cut after its done steps
+    else:
+        # each env's row of steps, cut after its done steps
         rows = batch.reshape(-1, batch.shape[-1]) if batch.batch_dims > 1 else batch.unsqueeze(0)
         found = []
         for row in rows.unbind(0):
@@ -42,7 +44,8 @@ def trajectories(batch: TensorDictBase, done_key: Any) -> list[TensorDictBase]:
             done = row.get(done_key).reshape(steps, -1).any(-1)
             ends = [0, *(torch.nonzero(done).squeeze(-1) + 1).tolist(), steps]
             found += [row[start:end] for start, end in zip(ends[:-1], ends[1:])]
-    return [traj for traj in found if traj.shape[0]]  # (an empty TensorDict's numel() is 1)
+    # (an empty TensorDict's numel() is 1)
+    return [traj for traj in found if traj.shape[0]]
 
 
 def episode_metrics(
@@ -64,7 +67,8 @@ def episode_metrics(
         counted = step_count is not None
         lengths.append(int(step_count[-1].reshape(-1)[0]) if counted else traj.shape[0])
     values, nan = torch.tensor(returns, dtype=torch.float64), float("nan")
-    metrics: dict[str, Any] = {  # as TorchRL: the std of one episode is 0, of none NaN
+    # as TorchRL: the std of one episode is 0, of none NaN
+    metrics: dict[str, Any] = {
         "reward": float(values.mean()) if returns else nan,
         "reward_std": (float(values.std()) if len(returns) > 1 else 0.0) if returns else nan,
         "num_episodes": len(returns),

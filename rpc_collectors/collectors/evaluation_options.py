@@ -25,7 +25,8 @@ from rpc_collectors.single_process.collector import Collector
 
 BACKENDS = ("thread", "process", "ray")
 BUSY_POLICIES = ("skip", "error", "queue")
-SINGLE_COLLECTORS = ("Collector", "SyncDataCollector")  # TorchRL's single-process collector
+# TorchRL's single-process collector
+SINGLE_COLLECTORS = ("Collector", "SyncDataCollector")
 # the collector's arguments the Evaluator sets itself, and the argument of its own that sets each
 SET_HERE = {"create_env_fn": "env", "policy": "policy", "policy_factory": "policy_factory",
             "frames_per_batch": "frames_per_batch", "total_frames": "(endless)",
@@ -87,7 +88,8 @@ def settings(num_trajectories: Any, max_steps: Any, frames_per_batch: Any, explo
         raise ValueError(f"collector_kwargs keys {clash} are the Evaluator's to set (by "
                          f"{', '.join(SET_HERE[key] for key in clash)}); accepted: the collector's "
                          "other arguments")
-    given_format = kwargs.pop("traj_format", None) or "padded"  # TorchRL 0.14's, without a warning
+    # TorchRL 0.14's, without a warning
+    given_format = kwargs.pop("traj_format", None) or "padded"
     traj_format = checks.traj_format(given_format, num_trajectories, False)
     device = checks.device("device", device)
     if device is not None:
@@ -133,7 +135,8 @@ def open_run(env: Any, policy: Any, policy_factory: Any, run_settings: RunSettin
     remote = {}
     if backend == "ray":
         remote = {"num_cpus": 1, "num_gpus": gpus(num_gpus), **mapping("ray_kwargs", ray_kwargs)}
-        ray_collector()  # an ImportError naming the extra where Ray is missing
+        # an ImportError naming the extra where Ray is missing
+        ray_collector()
     setup = WorkerSetup(env, policy_factory, init_fn)
     return WorkerRun(worker_collector(backend, setup, run_settings, remote), run_settings)
 

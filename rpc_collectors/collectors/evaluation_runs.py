@@ -43,7 +43,8 @@ class RunSettings:
     frames_per_batch: int
     exploration_type: InteractionType
     traj_format: str
-    collector_kwargs: dict  # the collector's other arguments (``policy_device`` from ``device``)
+    # the collector's other arguments (``policy_device`` from ``device``)
+    collector_kwargs: dict
 
 
 class InThreadRun:
@@ -140,7 +141,8 @@ class WorkerRun:
         self.settings, self._open_collector = settings, open_collector
         self.collector: BaseCollector | None = None
         self._lock, self._stopped = threading.Lock(), False
-        self._dumps: bool | None = None  # whether the worker's env has transforms (asked once)
+        # whether the worker's env has transforms (asked once)
+        self._dumps: bool | None = None
 
     @property
     def policy_version(self) -> int:
@@ -170,7 +172,8 @@ class WorkerRun:
         while len(assembled.complete) < wanted:
             batch = collector.next()
             if collector.last_batch is not None and collector.last_batch.oldest_version < version:
-                assembled.clear()  # collected before this evaluation's weights arrived
+                # collected before this evaluation's weights arrived
+                assembled.clear()
                 continue
             assembled.add(batch)
         return emit(assembled.take(wanted), self.settings.traj_format), time.perf_counter() - start
@@ -180,7 +183,8 @@ class WorkerRun:
         reach the trainer from there, e.g. TorchRL's ``ProcessLogger.client()``)."""
         if self.collector is None:
             return
-        if self._dumps is None:  # as transform_of() asks, of the worker's env
+        if self._dumps is None:
+            # as transform_of() asks, of the worker's env
             self._dumps = "transform" in self.collector.map_fn("env.__dir__")[0]
         if self._dumps:
             self.collector.map_fn("env.transform.dump", list_of_kwargs=[{"step": step}])

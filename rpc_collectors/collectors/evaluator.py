@@ -27,9 +27,11 @@ from rpc_collectors.collectors.evaluation_runs import CLOSED
 from rpc_collectors.core import checks
 
 logger = logging.getLogger(__name__)
+# TorchRL's words
 BUSY = ("Evaluation already pending. Wait for completion or set busy_policy='skip' or "
-        "busy_policy='queue'.")  # TorchRL's words
-UNSETTLED = "pending, queued, or unread"  # TorchRL's words: what state_dict() cannot save
+        "busy_policy='queue'.")
+# TorchRL's words: what state_dict() cannot save
+UNSETTLED = "pending, queued, or unread"
 
 
 class Evaluator:
@@ -112,16 +114,22 @@ class Evaluator:
                                     device, collector_kwargs)
         self._run = options.open_run(env, policy, policy_factory, settings, backend, collector_cls,
                                      weight_sync_schemes, init_fn, num_gpus, ray_kwargs)
-        self._cond = threading.Condition()  # guards the state below
-        self._serial = threading.Lock()  # one evaluation at a time
+        # guards the state below
+        self._cond = threading.Condition()
+        # one evaluation at a time
+        self._serial = threading.Lock()
         self._queued: deque[Request] = deque()
-        self._running: Request | None = None  # the background evaluation in progress
-        self._ready: deque[dict] = deque()  # background results poll() and wait() did not hand out
+        # the background evaluation in progress
+        self._running: Request | None = None
+        # background results poll() and wait() did not hand out
+        self._ready: deque[dict] = deque()
         self._results: list[dict] = []
-        self._error: BaseException | None = None  # a background evaluation's, for poll()/wait()
+        # a background evaluation's, for poll()/wait()
+        self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._step_counter = 0
-        self._version = 0  # the version of the weights loaded
+        # the version of the weights loaded
+        self._version = 0
         self._closed = False
 
     # ------------------------------------------------------------------ evaluations
@@ -215,7 +223,8 @@ class Evaluator:
     def __del__(self) -> None:
         try:
             self.shutdown(timeout=2.0)
-        except Exception:  # interpreter shutdown, or a constructor that raised
+        except Exception:
+            # interpreter shutdown, or a constructor that raised
             pass
 
     def state_dict(self) -> dict[str, Any]:
@@ -267,7 +276,8 @@ class Evaluator:
         if self._on_result is not None:
             try:
                 self._on_result(metrics.as_tensordict(result))
-            except Exception:  # as TorchRL: a failing callback does not fail the evaluation
+            except Exception:
+                # as TorchRL: a failing callback does not fail the evaluation
                 logger.warning("Evaluator on_result callback failed", exc_info=True)
         return result
 
@@ -283,7 +293,8 @@ class Evaluator:
             result = None
             try:
                 result = self._evaluate(request)
-            except BaseException as err:  # raised by poll()/wait(); dropped once shut down
+            except BaseException as err:
+                # raised by poll()/wait(); dropped once shut down
                 with self._cond:
                     if not self._closed and self._error is None:
                         self._error = err

@@ -20,26 +20,33 @@ from rpc_collectors.trainer.collector_front import CollectorFront
 LAUNCHERS = ("local", "mp", "debug")
 
 
-def local_options(create_env_fn: Any, num_workers: Any, arguments: Mapping[str, Any]) -> options.Options:
-    """The options of a local multi-process collector: TorchRL's ``num_workers`` is ``num_collectors``."""
-    torchrl_args.not_here(weight_updater=arguments["weight_updater"], weight_recv_schemes=arguments["weight_recv_schemes"])
+def local_options(create_env_fn: Any, num_workers: Any,
+                  arguments: Mapping[str, Any]) -> options.Options:
+    """The options of a local multi-process collector: TorchRL's ``num_workers`` is
+    ``num_collectors``."""
+    torchrl_args.not_here(weight_updater=arguments["weight_updater"],
+                          weight_recv_schemes=arguments["weight_recv_schemes"])
     launcher = arguments["launcher"]
     if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher={launcher!r} is invalid for MultiCollector; accepted: 'local', 'mp' or 'debug'")
+        raise ValueError(f"launcher={launcher!r} is invalid for MultiCollector; accepted: 'local', "
+                         "'mp' or 'debug'")
     if num_workers is None:
         return options.Options.given(arguments)
     num_workers = checks.positive_int("num_workers", num_workers)
-    given = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else arguments["num_collectors"]
+    listed = isinstance(create_env_fn, (list, tuple))
+    given = len(create_env_fn) if listed else arguments["num_collectors"]
     if given is not None and given != num_workers:
         raise ValueError(
-            f"num_workers={num_workers} does not match the {given} workers of create_env_fn/num_collectors; "
+            f"num_workers={num_workers} does not match the {given} workers of "
+            "create_env_fn/num_collectors; "
             "accepted: the same number, or one env factory and num_workers"
         )
     return options.Options.given({**arguments, "num_collectors": num_workers})
 
 
 class _SyncChoosesClass(type):
-    """``MultiCollector(..., sync=True|False)`` is a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as in TorchRL."""
+    """``MultiCollector(..., sync=True|False)`` is a ``MultiSyncCollector`` or
+    ``MultiAsyncCollector``, as in TorchRL."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         sync = kwargs.get("sync")
@@ -50,7 +57,8 @@ class _SyncChoosesClass(type):
 
     @property
     def __signature__(cls) -> inspect.Signature:
-        """What ``help()``, editors and ``inspect.signature`` show: the class's ``__init__`` (not ``__call__``)."""
+        """What ``help()``, editors and ``inspect.signature`` show: the class's ``__init__`` (not
+        ``__call__``)."""
         init = inspect.signature(cls.__init__)
         return init.replace(parameters=list(init.parameters.values())[1:])
 
@@ -64,7 +72,8 @@ class MultiCollector(CollectorFront, metaclass=_SyncChoosesClass):
     collector a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as TorchRL's does). Sync
     batches are stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
     ``launcher`` is ``"local"``, TorchRL's ``"mp"`` or ``"debug"``; ``policy`` and every other
-    argument (``weight_updater`` and ``weight_recv_schemes`` too) are as for :class:`~rpc_collectors.RPCCollector`.
+    argument (``weight_updater`` and ``weight_recv_schemes`` too) are as for
+    :class:`~rpc_collectors.RPCCollector`.
     """
 
     _default_cat_results: str | int = "stack"
@@ -138,14 +147,16 @@ class MultiCollector(CollectorFront, metaclass=_SyncChoosesClass):
         self._start(create_env_fn, policy, local_options(create_env_fn, num_workers, locals()))
 
     def _start(self, create_env_fn: Any, policy: Any, o: options.Options) -> None:
-        """Open over the pool the launcher picks (:func:`.opening.start`; ``RPCCollector`` and the distributed
-        classes open the same way); node collectors (``collector_class``) run ``MultiCollector``."""
+        """Open over the pool the launcher picks (:func:`.opening.start`; ``RPCCollector`` and
+        the distributed classes open the same way); node collectors (``collector_class``) run
+        ``MultiCollector``."""
         opening.start(self, create_env_fn, policy, o, MultiCollector)
 
 
 class MultiSyncCollector(MultiCollector):
     """``MultiCollector`` with ``sync=True`` (TorchRL's name); ``create_env_fn``, ``policy``,
-    ``num_workers``, ``weight_updater``, ``weight_recv_schemes`` and every other argument as there."""
+    ``num_workers``, ``weight_updater``, ``weight_recv_schemes`` and every other argument as
+    there."""
 
     def __init__(
         self,
@@ -212,12 +223,14 @@ class MultiSyncCollector(MultiCollector):
         weight_updater: Any = None,
         weight_recv_schemes: dict | None = None,
     ) -> None:
-        self._start(create_env_fn, policy, local_options(create_env_fn, num_workers, dict(locals(), sync=True)))
+        self._start(create_env_fn, policy,
+                    local_options(create_env_fn, num_workers, dict(locals(), sync=True)))
 
 
 class MultiAsyncCollector(MultiCollector):
     """``MultiCollector`` with ``sync=False`` (TorchRL's name); ``create_env_fn``, ``policy``,
-    ``num_workers``, ``weight_updater``, ``weight_recv_schemes`` and every other argument as there."""
+    ``num_workers``, ``weight_updater``, ``weight_recv_schemes`` and every other argument as
+    there."""
 
     def __init__(
         self,
@@ -284,4 +297,5 @@ class MultiAsyncCollector(MultiCollector):
         weight_updater: Any = None,
         weight_recv_schemes: dict | None = None,
     ) -> None:
-        self._start(create_env_fn, policy, local_options(create_env_fn, num_workers, dict(locals(), sync=False)))
+        self._start(create_env_fn, policy,
+                    local_options(create_env_fn, num_workers, dict(locals(), sync=False)))

@@ -1,4 +1,5 @@
-"""``RayCollector`` on first use: it needs the optional ``ray`` extra, which importing the package does not."""
+"""``RayCollector`` on first use: it needs the optional ``ray`` extra, which importing the
+package does not."""
 from __future__ import annotations
 
 

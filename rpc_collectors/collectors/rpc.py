@@ -19,7 +19,8 @@ from rpc_collectors.trainer.collector_front import CollectorFront
 
 
 class RPCCollector(CollectorFront):
-    """Collects with N collector servers on other processes or nodes, over ``torch.distributed.rpc``.
+    """Collects with N collector servers on other processes or nodes, over
+    ``torch.distributed.rpc``.
 
     Args:
         create_env_fn: an env or env factory for every worker, or a list of them, one per worker.
@@ -45,17 +46,19 @@ class RPCCollector(CollectorFront):
             ``slurm_kwargs``). Under torchrun/SLURM the constructor serves collectors on every
             rank but 0 and exits those processes with code 0 when the trainer shuts down.
             ``"submitit_delayed"`` is refused with what to use instead.
-        tcp_port: TorchRL's port argument, an int or a string of digits. ``"submitit"``: the port of
-            the rendezvous the jobs join; ``"mp"``/``"local"``: the port of the weight group's store on 127.0.0.1
-            (``weight_transport="broadcast"``; shared memory needs none). None: a free port.
-        slurm_kwargs: ``"submitit"`` only: ``"folder"`` (where the jobs' logs go, readable from every
-            node; without it ``./log_test``, as TorchRL, named in a line on stderr) and
+        tcp_port: TorchRL's port argument, an int or a string of digits. ``"submitit"``: the port
+            of the rendezvous the jobs join; ``"mp"``/``"local"``: the port of the weight group's
+            store on 127.0.0.1 (``weight_transport="broadcast"``; shared memory needs none).
+            None: a free port.
+        slurm_kwargs: ``"submitit"`` only: ``"folder"`` (where the jobs' logs go, readable from
+            every node; without it ``./log_test``, as TorchRL, named in a line on stderr) and
             ``submitit.AutoExecutor.update_parameters`` arguments
-            (``timeout_min``, default 10 as TorchRL; ``slurm_partition``, ``slurm_cpus_per_task``, ...).
-            The jobs end when the collector shuts down (those still there 5 s later are cancelled),
-            and are cancelled if this process dies. A job that ends before it joined is an error
-            naming it and its log, unless ``elastic`` (its slot stays vacant). ``elastic``: a job that
-            SLURM ends (time limit, preemption) is submitted again, at most ``"max_resubmits"`` (10) times.
+            (``timeout_min``, default 10 as TorchRL; ``slurm_partition``,
+            ``slurm_cpus_per_task``, ...). The jobs end when the collector shuts down (those
+            still there 5 s later are cancelled), and are cancelled if this process dies. A job
+            that ends before it joined is an error naming it and its log, unless ``elastic`` (its
+            slot stays vacant). ``elastic``: a job that SLURM ends (time limit, preemption) is
+            submitted again, at most ``"max_resubmits"`` (10) times.
         backend: weight process group backend, ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
         rpc_timeout: seconds any single wait on a worker may take (at most 10^6).
         collector_kwargs: extra keyword arguments for every worker's :class:`Collector`.
@@ -68,9 +71,10 @@ class RPCCollector(CollectorFront):
             did not answer within ``rpc_timeout``, or its env or policy raised) is replaced by a
             fresh one, with the same worker id, the current weights and new trajectory ids; a
             warning names each. 0: the first failure raises :class:`WorkerError`. With node
-            collectors: how many times each node replaces its own local workers, under any launcher.
-            ``launcher="submitit"`` (with ``weight_transport="rpc"``): a collector whose job SLURM ended
-            (time limit, preemption, node failure) is replaced by the job the trainer submits in its place.
+            collectors: how many times each node replaces its own local workers, under any
+            launcher. ``launcher="submitit"`` (with ``weight_transport="rpc"``): a collector
+            whose job SLURM ended (time limit, preemption, node failure) is replaced by the job
+            the trainer submits in its place.
         elastic: torchrun/SLURM only. Collector processes may join the running trainer (any
             process that runs this script with ``RPC_COLLECTORS_JOIN=<host>:<port>`` of the
             trainer's rendezvous set) and leave it. ``num_collectors`` is then the number of
@@ -82,33 +86,38 @@ class RPCCollector(CollectorFront):
             (async: for any collector at all) before raising ``TimeoutError``; also how long a
             collector waits for its trainer to come up.
         update_after_each_batch: push the trainer's weights before each worker's next batch.
-        update_at_each_batch: TorchRL's name for ``update_after_each_batch`` (either one turns it on).
+        update_at_each_batch: TorchRL's name for ``update_after_each_batch`` (either one turns it
+            on).
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
-        max_policy_lag: async only: a batch whose oldest step is more than this many weight versions
-            behind the trainer's is dropped (counted in ``dropped_frames``/``dropped_batches``), its
-            worker's trajectories go on under new ids, and it is asked again (``front.policy_lag``); None: no bound.
+        max_policy_lag: async only: a batch whose oldest step is more than this many weight
+            versions behind the trainer's is dropped (counted in
+            ``dropped_frames``/``dropped_batches``), its worker's trajectories go on under new
+            ids, and it is asked again (``front.policy_lag``); None: no bound.
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
             else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
             ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
         collector_class: what each worker runs, as TorchRL names it: ``"single"`` (``Collector``,
-            the default), ``"sync"`` (``MultiSyncCollector``) or ``"async"`` (``MultiAsyncCollector``),
-            ours or TorchRL's classes by name. With ``"sync"``/``"async"`` each worker is a node
-            of ``num_workers_per_collector`` local worker processes (shared memory among them)
-            that answers each request with one batch: ``[W, (B,) T]`` stacked, or one local
-            worker's batch (see :mod:`rpc_collectors.worker.node` and ``docs/guide/nodes.md``).
+            the default), ``"sync"`` (``MultiSyncCollector``) or ``"async"``
+            (``MultiAsyncCollector``), ours or TorchRL's classes by name. With
+            ``"sync"``/``"async"`` each worker is a node of ``num_workers_per_collector`` local
+            worker processes (shared memory among them) that answers each request with one
+            batch: ``[W, (B,) T]`` stacked, or one local worker's batch (see
+            :mod:`rpc_collectors.worker.node` and ``docs/guide/nodes.md``).
         num_workers_per_collector: W, the local workers of each node (1 with ``"single"``).
         inference: ``"worker"`` (a policy in every worker, the default) or ``"node"`` (node
             collectors only: each node runs one copy of the policy, on ``policy_device`` or else its
             GPU if it has one, for all its local workers, which send it each step's observations;
             see ``docs/guide/batched_inference.md``).
-        max_frames_per_traj, init_random_frames, reset_at_each_iter, track_policy_version, split_trajs: as for ``Collector``.
-        postproc, device, storing_device, env_device, policy_device, replay_buffer: as for ``Collector``; each
-            device may be TorchRL's list of one per worker (the trainer stores batches on the
-            workers' common storing device, or on the CPU if they differ, as TorchRL does);
-            ``init_random_frames`` is shared out over the workers. Workers hand batches over in
-            host memory; the trainer puts them on ``storing_device`` (from page-locked shared
-            memory straight to a CUDA device, see :mod:`rpc_collectors.transport.data`).
+        max_frames_per_traj, init_random_frames, reset_at_each_iter: as for ``Collector``.
+        track_policy_version, split_trajs: as for ``Collector``.
+        postproc, device, storing_device, env_device, policy_device, replay_buffer: as for
+            ``Collector``; each device may be TorchRL's list of one per worker (the trainer stores
+            batches on the workers' common storing device, or on the CPU if they differ, as
+            TorchRL does); ``init_random_frames`` is shared out over the workers. Workers hand
+            batches over in host memory; the trainer puts them on ``storing_device`` (from
+            page-locked shared memory straight to a CUDA device, see
+            :mod:`rpc_collectors.transport.data`).
         create_env_kwargs: keyword arguments for ``create_env_fn``: a dict for every worker or a
             list of dicts, one per worker.
         policy_factory: a callable (or a list, one per worker) that builds the policy inside each
@@ -118,9 +127,11 @@ class RPCCollector(CollectorFront):
             workers' policy) lays the weight plane out, and a push without weights sends the
             weights given last (:mod:`rpc_collectors.transport.factory_weights`).
         init_fn: called in each worker process before its env and policy are built.
-        set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs: as for ``Collector``, in each worker.
+        set_truncated, reset_when_done, track_traj_ids, compile_policy, compact_obs: as for
+            ``Collector``, in each worker.
         auto_register_policy_transforms, pre_collect_hook, post_collect_hook: as for
-            ``Collector``, applied in each worker (the hooks run there, on each worker's own batches).
+            ``Collector``, applied in each worker (the hooks run there, on each worker's own
+            batches).
         use_buffers: as for ``Collector``, in each worker.
         trajs_per_batch, traj_format, trajs_per_write, replay_write_mode: as for ``Collector``; the
             trainer assembles the trajectories from all workers' batches.
@@ -133,21 +144,24 @@ class RPCCollector(CollectorFront):
             and go into a ``replay_buffer`` (each worker's, one ``extend()`` each); the number of
             batches is unknown before the run, so ``len()`` raises a ``TypeError``.
             None or 1.0: every worker finishes its batch.
-        extend_buffer: False: the ``replay_buffer`` gets each step of each worker with ``add()`` (one
-            worker's steps, then the next worker's; steps a preempted worker did not collect are
-            left out) instead of whole batches with ``extend()`` (then without ``postproc`` or
-            ``split_trajs``).
+        extend_buffer: False: the ``replay_buffer`` gets each step of each worker with ``add()``
+            (one worker's steps, then the next worker's; steps a preempted worker did not collect
+            are left out) instead of whole batches with ``extend()`` (then without ``postproc``
+            or ``split_trajs``).
         trust_policy, cudagraph_policy: as for ``Collector`` (``cudagraph_policy`` is checked here).
-        weight_sync_schemes: TorchRL's ``{"policy": scheme}``: the scheme names the weight transport
-            (:mod:`rpc_collectors.core.torchrl_args`); ``NoWeightSyncScheme``: weights are never pushed.
-        visible_devices, tensorpipe_options, weight_updater, weight_recv_schemes: TorchRL's, accepted as
-            None (its default); other values are refused, with why (``torchrl_args.NOT_HERE``).
+        weight_sync_schemes: TorchRL's ``{"policy": scheme}``: the scheme names the weight
+            transport (:mod:`rpc_collectors.core.torchrl_args`); ``NoWeightSyncScheme``: weights
+            are never pushed.
+        visible_devices, tensorpipe_options, weight_updater, weight_recv_schemes: TorchRL's,
+            accepted as None (its default); other values are refused, with why
+            (``torchrl_args.NOT_HERE``).
 
     With ``track_policy_version=True`` sync and async batches carry ``("collector", "worker_id")``;
     ``last_batch.worker_frames`` says whose frames a batch holds either way.
     """
 
-    _default_cat_results: str | int = 0  # TorchRL's RPCCollector: torch.cat of the workers' batches
+    # TorchRL's RPCCollector: torch.cat of the workers' batches
+    _default_cat_results: str | int = 0
 
     def __init__(
         self,
@@ -218,13 +232,16 @@ class RPCCollector(CollectorFront):
     ) -> None:
         self._start(create_env_fn, policy, options_of(locals()))
 
-    _start = MultiCollector._start  # opens over the pool the launcher picks
+    # opens over the pool the launcher picks
+    _start = MultiCollector._start
 
 
 def options_of(arguments: Mapping[str, Any]) -> options.Options:
     """The option groups of ``RPCCollector``'s (or a distributed collector's) arguments by name;
     TorchRL's arguments these do not take are refused."""
-    torchrl_args.not_here(visible_devices=arguments["visible_devices"], tensorpipe_options=arguments["tensorpipe_options"],
-                          weight_updater=arguments["weight_updater"], weight_recv_schemes=arguments["weight_recv_schemes"])
+    torchrl_args.not_here(visible_devices=arguments["visible_devices"],
+                          tensorpipe_options=arguments["tensorpipe_options"],
+                          weight_updater=arguments["weight_updater"],
+                          weight_recv_schemes=arguments["weight_recv_schemes"])
     return options.Options.given(arguments)
 

@@ -28,14 +28,16 @@ class Batching:
 
 def _refuse(name: str, value: Any, accepted: str, why: str = "") -> ValueError:
     return ValueError(
-        f"AsyncBatchedCollector: {name}={value!r} is not supported{': ' + why if why else ''}; accepted: {accepted}"
+        f"AsyncBatchedCollector: {name}={value!r} is not "
+        f"supported{': ' + why if why else ''}; accepted: {accepted}"
     )
 
 
 def one_policy(policy: Any, policy_factory: Any) -> None:
     """One of ``policy`` and ``policy_factory``, as TorchRL's class asks."""
     if policy is not None and policy_factory is not None:
-        raise TypeError("AsyncBatchedCollector: policy and policy_factory are mutually exclusive; give one")
+        raise TypeError("AsyncBatchedCollector: policy and policy_factory are "
+                        "mutually exclusive; give one")
     if policy is None and policy_factory is None:
         raise TypeError("AsyncBatchedCollector: one of policy or policy_factory must be given")
 
@@ -45,29 +47,32 @@ def env_factories(create_env_fn: Any, num_envs: Any) -> list:
     if isinstance(create_env_fn, (list, tuple)):
         if num_envs is not None and num_envs != len(create_env_fn):
             raise ValueError(
-                f"AsyncBatchedCollector: num_envs={num_envs!r} does not match the {len(create_env_fn)} env "
-                "factories in create_env_fn; accepted: None, or the length of the list"
+                f"AsyncBatchedCollector: num_envs={num_envs!r} does not match the "
+                f"{len(create_env_fn)} env factories in create_env_fn; "
+                "accepted: None, or the length of the list"
             )
         factories = list(create_env_fn)
     elif callable(create_env_fn) or isinstance(create_env_fn, str):
         if num_envs is None:
             raise TypeError(
-                f"AsyncBatchedCollector: create_env_fn={create_env_fn!r} is one factory and num_envs is None; "
-                "accepted: a list of env factories (one per env), or one factory with num_envs=N"
+                f"AsyncBatchedCollector: create_env_fn={create_env_fn!r} is one factory and "
+                "num_envs is None; accepted: a list of env factories (one per "
+                "env), or one factory with num_envs=N"
             )
         factories = [create_env_fn] * checks.positive_int("num_envs", num_envs)
     else:
         raise TypeError(
-            f"AsyncBatchedCollector: create_env_fn={create_env_fn!r} is not accepted; accepted: a list of env "
-            "factories (callables or gymnasium ids), or one factory with num_envs=N"
+            f"AsyncBatchedCollector: create_env_fn={create_env_fn!r} is not accepted; accepted: a "
+            "list of env factories (callables or gymnasium ids), or one factory with num_envs=N"
         )
     if not factories:
-        raise ValueError("AsyncBatchedCollector: create_env_fn=[] has no env factory; accepted: a non-empty list")
+        raise ValueError("AsyncBatchedCollector: create_env_fn=[] has no env "
+                         "factory; accepted: a non-empty list")
     for factory in factories:
         if not (callable(factory) or isinstance(factory, str)):
             raise TypeError(
-                f"AsyncBatchedCollector: create_env_fn holds {factory!r}, which is not an env factory; accepted: "
-                "callables returning an env, or gymnasium ids"
+                f"AsyncBatchedCollector: create_env_fn holds {factory!r}, which is not an env "
+                "factory; accepted: callables returning an env, or gymnasium ids"
             )
     return factories
 
@@ -79,8 +84,8 @@ def env_kwargs(create_env_kwargs: Any, num_envs: int) -> list[dict]:
     if len(create_env_kwargs) == num_envs:
         return [dict(kw) for kw in create_env_kwargs]
     raise ValueError(
-        f"AsyncBatchedCollector: create_env_kwargs={create_env_kwargs!r} is invalid; accepted: None, a dict, or a "
-        f"list of {num_envs} dicts"
+        f"AsyncBatchedCollector: create_env_kwargs={create_env_kwargs!r} is invalid; accepted: "
+        f"None, a dict, or a list of {num_envs} dicts"
     )
 
 
@@ -88,34 +93,38 @@ def batching(server_config: Any, max_batch_size: Any, min_batch_size: Any, serve
              num_envs: int) -> Batching:
     """The batching of the forward pass, from the keywords or TorchRL's ``InferenceServerConfig``;
     ``min_batch_size`` at most ``num_envs`` (no forward pass sees more ready envs)."""
-    given = {k: v for k, v in (("max_batch_size", max_batch_size), ("min_batch_size", min_batch_size),
-                               ("server_timeout", server_timeout)) if v is not None}
+    keywords = (("max_batch_size", max_batch_size), ("min_batch_size", min_batch_size),
+                ("server_timeout", server_timeout))
+    given = {k: v for k, v in keywords if v is not None}
     if server_config is not None:
         if given:
             raise ValueError(
-                f"AsyncBatchedCollector: server_config is given with {sorted(given)}; accepted: one of them "
-                "(server_config holds max_batch_size, min_batch_size and timeout)"
+                f"AsyncBatchedCollector: server_config is given with {sorted(given)}; accepted: "
+                "one of them (server_config holds max_batch_size, min_batch_size and timeout)"
             )
         backend = getattr(server_config, "service_backend", "thread")
         if backend != "thread":
             raise _refuse("server_config.service_backend", backend, "'thread'",
                           "the policy runs in an inference loop of the trainer's process")
         if getattr(server_config, "static_batch_size", None) is not None:
-            raise _refuse("server_config.static_batch_size", server_config.static_batch_size, "None",
-                          "CUDA-graph capture is not offered")
-        given = {"max_batch_size": server_config.max_batch_size, "min_batch_size": server_config.min_batch_size,
+            raise _refuse("server_config.static_batch_size", server_config.static_batch_size,
+                          "None", "CUDA-graph capture is not offered")
+        given = {"max_batch_size": server_config.max_batch_size,
+                 "min_batch_size": server_config.min_batch_size,
                  "server_timeout": server_config.timeout}
     out = Batching()
     size = checks.positive_int("max_batch_size", given.get("max_batch_size", out.max_batch_size))
     low = checks.positive_int("min_batch_size", given.get("min_batch_size", out.min_batch_size))
     if low > size:
         raise ValueError(
-            f"AsyncBatchedCollector: min_batch_size={low} exceeds max_batch_size={size}; accepted: at most max_batch_size"
+            f"AsyncBatchedCollector: min_batch_size={low} exceeds "
+            f"max_batch_size={size}; accepted: at most max_batch_size"
         )
     if low > num_envs:
         raise ValueError(
-            f"AsyncBatchedCollector: min_batch_size={low} exceeds the {num_envs} envs, so every forward pass would "
-            f"wait server_timeout for envs that cannot be ready; accepted: at most num_envs ({num_envs})"
+            f"AsyncBatchedCollector: min_batch_size={low} exceeds the {num_envs} envs, so every "
+            "forward pass would wait server_timeout for envs that cannot be ready; "
+            f"accepted: at most num_envs ({num_envs})"
         )
     wait = checks.timeout("server_timeout", given.get("server_timeout", out.timeout), zero=True)
     return Batching(size, low, wait)
@@ -131,12 +140,14 @@ def backends(transport: Any, backend: Any, env_backend: Any, policy_backend: Any
         raise _refuse("backend", backend, "None or 'multiprocessing'",
                       "envs step in worker processes and the policy runs in the trainer's process")
     if env_backend not in (None, "multiprocessing"):
-        raise _refuse("env_backend", env_backend, "None or 'multiprocessing'", "envs step in worker processes")
+        raise _refuse("env_backend", env_backend, "None or 'multiprocessing'",
+                      "envs step in worker processes")
     if policy_backend not in (None, "threading"):
         raise _refuse("policy_backend", policy_backend, "None or 'threading'",
                       "the policy runs in an inference loop (a thread) of the trainer's process")
     if env_exchange not in ("auto", "shm"):
-        raise _refuse("env_exchange", env_exchange, "'auto' or 'shm'", "the step plane is shared memory")
+        raise _refuse("env_exchange", env_exchange, "'auto' or 'shm'",
+                      "the step plane is shared memory")
     if transition_chunk_size not in ("auto", 1):
         raise _refuse("transition_chunk_size", transition_chunk_size, "'auto' or 1",
                       "each transition enters its batch as soon as its env answers")
@@ -144,8 +155,9 @@ def backends(transport: Any, backend: Any, env_backend: Any, policy_backend: Any
 
 def unsupported(**kwargs: Any) -> None:
     """Refuse TorchRL arguments whose feature is not offered (each must keep its default)."""
-    defaults = {"reset_at_each_iter": False, "yield_completed_trajectories": False, "weight_sync": None,
-                "weight_sync_model_id": "policy", "worker_affinity": None, "driver_affinity": None}
+    defaults = {"reset_at_each_iter": False, "yield_completed_trajectories": False,
+                "weight_sync": None, "weight_sync_model_id": "policy", "worker_affinity": None,
+                "driver_affinity": None}
     for name, value in kwargs.items():
         if value is not defaults[name] and value != defaults[name]:
             raise _refuse(name, value, repr(defaults[name]))
@@ -167,29 +179,32 @@ def version_key(value: Any, taken: Any) -> Any:
     parts = (value,) if isinstance(value, str) else value
     if not (isinstance(parts, tuple) and parts and all(isinstance(p, str) and p for p in parts)):
         raise TypeError(
-            f"AsyncBatchedCollector: policy_version_key={value!r} is not a key; accepted: None, or a str or a "
-            "tuple of str, apart from the batch's other keys (e.g. 'policy_version')"
+            f"AsyncBatchedCollector: policy_version_key={value!r} is not a key; accepted: None, or "
+            "a str or a tuple of str, apart from the batch's other keys (e.g. 'policy_version')"
         )
     if any(part.startswith("_") for part in parts):
         raise ValueError(
-            f"AsyncBatchedCollector: policy_version_key={value!r} is private (a name part starts with '_'), so "
-            "batches drop it; accepted: None, or a key of its own without such a part (e.g. 'policy_version')"
+            f"AsyncBatchedCollector: policy_version_key={value!r} is private (a name part starts "
+            "with '_'), so batches drop it; accepted: None, or a key of its own "
+            "without such a part (e.g. 'policy_version')"
         )
     return free_key(value, taken)
 
 
 def free_key(value: Any, taken: Any) -> Any:
-    """``value``, a key where versions go, if it is none of ``taken`` and neither holds the other."""
+    """``value``, a key where versions go, if it is none of ``taken`` and
+    neither holds the other."""
     parts = (value,) if isinstance(value, str) else value
     for key in taken:
         key = (key,) if isinstance(key, str) else tuple(key)
         common = min(len(key), len(parts))
-        if key[:common] == parts[:common]:  # the same key, or one nested in the other
+        # the same key, or one nested in the other
+        if key[:common] == parts[:common]:
             shown = key[0] if len(key) == 1 else key
             raise ValueError(
-                f"AsyncBatchedCollector: policy_version_key={value!r} is a key of the batch already ({shown!r}, which "
-                "the env, the policy or the collector writes); accepted: None, or a key of its own (e.g. "
-                "'policy_version')"
+                f"AsyncBatchedCollector: policy_version_key={value!r} is a key of the batch "
+                f"already ({shown!r}, which the env, the policy or the collector writes); "
+                "accepted: None, or a key of its own (e.g. 'policy_version')"
             )
     return value
 
@@ -208,7 +223,8 @@ def policy_device(device: Any, device_config: Any) -> torch.device | None:
         if value is not None and value.type != "cpu":
             raise _refuse(f"device_config.{name}", str(value), "None or 'cpu'",
                           "batches are assembled in the trainer's memory")
-    return checks.device("device_config.policy_device", getattr(device_config, "policy_device", None))
+    return checks.device("device_config.policy_device",
+                         getattr(device_config, "policy_device", None))
 
 
 def worker_specs(factories: list, kwargs: list[dict], metrics: bool) -> list[bytes]:
@@ -219,4 +235,5 @@ def worker_specs(factories: list, kwargs: list[dict], metrics: bool) -> list[byt
     options = {"frames_per_batch": 1, worker_warnings.KEY: worker_warnings.for_workers()}
     if not metrics:
         options["metrics"] = False
-    return [WorkerSpec(factory, None, {**options, "create_env_kwargs": kw}).dumps() for factory, kw in zip(factories, kwargs)]
+    return [WorkerSpec(factory, None, {**options, "create_env_kwargs": kw}).dumps()
+            for factory, kw in zip(factories, kwargs)]

@@ -7,27 +7,34 @@ from rpc_collectors.core import tracebacks
 class WorkerError(RuntimeError):
     """A collector worker died, became unreachable or raised.
 
-    Attributes: ``worker_id`` (0-based), ``rank``, ``host``, ``pid``, ``reason`` and ``remote_traceback``
-    (the worker's traceback text, when it raised).
+    Attributes: ``worker_id`` (0-based), ``rank``, ``host``, ``pid``, ``reason`` and
+    ``remote_traceback`` (the worker's traceback text, when it raised).
     """
 
-    def __init__(self, worker_id: int, rank: int, host: str, pid: int | None, reason: str, remote_traceback: str = "") -> None:
+    def __init__(self, worker_id: int, rank: int, host: str, pid: int | None, reason: str,
+                 remote_traceback: str = "") -> None:
         self.worker_id, self.rank, self.host, self.pid = worker_id, rank, host, pid
         self.reason = reason
         self.remote_traceback = remote_traceback
-        where = f"collector worker {worker_id} (rank {rank} on host {host}" + (f", pid {pid})" if pid else ")")
+        where = f"collector worker {worker_id} (rank {rank} on host {host}" + (
+            f", pid {pid})" if pid else ")"
+        )
         message = f"{where} {reason}"
         if remote_traceback:
             shown, shortened = tracebacks.for_user(remote_traceback)
-            note = " (without the frames in rpc_collectors: see .remote_traceback)" if shortened else ""
+            note = (" (without the frames in rpc_collectors: see .remote_traceback)" if shortened
+                    else "")
             message += f"\n--- remote traceback{note} ---\n{shown}"
         super().__init__(message)
 
     @classmethod
-    def from_info(cls, worker_id: int, info: dict, reason: str, remote_traceback: str = "") -> "WorkerError":
-        """From what the worker reported of itself (``host``, ``address``, ``pid``), or what is known of it."""
+    def from_info(cls, worker_id: int, info: dict, reason: str,
+                  remote_traceback: str = "") -> "WorkerError":
+        """From what the worker reported of itself (``host``, ``address``,
+        ``pid``), or what is known of it."""
         host = info.get("host", "?") + (f" ({info['address']})" if info.get("address") else "")
-        return cls(worker_id, info.get("rank", worker_id + 1), host, info.get("pid"), reason, remote_traceback)
+        return cls(worker_id, info.get("rank", worker_id + 1), host, info.get("pid"), reason,
+                   remote_traceback)
 
 
 class LocalWorkerError(RuntimeError):
@@ -47,6 +54,8 @@ class Failure(Exception):
 def remote_summary(remote: str) -> str:
     """The exception line of a remote traceback (after its frames), for a one-line warning."""
     lines = remote.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    starts = [i for i, line in enumerate(lines)
+              if line.startswith("Traceback (most recent call last)")]
     after = lines[starts[-1] + 1:] if starts else []
-    return next((f": {line.strip()}" for line in after if line.strip() and not line[0].isspace()), "")
+    return next((f": {line.strip()}" for line in after if line.strip() and not line[0].isspace()),
+                "")

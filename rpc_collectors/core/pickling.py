@@ -29,7 +29,8 @@ class _Pickler(cloudpickle.Pickler):
 
 
 def dumps(value: Any) -> bytes:
-    """``value`` pickled for another process: cloudpickle's bytes, code objects with their file names."""
+    """``value`` pickled for another process: cloudpickle's bytes, code objects
+    with their file names."""
     out = io.BytesIO()
     _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     return out.getvalue()

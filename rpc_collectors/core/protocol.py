@@ -1,16 +1,16 @@
 """Every message between the trainer and its workers, whatever carries it (pipes, RPC, Ray, or a
 plain call in the trainer's own process in the debug launcher).
 
-* :class:`WorkerSpec`: what a worker builds its collector from (a node's with its :class:`NodeSpec`),
-  sent pickled in :data:`CREATE`; the worker answers with a :class:`WorkerInfo`.
+* :class:`WorkerSpec`: what a worker builds its collector from (a node's with its
+  :class:`NodeSpec`), sent pickled in :data:`CREATE`; the worker answers with a :class:`WorkerInfo`.
 * :class:`WorkerCalls`: the calls a worker serves then, one typed method each. The trainer makes
   them through it; a worker runs them through :func:`serve`, which refuses any other name.
 * The answers to ``collect``: a batch (a ``TensorDict``), :class:`Ready` (the batch is in a
   shared-memory slot) or :class:`Noted` (a node's answer, either of those, with its
-  :class:`LocalRestart` and :class:`Dropped` records). A worker with batch slots is asked ``collect`` by its doorbell
-  instead (:mod:`~rpc_collectors.transport.doorbell`: slot and version packed, :class:`Ready`
-  answered in a few bytes); :mod:`~rpc_collectors.transport.local_restarts` puts a node's records
-  on an answer and takes them off.
+  :class:`LocalRestart` and :class:`Dropped` records). A worker with batch slots is asked
+  ``collect`` by its doorbell instead (:mod:`~rpc_collectors.transport.doorbell`: slot and version
+  packed, :class:`Ready` answered in a few bytes); :mod:`~rpc_collectors.transport.local_restarts`
+  puts a node's records on an answer and takes them off.
 * The answer to ``trace``: a :class:`ProcessSpans` for each process the worker speaks for.
 """
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Any, Callable, Generic, TypedDict, TypeVar
 from rpc_collectors.core import pickling
 
 KILL_WAIT = 1.0
-"""Seconds from SIGKILL to a killed worker's reported exit, at most: the spawner reaps within it, and
-the trainer waits as long for a node's local workers to be gone, before shutdown goes on without them."""
+"""Seconds from SIGKILL to a killed worker's reported exit, at most: the spawner reaps within it,
+and the trainer waits as long for a node's local workers to be gone, before shutdown goes on without
+them."""
 
 CREATE = "create"
 """The first call a worker serves: ``create(spec, worker_id, num_workers, traj_id_start)``, with the
@@ -42,7 +43,8 @@ class WorkerSpec:
     node: Any = None
 
     def dumps(self) -> bytes:
-        """This spec as the bytes a pool sends (:func:`~rpc_collectors.core.pickling.dumps`: closures and lambdas travel too)."""
+        """This spec as the bytes a pool sends
+        (:func:`~rpc_collectors.core.pickling.dumps`: closures and lambdas travel too)."""
         return pickling.dumps(self)
 
     @classmethod
@@ -58,15 +60,20 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """What a node runs: ``num_workers`` local workers, sync or async, restarted up to ``max_worker_restarts``."""
+    """What a node runs: ``num_workers`` local workers, sync or async, restarted
+    up to ``max_worker_restarts``."""
 
-    collector: type  # the multi-worker collector each node runs (MultiCollector), given by the public class
+    # the multi-worker collector each node runs (MultiCollector), given by the public class
+    collector: type
     sync: bool
     num_workers: int
-    launcher: str  # "local", or "debug" under the debug launcher: the local workers live in the node too
+    # "local", or "debug" under the debug launcher: the local workers live in the node too
+    launcher: str
     max_worker_restarts: int
-    rpc_timeout: float  # the trainer's; the node's own waits take a share of it (worker.node)
-    inference: str = "worker"  # "node": one policy in the node, called by its local workers
+    # the trainer's; the node's own waits take a share of it (worker.node)
+    rpc_timeout: float
+    # "node": one policy in the node, called by its local workers
+    inference: str = "worker"
 
 
 class WorkerInfo(TypedDict, total=False):
@@ -88,7 +95,8 @@ class WorkerInfo(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class LocalRestart:
-    """The node replaced its local worker ``worker``, which ``reason``; the replacement's ``pid``."""
+    """The node replaced its local worker ``worker``, which ``reason``; the
+    replacement's ``pid``."""
 
     worker: int
     reason: str
@@ -141,8 +149,8 @@ class ProcessSpans:
         (``offset_ns``: the worker's clock minus the front's, known within ``error_ns``)."""
         threads = {name: [(s[0], s[1] - offset_ns, s[2] - offset_ns, *s[3:]) for s in spans]
                    for name, spans in self.threads.items()}
-        return ProcessSpans((worker_id, *self.path), self.host, self.pid, threads, self.offset_ns + offset_ns,
-                            self.error_ns + error_ns)
+        return ProcessSpans((worker_id, *self.path), self.host, self.pid, threads,
+                            self.offset_ns + offset_ns, self.error_ns + error_ns)
 
 
 R = TypeVar("R")
@@ -166,7 +174,8 @@ class WorkerCalls(Generic[R]):
         return self._send(worker_id, "collect", min_version, slot)
 
     def preempt(self, worker_id: int, batch: int) -> R:
-        """End the ``batch``-th batch asked of the worker at its next step (TorchRL's preemption)."""
+        """End the ``batch``-th batch asked of the worker at its next step
+        (TorchRL's preemption)."""
         return self._send(worker_id, "preempt", batch)
 
     def cut(self, worker_id: int, batch: int) -> R:

@@ -35,7 +35,8 @@ def for_user(text: str) -> tuple[str, bool]:
 
 def _section(section: str) -> tuple[str, bool]:
     lines = section.splitlines(keepends=True)
-    frames: list[list[str]] = []  # each frame: its "File" line and its indented lines
+    # each frame: its "File" line and its indented lines
+    frames: list[list[str]] = []
     head, tail = [], []
     for line in lines:
         if _FRAME.match(line):
@@ -50,9 +51,12 @@ def _section(section: str) -> tuple[str, bool]:
     if not frames or not theirs:
         return section, False
     for frame in theirs:
-        if len(frame) == 1:  # the worker could not read the source: the trainer may
+        # the worker could not read the source: the trainer may
+        if len(frame) == 1:
             match = _FRAME.match(frame[0])
             source = linecache.getline(match["file"], int(match["line"])).strip()
             if source:
                 frame.append(f"    {source}\n")
-    return "".join(head + [line for frame in theirs for line in frame] + tail), len(theirs) < len(frames)
+    return "".join(head + [line for frame in theirs for line in frame] + tail), len(theirs) < len(
+        frames
+    )

@@ -24,7 +24,8 @@ def _inside(frame: FrameType) -> bool:
 
 
 def _generated(frame: FrameType) -> bool:
-    """A method without a file of an object of the package: the ``__init__`` its dataclasses were given."""
+    """A method without a file of an object of the package: the ``__init__`` its
+    dataclasses were given."""
     if not frame.f_code.co_filename.startswith("<"):
         return False
     return type(frame.f_locals.get("self")).__module__.startswith(__package__.split(".")[0] + ".")

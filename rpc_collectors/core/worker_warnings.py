@@ -1,4 +1,5 @@
-"""Which warnings a worker process shows: those the trainer's ``warnings`` filters ask for, and no other.
+"""Which warnings a worker process shows: those the trainer's ``warnings`` filters ask for, and no
+other.
 
 TorchRL's worker processes ignore every warning (``torchrl.filter_warnings_subprocess``, True by
 default): an env that warns at each construction or step would otherwise repeat it once per
@@ -16,18 +17,23 @@ import sys
 import warnings
 from typing import Any
 
-KEY = "warning_filters"  # the worker option that carries them
-IGNORE_THE_REST = ("ignore", None, Warning, None, 0)  # a filter as warnings.filters holds it
+# the worker option that carries them
+KEY = "warning_filters"
+# a filter as warnings.filters holds it
+IGNORE_THE_REST = ("ignore", None, Warning, None, 0)
 
 
 def for_workers() -> tuple:
     """The filters a worker made now runs under (see the module's docstring)."""
     torchrl = sys.modules.get("torchrl")
-    rest = () if getattr(torchrl, "filter_warnings_subprocess", True) is False else (IGNORE_THE_REST,)
+    rest = () if getattr(torchrl, "filter_warnings_subprocess", True) is False else (
+        IGNORE_THE_REST,
+    )
     return tuple(warnings.filters) + rest
 
 
 def apply(filters: Any) -> None:
     """Make ``filters`` (from :func:`for_workers`) this worker process's, in place of its own."""
-    warnings.resetwarnings()  # also forgets which warnings were shown already
+    # also forgets which warnings were shown already
+    warnings.resetwarnings()
     warnings.filters[:] = list(filters)

@@ -30,13 +30,16 @@ class DebugPool(WorkerPool):
         fut: torch.futures.Future = torch.futures.Future()
         try:
             fut.set_result(fn())
-        except Exception:  # delivered through the future with its traceback, as from a process
+        except Exception:
+            # delivered through the future with its traceback, as from a process
             fut.set_exception(RuntimeError(traceback.format_exc()))
         return fut
 
-    def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
+    def create(self, worker_id: int, spec: bytes,
+               traj_id_start: int | None = None) -> torch.futures.Future:
         def build() -> dict:
-            self.states[worker_id] = worker.WorkerState(spec, worker_id, self.num_workers, worker_id + 1, traj_id_start,
+            self.states[worker_id] = worker.WorkerState(spec, worker_id, self.num_workers,
+                                                        worker_id + 1, traj_id_start,
                                                            in_process=True)
             return self.states[worker_id].info()
 
@@ -49,14 +52,16 @@ class DebugPool(WorkerPool):
         return traceback_failure(err) or (f"raised an error: {err}", "")
 
     def replace(self, worker_id: int) -> None:
-        """Drop ``worker_id``'s collector (its env may be broken); :meth:`create` builds a fresh one."""
+        """Drop ``worker_id``'s collector (its env may be broken);
+        :meth:`create` builds a fresh one."""
         state = self.states.pop(worker_id, None)
         if state is not None:
             with contextlib.suppress(Exception):
                 state.close()
 
     def identity(self, worker_id: int) -> dict:
-        return {"host": f"{socket.gethostname()}, in the trainer process (debug launcher)", "pid": os.getpid()}
+        return {"host": f"{socket.gethostname()}, in the trainer process (debug launcher)",
+                "pid": os.getpid()}
 
     def close(self, timeout: float = 2.0) -> None:
         for state in self.states.values():

@@ -1,8 +1,9 @@
 """Worker processes on the trainer's host, started by the spawner and driven over pipes.
 
-No RPC agent and no port: each worker is called through its :class:`~rpc_collectors.worker.channel.Channel`,
-so any number of collectors can run local workers in one process. The spawner reports each
-exit at once; a worker that dies fails the calls it had in flight with its exit status.
+No RPC agent and no port: each worker is called through its
+:class:`~rpc_collectors.worker.channel.Channel`, so any number of collectors can run local workers
+in one process. The spawner reports each exit at once; a worker that dies fails the calls it had in
+flight with its exit status.
 """
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ from rpc_collectors.transport.shm import SharedBytes
 from rpc_collectors.worker import spawner
 from rpc_collectors.worker.channel import EXIT_WAIT, Channel, ChannelClosed
 
-CLOSE_WAIT = 10.0  # seconds for a worker to end its batch, close its envs and exit once its channel closes (as
+# seconds for a worker to end its batch, close its envs and exit once its channel closes (as
+CLOSE_WAIT = 10.0
 # TorchRL's shutdown: an env such as a ParallelEnv takes seconds to close its own processes)
-SHARE_SPEC = 1 << 20  # bytes: a larger spec is read by the workers from one shared-memory file, not sent down each pipe
-NODE_CLOSE_WAIT = CLOSE_WAIT + KILL_WAIT + 0.5  # a node reaps its own local workers first
+# bytes: a larger spec is read by the workers from one shared-memory file, not sent down each pipe
+SHARE_SPEC = 1 << 20
+# a node reaps its own local workers first
+NODE_CLOSE_WAIT = CLOSE_WAIT + KILL_WAIT + 0.5
 
 
 def describe_exit(code: int) -> str:
@@ -44,7 +48,8 @@ class _SharedSpec:
     spec: bytes
     shared: SharedBytes
     fd: int
-    readers: int = 0  # create calls not answered yet
+    # create calls not answered yet
+    readers: int = 0
 
 
 class LocalPool(WorkerPool):
@@ -58,23 +63,33 @@ class LocalPool(WorkerPool):
     replaceable = True
 
     def __init__(
-        self, num_workers: int, rpc_timeout: float, on_death: OnDeath, port: int | None = None, nodes: bool = False,
+        self, num_workers: int, rpc_timeout: float, on_death: OnDeath, port: int | None = None,
+        nodes: bool = False,
     ) -> None:
         self.num_workers, self.rpc_timeout, self.on_death = num_workers, rpc_timeout, on_death
-        # how long close() waits for the processes to exit: a node first closes its own local workers
+        # how long close() waits for the processes to exit: a node first
+        # closes its own local workers
         self.close_wait = NODE_CLOSE_WAIT if nodes else CLOSE_WAIT
-        self.port = port  # of the weight group's store (None: a free one)
+        # of the weight group's store (None: a free one)
+        self.port = port
         self.spawner = spawner.shared_spawner()
         self.channels: dict[int, Channel] = {}
-        self.pids: dict[int, int] = {}  # local worker pid -> worker id, until reaped
-        self.worker_pids: dict[int, int] = {}  # worker id -> pid of the process serving it now
+        # local worker pid -> worker id, until reaped
+        self.pids: dict[int, int] = {}
+        # worker id -> pid of the process serving it now
+        self.worker_pids: dict[int, int] = {}
         self._closing = False
-        self._store: Any = None  # served on first use: the weight process group meets there
-        self._changed = threading.Condition()  # a hello or an exit during start-up
-        self._shared: dict[int, _SharedSpec] = {}  # id(spec) -> the spec's shared-memory file, while workers read it
+        # served on first use: the weight process group meets there
+        self._store: Any = None
+        # a hello or an exit during start-up
+        self._changed = threading.Condition()
+        # id(spec) -> the spec's shared-memory file, while workers read it
+        self._shared: dict[int, _SharedSpec] = {}
         self._shared_lock = threading.Lock()
-        self._start_exits: dict[int, str] = {}  # worker id -> exit reason, before it said hello
-        self._joined: set[int] = set()  # worker ids whose current process said hello
+        # worker id -> exit reason, before it said hello
+        self._start_exits: dict[int, str] = {}
+        # worker ids whose current process said hello
+        self._joined: set[int] = set()
         try:
             for worker_id in range(num_workers):
                 self._spawn(worker_id)
@@ -87,7 +102,8 @@ class LocalPool(WorkerPool):
         bell = self.channels[worker_id] = Channel()
         bell.hello.add_done_callback(lambda _f: self._notify())
         pid = self.spawner.spawn(
-            "rpc_collectors.worker.local_worker:local_main", [worker_id + 1, *dataclasses.astuple(bell.ends)],
+            "rpc_collectors.worker.local_worker:local_main",
+            [worker_id + 1, *dataclasses.astuple(bell.ends)],
             self.rpc_timeout, lambda pid, code, i=worker_id: self._on_exit(i, pid, code),
         )
         self.pids[pid] = worker_id
@@ -105,43 +121,56 @@ class LocalPool(WorkerPool):
             while waiting:
                 dead = sorted(set(self._start_exits) & waiting)
                 if dead:
-                    reason = f"{self._start_exits.pop(dead[0])} during start-up, before it joined the trainer"
+                    reason = (f"{self._start_exits.pop(dead[0])} during start-up, before it "
+                              "joined the trainer")
                     raise self.error(dead[0], reason)
                 for worker_id in [i for i in waiting if self.channels[i].hello.done()]:
                     try:
-                        outcome(self.channels[worker_id].hello)  # raises if it failed
-                    except ChannelClosed:  # its pipe ended before the spawner reported the exit
-                        self._changed.wait_for(lambda i=worker_id: i in self._start_exits, EXIT_WAIT)
+                        # raises if it failed
+                        outcome(self.channels[worker_id].hello)
+                    except ChannelClosed:
+                        # its pipe ended before the spawner reported the exit
+                        self._changed.wait_for(lambda i=worker_id: i in self._start_exits,
+                                               EXIT_WAIT)
                         reason = self._start_exits.pop(worker_id, "closed its channel")
-                        raise self.error(worker_id, f"{reason} during start-up, before it joined the trainer") from None
+                        reason = f"{reason} during start-up, before it joined the trainer"
+                        raise self.error(worker_id, reason) from None
                     self.channels[worker_id].opened()
                     self._joined.add(worker_id)
                     waiting.discard(worker_id)
                 remaining = deadline - time.monotonic()
                 if waiting and remaining <= 0:
                     late = min(waiting)
-                    raise self.error(late, f"did not join the trainer within rpc_timeout={self.rpc_timeout} s")
+                    raise self.error(late,
+                                     "did not join the trainer within "
+                                     f"rpc_timeout={self.rpc_timeout} s")
                 if waiting:
-                    self._changed.wait(remaining)  # Ctrl-C interrupts this wait
+                    # Ctrl-C interrupts this wait
+                    self._changed.wait(remaining)
 
     def _on_exit(self, worker_id: int, pid: int, code: int) -> None:
         self.pids.pop(pid, None)
-        if self.worker_pids.get(worker_id) != pid:  # a replaced worker: its exit is no failure
+        # a replaced worker: its exit is no failure
+        if self.worker_pids.get(worker_id) != pid:
             return
         reason = describe_exit(code)
-        if not self._closing:  # first: a failure its calls raise finds the death reported
+        # first: a failure its calls raise finds the death reported
+        if not self._closing:
             self.on_death(worker_id, reason)
         with self._changed:
-            if worker_id not in self._joined:  # before the hello: _await reports it
+            # before the hello: _await reports it
+            if worker_id not in self._joined:
                 self._start_exits[worker_id] = reason
             self.channels[worker_id].exited(reason)
             self._changed.notify_all()
 
-    def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
+    def create(self, worker_id: int, spec: bytes,
+               traj_id_start: int | None = None) -> torch.futures.Future:
         """Build worker ``worker_id``'s collector from ``spec``; a large spec (a policy of many
         weights) is written once to shared memory for every worker given it, not to each pipe."""
         sent = self._share(spec) if len(spec) >= SHARE_SPEC else spec
-        fut = self.channels[worker_id].call(CREATE, sent, worker_id, self.num_workers, traj_id_start)
+        fut = self.channels[worker_id].call(CREATE, sent, worker_id, self.num_workers,
+                                            traj_id_start)
         if sent is not spec:
             fut.add_done_callback(lambda _: self._unshare(spec))
         return fut
@@ -150,7 +179,8 @@ class LocalPool(WorkerPool):
         with self._shared_lock:
             entry = self._shared.get(id(spec))
             if entry is None or entry.spec is not spec:
-                shared, fd = SharedBytes.of(spec, "a worker's spec (its env factory, policy and options)",
+                shared, fd = SharedBytes.of(spec,
+                                            "a worker's spec (its env factory, policy and options)",
                                             "pass a smaller policy (or a policy_factory)")
                 entry = self._shared[id(spec)] = _SharedSpec(spec, shared, fd)
             entry.readers += 1
@@ -179,7 +209,8 @@ class LocalPool(WorkerPool):
 
     def replace(self, worker_id: int) -> None:
         """Put a fresh process in place of failed ``worker_id``; wait until it said hello."""
-        pid = self.worker_pids.pop(worker_id, None)  # first: its exit, reported from another thread, is no failure
+        # first: its exit, reported from another thread, is no failure
+        pid = self.worker_pids.pop(worker_id, None)
         if pid is not None:
             self.spawner.kill(pid)
         self.channels.pop(worker_id).close()
@@ -195,13 +226,15 @@ class LocalPool(WorkerPool):
 
     def identity(self, worker_id: int) -> dict:
         pid = self.worker_pids.get(worker_id)
-        return {"rank": worker_id + 1, "host": socket.gethostname(), "address": "127.0.0.1", "pid": pid}
+        return {"rank": worker_id + 1, "host": socket.gethostname(), "address": "127.0.0.1",
+                "pid": pid}
 
     def weight_rendezvous(self) -> Rendezvous:
         """Where the weight process group meets (``weight_transport="broadcast"``): a store on
         loopback, at ``tcp_port`` when given."""
         if self._store is None:
-            self._store, port = serve_store("127.0.0.1", self.port or 0, self.rpc_timeout, argument="tcp_port")
+            self._store, port = serve_store("127.0.0.1", self.port or 0, self.rpc_timeout,
+                                            argument="tcp_port")
             self.rdv = Rendezvous("local", 0, self.num_workers + 1, "127.0.0.1", port, "lo")
         return self.rdv
 
@@ -209,12 +242,13 @@ class LocalPool(WorkerPool):
         """Close every channel (each worker ends its batch in progress, closes its collector and
         exits), then reap the processes within ``timeout`` seconds (default ``close_wait``), killing
         those still there.
-        Each step is forgotten only once done, so a call interrupted by Ctrl-C leaves the rest to the
-        next call."""
+        Each step is forgotten only once done, so a call interrupted by Ctrl-C leaves the
+        rest to the next call."""
         self._closing = True
         for bell in self.channels.values():
             bell.close()
-        with self._shared_lock:  # specs of create calls that will never be answered
+        # specs of create calls that will never be answered
+        with self._shared_lock:
             for entry in self._shared.values():
                 os.close(entry.fd)
             self._shared.clear()

@@ -4,8 +4,8 @@ A pool starts its workers when it is built, and then answers a small surface tha
 collector front (:mod:`rpc_collectors.trainer.collector_front`) drives, whatever the workers are:
 
 * :meth:`WorkerPool.create` builds worker i's collector from its pickled
-  :class:`~rpc_collectors.core.protocol.WorkerSpec`; :meth:`WorkerPool.call` carries one of the calls
-  of :class:`~rpc_collectors.core.protocol.WorkerCalls` to it (``collect``, ``set_seed``,
+  :class:`~rpc_collectors.core.protocol.WorkerSpec`; :meth:`WorkerPool.call` carries one of the
+  calls of :class:`~rpc_collectors.core.protocol.WorkerCalls` to it (``collect``, ``set_seed``,
   ``receive_weights`` ..., made through :attr:`WorkerPool.calls`). Both return a
   ``torch.futures.Future``; the front waits on it, bounded by ``rpc_timeout``.
 * :meth:`WorkerPool.failure` tells what a failed call means (it raised, went away, timed out),
@@ -37,12 +37,17 @@ class WorkerPool:
     """The surface every pool implements; see the module docstring."""
 
     num_workers: int
-    replaceable = False  # replace() works: the pool starts its workers itself
-    in_process = False  # the workers share the trainer's process (and its memory)
-    process_groups = True  # workers on other hosts can join a weight process group ("broadcast")
-    rdv: Any = None  # a torchrun/SLURM rendezvous: where other hosts reach the trainer
+    # replace() works: the pool starts its workers itself
+    replaceable = False
+    # the workers share the trainer's process (and its memory)
+    in_process = False
+    # workers on other hosts can join a weight process group ("broadcast")
+    process_groups = True
+    # a torchrun/SLURM rendezvous: where other hosts reach the trainer
+    rdv: Any = None
 
-    def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
+    def create(self, worker_id: int, spec: bytes,
+               traj_id_start: int | None = None) -> torch.futures.Future:
         raise NotImplementedError
 
     def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
@@ -50,18 +55,21 @@ class WorkerPool:
 
     @property
     def calls(self) -> WorkerCalls[torch.futures.Future]:
-        """The workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent at once: a future of its answer."""
+        """The workers' calls (:mod:`~rpc_collectors.core.protocol`), each sent at once: a
+        future of its answer."""
         return WorkerCalls(self.call)
 
     def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
-        """``(reason, remote traceback)`` of a failed call; the traceback is empty unless it raised."""
+        """``(reason, remote traceback)`` of a failed call; the traceback is
+        empty unless it raised."""
         raise NotImplementedError
 
     def replace(self, worker_id: int) -> None:
         raise RuntimeError("only a collector's own local or debug workers can be replaced")
 
     def kill(self, worker_id: int) -> None:
-        """End a failed worker at once, where the pool can (a remote one is left to :meth:`close`)."""
+        """End a failed worker at once, where the pool can (a remote one is
+        left to :meth:`close`)."""
 
     def identity(self, worker_id: int) -> dict:
         """What is known of ``worker_id`` before it answered (rank, host, address, pid)."""

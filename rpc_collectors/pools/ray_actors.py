@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
 import re
-import socket
 import threading
-import time
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -35,14 +32,21 @@ from tensordict import TensorDict, TensorDictBase
 
 from rpc_collectors.core import protocol
 from rpc_collectors.pools.pool import WorkerPool, traceback_failure
+from rpc_collectors.pools.ray_head import _reachable
 from rpc_collectors.worker import server as worker
 
-DEFAULT_REMOTE_CONFIG = {"num_cpus": 1, "memory": 2 * 1024**3}  # TorchRL's default per actor
-CALL_THREADS = 4  # calls an actor runs at once
-ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the actor's name in a task error
-DEATH_CHECK = 5.0  # seconds to ask Ray how an actor that stopped answering died
-CLOSE_SHARE = 0.8  # of close()'s timeout, spent waiting for the actors to close their envs
-RECEIVE_WEIGHTS = protocol.WorkerCalls.receive_weights.__name__  # its payload travels through the object store
+# TorchRL's default per actor
+DEFAULT_REMOTE_CONFIG = {"num_cpus": 1, "memory": 2 * 1024**3}
+# calls an actor runs at once
+CALL_THREADS = 4
+# Ray colours the actor's name in a task error
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
+# seconds to ask Ray how an actor that stopped answering died
+DEATH_CHECK = 5.0
+# of close()'s timeout, spent waiting for the actors to close their envs
+CLOSE_SHARE = 0.8
+# its payload travels through the object store
+RECEIVE_WEIGHTS = protocol.WorkerCalls.receive_weights.__name__
 
 
 @dataclass
@@ -63,14 +67,16 @@ def to_numpy(result: Any) -> Any:
             return result
         try:
             array = value.numpy()
-        except (TypeError, RuntimeError):  # bfloat16 and other types numpy cannot hold
+        except (TypeError, RuntimeError):
+            # bfloat16 and other types numpy cannot hold
             return result
         leaves.append((key if isinstance(key, tuple) else (key,), array))
     return NumpyBatch(tuple(result.batch_size), leaves)
 
 
 def from_numpy(result: Any) -> Any:
-    """A :class:`NumpyBatch` as a TensorDict of tensors of its own (copies of the store's arrays)."""
+    """A :class:`NumpyBatch` as a TensorDict of tensors of its own (copies
+    of the store's arrays)."""
     if not isinstance(result, NumpyBatch):
         return result
     batch = TensorDict({}, batch_size=result.batch_size)
@@ -80,7 +86,8 @@ def from_numpy(result: Any) -> Any:
 
 
 class RayWorker:
-    """The actor: one collector server, serving the calls of :mod:`~rpc_collectors.core.protocol`."""
+    """The actor: one collector server, serving the calls of
+    :mod:`~rpc_collectors.core.protocol`."""
 
     def __init__(self, rank: int) -> None:
         torch.set_num_threads(1)
@@ -92,12 +99,14 @@ class RayWorker:
         """Serve the call ``method`` (or ``create``); Ray resolves object refs among ``args``."""
         if method == protocol.CREATE:
             spec, worker_id, num_workers, traj_id_start = args
-            self.state = worker.WorkerState(spec, worker_id, num_workers, self.rank, traj_id_start, self.address)
+            self.state = worker.WorkerState(spec, worker_id, num_workers, self.rank, traj_id_start,
+                                            self.address)
             return self.state.info()
         if self.state is None:
             raise RuntimeError(f"collector worker {self.rank - 1} has no collector yet")
         if method == RECEIVE_WEIGHTS and len(args) == 3 and isinstance(args[2], np.ndarray):
-            args = (*args[:2], torch.from_numpy(np.array(args[2], copy=True)))  # the store's copy is read-only
+            # the store's copy is read-only
+            args = (*args[:2], torch.from_numpy(np.array(args[2], copy=True)))
         return to_numpy(protocol.serve(self.state, method, args))
 
     def close(self) -> None:
@@ -109,14 +118,16 @@ class RayWorker:
 _REMOTE_WORKER = ray.remote(RayWorker)
 
 
-def _torch_future(ref: ray.ObjectRef, then: Callable[[Any], Any] = from_numpy) -> torch.futures.Future:
+def _torch_future(ref: ray.ObjectRef,
+                  then: Callable[[Any], Any] = from_numpy) -> torch.futures.Future:
     """A torch future of ``then(result)`` of a call (default: its batch copied out of the store)."""
     fut: torch.futures.Future = torch.futures.Future()
 
     def done(ray_fut: concurrent.futures.Future) -> None:
         try:
             fut.set_result(then(ray_fut.result()))
-        except BaseException as err:  # without its traceback: this frame, holding the future, would keep it for ever
+        except BaseException as err:
+            # without its traceback: this frame, holding the future, would keep it for ever
             fut.set_exception(err.with_traceback(None))
 
     ref.future().add_done_callback(done)
@@ -133,18 +144,23 @@ class RayPool(WorkerPool):
     """
 
     replaceable = True
-    close_timeout = 5.0  # seconds close() gives the actors to close their envs
-    process_groups = False  # weights reach other nodes as call arguments: no process group to set up
+    # seconds close() gives the actors to close their envs
+    close_timeout = 5.0
+    # weights reach other nodes as call arguments: no process group to set up
+    process_groups = False
 
     def __init__(
-        self, num_workers: int, rpc_timeout: float, remote_configs: list[dict], start_timeout: float,
-        shared_memory: bool = True,
+        self, num_workers: int, rpc_timeout: float, remote_configs: list[dict],
+        start_timeout: float, shared_memory: bool = True,
     ) -> None:
-        self.num_workers, self.rpc_timeout, self.remote_configs = num_workers, rpc_timeout, remote_configs
+        self.num_workers, self.rpc_timeout = num_workers, rpc_timeout
+        self.remote_configs = remote_configs
         self.start_timeout, self.shared_memory = start_timeout, shared_memory
         self.actors: dict[int, Any] = {}
-        self.infos: dict[int, dict] = {}  # what each actor said of itself at its creation
-        self._weights: tuple[int, ray.ObjectRef] | None = None  # the latest version put in the store
+        # what each actor said of itself at its creation
+        self.infos: dict[int, dict] = {}
+        # the latest version put in the store
+        self._weights: tuple[int, ray.ObjectRef] | None = None
         self._lock = threading.Lock()
         try:
             for worker_id in range(num_workers):
@@ -171,13 +187,17 @@ class RayPool(WorkerPool):
             worker_id = refs[pending[0]]
             free = {k: v for k, v in ray.available_resources().items() if not k.startswith("node:")}
             raise RuntimeError(
-                f"collector worker {worker_id}'s Ray actor was not running within {self.start_timeout} s: it asked "
-                f"for {self.remote_configs[worker_id]} (remote_configs); the cluster has free {free}"
+                f"collector worker {worker_id}'s Ray actor was not running within "
+                f"{self.start_timeout} s: it asked for {self.remote_configs[worker_id]} "
+                f"(remote_configs); the cluster has free {free}"
             )
 
-    def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
-        ref = self.actors[worker_id].handle.remote(protocol.CREATE, spec, worker_id, self.num_workers, traj_id_start)
-        pool = weakref.ref(self)  # a call still on its way once the collector failed must not keep the pool
+    def create(self, worker_id: int, spec: bytes,
+               traj_id_start: int | None = None) -> torch.futures.Future:
+        ref = self.actors[worker_id].handle.remote(protocol.CREATE, spec, worker_id,
+                                                   self.num_workers, traj_id_start)
+        # a call still on its way once the collector failed must not keep the pool
+        pool = weakref.ref(self)
 
         def created(info: dict) -> dict:
             alive = pool()
@@ -187,7 +207,8 @@ class RayPool(WorkerPool):
 
     def _created(self, worker_id: int, info: dict) -> dict:
         info = dict(info, actor_id=self.actors[worker_id]._actor_id.hex())
-        if not self.shared_memory:  # the front sees another node: no shared-memory planes
+        # the front sees another node: no shared-memory planes
+        if not self.shared_memory:
             info["host_id"] = f"{info['host_id']}/ray-actor-{info['actor_id']}"
         self.infos[worker_id] = info
         return info
@@ -210,8 +231,10 @@ class RayPool(WorkerPool):
         raised = traceback_failure(err)
         if raised is not None:
             return raised
-        actor = self.infos.get(worker_id, {}).get("actor_id") or self.actors[worker_id]._actor_id.hex()
-        if not isinstance(err, ray.exceptions.RayActorError):  # e.g. its doorbell closed: ask Ray why
+        actor = self.infos.get(worker_id,
+                               {}).get("actor_id") or self.actors[worker_id]._actor_id.hex()
+        # e.g. its doorbell closed: ask Ray why
+        if not isinstance(err, ray.exceptions.RayActorError):
             err = self._death(worker_id) or err
         if isinstance(err, ray.exceptions.RayActorError):
             return f"(Ray actor {actor}) died: {_first_line(err)}", ""
@@ -257,7 +280,8 @@ class RayPool(WorkerPool):
         its actors along)."""
         timeout = self.close_timeout if timeout is None else timeout
         actors, self.actors = self.actors, {}
-        if not actors or not ray.is_initialized():  # Ray stopped: the actors went with it, and a call would start a new Ray
+        # Ray stopped: the actors went with it, and a call would start a new Ray
+        if not actors or not ray.is_initialized():
             self._weights = None
             return
         closes = []
@@ -292,10 +316,11 @@ def connect(ray_init_config: dict | None, timeout: float) -> bool:
     arguments.
     """
     if ray.is_initialized():
-        if ray_init_config:  # TorchRL always passes its full default dict: use the running Ray, as it does
+        # TorchRL always passes its full default dict: use the running Ray, as it does
+        if ray_init_config:
             warnings.warn(
-                f"ray_init_config={ray_init_config!r} is not applied: Ray already runs in this process, and the "
-                "collector uses it (pass ray_init_config=None to silence this)",
+                f"ray_init_config={ray_init_config!r} is not applied: Ray already runs in this "
+                "process, and the collector uses it (pass ray_init_config=None to silence this)",
                 UserWarning, stacklevel=3,
             )
         return False
@@ -316,64 +341,9 @@ def connect(ray_init_config: dict | None, timeout: float) -> bool:
     return False
 
 
-def _reachable(address: str, timeout: float) -> None:
-    """A ``host:port`` (or ``ray://host:port``) that answers as a gRPC server within ``timeout``.
-
-    A Ray head's GCS (and a Ray Client server) speaks gRPC: sent HTTP/2's connection preface, it
-    answers with a SETTINGS frame. Something else that accepts TCP there (a dashboard, any other
-    service) would leave ``ray.init`` retrying for minutes, so it is refused here. With
-    ``RAY_USE_TLS`` set the handshake is TLS's, and only the connection is checked.
-    """
-    if address == "auto":
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    accepted = "accepted: the address of a running cluster's head (host:port or ray://host:port), 'auto' or 'local'"
-    deadline = time.monotonic() + timeout
-    try:
-        sock = socket.create_connection((host, int(port)), timeout=timeout)
-    except (OSError, ValueError) as err:
-        raise ConnectionError(
-            f"ray_init_config['address']={address!r}: no Ray cluster answers there within {timeout} s ({err}); "
-            f"{accepted}"
-        ) from None
-    with sock:
-        if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "", "false"):
-            return
-        answer = _http2_answer(sock, deadline)
-    if not _is_settings_frame(answer):
-        raise ConnectionError(
-            f"ray_init_config['address']={address!r}: something accepts connections there, but it is not a Ray "
-            f"head (no gRPC answer within {timeout} s: {f'it answered {answer!r}' if answer else 'it sent nothing'}); "
-            f"{accepted}"
-        )
-
-
-# HTTP/2's client connection preface, then an empty SETTINGS frame (length 0, type 4, no flags, stream 0)
-HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-
-
-def _http2_answer(sock: socket.socket, deadline: float) -> bytes:
-    """The first 9 bytes (a frame header) the server sends after HTTP/2's preface, or fewer by ``deadline``."""
-    answer = b""
-    try:
-        sock.sendall(HTTP2_PREFACE)
-        while len(answer) < 9 and deadline > time.monotonic():
-            sock.settimeout(max(deadline - time.monotonic(), 0.01))
-            chunk = sock.recv(9 - len(answer))
-            if not chunk:
-                break
-            answer += chunk
-    except OSError:  # timed out, reset
-        pass
-    return answer
-
-
-def _is_settings_frame(header: bytes) -> bool:
-    return len(header) == 9 and header[3] == 0x04 and header[5:9] == bytes(4)  # type SETTINGS, stream 0
-
-
 def check_resources(remote_configs: list[dict]) -> None:
-    """Refuse actors that ask for more of a resource than the whole cluster has (before any starts)."""
+    """Refuse actors that ask for more of a resource than the whole cluster
+    has (before any starts)."""
     total = ray.cluster_resources()
     names = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
     for i, config in enumerate(remote_configs):
@@ -383,6 +353,6 @@ def check_resources(remote_configs: list[dict]) -> None:
             if amount > total.get(name, 0):
                 key = next((k for k, v in names.items() if v == name), f"resources[{name!r}]")
                 raise ValueError(
-                    f"remote_configs[{i}][{key!r}]={amount!r}: the Ray cluster has {total.get(name, 0)} {name} in all; "
-                    f"accepted: at most that"
+                    f"remote_configs[{i}][{key!r}]={amount!r}: the Ray cluster has "
+                    f"{total.get(name, 0)} {name} in all; accepted: at most that"
                 )

@@ -10,74 +10,98 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.core import options
 from rpc_collectors.core.metrics import Metrics, RosterMetrics, WorkerMetrics
-from rpc_collectors.single_process import metric_exports, remote_calls
-from rpc_collectors.single_process.batch_record import MASK, BatchRecord, frames_per_worker, take
+from rpc_collectors.single_process import background, batch_record, metric_exports, remote_calls
+from rpc_collectors.single_process.batch_record import BatchRecord
 from rpc_collectors.single_process.preemption import valid_frames
 from rpc_collectors.single_process.private_keys import drop_private_keys
 from rpc_collectors.single_process.profiling import STARTED, ProfileConfig, RolloutProfiler
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, shift_ids, split_trajectories
 from rpc_collectors.single_process.trajectory_progress import TrajectoryProgress
-from rpc_collectors.single_process.whole_trajectories import WholeTrajectories, emit, on_buffer_device
+from rpc_collectors.single_process.whole_trajectories import WholeTrajectories, write_batch
 
 
 class BaseCollector:
     """Common base of all collectors.
 
     Subclasses implement ``_collect_batch()`` (one batch, in TorchRL's layout),
-    ``update_policy_weights_``, ``set_seed``, ``state_dict``/``load_state_dict`` and
-    ``_shutdown``. Iterating yields batches until ``total_frames`` is reached (forever when it
-    is -1), without private keys; with a ``replay_buffer`` each batch is written there and the iterator yields None.
+    ``update_policy_weights_``, ``set_seed``, ``state_dict``/``load_state_dict`` and ``_shutdown``.
+    Iterating yields batches until ``total_frames`` is reached (forever when it is -1), without
+    private keys; with a ``replay_buffer`` each batch is written there and the iterator yields None.
 
-    ``last_batch`` is the :class:`~rpc_collectors.single_process.batch_record.BatchRecord` of the batch handed
-    out last (frames, the weight versions that chose its actions, how far they were behind the
-    trainer's, the frames of each worker), whether or not the batch carries
-    ``("collector", "policy_version")`` and ``("collector", "worker_id")`` (``track_policy_version=True``).
+    ``last_batch`` is the :class:`~rpc_collectors.single_process.batch_record.BatchRecord` of the
+    batch handed out last (frames, the weight versions that chose its actions, how far they were
+    behind the trainer's, the frames of each worker), whether or not the batch carries
+    ``("collector", "policy_version")`` and ``("collector", "worker_id")``
+    (``track_policy_version=True``).
     """
 
-    _runs_post_hook = True  # False where the hook runs in the workers (multi-worker collectors)
-    _exclude_private_keys = True  # TorchRL's attribute: False keeps private entries in the batches
-    _sources_drop_private_keys = False  # True where batches come from collectors that dropped them (workers)
-    _use_buffers: bool | None = None  # whether batches are dense TensorDicts (None: not known before the first)
-    track_policy_version = False  # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
-    keep_version_key = False  # a worker's or node's collector: its batches keep the keys for the trainer to read
-    policy_version = 0  # the weights version every worker acknowledged (a multi-worker collector: None if they differ)
-    dropped_frames = 0  # frames collected and not handed out (multi-worker collectors drop some)
-    _stream_key: str | tuple = TRAJ_IDS  # what tells a batch's trajectories apart (stats() counters)
-    frames_per_batch: int  # of each batch handed out: set once by each collector, rounded up over its envs or workers
-    run_start = 0  # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
+    # False where the hook runs in the workers (multi-worker collectors)
+    _runs_post_hook = True
+    # TorchRL's attribute: False keeps private entries in the batches
+    _exclude_private_keys = True
+    # True where batches come from collectors that dropped them (workers)
+    _sources_drop_private_keys = False
+    # whether batches are dense TensorDicts (None: not known before the first)
+    _use_buffers: bool | None = None
+    # batches keep ("collector", "policy_version"/"worker_id") (and TorchRL's keys)
+    track_policy_version = False
+    # a worker's or node's collector: its batches keep the keys for the trainer to read
+    keep_version_key = False
+    # the weights version every worker acknowledged (a multi-worker collector: None if they differ)
+    policy_version = 0
+    # frames collected and not handed out (multi-worker collectors drop some)
+    dropped_frames = 0
+    # what tells a batch's trajectories apart (stats() counters)
+    _stream_key: str | tuple = TRAJ_IDS
+    # of each batch handed out: set once by each collector, rounded up over its envs or workers
+    frames_per_batch: int
+    # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
+    run_start = 0
 
-    def __init__(self, batches: options.Batches, post_collect_hook: Any = None, *, one_per_worker: bool = False) -> None:
+    def __init__(self, batches: options.Batches, post_collect_hook: Any = None, *,
+                 one_per_worker: bool = False) -> None:
         """``batches``: the options of what is handed out, each checked there; ``one_per_worker``:
-        whether ``frames_per_batch`` may be TorchRL's list of one per worker (multi-worker collectors)."""
+        whether ``frames_per_batch`` may be TorchRL's list of one per worker (multi-worker
+        collectors)."""
         frames = batches.frames_per_batch
         if isinstance(frames, list) and not one_per_worker:
             raise ValueError(f"frames_per_batch={frames!r} is invalid; accepted: an int > 0")
-        # TorchRL's: as given; each collector sets frames_per_batch once, rounded up over its envs or workers
+        # TorchRL's: as given; each collector sets frames_per_batch once,
+        # rounded up over its envs or workers
         self.requested_frames_per_batch = sum(frames) if isinstance(frames, list) else frames
-        self.total_frames, self.split_trajs, self.postproc = batches.total_frames, batches.split_trajs, batches.postproc
+        self.total_frames, self.split_trajs = batches.total_frames, batches.split_trajs
+        self.postproc = batches.postproc
         self.replay_buffer, self.extend_buffer = batches.replay_buffer, batches.extend_buffer
         self.post_collect_hook = options.check("post_collect_hook", post_collect_hook)
         self.trajs_per_batch, self.traj_format = batches.trajs_per_batch, batches.traj_format
-        self.replay_write_mode, self.trajs_per_write = batches.replay_write_mode, batches.trajs_per_write
+        self.replay_write_mode = batches.replay_write_mode
+        self.trajs_per_write = batches.trajs_per_write
         self.progress = TrajectoryProgress(self._stream_key)
-        self._frames = 0
-        self._iter = 0
-        self._assembly = WholeTrajectories()  # trajs_per_batch: the trajectories held back
+        self._frames, self._iter = 0, 0
+        # trajs_per_batch: the trajectories held back
+        self._assembly = WholeTrajectories()
         self.last_batch: BatchRecord | None = None
-        self._worker_ids: torch.Tensor | None = None  # of the last batch's steps, for extend_buffer=False
-        self._worker_totals: dict[int, list[int]] = {}  # frames and batches each worker delivered
+        # of the last batch's steps, for extend_buffer=False
+        self._worker_ids: torch.Tensor | None = None
+        # frames and batches each worker delivered
+        self._worker_totals: dict[int, list[int]] = {}
         self._iterator: Iterator | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread_error: BaseException | None = None
-        self._batch_lock = threading.RLock()  # held by the background thread while it collects and writes a batch
-        self._closed = False  # shutdown() completed
+        # held by the background thread while it collects and writes a batch
+        self._batch_lock = threading.RLock()
+        # shutdown() completed
+        self._closed = False
         self._iteration_started = False
         self._profile_config: ProfileConfig | None = None
-        self._profiler: RolloutProfiler | None = None  # enable_profile in this process
-        self._closing = False  # shutdown() began: no new work, waits end
-        self._meter = RunMeter(*metric_exports.check(batches.metrics))  # metrics=: checked before any worker starts
+        # enable_profile in this process
+        self._profiler: RolloutProfiler | None = None
+        # shutdown() began: no new work, waits end
+        self._closing = False
+        # metrics=: checked before any worker starts
+        self._meter = RunMeter(*metric_exports.check(batches.metrics))
 
     # ------------------------------------------------------------------ iteration
     @property
@@ -87,7 +111,8 @@ class BaseCollector:
 
     @property
     def whole_trajectories(self) -> bool:
-        """Whether batches are cut into whole trajectories (``trajs_per_batch``, ``replay_write_mode="trajectory"``)."""
+        """Whether batches are cut into whole trajectories (``trajs_per_batch``,
+        ``replay_write_mode="trajectory"``)."""
         return self.trajs_per_batch is not None or self.replay_write_mode == "trajectory"
 
     def _finished(self) -> bool:
@@ -124,38 +149,36 @@ class BaseCollector:
             if profiler is not None:
                 profiler.before_batch()
             self._meter.begin()
-            previous, batch = self.last_batch, self._collect_batch()  # a record of this batch replaces previous
+            # a record of this batch replaces previous
+            previous, batch = self.last_batch, self._collect_batch()
             self._meter.arrived(batch)
             shift_ids(batch, self.run_start)
             if profiler is not None:
                 profiler.after_batch()
-            frames = valid_frames(batch)  # a batch cut short by the trainer counts what it holds
+            # a batch cut short by the trainer counts what it holds
+            frames = valid_frames(batch)
             self._frames += frames
             self._iter += 1
             self.progress.add(batch)
-            mask = batch.get(MASK, None) if isinstance(batch, TensorDictBase) else None
-            versions, self._worker_ids = take(batch, self.track_policy_version or self.keep_version_key)
-            if versions is not None:
-                workers = frames_per_worker(self._worker_ids, mask)
-                self.last_batch = BatchRecord(self._iter, frames, *versions, self._newest_version(), workers)
-                for worker, count in (workers or {}).items():
-                    totals = self._worker_totals.setdefault(worker, [0, 0])
-                    totals[0], totals[1] = totals[0] + count, totals[1] + 1
+            batch_record.record(self, batch, frames)
             if self._use_buffers is None and isinstance(batch, TensorDictBase):
                 self._use_buffers = not isinstance(batch, LazyStackedTensorDict)
             batch = self._postprocess(self._place(batch))
             if self._runs_post_hook and self.post_collect_hook is not None:
                 self.post_collect_hook(batch)
-            self._meter.handed_out(self, self.last_batch if self.last_batch is not previous else None)
+            self._meter.handed_out(self,
+                                   self.last_batch if self.last_batch is not previous else None)
             yield batch
 
     def _postprocess(self, batch: TensorDictBase) -> TensorDictBase:
-        """``split_trajs``, ``postproc``, then private entries dropped, as TorchRL's collectors do."""
+        """``split_trajs``, ``postproc``, then private entries dropped, as
+        TorchRL's collectors do."""
         if self.split_trajs:
             batch = split_trajectories(batch)
         if self.postproc is not None:
             batch = self.postproc(batch)
-        if self._exclude_private_keys and (self.postproc is not None or not self._sources_drop_private_keys):
+        kept_private = self.postproc is not None or not self._sources_drop_private_keys
+        if self._exclude_private_keys and kept_private:
             batch = drop_private_keys(batch)
         return batch
 
@@ -165,28 +188,34 @@ class BaseCollector:
 
     def stats(self) -> dict[str, int | bool]:
         """TorchRL's progress snapshot, plain ints and bools (JSON-serializable): ``"frames"``,
-        ``"batches"``, ``"requested_frames_per_batch"``, ``"total_frames"`` and ``"completed"``
-        (not for an endless run), ``"policy_version"`` with ``track_policy_version=True`` (while
-        every worker acknowledged one), and the progress counters of TorchRL's next release:
-        ``"stepped_frames"`` (``frames`` + ``dropped_frames``), ``"trajectory_completed_frames"`` and
-        ``"trajectory_pending_frames"`` (the frames handed out of ended and of running trajectories:
-        they add up to ``frames``), ``"completed_trajectories"`` and ``"replay_written_frames"``."""
+        ``"batches"``, ``"requested_frames_per_batch"``, ``"total_frames"`` and ``"completed"`` (not
+        for an endless run), ``"policy_version"`` with ``track_policy_version=True`` (while every
+        worker acknowledged one), and the progress counters of TorchRL's next release:
+        ``"stepped_frames"`` (``frames`` + ``dropped_frames``), ``"trajectory_completed_frames"``
+        and ``"trajectory_pending_frames"`` (the frames handed out of ended and of running
+        trajectories: they add up to ``frames``), ``"completed_trajectories"`` and
+        ``"replay_written_frames"``."""
         stats: dict[str, int | bool] = {"frames": int(self._frames), "batches": int(self._iter)}
         if self.total_frames >= 0:
-            stats.update(total_frames=int(self.total_frames), completed=self._frames >= self.total_frames)
+            stats.update(total_frames=int(self.total_frames),
+                         completed=self._frames >= self.total_frames)
         stats["requested_frames_per_batch"] = int(self.requested_frames_per_batch)
         if self.track_policy_version and self.policy_version is not None:
             stats["policy_version"] = int(self.policy_version)
-        return {**stats, "stepped_frames": int(self._frames + self.dropped_frames), **self.progress.counters()}
+        return {**stats, "stepped_frames": int(self._frames + self.dropped_frames),
+                **self.progress.counters()}
 
     def metrics(self) -> Metrics:
-        """The run's :class:`~rpc_collectors.core.metrics.Metrics`: rounds, lag, restarts, pushes, the data plane,
-        each worker's phases (:mod:`~rpc_collectors.single_process.run_meter`); a RuntimeError with ``metrics=False``."""
+        """The run's :class:`~rpc_collectors.core.metrics.Metrics`: rounds, lag, restarts, pushes,
+        the data plane, each worker's phases (:mod:`~rpc_collectors.single_process.run_meter`); a
+        RuntimeError with ``metrics=False``."""
         drops = (int(self.dropped_frames), int(getattr(self, "dropped_batches", 0)))
-        return self._meter.snapshot(self._frames, drops, RosterMetrics(), self._worker_metrics(), data_plane=False)
+        return self._meter.snapshot(self._frames, drops, RosterMetrics(), self._worker_metrics(),
+                                    data_plane=False)
 
     def _worker_metrics(self) -> tuple[WorkerMetrics, ...]:
-        """Each worker process's metrics, from its phase clock (a single-process collector: its own)."""
+        """Each worker process's metrics, from its phase clock (a single-process
+        collector: its own)."""
         return ()
 
     def worker_policy_versions(self) -> list[int | None]:
@@ -195,14 +224,15 @@ class BaseCollector:
         return [self.policy_version]
 
     def _newest_version(self) -> int:
-        """The version of the newest weights given to ``update_policy_weights_`` (``BatchRecord.trainer_version``)."""
+        """The version of the newest weights given to ``update_policy_weights_``
+        (``BatchRecord.trainer_version``)."""
         return self.policy_version
 
-    def enable_profile(
-        self, *, workers: list[int] | None = None, num_rollouts: int = 3, warmup_rollouts: int = 1,
-        save_path: Any = None, activities: list[str] | None = None, record_shapes: bool = True,
-        profile_memory: bool = False, with_stack: bool = True, with_flops: bool = False, on_trace_ready: Any = None,
-    ) -> None:
+    def enable_profile(self, *, workers: list[int] | None = None, num_rollouts: int = 3,
+                       warmup_rollouts: int = 1, save_path: Any = None,
+                       activities: list[str] | None = None, record_shapes: bool = True,
+                       profile_memory: bool = False, with_stack: bool = True,
+                       with_flops: bool = False, on_trace_ready: Any = None) -> None:
         """TorchRL's: ``torch.profiler`` around batches ``warmup_rollouts`` to ``num_rollouts - 1``
         (from 0), the trace written to ``save_path`` (``{worker_idx}`` filled in; default
         ``./collector_profile_{worker_idx}.json``) or handed to ``on_trace_ready``. Multi-worker
@@ -211,10 +241,11 @@ class BaseCollector:
         if self._iteration_started:
             raise RuntimeError(STARTED)
         config = ProfileConfig(
-            workers=[0] if workers is None else list(workers), num_rollouts=num_rollouts, warmup_rollouts=warmup_rollouts,
-            save_path=save_path, activities=["cpu", "cuda"] if activities is None else list(activities),
-            record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops,
-            on_trace_ready=on_trace_ready,
+            workers=[0] if workers is None else list(workers), num_rollouts=num_rollouts,
+            warmup_rollouts=warmup_rollouts, save_path=save_path,
+            activities=["cpu", "cuda"] if activities is None else list(activities),
+            record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
+            with_flops=with_flops, on_trace_ready=on_trace_ready
         )
         self._start_profile(config)
         self._profile_config = config
@@ -234,34 +265,21 @@ class BaseCollector:
         return self._profile_config
 
     def get_distant_attr(self, attr: str) -> Any:
-        """TorchRL's: the attribute at the dotted path ``attr`` (a multi-worker collector: each worker's)."""
+        """TorchRL's: the attribute at the dotted path ``attr`` (a multi-worker
+        collector: each worker's)."""
         return remote_calls.attribute(self, attr)
 
-    def map_fn(self, method_name: str, list_of_args: list | None = None, list_of_kwargs: list | None = None) -> list:
+    def map_fn(self, method_name: str, list_of_args: list | None = None,
+               list_of_kwargs: list | None = None) -> list:
         """TorchRL's: ``method_name`` (a dotted path) called once per entry of ``list_of_args`` and
-        ``list_of_kwargs``; the results in order (a multi-worker collector: one entry per worker)."""
+        ``list_of_kwargs``; the results in order (a multi-worker collector: one entry per
+        worker)."""
         return remote_calls.call_entries(self, method_name, list_of_args, list_of_kwargs)
 
     def _whole_trajectories(self) -> Iterator[TensorDictBase | None]:
-        """As TorchRL: ``trajs_per_batch`` complete trajectories per batch, or, with a replay
-        buffer (``replay_write_mode="trajectory"``), the trajectories that completed with each batch
-        written to it flat (``[T]``), ``trajs_per_write`` per ``extend()`` (all of them if None)."""
-        assembled = self._assembly
-        for batch in self._processed_batches():
-            assembled.add(batch)
-            if self._discards_in_flight():
-                assembled.drop_in_flight()
-            if self.replay_buffer is not None:
-                trajectories = assembled.take()
-                step = self.trajs_per_write or max(len(trajectories), 1)
-                for start in range(0, len(trajectories), step):
-                    written = torch.cat(trajectories[start:start + step], 0)
-                    self.replay_buffer.extend(on_buffer_device(written, self.replay_buffer))
-                    self.progress.written_frames += written.numel()
-                yield None
-            else:
-                while len(assembled.complete) >= self.trajs_per_batch:
-                    yield emit(assembled.take(self.trajs_per_batch), self.traj_format)
+        """As TorchRL: batches of ``trajs_per_batch`` complete trajectories, or trajectories
+        written to the replay buffer (:meth:`.WholeTrajectories.batches`)."""
+        return self._assembly.batches(self)
 
     @property
     def _traj_assembly(self) -> tuple[dict, list]:
@@ -275,11 +293,7 @@ class BaseCollector:
     def _extend(self, batch: TensorDictBase) -> None:
         """Write a batch into ``replay_buffer`` (as TorchRL's single-process collector: as it is, or
         with ``extend_buffer=False`` step by step)."""
-        if self.extend_buffer:
-            self.replay_buffer.extend(on_buffer_device(batch, self.replay_buffer))
-        else:
-            for step in batch.unbind(batch.batch_dims - 1):
-                self.replay_buffer.add(step)
+        write_batch(self.replay_buffer, batch, self.extend_buffer)
 
     def next(self) -> TensorDictBase | None:
         """The next batch (None with a replay buffer); StopIteration when the run is complete."""
@@ -297,38 +311,17 @@ class BaseCollector:
     # ------------------------------------------------------ background collection
     def start(self) -> None:
         """Collect in a background thread into ``replay_buffer`` until ``async_shutdown``."""
-        if self.replay_buffer is None:
-            raise RuntimeError("start() needs a replay_buffer: pass replay_buffer=... to the constructor")
-        if self._thread is not None:
-            raise RuntimeError("start() was already called")
-        self._thread = threading.Thread(target=self._run_background, name="collector", daemon=True)
-        self._thread.start()
+        background.start(self)
 
     def _run_background(self) -> None:
-        batches = self.iterator()
-        try:
-            while not self._stop.is_set():
-                with self._batch_lock:  # pause() waits for the batch in progress, then holds the thread here
-                    if self._stop.is_set() or next(batches, StopIteration) is StopIteration:
-                        break
-        except BaseException as err:  # reported by async_shutdown
-            self._thread_error = err
+        background.run(self)
 
-    @contextlib.contextmanager
-    def pause(self) -> Iterator[None]:
+    def pause(self) -> contextlib.AbstractContextManager[None]:
         """Pause background collection (``start()``) for the ``with`` block, as TorchRL's
         ``pause()``: the batch in progress is written first, then nothing reaches the replay
         buffer until the block ends and collection resumes. A RuntimeError if it is not running.
         Pauses nest: an inner ``pause()`` in the same thread returns at once."""
-        while not (self.running and self._batch_lock.acquire(timeout=0.1)):
-            if not self.running:
-                raise RuntimeError(
-                    f"{type(self).__name__} cannot be paused: it is not collecting in the background (call start() first)"
-                )
-        try:
-            yield
-        finally:
-            self._batch_lock.release()
+        return background.paused(self)
 
     @contextlib.contextmanager
     def between_batches(self) -> Iterator[None]:
@@ -344,16 +337,7 @@ class BaseCollector:
         Raises the background thread's error, if it had one; batches already written to the
         replay buffer stay there.
         """
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout)
-            if thread.is_alive():
-                raise TimeoutError(f"async_shutdown: the collection thread did not stop within {timeout} s")
-        self.shutdown(close_env=close_env)
-        if self._thread_error is not None:
-            error, self._thread_error = self._thread_error, None
-            raise error
+        background.shutdown(self, timeout, close_env)
 
     @property
     def running(self) -> bool:
@@ -377,7 +361,8 @@ class BaseCollector:
             return
         self._closing = True
         self._stop.set()
-        if self._profiler is not None:  # the batches profiled so far
+        # the batches profiled so far
+        if self._profiler is not None:
             self._profiler.stop()
         self._meter.close()
         self._shutdown(close_env)

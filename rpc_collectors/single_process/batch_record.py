@@ -9,14 +9,17 @@ key set; with ``track_policy_version=True`` the keys stay in the batch too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 
-MARKS = "collector"  # the entry holding the keys below
+# the entry holding the keys below
+MARKS = "collector"
 VERSION = (MARKS, "policy_version")
 WORKER_ID = (MARKS, "worker_id")
-MASK = (MARKS, "mask")  # steps a preempted worker did not collect are False
+# steps a preempted worker did not collect are False
+MASK = (MARKS, "mask")
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,8 @@ class BatchRecord:
         oldest_version, newest_version: the oldest and newest weights versions that chose an
             action in it (``policy_version`` counts ``update_policy_weights_`` calls).
         trainer_version: the newest weights version pushed when the collector handed the batch out
-            (a multi-worker collector's ``pushed_version``; ``policy_version`` is the acknowledged one).
+            (a multi-worker collector's ``pushed_version``; ``policy_version`` is the acknowledged
+            one).
         worker_frames: the frames each worker (by id) collected in it; None for a single-process
             collector. An async batch is one worker's.
     """
@@ -58,13 +62,15 @@ def take(batch: TensorDictBase, keep: bool) -> tuple[tuple[int, int] | None, tor
     ``"collector"`` entry."""
     if not isinstance(batch, TensorDictBase):
         return None, None
-    marks = batch.get(MARKS, None)  # the entry is read once: each nested get walks the batch again
+    # the entry is read once: each nested get walks the batch again
+    marks = batch.get(MARKS, None)
     if marks is None:
         return None, None
     ids = marks.get(WORKER_ID[1], None)
     found = marks.get(VERSION[1], None)
     versions = None
-    if found is not None and not found.is_meta:  # meta: placed where nothing can be read
+    # meta: placed where nothing can be read
+    if found is not None and not found.is_meta:
         mask = marks.get(MASK[1], None)
         if mask is not None:
             found = found[mask]
@@ -96,7 +102,25 @@ def frames_per_worker(ids: torch.Tensor | None, mask: torch.Tensor | None) -> di
     if not ids.numel():
         return {}
     low, high = _low_high(ids)
-    if low == high:  # one worker's batch (async collectors): no need to count
+    # one worker's batch (async collectors): no need to count
+    if low == high:
         return {low: ids.numel()}
     workers, counts = torch.unique(ids, return_counts=True)
     return dict(zip(workers.tolist(), counts.tolist()))
+
+
+def record(collector: Any, batch: TensorDictBase, frames: int) -> None:
+    """Read the versions and worker ids of ``batch`` (of ``frames`` frames) into ``collector``: its
+    ``last_batch`` (where the batch has versions), ``_worker_ids`` (those of its steps) and
+    ``_worker_totals`` (the frames and batches each worker delivered)."""
+    mask = batch.get(MASK, None) if isinstance(batch, TensorDictBase) else None
+    versions, collector._worker_ids = take(batch, collector.track_policy_version
+                                           or collector.keep_version_key)
+    if versions is None:
+        return
+    workers = frames_per_worker(collector._worker_ids, mask)
+    collector.last_batch = BatchRecord(collector._iter, frames, *versions,
+                                       collector._newest_version(), workers)
+    for worker, count in (workers or {}).items():
+        totals = collector._worker_totals.setdefault(worker, [0, 0])
+        totals[0], totals[1] = totals[0] + count, totals[1] + 1

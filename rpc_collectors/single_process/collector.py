@@ -1,4 +1,5 @@
-"""The single-process collector: one env (single or vector), one policy, batches in TorchRL's layout."""
+"""The single-process collector: one env (single or vector), one policy, batches
+in TorchRL's layout."""
 from __future__ import annotations
 
 import threading
@@ -8,20 +9,19 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 
-from rpc_collectors.core import checks, options, torchrl_args
-from rpc_collectors.single_process import batch_edits, envs, preemption, run_meter
+from rpc_collectors.core import checks, options
+from rpc_collectors.single_process import batch_edits, collector_setup, envs, preemption, run_meter
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.collector_views import CollectorViews
 from rpc_collectors.single_process.dispatching import DispatchingCollector
-from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env, make_env, with_policy_transforms, with_step_counter
-from rpc_collectors.single_process.policies import MissingAction, RandomPolicy, StepPolicy, check_action_shape, run_device
-from rpc_collectors.single_process.rollout import TensorDictRollout, rollout_for
+from rpc_collectors.single_process.policies import RandomPolicy, StepPolicy, run_device
 from rpc_collectors.single_process.trajectories import TrajectoryIds, pool_state
 from rpc_collectors.transport.weight_updates import whole_update
 from rpc_collectors.transport.weights import load_weights, one_source, signature_of
 
 POLICY_VERSION = ("collector", "policy_version")
-TORCHRL_VERSION = "policy_version"  # TorchRL's track_policy_version key, at the root and under "next"
+# TorchRL's track_policy_version key, at the root and under "next"
+TORCHRL_VERSION = "policy_version"
 
 
 class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
@@ -67,16 +67,16 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         pre_collect_hook, post_collect_hook: called before each batch is collected, and with each
             batch (after ``postproc``) before it is yielded or written to the replay buffer.
         trajs_per_batch: yield batches of this many whole trajectories (``frames_per_batch`` is then
-            the step of collection), trajectories in flight held back, as TorchRL does: ``[n, T_max]``
-            zero-padded with ``("collector", "mask")`` (``traj_format="padded"``) or ``[sum T_i]``
-            (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it ends,
-            ``trajs_per_write`` of them per ``extend()`` (None: all that ended with a batch).
+            the step of collection), trajectories in flight held back, as TorchRL does: ``[n,
+            T_max]`` zero-padded with ``("collector", "mask")`` (``traj_format="padded"``) or ``[sum
+            T_i]`` (``"cat"``). With a ``replay_buffer`` each trajectory is written to it flat as it
+            ends, ``trajs_per_write`` of them per ``extend()`` (None: all that ended with a batch).
         replay_write_mode: TorchRL's: ``"rollout"`` writes each batch into the ``replay_buffer``;
             ``"trajectory"`` writes only whole trajectories, each flat as it ends (as
             ``trajs_per_batch`` with a buffer does); None: ``"trajectory"`` with ``trajs_per_batch``
             and a ``replay_buffer``, else ``"rollout"``.
-        use_buffers: True: steps are stacked into one dense TensorDict (a ``RuntimeError`` for an env
-            whose observation shapes change, and a ``TypeError`` with a ``replay_buffer``, as in
+        use_buffers: True: steps are stacked into one dense TensorDict (a ``RuntimeError`` for an
+            env whose observation shapes change, and a ``TypeError`` with a ``replay_buffer``, as in
             TorchRL); None or False: as TorchRL without buffers, a lazy stack where shapes change.
         auto_register_policy_transforms: True: a TorchRL env gets the transforms a recurrent
             policy needs (``InitTracker``, ``TensorDictPrimer``) if it lacks them; None (TorchRL
@@ -86,15 +86,17 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         traj_id_start, traj_id_stride: trajectory ids are ``start + k * stride``; multi-worker
             collectors give each worker its own ``start`` so ids never collide.
         no_cuda_sync: TorchRL's; this collector makes no CUDA synchronize calls (True or False).
-        interruptor: TorchRL's: its ``collection_stopped()``, True after a step, ends the batch there,
-            padded as a preempted worker's (trajectory id -1, ``("collector", "mask")`` False).
+        interruptor: TorchRL's: its ``collection_stopped()``, True after a step, ends the batch
+            there, padded as a preempted worker's (trajectory id -1, ``("collector", "mask")``
+            False).
         trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
             :mod:`rpc_collectors.core.torchrl_args` maps them (a plain module called on TensorDicts;
             CUDA graphs only as a pass-through without CUDA; ``NoWeightSyncScheme`` makes
             ``update_policy_weights_`` do nothing, the other schemes change nothing in one process).
 
     Batches have shape ``[T]`` (dim name ``"time"``) or ``[B, T]`` for a vector env of B.
-    ``Collector(..., num_collectors=N, backend=...)`` builds a multi-worker collector (:mod:`.dispatch`).
+    ``Collector(..., num_collectors=N, backend=...)`` builds a multi-worker collector
+    (:mod:`.dispatch`).
     """
 
     def __init__(
@@ -143,106 +145,45 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         interruptor: Any = None,
     ) -> None:
         super().__init__(options.Batches.given(locals()), post_collect_hook)
-        c = options.Collect.given(locals())  # each of these options checked there, once
-        use_buffers = self._take(c, worker_idx, no_cuda_sync, interruptor, weight_sync_schemes)
+        # each of these options checked there, once
+        c = options.Collect.given(locals())
+        use_buffers = collector_setup.keep_options(self, c, worker_idx, no_cuda_sync, interruptor,
+                                                   weight_sync_schemes)
         policy = checks.policy_or_factory(policy, c.policy_factory)
         if policy is not None and not callable(policy):
-            StepPolicy(policy)  # raises the TypeError that names the argument
-        envs = self._open_env(create_env_fn, policy, c)
+            # raises the TypeError that names the argument
+            StepPolicy(policy)
+        envs = collector_setup.open_env(self, create_env_fn, policy, c)
         self.frames_per_env = checks.frames_per_batch_fits(self.requested_frames_per_batch, envs)
         self.frames_per_batch = self.frames_per_env * envs
         checks.total_frames_fits(self.total_frames, self.frames_per_batch)
         self.policy = None if policy is None or isinstance(policy, RandomPolicy) else StepPolicy(
-            policy, self.devices["policy_device"], self.action_keys, self.compile_policy, c.trust_policy
+            policy, self.devices["policy_device"], self.action_keys, self.compile_policy,
+            c.trust_policy
         )
-        self._check_random_actions(create_env_fn, policy)
-        self._open_rollout(TrajectoryIds(traj_id_start, traj_id_stride), use_buffers)
+        collector_setup.check_random_actions(self, create_env_fn, policy)
+        traj_ids = TrajectoryIds(traj_id_start, traj_id_stride)
+        collector_setup.open_rollout(self, traj_ids, use_buffers)
         self._start_state()
         if self.policy is not None:
-            self._check_policy()
-
-    def _take(self, c: options.Collect, worker_idx: Any, no_cuda_sync: Any, interruptor: Any,
-              weight_sync_schemes: Any) -> bool | None:
-        """Keep the worker's options (``c``) and TorchRL's single-process ones; ``use_buffers`` as checked."""
-        checks.boolean("no_cuda_sync", no_cuda_sync)  # this collector makes no CUDA synchronize calls to skip
-        self.interruptor = checks.interruptor(interruptor)
-        self.track_traj_ids = c.track_traj_ids
-        checks.split_needs_ids(self.split_trajs or self.whole_trajectories, self.track_traj_ids)
-        self.worker_idx = None if worker_idx is None else checks.non_negative_int("worker_idx", worker_idx)
-        self.compile_policy, use_buffers = c.compile_policy, checks.use_buffers(c.use_buffers, self.replay_buffer)
-        self.max_frames_per_traj = checks.max_frames_per_traj(c.max_frames_per_traj)  # -1 is None
-        self.init_random_frames = checks.init_random_frames(c.init_random_frames)  # None and -1 are 0
-        self.reset_at_each_iter, self.pre_collect_hook = c.reset_at_each_iter, c.pre_collect_hook
-        self.devices = checks.devices(c.device, c.storing_device, c.env_device, c.policy_device)
-        self.exploration_type, self.track_policy_version = c.exploration_type, c.track_policy_version
-        # the policy is in this process: a scheme only says whether update_policy_weights_ does anything
-        self._no_push = torchrl_args.weight_sync_schemes(weight_sync_schemes, "auto") == torchrl_args.NO_PUSH
-        return use_buffers
-
-    def _open_env(self, create_env_fn: Any, policy: Any, c: options.Collect) -> int:
-        """Build the env with the transforms its options ask for, its action keys and batch edits; its number of envs."""
-        self.env = make_env(create_env_fn, checks.env_kwargs(c.create_env_kwargs))
-        torchrl_env = is_torchrl_env(self.env)
-        if self.max_frames_per_traj is not None:
-            checks.no_step_counter(self.env, c.max_frames_per_traj)
-            if torchrl_env:  # as TorchRL's collectors: the env counts its steps
-                self.env = with_step_counter(self.env, self.max_frames_per_traj)
-        self.env = with_policy_transforms(self.env, policy, c.auto_register_policy_transforms)
-        self.action_keys = list(self.env.action_keys) if torchrl_env else ["action"]
-        if callable(getattr(policy, "set_action_spec_from_env", None)):  # TorchRL's RandomPolicy() without a spec
-            policy.set_action_spec_from_env(self.env)
-        self.truncated_keys = batch_edits.truncated_keys(self.env) if c.set_truncated else []
-        self.compact_keys = batch_edits.observation_keys(self.env) if c.compact_obs else []
-        return int(torch.Size(self.env.batch_size).numel())
-
-    def _check_random_actions(self, create_env_fn: Any, policy: Any) -> None:
-        if (self.policy is None or self.init_random_frames) and not callable(getattr(self.env, "rand_action", None)):
-            raise TypeError(
-                f"create_env_fn={create_env_fn!r} gave an env without rand_action(), which random actions "
-                f"(policy={policy!r}, init_random_frames={self.init_random_frames}) need; accepted: an env "
-                "with rand_action(td), or a policy with init_random_frames=0"
-            )
-
-    def _open_rollout(self, traj_ids: TrajectoryIds, use_buffers: bool | None) -> None:
-        """The rollout that steps this env kind, and how it stacks steps (TorchRL's ``_use_buffers``)."""
-        self.traj_ids = traj_ids
-        self.rollout = rollout_for(self.env, traj_ids, self.max_frames_per_traj, self.devices["storing_device"])
-        self.rollout.clock = self._meter.watch(self.rollout.clock)  # metrics=False: a clock that reads no time
-        if isinstance(self.rollout, TensorDictRollout):  # a GymEnv's batches are dense always
-            whole_batches = self.replay_buffer is not None and self.extend_buffer and not self.split_trajs
-            lazy_ok = whole_batches and self.trajs_per_batch is None
-            self.rollout.stacking = "dense" if use_buffers else "lazy" if lazy_ok else "auto"
-        # TorchRL's attribute: batches are dense unless the env's shapes change or a buffer takes them (lazy stacks then)
-        lazy = getattr(self.rollout, "stacking", None) == "lazy" or getattr(self.env, "_has_dynamic_specs", False)
-        self._use_buffers = use_buffers if use_buffers is not None else not lazy
+            collector_setup.check_policy(self)
 
     def _start_state(self) -> None:
         """Versions, pending weights, seeds, locks and preemption before the first batch."""
         self.policy_version = 0
-        self._obs_version = 0  # the version the observation the next batch starts from came with
+        # the version the observation the next batch starts from came with
+        self._obs_version = 0
         self._pending: tuple[Any, int] | None = None
-        self._seed: int | None = None  # the last set_seed's seed: a resume draws the env's next seed from its sequence
+        # the last set_seed's seed: a resume draws the env's next seed from its sequence
+        self._seed: int | None = None
         self._resumes = 0
         self._lock = threading.Lock()
-        self._busy = threading.Lock()  # held by a batch in progress: state changes wait for its end
-        self.preemption: preemption.Preemption | None = None  # a worker's, when the trainer may end its batches early
-        self._interrupted = threading.Event()  # the worker process is closing: the batch in progress ends
-
-    def _check_policy(self) -> None:
-        """Run the policy once on a reset observation: the other outputs it writes are recorded
-        (zero-filled in random-action steps). A policy that writes no action is refused by the
-        first batch, as TorchRL's first step refuses it (env transforms may be what it lacks).
-
-        The env is not stepped; the first batch starts from this reset (and its seed, if any).
-        """
-        try:
-            with torch.no_grad(), set_interaction_type(self.exploration_type):
-                out = self.rollout.probe(self.policy)
-        except MissingAction:
-            return
-        if isinstance(self.env, GymEnv):
-            check_action_shape(self.policy.source, out, self.env.action_shape, self.env.action_space)
-        self.rollout.policy_zeros = self.policy.zeros_of_other_outputs(out)
+        # held by a batch in progress: state changes wait for its end
+        self._busy = threading.Lock()
+        # a worker's, when the trainer may end its batches early
+        self.preemption: preemption.Preemption | None = None
+        # the worker process is closing: the batch in progress ends
+        self._interrupted = threading.Event()
 
     # ------------------------------------------------------------------ collection
     def _discards_in_flight(self) -> bool:
@@ -265,23 +206,27 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         stopped = interrupted if preempted is None else lambda: interrupted() or preempted()
 
         def marks() -> dict:
-            """The versions to set, read at the batch's end (a node's policy tells its version at the first step)."""
+            """The versions to set, read at the batch's end (a node's policy
+            tells its version at the first step)."""
             version = self.policy_version
             out = {POLICY_VERSION: (version, version)}
-            if self.track_policy_version:  # TorchRL's keys; at the root, the first step's observation is the previous batch's
+            # TorchRL's keys; at the root, the first step's observation is the previous batch's
+            if self.track_policy_version:
                 out[TORCHRL_VERSION] = (version if fresh_obs else self._obs_version, version)
                 out[("next", TORCHRL_VERSION)] = (version, version)
             return out
 
         with torch.no_grad(), set_interaction_type(self.exploration_type):
-            batch = self.rollout.collect(self.frames_per_env, None if random else self.policy, stopped, marks)
+            batch = self.rollout.collect(self.frames_per_env, None if random else self.policy,
+                                         stopped, marks)
         if interrupted():
             raise RuntimeError("the collector was interrupted: its worker process is closing")
         self._obs_version = self.policy_version
         return self._finish(batch)
 
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
-        """A batch's last edits, as TorchRL's: truncated marks, compact observations, padding, ids, device."""
+        """A batch's last edits, as TorchRL's: truncated marks, compact
+        observations, padding, ids, device."""
         if self.truncated_keys:
             batch_edits.set_truncated(batch, self.truncated_keys)
         if self.compact_keys:
@@ -291,39 +236,47 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         if not self.track_traj_ids:
             batch_edits.drop_traj_ids(batch)
         storing, env_device = self.devices["storing_device"], self.devices["env_device"]
+        unshared = env_device is None or self.devices["policy_device"] != env_device
         if storing is not None and batch.device != storing:
             batch = batch.to(storing)
-        elif storing is None and batch.device is not None and (env_device is None or self.devices["policy_device"] != env_device):
-            batch.clear_device_()  # as TorchRL's: no device was given that the env and the policy share
+        elif storing is None and batch.device is not None and unshared:
+            # as TorchRL's: no device was given that the env and the policy share
+            batch.clear_device_()
         return batch
 
     # ------------------------------------------------------------------ weights
-    def update_policy_weights_(
-        self, policy_or_weights: Any = None, *, worker_ids: Any = None, weights: Any = None, policy: Any = None
-    ) -> None:
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, worker_ids: Any = None,
+                               weights: Any = None, policy: Any = None) -> None:
         """Use new policy weights from the next batch on, and bump ``policy_version``.
 
         ``policy_or_weights`` (or TorchRL's ``weights=``/``policy=``) may be an ``nn.Module``, a
         TensorDict of weights, a state dict or TorchRL's per-worker ``{0: weights}``; None re-reads
         the policy given to the constructor (needed when the collector runs a copy of it on another
         device). ``worker_ids`` must be None, 0 or the policy's device for a single-process
-        collector. The update is checked whole first: one that raises changed no weight and no version.
+        collector. The update is checked whole first: one that raises changed no weight and no
+        version.
         """
         policy_or_weights = one_source(policy_or_weights, weights, policy)
-        if self._no_push:  # TorchRL's NoWeightSyncScheme
+        # TorchRL's NoWeightSyncScheme
+        if self._no_push:
             return
         module = self.policy.module if self.policy is not None else None
         device = run_device(module, self.devices["policy_device"])
         if policy_or_weights is None and module is not None and module is not self.policy.source:
-            policy_or_weights = self.policy.source  # the policy given, re-read into the copy this collector runs
+            # the policy given, re-read into the copy this collector runs
+            policy_or_weights = self.policy.source
         if policy_or_weights is not None and module is None:
-            raise TypeError("update_policy_weights_: this collector's policy has no weights to update")
+            raise TypeError("update_policy_weights_: this collector's policy "
+                            "has no weights to update")
         layout = signature_of(module) if module is not None else None
         weights = whole_update(policy_or_weights, worker_ids, layout, 1, device)[0]
         weights = weights.clone() if weights is not None else None
-        self._meter.pushed(run_meter.size_of(weights))  # acknowledged once applied
+        # acknowledged once applied
+        self._meter.pushed(run_meter.size_of(weights))
         with self._lock:
-            self._pending = (weights, self.policy_version + 1 if self._pending is None else self._pending[1] + 1)
+            self._pending = (
+                weights, self.policy_version + 1 if self._pending is None else self._pending[1] + 1
+            )
         if not self.running:
             self._apply_pending_weights()
 
@@ -354,31 +307,37 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         return int(next_seed) if next_seed is not None else int(seed) + 1
 
     def state_dict(self) -> dict:
-        """Frames, iteration, trajectory counter, policy weights and version, the env's seed sequence:
-        enough to resume (between batches: a batch in progress in another thread is finished first)."""
+        """Frames, iteration, trajectory counter, policy weights and version, the env's seed
+        sequence: enough to resume (between batches: a batch in progress in another thread is
+        finished first)."""
         with self._busy:
             state = self._base_state()
             state.update(traj_count=self.traj_ids.count, policy_version=self.policy_version,
                          seed=self._seed, resumes=self._resumes)
-            starting = int(torch.Size(self.env.batch_size).numel()) if self.rollout.fresh else 0  # ids at the next step
+            # ids at the next step
+            starting = int(torch.Size(self.env.batch_size).numel()) if self.rollout.fresh else 0
             state["traj_pool"] = pool_state(self.traj_ids.peek(starting), self.run_start)
             if self.policy is not None and self.policy.module is not None:
-                state["policy_state_dict"] = {k: v.clone() for k, v in self.policy.module.state_dict().items()}
+                state["policy_state_dict"] = {k: v.clone()
+                                              for k, v in self.policy.module.state_dict().items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from ``state_dict()``: envs restart from a reset (the trajectories in progress at the
-        save end there; new ones get ids above every id handed out before), and an env that was
-        seeded gets a new seed drawn from its seed's sequence, so the resumed run does not replay the
-        saved run's first episodes (call ``set_seed`` before, not after, this)."""
+        """Resume from ``state_dict()``: envs restart from a reset (the trajectories in progress at
+        the save end there; new ones get ids above every id handed out before), and an env that was
+        seeded gets a new seed drawn from its seed's sequence, so the resumed run does not replay
+        the saved run's first episodes (call ``set_seed`` before, not after, this)."""
         with self._busy:
             self._load_base_state(state)
-            self.traj_ids.count, self.policy_version = int(state["traj_count"]), int(state["policy_version"])
-            if "policy_state_dict" in state and self.policy is not None and self.policy.module is not None:
-                self.policy.module.load_state_dict(state["policy_state_dict"])
+            self.traj_ids.count = int(state["traj_count"])
+            self.policy_version = int(state["policy_version"])
+            module = self.policy.module if self.policy is not None else None
+            if "policy_state_dict" in state and module is not None:
+                module.load_state_dict(state["policy_state_dict"])
             if state.get("seed") is not None:
                 if not hasattr(self.env, "set_seed"):
-                    raise TypeError(f"load_state_dict: the state is of a seeded env; this env {self.env!r} has no set_seed")
+                    raise TypeError("load_state_dict: the state is of a seeded env; this env "
+                                    f"{self.env!r} has no set_seed")
                 self._seed, self._resumes = int(state["seed"]), int(state.get("resumes", 0)) + 1
                 self.env.set_seed(envs.resumed_seed(self._seed, self._resumes))
             self.rollout.invalidate()
@@ -390,8 +349,9 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
             self.rollout.cut()
 
     def interrupt(self) -> None:
-        """End the batch in progress (in another thread) at its next step, with an error instead of a
-        batch: the worker process that runs this collector is closing, and nobody waits for the batch."""
+        """End the batch in progress (in another thread) at its next step, with an error instead of
+        a batch: the worker process that runs this collector is closing, and nobody waits for the
+        batch."""
         self._interrupted.set()
 
     def _shutdown(self, close_env: bool) -> None:

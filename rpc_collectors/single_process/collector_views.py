@@ -1,6 +1,6 @@
-"""What TorchRL's single-process collector shows beyond collecting: ``_wrapped_policy``,
-``reset()`` and ``fake_tensordict()``, and its phases (``metrics()``, a worker's answer to ``phases``),
-from the state :class:`~rpc_collectors.single_process.collector.Collector` owns."""
+"""What TorchRL's single-process collector shows beyond collecting: ``_wrapped_policy``, ``reset()``
+and ``fake_tensordict()``, and its phases (``metrics()``, a worker's answer to ``phases``), from the
+state :class:`~rpc_collectors.single_process.collector.Collector` owns."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,8 @@ VERSION_KEYS = (("collector", "policy_version"), "policy_version", ("next", "pol
 
 
 class CollectorViews:
-    """TorchRL's ``_wrapped_policy``, ``reset`` and ``fake_tensordict`` of the single-process ``Collector``."""
+    """TorchRL's ``_wrapped_policy``, ``reset`` and ``fake_tensordict`` of the
+    single-process ``Collector``."""
 
     policy: Any
     rollout: Any
@@ -31,9 +32,12 @@ class CollectorViews:
     _iter: int
 
     def phases(self) -> tuple[WorkerPhases, ...]:
-        """Its frames, batches and phase clock (:mod:`.phase_clock`): a worker's answer to the trainer's ``phases``."""
+        """Its frames, batches and phase clock (:mod:`.phase_clock`): a worker's
+        answer to the trainer's ``phases``."""
         clock = self.rollout.clock.totals_ns
-        return (WorkerPhases(self.worker_idx or 0, os.getpid(), self._frames, self._iter, dict(clock)),)
+        return (
+            WorkerPhases(self.worker_idx or 0, os.getpid(), self._frames, self._iter, dict(clock)),
+        )
 
     def _worker_metrics(self) -> tuple[WorkerMetrics, ...]:
         """This process is its own one worker."""
@@ -41,7 +45,8 @@ class CollectorViews:
 
     @property
     def _wrapped_policy(self) -> Any:
-        """TorchRL's: the policy as this collector calls it (a plain module in its ``TensorDictModule``)."""
+        """TorchRL's: the policy as this collector calls it (a plain module in
+        its ``TensorDictModule``)."""
         return None if self.policy is None else self.policy.td_module or self.policy.policy
 
     def reset(self, index: Any = None) -> None:
@@ -49,19 +54,20 @@ class CollectorViews:
         ``trajs_per_batch`` holds back (in flight or complete) are dropped. A batch in progress in
         another thread is finished first."""
         if index is not None:
-            raise ValueError(f"reset(index={index!r}): this collector resets all its envs; accepted: index=None")
+            raise ValueError(f"reset(index={index!r}): this collector resets all "
+                             "its envs; accepted: index=None")
         with self._busy:
             self.rollout.invalidate()
             self._assembly.clear()
 
     def fake_tensordict(self) -> TensorDictBase:
-        """TorchRL's: a zero-filled TensorDict with the keys, shapes, dtypes and dim names of one batch,
-        built without stepping the env: from the env's ``fake_tensordict()`` (TorchRL's envs have
-        it) and the policy's outputs, then edited as batches are (``postproc`` included)."""
+        """TorchRL's: a zero-filled TensorDict with the keys, shapes, dtypes and dim names of one
+        batch, built without stepping the env: from the env's ``fake_tensordict()`` (TorchRL's envs
+        have it) and the policy's outputs, then edited as batches are (``postproc`` included)."""
         fake = getattr(self.env, "fake_tensordict", None)
         if not callable(fake):
-            raise TypeError(f"fake_tensordict() reads the env's fake_tensordict(), which {self.env!r} lacks; "
-                            "accepted: an env with TorchRL's EnvBase API")
+            raise TypeError("fake_tensordict() reads the env's fake_tensordict(), which "
+                            f"{self.env!r} lacks; accepted: an env with TorchRL's EnvBase API")
         step = fake()
         for key, zero in self.rollout.policy_zeros.items():
             step.set(key, zero)

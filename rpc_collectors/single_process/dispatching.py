@@ -1,4 +1,5 @@
-"""The metaclass that lets ``Collector(..., num_collectors=N, backend=...)`` build another collector.
+"""The metaclass that lets ``Collector(..., num_collectors=N, backend=...)`` build another
+collector.
 
 TorchRL 0.14.1's ``Collector`` doubles as a factory: given ``backend``, ``num_collectors``,
 ``sync`` or ``backend_options`` it builds the multi-worker collector they name. Those classes
@@ -13,7 +14,8 @@ from typing import Any, Callable
 
 SELECTORS = ("backend", "backend_options", "num_collectors", "sync")
 
-# resolve(args, kwargs, backend=, backend_options=, num_collectors=, sync=) -> (class or None, args, kwargs)
+# resolve(args, kwargs, backend=, backend_options=, num_collectors=, sync=) ->
+# (class or None, args, kwargs)
 Resolver = Callable[..., tuple]
 
 
@@ -25,22 +27,28 @@ class DispatchingCollector(type):
 
     @property
     def __signature__(cls) -> inspect.Signature:
-        """The constructor's arguments, with the dispatch keywords (what ``inspect.signature`` shows)."""
+        """The constructor's arguments, with the dispatch keywords (what
+        ``inspect.signature`` shows)."""
         signature = inspect.signature(cls.__init__)
-        selectors = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in SELECTORS]
+        selectors = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+                     for name in SELECTORS]
         return signature.replace(parameters=[*list(signature.parameters.values())[1:], *selectors])
 
-    def __call__(cls, *args: Any, backend: Any = None, backend_options: Any = None, num_collectors: Any = None,
-                 sync: Any = None, **kwargs: Any) -> Any:
-        chosen = {"backend": backend, "backend_options": backend_options, "num_collectors": num_collectors, "sync": sync}
-        if isinstance(cls.__mro__[1], DispatchingCollector):  # a subclass of the dispatching class
+    def __call__(cls, *args: Any, backend: Any = None, backend_options: Any = None,
+                 num_collectors: Any = None, sync: Any = None, **kwargs: Any) -> Any:
+        chosen = {"backend": backend, "backend_options": backend_options,
+                  "num_collectors": num_collectors, "sync": sync}
+        # a subclass of the dispatching class
+        if isinstance(cls.__mro__[1], DispatchingCollector):
             given = {k: v for k, v in chosen.items() if v is not None}
             if given:
-                raise TypeError(f"{given} are only accepted by Collector itself, not by its subclass {cls.__name__}; "
-                                "accepted: Collector(..., backend=..., num_collectors=..., sync=..., backend_options=...)")
+                raise TypeError(f"{given} are only accepted by Collector itself, not by its "
+                                f"subclass {cls.__name__}; accepted: Collector(..., backend=..., "
+                                "num_collectors=..., sync=..., backend_options=...)")
             return super().__call__(*args, **kwargs)
         if DispatchingCollector.resolver is None:
-            raise RuntimeError("Collector's dispatch is not registered; import rpc_collectors to register it")
+            raise RuntimeError("Collector's dispatch is not registered; import "
+                               "rpc_collectors to register it")
         target, args, kwargs = DispatchingCollector.resolver(args, kwargs, **chosen)
         if target is None:
             return super().__call__(*args, **kwargs)
@@ -48,5 +56,6 @@ class DispatchingCollector(type):
 
 
 def dispatch_with(resolver: Resolver) -> None:
-    """Register the function that turns ``Collector``'s dispatch keywords into a class and its arguments."""
+    """Register the function that turns ``Collector``'s dispatch keywords into a
+    class and its arguments."""
     DispatchingCollector.resolver = resolver

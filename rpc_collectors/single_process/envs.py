@@ -17,71 +17,39 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from tensordict import TensorDict, TensorDictBase
 
 from rpc_collectors.core import user_warnings
+from rpc_collectors.single_process import gym_spaces
 
-ObsDict = dict  # {key or key tuple: np.ndarray}
-PARTIAL_RESETS = (SyncVectorEnv, AsyncVectorEnv)  # vector envs that reset some of their envs (reset_mask)
+# {key or key tuple: np.ndarray}
+ObsDict = dict
+# vector envs that reset some of their envs (reset_mask)
+PARTIAL_RESETS = (SyncVectorEnv, AsyncVectorEnv)
 
 
 def resumed_seed(seed: int, resumes: int) -> int:
-    """The env seed of the ``resumes``-th resume of a run seeded with ``seed`` (from its seed sequence)."""
+    """The env seed of the ``resumes``-th resume of a run seeded with ``seed``
+    (from its seed sequence)."""
     return int(np.random.SeedSequence(seed, spawn_key=(resumes,)).generate_state(1)[0])
 
 
-def _obs_keys(space: gym.Space, path: tuple = ("observation",)) -> list:
-    """The key of each observation leaf: ``"observation"``, or ``("observation", name, ...)`` down a (nested) Dict."""
-    if isinstance(space, gym.spaces.Dict):
-        return [key for name, sub in space.spaces.items() for key in _obs_keys(sub, (*path, name))]
-    return [path] if len(path) > 1 else ["observation"]
-
-
-def _leaf(obs: Any, key: Any) -> Any:
-    """The part of a (nested) Dict observation, or of its space, at an observation key."""
-    for name in key[1:] if isinstance(key, tuple) else ():
-        obs = obs[name]
-    return obs
-
-
-def _check_space(space: gym.Space, what: str) -> None:
-    accepted = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-    if isinstance(space, gym.spaces.Dict) and what == "observation":
-        for sub in space.spaces.values():
-            _check_space(sub, what)
-        return
-    if not isinstance(space, accepted):
-        raise TypeError(
-            f"GymEnv: unsupported {what} space {space!r}; accepted: Box, Discrete, MultiDiscrete, "
-            f"MultiBinary{' or a (nested) Dict of those' if what == 'observation' else ''}"
-        )
-
-
 def check_env_id(env_id: str, argument: str) -> None:
-    """A gymnasium id that does not exist (or whose module does not import) is a ValueError naming it."""
+    """A gymnasium id that does not exist (or whose module does not import) is a
+    ValueError naming it."""
     try:
         gym.spec(env_id)
     except (gym.error.Error, ImportError) as err:
         raise ValueError(
-            f"{argument}={env_id!r} is not a registered gymnasium env id ({err}); accepted: an id in "
-            "gymnasium.registry such as 'CartPole-v1', or 'module:EnvId-v0' for an env registered on import"
+            f"{argument}={env_id!r} is not a registered gymnasium env id ({err}); accepted: an id "
+            "in gymnasium.registry such as 'CartPole-v1', or "
+            "'module:EnvId-v0' for an env registered on import"
         ) from err
-
-
-def _scatter(ids: np.ndarray, rows: np.ndarray, num_envs: int) -> np.ndarray:
-    """``rows`` placed at ``ids`` of an array of ``num_envs`` rows (the others zero)."""
-    out = np.zeros((num_envs, *rows.shape[1:]), rows.dtype)
-    out[ids] = rows
-    return out
-
-
-def _where(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Rows of ``a`` where ``mask`` (one entry per env) is True, else rows of ``b``."""
-    return np.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
 
 
 class GymEnv:
     """A gymnasium env as a TensorDict env with batch size ``[]`` or ``[num_envs]``.
 
     Args:
-        env: a gymnasium id (``"CartPole-v1"``), a ``gymnasium.Env`` or a ``gymnasium.vector.VectorEnv``.
+        env: a gymnasium id (``"CartPole-v1"``), a ``gymnasium.Env`` or a
+            ``gymnasium.vector.VectorEnv``.
         num_envs: build a synchronous vector env of this many copies (ids only).
         categorical_action_encoding: discrete actions as integer indices (default) or, if False,
             one-hot vectors as TorchRL's ``GymEnv`` does by default.
@@ -108,7 +76,8 @@ class GymEnv:
         **make_kwargs: Any,
     ) -> None:
         if num_envs is not None and (not isinstance(num_envs, int) or num_envs < 1):
-            raise ValueError(f"GymEnv: num_envs={num_envs!r} is invalid; accepted: None or an int >= 1")
+            raise ValueError(f"GymEnv: num_envs={num_envs!r} is invalid; "
+                             "accepted: None or an int >= 1")
         if isinstance(env, str):
             check_env_id(env, "GymEnv: env")
             if num_envs is None:
@@ -119,7 +88,8 @@ class GymEnv:
                     vector_kwargs={"autoreset_mode": AutoresetMode.DISABLED}, **make_kwargs,
                 )
         elif num_envs is not None:
-            raise ValueError("GymEnv: num_envs is only accepted with a gymnasium id, not an env instance")
+            raise ValueError("GymEnv: num_envs is only accepted with a "
+                             "gymnasium id, not an env instance")
         if not isinstance(env, (gym.Env, VectorEnv)):
             raise TypeError(
                 f"GymEnv: env={env!r} is not accepted; expected a gymnasium id, gymnasium.Env or "
@@ -129,13 +99,16 @@ class GymEnv:
         self.is_vector = isinstance(env, VectorEnv)
         if self.is_vector:
             mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-            self._reset_by_id = "env_id" in inspect.signature(env.reset).parameters  # EnvPool
-            if mode == AutoresetMode.NEXT_STEP and not (isinstance(env.unwrapped, PARTIAL_RESETS) or self._reset_by_id):
+            # EnvPool
+            self._reset_by_id = "env_id" in inspect.signature(env.reset).parameters
+            resets_some = isinstance(env.unwrapped, PARTIAL_RESETS) or self._reset_by_id
+            if mode == AutoresetMode.NEXT_STEP and not resets_some:
                 raise ValueError(
-                    f"GymEnv: the vector env {env!r} autoresets in NEXT_STEP mode and offers no partial reset, "
-                    "so a finished env would spend its next step on a reset that is not a transition; accepted: "
-                    "gymnasium's SyncVectorEnv or AsyncVectorEnv (any mode), EnvPool envs "
-                    "(envpool.make_gymnasium), or another vector env in DISABLED or SAME_STEP autoreset mode"
+                    f"GymEnv: the vector env {env!r} autoresets in NEXT_STEP mode and offers no "
+                    "partial reset, so a finished env would spend its next step on a reset that "
+                    "is not a transition; accepted: gymnasium's SyncVectorEnv or AsyncVectorEnv "
+                    "(any mode), EnvPool envs (envpool.make_gymnasium), or another vector env "
+                    "in DISABLED or SAME_STEP autoreset mode"
                 )
             self.autoreset_mode = mode
             self.num_envs = env.num_envs
@@ -149,10 +122,11 @@ class GymEnv:
             self.observation_space = env.observation_space
             self.action_space = env.action_space
         self._space_of_one = self.is_vector and env.action_space == self.action_space
-        _check_space(self.observation_space, "observation")
-        _check_space(self.action_space, "action")
-        self.one_hot = isinstance(self.action_space, gym.spaces.Discrete) and not categorical_action_encoding
-        self.obs_keys = _obs_keys(self.observation_space)
+        gym_spaces.check_space(self.observation_space, "observation")
+        gym_spaces.check_space(self.action_space, "action")
+        self.one_hot = (isinstance(self.action_space, gym.spaces.Discrete)
+                        and not categorical_action_encoding)
+        self.obs_keys = gym_spaces.obs_keys(self.observation_space)
         self._seed: int | None = None
         # SAME_STEP vector envs: observations and done mask returned by the last step
         self._final_pending: ObsDict | None = None
@@ -161,7 +135,7 @@ class GymEnv:
     # ----------------------------------------------------------------- array interface
     def _obs_dict(self, obs: Any) -> ObsDict:
         if isinstance(obs, dict):
-            return {key: np.array(_leaf(obs, key)) for key in self.obs_keys}
+            return {key: np.array(gym_spaces.leaf(obs, key)) for key in self.obs_keys}
         return {"observation": np.array(obs)}
 
     def reset_arrays(self, mask: np.ndarray | None = None) -> ObsDict:
@@ -178,11 +152,14 @@ class GymEnv:
             if not rest.any():
                 return pending
             fresh = self._obs_dict(self.env.reset(seed=seed, options={"reset_mask": rest})[0])
-            return {key: _where(rest, fresh[key], value) for key, value in pending.items()}
-        if self._reset_by_id:  # EnvPool: the observations of the reset envs only
+            return {key: gym_spaces.where(rest, fresh[key], value)
+                    for key, value in pending.items()}
+        # EnvPool: the observations of the reset envs only
+        if self._reset_by_id:
             ids = np.flatnonzero(mask)
             fresh = self._obs_dict(self.env.reset(ids)[0])
-            return {key: _scatter(ids, value, self.num_envs) for key, value in fresh.items()}
+            return {key: gym_spaces.scatter(ids, value, self.num_envs)
+                    for key, value in fresh.items()}
         obs, _ = self.env.reset(seed=seed, options={"reset_mask": mask})
         return self._obs_dict(obs)
 
@@ -198,7 +175,7 @@ class GymEnv:
                 obs = {key: arr.copy() for key, arr in self._final_pending.items()}
                 for i in np.flatnonzero(done):
                     for key in self.obs_keys:
-                        obs[key][i] = _leaf(final[i], key)
+                        obs[key][i] = gym_spaces.leaf(final[i], key)
                 return obs, reward, terminated, truncated
         return self._obs_dict(obs), reward, terminated, truncated
 
@@ -212,7 +189,7 @@ class GymEnv:
 
     def obs_space(self, key: Any) -> gym.Space:
         """The observation space of one observation key (of ``obs_keys``)."""
-        return _leaf(self.observation_space, key)
+        return gym_spaces.leaf(self.observation_space, key)
 
     @property
     def action_shape(self) -> torch.Size | None:
@@ -230,7 +207,8 @@ class GymEnv:
     def sample_action(self) -> torch.Tensor:
         """One random action for every env, as a tensor in this env's action encoding."""
         space = self.env.action_space
-        if self._space_of_one:  # EnvPool: a vector env whose action_space is one env's
+        # EnvPool: a vector env whose action_space is one env's
+        if self._space_of_one:
             sample = torch.as_tensor(np.stack([space.sample() for _ in range(self.num_envs)]))
         else:
             sample = torch.as_tensor(np.asarray(space.sample()))
@@ -240,7 +218,8 @@ class GymEnv:
 
     # ------------------------------------------------------------ TensorDict interface
     def _to_td(self, obs: ObsDict) -> TensorDict:
-        return TensorDict({k: torch.as_tensor(v) for k, v in obs.items()}, batch_size=self.batch_size)
+        return TensorDict({k: torch.as_tensor(v) for k, v in obs.items()},
+                          batch_size=self.batch_size)
 
     def _flags(self, terminated: Any, truncated: Any) -> dict[str, torch.Tensor]:
         term = torch.as_tensor(np.asarray(terminated, dtype=bool)).reshape(*self.batch_size, 1)
@@ -248,7 +227,8 @@ class GymEnv:
         return {"done": term | trunc, "terminated": term, "truncated": trunc}
 
     def reset(self, td: TensorDictBase | None = None) -> TensorDict:
-        """Reset every env, or those where ``td["_reset"]`` is True; returns observation and all-False done flags."""
+        """Reset every env, or those where ``td["_reset"]`` is True; returns
+        observation and all-False done flags."""
         mask = None
         if td is not None and self.is_vector and "_reset" in td.keys():
             mask = td.get("_reset").reshape(self.batch_size).cpu().numpy()
@@ -257,10 +237,13 @@ class GymEnv:
         return out
 
     def step(self, td: TensorDictBase) -> TensorDictBase:
-        """Step with ``td["action"]``; writes the transition under ``td["next"]`` and returns ``td``."""
+        """Step with ``td["action"]``; writes the transition under
+        ``td["next"]`` and returns ``td``."""
         obs, reward, terminated, truncated = self.step_arrays(self.action_to_numpy(td["action"]))
         nxt = self._to_td(obs)
-        nxt["reward"] = torch.as_tensor(np.asarray(reward, dtype=np.float32)).reshape(*self.batch_size, 1)
+        nxt["reward"] = torch.as_tensor(np.asarray(reward, dtype=np.float32)).reshape(
+            *self.batch_size, 1
+        )
         nxt.update(self._flags(terminated, truncated))
         td["next"] = nxt
         return td
@@ -284,7 +267,8 @@ class GymEnv:
         return f"GymEnv({self.env!r}, batch_size={list(self.batch_size)})"
 
 
-def make_env(create_env_fn: Any, kwargs: dict | None = None, argument: str = "create_env_fn") -> Any:
+def make_env(create_env_fn: Any, kwargs: dict | None = None,
+             argument: str = "create_env_fn") -> Any:
     """Build an env from what a collector received: an env, a gymnasium id, or a callable returning
     one, called with ``kwargs`` (TorchRL's ``create_env_kwargs``).
 
@@ -299,17 +283,18 @@ def make_env(create_env_fn: Any, kwargs: dict | None = None, argument: str = "cr
     elif kwargs:
         if not callable(getattr(env, "update_kwargs", None)):
             raise ValueError(
-                f"create_env_kwargs={kwargs!r} cannot be given to the env instance {env!r}; accepted: an env "
-                "factory (or a TorchRL batched env, which takes them with update_kwargs)"
+                f"create_env_kwargs={kwargs!r} cannot be given to the env instance {env!r}; "
+                "accepted: an env factory (or a TorchRL batched env, which "
+                "takes them with update_kwargs)"
             )
         env.update_kwargs(kwargs)
     if isinstance(env, (gym.Env, VectorEnv)):
         env = GymEnv(env)
     if not _is_env(env):
         raise TypeError(
-            f"{argument}={create_env_fn!r} gave {env!r}, which is not an env; accepted: a GymEnv, a "
-            "gymnasium id or env, an object with reset(), step(td) and batch_size (TorchRL's EnvBase), "
-            "or a callable returning one"
+            f"{argument}={create_env_fn!r} gave {env!r}, which is not an env; accepted: a GymEnv, "
+            "a gymnasium id or env, an object with reset(), step(td) and batch_size "
+            "(TorchRL's EnvBase), or a callable returning one"
         )
     return env
 
@@ -318,7 +303,9 @@ def _is_env(obj: Any) -> bool:
     """An env instance: ``reset``, ``step`` and ``batch_size`` (a class is not an instance)."""
     if isinstance(obj, type):
         return False
-    return all(callable(getattr(obj, m, None)) for m in ("reset", "step")) and hasattr(obj, "batch_size")
+    return all(callable(getattr(obj, m, None)) for m in ("reset", "step")) and hasattr(
+        obj, "batch_size"
+    )
 
 
 
@@ -330,13 +317,15 @@ def is_torchrl_env(env: Any) -> bool:
 def with_step_counter(env: Any, max_steps: int) -> Any:
     """A TorchRL env whose trajectories end after ``max_steps`` steps (TorchRL's ``StepCounter``,
     appended as its collectors append it for ``max_frames_per_traj``)."""
-    from torchrl.envs import StepCounter, TransformedEnv  # a TorchRL env: TorchRL is installed
+    # a TorchRL env: TorchRL is installed
+    from torchrl.envs import StepCounter, TransformedEnv
 
     return TransformedEnv(env, StepCounter(max_steps=max_steps))
 
 
 def _is_env_base(env: Any) -> bool:
-    """Whether ``env`` is an instance of TorchRL's ``EnvBase`` (whose module is imported once one exists)."""
+    """Whether ``env`` is an instance of TorchRL's ``EnvBase`` (whose module is
+    imported once one exists)."""
     envs = sys.modules.get("torchrl.envs")
     return envs is not None and isinstance(env, envs.EnvBase)
 
@@ -354,19 +343,22 @@ def with_policy_transforms(env: Any, policy: Any, register: bool | None) -> Any:
     if not _is_env_base(env):
         if register:
             raise ValueError(
-                f"auto_register_policy_transforms=True appends TorchRL transforms, which need a TorchRL env (an "
-                f"instance of torchrl.envs.EnvBase), not {env!r}; accepted with this env: None or False"
+                "auto_register_policy_transforms=True appends TorchRL transforms, which need a "
+                f"TorchRL env (an instance of torchrl.envs.EnvBase), not {env!r}; "
+                "accepted with this env: None or False"
             )
         return env
-    from torchrl.modules.utils.utils import _compute_missing_env_transforms, _maybe_append_env_transforms_from_module
+    import torchrl.modules.utils.utils as torchrl_utils
 
     if register:
-        return _maybe_append_env_transforms_from_module(env, policy)
-    missing = _compute_missing_env_transforms(env, policy)
+        return torchrl_utils._maybe_append_env_transforms_from_module(env, policy)
+    missing = torchrl_utils._compute_missing_env_transforms(env, policy)
     if missing:
         user_warnings.warn(
-            f"the env lacks transforms the policy needs ({', '.join(type(t).__name__ for t in missing)}); pass "
-            "auto_register_policy_transforms=True to append them (TorchRL 0.15's default), or False to silence this",
+            "the env lacks transforms the policy needs "
+            f"({', '.join(type(t).__name__ for t in missing)}); pass "
+            "auto_register_policy_transforms=True to append them (TorchRL 0.15's "
+            "default), or False to silence this",
             FutureWarning,
         )
     return env

@@ -1,9 +1,10 @@
-"""``metrics=``: where a collector writes its :class:`~rpc_collectors.core.metrics.Metrics`, and how often.
+"""``metrics=``: where a collector writes its :class:`~rpc_collectors.core.metrics.Metrics`, and how
+often.
 
-Every collector takes ``metrics=``: None (the default) or True keeps them for ``collector.metrics()``
-and writes them nowhere; False turns them off; a target, a list of targets or an :class:`Export`
-(targets and an interval) writes them there every ``seconds`` (default 10) or every ``batches``,
-at the end of a batch, with the frames handed out as the step. Targets:
+Every collector takes ``metrics=``: None (the default) or True keeps them for
+``collector.metrics()`` and writes them nowhere; False turns them off; a target, a list of targets
+or an :class:`Export` (targets and an interval) writes them there every ``seconds`` (default 10) or
+every ``batches``, at the end of a batch, with the frames handed out as the step. Targets:
 
 * :class:`TensorBoard` (a log dir: event files, ``pip install 'rpc_collectors[metrics]'``),
 * :class:`Prometheus` (a port: an HTTP endpoint to scrape, same extra),
@@ -34,10 +35,14 @@ from rpc_collectors.single_process.prometheus_exposition import Endpoint, Gauges
 
 EXTRA = "pip install 'rpc_collectors[metrics]'"
 DEFAULT_SECONDS = 10.0
-AGAIN = "collection goes on, and this export is tried again at each interval, without another warning until it works"
+AGAIN = (
+    "collection goes on, and this export is tried again at each interval, "
+    "without another warning until it works"
+)
 STRINGS = ("tensorboard:DIR", "prometheus:PORT", "jsonl:PATH")
-ACCEPTED = ("None, True, False, a target (TensorBoard, Prometheus, PrometheusTextfile, JsonLines, an object with log_scalar, "
-            f"or one of the strings {', '.join(STRINGS)}), a list of targets, or an Export")
+ACCEPTED = ("None, True, False, a target (TensorBoard, Prometheus, PrometheusTextfile, JsonLines, "
+            "an object with log_scalar, or one of the strings "
+            f"{', '.join(STRINGS)}), a list of targets, or an Export")
 
 
 def _needs(module: str, target: str) -> None:
@@ -45,7 +50,8 @@ def _needs(module: str, target: str) -> None:
     try:
         __import__(module)
     except ImportError as err:
-        raise ImportError(f"metrics={target} needs the {module.split('.')[0]} package: {EXTRA}") from err
+        raise ImportError(f"metrics={target} needs the "
+                          f"{module.split('.')[0]} package: {EXTRA}") from err
 
 
 class TensorBoard:
@@ -78,13 +84,16 @@ class TensorBoard:
 
 class Prometheus:
     """An HTTP endpoint at ``address:port`` that Prometheus scrapes: each number a gauge named
-    ``rpc_collectors_<group>_<name>``, a worker's ``rpc_collectors_worker_<name>{worker="<id>"}``. It listens
-    on loopback unless ``address`` says otherwise, serves at most ``connections`` connections at once (one
-    more is closed at once) and closes a connection that sends or takes nothing for ``timeout`` seconds."""
+    ``rpc_collectors_<group>_<name>``, a worker's ``rpc_collectors_worker_<name>{worker="<id>"}``.
+    It listens on loopback unless ``address`` says otherwise, serves at most ``connections``
+    connections at once (one more is closed at once) and closes a connection that sends or takes
+    nothing for ``timeout`` seconds."""
 
-    def __init__(self, port: int, address: str = "127.0.0.1", *, connections: int = 16, timeout: float = 10.0) -> None:
+    def __init__(self, port: int, address: str = "127.0.0.1", *, connections: int = 16,
+                 timeout: float = 10.0) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise ValueError(f"Prometheus(port={port!r}) is invalid; accepted: an int from 1 to 65535")
+            raise ValueError(f"Prometheus(port={port!r}) is invalid; "
+                             "accepted: an int from 1 to 65535")
         self.port, self.address = port, address
         self.connections = checks.positive_int("Prometheus(connections)", connections)
         self.timeout = checks.timeout("Prometheus(timeout)", timeout)
@@ -95,17 +104,20 @@ class Prometheus:
         return f"Prometheus({self.port!r}, address={self.address!r})"
 
     def probe(self) -> None:
-        """Bind the port as the endpoint will (``SO_REUSEADDR``: a just-closed endpoint's port is free), and let it go."""
+        """Bind the port as the endpoint will (``SO_REUSEADDR``: a just-closed
+        endpoint's port is free), and let it go."""
         _needs("prometheus_client", repr(self))
         try:
             Endpoint(self.address, self.port, self.connections, self.timeout).server_close()
         except OSError as err:
-            raise ValueError(f"metrics={self!r} cannot listen there ({err}); accepted: a free port") from None
+            raise ValueError(f"metrics={self!r} cannot listen there "
+                             f"({err}); accepted: a free port") from None
 
     def write(self, metrics: Metrics, step: int) -> None:
         self.gauges.latest = metrics
         if self._server is None:
-            self._server = serve(self.address, self.port, self.gauges.registry(), self.connections, self.timeout)
+            self._server = serve(self.address, self.port, self.gauges.registry(), self.connections,
+                                 self.timeout)
 
     def close(self) -> None:
         if self._server is not None:
@@ -115,17 +127,18 @@ class Prometheus:
 
 class PrometheusTextfile:
     """A file for node_exporter's textfile collector (``--collector.textfile.directory=directory``):
-    ``<directory>/rpc_collectors_<name>.prom``, the endpoint's gauges, each labelled ``trainer="<name>"``,
-    replaced whole at each export (prometheus_client's ``write_to_textfile``: a temporary file renamed
-    over it) and removed at close. ``name`` defaults to ``<SLURM_JOB_ID>-<pid>`` (``<pid>`` outside a
-    SLURM job), so that trainers sharing a node write files of their own; a process with several
-    collectors gives each its own."""
+    ``<directory>/rpc_collectors_<name>.prom``, the endpoint's gauges, each labelled
+    ``trainer="<name>"``, replaced whole at each export (prometheus_client's ``write_to_textfile``:
+    a temporary file renamed over it) and removed at close. ``name`` defaults to
+    ``<SLURM_JOB_ID>-<pid>`` (``<pid>`` outside a SLURM job), so that trainers sharing a node write
+    files of their own; a process with several collectors gives each its own."""
 
     def __init__(self, directory: str | os.PathLike, name: str | None = None) -> None:
         job = os.environ.get("SLURM_JOB_ID")
         name = name if name is not None else f"{job}-{os.getpid()}" if job else str(os.getpid())
         if not isinstance(name, str) or not re.fullmatch(r"[\w.-]+", name):
-            raise ValueError(f"PrometheusTextfile(name={name!r}) is invalid; accepted: letters, digits, '_', '.' and '-'")
+            raise ValueError(f"PrometheusTextfile(name={name!r}) is invalid; accepted: "
+                             "letters, digits, '_', '.' and '-'")
         self.directory, self.name = os.fspath(directory), name
         self.path = os.path.join(self.directory, f"rpc_collectors_{name}.prom")
         self.gauges = Gauges(trainer=name)
@@ -149,8 +162,9 @@ class PrometheusTextfile:
 
 
 class JsonLines:
-    """A file with one JSON object per export: ``{"step", "time", "metrics"}`` (the groups as objects), each
-    line appended whole or not at all (what a failing write, on a full disk, wrote of it is cut off again)."""
+    """A file with one JSON object per export: ``{"step", "time", "metrics"}`` (the groups as
+    objects), each line appended whole or not at all (what a failing write, on a full disk, wrote of
+    it is cut off again)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
@@ -160,20 +174,23 @@ class JsonLines:
         return f"JsonLines({self.path!r})"
 
     def probe(self) -> None:
-        _writable_dir(os.path.dirname(os.path.abspath(self.path)), repr(self))  # made, as TensorBoard makes its log_dir
+        # made, as TensorBoard makes its log_dir
+        _writable_dir(os.path.dirname(os.path.abspath(self.path)), repr(self))
         checks.writable_file(f"metrics={self!r}: path", self.path)
 
     def write(self, metrics: Metrics, step: int) -> None:
         if self._file is None:
             self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115  (closed by close())
-        line = json.dumps({"step": step, "time": time.time(), "metrics": dataclasses.asdict(metrics)}) + "\n"
+        record = {"step": step, "time": time.time(), "metrics": dataclasses.asdict(metrics)}
+        line = json.dumps(record) + "\n"
         end = self._file.seek(0, os.SEEK_END)
         try:
             view = memoryview(line.encode())
             while view:
                 view = view[self._file.write(view):]
         except BaseException:
-            self._file.truncate(end)  # whole lines or nothing
+            # whole lines or nothing
+            self._file.truncate(end)
             raise
 
     def close(self) -> None:
@@ -183,7 +200,8 @@ class JsonLines:
 
 
 class Logger:
-    """A logger with TorchRL's ``log_scalar(name, value, step=...)``, given scalars named ``collector/<name>``."""
+    """A logger with TorchRL's ``log_scalar(name, value, step=...)``, given
+    scalars named ``collector/<name>``."""
 
     def __init__(self, logger: Any) -> None:
         self.logger = logger
@@ -206,9 +224,11 @@ def _writable_dir(path: str, target: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as err:
-        raise ValueError(f"metrics={target} cannot be written ({err}); accepted: a writable directory") from None
+        raise ValueError(f"metrics={target} cannot be written ({err}); "
+                         "accepted: a writable directory") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"metrics={target} cannot be written ({path} is not writable); accepted: a writable directory")
+        raise ValueError(f"metrics={target} cannot be written ({path} is not "
+                         "writable); accepted: a writable directory")
 
 
 def target(value: Any) -> Any:
@@ -229,20 +249,24 @@ def target(value: Any) -> Any:
 
 
 class Export:
-    """Write a collector's metrics to ``targets`` every ``seconds`` (default 10) or every ``batches``."""
+    """Write a collector's metrics to ``targets`` every ``seconds`` (default 10)
+    or every ``batches``."""
 
-    def __init__(self, *targets: Any, seconds: float | None = None, batches: int | None = None) -> None:
+    def __init__(self, *targets: Any, seconds: float | None = None,
+                 batches: int | None = None) -> None:
         if seconds is not None and batches is not None:
-            raise ValueError(f"Export(seconds={seconds!r}, batches={batches!r}): give one interval; accepted: "
-                             "seconds=... or batches=...")
+            raise ValueError(f"Export(seconds={seconds!r}, batches={batches!r}): give one "
+                             "interval; accepted: seconds=... or batches=...")
         if not targets:
             raise ValueError(f"Export() has no target; accepted: {ACCEPTED}")
         self.targets = [target(t) for t in targets]
         self.batches = None if batches is None else checks.positive_int("Export(batches)", batches)
         self.seconds = None if batches is not None else checks.timeout(
             "Export(seconds)", DEFAULT_SECONDS if seconds is None else seconds)
-        self._next = 0.0  # when the next export is due (seconds: time.monotonic())
-        self._failing: set[int] = set()  # the targets (their index; -1: collector.metrics()) failing since last warned
+        # when the next export is due (seconds: time.monotonic())
+        self._next = 0.0
+        # the targets (their index; -1: collector.metrics()) failing since last warned
+        self._failing: set[int] = set()
 
     def __repr__(self) -> str:
         every = f"batches={self.batches}" if self.batches is not None else f"seconds={self.seconds}"
@@ -264,11 +288,12 @@ class Export:
         return True
 
     def write(self, collector: Any) -> None:
-        """Write ``collector.metrics()`` to every target; a failure is warned about once, until that target
-        works again, and collection goes on."""
+        """Write ``collector.metrics()`` to every target; a failure is warned about once, until that
+        target works again, and collection goes on."""
         try:
             metrics = collector.metrics()
-        except Exception as err:  # e.g. a worker that died meanwhile: its recovery is the next batch's business
+        except Exception as err:
+            # e.g. a worker that died meanwhile: its recovery is the next batch's business
             self._failed(-1, "collector.metrics()", err)
             return
         self._failing.discard(-1)
@@ -283,11 +308,12 @@ class Export:
     def _failed(self, key: int, what: str, err: Exception, then: str = AGAIN) -> None:
         if key not in self._failing:
             self._failing.add(key)
-            warnings.warn(f"metrics: {what} failed ({type(err).__name__}: {err}); {then}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"metrics: {what} failed ({type(err).__name__}: {err}); {then}",
+                          RuntimeWarning, stacklevel=2)
 
     def close(self) -> None:
-        """Close every target (a target failing since its last write is not warned about again); the next
-        collector given this export starts afresh."""
+        """Close every target (a target failing since its last write is not warned about again); the
+        next collector given this export starts afresh."""
         for i, each in enumerate(self.targets):
             try:
                 each.close()
@@ -298,11 +324,13 @@ class Export:
 
 
 def check(value: Any) -> tuple[bool, Export | None]:
-    """``metrics=``: whether metrics are kept, and where they are written (checked, before any worker starts)."""
+    """``metrics=``: whether metrics are kept, and where they are written
+    (checked, before any worker starts)."""
     if value is None or value is True:
         return True, None
     if value is False:
         return False, None
-    export = value if isinstance(value, Export) else Export(*(value if isinstance(value, (list, tuple)) else [value]))
+    export = (value if isinstance(value, Export)
+              else Export(*(value if isinstance(value, (list, tuple)) else [value])))
     export.probe()
     return True, export

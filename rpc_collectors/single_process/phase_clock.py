@@ -1,4 +1,5 @@
-"""Where a collector's time goes: its phases, timed on the monotonic clock all processes of a host share.
+"""Where a collector's time goes: its phases, timed on the monotonic clock all processes of a host
+share.
 
 A :class:`PhaseClock` gives the time since its last mark to the phase the next mark names. A
 worker marks ``"idle"`` when a request arrives, ``"weights"`` once new weights are in and
@@ -25,8 +26,10 @@ from collections import deque
 from typing import Callable, Iterator
 
 PHASES = ("idle", "weights", "policy", "env", "write")
-Span = tuple[str, int, int]  # (phase, start, end) in time.monotonic_ns()
-SAMPLED = 64  # a rollout times one step in SAMPLED on average (all of them in a trace window)
+# (phase, start, end) in time.monotonic_ns()
+Span = tuple[str, int, int]
+# a rollout times one step in SAMPLED on average (all of them in a trace window)
+SAMPLED = 64
 # Which steps a rollout times, in turn: a fixed pseudo-random pattern whose length is a prime, so
 # that no env's episode length or batch size lines up with it; its first step is timed.
 _DRAWS = random.Random(0)
@@ -34,7 +37,8 @@ PATTERN = (True, *(_DRAWS.random() < 1 / SAMPLED for _ in range(1008)))
 
 
 class PhaseClock:
-    """Nanoseconds spent in each of :data:`PHASES` since it was made, and the spans of a trace window."""
+    """Nanoseconds spent in each of :data:`PHASES` since it was made, and the
+    spans of a trace window."""
 
     __slots__ = ("totals_ns", "spans", "last_ns", "pattern", "env_step_ns")
 
@@ -42,21 +46,24 @@ class PhaseClock:
         self.totals_ns: dict[str, int] = dict.fromkeys(PHASES, 0)
         self.spans: deque[Span] | None = None
         self.last_ns = time.monotonic_ns()
-        self.pattern = itertools.cycle(PATTERN)  # goes on across rollouts
-        self.env_step_ns = 0  # the mean env step of the last rollout that timed one
+        # goes on across rollouts
+        self.pattern = itertools.cycle(PATTERN)
+        # the mean env step of the last rollout that timed one
+        self.env_step_ns = 0
 
     def mark(self, phase: str) -> None:
         """The time since the last mark was spent in ``phase``."""
         now = time.monotonic_ns()
         self.totals_ns[phase] += now - self.last_ns
-        spans = self.spans  # read once: a window may close from another thread
+        # read once: a window may close from another thread
+        spans = self.spans
         if spans is not None:
             self._keep(spans, phase, now)
         self.last_ns = now
 
     def count(self, phase: str, now: int) -> None:
-        """As :meth:`mark` at ``now``, the caller's read of ``time.monotonic_ns()`` (a collector's time
-        between its rollouts)."""
+        """As :meth:`mark` at ``now``, the caller's read of ``time.monotonic_ns()`` (a collector's
+        time between its rollouts)."""
         self.totals_ns[phase] += now - self.last_ns
         spans = self.spans
         if spans is not None:
@@ -64,8 +71,9 @@ class PhaseClock:
         self.last_ns = now
 
     def _keep(self, spans: deque[Span], phase: str, now: int) -> None:
-        """Keep the span of ``phase`` from the last mark to ``now``: the last one kept, made longer, if
-        it is of ``phase`` and ends there (replaced in one step: a closing window never misses it)."""
+        """Keep the span of ``phase`` from the last mark to ``now``: the last one kept, made longer,
+        if it is of ``phase`` and ends there (replaced in one step: a closing window never misses
+        it)."""
         last = spans[-1] if spans else None
         if last is not None and last[0] == phase and last[2] == self.last_ns:
             spans[-1] = (phase, last[1], now)
@@ -88,9 +96,11 @@ class PhaseClock:
         return itertools.repeat(True, num_steps), now, stamps
 
     def stepped(self, steps: int, timed: int, env_ns: int, stamps: list[int] | None) -> None:
-        """A rollout ran ``steps`` steps since the last mark; the env steps of ``timed`` of them took
-        ``env_ns``; ``stamps``: its clock reads of a trace window, before and after each env step."""
-        now = stamps[-1] if stamps else time.monotonic_ns()  # a window's spans end where its last step did
+        """A rollout ran ``steps`` steps since the last mark; the env steps of ``timed`` of them
+        took ``env_ns``; ``stamps``: its clock reads of a trace window, before and after each env
+        step."""
+        # a window's spans end where its last step did
+        now = stamps[-1] if stamps else time.monotonic_ns()
         if timed:
             self.env_step_ns = env_ns // timed
         total = now - self.last_ns

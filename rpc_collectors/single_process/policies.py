@@ -1,11 +1,11 @@
 """Policies as collectors call them: random actions, and user policies behind one step call.
 
-A user policy may be a ``TensorDictModule``, a plain ``nn.Module`` (reads ``"observation"``,
-writes ``"action"``, and, as TorchRL names them, ``"output1"``, ``"output2"``, ... for the further
-outputs of a module that returns a tuple), any callable taking and returning a TensorDict, or ``None`` (random
-actions). :class:`StepPolicy` turns each into ``inputs -> {key: tensor}`` (a TensorDict of the
-outputs for a policy called on TensorDicts) and, where it can,
-calls the underlying module on tensors directly, so no TensorDict is built per step.
+A user policy may be a ``TensorDictModule``, a plain ``nn.Module`` (reads ``"observation"``, writes
+``"action"``, and, as TorchRL names them, ``"output1"``, ``"output2"``, ... for the further outputs
+of a module that returns a tuple), any callable taking and returning a TensorDict, or ``None``
+(random actions). :class:`StepPolicy` turns each into ``inputs -> {key: tensor}`` (a TensorDict of
+the outputs for a policy called on TensorDicts) and, where it can, calls the underlying module on
+tensors directly, so no TensorDict is built per step.
 """
 from __future__ import annotations
 
@@ -64,17 +64,19 @@ def check_forward(policy: nn.Module) -> None:
     the one tensor it is called with here (the observation)."""
     try:
         params = list(inspect.signature(policy.forward).parameters.values())
-    except (TypeError, ValueError):  # no signature to read: the first call tells
+    except (TypeError, ValueError):
+        # no signature to read: the first call tells
         return
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     required = [p.name for p in params if p.default is inspect.Parameter.empty
                 and (p.kind in positional or p.kind is inspect.Parameter.KEYWORD_ONLY)]
     if len(required) > 1:
         raise TypeError(
-            f"policy={type(policy).__name__}: Arguments to policy.forward are incompatible with entries in the step's "
-            f"TensorDict: forward requires {required}, and a plain nn.Module is called with the observation only; "
-            "accepted: a module whose forward takes one tensor, a TensorDictModule with its in_keys, or "
-            "trust_policy=True (forward called on the step's TensorDict)"
+            f"policy={type(policy).__name__}: Arguments to policy.forward are incompatible with "
+            f"entries in the step's TensorDict: forward requires {required}, and a plain nn.Module "
+            "is called with the observation only; accepted: a module whose forward takes one "
+            "tensor, a TensorDictModule with its in_keys, or trust_policy=True "
+            "(forward called on the step's TensorDict)"
         )
 
 
@@ -84,8 +86,10 @@ class StepPolicy:
     Args:
         policy: the user's policy (see module docstring); ``None`` is handled by the caller.
         device: where the policy runs; the policy is copied there if its weights live elsewhere.
-        action_keys: the env's action keys, which the policy must write (TorchRL's ``env.action_keys``).
-        compile_kwargs: if not None, the policy runs through ``torch.compile(..., **compile_kwargs)``.
+        action_keys: the env's action keys, which the policy must write (TorchRL's
+            ``env.action_keys``).
+        compile_kwargs: if not None, the policy runs through ``torch.compile(...,
+            **compile_kwargs)``.
         trust: TorchRL's ``trust_policy``: a plain ``nn.Module`` is called on the step's TensorDict
             (not given ``"observation"``), as any callable.
     """
@@ -104,24 +108,27 @@ class StepPolicy:
         self.policy = _to_device(policy, device)
         self.action_keys = [unravel_key(key) for key in (action_keys or ["action"])]
         self.td_module = _fast_module(self.policy, trust)
-        self.numbered = self.td_module is not None and self.td_module.module is self.policy  # a plain module wrapped here
+        # a plain module wrapped here
+        self.numbered = self.td_module is not None and self.td_module.module is self.policy
         self.out_keys: list | None = None
         if self.td_module is not None:
             self.out_keys = list(self.td_module.out_keys)
             missing = self._missing_actions(self.out_keys)
             if missing:
                 raise MissingAction(
-                    f"policy={policy!r} writes {self.out_keys}, which lacks {missing}; a policy must "
-                    f"write the env's action keys {self.action_keys}"
+                    f"policy={policy!r} writes {self.out_keys}, which lacks {missing}; a policy "
+                    f"must write the env's action keys {self.action_keys}"
                 )
             self.in_keys = list(self.td_module.in_keys)
             module, method = self.td_module.module, self.td_module.method
             self.inner = module if method is None else getattr(module, method)
             self.method_kwargs = dict(self.td_module.method_kwargs or {})
-            # in_keys given as {kwarg: key}: each tensor goes to its keyword, as TensorDictModule does
+            # in_keys given as {kwarg: key}: each tensor goes to its keyword, as
+            # TensorDictModule does
             self.kwarg_names = getattr(self.td_module, "_kwargs", None)
         self.call = self.policy
-        if compile_kwargs is not None:  # the module's forward compiled; it keeps its weights (updates reach it)
+        # the module's forward compiled; it keeps its weights (updates reach it)
+        if compile_kwargs is not None:
             if self.td_module is not None:
                 self.inner = torch.compile(self.inner, **compile_kwargs)
             else:
@@ -143,30 +150,38 @@ class StepPolicy:
                 out = self.inner(*args, **self.method_kwargs)
             if not isinstance(out, tuple):
                 out = (out,)
-            if self.numbered and len(out) != len(self.out_keys):  # learnt at the first call (the collector's check)
+            # learnt at the first call (the collector's check)
+            if self.numbered and len(out) != len(self.out_keys):
                 self.out_keys = ["action", *(f"output{i}" for i in range(1, len(out)))]
-                self.td_module = TensorDictModule(self.policy, in_keys=self.in_keys, out_keys=self.out_keys)
+                self.td_module = TensorDictModule(self.policy, in_keys=self.in_keys,
+                                                  out_keys=self.out_keys)
             return dict(zip(self.out_keys, out))
-        td = inputs if isinstance(inputs, TensorDictBase) else TensorDict(dict(inputs), batch_size=batch_size)
+        td = (inputs if isinstance(inputs, TensorDictBase)
+              else TensorDict(dict(inputs), batch_size=batch_size))
         if self.device is not None:
             td_in = td.to(self.device)
-        elif td.device is not None:  # as TorchRL: a policy without a device is given the step without one
+        elif td.device is not None:
+            # as TorchRL: a policy without a device is given the step without one
             td_in = td.clone(False).clear_device_()
         else:
             td_in = td
-        in_keys = set(td_in.keys(include_nested=True, leaves_only=True)) if self.out_keys is None else None
+        in_keys = (set(td_in.keys(include_nested=True, leaves_only=True)) if self.out_keys is None
+                   else None)
         result = self.call(td_in)
         result = td_in if result is None else result
         if self.out_keys is None:
-            written = list(result.keys(True, True, is_leaf=_is_leaf_nontensor)) if isinstance(result, TensorDictBase) else []
+            written = (list(result.keys(True, True, is_leaf=_is_leaf_nontensor))
+                       if isinstance(result, TensorDictBase) else [])
             missing = self._missing_actions(written)
             if missing:
                 raise MissingAction(
-                    f"policy={self.source!r} did not write {missing} into the TensorDict it was given; "
-                    f"a policy must write the env's action keys {self.action_keys}"
+                    f"policy={self.source!r} did not write {missing} into the TensorDict it was "
+                    f"given; a policy must write the env's action keys {self.action_keys}"
                 )
-            self.out_keys = [k for k in result.keys(include_nested=True, leaves_only=True) if k not in in_keys]
-        return result.select(*self.out_keys)  # a TensorDict: heterogeneous lazy stacks stay as they are
+            self.out_keys = [k for k in result.keys(include_nested=True, leaves_only=True)
+                             if k not in in_keys]
+        # a TensorDict: heterogeneous lazy stacks stay as they are
+        return result.select(*self.out_keys)
 
     def zeros_of_other_outputs(self, out: Any) -> dict:
         """Zeros shaped as the outputs ``out`` other than the action: random-action batches carry
@@ -175,8 +190,10 @@ class StepPolicy:
         try:
             items = out.items(True, True) if isinstance(out, TensorDictBase) else out.items()
             outputs = [(key, value) for key, value in items if unravel_key(key) not in actions]
-        except RuntimeError:  # entries of a heterogeneous lazy stack cannot be read as one tensor
-            outputs = [(key, value) for key, value in out.items() if unravel_key(key) not in actions]
+        except RuntimeError:
+            # entries of a heterogeneous lazy stack cannot be read as one tensor
+            outputs = [(key, value) for key, value in out.items()
+                       if unravel_key(key) not in actions]
         return {key: torch.zeros_like(value) for key, value in outputs}
 
     def _missing_actions(self, keys: list) -> list:
@@ -213,7 +230,8 @@ def check_action_shape(policy: Any, out: Mapping, expected: torch.Size | None, s
     hint = " (logits, or probabilities, instead of an action: pick one, e.g. with .argmax(-1))" \
         if action.shape == torch.Size([*expected, getattr(space, "n", -1)]) else ""
     raise ValueError(
-        f"policy={described} returned an action of shape {list(action.shape)}{hint}; the env's action space "
-        f"{space} needs an action of shape {list(expected)} (one per env, batch size included)"
+        f"policy={described} returned an action of shape {list(action.shape)}{hint}; the env's "
+        f"action space {space} needs an action of shape {list(expected)} "
+        "(one per env, batch size included)"
     )
 

@@ -24,8 +24,10 @@ class Preemption:
     from 1 by :meth:`begin`), also when it arrives before that batch began."""
 
     def __init__(self) -> None:
-        self.started = 0  # batches begun
-        self.until = 0  # batches up to this one are to stop
+        # batches begun
+        self.started = 0
+        # batches up to this one are to stop
+        self.until = 0
         self._lock = threading.Lock()
 
     def begin(self) -> None:
@@ -73,8 +75,8 @@ def drop_padding(batch: TensorDictBase) -> TensorDictBase:
 def no_length(threshold: float) -> TypeError:
     """The error of ``len()`` on a collector whose rounds may be cut short."""
     return TypeError(
-        f"len() of a collector with preemptive_threshold={threshold!r} is unknown before the run: rounds cut short "
-        "hold fewer frames, so reaching total_frames takes more batches than total_frames / frames_per_batch; "
-        "iterate until the collector stops (collector.frames counts the frames) or, for a known number of batches, "
-        "accepted: preemptive_threshold=None"
+        f"len() of a collector with preemptive_threshold={threshold!r} is unknown before the run: "
+        "rounds cut short hold fewer frames, so reaching total_frames takes more batches than "
+        "total_frames / frames_per_batch; iterate until the collector stops (collector.frames "
+        "counts the frames) or, for a known number of batches, accepted: preemptive_threshold=None"
     )

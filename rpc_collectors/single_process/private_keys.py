@@ -9,7 +9,8 @@ from tensordict import TensorDict, TensorDictBase, is_non_tensor, is_tensor_coll
 
 def drop_private_keys(batch: Any) -> Any:
     """``batch`` without its private entries (a name part starting with ``"_"``, such as an
-    exploration module's ``"_ou_prev_noise"``), as TorchRL's collectors drop them after ``postproc``."""
+    exploration module's ``"_ou_prev_noise"``), as TorchRL's collectors drop them after
+    ``postproc``."""
     if not isinstance(batch, TensorDictBase):
         return batch
     private = _private_keys(batch, ())
@@ -17,8 +18,8 @@ def drop_private_keys(batch: Any) -> Any:
 
 
 def _private_keys(td: TensorDictBase, prefix: tuple) -> list[tuple]:
-    """The keys under ``prefix`` with a part starting with ``"_"`` (a private entry's own entries not
-    listed): a TensorDict level by level; anything else (a lazy stack, whose ``items()`` would
+    """The keys under ``prefix`` with a part starting with ``"_"`` (a private entry's own entries
+    not listed): a TensorDict level by level; anything else (a lazy stack, whose ``items()`` would
     stack its parts' tensors, or a tensorclass) by its nested keys."""
     if type(td) is not TensorDict:
         keys = ((key,) if isinstance(key, str) else key for key in td.keys(include_nested=True))

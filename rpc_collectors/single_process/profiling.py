@@ -12,8 +12,11 @@ from typing import Any
 
 import torch
 
-ACTIVITIES = {"cpu": torch.profiler.ProfilerActivity.CPU, "cuda": torch.profiler.ProfilerActivity.CUDA}
-STARTED = "Cannot enable profiling after iteration has started; call enable_profile() before iterating"
+ACTIVITIES = {"cpu": torch.profiler.ProfilerActivity.CPU,
+              "cuda": torch.profiler.ProfilerActivity.CUDA}
+STARTED = (
+    "Cannot enable profiling after iteration has started; call enable_profile() before iterating"
+)
 
 
 @dataclass
@@ -33,18 +36,24 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
         bad = lambda n: isinstance(n, bool) or not isinstance(n, int)  # noqa: E731
-        if bad(self.warmup_rollouts) or bad(self.num_rollouts) or not 0 <= self.warmup_rollouts < self.num_rollouts:
-            raise ValueError(f"num_rollouts={self.num_rollouts!r}, warmup_rollouts={self.warmup_rollouts!r} are invalid; "
-                             "accepted: ints with 0 <= warmup_rollouts < num_rollouts")
+        valid = (not bad(self.warmup_rollouts) and not bad(self.num_rollouts)
+                 and 0 <= self.warmup_rollouts < self.num_rollouts)
+        if not valid:
+            raise ValueError(f"num_rollouts={self.num_rollouts!r}, "
+                             f"warmup_rollouts={self.warmup_rollouts!r} are invalid; accepted: "
+                             "ints with 0 <= warmup_rollouts < num_rollouts")
         unknown = [a for a in self.activities if a not in ACTIVITIES]
         if unknown:
-            raise ValueError(f"activities={self.activities!r} is invalid; accepted: a list of 'cpu', 'cuda'")
+            raise ValueError(f"activities={self.activities!r} is invalid; "
+                             "accepted: a list of 'cpu', 'cuda'")
         if self.on_trace_ready is not None and not callable(self.on_trace_ready):
-            raise TypeError(f"on_trace_ready={self.on_trace_ready!r} is invalid; accepted: None or a callable")
+            raise TypeError(f"on_trace_ready={self.on_trace_ready!r} is invalid; "
+                            "accepted: None or a callable")
 
     def get_save_path(self, worker_idx: int = 0) -> Path:
         """Where worker ``worker_idx``'s trace goes."""
-        return Path(str(self.save_path or "./collector_profile_{worker_idx}.json").format(worker_idx=worker_idx))
+        template = str(self.save_path or "./collector_profile_{worker_idx}.json")
+        return Path(template.format(worker_idx=worker_idx))
 
 
 class RolloutProfiler:
@@ -56,10 +65,12 @@ class RolloutProfiler:
 
     def before_batch(self) -> None:
         if self.count == self.config.warmup_rollouts and self.profile is None:
-            activities = [ACTIVITIES[a] for a in self.config.activities if a == "cpu" or torch.cuda.is_available()]
+            activities = [ACTIVITIES[a] for a in self.config.activities
+                          if a == "cpu" or torch.cuda.is_available()]
             self.profile = torch.profiler.profile(
-                activities=activities, record_shapes=self.config.record_shapes, profile_memory=self.config.profile_memory,
-                with_stack=self.config.with_stack, with_flops=self.config.with_flops,
+                activities=activities, record_shapes=self.config.record_shapes,
+                profile_memory=self.config.profile_memory, with_stack=self.config.with_stack,
+                with_flops=self.config.with_flops
             )
             self.profile.__enter__()
 

@@ -1,7 +1,8 @@
 """What the Prometheus targets of :mod:`.metric_exports` expose: the latest metrics as gauges of one
-prometheus_client registry (:class:`Gauges`, for the endpoint and the textfile alike), and the endpoint's
-HTTP server (:class:`Endpoint`: prometheus_client's WSGI app, a bounded number of connection threads, a
-read timeout on each connection). prometheus_client (the ``metrics`` extra) is imported at the first write.
+prometheus_client registry (:class:`Gauges`, for the endpoint and the textfile alike), and the
+endpoint's HTTP server (:class:`Endpoint`: prometheus_client's WSGI app, a bounded number of
+connection threads, a read timeout on each connection). prometheus_client (the ``metrics`` extra) is
+imported at the first write.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from rpc_collectors.core.metrics import Metrics
 
 class Gauges:
     """A prometheus_client collector of the latest metrics: each number a gauge named
-    ``rpc_collectors_<group>_<name>``, a worker's ``rpc_collectors_worker_<name>{worker="<id>"}``, every
-    sample labelled with ``labels`` besides."""
+    ``rpc_collectors_<group>_<name>``, a worker's ``rpc_collectors_worker_<name>{worker="<id>"}``,
+    every sample labelled with ``labels`` besides."""
 
     def __init__(self, **labels: str) -> None:
         self.labels = labels
@@ -34,7 +35,8 @@ class Gauges:
             family = "rpc_collectors_" + ("worker_" + parts[2] if worker else "_".join(parts))
             labels = {"worker": parts[1]} if worker else {}
             labels.update(self.labels)
-            gauge = families.setdefault(family, GaugeMetricFamily(family, family, labels=list(labels)))
+            gauge = families.setdefault(family,
+                                        GaugeMetricFamily(family, family, labels=list(labels)))
             gauge.add_metric(list(labels.values()), value)
         return iter(families.values())
 
@@ -47,12 +49,14 @@ class Gauges:
 
 
 class _Handler(WSGIRequestHandler):
-    """One request per connection; reads and writes time out after the server's ``read_timeout``; no request log."""
+    """One request per connection; reads and writes time out after the server's
+    ``read_timeout``; no request log."""
 
     server: Endpoint
 
     def setup(self) -> None:
-        self.timeout = self.server.read_timeout  # StreamRequestHandler.setup sets it on the connection
+        # StreamRequestHandler.setup sets it on the connection
+        self.timeout = self.server.read_timeout
         super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -61,23 +65,29 @@ class _Handler(WSGIRequestHandler):
 
 class Endpoint(socketserver.ThreadingMixIn, WSGIServer):
     """An HTTP server bound to ``address:port`` as :class:`http.server.HTTPServer` binds (with
-    ``SO_REUSEADDR``): a daemon thread per connection, at most ``connections`` at once (one beyond them is
-    closed at once), and a connection silent for ``read_timeout`` seconds is closed."""
+    ``SO_REUSEADDR``): a daemon thread per connection, at most ``connections`` at once (one beyond
+    them is closed at once), and a connection silent for ``read_timeout`` seconds is closed."""
 
-    daemon_threads = True  # as prometheus_client's own server: no connection holds the trainer's exit
-    allow_reuse_port = False  # whatever the Python version's default: a port another endpoint holds stays refused
-    request_queue_size = 64  # connections the kernel holds until accepted (socketserver's 5 drops a burst's SYNs)
+    # as prometheus_client's own server: no connection holds the trainer's exit
+    daemon_threads = True
+    # whatever the Python version's default: a port another endpoint holds stays refused
+    allow_reuse_port = False
+    # connections the kernel holds until accepted (socketserver's 5 drops a burst's SYNs)
+    request_queue_size = 64
 
     def __init__(self, address: str, port: int, connections: int, read_timeout: float) -> None:
-        family, _, _, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        family, _, _, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
         self.address_family = family
-        super().__init__(sockaddr[:2], _Handler)  # binds and listens; closes the socket if that fails
+        # binds and listens; closes the socket if that fails
+        super().__init__(sockaddr[:2], _Handler)
         self.read_timeout = read_timeout
         self._slots = threading.BoundedSemaphore(connections)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # at the cap: closed before anything is read
+            # at the cap: closed before anything is read
+            self.shutdown_request(request)
             return
         super().process_request(request, client_address)
 
@@ -88,7 +98,8 @@ class Endpoint(socketserver.ThreadingMixIn, WSGIServer):
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that timed out or went away is the client's business; anything else is printed."""
+        """A connection that timed out or went away is the client's business;
+        anything else is printed."""
         if not isinstance(sys.exc_info()[1], OSError):
             super().handle_error(request, client_address)
 
@@ -98,11 +109,14 @@ class Endpoint(socketserver.ThreadingMixIn, WSGIServer):
         self.server_close()
 
 
-def serve(address: str, port: int, registry: Any, connections: int, read_timeout: float) -> Endpoint:
-    """An :class:`Endpoint` serving ``registry`` with prometheus_client's WSGI app, from a daemon thread."""
+def serve(address: str, port: int, registry: Any, connections: int,
+          read_timeout: float) -> Endpoint:
+    """An :class:`Endpoint` serving ``registry`` with prometheus_client's WSGI
+    app, from a daemon thread."""
     from prometheus_client import make_wsgi_app
     app = make_wsgi_app(registry)
     server = Endpoint(address, port, connections, read_timeout)
     server.set_app(app)
-    threading.Thread(target=server.serve_forever, name=f"rpc_collectors metrics :{port}", daemon=True).start()
+    threading.Thread(target=server.serve_forever, name="rpc_collectors "
+                                                       f"metrics :{port}", daemon=True).start()
     return server

@@ -1,9 +1,10 @@
 """Stepping one env for a batch of steps and recording the transitions in TorchRL's layout.
 
-:class:`ArrayRollout` steps a :class:`~rpc_collectors.single_process.envs.GymEnv` through numpy arrays and
-builds the batch TensorDict once per batch; :class:`EnvBaseRollout` steps a TorchRL env as
-TorchRL's collectors do, and :class:`TensorDictRollout` any other env with TorchRL's ``EnvBase``
-protocol (``reset``, ``step(td)``, ``batch_size``). All keep the env's state and trajectory ids across batches.
+:class:`ArrayRollout` steps a :class:`~rpc_collectors.single_process.envs.GymEnv` through numpy
+arrays and builds the batch TensorDict once per batch; :class:`EnvBaseRollout` steps a TorchRL env
+as TorchRL's collectors do, and :class:`TensorDictRollout` any other env with TorchRL's ``EnvBase``
+protocol (``reset``, ``step(td)``, ``batch_size``). All keep the env's state and trajectory ids
+across batches.
 """
 from __future__ import annotations
 
@@ -11,44 +12,15 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
-from rpc_collectors.single_process.envs import GymEnv, _where, is_torchrl_env
+from rpc_collectors.single_process import gym_spaces
+from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env
 from rpc_collectors.single_process.phase_clock import PhaseClock
 from rpc_collectors.single_process.policies import StepPolicy
-from rpc_collectors.single_process.step_records import FLAGS, StepRecords, set_marks, time_names
+from rpc_collectors.single_process.step_records import FLAGS, StepRecords, set_marks
+from rpc_collectors.single_process.step_stacking import _dense, _stack_steps, end_of_trajectory
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, TrajectoryIds
-
-
-def _dense(td: TensorDictBase) -> TensorDictBase:
-    """A batched env's lazy stack of its envs' own TensorDicts (``share_individual_td=True``), which
-    it writes again at its next step or reset, as a TensorDict of its own; anything else as it is."""
-    return td.contiguous() if isinstance(td, LazyStackedTensorDict) else td
-
-
-def _stack_steps(steps: list, dim: int, stacking: str = "auto") -> TensorDictBase:
-    """The steps of a batch stacked along time, as TorchRL stacks them: ``"auto"``, one TensorDict
-    (entries that are heterogeneous lazy stacks stay so), or, where an entry's shape changes from step
-    to step (an env with dynamic specs), a lazy stack; ``"dense"`` (TorchRL's ``use_buffers=True``):
-    a ``RuntimeError`` there instead; ``"lazy"``: a lazy stack of the steps, which a replay buffer's
-    storage writes step by step without a dense copy first."""
-    if stacking == "lazy":
-        out = LazyStackedTensorDict.lazy_stack(steps, dim=dim)
-    else:
-        out = torch.stack(steps, dim=dim) if stacking == "dense" else TensorDict.maybe_dense_stack(steps, dim=dim)
-    out.names = time_names(out.batch_dims)
-    return out
-
-
-def end_of_trajectory(nxt: TensorDictBase, done_keys: list, batch_size: torch.Size) -> torch.Tensor:
-    """Which envs of ``batch_size`` ended a trajectory: any of their ``done_keys`` (nested ones, such
-    as per-agent flags, reduced over their extra dims), as TorchRL's collectors read them."""
-    n = len(batch_size)
-    ended = torch.zeros(batch_size, dtype=torch.bool)
-    for key in done_keys:
-        flag = nxt.get(key).to("cpu")
-        ended = ended | (flag.flatten(n).any(-1) if flag.dim() > n else flag)
-    return ended
 
 
 class ArrayRollout:
@@ -60,14 +32,18 @@ class ArrayRollout:
     where the collector stores batches on it (they are made there), else None (no device).
     """
 
-    def __init__(self, env: GymEnv, traj_ids: TrajectoryIds, max_frames_per_traj: int | None) -> None:
+    def __init__(self, env: GymEnv, traj_ids: TrajectoryIds,
+                 max_frames_per_traj: int | None) -> None:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.obs: dict | None = None
         self.traj: Any = None
-        self.out: dict = {}  # the tensors of the slot the next batch goes to, by key (see tensors_by_key)
-        self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
+        # the tensors of the slot the next batch goes to, by key (see tensors_by_key)
+        self.out: dict = {}
+        # the policy's outputs but the action, zeros of one step
+        self.policy_zeros: dict = {}
         self.device: torch.device | None = None
-        self.clock = PhaseClock()  # times its policy calls and env steps
+        # times its policy calls and env steps
+        self.clock = PhaseClock()
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -84,14 +60,16 @@ class ArrayRollout:
         return self.obs is None
 
     def cut(self) -> None:
-        """The trajectories in progress continue under new ids from the next step (the env goes on)."""
+        """The trajectories in progress continue under new ids from the next
+        step (the env goes on)."""
         if self.obs is not None and self.traj is not None:
             ids = self.traj_ids.new(self.env.num_envs)
             self.traj = ids if self.env.is_vector else int(ids[0])
 
     def reset(self) -> None:
         self.obs = self.env.reset_arrays()
-        self.traj = None  # ids are handed out at the first step: a reset never stepped costs none
+        # ids are handed out at the first step: a reset never stepped costs none
+        self.traj = None
         self.steps = np.zeros(self.env.num_envs, np.int64) if self.env.is_vector else 0
 
     def probe(self, policy: StepPolicy) -> dict:
@@ -100,7 +78,8 @@ class ArrayRollout:
             self.reset()
         return policy({k: torch.from_numpy(v) for k, v in self.obs.items()}, self.env.batch_size)
 
-    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None,
+    def collect(self, num_steps: int, policy: StepPolicy | None,
+                stopped: Callable[[], bool] | None = None,
                 marks: Callable[[], dict] | None = None) -> TensorDict:
         """Step ``num_steps`` times with ``policy`` (random actions if None); fewer if ``stopped()``
         turns True (checked after each step); ``marks()``, called once the steps are done: entries
@@ -132,14 +111,16 @@ class ArrayRollout:
             if max_steps is not None:
                 rec.counts.append(self.steps)
                 self.steps = self.steps + 1
-                trunc = np.logical_or(trunc, self.steps >= max_steps) if vector else trunc or self.steps >= max_steps
+                trunc = (np.logical_or(trunc, self.steps >= max_steps) if vector else trunc
+                         or self.steps >= max_steps)
             rec.terminated.append(term)
             rec.truncated.append(trunc)
             if vector:
                 done = np.logical_or(term, trunc)
                 if done.any():
                     reset_obs = env.reset_arrays(done)
-                    self.obs = {k: _where(done, reset_obs[k], v) for k, v in next_obs.items()}
+                    self.obs = {k: gym_spaces.where(done, reset_obs[k], v)
+                                for k, v in next_obs.items()}
                     self.traj = self.traj.copy()
                     self.traj[done] = self.traj_ids.new(int(done.sum()))
                     self.steps = np.where(done, 0, self.steps)
@@ -156,12 +137,13 @@ class ArrayRollout:
             if stopped is not None and stopped():
                 break
         self.clock.stepped(len(rec.rewards), timed, env_ns, stamps)
-        return rec.to_tensordict(batch, vector, self.policy_zeros, self.device, marks() if marks is not None else {})
+        return rec.to_tensordict(batch, vector, self.policy_zeros, self.device,
+                                 marks() if marks is not None else {})
 
 
 class TensorDictRollout:
-    """Rollout of an env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``, ``batch_size``)
-    but without its specs.
+    """Rollout of an env with TorchRL's ``EnvBase`` protocol (``reset``, ``step(td)``,
+    ``batch_size``) but without its specs.
 
     The next step's root is built as TorchRL's ``step_mdp`` builds it: this step's root without
     ``"next"``, actions and rewards (policy outputs and other entries are carried), updated with
@@ -172,9 +154,12 @@ class TensorDictRollout:
         self.env, self.traj_ids, self.max_steps = env, traj_ids, max_frames_per_traj
         self.td: TensorDictBase | None = None
         self.stepped = False
-        self.policy_zeros: dict = {}  # the policy's outputs but the action, zeros of one step
-        self.clock = PhaseClock()  # times its policy calls and env steps
-        self.stacking = "auto"  # how steps are stacked (_stack_steps): "dense" is TorchRL's use_buffers=True
+        # the policy's outputs but the action, zeros of one step
+        self.policy_zeros: dict = {}
+        # times its policy calls and env steps
+        self.clock = PhaseClock()
+        # how steps are stacked (_stack_steps): "dense" is TorchRL's use_buffers=True
+        self.stacking = "auto"
         self.rewards = list(getattr(env, "reward_keys", ["reward"]))
         self.dropped = ["next", "_reset", *getattr(env, "action_keys", ["action"]), *self.rewards]
 
@@ -193,15 +178,19 @@ class TensorDictRollout:
         return self.td is None
 
     def cut(self) -> None:
-        """The trajectories in progress continue under new ids from the next step (the env goes on)."""
+        """The trajectories in progress continue under new ids from the next
+        step (the env goes on)."""
         if self.td is not None and self.stepped:
             ids = self.td.get(TRAJ_IDS)
-            self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(ids.numel())).reshape(ids.shape))
+            self.td.set(TRAJ_IDS,
+                        torch.as_tensor(self.traj_ids.new(ids.numel())).reshape(ids.shape))
 
     def reset(self) -> None:
         self.td = _dense(self.env.reset())
-        self.stepped = False  # ids are handed out at the first step: a reset never stepped costs none
-        if self.max_steps is not None:  # as a StepCounter's reset: a count, and a truncated flag
+        # ids are handed out at the first step: a reset never stepped costs none
+        self.stepped = False
+        # as a StepCounter's reset: a count, and a truncated flag
+        if self.max_steps is not None:
             self.td.set("step_count", torch.zeros(*self.env.batch_size, 1, dtype=torch.int64))
             if "truncated" not in self.td.keys():
                 self.td.set("truncated", torch.zeros_like(self.td.get("done")))
@@ -212,13 +201,15 @@ class TensorDictRollout:
             self.reset()
         return policy(self.td.clone(), self.env.batch_size)
 
-    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None,
+    def collect(self, num_steps: int, policy: StepPolicy | None,
+                stopped: Callable[[], bool] | None = None,
                 marks: Callable[[], dict] | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
         if not self.stepped:
             n = int(np.prod(self.env.batch_size)) if len(self.env.batch_size) else 1
-            self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
+            self.td.set(TRAJ_IDS,
+                        torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
             self.stepped = True
         env, batch, steps = self.env, self.env.batch_size, []
         timing, now, stamps = self.clock.steps(num_steps)
@@ -234,10 +225,12 @@ class TensorDictRollout:
             td = env.step(td)
             nxt = td.get("next")
             dense = _dense(nxt)
-            if dense is not nxt:  # a lazy stack the env writes again: keep a copy of its own
+            # a lazy stack the env writes again: keep a copy of its own
+            if dense is not nxt:
                 nxt = dense
                 td.set("next", nxt)
-            if policy is None:  # random actions: the policy's other outputs not carried yet, as zeros
+            # random actions: the policy's other outputs not carried yet, as zeros
+            if policy is None:
                 for key, zero in self.policy_zeros.items():
                     if key not in td.keys(include_nested=True):
                         td.set(key, zero)
@@ -254,11 +247,13 @@ class TensorDictRollout:
             if stopped is not None and stopped():
                 break
         self.clock.stepped(len(steps), timed, env_ns, stamps)
-        return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
+        return set_marks(_stack_steps(steps, len(batch), self.stacking),
+                         marks() if marks is not None else {})
 
     def _next_root(self, nxt: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
         """The root of the next step: the next state, with finished envs reset."""
-        root = td.exclude(*self.dropped).clone(False)  # its own nested TensorDicts: setting in them leaves td's
+        # its own nested TensorDicts: setting in them leaves td's
+        root = td.exclude(*self.dropped).clone(False)
         root.update(nxt.exclude(*self.rewards))
         done = nxt.get("done")
         if not done.any():
@@ -268,15 +263,17 @@ class TensorDictRollout:
             mask = torch.ones((), dtype=torch.bool)
         else:
             mask = done.reshape(self.env.batch_size)
-            # the whole state with "_reset", as TorchRL's collectors pass it: a batched env of individual
-            # TensorDicts (share_individual_td=True) reads its device and keys from it
+            # the whole state with "_reset", as TorchRL's collectors pass it: a batched env of
+            # individual TensorDicts (share_individual_td=True) reads its device and keys from it
             request = root.exclude(TRAJ_IDS)
             request.set("_reset", done.clone())
             fresh = self.env.reset(request)
-        ids = root.get(TRAJ_IDS).clone()  # set, not written in place: a lazy stack's get() is a copy
+        # set, not written in place: a lazy stack's get() is a copy
+        ids = root.get(TRAJ_IDS).clone()
         ids[mask] = torch.as_tensor(self.traj_ids.new(int(mask.sum())))
         root.set(TRAJ_IDS, ids)
-        for key in FLAGS:  # a fresh episode is not done, whether or not reset() says so
+        # a fresh episode is not done, whether or not reset() says so
+        for key in FLAGS:
             if key in root.keys():
                 flag = root.get(key)
                 root.set(key, flag & ~mask.reshape(*mask.shape, *[1] * (flag.dim() - mask.dim())))
@@ -287,9 +284,11 @@ class TensorDictRollout:
             if len(self.env.batch_size) == 0:
                 root.set(key, value)
             else:
-                root.set(key, torch.where(mask.reshape(*mask.shape, *[1] * (value.dim() - mask.dim())), value, root.get(key)))
+                rows = mask.reshape(*mask.shape, *[1] * (value.dim() - mask.dim()))
+                root.set(key, torch.where(rows, value, root.get(key)))
         if self.max_steps is not None:
-            root.set("step_count", torch.where(mask.reshape(*mask.shape, 1) if mask.dim() else mask, 0, root.get("step_count")))
+            rows = mask.reshape(*mask.shape, 1) if mask.dim() else mask
+            root.set("step_count", torch.where(rows, 0, root.get("step_count")))
         return root
 
 
@@ -298,7 +297,8 @@ class EnvBaseRollout(TensorDictRollout):
     ``step_and_maybe_reset`` (its ``step_mdp`` builds the next root from its specs and it resets the
     envs its ``done_keys`` mark, nested keys included), trajectory ids from those ``done_keys``.
 
-    ``max_frames_per_traj`` is the env's ``StepCounter`` here (the collector appends it, as TorchRL's does).
+    ``max_frames_per_traj`` is the env's ``StepCounter`` here (the collector appends it, as
+    TorchRL's does).
     """
 
     def __init__(self, env: Any, traj_ids: TrajectoryIds) -> None:
@@ -309,7 +309,8 @@ class EnvBaseRollout(TensorDictRollout):
         self.td = _dense(self.env.reset())
         self.stepped = False
 
-    def collect(self, num_steps: int, policy: StepPolicy | None, stopped: Callable[[], bool] | None = None,
+    def collect(self, num_steps: int, policy: StepPolicy | None,
+                stopped: Callable[[], bool] | None = None,
                 marks: Callable[[], dict] | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
@@ -324,7 +325,8 @@ class EnvBaseRollout(TensorDictRollout):
             td = self.td
             if policy is None:
                 td = env.rand_action(td)
-                for key, zero in self.policy_zeros.items():  # the policy's other outputs, as zeros
+                # the policy's other outputs, as zeros
+                for key, zero in self.policy_zeros.items():
                     if key not in td.keys(include_nested=True):
                         td.set(key, zero)
             else:
@@ -335,7 +337,8 @@ class EnvBaseRollout(TensorDictRollout):
             td, root = env.step_and_maybe_reset(td)
             nxt = td.get("next")
             dense = _dense(nxt)
-            if dense is not nxt:  # a lazy stack the env writes again: keep a copy of its own
+            # a lazy stack the env writes again: keep a copy of its own
+            if dense is not nxt:
                 td.set("next", dense)
             steps.append(td)
             ended = end_of_trajectory(dense, self.done_keys, batch)
@@ -350,12 +353,14 @@ class EnvBaseRollout(TensorDictRollout):
             if stopped is not None and stopped():
                 break
         self.clock.stepped(len(steps), timed, env_ns, stamps)
-        return set_marks(_stack_steps(steps, len(batch), self.stacking), marks() if marks is not None else {})
+        return set_marks(_stack_steps(steps, len(batch), self.stacking),
+                         marks() if marks is not None else {})
 
 
-def rollout_for(env: Any, traj_ids: TrajectoryIds, max_frames_per_traj: int | None, storing_device: Any) -> Any:
-    """The rollout that steps ``env``'s kind: a ``GymEnv`` (batches made on the CPU when stored there),
-    a TorchRL env, or any other env on TensorDicts."""
+def rollout_for(env: Any, traj_ids: TrajectoryIds, max_frames_per_traj: int | None,
+                storing_device: Any) -> Any:
+    """The rollout that steps ``env``'s kind: a ``GymEnv`` (batches made on the CPU when stored
+    there), a TorchRL env, or any other env on TensorDicts."""
     if isinstance(env, GymEnv):
         rollout = ArrayRollout(env, traj_ids, max_frames_per_traj)
         if storing_device == torch.device("cpu"):

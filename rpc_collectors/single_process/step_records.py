@@ -38,7 +38,8 @@ class StepRecords:
     obs: list = field(default_factory=list)
     next_obs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
-    output_arrays: dict = field(default_factory=dict)  # outputs kept as numpy arrays too: {key: [one per step]}
+    # outputs kept as numpy arrays too: {key: [one per step]}
+    output_arrays: dict = field(default_factory=dict)
     rewards: list = field(default_factory=list)
     terminated: list = field(default_factory=list)
     truncated: list = field(default_factory=list)
@@ -48,7 +49,8 @@ class StepRecords:
     def add_outputs(self, out: Any) -> None:
         """Record a step's policy outputs; those with a target are kept as numpy arrays as well
         (views, taken step by step): the batch's end then stacks them with numpy, not torch."""
-        if not self.outputs and self.targets:  # the first step: which outputs can be
+        # the first step: which outputs can be
+        if not self.outputs and self.targets:
             for key, value in out.items():
                 target = self.targets.get((key,) if isinstance(key, str) else key)
                 if target is not None and target[1] is not None and type(value) is torch.Tensor \
@@ -59,11 +61,12 @@ class StepRecords:
         for key in list(self.output_arrays):
             try:
                 self.output_arrays[key].append(out[key].numpy())
-            except (AttributeError, TypeError, RuntimeError):  # not one after all: stacked with torch
+            except (AttributeError, TypeError, RuntimeError):
+                # not one after all: stacked with torch
                 del self.output_arrays[key]
 
-    def to_tensordict(self, batch_size: torch.Size, vector: bool, policy_zeros: dict, device: torch.device | None,
-                      marks: dict) -> TensorDict:
+    def to_tensordict(self, batch_size: torch.Size, vector: bool, policy_zeros: dict,
+                      device: torch.device | None, marks: dict) -> TensorDict:
         """The batch ``[*batch_size, steps]`` (``vector``: the env's arrays hold ``batch_size``
         envs), written into the targets where they fit; ``policy_zeros``: the policy's outputs but
         the action, as zeros of one step (random actions); ``marks``: see :func:`set_marks`."""
@@ -75,7 +78,8 @@ class StepRecords:
             """The steps' ``values`` (scalars, or one step's arrays) along time; ``flag``: with a
             trailing dim of 1 (rewards, done flags, step counts)."""
             first = np.asarray(values[0], dtype=dtype)
-            stacked = (*first.shape[:axis], len(values), *first.shape[axis:], *((1,) if flag else ()))
+            stacked = (*first.shape[:axis], len(values), *first.shape[axis:],
+                       *((1,) if flag else ()))
             tensor, array = targets.get(key, (None, None))
             if array is not None and array.shape == stacked and array.dtype == first.dtype:
                 dest = array[..., 0] if flag else array
@@ -83,13 +87,15 @@ class StepRecords:
                     dest[...] = values
                 elif np.asarray(values[0]).dtype == array.dtype:
                     np.stack(values, axis=1, out=dest)
-                else:  # cast as a fresh batch's entry is (0/1 flags of ints, float64 rewards)
+                else:
+                    # cast as a fresh batch's entry is (0/1 flags of ints, float64 rewards)
                     np.copyto(dest, np.stack(values, axis=1), casting="unsafe")
                 return tensor
             if vector:
                 out = torch.from_numpy(np.ascontiguousarray(np.stack(values, axis=1), dtype=dtype))
             else:
-                out = torch.from_numpy(np.array(values, dtype=dtype))  # one env: along a new first dim
+                # one env: along a new first dim
+                out = torch.from_numpy(np.array(values, dtype=dtype))
             return out.reshape(stacked) if flag else out
 
         def zeros(key: tuple) -> torch.Tensor:
@@ -104,8 +110,9 @@ class StepRecords:
             tensor, array = targets.get(("next", "done"), (None, None))
             term, term_array = targets.get(("next", "terminated"), (None, None))
             trunc, trunc_array = targets.get(("next", "truncated"), (None, None))
-            if array is not None and term is terminated and trunc is truncated and array.shape == term_array.shape \
-                    and array.dtype == np.bool_:
+            shared = (array is not None and term is terminated and trunc is truncated
+                      and array.shape == term_array.shape and array.dtype == np.bool_)
+            if shared:
                 np.logical_or(term_array, trunc_array, out=array)
                 return tensor
             return terminated | truncated
@@ -114,23 +121,27 @@ class StepRecords:
         terminated = stack(("next", "terminated"), self.terminated, np.bool_, flag=True)
         truncated = stack(("next", "truncated"), self.truncated, np.bool_, flag=True)
         nxt = {"reward": stack(("next", "reward"), self.rewards, np.float32, flag=True),
-               "done": done(terminated, truncated), "terminated": terminated, "truncated": truncated}
+               "done": done(terminated, truncated), "terminated": terminated,
+               "truncated": truncated}
         root["collector"] = {TRAJ_IDS[1]: stack(TRAJ_IDS, self.traj_ids, np.int64)}
         if self.counts:
             root["step_count"] = stack(("step_count",), self.counts, np.int64, flag=True)
-            nxt["step_count"] = stack(("next", "step_count"), [count + 1 for count in self.counts], np.int64, flag=True)
+            nxt["step_count"] = stack(("next", "step_count"), [count + 1 for count in self.counts],
+                                      np.int64, flag=True)
         for key in self.obs[0]:
             path = (key,) if isinstance(key, str) else tuple(key)
             put_nested(root, key, stack(path, [o[key] for o in self.obs]))
             put_nested(nxt, key, stack(("next", *path), [o[key] for o in self.next_obs]))
         root["next"] = nxt
-        checked = []  # the policy's outputs that do not start with the batch's shape on the CPU: set with checks
+        # the policy's outputs that do not start with the batch's shape on the CPU: set with checks
+        checked = []
         for key in self.outputs[0].keys():
             if key in self.output_arrays:
                 value = stack((key,) if isinstance(key, str) else key, self.output_arrays[key])
             else:
                 value = torch.stack([o[key] for o in self.outputs], dim=axis)
-            if type(value) is torch.Tensor and value.device.type == "cpu" and value.shape[:len(shape)] == shape:
+            on_cpu = type(value) is torch.Tensor and value.device.type == "cpu"
+            if on_cpu and value.shape[:len(shape)] == shape:
                 put_nested(root, key, value)
             else:
                 checked.append((key, value))
@@ -145,7 +156,8 @@ class StepRecords:
         td = nested_tensordict(root, torch.Size(shape), time_names(len(shape)), device=device)
         for key, value in checked:
             td.set(key, value.cpu())
-        for key, zero in policy_zeros.items():  # random actions: the policy's other outputs as zeros
+        # random actions: the policy's other outputs as zeros
+        for key, zero in policy_zeros.items():
             if key not in td.keys(include_nested=True):
                 td.set(key, zero.cpu().unsqueeze(axis).expand(*shape, *zero.shape[axis:]).clone())
         return td

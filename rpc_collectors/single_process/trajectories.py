@@ -1,9 +1,10 @@
 """Trajectory bookkeeping: run-unique trajectory ids and splitting batches into trajectories.
 
-Ids never repeat within a run: worker ``w`` of ``n`` hands out ``w + k * n`` (:class:`TrajectoryIds`),
-a replacement or resumed worker continues above every ``k`` its slot used, and each start of the
-run (the first, and every resume, counted outside the saved state: :mod:`~rpc_collectors.cluster.run_starts`)
-hands its ids out in a range of its own (:func:`shift_ids`)."""
+Ids never repeat within a run: worker ``w`` of ``n`` hands out ``w + k * n``
+(:class:`TrajectoryIds`), a replacement or resumed worker continues above every ``k`` its slot used,
+and each start of the run (the first, and every resume, counted outside the saved state:
+:mod:`~rpc_collectors.cluster.run_starts`) hands its ids out in a range of its own
+(:func:`shift_ids`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +14,8 @@ import torch
 from tensordict import TensorDictBase
 
 TRAJ_IDS = ("collector", "traj_ids")
-STARTS_APART = 2**44  # the ids of one start of a run (its first, each resume) lie in [n, n + 1) * STARTS_APART
+# the ids of one start of a run (its first, each resume) lie in [n, n + 1) * STARTS_APART
+STARTS_APART = 2**44
 
 
 class TrajectoryIds:
@@ -38,8 +40,9 @@ class TrajectoryIds:
 
 def pool_state(next_id: int, start: int) -> dict:
     """TorchRL's ``state_dict()["traj_pool"]``: ``{"traj_id": tensor}``, an id above every id handed
-    out so far and those the envs' current trajectories hold (``next_id``, before :func:`shift_ids`).
-    It is read from the trajectory counts, not loaded: a loaded collector's envs start new trajectories."""
+    out so far and those the envs' current trajectories hold (``next_id``, before
+    :func:`shift_ids`). It is read from the trajectory counts, not loaded: a loaded collector's envs
+    start new trajectories."""
     return {"traj_id": torch.tensor(next_id + start * STARTS_APART if start else next_id)}
 
 
@@ -49,7 +52,8 @@ def shift_ids(batch: Any, start: int) -> None:
     handed out after that checkpoint. Workers number ids as if each start were the first."""
     if start and isinstance(batch, TensorDictBase) and TRAJ_IDS in batch.keys(include_nested=True):
         ids = batch.get(TRAJ_IDS)
-        batch.set(TRAJ_IDS, torch.where(ids >= 0, ids + start * STARTS_APART, ids))  # -1: a preempted worker's padding
+        # -1: a preempted worker's padding
+        batch.set(TRAJ_IDS, torch.where(ids >= 0, ids + start * STARTS_APART, ids))
 
 
 def split_trajectories(
@@ -60,7 +64,8 @@ def split_trajectories(
     done_key: Any = None,
     as_nested: bool | torch.layout = False,
 ) -> TensorDictBase:
-    """Split a ``[T]``, ``[B, T]`` or ``[N, B, T]`` batch into ``[n_traj, T_max]`` trajectories, zero padded.
+    """Split a ``[T]``, ``[B, T]`` or ``[N, B, T]`` batch into ``[n_traj, T_max]`` trajectories,
+    zero padded.
 
     TorchRL's signature and keys. Time is the last dim; trajectories are the runs of equal ids
     along it, in each env's row. The ids are read at ``trajectory_key``, else at ``(prefix,
@@ -72,8 +77,8 @@ def split_trajectories(
     """
     if td.batch_dims < 1:
         raise ValueError(
-            f"split_trajectories: td has batch size {list(td.batch_size)}; accepted: [T], [B, T], [N, B, T] "
-            "(time last)"
+            f"split_trajectories: td has batch size {list(td.batch_size)}; "
+            "accepted: [T], [B, T], [N, B, T] (time last)"
         )
     ids_key, mask_key = _id_keys(td, prefix, trajectory_key)
     td = td.copy()
@@ -94,7 +99,8 @@ def split_trajectories(
     first = torch.nonzero(starts).squeeze(-1)
     position = torch.arange(starts.numel()) - first[segment]
     n_traj, t_max = int(first.numel()), int(position.max()) + 1
-    out = flat.apply(lambda x: x.new_zeros((n_traj, t_max, *x.shape[1:])), batch_size=[n_traj, t_max])
+    out = flat.apply(lambda x: x.new_zeros((n_traj, t_max, *x.shape[1:])),
+                     batch_size=[n_traj, t_max])
     out[segment, position] = flat
     mask = torch.zeros(n_traj, t_max, dtype=torch.bool)
     mask[segment, position] = True
@@ -116,10 +122,12 @@ def _id_keys(td: TensorDictBase, prefix: Any, trajectory_key: Any) -> tuple:
 
 
 def _ids_from_done(td: TensorDictBase, ids_key: Any, done_key: Any) -> torch.Tensor:
-    """Trajectory ids counted from the done flags (a new one after each done step), as TorchRL does."""
+    """Trajectory ids counted from the done flags (a new one after each done
+    step), as TorchRL does."""
     done_key = ("next", "done" if done_key is None else done_key)
     if done_key not in td.keys(include_nested=True):
-        raise KeyError(f"split_trajectories: td has neither trajectory ids at {ids_key} nor done flags at {done_key}")
+        raise KeyError("split_trajectories: td has neither trajectory ids at "
+                       f"{ids_key} nor done flags at {done_key}")
     done = td.get(done_key).reshape(*td.shape, -1).any(-1)
     ids = torch.zeros(td.shape, dtype=torch.int64)
     ids[..., 1:] = done[..., :-1].long().cumsum(-1)

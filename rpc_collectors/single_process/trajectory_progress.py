@@ -17,26 +17,31 @@ DONE = ("next", "done")
 
 
 class TrajectoryProgress:
-    """Counts, over the batches given to :meth:`add`, the frames of ended and of running trajectories.
+    """Counts, over the batches given to :meth:`add`, the frames of ended and of running
+    trajectories.
 
     ``completed_frames + pending_frames`` is every frame added; ``pending`` holds each running
     stream's frames so far (a stream cut without a done, by ``reset_at_each_iter``, stays there).
     :meth:`add` only keeps each batch's streams and done flags (a copy, so no batch memory is held);
-    they are counted together when a counter is read, or once ``QUEUED`` batches or ``QUEUED_FRAMES``
-    frames wait: counting a run of batches at once gives what counting them one by one does, at a
-    fraction of the cost per batch.
+    they are counted together when a counter is read, or once ``QUEUED`` batches or
+    ``QUEUED_FRAMES`` frames wait: counting a run of batches at once gives what counting them one by
+    one does, at a fraction of the cost per batch.
     """
 
-    QUEUED, QUEUED_FRAMES = 64, 1 << 16  # batches, frames kept at most before they are counted
+    # batches, frames kept at most before they are counted
+    QUEUED, QUEUED_FRAMES = 64, 1 << 16
 
     def __init__(self, key: str | tuple) -> None:
         self.key = key
-        self._pending: dict[int, int] = {}  # stream -> frames since its last done
+        # stream -> frames since its last done
+        self._pending: dict[int, int] = {}
         self._completed_frames = 0
         self._completed_trajectories = 0
-        self._queued: list[tuple[np.ndarray, np.ndarray]] = []  # (streams, done) of batches not counted yet
+        # (streams, done) of batches not counted yet
+        self._queued: list[tuple[np.ndarray, np.ndarray]] = []
         self._queued_frames = 0
-        self.written_frames = 0  # frames written into the replay buffer
+        # frames written into the replay buffer
+        self.written_frames = 0
 
     @property
     def pending(self) -> dict[int, int]:
@@ -63,11 +68,13 @@ class TrajectoryProgress:
             return
         done = batch.get(DONE).reshape(*batch.shape, -1).any(-1).reshape(-1).cpu().numpy()
         streams = batch.get(self.key, None)
-        if streams is None:  # one stream per row: a row's steps are one env's
+        # one stream per row: a row's steps are one env's
+        if streams is None:
             rows = batch.shape[:-1].numel() if batch.batch_dims > 1 else 1
             streams = np.repeat(np.arange(rows), batch.shape[-1])
         else:
-            streams = np.array(streams.reshape(-1).cpu().numpy())  # a copy: the batch's memory is the user's
+            # a copy: the batch's memory is the user's
+            streams = np.array(streams.reshape(-1).cpu().numpy())
         self._queued.append((streams, done))
         self._queued_frames += len(streams)
         if len(self._queued) >= self.QUEUED or self._queued_frames >= self.QUEUED_FRAMES:
@@ -89,10 +96,13 @@ class TrajectoryProgress:
         last_done = np.full(len(ids), -1)
         np.maximum.at(last_done, inverse[done], steps[done])
         frames = np.bincount(inverse, minlength=len(ids))
-        after = np.bincount(inverse, weights=steps > last_done[inverse], minlength=len(ids)).astype(np.int64)
+        after = np.bincount(inverse, weights=steps > last_done[inverse], minlength=len(ids)).astype(
+            np.int64
+        )
         ends = np.bincount(inverse[done], minlength=len(ids))
         self._completed_trajectories += int(ends.sum())
-        for stream, count, left, ended in zip(ids.tolist(), frames.tolist(), after.tolist(), ends.tolist()):
+        for stream, count, left, ended in zip(ids.tolist(), frames.tolist(), after.tolist(),
+                                              ends.tolist()):
             before = self._pending.pop(stream, 0)
             if ended:
                 self._completed_frames += before + count - left
@@ -103,12 +113,15 @@ class TrajectoryProgress:
 
     def counters(self) -> dict[str, int]:
         """TorchRL's names for them, as ``stats()`` gives them."""
-        return {"trajectory_completed_frames": self.completed_frames, "trajectory_pending_frames": self.pending_frames,
-                "replay_written_frames": self.written_frames, "completed_trajectories": self.completed_trajectories}
+        return {"trajectory_completed_frames": self.completed_frames,
+                "trajectory_pending_frames": self.pending_frames,
+                "replay_written_frames": self.written_frames,
+                "completed_trajectories": self.completed_trajectories}
 
     def state(self) -> dict:
         return {"pending": dict(self.pending), "completed_frames": self.completed_frames,
-                "completed_trajectories": self.completed_trajectories, "written_frames": self.written_frames}
+                "completed_trajectories": self.completed_trajectories,
+                "written_frames": self.written_frames}
 
     def load(self, state: dict | None) -> None:
         """Restore :meth:`state` (None: a state saved without counters, which start from 0)."""

@@ -15,24 +15,33 @@ from typing import Any
 
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.core.futures import outcome
-from rpc_collectors.core.metrics import InferenceMetrics, Metrics, RosterMetrics, WorkerMetrics, WorkerPhases
+from rpc_collectors.core.metrics import (
+    InferenceMetrics,
+    Metrics,
+    RosterMetrics,
+    WorkerMetrics,
+    WorkerPhases,
+)
 from rpc_collectors.core.protocol import WorkerCalls
 
 
 class PoolParts:
-    """A trace window's view of a pool's workers: ``roster.serving()`` (the workers with a process),
-    ``deferred`` calls, ``gather`` of their answers and the pool (``workers``)."""
+    """A trace window's view of a pool's workers: ``roster.serving()`` (the workers with a
+    process), ``deferred`` calls, ``gather`` of their answers and the pool (``workers``)."""
 
     def __init__(self, pool: Any) -> None:
         self.workers, self.roster = pool, self
-        self.deferred = WorkerCalls(lambda i, method, *args: functools.partial(pool.call, i, method, *args))
+        self.deferred = WorkerCalls(
+            lambda i, method, *args: functools.partial(pool.call, i, method, *args))
 
     def serving(self) -> list[int]:
         return sorted(self.workers.worker_pids)
 
-    def gather(self, calls: dict[int, Any], futures: dict[int, Any] | None = None, recover: bool = False) -> list:
-        """The answers of ``{worker_id: call}`` in worker order (``futures``: the calls already sent); a
-        failed worker raises :class:`Failure` (it is replaced by the inference loop, if at all)."""
+    def gather(self, calls: dict[int, Any], futures: dict[int, Any] | None = None,
+               recover: bool = False) -> list:
+        """The answers of ``{worker_id: call}`` in worker order (``futures``: the calls already
+        sent); a failed worker raises :class:`Failure` (it is replaced by the inference loop, if
+        at all)."""
         futures = dict(futures) if futures is not None else {i: call() for i, call in calls.items()}
         answers = []
         for i in sorted(calls):
@@ -50,7 +59,8 @@ def worker_phases(pool: Any) -> list[WorkerPhases]:
     for i in sorted(pool.worker_pids):
         try:
             sent[i] = pool.calls.phases(i)
-        except Exception:  # noqa: BLE001 - being replaced by the inference loop: no channel to it now
+        except Exception:  # noqa: BLE001
+            # being replaced by the inference loop: no channel to it now
             continue
     answers: list[WorkerPhases] = []
     for fut in sent.values():
@@ -70,8 +80,8 @@ def inference_of(loop: Any) -> InferenceMetrics:
 
 
 def of(collector: Any, metrics: Metrics) -> Metrics:
-    """``metrics`` (the trainer's rounds and lag) with ``collector``'s env workers, their roster and its
-    inference loop (once shut down: no workers, the loop's last counters)."""
+    """``metrics`` (the trainer's rounds and lag) with ``collector``'s env workers, their roster
+    and its inference loop (once shut down: no workers, the loop's last counters)."""
     pool, loop = collector.pool, collector._loop
     if loop is None:
         workers, alive, inference = (), 0, collector._inference or InferenceMetrics()

@@ -12,8 +12,8 @@ from rpc_collectors.single_process import preemption
 from rpc_collectors.transport import layouts
 
 
-def write(buffer: Any, batch: TensorDictBase, *, stacked: bool, extend_buffer: bool, split_trajs: bool,
-          worker_ids: torch.Tensor | None = None) -> None:
+def write(buffer: Any, batch: TensorDictBase, *, stacked: bool, extend_buffer: bool,
+          split_trajs: bool, worker_ids: torch.Tensor | None = None) -> None:
     """Write ``batch`` (``stacked``: a sync ``[N, (B,) T]`` batch; ``worker_ids``: whose step each
     is, when the batch no longer holds them) into ``buffer``.
 

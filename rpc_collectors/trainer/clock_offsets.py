@@ -13,9 +13,11 @@ import time
 from collections.abc import Iterable
 from typing import Any, Callable
 
-TRIES = 5  # round trips per worker; the shortest one counts
+# round trips per worker; the shortest one counts
+TRIES = 5
 
-Sample = tuple[int, int, int]  # (sent, the worker's clock, received) in nanoseconds
+# (sent, the worker's clock, received) in nanoseconds
+Sample = tuple[int, int, int]
 
 
 def offset_of(samples: Iterable[Sample]) -> tuple[int, int]:
@@ -37,7 +39,8 @@ def measure(pool: Any, gather: Callable[..., list], deferred: Any, worker_ids: l
         for i in worker_ids:
             sent[i] = time.monotonic_ns()
             futures[i] = pool.calls.clock(i)
-            futures[i].add_done_callback(lambda _, i=i, got=received: got.setdefault(i, time.monotonic_ns()))
+            futures[i].add_done_callback(
+                lambda _, i=i, got=received: got.setdefault(i, time.monotonic_ns()))
         answers = gather({i: deferred.clock(i) for i in worker_ids}, futures, recover=False)
         for i, theirs in zip(sorted(worker_ids), answers):
             samples[i].append((sent[i], theirs, received.get(i) or time.monotonic_ns()))

@@ -24,7 +24,8 @@ with ``metrics=False``): ``idle`` after each wait for ready envs, ``write`` afte
 they completed and after staging a pass, ``policy`` after each forward pass
 (:class:`~rpc_collectors.core.metrics.InferenceMetrics`).
 While a trace window is open the collector's clock (its
-:class:`~rpc_collectors.single_process.run_meter.RunMeter`) keeps each ``wait`` and ``forward`` span.
+:class:`~rpc_collectors.single_process.run_meter.RunMeter`) keeps each ``wait`` and ``forward``
+span.
 
 The loop's thread runs the policy with ``threads`` torch threads
 (:func:`~rpc_collectors.trainer.threads.inference_threads`) and gradients off, both set in that
@@ -46,7 +47,8 @@ from rpc_collectors.trainer.patience import Patience
 from rpc_collectors.trainer.transitions import Transitions
 from rpc_collectors.transport.step_plane import StepPlane
 
-POLL = 0.5  # seconds between checks of the stop flag while nothing happens
+# seconds between checks of the stop flag while nothing happens
+POLL = 0.5
 
 
 class Stopped(Exception):
@@ -56,10 +58,17 @@ class Stopped(Exception):
 class InferenceLoop:
     """The loop's thread and what it shares with the collector.
 
+    ``errors`` holds what ended the loop, for the user; ``acting[e]``: an action is in flight
+    for env ``e``, its answer completes a transition; ``waiting``: the ready envs not acted for
+    yet; ``completed``: the envs whose transitions completed, not recorded yet; ``passes`` and
+    ``acted`` count the forward passes and the envs they acted for; ``_index`` is the last
+    pass's envs and their index tensor.
+
     Args:
         plane: the envs' rows and doorbells, and which worker steps each env.
         transitions: where completed transitions go.
-        policy: ``policy(inputs, batch_size) -> {key: tensor}`` (a :class:`~rpc_collectors.single_process.policies.StepPolicy`).
+        policy: ``policy(inputs, batch_size) -> {key: tensor}`` (a
+            :class:`~rpc_collectors.single_process.policies.StepPolicy`).
         lock: held around each forward pass; the collector holds it to change weights.
         version: returns the weights version of the policy now.
         on_failure: ``on_failure(worker, traceback) -> bool``, called in the loop for a worker
@@ -69,8 +78,9 @@ class InferenceLoop:
         exploration_type: the interaction type set around each forward pass.
         prefetch: full batches that may wait.
         threads: the torch threads of the loop's thread.
-        meter: the collector's clock, which keeps its spans while a trace window is open; where its
-            metrics are on (``meter.on``), the loop's phase clock reads time from its thread's start.
+        meter: the collector's clock, which keeps its spans while a trace window is open; where
+            its metrics are on (``meter.on``), the loop's phase clock reads time from its
+            thread's start.
     """
 
     def __init__(
@@ -81,21 +91,23 @@ class InferenceLoop:
     ) -> None:
         self.plane, self.transitions, self.policy, self.lock = plane, transitions, policy, lock
         self.version, self.on_failure = version, on_failure
-        self.max_batch_size, self.min_batch_size, self.timeout = max_batch_size, min_batch_size, timeout
+        self.max_batch_size, self.min_batch_size = max_batch_size, min_batch_size
+        self.timeout = timeout
         self.exploration_type, self.threads = exploration_type, threads
         self._threads_set = threading.Event()
         self.batches: queue.Queue = queue.Queue(prefetch)
-        self.errors: queue.SimpleQueue = queue.SimpleQueue()  # what ended the loop, for the user
-        self.acting = [False] * plane.num_envs  # an action is in flight: its answer completes a transition
-        self.waiting: list[int] = []  # ready envs not acted for yet
-        self.completed: list[int] = []  # envs whose transitions completed, not recorded yet
+        self.errors: queue.SimpleQueue = queue.SimpleQueue()
+        self.acting = [False] * plane.num_envs
+        self.waiting: list[int] = []
+        self.completed: list[int] = []
         self.stop = threading.Event()
         self.meter = meter
         self.clock: PhaseClock = StoppedClock()
-        self.passes = self.acted = 0  # forward passes, envs acted for
+        self.passes = self.acted = 0
         self.patience = Patience(plane.num_envs)
-        self._index: tuple[list[int], torch.Tensor] = ([], torch.empty(0, dtype=torch.int64))  # the last pass's
-        self.thread = threading.Thread(target=self._run, name="rpc-collectors-inference", daemon=True)
+        self._index: tuple[list[int], torch.Tensor] = ([], torch.empty(0, dtype=torch.int64))
+        self.thread = threading.Thread(target=self._run, name="rpc-collectors-inference",
+                                       daemon=True)
 
     def start(self) -> None:
         """Start the loop, once. The calling thread's torch threads stay as they were, and so
@@ -132,40 +144,50 @@ class InferenceLoop:
                 self.clock = PhaseClock()
             self._threads_set.set()
             while not self.stop.is_set():
-                if torch.get_num_threads() != self.threads:  # another thread set torch's count since
+                if torch.get_num_threads() != self.threads:
+                    # another thread set torch's count since
                     torch.set_num_threads(self.threads)
                 self._turn(POLL)
         except Stopped:
             pass
-        except BaseException as err:  # the policy raised (or the loop failed): the user gets it once
+        except BaseException as err:
+            # the policy raised (or the loop failed): the user gets it once
             self.errors.put(err)
-        finally:  # the loop never starts again
+        finally:
+            # the loop never starts again
             self.stop.set()
 
     def _turn(self, wait: float) -> None:
         self._poll(0 if self.waiting else wait)
-        if 0 < len(self.waiting) < self.min_batch_size:  # TorchRL's min_batch_size: wait a little for more
+        if 0 < len(self.waiting) < self.min_batch_size:
+            # TorchRL's min_batch_size: wait a little for more
             deadline = time.monotonic() + self.timeout
-            while len(self.waiting) < self.min_batch_size and (left := deadline - time.monotonic()) > 0:
+            while (len(self.waiting) < self.min_batch_size
+                   and (left := deadline - time.monotonic()) > 0):
                 self._poll(left)
         if self.waiting:
             self._gather()
         self._record()
-        self.waiting.sort()  # rows in order: a pass of consecutive envs moves each key in one copy
+        # rows in order: a pass of consecutive envs moves each key in one copy
+        self.waiting.sort()
         while self.waiting:
-            envs, self.waiting = self.waiting[:self.max_batch_size], self.waiting[self.max_batch_size:]
+            envs = self.waiting[:self.max_batch_size]
+            self.waiting = self.waiting[self.max_batch_size:]
             self._act(envs)
 
     def _gather(self) -> None:
-        """Wait, while the forward pass has room, for the envs in flight about to answer (:class:`Patience`)."""
+        """Wait, while the forward pass has room, for the envs in flight about to answer
+        (:class:`Patience`)."""
         now = time.monotonic()
         deadline = self.patience.deadline(now)
-        while len(self.waiting) < self.max_batch_size and now < deadline and self.patience.due(self.acting, deadline):
+        while (len(self.waiting) < self.max_batch_size and now < deadline
+               and self.patience.due(self.acting, deadline)):
             self._poll(deadline - now)
             now = time.monotonic()
 
     def _poll(self, timeout: float) -> None:
-        """Wait up to ``timeout`` s for envs; hand the workers of those that ended to ``on_failure``."""
+        """Wait up to ``timeout`` s for envs; hand the workers of those that ended to
+        ``on_failure``."""
         began = self.meter.span_start()
         ready, ended = self.plane.wait(timeout)
         self.clock.mark("idle")
@@ -173,7 +195,8 @@ class InferenceLoop:
         self._answered(ready)
         if not ended:
             return
-        self._record()  # an env answers before its worker's end: its step lies in its row
+        # an env answers before its worker's end: its step lies in its row
+        self._record()
         for worker, text in self.plane.ended_workers(ended).items():
             envs = self.plane.envs_of(worker)
             for env in envs:
@@ -181,13 +204,16 @@ class InferenceLoop:
             self.waiting = [e for e in self.waiting if e not in envs]
             if not self.on_failure(worker, text):
                 raise Stopped
-            for env in envs:  # the replacement starts from resets
+            # the replacement starts from resets
+            for env in envs:
                 for batch in self.transitions.cut(env):
                     self.put(batch)
-            self.clock.mark("idle")  # waiting for its envs again
+            # waiting for its envs again
+            self.clock.mark("idle")
 
     def _answered(self, ready: list[int]) -> None:
-        """``ready`` wait for actions now; the transitions they completed are recorded before any is acted for."""
+        """``ready`` wait for actions now; the transitions they completed are recorded before any
+        is acted for."""
         completed = [env for env in ready if self.acting[env]]
         self.patience.answered(completed, time.monotonic())
         self.completed.extend(completed)
@@ -204,7 +230,8 @@ class InferenceLoop:
 
     def _act(self, envs: list[int]) -> None:
         began = self.meter.span_start()
-        if self._index[0] != envs:  # passes mostly act for the same envs
+        # passes mostly act for the same envs
+        if self._index[0] != envs:
             self._index = (envs, torch.tensor(envs, dtype=torch.int64))
         index = self._index[1]
         rows = self.plane.rows
@@ -214,18 +241,22 @@ class InferenceLoop:
             outputs = self.policy(inputs, torch.Size([len(envs)]))
             version = self.version()
         self.patience.passed(time.monotonic() - start)
-        self.transitions.check(outputs, len(envs))  # before any action goes out
+        # before any action goes out
+        self.transitions.check(outputs, len(envs))
         action = rows.get("action")
-        action.index_copy_(0, index, outputs["action"].reshape(len(envs), *action.shape[1:]).to(action.device, action.dtype))
+        chosen = outputs["action"].reshape(len(envs), *action.shape[1:])
+        action.index_copy_(0, index, chosen.to(action.device, action.dtype))
         for env in envs:
             self.acting[env] = True
         self.patience.went(envs, time.monotonic())
         gone = self.plane.go(envs)
-        for env in gone:  # its worker died: the wait reports it
+        # its worker died: the wait reports it
+        for env in gone:
             self.acting[env] = False
         self.passes, self.acted = self.passes + 1, self.acted + len(envs)
         self.clock.mark("policy")
         self.meter.span_end("forward", began, envs=len(envs))
-        for batch in self.transitions.stage(envs, inputs, outputs, version):  # while the envs step
+        # while the envs step
+        for batch in self.transitions.stage(envs, inputs, outputs, version):
             self.put(batch)
         self.clock.mark("write")

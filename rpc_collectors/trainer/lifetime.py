@@ -41,7 +41,8 @@ class Resources:
 
 
 def release_with(owner: object, resources: Resources) -> weakref.finalize:
-    """Close ``resources`` when ``owner`` is garbage-collected or at interpreter exit, whichever is first."""
+    """Close ``resources`` when ``owner`` is garbage-collected or at interpreter exit, whichever
+    is first."""
     return finalize_before_exit(owner, resources.close)
 
 
@@ -52,7 +53,8 @@ def finalize_before_exit(owner: object, close: Callable[..., Any], *args: Any) -
     At exit it runs before what ``owner`` uses stops: ``atexit`` runs its handlers last-registered
     first, and those of Ray (``ray.shutdown``) and of the shared spawner (which kills the workers
     it forked) were registered before ``owner`` was made. (``weakref.finalize`` alone runs every
-    finalizer from one handler, registered when this process made its first one: maybe before those.)
+    finalizer from one handler, registered when this process made its first one: maybe before
+    those.)
     """
     finalizer = _ExitFinalizer(owner, close, *args)
     finalizer.atexit = False
@@ -109,5 +111,6 @@ def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:  # gone (or no /proc: nothing to wait for)
+    except OSError:
+        # gone (or no /proc: nothing to wait for)
         return False

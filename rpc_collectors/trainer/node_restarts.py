@@ -2,8 +2,8 @@
 
 A node replaces its own local workers (``max_worker_restarts``) and tells the trainer with its
 next batch answer (:mod:`~rpc_collectors.transport.local_restarts`), as it tells the frames it
-dropped itself (which the trainer counts in ``dropped_frames``, :mod:`.continuity`): the trainer warns, counts
-them for the node (``worker_restarts``; not in the trajectory-id bounds of
+dropped itself (which the trainer counts in ``dropped_frames``, :mod:`.continuity`): the trainer
+warns, counts them for the node (``worker_restarts``; not in the trajectory-id bounds of
 :class:`~rpc_collectors.trainer.roster.Roster`, which only the trainer's own replacements move)
 and lists the replacement's pid in the node's ``info["local_pids"]``.
 """
@@ -30,8 +30,9 @@ def answer_of(record: WorkerRecord, node: int, result: Any) -> tuple[Any, Droppe
             pids[restart.worker] = restart.pid
             info["local_pids"] = pids
         warnings.warn(
-            f"node {node}'s local worker {restart.worker} {restart.reason}; node {node} replaced it "
-            f"(pid {restart.pid}; {record.local_restarts} of its local workers replaced so far)",
+            f"node {node}'s local worker {restart.worker} {restart.reason}; node {node} "
+            f"replaced it (pid {restart.pid}; {record.local_restarts} of its local workers "
+            "replaced so far)",
             WorkerRestartWarning, stacklevel=5,
         )
     return result, dropped

@@ -1,4 +1,5 @@
-"""How long the inference loop waits, before a forward pass, for envs in flight that are about to answer.
+"""How long the inference loop waits, before a forward pass, for envs in flight that are about to
+answer.
 
 A forward pass costs a part that does not grow with its envs (each weight read once, the call's
 own work) and a part per env, so one pass over the envs of two costs less than the two passes. The
@@ -13,17 +14,24 @@ from __future__ import annotations
 
 import math
 
-SHARE = 0.25  # of a forward pass: the longest wait for envs about to answer
-WEIGHT = 0.1  # of the newest time in each moving average
+# of a forward pass: the longest wait for envs about to answer
+SHARE = 0.25
+# of the newest time in each moving average
+WEIGHT = 0.1
 
 
 class Patience:
-    """The times of ``num_envs`` envs' answers and of the forward passes (``time.monotonic()`` seconds)."""
+    """The times of ``num_envs`` envs' answers and of the forward passes (``time.monotonic()``
+    seconds).
+
+    ``sent[e]``: when env ``e``'s action went out; ``answer[e]``: its mean time from its action
+    to its answer (inf: none yet); ``forward``: a forward pass's mean time (0: none yet).
+    """
 
     def __init__(self, num_envs: int) -> None:
-        self.sent = [0.0] * num_envs  # when each env's action went out
-        self.answer = [math.inf] * num_envs  # each env's mean time from its action to its answer; inf: none yet
-        self.forward = 0.0  # a forward pass's mean time; 0: none yet
+        self.sent = [0.0] * num_envs
+        self.answer = [math.inf] * num_envs
+        self.forward = 0.0
 
     def went(self, envs: list[int], now: float) -> None:
         """The actions of ``envs`` went out at ``now``."""
@@ -38,7 +46,8 @@ class Patience:
 
     def passed(self, seconds: float) -> None:
         """A forward pass took ``seconds``."""
-        self.forward = seconds if not self.forward else self.forward + WEIGHT * (seconds - self.forward)
+        forward = self.forward
+        self.forward = seconds if not forward else forward + WEIGHT * (seconds - forward)
 
     def deadline(self, now: float) -> float:
         """Until when a forward pass about to run at ``now`` may wait for envs about to answer."""
@@ -47,4 +56,5 @@ class Patience:
     def due(self, acting: list[bool], deadline: float) -> bool:
         """Whether an env in flight (``acting[env]``) is due to answer by ``deadline``."""
         sent, answer = self.sent, self.answer
-        return any(flying and sent[env] + answer[env] <= deadline for env, flying in enumerate(acting))
+        return any(flying and sent[env] + answer[env] <= deadline
+                   for env, flying in enumerate(acting))

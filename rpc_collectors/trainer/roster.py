@@ -1,4 +1,5 @@
-"""The workers of a multi-worker collector, by worker id (slot): who serves each, and the run's restarts.
+"""The workers of a multi-worker collector, by worker id (slot): who serves each, and the run's
+restarts.
 
 :class:`Roster` is one part of the collector front: the record of the process serving each worker
 id (:class:`WorkerRecord`: its generation, what it reported of itself, its death, its requests),
@@ -39,7 +40,8 @@ class WorkerRecord:
     not hold (a predecessor's; after a resume, less the count the process resumed from).
     ``weights_version`` is the weights version the id's next batch must be collected with (the one
     it was sent last, or loaded), ``batches_since_push`` how many batches it delivered since it was
-    sent weights (``max_weight_update_interval``); both belong to the id, whichever process serves it.
+    sent weights (``max_weight_update_interval``); both belong to the id, whichever process serves
+    it.
     """
 
     generation: int = 0
@@ -78,12 +80,13 @@ class WorkerRecord:
 
     @property
     def serving(self) -> bool:
-        """Whether a process serves this worker id (it built its collector); False: the slot is vacant
-        (elastic), or its process is being replaced."""
+        """Whether a process serves this worker id (it built its collector); False: the slot is
+        vacant (elastic), or its process is being replaced."""
         return self.info is not None
 
     def died(self, reason: str) -> None:
-        """The process died: the first report says why (a later one of the same death adds nothing)."""
+        """The process died: the first report says why (a later one of the same death adds
+        nothing)."""
         if self.dead is None:
             self.dead = reason
 
@@ -108,7 +111,8 @@ class WorkerRecord:
         return True
 
     def cut(self) -> None:
-        """The worker's stream was cut where its last answer ended: the requests outstanding are stale."""
+        """The worker's stream was cut where its last answer ended: the requests outstanding are
+        stale."""
         self.stale = self.outstanding
 
     def sent_weights(self, version: int) -> None:
@@ -116,12 +120,14 @@ class WorkerRecord:
         self.weights_version, self.batches_since_push = version, 0
 
     def loaded_weights(self, version: int) -> None:
-        """The process loaded a saved state holding weights ``version``: it collects on with them."""
+        """The process loaded a saved state holding weights ``version``: it collects on with
+        them."""
         self.weights_version = version
 
     def weights_due(self, after_each_batch: bool, interval: int) -> bool:
-        """Whether the trainer's weights go to this id before its next batch (``update_after_each_batch``,
-        or ``max_weight_update_interval`` batches with the same weights)."""
+        """Whether the trainer's weights go to this id before its next batch
+        (``update_after_each_batch``, or ``max_weight_update_interval`` batches with the same
+        weights)."""
         if after_each_batch:
             return self.batches_since_push > 0
         return 0 <= interval < self.batches_since_push
@@ -136,17 +142,23 @@ class Roster:
     collectors left its slot). A process that starts serving worker i gets trajectory ids above
     any its predecessors could have used (:meth:`traj_id_start`) and a seed from i's seed
     sequence (:meth:`seed`). ``name`` says how a warning names worker i.
+
+    ``taken`` lists (worker id, reason) of every replacement, in order; ``seeds`` the seed each
+    worker was last given; ``resumes`` how many times the run was resumed from a saved state;
+    ``joins`` and ``leaves`` the collectors that took a vacant slot, and that left theirs
+    (elastic). ``_ids[i]`` bounds the id counts worker i's processes may have used.
     """
 
-    def __init__(self, num_workers: int, max_worker_restarts: int, name: str = "collector worker {}") -> None:
+    def __init__(self, num_workers: int, max_worker_restarts: int,
+                 name: str = "collector worker {}") -> None:
         self.records = [WorkerRecord() for _ in range(num_workers)]
         self.budget, self.name = max_worker_restarts, name
         self.counts = [0] * num_workers
-        self.taken: list[tuple[int, str]] = []  # (worker id, reason) of every replacement, in order
-        self.seeds: list[int | None] = [None] * num_workers  # the seed each worker was last given
-        self._ids = [0] * num_workers  # bound on the id counts worker i's processes may have used
-        self.resumes = 0  # how many times the run was resumed from a saved state
-        self.joins = self.leaves = 0  # collectors that took a vacant slot, that left theirs (elastic)
+        self.taken: list[tuple[int, str]] = []
+        self.seeds: list[int | None] = [None] * num_workers
+        self._ids = [0] * num_workers
+        self.resumes = 0
+        self.joins = self.leaves = 0
 
     def __getitem__(self, worker_id: int) -> WorkerRecord:
         return self.records[worker_id]
@@ -162,7 +174,8 @@ class Roster:
         return len(self.records)
 
     def serving(self) -> list[int]:
-        """The worker ids a process serves now (all of them, but for vacant elastic slots and replacements)."""
+        """The worker ids a process serves now (all of them, but for vacant elastic slots and
+        replacements)."""
         return [worker_id for worker_id, record in enumerate(self.records) if record.serving]
 
     # ---------------------------------------------------------------- restarts
@@ -173,11 +186,13 @@ class Roster:
 
     @property
     def worker_restarts(self) -> list[int]:
-        """How often each worker id was replaced or left, plus the local workers its nodes replaced."""
+        """How often each worker id was replaced or left, plus the local workers its nodes
+        replaced."""
         return [count + record.local_restarts for count, record in zip(self.counts, self.records)]
 
     def take(self, worker_id: int, reason: str) -> bool:
-        """Spend a replacement of ``worker_id``, which ``reason``; False once the budget is spent."""
+        """Spend a replacement of ``worker_id``, which ``reason``; False once the budget is
+        spent."""
         if self.left <= 0:
             return False
         self.counts[worker_id] += 1
@@ -195,23 +210,26 @@ class Roster:
         self.records[worker_id].died(reason)
 
     def replaced(self, worker_id: int) -> None:
-        """A new process takes ``worker_id`` (a restart): a new generation, asked what its predecessor was."""
+        """A new process takes ``worker_id`` (a restart): a new generation, asked what its
+        predecessor was."""
         self.records[worker_id].replaced()
 
     def joining(self, worker_id: int) -> None:
-        """A collector is taking the vacant slot ``worker_id`` (elastic): a new generation, nothing to redo."""
+        """A collector is taking the vacant slot ``worker_id`` (elastic): a new generation,
+        nothing to redo."""
         self.records[worker_id].vacated()
         self.joins += 1
 
     def left_slot(self, worker_id: int) -> None:
-        """The collector serving ``worker_id`` left an elastic trainer: its slot is vacant (no budget spent)."""
+        """The collector serving ``worker_id`` left an elastic trainer: its slot is vacant (no
+        budget spent)."""
         self.records[worker_id].vacated()
         self.counts[worker_id] += 1
         self.leaves += 1
 
     def served(self, worker_id: int, info: dict) -> None:
-        """The process serving ``worker_id`` built its collector (``info``: what it reports of itself,
-        its ``"envs"`` among it); each env starts a trajectory."""
+        """The process serving ``worker_id`` built its collector (``info``: what it reports of
+        itself, its ``"envs"`` among it); each env starts a trajectory."""
         self.records[worker_id].served(info)
         self._ids[worker_id] += info["envs"]
 
@@ -222,10 +240,11 @@ class Roster:
         record.asked(again)
         self._ids[worker_id] += frames + record.info["envs"]
 
-    # ---------------------------------------------------------------- what a new process continues from
+    # ------------------------------------------------- what a new process continues from
     def traj_id_start(self, worker_id: int) -> int:
-        """First trajectory id of a new process serving ``worker_id``: ids ``start + k * num_workers``
-        never meet those of its predecessors (same residue, higher counts)."""
+        """First trajectory id of a new process serving ``worker_id``: ids
+        ``start + k * num_workers`` never meet those of its predecessors (same residue, higher
+        counts)."""
         return worker_id + self.num_workers * self._ids[worker_id]
 
     def seed(self, worker_id: int) -> int | None:
@@ -234,7 +253,8 @@ class Roster:
         seed = self.seeds[worker_id]
         if seed is None:
             return None
-        key = (self.counts[worker_id],) if not self.resumes else (self.counts[worker_id], self.resumes)
+        count = self.counts[worker_id]
+        key = (count,) if not self.resumes else (count, self.resumes)
         return int(np.random.SeedSequence(seed, spawn_key=key).generate_state(1)[0])
 
     def bounds(self) -> list[int]:
@@ -245,5 +265,6 @@ class Roster:
         self._ids = [int(b) for b in bounds]
 
     def loaded(self, worker_id: int, traj_count: int) -> None:
-        """Worker ``worker_id`` resumed from a state that had started ``traj_count`` trajectories."""
+        """Worker ``worker_id`` resumed from a state that had started ``traj_count``
+        trajectories."""
         self._ids[worker_id] += traj_count

@@ -1,5 +1,6 @@
 """The trainer's torch threads while its workers run on the same cores: the trainer's own
-(:class:`TrainerThreads`) and a batched-inference collector's inference thread's (:func:`inference_threads`)."""
+(:class:`TrainerThreads`) and a batched-inference collector's inference thread's
+(:func:`inference_threads`)."""
 from __future__ import annotations
 
 import os
@@ -18,7 +19,8 @@ class TrainerThreads:
 
     def __init__(self, num_threads: int | None, local_workers: int) -> None:
         self.saved = torch.get_num_threads()
-        self.threads = num_threads if num_threads is not None else max(1, self.saved - local_workers)
+        given = num_threads is not None
+        self.threads = num_threads if given else max(1, self.saved - local_workers)
         torch.set_num_threads(self.threads)
 
     def close(self) -> None:
@@ -27,11 +29,12 @@ class TrainerThreads:
             torch.set_num_threads(self.saved)
 
 
-ROWS_PER_THREAD = 16  # the envs one inference thread serves before a second one pays for itself
+# the envs one inference thread serves before a second one pays for itself
+ROWS_PER_THREAD = 16
 
 
-def inference_threads(num_threads: int | None, env_processes: int, envs: int, cores: int | None = None,
-                      current: int | None = None) -> int:
+def inference_threads(num_threads: int | None, env_processes: int, envs: int,
+                      cores: int | None = None, current: int | None = None) -> int:
     """The torch threads of a batched-inference collector's inference thread: ``num_threads`` if
     given; else one per :data:`ROWS_PER_THREAD` of its ``envs`` (the rows of a forward pass at
     most), but no more than the cores this process may run on (``os.sched_getaffinity``, or

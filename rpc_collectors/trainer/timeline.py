@@ -15,7 +15,8 @@ from rpc_collectors.core.protocol import ProcessSpans
 
 
 def process_name(entry: ProcessSpans, nodes: set[int]) -> str:
-    """``trainer``, ``worker i``, ``node i`` (a worker with local workers) or ``node i's local worker w``, with the host."""
+    """``trainer``, ``worker i``, ``node i`` (a worker with local workers) or
+    ``node i's local worker w``, with the host."""
     path = entry.path
     if not path:
         who = "trainer"
@@ -41,24 +42,31 @@ def _pids(processes: list[ProcessSpans]) -> list[int]:
 
 
 def events(processes: list[ProcessSpans], origin: int) -> list[dict[str, Any]]:
-    """The trace events of ``processes`` (all on one clock, in nanoseconds) since ``origin``, when
-    the window opened: a span that began before (the phase in progress then) is shown from there."""
+    """The trace events of ``processes`` (all on one clock, in nanoseconds) since ``origin``,
+    when the window opened: a span that began before (the phase in progress then) is shown from
+    there."""
     nodes = {entry.path[0] for entry in processes if len(entry.path) > 1}
     out: list[dict[str, Any]] = []
     for pid, entry in zip(_pids(processes), processes):
         category = "trainer" if not entry.path else "worker"
-        out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process_name(entry, nodes)}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+        name = process_name(entry, nodes)
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": pid,
+                    "args": {"sort_index": pid}})
         if entry.path:
-            label = f"pid {entry.pid}, clock offset {entry.offset_ns / 1e6:+.3f} ms \u00b1 {entry.error_ns / 1e6:.3f} ms"
+            label = (f"pid {entry.pid}, clock offset {entry.offset_ns / 1e6:+.3f} ms "
+                     f"\u00b1 {entry.error_ns / 1e6:.3f} ms")
             out.append({"ph": "M", "name": "process_labels", "pid": pid, "args": {"labels": label}})
         for tid, (thread, spans) in enumerate(entry.threads.items()):
-            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": thread}})
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                        "args": {"name": thread}})
             for name, start, end, *args in spans:
                 start = max(start, origin)
-                end = max(end, start)  # ended as the window opened, within the offset's error
+                # ended as the window opened, within the offset's error
+                end = max(end, start)
                 event = {"ph": "X", "name": name, "cat": category, "pid": pid, "tid": tid,
-                         "ts": round((start - origin) / 1e3, 3), "dur": round((end - start) / 1e3, 3)}
+                         "ts": round((start - origin) / 1e3, 3),
+                         "dur": round((end - start) / 1e3, 3)}
                 if args:
                     event["args"] = args[0]
                 out.append(event)

@@ -41,9 +41,11 @@ from rpc_collectors.transport.layouts import BatchLayout
 
 ENV_INDEX = "env_index"
 ROOT_FLAGS = ("done", "terminated", "truncated")
-# keys of every batch: the collector's own (its records under MARKS), and TorchRL's names for an env's step
+# keys of every batch: the collector's own (its records under MARKS), and TorchRL's names for an
+# env's step
 BATCH_KEYS = (ENV_INDEX, MARKS, *ROOT_FLAGS, "action", "next", "observation", "reward")
-LARGE_ROW = 1024  # bytes: rows at least this large are copied one by one (no gathered copy in between)
+# bytes: rows at least this large are copied one by one (no gathered copy in between)
+LARGE_ROW = 1024
 
 
 def byte_rows(tensor: torch.Tensor) -> np.ndarray:
@@ -88,15 +90,21 @@ class Rows:
     __slots__ = ("each", "index")
 
     def __init__(self, rows: list[int] | range) -> None:
-        if rows and not isinstance(rows, range) and rows[-1] - rows[0] == len(rows) - 1 and rows == sorted(rows):
-            rows = range(rows[0], rows[-1] + 1)  # whole passes act for consecutive envs, in consecutive rows
+        consecutive = rows and not isinstance(rows, range) and rows[-1] - rows[0] == len(rows) - 1
+        if consecutive and rows == sorted(rows):
+            # whole passes act for consecutive envs, in consecutive rows
+            rows = range(rows[0], rows[-1] + 1)
         self.each = rows
-        self.index = slice(rows.start, rows.stop) if isinstance(rows, range) else np.array(rows, dtype=np.int64)
+        if isinstance(rows, range):
+            self.index = slice(rows.start, rows.stop)
+        else:
+            self.index = np.array(rows, dtype=np.int64)
 
 
 def copy_rows(dst: np.ndarray, to: Rows, src: np.ndarray, at: Rows) -> None:
     """``dst[to[i]] = src[at[i]]`` for every i (arrays of :func:`byte_rows`)."""
-    if dst.shape[1] >= LARGE_ROW and not (isinstance(to.index, slice) and isinstance(at.index, slice)):
+    both_slices = isinstance(to.index, slice) and isinstance(at.index, slice)
+    if dst.shape[1] >= LARGE_ROW and not both_slices:
         for d, s in zip(to.each, at.each):
             dst[d] = src[s]
     else:
@@ -110,6 +118,9 @@ class Transitions:
     Env ``e``'s rows are ``e`` and ``N + e``: one stages the transition in flight (what chose its
     action, then the step's result), the other holds its latest complete transition; they swap
     roles when the transition in flight completes, so nothing is copied between them.
+    ``staging[e]`` is the row env ``e`` stages its transition in flight in; ``holding[e]``: its
+    other row holds its latest complete transition. ``_into`` pairs (frame rows, batch rows) of
+    each key; ``_due`` lists the frame rows whose transitions go into the batch next, in order.
 
     Args:
         rows: the step plane's rows.
@@ -120,11 +131,13 @@ class Transitions:
     """
 
     def __init__(
-        self, rows: TensorDict, outputs: Mapping, frames_per_batch: int, version_key: Any, prefetch: int,
+        self, rows: TensorDict, outputs: Mapping, frames_per_batch: int, version_key: Any,
+        prefetch: int,
     ) -> None:
         num_envs = rows.batch_size[0]
         outputs = output_leaves(outputs)
-        if version_key is not None:  # the env's and the policy's keys are known now
+        if version_key is not None:
+            # the env's and the policy's keys are known now
             batched_args.free_key(version_key, [*BATCH_KEYS, *rows.keys(True, True), *outputs])
         self.rows, self.frames_per_batch, self.version_key = rows, frames_per_batch, version_key
         self.num_envs = num_envs
@@ -134,22 +147,26 @@ class Transitions:
                           if isinstance(key, tuple) and key[0] == "next"]
         frames = TensorDict(batch_size=[2 * num_envs])
         for key in self.obs_keys:
-            frames.set(key, torch.zeros(2 * num_envs, *rows.get(key).shape[1:], dtype=rows.get(key).dtype))
+            frames.set(key, torch.zeros(2 * num_envs, *rows.get(key).shape[1:],
+                                        dtype=rows.get(key).dtype))
         for key, value in outputs.items():
             frames.set(key, torch.zeros(2 * num_envs, *value.shape, dtype=value.dtype))
         if version_key is not None:
             frames.set(version_key, torch.zeros(2 * num_envs, dtype=torch.int64))
         for key in self.next_keys:
-            frames.set(key, torch.zeros(2 * num_envs, *rows.get(key).shape[1:], dtype=rows.get(key).dtype))
-        frames.set(ENV_INDEX, torch.arange(num_envs).repeat(2))  # row r is env r % N's
+            frames.set(key, torch.zeros(2 * num_envs, *rows.get(key).shape[1:],
+                                        dtype=rows.get(key).dtype))
+        # row r is env r % N's
+        frames.set(ENV_INDEX, torch.arange(num_envs).repeat(2))
         self.frame_keys = list(frames.keys(include_nested=True, leaves_only=True))
-        self._frame = {key: frames.get(key) for key in self.frame_keys}  # the tensors, looked up once
+        # the tensors, looked up once
+        self._frame = {key: frames.get(key) for key in self.frame_keys}
         self._bytes = {key: byte_rows(value) for key, value in self._frame.items()}
         self._next = [(self._bytes[key], byte_rows(rows.get(key))) for key in self.next_keys]
         self._versions = None if version_key is None else self._frame[version_key].numpy()
         self.output_shapes = {key: frames.get(key).shape[1:] for key in outputs}
-        self.staging = list(range(num_envs))  # the row env e stages its transition in flight in
-        self.holding = [False] * num_envs  # its other row holds its latest complete transition
+        self.staging = list(range(num_envs))
+        self.holding = [False] * num_envs
         example = TensorDict(batch_size=[frames_per_batch])
         for key in self.frame_keys:
             value = frames.get(key)
@@ -160,19 +177,22 @@ class Transitions:
         self.buffers = SlotPool(self.layout, 1, shared=False, slots=SLOTS + prefetch)
         self._slot: int | None = None
         self._batch: TensorDict | None = None
-        self._into: list[tuple[np.ndarray, np.ndarray]] = []  # (frame rows, batch rows) of each key
+        self._into: list[tuple[np.ndarray, np.ndarray]] = []
         self._filled = 0
-        self._due: list[int] = []  # frame rows whose transitions go into the batch next, in order
+        self._due: list[int] = []
 
-    def stage(self, envs: list[int], inputs: Mapping, outputs: Mapping, version: int) -> list[TensorDictBase]:
+    def stage(self, envs: list[int], inputs: Mapping, outputs: Mapping,
+              version: int) -> list[TensorDictBase]:
         """What chose the actions of ``envs``: observations, outputs (checked by :meth:`check`),
         version. The due transitions go into the batch first; returns the batches this completed."""
         full = self._release()
-        frame, rows, given = self._bytes, Rows([self.staging[env] for env in envs]), Rows(range(len(envs)))
+        frame, given = self._bytes, Rows(range(len(envs)))
+        rows = Rows([self.staging[env] for env in envs])
         for key in self.obs_keys:
             copy_rows(frame[key], rows, source_rows(inputs[key]), given)
         for key, value in output_leaves(outputs).items():
-            copy_rows(frame[key], rows, source_rows(value.detach().to("cpu", self._frame[key].dtype)), given)
+            values = source_rows(value.detach().to("cpu", self._frame[key].dtype))
+            copy_rows(frame[key], rows, values, given)
         if self._versions is not None:
             self._versions[rows.index] = version
         return full
@@ -185,13 +205,15 @@ class Transitions:
             want = shapes.get(key)
             if want is not None and (value.shape[0] != n or value.shape[1:] != want):
                 raise ValueError(
-                    f"AsyncBatchedCollector: the policy returned {key!r} of shape {list(value.shape)} for {n} envs; "
+                    f"AsyncBatchedCollector: the policy returned {key!r} of shape "
+                    f"{list(value.shape)} for {n} envs; "
                     f"accepted: shape {[n, *want]}, as at start-up ({list(want)} per env)"
                 )
             seen += want is not None
         if seen != len(shapes) or seen != len(outputs.keys()):
             raise ValueError(
-                f"AsyncBatchedCollector: the policy returned the keys {sorted(map(str, outputs.keys()))}; accepted: "
+                "AsyncBatchedCollector: the policy returned the keys "
+                f"{sorted(map(str, outputs.keys()))}; accepted: "
                 f"the keys it returned at start-up, {sorted(map(str, shapes))}"
             )
 
@@ -213,8 +235,10 @@ class Transitions:
     def cut(self, env: int) -> list[TensorDictBase]:
         """``env``'s stream is cut (its next frame starts from a reset of another env): its held
         transition, the last before the cut, is marked truncated and done (unless its episode
-        ended there) and goes into the batch, after the transitions due. Returns the batches this completed."""
-        if not self.holding[env]:  # no frame before the cut: the env had not completed a step
+        ended there) and goes into the batch, after the transitions due. Returns the batches
+        this completed."""
+        if not self.holding[env]:
+            # no frame before the cut: the env had not completed a step
             return []
         row = self._other(env, self.staging[env])
         done = self._frame["next", "done"][row]
@@ -243,13 +267,16 @@ class Transitions:
 
     def _open(self) -> None:
         self._slot = self.buffers.slot_for(0)
-        if self._slot is None:  # every buffer is held: a batch of its own
-            self._batch = self.layout.view(torch.empty(self.buffers.slot_bytes, dtype=torch.uint8), None)
+        if self._slot is None:
+            # every buffer is held: a batch of its own
+            own = torch.empty(self.buffers.slot_bytes, dtype=torch.uint8)
+            self._batch = self.layout.view(own, None)
         else:
             self._batch = self.layout.view(self.buffers.slots[self._slot], None)
         for flag in ROOT_FLAGS:
             self._batch.get(flag).zero_()
-        self._into = [(self._bytes[key], byte_rows(self._batch.get(key))) for key in self.frame_keys]
+        self._into = [(self._bytes[key], byte_rows(self._batch.get(key)))
+                      for key in self.frame_keys]
         self._filled = 0
 
     def _hand_out(self) -> TensorDictBase:

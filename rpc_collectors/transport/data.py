@@ -1,36 +1,42 @@
 """The data plane: how a batch gets from a collector server to the trainer's memory.
 
-A worker's first batch travels as an RPC result. From its layout (keys, shapes, dtypes) the trainer allocates a buffer of
-``SLOTS`` slots for it (a :class:`SlotPool`, which the worker maps from its :class:`SlotSpec` and writes with a
-:class:`SlotWriter`). From then on the trainer asks for "your next batch, into slot s" by the worker's doorbell
-(:mod:`~rpc_collectors.transport.doorbell`), and only once the batch is in slot s does the request complete: a worker on the
-trainer's host writes the batch into the shared buffer and answers with a small :class:`~rpc_collectors.core.protocol.Ready`
-through a pipe; a worker on another host writes into slots of its own and sends the slot's bytes after its "ready" over TCP,
-straight into slot s. A worker that dies while writing or sending never completes its request, so a partly written slot is never
-read. A batch that does not fit the layout (an env whose keys change) comes back pickled instead. Small batches take slots too:
-a slot's "ready" costs the trainer about half the CPU of unpickling the same batch as an RPC result, even for one frame. Sync
-collectors whose workers all share the trainer's host and one layout get one buffer whose slots hold a whole round: worker i
-writes row i of every tensor, so the ``[N, (B,) T]`` batch is assembled where the workers wrote it. Otherwise each worker has
-its own buffer.
+A worker's first batch travels as an RPC result. From its layout (keys, shapes, dtypes) the trainer
+allocates a buffer of ``SLOTS`` slots for it (a :class:`SlotPool`, which the worker maps from its
+:class:`SlotSpec` and writes with a :class:`~rpc_collectors.worker.single.SlotWriter`). From then on
+the trainer asks for "your next batch, into slot s" by the worker's doorbell
+(:mod:`~rpc_collectors.transport.doorbell`), and only once the batch is in slot s does the request
+complete: a worker on the trainer's host writes the batch into the shared buffer and answers with a
+small :class:`~rpc_collectors.core.protocol.Ready` through a pipe; a worker on another host writes
+into slots of its own and sends the slot's bytes after its "ready" over TCP, straight into slot s. A
+worker that dies while writing or sending never completes its request, so a partly written slot is
+never read. A batch that does not fit the layout (an env whose keys change) comes back pickled
+instead. Small batches take slots too: a slot's "ready" costs the trainer about half the CPU of
+unpickling the same batch as an RPC result, even for one frame. Sync collectors whose workers all
+share the trainer's host and one layout get one buffer whose slots hold a whole round: worker i
+writes row i of every tensor, so the ``[N, (B,) T]`` batch is assembled where the workers wrote it.
+Otherwise each worker has its own buffer.
 
 Ownership. A yielded batch belongs to the user and is never written behind their back:
 
-* the trainer hands out the slot's memory (no copy) only while another slot of the same buffer is free for the worker's next
-  batch. Each hand-out is a torch storage of its own over the slot, so what the user does to it (``share_memory_()`` moves it to
-  new memory) never moves the trainer's view of the slot. A slot is free again when nothing references that storage any more
-  (its use count is back to the trainer's own), or when it no longer uses the slot's memory; so a batch the user still holds, or
-  any view of it, keeps its slot out of use;
-* otherwise (the user keeps their batches: a list, a replay buffer storing references) it copies the slot into fresh tensors, at
-  memory speed, and the slot is free at once.
+* the trainer hands out the slot's memory (no copy) only while another slot of the same buffer is
+  free for the worker's next batch. Each hand-out is a torch storage of its own over the slot, so
+  what the user does to it (``share_memory_()`` moves it to new memory) never moves the trainer's
+  view of the slot. A slot is free again when nothing references that storage any more (its use
+  count is back to the trainer's own), or when it no longer uses the slot's memory; so a batch the
+  user still holds, or any view of it, keeps its slot out of use;
+* otherwise (the user keeps their batches: a list, a replay buffer storing references) it copies the
+  slot into fresh tensors, at memory speed, and the slot is free at once.
 
-So a loop that drops each batch before the next gets every batch without a copy, one that keeps them gets copies, and the memory
-stays ``SLOTS`` x batch bytes per buffer either way (one slot more for each extra request in flight, see :class:`BatchPlane`).
+So a loop that drops each batch before the next gets every batch without a copy, one that keeps them
+gets copies, and the memory stays ``SLOTS`` x batch bytes per buffer either way (one slot more for
+each extra request in flight, see :class:`BatchPlane`).
 
-Device. Workers hand over batches in host memory; the trainer puts them on its storing device. For a CUDA storing device the
-slots are page-locked, so a batch is copied from the slot straight into GPU memory by DMA; that copy is the user's batch, so
-slots are never lent out to the user. A shared buffer is a nameless file in /dev/shm (:mod:`~rpc_collectors.transport.shm`): no
-process killed at any moment leaves a file behind, and a batch larger than the free space of /dev/shm is an ``OSError`` naming
-both sizes, never a SIGBUS in a worker later.
+Device. Workers hand over batches in host memory; the trainer puts them on its storing device. For a
+CUDA storing device the slots are page-locked, so a batch is copied from the slot straight into GPU
+memory by DMA; that copy is the user's batch, so slots are never lent out to the user. A shared
+buffer is a nameless file in /dev/shm (:mod:`~rpc_collectors.transport.shm`): no process killed at
+any moment leaves a file behind, and a batch larger than the free space of /dev/shm is an
+``OSError`` naming both sizes, never a SIGBUS in a worker later.
 """
 from __future__ import annotations
 
@@ -45,19 +51,24 @@ from tensordict import TensorDict, TensorDictBase
 
 from rpc_collectors.core.protocol import Ready
 from rpc_collectors.transport import shm
-from rpc_collectors.transport.doorbell import Dial, Doorbell, Ends, SocketDoorbell
+from rpc_collectors.transport.doorbell import Dial, Ends
 from rpc_collectors.transport.layouts import BatchLayout, aligned
+from rpc_collectors.transport.slot_joins import Joins
 
-IN_FLIGHT = 2  # requests a pipelined worker has at once: its next is asked for while the trainer takes in its last
-CONNECT_TIMEOUT = 10.0  # seconds at most for a worker on another host to connect its doorbell
-MIN_BYTES = 0  # smaller batches go as RPC results (0: none; raised to compare the two paths)
-SLOTS = 3  # the batch being written, the one handed out, and the user's previous one
+# requests a pipelined worker has at once: its next is asked for while the trainer takes in its last
+IN_FLIGHT = 2
+# seconds at most for a worker on another host to connect its doorbell
+CONNECT_TIMEOUT = 10.0
+# smaller batches go as RPC results (0: none; raised to compare the two paths)
+MIN_BYTES = 0
+# the batch being written, the one handed out, and the user's previous one
+SLOTS = 3
 
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """What a worker needs to map its buffer (or make its own), find its row in every slot and open its doorbell.
-    ``fd`` None: a worker on another host, whose slots are its own memory."""
+    """What a worker needs to map its buffer (or make its own), find its row in every slot and open
+    its doorbell. ``fd`` None: a worker on another host, whose slots are its own memory."""
 
     pid: int
     fd: int | None
@@ -70,49 +81,17 @@ class SlotSpec:
 
 
 def tensors_by_key(target: TensorDictBase) -> dict[tuple, tuple[torch.Tensor, np.ndarray | None]]:
-    """``{key tuple: (tensor, its numpy view, or None where numpy has no such dtype)}`` of the tensors of ``target``
-    (a slot's TensorDict of views): where a batch's entries go."""
+    """``{key tuple: (tensor, its numpy view, or None where numpy has no such dtype)}`` of the
+    tensors of ``target`` (a slot's TensorDict of views): where a batch's entries go."""
     out = {}
     for key, tensor in target.items(include_nested=True, leaves_only=True):
         try:
             array = tensor.numpy()
-        except TypeError:  # bfloat16 and the like
+        except TypeError:
+            # bfloat16 and the like
             array = None
         out[(key,) if isinstance(key, str) else key] = (tensor, array)
     return out
-
-
-class SlotWriter:
-    """Worker side: copy each batch into its row of the slot the trainer named."""
-
-    def __init__(self, spec: SlotSpec) -> None:
-        size = spec.slots * spec.slot_bytes
-        if spec.fd is None:
-            whole = torch.empty(size, dtype=torch.uint8)
-        else:
-            whole = torch.from_file(f"/proc/{spec.pid}/fd/{spec.fd}", shared=True, size=size, dtype=torch.uint8)
-        self.slots = [whole[i * spec.slot_bytes:(i + 1) * spec.slot_bytes] for i in range(spec.slots)]
-        self.targets = [spec.layout.view(slot, spec.rows)[spec.row] for slot in self.slots]
-        self.tensors = [tensors_by_key(target) for target in self.targets]
-
-    def memory(self, slot: int) -> memoryview:
-        """The bytes of ``slot``, as sent to a trainer on another host."""
-        return memoryview(self.slots[slot].numpy())
-
-    def write(self, slot: int, batch: TensorDictBase) -> bool:
-        """Copy ``batch`` into ``slot``; False (nothing written) if it does not fit the layout."""
-        dests, pairs = self.tensors[slot], []
-        for key, value in batch.items(include_nested=True, leaves_only=True):
-            dest, _ = dests.get(key if isinstance(key, tuple) else (key,), (None, None))
-            if dest is None or type(value) is not torch.Tensor or value.shape != dest.shape or value.dtype != dest.dtype:
-                return False
-            pairs.append((dest, value))
-        if len(pairs) != len(dests):
-            return False
-        for dest, value in pairs:
-            if dest.data_ptr() != value.data_ptr():  # not already written there by the rollout
-                dest.copy_(value)
-        return True
 
 
 def _use_count(tensor: torch.Tensor) -> int:
@@ -120,35 +99,43 @@ def _use_count(tensor: torch.Tensor) -> int:
 
 
 class SlotPool:
-    """Trainer side of one buffer: ``slots`` slots of ``rows`` batches each."""
+    """Trainer side of one buffer: ``slots`` slots of ``rows`` batches each.
+
+    ``_registered``: page-locked with cudaHostRegister by this pool. ``_lent``: slot -> storage
+    handed out, its idle use count. ``_written``: slots asked for or written, not handed out yet.
+    ``_round``: workers asked in the current round (rows > 1). ``_asked``: worker id -> the slots
+    of its requests not handed out, oldest first."""
 
     def __init__(
-        self, layout: BatchLayout, rows: int, pinned: bool = False, shared: bool = True, slots: int = SLOTS,
+        self, layout: BatchLayout, rows: int, pinned: bool = False, shared: bool = True,
+        slots: int = SLOTS,
     ) -> None:
-        """``pinned``: page-locked for copies to a CUDA device. ``shared``: in shared memory, for workers on
-        this host; else this process's own, filled from the network. ``slots``: one more per extra request in flight."""
+        """``pinned``: page-locked for copies to a CUDA device. ``shared``: in shared memory, for
+        workers on this host; else this process's own, filled from the network. ``slots``: one more
+        per extra request in flight."""
         self.layout, self.rows, self.shared, self.num_slots = layout, rows, shared, slots
         self.slot_bytes = aligned(layout.size(rows), mmap.PAGESIZE)
         self.nbytes = slots * self.slot_bytes
         self.fd: int | None = None
-        self._registered = False  # page-locked with cudaHostRegister by this pool
+        self._registered = False
         if not shared:
-            self.slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(slots)]
+            self.slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=pinned)
+                          for _ in range(slots)]
         else:
             self._map(pinned)
-        self._lent: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> storage handed out, its idle use count
-        self._written: set[int] = set()  # asked for or written, not handed out yet
-        self._round: set[int] = set()  # workers asked in the current round (rows > 1)
+        self._lent: dict[int, tuple[torch.Tensor, int]] = {}
+        self._written: set[int] = set()
+        self._round: set[int] = set()
         self._slot: int | None = None
-        self._asked: dict[int, list[int]] = {}  # worker id -> the slots of its requests not handed out, oldest first
+        self._asked: dict[int, list[int]] = {}
 
     def _map(self, pinned: bool) -> None:
         """Make the shared-memory file and map each slot of it."""
         rows, layout = self.rows, self.layout
         per = f"{rows} x {layout.nbytes} bytes" if rows > 1 else f"{layout.nbytes} bytes"
         fd, _ = shm.nameless_file(
-            "batches", self.nbytes, "the shared-memory batch buffer", f": {self.num_slots} slots of {per}",
-            "lower frames_per_batch",
+            "batches", self.nbytes, "the shared-memory batch buffer",
+            f": {self.num_slots} slots of {per}", "lower frames_per_batch",
         )
         try:
             self.slots = shm.mapped(fd, self.num_slots, self.slot_bytes, pinned)
@@ -158,7 +145,8 @@ class SlotPool:
         self.fd, self._registered = fd, pinned
 
     def spec(self, row: int, doorbell: Ends | Dial) -> SlotSpec:
-        return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes, doorbell, self.num_slots)
+        return SlotSpec(os.getpid(), self.fd, self.layout, self.rows, row, self.slot_bytes,
+                        doorbell, self.num_slots)
 
     def memory(self, slot: int) -> memoryview:
         """The bytes of ``slot``, where a batch from another host is received."""
@@ -171,7 +159,8 @@ class SlotPool:
             self.fd = None
 
     def close(self) -> None:
-        """Let go of the descriptor and of the page lock; the memory goes with the last view of it."""
+        """Let go of the descriptor and of the page lock; the memory goes
+        with the last view of it."""
         self.release_fd()
         if self._registered:
             self._registered = False
@@ -181,7 +170,8 @@ class SlotPool:
         return slot not in self._written and not self._in_use(slot)
 
     def _in_use(self, slot: int) -> bool:
-        """Whether the batch last handed out from ``slot`` is still referenced and still in its memory."""
+        """Whether the batch last handed out from ``slot`` is still referenced
+        and still in its memory."""
         if slot not in self._lent:
             return False
         lent, idle = self._lent[slot]
@@ -193,11 +183,12 @@ class SlotPool:
     def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot ``worker_id`` writes its next batch into; a round's workers share one.
 
-        ``hand_out`` always leaves a slot free; None (the batch comes as an RPC result) only if something took a
-        slot's memory some other way. ``again``: for a replacement that redoes the requests of a worker that
-        failed, the slots they were asked into, one each in turn."""
+        ``hand_out`` always leaves a slot free; None (the batch comes as an RPC result) only if
+        something took a slot's memory some other way. ``again``: for a replacement that redoes the
+        requests of a worker that failed, the slots they were asked into, one each in turn."""
         asked = self._asked.setdefault(worker_id, [])
-        if again and asked:  # rotated: each redone request gets its own slot
+        # rotated: each redone request gets its own slot
+        if again and asked:
             return asked.append(asked.pop(0)) or asked[-1]
         if self.rows == 1 or worker_id in self._round or not self._round:
             self._round.clear()
@@ -208,8 +199,10 @@ class SlotPool:
         asked.extend([] if self._slot is None else [self._slot])
         return self._slot
 
-    def returned(self, worker_id: int) -> None:  # its oldest request answered with the batch itself (it did not fit)
-        self._written.discard(self._asked[worker_id].pop(0) if self._asked.get(worker_id) and self.rows == 1 else None)
+    def returned(self, worker_id: int) -> None:
+        """Its oldest request answered with the batch itself (it did not fit)."""
+        oldest = self._asked.get(worker_id) and self.rows == 1
+        self._written.discard(self._asked[worker_id].pop(0) if oldest else None)
 
     def hand_out(self, slot: int) -> TensorDict:
         """The batch in ``slot`` for the user: the slot's memory, under a storage of the user's
@@ -219,8 +212,10 @@ class SlotPool:
         rows = None if self.rows == 1 else self.rows
         if not any(self._free(s) for s in range(self.num_slots) if s != slot):
             return self.layout.view(self.slots[slot], rows).clone()
-        if not self._in_use(slot):  # else a round's rows, handed out one by one from one storage
-            lent = torch.frombuffer(self.slots[slot].numpy(), dtype=torch.uint8)  # same memory, new storage
+        # else a round's rows, handed out one by one from one storage
+        if not self._in_use(slot):
+            # same memory, new storage
+            lent = torch.frombuffer(self.slots[slot].numpy(), dtype=torch.uint8)
             self._lent[slot] = (lent, _use_count(lent))
         return self.layout.view(self._lent[slot][0], rows)
 
@@ -232,31 +227,37 @@ class BatchPlane:
     over TCP to ``address`` (the trainer's interface; None: as RPC results). ``join(i, spec)``
     asks worker i to map (or make) its slots and open its doorbell; whether it could. ``sync``
     collectors get one round buffer when every worker is local and their batches share one
-    layout. Batches end up on ``device`` (:meth:`place`). ``pipelined`` (async, not waiting for weights after each
-    batch): a worker on another host may have ``IN_FLIGHT`` requests at once (:meth:`depth`), so it collects its
-    next batch while the last crosses the network; ``pipelined_here``: one on this host too, so it goes on as
-    soon as it finished one (False where a bound on lag or on batches per weights would drop or break one asked ahead).
+    layout. Batches end up on ``device`` (:meth:`place`). ``pipelined`` (async, not waiting for
+    weights after each batch): a worker on another host may have ``IN_FLIGHT`` requests at once
+    (:meth:`depth`), so it collects its next batch while the last crosses the network;
+    ``pipelined_here``: one on this host too, so it goes on as soon as it finished one (False where
+    a bound on lag or on batches per weights would drop or break one asked ahead).
     """
 
     def __init__(
-        self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool, keep_fds: bool = False,
-        device: torch.device | None = None, address: str | None = None, timeout: float = 60.0, pipelined: bool = False,
-        pipelined_here: bool = False) -> None:
-        """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it (:meth:`rejoin`).
-        ``timeout``: the RPC timeout, within which a worker on another host connects."""
+        self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool,
+        keep_fds: bool = False, device: torch.device | None = None, address: str | None = None,
+        timeout: float = 60.0, pipelined: bool = False, pipelined_here: bool = False) -> None:
+        """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it
+        (:meth:`rejoin`). ``timeout``: the RPC timeout, within which a worker on another host
+        connects."""
         self.device = None if device is None or device.type == "cpu" else device
-        self._no_device = device is None  # batches report device None, as TorchRL's do when none was given
+        # batches report device None, as TorchRL's do when none was given
+        self._no_device = device is None
         self._pinned = self.device is not None and self.device.type == "cuda"
         # the path each worker's first batch sets up
-        self._pending = {i: "shm" if here else "tcp" for i, here in enumerate(local) if here or address is not None}
-        self._join, self._sync, self._keep_fds = join, sync, keep_fds
-        # one that cannot reach the trainer's port gives up within its join call's timeout: its batches come by RPC
-        self._address, self._connect_timeout = address, min(CONNECT_TIMEOUT, timeout / 2)
-        self._in_flight = {"tcp": IN_FLIGHT if pipelined else 1, "shm": IN_FLIGHT if pipelined_here else 1, "rpc": 1}
+        self._pending = {i: "shm" if here else "tcp" for i, here in enumerate(local)
+                         if here or address is not None}
+        self._sync, self._keep_fds, self._address = sync, keep_fds, address
+        # one that cannot reach the trainer's port gives up within its join call's timeout:
+        # its batches come by RPC
+        self._joins = Joins(join, address, min(CONNECT_TIMEOUT, timeout / 2))
+        self._in_flight = {"tcp": IN_FLIGHT if pipelined else 1,
+                           "shm": IN_FLIGHT if pipelined_here else 1, "rpc": 1}
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
-        self._bells: dict[int, Doorbell] = {}
+        self._bells = self._joins.bells
 
     @property
     def buffers(self) -> list[SlotPool]:
@@ -269,7 +270,8 @@ class BatchPlane:
         return sum(pool.nbytes for pool in self.buffers if pool.shared)
 
     def path_of(self, worker_id: int) -> str:
-        """``"shm"``, ``"tcp"`` or ``"rpc"``: how worker ``worker_id``'s batches reach the trainer now."""
+        """``"shm"``, ``"tcp"`` or ``"rpc"``: how worker ``worker_id``'s batches
+        reach the trainer now."""
         pool = self.pools.get(worker_id)
         return "rpc" if pool is None else "shm" if pool.shared else "tcp"
 
@@ -282,7 +284,8 @@ class BatchPlane:
         pool = self.pools.get(worker_id)
         return None if pool is None else pool.slot_for(worker_id, again)
 
-    def ring(self, worker_id: int, min_version: int, slot: int | None) -> torch.futures.Future | None:
+    def ring(self, worker_id: int, min_version: int,
+             slot: int | None) -> torch.futures.Future | None:
         """Ask ``worker_id`` for its next batch in ``slot`` by its doorbell (None: ask by RPC)."""
         bell = self._bells.get(worker_id)
         return None if bell is None or slot is None else bell.ring(slot, min_version)
@@ -290,15 +293,15 @@ class BatchPlane:
     def rejoin(self, worker_id: int) -> None:
         """Set up ``worker_id``'s slots in the process that replaced it."""
         pool = self.pools.get(worker_id)
-        if pool is not None and not self._join_one(worker_id, pool, self._rows.get(worker_id, 0)):
-            raise RuntimeError(f"the replacement of collector worker {worker_id} cannot take its batch slots")
+        row = self._rows.get(worker_id, 0)
+        if pool is not None and not self._joins.join_one(worker_id, pool, row):
+            raise RuntimeError(f"the replacement of collector worker {worker_id} cannot take its "
+                               "batch slots")
 
     def admit(self, worker_id: int, local: bool) -> None:
         """A new process serves ``worker_id`` (an elastic newcomer, on any host): its predecessor's
         slots are let go, and its own first batch sets up slots for it, as for any worker."""
-        bell = self._bells.pop(worker_id, None)
-        if bell is not None:
-            bell.close()
+        self._joins.drop(worker_id)
         pool = self.pools.pop(worker_id, None)
         if pool is not None:
             pool.close()
@@ -306,55 +309,41 @@ class BatchPlane:
         if local or self._address is not None:
             self._pending[worker_id] = "shm" if local else "tcp"
 
-    def _join_one(self, worker_id: int, pool: SlotPool, row: int) -> bool:
-        """Ask ``worker_id`` to take its slots in ``pool`` and open a new doorbell; whether it could."""
-        bell = Doorbell() if pool.shared else SocketDoorbell(self._address, pool.memory, self._connect_timeout)
-        try:
-            joined = self._join(worker_id, pool.spec(row, bell.ends))
-            if joined:
-                bell.opened()
-        except BaseException as err:
-            bell.close()
-            if isinstance(err, OSError):  # the worker's connection never came
-                return False
-            raise
-        if not joined:
-            bell.close()
-            return False
-        old = self._bells.pop(worker_id, None)
-        if old is not None:
-            old.close()
-        self._bells[worker_id] = bell
-        return True
-
     def receive(self, worker_id: int, result: Any) -> TensorDictBase:
-        """The batch a worker's answer stands for; a first local batch sets up the worker's buffer."""
+        """The batch a worker's answer stands for; a first local batch sets
+        up the worker's buffer."""
         if isinstance(result, Ready):
             pool = self.pools[worker_id]
-            if pool is self._round:  # a round with a batch that did not fit: this worker's row
+            # a round with a batch that did not fit: this worker's row
+            if pool is self._round:
                 return pool.hand_out(result.slot)[self._rows[worker_id]]
             return pool.hand_out(result.slot)
         if worker_id in self.pools:
             self.pools[worker_id].returned(worker_id)
-        path = self._pending.pop(worker_id, None)  # one attempt per worker
+        # one attempt per worker
+        path = self._pending.pop(worker_id, None)
         if path is not None:
             layout = BatchLayout.of(result)
             if layout is not None and layout.nbytes >= MIN_BYTES:
                 slots = SLOTS + self._in_flight[path] - 1
-                self._set_up(SlotPool(layout, 1, self._pinned, shared=path == "shm", slots=slots), [worker_id])
+                self._set_up(SlotPool(layout, 1, self._pinned, shared=path == "shm", slots=slots),
+                             [worker_id])
         return result
 
     def round(self, results: list) -> TensorDict | None:
-        """A sync round ``[N, (B,) T]`` where the workers wrote it, or None if it is not in one buffer.
+        """A sync round ``[N, (B,) T]`` where the workers wrote it, or None if
+        it is not in one buffer.
 
-        The first round (RPC results) sets the round buffer up when it can; a single worker's
-        batches take the per-worker path, whose slot holds one batch, not a row of a round.
+        The first round (RPC results) sets the round buffer up when it can (one attempt); a single
+        worker's batches take the per-worker path, whose slot holds one batch, not a row of a round.
         """
         if self._round is not None and all(isinstance(r, Ready) for r in results):
             return self._round.hand_out(results[0].slot)
-        if self._sync and len(results) > 1 and [self._pending.get(i) for i in range(len(results))] == ["shm"] * len(results):
-            self._sync = False  # one attempt
-            layouts = {BatchLayout.of(r) if isinstance(r, TensorDictBase) else None for r in results}
+        all_local = [self._pending.get(i) for i in range(len(results))] == ["shm"] * len(results)
+        if self._sync and len(results) > 1 and all_local:
+            self._sync = False
+            layouts = {BatchLayout.of(r) if isinstance(r, TensorDictBase) else None
+                       for r in results}
             layout = layouts.pop() if len(layouts) == 1 else None
             if layout is not None and layout.nbytes >= MIN_BYTES:
                 self._pending.clear()
@@ -367,33 +356,29 @@ class BatchPlane:
         if self.device is None:
             return batch.clear_device_() if self._no_device else batch
         placed = batch.to(self.device, non_blocking=True)
-        if self.device.type == "cuda":  # the copies must be done before a worker rewrites the slot
+        # the copies must be done before a worker rewrites the slot
+        if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         return placed
 
     def _set_up(self, pool: SlotPool, worker_ids: list[int]) -> None:
-        joined = [False]  # until every worker answered
+        joined = False
         try:
-            joined = [self._join_one(i, pool, row) for row, i in enumerate(worker_ids)]
+            joined = self._joins.join_all(pool, worker_ids)
         finally:
-            if not all(joined):
-                for i in worker_ids:
-                    if i in self._bells:
-                        self._bells.pop(i).close()
+            if not joined:
                 pool.close()
                 if pool is self._round:
                     self._round = None
             elif not self._keep_fds:
                 pool.release_fd()
-        if all(joined):
+        if joined:
             self.pools.update({i: pool for i in worker_ids})
             self._rows.update({i: row for row, i in enumerate(worker_ids)})
 
     def close(self) -> None:
         """Forget the buffers; their memory goes with the last batch or view that uses it."""
-        for bell in self._bells.values():
-            bell.close()
-        self._bells.clear()
+        self._joins.close()
         for pool in self.buffers:
             pool.close()
         self.pools.clear()

@@ -11,8 +11,9 @@ away as the end of the request pipe: neither side ever waits on a peer that is g
 
 Across hosts the connection also carries the batch: "ready in slot s" is followed by the
 slot's bytes, which the trainer's reader receives straight into slot s of its own buffer
-(:class:`SocketDoorbell`). The worker dials the trainer's address with a one-time token; a
-worker that dies, or a link that breaks, ends the connection, and so fails its request.
+(:class:`~rpc_collectors.transport.socket_doorbell.SocketDoorbell`). The worker dials the
+trainer's address with a one-time token; a worker that dies, or a link that breaks, ends the
+connection, and so fails its request.
 
 Answers that are not "ready in slot s" (a batch that did not fit its slot, an error with its
 traceback) travel pickled after a small header.
@@ -20,16 +21,12 @@ traceback) travel pickled after a small header.
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import pickle
 import queue
-import secrets
-import selectors
 import socket
 import struct
 import threading
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -39,10 +36,13 @@ import torch
 from rpc_collectors.core.protocol import Noted, Ready
 from rpc_collectors.transport.shm import file_id, open_checked
 
-REQUEST = struct.Struct("<qq")  # slot, the weights version to collect with (at least)
-ANSWER = struct.Struct("<Bq")  # kind, then the slot (READY) or the pickled payload's length
+# slot, the weights version to collect with (at least)
+REQUEST = struct.Struct("<qq")
+# kind, then the slot (READY) or the pickled payload's length
+ANSWER = struct.Struct("<Bq")
 READY, BATCH, ERROR = 0, 1, 2
-CLOSE_WAIT = 5.0  # seconds close() waits for the reader of a closed connection to end
+# seconds close() waits for the reader of a closed connection to end
+CLOSE_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,8 @@ class Ends:
 
     @classmethod
     def of(cls, request: int, answer: int) -> Ends:
-        """The ends of this process's descriptors ``request`` (read end) and ``answer`` (write end)."""
+        """The ends of this process's descriptors ``request`` (read end) and
+        ``answer`` (write end)."""
         return cls(os.getpid(), request, answer, file_id(request), file_id(answer))
 
     def open(self) -> tuple[int, int]:
@@ -66,10 +67,11 @@ class Ends:
 
         ``FileNotFoundError`` if the trainer no longer holds the pipes it handed out (it gave up
         on this worker): their numbers may name another worker's pipes by now."""
-        request = open_checked(f"/proc/{self.pid}/fd/{self.request}", os.O_RDONLY | os.O_CLOEXEC, self.request_file)
+        request = open_checked(f"/proc/{self.pid}/fd/{self.request}", os.O_RDONLY | os.O_CLOEXEC,
+                               self.request_file)
         try:
-            return request, open_checked(f"/proc/{self.pid}/fd/{self.answer}", os.O_WRONLY | os.O_CLOEXEC,
-                                          self.answer_file)
+            return request, open_checked(f"/proc/{self.pid}/fd/{self.answer}",
+                                         os.O_WRONLY | os.O_CLOEXEC, self.answer_file)
         except BaseException:
             os.close(request)
             raise
@@ -89,7 +91,8 @@ class Dial:
         """The worker's descriptors: one connected socket, read and written."""
         sock = socket.create_connection((self.address, self.port), timeout=self.timeout)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # requests and headers are small
+            # requests and headers are small
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.sendall(self.token)
             sock.settimeout(None)
         except BaseException:
@@ -118,7 +121,8 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 class Doorbell:
     """Trainer side of one worker's pipes: :meth:`ring` asks for a batch and returns the future
-    that a reader thread completes with the answer (a :class:`Ready`, a batch, or the worker's error)."""
+    that a reader thread completes with the answer (a :class:`Ready`, a batch,
+    or the worker's error)."""
 
     def __init__(self) -> None:
         self._request_r, self._request_w = os.pipe()
@@ -131,7 +135,8 @@ class Doorbell:
         self._pending: collections.deque[torch.futures.Future] = collections.deque()
         self._lock = threading.Lock()
         self._open = False
-        self._ended = False  # the reader stopped: nothing will answer a request any more
+        # the reader stopped: nothing will answer a request any more
+        self._ended = False
 
     def opened(self) -> None:
         """The worker holds its ends now: close the trainer's copies and start reading answers."""
@@ -141,19 +146,23 @@ class Doorbell:
 
     def _start_reading(self) -> None:
         self._open = True
-        self._reader = threading.Thread(target=self._read, name="rpc-collectors-doorbell", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="rpc-collectors-doorbell",
+                                        daemon=True)
         self._reader.start()
 
     def ring(self, slot: int, min_version: int) -> torch.futures.Future:
-        """Ask for the next batch in ``slot``, collected with weights of at least ``min_version``."""
+        """Ask for the next batch in ``slot``, collected with weights of at
+        least ``min_version``."""
         fut: torch.futures.Future = torch.futures.Future()
         failed: OSError | None = None
-        with self._lock:  # not while close() runs: the descriptor could already name another file
+        # not while close() runs: the descriptor could already name another file
+        with self._lock:
             self._pending.append(fut)
             try:
                 if self._request_w < 0 or self._ended:
                     raise OSError("the doorbell is closed")
-                _write_all(self._request_w, REQUEST.pack(slot, min_version))  # 16 bytes: one write in practice
+                # 16 bytes: one write in practice
+                _write_all(self._request_w, REQUEST.pack(slot, min_version))
             except OSError as err:
                 failed = err
         if failed is not None:
@@ -168,9 +177,11 @@ class Doorbell:
                 payload = b"" if kind == READY else _read_exactly(self._answer_r, value)
                 try:
                     result = Ready(value) if kind == READY else pickle.loads(payload)
-                except Exception as err:  # e.g. a class this process cannot import
+                except Exception as err:
+                    # e.g. a class this process cannot import
                     kind, result = ERROR, f"the worker's answer could not be read: {err!r}"
-                slot = value if kind == READY else _slot_of(result)  # a node's answer is pickled, its slot in it
+                # a node's answer is pickled, its slot in it
+                slot = value if kind == READY else _slot_of(result)
                 if slot is not None:
                     self._land(slot)
                 with self._lock:
@@ -181,7 +192,9 @@ class Doorbell:
                     fut.set_result(result)
         except (EOFError, OSError) as err:
             failure = err
-        finally:  # first no new request is taken, then every one still waiting fails: none is left unanswered
+        finally:
+            # first no new request is taken, then every one still waiting fails:
+            # none is left unanswered
             with self._lock:
                 self._ended = True
             self._release()
@@ -207,106 +220,15 @@ class Doorbell:
                 return
             os.close(self._request_w)
             self._request_w = -1
-        if not self._open:  # never handed over: the trainer holds every end
+        # never handed over: the trainer holds every end
+        if not self._open:
             for fd in (self._request_r, self._answer_r, self._answer_w):
                 os.close(fd)
 
 
-class SocketDoorbell(Doorbell):
-    """Trainer side of a worker on another host: one TCP connection, and each batch's bytes
-    received straight into ``slots(s)``, the memory of slot s, before its request completes."""
-
-    def __init__(self, address: str, slots: Callable[[int], memoryview], timeout: float) -> None:
-        """Listen on ``address`` (the trainer's interface) for this worker's connection within ``timeout`` s."""
-        self._listener = socket.create_server((address, 0))
-        self.ends = Dial(address, self._listener.getsockname()[1], secrets.token_bytes(16), timeout)
-        self._slots, self._timeout = slots, timeout
-        self._sock: socket.socket | None = None
-        self._waiting()
-        self._request_w = self._answer_r = -1  # the socket's descriptor, once connected
-
-    def opened(self) -> None:
-        """The worker said it connected: take its connection (its token checked), start reading answers.
-
-        Other connections (silent, or with a wrong token) are read side by side with it and turned
-        away; all of them together hold the trainer at most ``timeout`` s, then ``TimeoutError``.
-        """
-        token, deadline = self.ends.token, time.monotonic() + self._timeout
-        pending: dict[socket.socket, bytes] = {}  # accepted, their token not all there yet
-        try:
-            with selectors.DefaultSelector() as selector:
-                self._listener.setblocking(False)
-                selector.register(self._listener, selectors.EVENT_READ)
-                while self._sock is None:
-                    left = deadline - time.monotonic()
-                    ready = selector.select(left) if left > 0 else []
-                    if not ready:
-                        raise TimeoutError(
-                            f"no connection to port {self.ends.port} presented this worker's token "
-                            f"within {self._timeout:g} s"
-                        )
-                    for key, _ in ready:
-                        if key.fileobj is self._listener:
-                            with contextlib.suppress(BlockingIOError):
-                                conn, _ = self._listener.accept()
-                                conn.setblocking(False)
-                                pending[conn] = b""
-                                selector.register(conn, selectors.EVENT_READ)
-                            continue
-                        conn = key.fileobj
-                        try:
-                            part = conn.recv(len(token) - len(pending[conn]))
-                        except BlockingIOError:
-                            continue
-                        except OSError:
-                            part = b""
-                        got = pending[conn] + part
-                        if part and len(got) < len(token):
-                            pending[conn] = got
-                            continue
-                        selector.unregister(conn)
-                        del pending[conn]
-                        if part and secrets.compare_digest(got, token):
-                            self._sock = conn
-                            break
-                        conn.close()  # closed early, or a wrong token
-        finally:
-            self._listener.close()
-            for conn in pending:
-                conn.close()
-        self._sock.setblocking(True)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._request_w = self._answer_r = self._sock.fileno()
-        self._start_reading()
-
-    def _land(self, slot: int) -> None:
-        view = self._slots(slot)
-        while view:  # MSG_WAITALL: the kernel fills the slot in one call, barring a signal or the end
-            got = self._sock.recv_into(view, 0, socket.MSG_WAITALL)
-            if not got:
-                raise EOFError("the connection was closed")
-            view = view[got:]
-
-    def _release(self) -> None:
-        with self._lock:
-            self._request_w = -1
-            self._sock.close()
-
-    def close(self) -> None:
-        """End the connection: the worker's doorbell thread ends, then the reader here."""
-        with self._lock:
-            if not self._open:
-                self._listener.close()
-            elif self._request_w >= 0:
-                self._request_w = -1
-                with contextlib.suppress(OSError):  # the worker may have reset it already
-                    self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader, which closes the socket
-        if self._open and self._reader is not threading.current_thread():
-            self._reader.join(CLOSE_WAIT)  # not left running into the interpreter's exit
-
-
 def _slot_of(result: Any) -> int | None:
-    """The slot a worker's answer says its batch is in (also inside a node's :class:`Noted`); None: not in one."""
+    """The slot a worker's answer says its batch is in (also inside a node's
+    :class:`Noted`); None: not in one."""
     inner = result.answer if isinstance(result, Noted) else result
     return inner.slot if isinstance(inner, Ready) else None
 
@@ -316,7 +238,8 @@ def _pickled(kind: int, value: Any) -> bytes:
     return ANSWER.pack(kind, len(payload)) + payload
 
 
-def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callable[[int], memoryview] | None = None) -> None:
+def answer(ends: Ends | Dial, collect: Callable[[int, int], Any],
+           slots: Callable[[int], memoryview] | None = None) -> None:
     """Worker side: open ``ends`` and answer each request with ``collect(min_version, slot)`` in a
     thread, until the trainer closes its end.
 
@@ -325,14 +248,16 @@ def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callabl
     trainer may keep two requests in flight, so that collection and the transfer overlap.
     """
     request, reply = ends.open()
-    outbox: queue.Queue = queue.Queue()  # (answer, slot whose bytes follow or None); None: the end
+    # (answer, slot whose bytes follow or None); None: the end
+    outbox: queue.Queue = queue.Queue()
 
     def send() -> None:
         broken = False
         while (item := outbox.get()) is not None:
             message, slot = item
             if broken:
-                continue  # the trainer went away: serve() ends at its next read
+                # the trainer went away: serve() ends at its next read
+                continue
             try:
                 _write_all(reply, message)
                 if slot is not None:
@@ -349,22 +274,26 @@ def answer(ends: Ends | Dial, collect: Callable[[int, int], Any], slots: Callabl
                 slot, min_version = REQUEST.unpack(_read_exactly(request, REQUEST.size))
                 try:
                     result = collect(min_version, slot)
-                    if isinstance(result, Ready):  # "ready in slot s", 9 bytes
+                    # "ready in slot s", 9 bytes
+                    if isinstance(result, Ready):
                         message, written = ANSWER.pack(READY, result.slot), result.slot
                     else:
                         message, written = _pickled(BATCH, result), _slot_of(result)
                 except Exception:
                     message, written = _pickled(ERROR, traceback.format_exc()), None
-                if slots is None:  # shared memory: the answer alone, at once
+                # shared memory: the answer alone, at once
+                if slots is None:
                     _write_all(reply, message)
                 else:
                     outbox.put((message, written))
         except (EOFError, OSError):
-            pass  # the trainer closed its end, or went away
+            # the trainer closed its end, or went away
+            pass
         finally:
             if slots is not None:
                 outbox.put(None)
-                sender.join()  # prompt: the connection has ended, so its writes fail at once
+                # prompt: the connection has ended, so its writes fail at once
+                sender.join()
             os.close(request)
             if reply != request:
                 os.close(reply)

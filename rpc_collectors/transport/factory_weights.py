@@ -16,10 +16,11 @@ from rpc_collectors.transport import weights
 
 NO_WEIGHTS = (
     "update_policy_weights_: the workers build their policies (policy_factory) and no weights were "
-    "pushed yet, so there are none to send; accepted: update_policy_weights_(weights) with a TensorDict "
-    "(TensorDict.from_module(policy)), a state dict or a module of the workers' policy"
+    "pushed yet, so there are none to send; accepted: update_policy_weights_(weights) with a "
+    "TensorDict (TensorDict.from_module(policy)), a state dict or a module of the workers' policy"
 )
-NOT_A_MODULE = "update_policy_weights_: the policy is not an nn.Module, so it has no weights to push"
+NOT_A_MODULE = ("update_policy_weights_: the policy is not an nn.Module, so it has no weights "
+                "to push")
 
 
 def check_workers(signatures: dict[int, tuple | None], source: Any) -> None:
@@ -30,8 +31,10 @@ def check_workers(signatures: dict[int, tuple | None], source: Any) -> None:
         if theirs is None:
             continue
         if not theirs:
-            raise TypeError(f"update_policy_weights_: worker {worker_id}'s policy has no weights to update")
-        weights.check_layout(mine, theirs, f"update_policy_weights_ to worker {worker_id}", "the worker's policy")
+            raise TypeError(f"update_policy_weights_: worker {worker_id}'s policy has no weights "
+                            "to update")
+        weights.check_layout(mine, theirs, f"update_policy_weights_ to worker {worker_id}",
+                             "the worker's policy")
 
 
 def signature_of(policy: Any) -> tuple:

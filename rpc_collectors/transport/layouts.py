@@ -13,7 +13,8 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 WORKER_ID = ("collector", "worker_id")
-ALIGN = 64  # bytes; every tensor starts on a cache line (and on its dtype's alignment)
+# bytes; every tensor starts on a cache line (and on its dtype's alignment)
+ALIGN = 64
 
 
 def aligned(nbytes: int, to: int = ALIGN) -> int:
@@ -40,13 +41,16 @@ class Leaf:
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """The tensors of one batch (keys, shapes, dtypes), and how ``rows`` batches lie in a flat buffer."""
+    """The tensors of one batch (keys, shapes, dtypes), and how ``rows`` batches
+    lie in a flat buffer."""
 
     batch_size: tuple
     names: tuple
     leaves: tuple
-    device: torch.device | None = None  # the device the batch reports (a worker's: its storing device, the CPU)
-    _plans: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # rows -> _ViewPlan
+    # the device the batch reports (a worker's: its storing device, the CPU)
+    device: torch.device | None = None
+    # rows -> _ViewPlan
+    _plans: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
     def of(cls, batch: TensorDictBase) -> "BatchLayout | None":
@@ -61,7 +65,8 @@ class BatchLayout:
             key = key if isinstance(key, tuple) else (key,)
             if len(key) > 1 and batch.get(key[:-1]).batch_size != batch.batch_size:
                 return None
-            leaves.append(Leaf(key, tuple(value.shape), value.dtype, value.numel() * value.element_size()))
+            leaves.append(Leaf(key, tuple(value.shape), value.dtype,
+                               value.numel() * value.element_size()))
         names = tuple(batch.names) if batch._has_names() else ()
         return cls(tuple(batch.batch_size), names, tuple(leaves), batch.device)
 
@@ -79,8 +84,8 @@ class BatchLayout:
         return {leaf.key: (leaf.shape, leaf.dtype) for leaf in self.leaves}
 
     def view(self, slot: torch.Tensor, rows: int | None) -> TensorDict:
-        """A TensorDict of views into ``slot`` (flat uint8): ``[rows, *batch_size]``, or one batch if rows is
-        None, on the layout's device (as the batch it was made from)."""
+        """A TensorDict of views into ``slot`` (flat uint8): ``[rows, *batch_size]``, or one batch
+        if rows is None, on the layout's device (as the batch it was made from)."""
         plan = self._plans.get(rows)
         if plan is None:
             plan = self._plans[rows] = _view_plan(self, rows)
@@ -88,18 +93,22 @@ class BatchLayout:
         typed = [slot.view(dtype) for dtype in plan.dtypes]
         tensors = [typed[i].as_strided(shape, stride, typed[i].storage_offset() + offset)
                    for i, shape, stride, offset in plan.tensors]
-        return nested_tensordict(plan.tree, plan.batch_size, plan.names, tensors.__getitem__, self.device)
+        return nested_tensordict(plan.tree, plan.batch_size, plan.names, tensors.__getitem__,
+                                 self.device)
 
 
 @dataclass(frozen=True)
 class _ViewPlan:
     """Where each tensor of ``rows`` batches of a layout lies in a slot, worked out once: a view of
-    the slot per dtype, then one ``as_strided`` per tensor (a slice and two views cost 3x as much)."""
+    the slot per dtype, then one ``as_strided`` per tensor (a slice and two
+    views cost 3x as much)."""
 
     nbytes: int
     dtypes: tuple
-    tensors: tuple  # (dtype index, shape, stride, offset in elements of that dtype), per leaf
-    tree: dict  # {name: leaf index, or a dict for a nested TensorDict}
+    # (dtype index, shape, stride, offset in elements of that dtype), per leaf
+    tensors: tuple
+    # {name: leaf index, or a dict for a nested TensorDict}
+    tree: dict
     batch_size: torch.Size
     names: list | None
 
@@ -110,11 +119,13 @@ def _view_plan(layout: BatchLayout, rows: int | None) -> _ViewPlan:
     tensors, tree, offset = [], {}, 0
     for index, leaf in enumerate(layout.leaves):
         shape = (*lead, *leaf.shape)
-        tensors.append((dtypes.index(leaf.dtype), shape, _contiguous_strides(shape), offset // leaf.dtype.itemsize))
+        tensors.append((dtypes.index(leaf.dtype), shape, _contiguous_strides(shape),
+                        offset // leaf.dtype.itemsize))
         offset += aligned(leaf.nbytes * (rows or 1))
         put_nested(tree, leaf.key, index)
     names = [None] * len(lead) + list(layout.names) if layout.names else None
-    return _ViewPlan(offset, dtypes, tuple(tensors), tree, torch.Size((*lead, *layout.batch_size)), names)
+    return _ViewPlan(offset, dtypes, tuple(tensors), tree, torch.Size((*lead, *layout.batch_size)),
+                     names)
 
 
 def _contiguous_strides(shape: tuple) -> tuple:
@@ -133,12 +144,14 @@ def put_nested(tree: dict, key: str | tuple, value: object) -> None:
     tree[name] = value
 
 
-def nested_tensordict(tree: dict, batch_size: torch.Size, names: list | None, leaf: Callable = lambda value: value,
+def nested_tensordict(tree: dict, batch_size: torch.Size, names: list | None,
+                      leaf: Callable = lambda value: value,
                       device: torch.device | None = None) -> TensorDict:
     """The TensorDict of ``tree`` (``{name: leaf, or a dict for a nested TensorDict}``, each leaf
     ``leaf(value)``), built without checking each entry: every tensor must start with ``batch_size``
     (and be on ``device``, if given)."""
-    source = {name: nested_tensordict(node, batch_size, names, leaf, device) if isinstance(node, dict) else leaf(node)
+    source = {name: nested_tensordict(node, batch_size, names, leaf, device)
+              if isinstance(node, dict) else leaf(node)
               for name, node in tree.items()}
     return TensorDict._new_unsafe(source=source, batch_size=batch_size, names=names, device=device)
 
@@ -170,9 +183,11 @@ def lay_out(stacked: TensorDictBase, cat_results: str | int) -> TensorDictBase:
     stacked.set(WORKER_ID, ids.expand(shape).clone())
     if cat_results == "stack":
         out = stacked
-    elif cat_results == 0 or len(shape) == 2:  # [N, T] or [N, B, T] -> [N*B, T]
+    elif cat_results == 0 or len(shape) == 2:
+        # [N, T] or [N, B, T] -> [N*B, T]
         out = stacked.reshape(-1, *shape[2:])
-    else:  # [N, B, T] along time -> [B, N*T]
+    else:
+        # [N, B, T] along time -> [B, N*T]
         out = torch.cat(stacked.unbind(0), -1)
     return _named(out)
 
@@ -183,7 +198,8 @@ def _named(batch: TensorDictBase) -> TensorDictBase:
 
 
 def difference(signature: dict, expected: dict) -> str:
-    """What differs between two batches' ``{key: (shape, dtype)}`` (see :func:`signature_of`); '' if nothing."""
+    """What differs between two batches' ``{key: (shape, dtype)}`` (see
+    :func:`signature_of`); '' if nothing."""
     name = ".".join
     parts = [f"no {name(key)}" for key in sorted(set(expected) - set(signature))]
     parts += [f"an extra {name(key)}" for key in sorted(set(signature) - set(expected))]
@@ -205,7 +221,8 @@ def for_storage(batch: TensorDictBase, ndim: int | None) -> TensorDictBase:
     return batch
 
 
-def worker_parts(batch: TensorDictBase, stacked: bool, ids: torch.Tensor | None = None) -> list[TensorDictBase]:
+def worker_parts(batch: TensorDictBase, stacked: bool,
+                 ids: torch.Tensor | None = None) -> list[TensorDictBase]:
     """Each worker's part of a multi-worker batch, ``[(B,) T]``, in the order the batch holds them:
     the lanes of a stacked batch, or the runs of one worker id (``ids``, else the batch's
     ``WORKER_ID``) along the time dim (``cat_results=-1``, and ``0`` over ``[T]`` batches) or

@@ -5,7 +5,8 @@ A node collector (:mod:`~rpc_collectors.worker.node`) replaces its own local wor
 trainer as a :class:`~rpc_collectors.core.protocol.LocalRestart`, and the frames and batches dropped
 as :class:`~rpc_collectors.core.protocol.Dropped`, with the node's next answer (:func:`attach`):
 around it, whether a :class:`~rpc_collectors.core.protocol.Ready` (a batch in its slot) or a batch
-returned directly (:class:`~rpc_collectors.core.protocol.Noted`). :func:`detach` takes them off again.
+returned directly (:class:`~rpc_collectors.core.protocol.Noted`).
+:func:`detach` takes them off again.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ NONE_DROPPED = Dropped()
 
 
 def attach(result: Any, restarts: tuple[LocalRestart, ...], dropped: Dropped = NONE_DROPPED) -> Any:
-    """``result`` (``Ready`` or a batch) carrying ``restarts`` and ``dropped``; as it is without any."""
+    """``result`` (``Ready`` or a batch) carrying ``restarts`` and ``dropped``;
+    as it is without any."""
     if not restarts and dropped == NONE_DROPPED:
         return result
     return Noted(result, restarts, dropped)

@@ -11,7 +11,8 @@ either check is closed with nothing of it read but those bytes; one that does no
 token within ``auth_wait`` seconds is closed too, and none holds up the others.
 
 The client's side is :meth:`Address.connect`: it checks that the listener runs as its user too,
-then sends the token. Both checks cost a system call and a comparison per connection, none per message.
+then sends the token. Both checks cost a system call and a comparison per
+connection, none per message.
 """
 from __future__ import annotations
 
@@ -26,14 +27,17 @@ import uuid
 from dataclasses import dataclass, field
 
 TOKEN_BYTES = 32
-AUTH_WAIT = 10.0  # seconds a connection has to present the token
+# seconds a connection has to present the token
+AUTH_WAIT = 10.0
 BACKLOG = 64
-_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# struct ucred: pid, uid, gid
+_CREDENTIALS = struct.Struct("3i")
 
 
 def peer_uid(sock: socket.socket) -> int:
     """The user id of the process at the other end of the Unix socket ``sock``."""
-    return _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))[1]
+    return _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                               _CREDENTIALS.size))[1]
 
 
 @dataclass(frozen=True)
@@ -67,12 +71,14 @@ class PrivateListener:
     :meth:`ready` and calls :meth:`expire` once per turn.
     """
 
-    def __init__(self, selector: selectors.BaseSelector, purpose: str, auth_wait: float = AUTH_WAIT) -> None:
+    def __init__(self, selector: selectors.BaseSelector, purpose: str,
+                 auth_wait: float = AUTH_WAIT) -> None:
         name = f"\0rpc-collectors-{purpose}-{os.getpid()}-{uuid.uuid4().hex}"
         self.address = Address(name, secrets.token_bytes(TOKEN_BYTES))
         self._selector, self._auth_wait = selector, auth_wait
         self._uid = os.geteuid()
-        self._pending: dict[socket.socket, tuple[bytes, float]] = {}  # the token's bytes so far, deadline
+        # the token's bytes so far, deadline
+        self._pending: dict[socket.socket, tuple[bytes, float]] = {}
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.bind(name)
@@ -104,13 +110,15 @@ class PrivateListener:
         if part and hmac.compare_digest(got, self.address.token):
             sock.setblocking(True)
             return sock
-        sock.close()  # closed early, or a wrong token
+        # closed early, or a wrong token
+        sock.close()
         return None
 
     def _accept(self) -> None:
         try:
             sock, _ = self._sock.accept()
-        except OSError:  # gone already, or no descriptor left: the listener stays ready, tried again
+        except OSError:
+            # gone already, or no descriptor left: the listener stays ready, tried again
             return
         if peer_uid(sock) != self._uid:
             sock.close()

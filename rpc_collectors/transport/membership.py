@@ -1,4 +1,5 @@
-"""How collector servers enter and leave a running RPC group (who serves each slot: the trainer's roster).
+"""How collector servers enter and leave a running RPC group (who serves each
+slot: the trainer's roster).
 
 Elastic collectors run a *dynamic* RPC group (``init_rpc`` with ``world_size=None``): the
 trainer starts it, and each server joins it, then announces itself with :func:`arrive`.
@@ -16,8 +17,10 @@ from typing import Callable, Iterator
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
-_evicted: set[int] = set()  # ranks this trainer removed from its group
-_listener: Callable[[int], None] | None = None  # the elastic trainer's: gets every arrival
+# ranks this trainer removed from its group
+_evicted: set[int] = set()
+# the elastic trainer's: gets every arrival
+_listener: Callable[[int], None] | None = None
 
 
 class WorkerRestartWarning(RuntimeWarning):
@@ -25,19 +28,22 @@ class WorkerRestartWarning(RuntimeWarning):
 
 
 class WorkerLeftWarning(RuntimeWarning):
-    """A collector of an elastic trainer left (died, became unreachable or raised); its slot is vacant."""
+    """A collector of an elastic trainer left (died, became unreachable or
+    raised); its slot is vacant."""
 
 
 def arrive(rank: int) -> None:
     """RPC (served by the trainer): the server of ``rank`` joined the group and is ready."""
     listener = _listener
-    if listener is not None:  # None: the trainer is closing, and stops every member it knows
+    # None: the trainer is closing, and stops every member it knows
+    if listener is not None:
         listener(rank)
 
 
 def listen(callback: Callable[[int], None] | None) -> None:
     """Hand every arrival to ``callback(rank)`` (the elastic trainer's pool); None: no longer. A new
-    callback starts a new group, whose ranks count from 1 again: the ranks evicted before are forgotten."""
+    callback starts a new group, whose ranks count from 1 again: the ranks evicted
+    before are forgotten."""
     global _listener
     _listener = callback
     if callback is not None:
@@ -54,7 +60,8 @@ _TOKEN_KEY = "RpcGroupManagementToken"
 
 
 def clear_for_join(store: dist.Store, generation: int, trainer: str) -> None:
-    """Before this server joins (holding :func:`membership_lock`): list only the trainer as a member.
+    """Before this server joins (holding :func:`membership_lock`): list only
+    the trainer as a member.
 
     Servers only talk to the trainer, so a joiner needs no other member, and one that died or
     became unreachable (and is still listed) would fail the join and leave torch's token held.
@@ -62,7 +69,9 @@ def clear_for_join(store: dist.Store, generation: int, trainer: str) -> None:
     rpc_store = dist.PrefixStore(f"rpc_prefix_{generation}", store)
     names = dist.PrefixStore("names", rpc_store)
     listed = names.get(_MEMBERS_KEY).decode() if names.check([_MEMBERS_KEY]) else ""
-    names.set(_MEMBERS_KEY, "".join(f"{entry}," for entry in listed.split(",") if entry.startswith(f"{trainer}-")))
+    names.set(_MEMBERS_KEY,
+              "".join(
+                  f"{entry}," for entry in listed.split(",") if entry.startswith(f"{trainer}-")))
     rpc_store.set(_TOKEN_KEY, "")
 
 
@@ -75,7 +84,8 @@ def evict(name: str) -> None:
     agent = rpc.api._get_current_rpc_agent()
     try:
         info = agent.get_worker_info(name)
-    except RuntimeError:  # never joined, or already evicted
+    except RuntimeError:
+        # never joined, or already evicted
         return
     _evicted.add(info.id)
     agent._update_group_membership(info, [], {}, False)
@@ -87,7 +97,8 @@ def is_member(rank: int) -> bool:
 
 
 _LOCK_KEY = "rpc_collectors/membership_lock"
-_LOCK_POLL = 0.005  # seconds between tries
+# seconds between tries
+_LOCK_POLL = 0.005
 
 
 @contextlib.contextmanager
@@ -102,12 +113,14 @@ def membership_lock(store: dist.Store, owner: str, timeout: float) -> Iterator[N
     while True:
         mine = f"{owner}@{time.time() + timeout}"
         held = store.compare_set(_LOCK_KEY, "", mine).decode()
-        if held != mine and held and float(held.rpartition("@")[2]) < time.time():  # an expired lease
+        # an expired lease
+        if held != mine and held and float(held.rpartition("@")[2]) < time.time():
             held = store.compare_set(_LOCK_KEY, held, mine).decode()
         if held == mine:
             break
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the RPC group's membership lock stayed held by {held} for {timeout} s")
+            raise TimeoutError(f"the RPC group's membership lock stayed held by {held} for "
+                               f"{timeout} s")
         time.sleep(_LOCK_POLL)
     try:
         yield

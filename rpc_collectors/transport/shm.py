@@ -31,13 +31,17 @@ def open_checked(path: str, flags: int, expected: tuple[int, int]) -> int:
     A number the trainer closed may name another file of its by now (say, a pipe of the next
     collector's worker): a worker that comes to open it late (its spawn was given up on) must
     never take that file over, so the file is checked before the open and again after."""
-    expected = tuple(expected)  # a list, after the spawner's JSON
-    st = os.stat(path)  # FileNotFoundError: closed, its number not reused (yet)
+    # a list, after the spawner's JSON
+    expected = tuple(expected)
+    # FileNotFoundError: closed, its number not reused (yet)
+    st = os.stat(path)
     fd = os.open(path, flags) if (st.st_dev, st.st_ino) == expected else -1
     if fd < 0 or file_id(fd) != expected:
         if fd >= 0:
             os.close(fd)
-        raise FileNotFoundError(errno.ENOENT, "the trainer closed this descriptor; its number names another file now", path)
+        raise FileNotFoundError(errno.ENOENT,
+                                "the trainer closed this descriptor; its number names another file "
+                                "now", path)
     return fd
 
 
@@ -66,8 +70,9 @@ def nameless_file(prefix: str, nbytes: int, what: str, detail: str, advice: str)
     def no_space(free: int) -> OSError:
         return OSError(
             errno.ENOSPC,
-            f"{what} needs {_mib(nbytes)} ({nbytes} bytes{detail}) but {where} has only {_mib(free)} "
-            f"({free} bytes) free; {advice}, or give the machine more shared memory (docker: --shm-size)",
+            f"{what} needs {_mib(nbytes)} ({nbytes} bytes{detail}) but {where} has only "
+            f"{_mib(free)} ({free} bytes) free; {advice}, or give the machine more shared memory "
+            "(docker: --shm-size)",
         )
 
     if nbytes > _free_bytes(where):
@@ -88,12 +93,14 @@ def mapped(fd: int, count: int, nbytes: int, pinned: bool) -> list[torch.Tensor]
     """``count`` consecutive parts of ``nbytes`` of the file ``fd``, each mapped on its own (a torch
     storage each, so each part's users can be counted); ``pinned``: page-locked for CUDA, so that
     copies to a GPU read them by DMA."""
-    parts = [torch.frombuffer(mmap.mmap(fd, nbytes, offset=i * nbytes), dtype=torch.uint8) for i in range(count)]
+    parts = [torch.frombuffer(mmap.mmap(fd, nbytes, offset=i * nbytes), dtype=torch.uint8)
+             for i in range(count)]
     for i, part in enumerate(parts if pinned else []):
         try:
             error = int(torch.cuda.cudart().cudaHostRegister(part.data_ptr(), part.numel(), 0))
             if error != 0:
-                raise RuntimeError(f"cudaHostRegister of a {part.numel()}-byte batch slot failed with CUDA error {error}")
+                raise RuntimeError(f"cudaHostRegister of a {part.numel()}-byte batch slot failed "
+                                   f"with CUDA error {error}")
         except BaseException:
             unpin(parts[:i])
             raise
@@ -119,7 +126,8 @@ class SharedBytes:
     @classmethod
     def of(cls, data: bytes, what: str, advice: str) -> tuple[SharedBytes, int]:
         """``data`` in a new file: the bytes to send, and the descriptor to close once every
-        reader has read them (``what`` and ``advice`` word the error when /dev/shm lacks the space)."""
+        reader has read them (``what`` and ``advice`` word the error when
+        /dev/shm lacks the space)."""
         fd, _ = nameless_file("bytes", len(data), what, "", advice)
         try:
             view = memoryview(data)

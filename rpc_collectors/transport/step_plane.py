@@ -1,4 +1,5 @@
-"""The step plane: one shared-memory row and one doorbell per env, for inference off the env workers.
+"""The step plane: one shared-memory row and one doorbell per env, for
+inference off the env workers.
 
 Each env owns a row of one shared buffer (a :class:`~rpc_collectors.transport.data.SlotPool` of
 one slot with a row per env): its current observation and the transition its last step gave,
@@ -32,7 +33,8 @@ from rpc_collectors.transport.layouts import BatchLayout
 
 GO, READY, ERROR = b"g", b"r", b"e"
 LENGTH = struct.Struct("<I")
-WAKE = -1  # the selector's key of the pipe that interrupts a wait
+# the selector's key of the pipe that interrupts a wait
+WAKE = -1
 
 
 @dataclass
@@ -54,14 +56,18 @@ class StepPlane:
         """``row``: one env's row (its keys, shapes and dtypes; its values are not used)."""
         layout = BatchLayout.of(row)
         if layout is None:
-            raise TypeError(f"an env's step holds entries that cannot go through shared memory: {row}")
+            raise TypeError("an env's step holds entries that cannot go through shared memory: "
+                            f"{row}")
         self.num_envs, self.envs_per_worker = num_envs, envs_per_worker
         self.num_workers = -(-num_envs // envs_per_worker)
         self.pool = SlotPool(layout, num_envs, slots=1)
         self.rows = layout.view(self.pool.slots[0], num_envs)
-        self._go: dict[int, int] = {}  # env -> write end of its go pipe
-        self._ready: dict[int, int] = {}  # env -> read end of its ready pipe
-        self._handed: dict[int, tuple[int, int]] = {}  # env -> the ends the worker opens, until it did
+        # env -> write end of its go pipe
+        self._go: dict[int, int] = {}
+        # env -> read end of its ready pipe
+        self._ready: dict[int, int] = {}
+        # env -> the ends the worker opens, until it did
+        self._handed: dict[int, tuple[int, int]] = {}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -69,14 +75,16 @@ class StepPlane:
 
     def envs_of(self, worker: int) -> range:
         """The envs that ``worker`` steps."""
-        return range(worker * self.envs_per_worker, min(self.num_envs, (worker + 1) * self.envs_per_worker))
+        return range(worker * self.envs_per_worker,
+                     min(self.num_envs, (worker + 1) * self.envs_per_worker))
 
     def worker_of(self, env: int) -> int:
         """The worker that steps ``env``."""
         return env // self.envs_per_worker
 
     def specs(self, worker: int) -> list[SlotSpec]:
-        """What ``worker`` maps and opens for each of its envs; new pipes each time (a replacement's)."""
+        """What ``worker`` maps and opens for each of its envs; new pipes each
+        time (a replacement's)."""
         return [self._spec(env) for env in self.envs_of(worker)]
 
     def _spec(self, env: int) -> SlotSpec:
@@ -116,7 +124,9 @@ class StepPlane:
             try:
                 byte = os.read(fd, 1)
                 if byte == ERROR:
-                    ended[env] = _read_exactly(fd, LENGTH.unpack(_read_exactly(fd, LENGTH.size))[0]).decode()
+                    ended[env] = _read_exactly(fd,
+                                               LENGTH.unpack(_read_exactly(fd, LENGTH.size))[
+                                                   0]).decode()
                 elif byte:
                     ready.append(env)
                 else:
@@ -140,11 +150,13 @@ class StepPlane:
         """End a :meth:`wait` in progress (or the next one) at once."""
         try:
             os.write(self._wake_w, b"w")
-        except BlockingIOError:  # a wake-up is pending already
+        except BlockingIOError:
+            # a wake-up is pending already
             pass
 
     def drop(self, env: int) -> None:
-        """Stop listening to ``env`` and close its pipes (its worker sees the end of its go pipe)."""
+        """Stop listening to ``env`` and close its pipes (its worker sees
+        the end of its go pipe)."""
         ready = self._ready.pop(env, None)
         if ready is not None:
             if ready in self._selector.get_map():
@@ -167,6 +179,7 @@ class StepPlane:
 
 
 def send_error(fd: int, text: str) -> None:
-    """Worker side: report an env's traceback on its ready pipe (the worker closes the pipe next)."""
+    """Worker side: report an env's traceback on its ready pipe (the worker
+    closes the pipe next)."""
     data = text.encode()
     _write_all(fd, ERROR + LENGTH.pack(len(data)) + data)

@@ -19,7 +19,8 @@ from rpc_collectors.transport.weights import checked, signature_of, weights_of
 
 
 def whole_update(
-    given: Any, worker_ids: Any, layout: tuple | None, num_workers: int, device: torch.device | list | None,
+    given: Any, worker_ids: Any, layout: tuple | None, num_workers: int,
+    device: torch.device | list | None,
 ) -> dict[int, TensorDictBase | None]:
     """``{worker_id: weights}`` of one update (weights None: the policy's own tensors at the push).
 
@@ -33,7 +34,8 @@ def whole_update(
         update = {}
         for worker_id in ids:
             argument = f"policy_or_weights[{worker_id}]"
-            if layout is None:  # the first entry lays the others out
+            # the first entry lays the others out
+            if layout is None:
                 layout = signature_of(weights_of(given[worker_id], argument))
             update[worker_id] = checked(given[worker_id], layout, argument)
         return update

@@ -30,12 +30,17 @@ import torch
 
 from rpc_collectors.transport.doorbell import Ends, _read_exactly, _write_all
 
-REQUEST = struct.Struct("<qq")  # call id, payload bytes
-ANSWER = struct.Struct("<qBq")  # call id, kind, payload bytes
+# call id, payload bytes
+REQUEST = struct.Struct("<qq")
+# call id, kind, payload bytes
+ANSWER = struct.Struct("<qBq")
 OK, ERROR = 0, 1
-HELLO = 0  # the id of the worker's first answer: it holds its ends now
-EXIT_WAIT = 1.0  # seconds the reader waits, after the answer pipe ended, for the worker's exit status
-CALL_THREADS = 4  # worker threads running calls at once
+# the id of the worker's first answer: it holds its ends now
+HELLO = 0
+# seconds the reader waits, after the answer pipe ended, for the worker's exit status
+EXIT_WAIT = 1.0
+# worker threads running calls at once
+CALL_THREADS = 4
 
 
 def _reduce_tensor(tensor: torch.Tensor) -> tuple:
@@ -44,7 +49,8 @@ def _reduce_tensor(tensor: torch.Tensor) -> tuple:
     if type(tensor) is torch.Tensor and tensor.device.type == "cpu" and not tensor.requires_grad:
         try:
             return torch.from_numpy, (tensor.numpy(),)
-        except (TypeError, RuntimeError):  # what numpy cannot hold (bfloat16, sparse, conjugate bits ...)
+        except (TypeError, RuntimeError):
+            # what numpy cannot hold (bfloat16, sparse, conjugate bits ...)
             pass
     return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
 
@@ -81,12 +87,15 @@ class Channel:
         self._pending: dict[int, torch.futures.Future] = {HELLO: self.hello}
         self._next_id = HELLO + 1
         self._lock = threading.Lock()
-        self._backlog: collections.deque[memoryview] = collections.deque()  # what the pipe did not take yet
+        # what the pipe did not take yet
+        self._backlog: collections.deque[memoryview] = collections.deque()
         self._writer: threading.Thread | None = None
-        self._exit = threading.Event()  # the worker's exit status is known
+        # the worker's exit status is known
+        self._exit = threading.Event()
         self._exit_reason = ""
         self._failure: str | None = None
-        self._reader = threading.Thread(target=self._read, name="rpc-collectors-channel", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="rpc-collectors-channel",
+                                        daemon=True)
         self._reader.start()
 
     def opened(self) -> None:
@@ -112,18 +121,21 @@ class Channel:
         return fut
 
     def _send(self, data: memoryview) -> None:
-        """Write what the pipe takes now; queue the rest for the writer thread (holding the lock)."""
+        """Write what the pipe takes now; queue the rest for the writer
+        thread (holding the lock)."""
         if not self._backlog:
             try:
                 data = data[os.write(self._request_w, data):]
             except BlockingIOError:
                 pass
             except OSError:
-                return  # the worker went away: the reader fails the call
+                # the worker went away: the reader fails the call
+                return
         if data:
             self._backlog.append(data)
             if self._writer is None:
-                self._writer = threading.Thread(target=self._write, name="rpc-collectors-channel-write", daemon=True)
+                self._writer = threading.Thread(target=self._write,
+                                                name="rpc-collectors-channel-write", daemon=True)
                 self._writer.start()
 
     def _write(self) -> None:
@@ -140,7 +152,8 @@ class Channel:
             try:
                 select.select([], [fd], [], 1.0)
             except (OSError, ValueError):
-                pass  # closed meanwhile: seen under the lock
+                # closed meanwhile: seen under the lock
+                pass
             with self._lock:
                 if not self._backlog or self._request_w < 0:
                     continue
@@ -149,7 +162,8 @@ class Channel:
                     rest = data[os.write(self._request_w, data):]
                 except BlockingIOError:
                     continue
-                except OSError:  # the worker went away: the reader fails the calls
+                except OSError:
+                    # the worker went away: the reader fails the calls
                     self._backlog.clear()
                     continue
                 if rest:
@@ -164,12 +178,15 @@ class Channel:
                 payload = _read_exactly(self._answer_r, size)
                 with self._lock:
                     fut = self._pending.pop(call_id, None)
-                if fut is None:  # failed already (the worker's exit was reported first)
+                # failed already (the worker's exit was reported first)
+                if fut is None:
                     continue
                 try:
                     result = pickle.loads(payload)
-                except Exception as err:  # e.g. a class this process cannot import
-                    fut.set_exception(RemoteError(f"the worker's answer could not be read: {err!r}"))
+                except Exception as err:
+                    # e.g. a class this process cannot import
+                    fut.set_exception(RemoteError(
+                        f"the worker's answer could not be read: {err!r}"))
                     continue
                 if kind == ERROR:
                     fut.set_exception(RemoteError(result))
@@ -177,12 +194,14 @@ class Channel:
                     fut.set_result(result)
         except (EOFError, OSError):
             pass
-        self._exit.wait(EXIT_WAIT)  # a dead worker's exit status follows the end of its pipe
+        # a dead worker's exit status follows the end of its pipe
+        self._exit.wait(EXIT_WAIT)
         self.fail(self._exit_reason or "its channel closed")
         os.close(self._answer_r)
 
     def exit_reason(self) -> str | None:
-        """How the worker's process exited, waiting up to ``EXIT_WAIT`` s for the report; None: it did not."""
+        """How the worker's process exited, waiting up to ``EXIT_WAIT`` s for the
+        report; None: it did not."""
         return self._exit_reason if self._exit.wait(EXIT_WAIT) else None
 
     def exited(self, reason: str) -> None:
@@ -228,7 +247,8 @@ def run_channel(
             try:
                 _write_all(reply, ANSWER.pack(call_id, kind, len(payload)) + payload)
             except OSError:
-                pass  # the trainer went away: the read loop ends at its next read
+                # the trainer went away: the read loop ends at its next read
+                pass
 
     def run(call_id: int, method: str, args: tuple) -> None:
         try:
@@ -238,18 +258,21 @@ def run_channel(
         else:
             try:
                 answer(call_id, OK, result)
-            except Exception:  # the result cannot be pickled
+            except Exception:
+                # the result cannot be pickled
                 answer(call_id, ERROR, traceback.format_exc())
 
     answer(HELLO, OK, os.getpid())
-    pool = concurrent.futures.ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="rpc-collectors-call")
+    pool = concurrent.futures.ThreadPoolExecutor(CALL_THREADS,
+                                                 thread_name_prefix="rpc-collectors-call")
     try:
         while True:
             call_id, size = REQUEST.unpack(_read_exactly(request, REQUEST.size))
             method, args = pickle.loads(_read_exactly(request, size))
             pool.submit(run, call_id, method, args)
     except (EOFError, OSError):
-        pass  # the trainer closed its end, or went away
+        # the trainer closed its end, or went away
+        pass
     finally:
         if interrupt is not None:
             interrupt()

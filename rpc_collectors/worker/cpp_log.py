@@ -1,4 +1,5 @@
-"""torch's C++ log threshold, set from Python: a stopping RPC agent logs every connection its peers close."""
+"""torch's C++ log threshold, set from Python: a stopping RPC agent logs every
+connection its peers close."""
 from __future__ import annotations
 
 import contextlib
@@ -8,7 +9,8 @@ from typing import Iterator
 
 import torch
 
-ERROR = 2  # c10's log level that drops warnings
+# c10's log level that drops warnings
+ERROR = 2
 
 
 def level() -> ctypes.c_int:

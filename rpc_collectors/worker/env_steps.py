@@ -1,5 +1,6 @@
 """An env worker of a batched-inference collector: it steps its envs with the actions the trainer
-writes into their rows of the step plane (:mod:`rpc_collectors.transport.step_plane`), and runs no policy.
+writes into their rows of the step plane
+(:mod:`rpc_collectors.transport.step_plane`), and runs no policy.
 
 Per step of an env: wait for its "go" byte, read the action from its row, step the env, write
 the step's result (``"next"``) and the next observation (after a reset, if the episode ended)
@@ -16,11 +17,12 @@ as long as a half's step takes at least as long as a forward pass. With one env 
 plain step loop above. Each env's first reset is done before the worker's ``join_steps`` call
 returns, so a seed the trainer sets afterwards applies from the next reset on.
 
-The loop marks its worker's collector's phase clock (:mod:`~rpc_collectors.single_process.phase_clock`,
-read anew each turn: a trace window may swap it) three times per half: ``idle`` once its actions
-came, ``env`` once its envs stepped and wrote their results into their rows, ``write`` once it
-rang their ready bytes. So the worker's ``phases`` and ``trace`` calls
-(:mod:`~rpc_collectors.worker.observing`) answer for it; with ``metrics=False`` the clock reads no time.
+The loop marks its worker's collector's phase clock
+(:mod:`~rpc_collectors.single_process.phase_clock`, read anew each turn: a trace window may swap
+it) three times per half: ``idle`` once its actions came, ``env`` once its envs stepped and wrote
+their results into their rows, ``write`` once it rang their ready bytes. So the worker's ``phases``
+and ``trace`` calls (:mod:`~rpc_collectors.worker.observing`) answer for it; with ``metrics=False``
+the clock reads no time.
 """
 from __future__ import annotations
 
@@ -36,10 +38,11 @@ from tensordict import TensorDict, TensorDictBase
 from rpc_collectors.core.metrics import WorkerPhases
 from rpc_collectors.core.protocol import WorkerSpec
 from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env, make_env
-from rpc_collectors.transport.data import SlotSpec, SlotWriter
+from rpc_collectors.transport.data import SlotSpec
 from rpc_collectors.transport.doorbell import _write_all
 from rpc_collectors.transport.step_plane import READY, StepGroup, send_error
 from rpc_collectors.worker.served_collector import ServedCollector
+from rpc_collectors.worker.single import SlotWriter
 
 FLAGS = ("done", "terminated", "truncated")
 
@@ -55,14 +58,15 @@ def step_row(env: Any) -> TensorDict:
         return _gym_row(env)
     if is_torchrl_env(env) and not len(env.batch_size) and list(env.action_keys) == ["action"]:
         fake = env.fake_tensordict()
-        row = fake.exclude("next", "action", *env.done_keys).clone()  # what the policy reads
+        # what the policy reads
+        row = fake.exclude("next", "action", *env.done_keys).clone()
         row.set("action", fake.get("action").clone())
         row.set("next", fake.get("next").clone())
         return row
     raise TypeError(
-        f"AsyncBatchedCollector: the env factory gave {env!r}; accepted: a factory of one env: a gymnasium id, "
-        "gymnasium.Env or rpc_collectors.GymEnv (not a vector env), or a TorchRL env of batch size [] whose "
-        "action key is 'action'"
+        f"AsyncBatchedCollector: the env factory gave {env!r}; accepted: a factory of one env: a "
+        "gymnasium id, gymnasium.Env or rpc_collectors.GymEnv (not a vector env), or a TorchRL env "
+        "of batch size [] whose action key is 'action'"
     )
 
 
@@ -88,16 +92,20 @@ class EnvRow:
 
     def __init__(self, env: Any, spec: SlotSpec) -> None:
         self.env, self.index = env, spec.row
-        self.writer = SlotWriter(spec)  # maps the plane; this env's row is target 0
+        # maps the plane; this env's row is target 0
+        self.writer = SlotWriter(spec)
         self.row = row = self.writer.targets[0]
         self.action = row.get("action")
         leaves = list(row.keys(include_nested=True, leaves_only=True))
-        self.root_keys = [k for k in leaves if k != "action" and not (isinstance(k, tuple) and k[0] == "next")]
+        self.root_keys = [k for k in leaves
+                          if k != "action" and not (isinstance(k, tuple) and k[0] == "next")]
         self.next_keys = [k for k in leaves if isinstance(k, tuple) and k[0] == "next"]
         if isinstance(env, GymEnv):
             self.obs = {key: row.get(key).numpy() for key in env.obs_keys}
             self.next_obs = {key: row.get(_next_key(key)).numpy() for key in env.obs_keys}
-            self.reward, self.flags = row.get(("next", "reward")).numpy(), [row.get(("next", f)).numpy() for f in FLAGS]
+            self.reward, self.flags = row.get(("next",
+                                               "reward")).numpy(), [row.get(
+                                                   ("next", f)).numpy() for f in FLAGS]
             self.reset, self.step = self._gym_reset, self._gym_step
         else:
             self.root: TensorDictBase | None = None
@@ -108,8 +116,9 @@ class EnvRow:
         """Raise ValueError unless the env gave ``key`` the shape its row holds (no broadcast)."""
         if tuple(shape) != tuple(want):
             raise ValueError(
-                f"AsyncBatchedCollector: env {self.index} gave {key!r} of shape {list(shape)}; accepted: shape "
-                f"{list(want)}, the shape it had at start-up (an env's entries keep their shapes)"
+                f"AsyncBatchedCollector: env {self.index} gave {key!r} of shape {list(shape)}; "
+                f"accepted: shape {list(want)}, the shape it had at start-up (an env's entries "
+                "keep their shapes)"
             )
 
     def _write_obs(self, obs: dict) -> None:
@@ -167,7 +176,8 @@ class EnvSteps:
 
     def __init__(self, collector: ServedCollector, group: StepGroup) -> None:
         self.collector = collector
-        self.frames = 0  # env steps taken
+        # env steps taken
+        self.frames = 0
         envs = [collector.env]
         for data in group.others:
             spec = WorkerSpec.loads(data)
@@ -178,7 +188,8 @@ class EnvSteps:
                 self.envs.append(EnvRow(e, spec))
             if group.seed is not None:
                 self.set_seed(group.seed)
-            for row in self.envs:  # the first resets, before the trainer's call returns: a seed set after applies next
+            # the first resets, before the trainer's call returns: a seed set after applies next
+            for row in self.envs:
                 row.reset()
             _ring(self.envs)
         except BaseException:
@@ -186,7 +197,8 @@ class EnvSteps:
             raise
         half = -(-len(self.envs) // 2)
         self.halves = [part for part in (self.envs[:half], self.envs[half:]) if part]
-        self.thread = threading.Thread(target=self._serve, name="rpc-collectors-env-steps", daemon=True)
+        self.thread = threading.Thread(target=self._serve, name="rpc-collectors-env-steps",
+                                       daemon=True)
         self.thread.start()
 
     def set_seed(self, seed: int) -> None:
@@ -197,7 +209,8 @@ class EnvSteps:
 
     def phases(self, worker_id: int) -> tuple[WorkerPhases]:
         """Its env steps and its phase clock's totals: the worker's answer to ``phases``."""
-        return (WorkerPhases(worker_id, os.getpid(), self.frames, 0, dict(self.collector.phase_clock.totals_ns)),)
+        return (WorkerPhases(worker_id, os.getpid(), self.frames, 0,
+                             dict(self.collector.phase_clock.totals_ns)),)
 
     def _serve(self) -> None:
         current = self.envs[0]
@@ -217,9 +230,11 @@ class EnvSteps:
                         clock.mark("env")
                         _ring(half)
                         clock.mark("write")
-            except Exception:  # an env raised: its traceback goes to the trainer on its pipe
+            except Exception:
+                # an env raised: its traceback goes to the trainer on its pipe
                 send_error(current.ready, traceback.format_exc())
-        except OSError:  # the trainer closed a doorbell, or went away
+        except OSError:
+            # the trainer closed a doorbell, or went away
             pass
         finally:
             self._close()
@@ -231,6 +246,7 @@ class EnvSteps:
 
 
 def _ring(half: list[EnvRow]) -> None:
-    """Tell the trainer that the envs of ``half`` hold their steps' results and next observations."""
+    """Tell the trainer that the envs of ``half`` hold their steps' results
+    and next observations."""
     for row in half:
         _write_all(row.ready, READY)

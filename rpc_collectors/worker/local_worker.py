@@ -25,7 +25,8 @@ class LocalServer:
         if method == protocol.CREATE:
             spec, worker_id, num_workers, traj_id_start = args
             spec = spec.read() if isinstance(spec, SharedBytes) else spec
-            self.state = WorkerState(spec, worker_id, num_workers, self.rank, traj_id_start, "127.0.0.1")
+            self.state = WorkerState(spec, worker_id, num_workers, self.rank, traj_id_start,
+                                     "127.0.0.1")
             return self.state.info()
         if self.state is None:
             raise RuntimeError(f"collector worker {self.rank - 1} has no collector yet")
@@ -42,7 +43,8 @@ class LocalServer:
 
 def local_main(rank: int, *ends: Any) -> int:
     """Entry point of a local worker process started by the spawner: serve the trainer's channel
-    (``ends``: the fields of its :class:`~rpc_collectors.transport.doorbell.Ends`) until it closes."""
+    (``ends``: the fields of its
+    :class:`~rpc_collectors.transport.doorbell.Ends`) until it closes."""
     torch.set_num_threads(1)
     name_process(f"rpc-worker{rank - 1}")
     server = LocalServer(rank)

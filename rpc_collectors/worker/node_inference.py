@@ -31,11 +31,14 @@ from tensordict.nn import set_interaction_type
 from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.transport.local_socket import Address, PrivateListener
 
-HEADER = struct.Struct("<I")  # length of the pickled layout that follows (0: none)
+# length of the pickled layout that follows (0: none)
+HEADER = struct.Struct("<I")
 VERSION = struct.Struct("<q")
-POLL = 0.5  # seconds between checks of the stop flag while nothing happens
+# seconds between checks of the stop flag while nothing happens
+POLL = 0.5
 
-Layout = list  # [(key, shape, dtype)]
+# [(key, shape, dtype)]
+Layout = list
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
@@ -113,7 +116,8 @@ class NodePolicy:
                 self._out_layout = pickle.loads(_recv_exactly(self._sock, size))
             outputs = _recv_tensors(self._sock, self._out_layout)
         except (EOFError, OSError) as err:
-            raise RuntimeError(f"the node's policy did not answer ({err}); the node reports why") from None
+            raise RuntimeError(
+                f"the node's policy did not answer ({err}); the node reports why") from None
         if self._first and self.collector is not None:
             self.collector.policy_version = version
         self._first = False
@@ -145,18 +149,22 @@ class NodeInference:
     """
 
     def __init__(
-        self, policy: Any, device: torch.device, exploration_type: Any, version: Any, compile_kwargs: dict | None = None,
+        self, policy: Any, device: torch.device, exploration_type: Any, version: Any,
+        compile_kwargs: dict | None = None,
     ) -> None:
         self.policy = StepPolicy(policy, device, compile_kwargs=compile_kwargs)
         if self.policy.td_module is None:
-            raise TypeError(f"inference='node': policy={policy!r} has no in_keys; accepted: a TensorDictModule or an nn.Module")
+            raise TypeError(f"inference='node': policy={policy!r} has no in_keys; accepted: a "
+                            "TensorDictModule or an nn.Module")
         self.exploration_type, self.version = exploration_type, version
-        self.lock = threading.Lock()  # held around each forward pass; weights change under it
+        # held around each forward pass; weights change under it
+        self.lock = threading.Lock()
         self.error: BaseException | None = None
         self._selector = selectors.DefaultSelector()
         self._listener = PrivateListener(self._selector, "node")
         self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="rpc-collectors-node-inference", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="rpc-collectors-node-inference",
+                                       daemon=True)
         self.thread.start()
 
     def stub(self, timeout: float) -> NodePolicy:
@@ -178,7 +186,8 @@ class NodeInference:
                 self._listener.expire()
                 if ready:
                     self._act(ready)
-        except BaseException as err:  # the policy raised: the node's next answer raises it
+        except BaseException as err:
+            # the policy raised: the node's next answer raises it
             if not self._stop.is_set():
                 self.error = err
         finally:
@@ -200,7 +209,8 @@ class NodeInference:
         counts = [math.prod(c.batch_size) for c in clients]
         inputs = {}
         for i, key in enumerate(self.policy.in_keys):
-            parts = [c.inputs[i].reshape((n, *c.layout[i][1][len(c.batch_size):])) for c, n in zip(clients, counts)]
+            parts = [c.inputs[i].reshape((n, *c.layout[i][1][len(c.batch_size):]))
+                     for c, n in zip(clients, counts)]
             inputs[key] = torch.cat(parts) if len(parts) > 1 else parts[0]
         with self.lock, torch.no_grad(), set_interaction_type(self.exploration_type):
             outputs = self.policy(inputs, torch.Size([sum(counts)]))

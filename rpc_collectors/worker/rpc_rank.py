@@ -29,14 +29,18 @@ from rpc_collectors.worker.server import WorkerState
 from rpc_collectors.worker.spawner import name_process
 
 TRAINER = "trainer"
-PING_EVERY = 5.0  # seconds between a server's checks that its trainer is still there
-STOP_GRACE = 5.0  # at most this many seconds from stop() to the end of the server
+# seconds between a server's checks that its trainer is still there
+PING_EVERY = 5.0
+# at most this many seconds from stop() to the end of the server
+STOP_GRACE = 5.0
 
 _state: WorkerState | None = None
 _rdv: Rendezvous | None = None
 _stop = threading.Event()
-_agent_started = False  # whether this process started an RPC agent
-_listening_on: str | None = None  # the address its first one bound to its interface (None: TensorPipe's own pick)
+# whether this process started an RPC agent
+_agent_started = False
+# the address its first one bound to its interface (None: TensorPipe's own pick)
+_listening_on: str | None = None
 
 
 def worker_name(rank: int, session: str = "") -> str:
@@ -47,18 +51,20 @@ def worker_name(rank: int, session: str = "") -> str:
     return f"collector{rank}_{session}" if session else f"collector{rank}"
 
 
-def create(spec: bytes, worker_id: int, num_workers: int, traj_id_start: int | None = None) -> WorkerInfo:
+def create(spec: bytes, worker_id: int, num_workers: int,
+           traj_id_start: int | None = None) -> WorkerInfo:
     """RPC: build this server's collector (:data:`~rpc_collectors.core.protocol.CREATE`)."""
     global _state
     interface = _rdv.interface if _rdv is not None else None
     address = interface_address(interface) if interface else None
-    _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id, traj_id_start, address,
-                         interface=interface)
+    _state = WorkerState(spec, worker_id, num_workers, rpc.get_worker_info().id, traj_id_start,
+                         address, interface=interface)
     return _state.info()
 
 
 def call(method: str, *args: Any) -> Any:
-    """RPC: serve the call ``method`` (:class:`~rpc_collectors.core.protocol.WorkerCalls`) with ``args``."""
+    """RPC: serve the call ``method``
+    (:class:`~rpc_collectors.core.protocol.WorkerCalls`) with ``args``."""
     if _state is None:
         raise RuntimeError(f"{rpc.get_worker_info().name} has no collector yet")
     return protocol.serve(_state, method, args)
@@ -79,20 +85,22 @@ def stop() -> None:
 
 
 def ping(rank: int) -> bool:
-    """RPC (served by the trainer): the trainer is alive; False if it evicted the server of ``rank``."""
+    """RPC (served by the trainer): the trainer is alive; False if it evicted
+    the server of ``rank``."""
     return membership.is_member(rank)
 
 
 def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
     """Start this process's RPC agent as ``name``, bound to the rendezvous's interface. TensorPipe
-    keeps the first agent's address for the whole process: one asked to listen elsewhere is refused."""
+    keeps the first agent's address for the whole process: one asked to listen
+    elsewhere is refused."""
     global _agent_started, _listening_on
     address = rdv.address() if rdv.interface else None
     if address and _listening_on and address != _listening_on:
         raise RuntimeError(
-            f"this process's first RPC agent listened on {_listening_on}, and torch's TensorPipe keeps that address "
-            f"for every later agent of the process; this one's peers reach it on {address} (interface "
-            f"{rdv.interface!r}): run this collector in a new process"
+            f"this process's first RPC agent listened on {_listening_on}, and torch's TensorPipe "
+            "keeps that address for every later agent of the process; this one's peers reach it "
+            f"on {address} (interface {rdv.interface!r}): run this collector in a new process"
         )
     # TCP ("uv") only: TensorPipe's shared-memory transport busy-polls a core in every process
     options = rpc.TensorPipeRpcBackendOptions(
@@ -105,7 +113,8 @@ def start_agent(name: str, rdv: Rendezvous, rpc_timeout: float) -> None:
         with socket_interface(rdv.interface), warnings.catch_warnings():
             # that group also trips a deprecation warning inside torch
             warnings.filterwarnings("ignore", message="You are using a Backend")
-            world_size = None if rdv.dynamic else rdv.world_size  # None: members may join and leave
+            # None: members may join and leave
+            world_size = None if rdv.dynamic else rdv.world_size
             rpc.init_rpc(name, rank=rdv.rank, world_size=world_size, rpc_backend_options=options)
     finally:
         rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = default_timeout
@@ -117,15 +126,19 @@ def serve_rank(rdv: Rendezvous, rpc_timeout: float) -> int:
     """Run a collector server until the trainer stops it or goes away; returns an exit code."""
     global _rdv
     _rdv = rdv
-    if "OMP_NUM_THREADS" not in os.environ:  # one torch thread, as local workers (torchrun sets 1 too; srun does not)
+    # one torch thread, as local workers (torchrun sets 1 too; srun does not)
+    if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
     name_process(f"rpc-worker{rdv.rank - 1}")
-    spawner.rpc_starts_here(fork_now=False)  # a node collector's local workers must not inherit the agent
-    if rdv.dynamic:  # its peers may die and be replaced: TensorPipe would log each of their connections
+    # a node collector's local workers must not inherit the agent
+    spawner.rpc_starts_here(fork_now=False)
+    # its peers may die and be replaced: TensorPipe would log each of their connections
+    if rdv.dynamic:
         cpp_log.level().value = cpp_log.ERROR
     name = worker_name(rdv.rank, rdv.session)
     store = rendezvous.store_client(rdv, rpc_timeout)
-    if rdv.dynamic:  # one join at a time (see membership.membership_lock)
+    # one join at a time (see membership.membership_lock)
+    if rdv.dynamic:
         with membership.membership_lock(store, name, rpc_timeout):
             membership.clear_for_join(store, rpc._init_counter, TRAINER)
             start_agent(name, rdv, rpc_timeout)
@@ -133,9 +146,11 @@ def serve_rank(rdv: Rendezvous, rpc_timeout: float) -> int:
     else:
         start_agent(name, rdv, rpc_timeout)
     code = watch_trainer(name, rdv.rank, rpc_timeout)
-    if _stop.is_set():  # stopped by the trainer: let its agent stop first (see stop())
+    # stopped by the trainer: let its agent stop first (see stop())
+    if _stop.is_set():
         with contextlib.suppress(RuntimeError):
-            store.wait([rendezvous.stopped_key(rdv)], datetime.timedelta(seconds=min(rpc_timeout, STOP_GRACE)))
+            store.wait([rendezvous.stopped_key(rdv)],
+                       datetime.timedelta(seconds=min(rpc_timeout, STOP_GRACE)))
     if _state is not None:
         _state.close()
     rpc.shutdown(graceful=False)
@@ -148,10 +163,12 @@ def watch_trainer(name: str, rank: int, rpc_timeout: float) -> int:
         try:
             if rpc.rpc_sync(TRAINER, ping, args=(rank,), timeout=max(rpc_timeout, PING_EVERY)):
                 continue
-            gone = f"the trainer evicted this collector (it did not answer within rpc_timeout={rpc_timeout} s)"
+            gone = ("the trainer evicted this collector (it did not answer within "
+                    f"rpc_timeout={rpc_timeout} s)")
         except RuntimeError as err:
             gone = f"the trainer is unreachable ({err})"
-        if _stop.is_set():  # the trainer stopped us, then its agent, while the ping was on its way
+        # the trainer stopped us, then its agent, while the ping was on its way
+        if _stop.is_set():
             return 0
         print(f"{name}: {gone}; exiting", file=sys.stderr)
         return 1

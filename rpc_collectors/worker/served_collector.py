@@ -2,8 +2,8 @@
 
 A plain worker serves a :class:`~rpc_collectors.worker.single.SingleCollector` (the single-process
 ``Collector``), a node a :class:`~rpc_collectors.worker.node.NodeCollector` (W local workers);
-each answers every member in its own way, so the server (:class:`~rpc_collectors.worker.server.WorkerState`)
-never asks which one it holds.
+each answers every member in its own way, so the server
+(:class:`~rpc_collectors.worker.server.WorkerState`) never asks which one it holds.
 
 A :class:`typing.Protocol` rather than an ABC: the interface is met by members alone, so an
 implementation needs neither this module nor a base of it (the single-process ``Collector``, a
@@ -30,30 +30,35 @@ class ServedCollector(Protocol):
     worker_idx: int | None
     """TorchRL's: which of the trainer's workers this is."""
     env: Any
-    """The env it steps (an ``AsyncBatchedCollector``'s env worker's); a node's: None, its local workers step theirs."""
+    """The env it steps (an ``AsyncBatchedCollector``'s env worker's); a node's: None, its
+    local workers step theirs."""
     weights_lock: AbstractContextManager
     """Held while pushed weights land in its policy."""
 
     @property
     def phase_clock(self) -> PhaseClock:
-        """The phase clock the server marks around its batches (:mod:`~rpc_collectors.single_process.phase_clock`)."""
+        """The phase clock the server marks around its batches
+        (:mod:`~rpc_collectors.single_process.phase_clock`)."""
         ...
 
     def worker_info(self) -> dict:
-        """Its part of the server's :class:`~rpc_collectors.core.protocol.WorkerInfo`: ``envs`` (a node's also
-        ``local_pids`` and ``inference``)."""
+        """Its part of the server's :class:`~rpc_collectors.core.protocol.WorkerInfo`: ``envs`` (a
+        node's also ``local_pids`` and ``inference``)."""
         ...
 
     def weights_signature(self) -> tuple | None:
-        """What its policy holds (:func:`~rpc_collectors.transport.factory_weights.signature_of`); None: it takes any."""
+        """What its policy holds
+        (:func:`~rpc_collectors.transport.factory_weights.signature_of`); None: it takes any."""
         ...
 
     def weights_holder(self, signature: tuple) -> Any:
-        """Where pushed weights laid out as ``signature`` land; None: it has no weights to update."""
+        """Where pushed weights laid out as ``signature`` land; None: it has
+        no weights to update."""
         ...
 
     def write_into(self, tensors: dict) -> None:
-        """The next batches' steps go straight into ``tensors`` (a shared-memory slot's; empty: their own)."""
+        """The next batches' steps go straight into ``tensors`` (a shared-memory
+        slot's; empty: their own)."""
         ...
 
     def next(self) -> TensorDictBase:
@@ -65,7 +70,8 @@ class ServedCollector(Protocol):
         ...
 
     def noted(self, answer: Any) -> Any:
-        """The answer to ``collect`` (``Ready`` or the batch returned) with what the trainer is told alongside."""
+        """The answer to ``collect`` (``Ready`` or the batch returned) with what the
+        trainer is told alongside."""
         ...
 
     def phases(self) -> tuple[WorkerPhases, ...]:
@@ -73,7 +79,8 @@ class ServedCollector(Protocol):
         ...
 
     def trace(self, keep: int | None) -> list[ProcessSpans] | None:
-        """Open a trace window keeping at most ``keep`` spans per thread, or close it (None): its spans."""
+        """Open a trace window keeping at most ``keep`` spans per thread, or close
+        it (None): its spans."""
         ...
 
     def set_seed(self, seed: int) -> int:
@@ -81,7 +88,8 @@ class ServedCollector(Protocol):
         ...
 
     def state_dict(self, skipped: int = 0) -> dict:
-        """Its state; ``skipped``: the trajectory counts its ids start above its first ids (a replacement's)."""
+        """Its state; ``skipped``: the trajectory counts its ids start above its first
+        ids (a replacement's)."""
         ...
 
     def load_state_dict(self, state: dict) -> None:

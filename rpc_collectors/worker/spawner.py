@@ -36,7 +36,8 @@ import torch
 
 from rpc_collectors.core.protocol import KILL_WAIT
 
-PRELOAD = ("torch", "tensordict", "gymnasium", "numpy", "cloudpickle", "rpc_collectors.worker.local_worker")
+PRELOAD = ("torch", "tensordict", "gymnasium", "numpy", "cloudpickle",
+           "rpc_collectors.worker.local_worker")
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 SPAWNER_NAME = "rpc-spawner"
@@ -45,7 +46,8 @@ SPAWNER_NAME = "rpc-spawner"
 def _prctl(option: int, arg: object) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(option, arg)
-    except (OSError, AttributeError):  # not Linux: the stdin EOF path still cleans up
+    except (OSError, AttributeError):
+        # not Linux: the stdin EOF path still cleans up
         pass
 
 
@@ -54,7 +56,8 @@ def _die_with_parent() -> None:
 
 
 def name_process(name: str) -> None:
-    """Show this process as ``name`` (at most 15 bytes) in ``ps -o comm``, ``top`` and /proc/<pid>/comm."""
+    """Show this process as ``name`` (at most 15 bytes) in ``ps -o comm``, ``top``
+    and /proc/<pid>/comm."""
     _prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
 
 
@@ -68,14 +71,16 @@ def drop_inherited_fds(keep: tuple[int, ...]) -> None:
     """
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:  # no /proc: the usual range
+    except OSError:
+        # no /proc: the usual range
         fds = list(range(3, 1024))
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in fds:
         if fd > 2 and fd != devnull and fd not in keep:
             try:
                 os.dup2(devnull, fd)
-            except OSError:  # not open (any more)
+            except OSError:
+                # not open (any more)
                 pass
     os.close(devnull)
     for name, fd in (("stdout", 1), ("stderr", 2)):
@@ -102,11 +107,13 @@ class Spawner:
         if fresh_interpreter:
             self.proc: subprocess.Popen | None = subprocess.Popen(
                 [sys.executable, "-c",
-                 f"from rpc_collectors.worker.spawner import run_spawner; run_spawner({requests_r}, {replies_w})"],
+                 "from rpc_collectors.worker.spawner import run_spawner; "
+                 f"run_spawner({requests_r}, {replies_w})"],
                 pass_fds=(requests_r, replies_w),
             )
             self.pid = self.proc.pid
-        else:  # fork this process: torch and friends are already imported, start-up is instant
+        else:
+            # fork this process: torch and friends are already imported, start-up is instant
             self.proc = None
             self.pid = os.fork()
             if self.pid == 0:
@@ -119,11 +126,14 @@ class Spawner:
         os.close(replies_w)
         self.requests = os.fdopen(requests_w, "w", buffering=1)
         self.replies = os.fdopen(replies_r, "r")
-        self._requests = 0  # ids of requests sent so far
-        self._replies: dict[int, int] = {}  # request id -> pid, until spawn() takes it
-        self._abandoned: set[int] = set()  # ids of requests whose spawn() gave up waiting
-        self._live: dict[int, Callable[[int, int], None]] = {}  # pid -> on_exit
-        self._early: dict[int, int] = {}  # pid -> exit code of a child that exited before spawn() returned
+        # _requests: ids of requests sent so far; _replies: request id -> pid, until spawn() takes
+        # it; _abandoned: ids of requests whose spawn() gave up waiting; _live: pid -> on_exit;
+        # _early: pid -> exit code of a child that exited before spawn() returned
+        self._requests = 0
+        self._replies: dict[int, int] = {}
+        self._abandoned: set[int] = set()
+        self._live: dict[int, Callable[[int, int], None]] = {}
+        self._early: dict[int, int] = {}
         self._exited = False
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, name="spawner-reader", daemon=True)
@@ -140,7 +150,8 @@ class Spawner:
                 if "pid" in msg:
                     if msg["id"] in self._abandoned:
                         self._abandoned.discard(msg["id"])
-                        _kill(msg["pid"])  # nobody waits for it: its exit is reported and ignored
+                        # nobody waits for it: its exit is reported and ignored
+                        _kill(msg["pid"])
                     else:
                         self._replies[msg["id"]] = msg["pid"]
                     on_exit = None
@@ -155,7 +166,8 @@ class Spawner:
             self._exited = True
             self._cond.notify_all()
 
-    def spawn(self, target: str, args: list, timeout: float, on_exit: Callable[[int, int], None]) -> int:
+    def spawn(self, target: str, args: list, timeout: float,
+              on_exit: Callable[[int, int], None]) -> int:
         """Fork a child running ``target(*args)`` (``"module:function"``); return its pid.
 
         ``on_exit(pid, exit_code)`` is called from a thread when the child exits.
@@ -165,8 +177,10 @@ class Spawner:
             request = self._requests
             self.requests.write(json.dumps({"id": request, "target": target, "args": args}) + "\n")
             try:
-                if not self._cond.wait_for(lambda: request in self._replies or self._exited, timeout):
-                    raise TimeoutError(f"the worker spawner did not start a process within {timeout} s")
+                if not self._cond.wait_for(
+                        lambda: request in self._replies or self._exited, timeout):
+                    raise TimeoutError("the worker spawner did not start a process within "
+                                       f"{timeout} s")
                 if request not in self._replies:
                     raise RuntimeError("the worker spawner exited")
                 pid = self._replies[request]
@@ -174,7 +188,8 @@ class Spawner:
                 if code is None:
                     self._live[pid] = on_exit
                 del self._replies[request]
-            except BaseException:  # a timeout or Ctrl-C: the child is killed, now or when it comes
+            except BaseException:
+                # a timeout or Ctrl-C: the child is killed, now or when it comes
                 pid = self._replies.pop(request, None)
                 if pid is None:
                     self._abandoned.add(request)
@@ -187,15 +202,17 @@ class Spawner:
         return pid
 
     def kill(self, pid: int) -> None:
-        """Kill child ``pid`` if it still runs (a pid that exited may name another process by now)."""
+        """Kill child ``pid`` if it still runs (a pid that exited may name
+        another process by now)."""
         with self._cond:
             if pid in self._live:
                 _kill(pid)
 
     def reap(self, pids: list[int], timeout: float, kill_wait: float = KILL_WAIT) -> None:
-        """Wait up to ``timeout`` for ``pids`` to exit, then kill the rest and wait up to ``kill_wait``
-        for their exits; never raises: those that had to be killed are named in a warning (those whose
-        exit is still not reported are reaped by the spawner when it gets to them)."""
+        """Wait up to ``timeout`` for ``pids`` to exit, then kill the rest and wait up to
+        ``kill_wait`` for their exits; never raises: those that had to be killed are named
+        in a warning (those whose exit is still not reported are reaped by the spawner
+        when it gets to them)."""
         with self._cond:
             def gone() -> bool:
                 return self._exited or not set(pids) & set(self._live)
@@ -203,11 +220,13 @@ class Spawner:
             self._cond.wait_for(gone, timeout)
             slow = sorted(set(pids) & set(self._live))
             for pid in slow:
-                self._live[pid] = lambda *_: None  # killed on purpose: not a failure
+                # killed on purpose: not a failure
+                self._live[pid] = lambda *_: None
                 _kill(pid)
             reported = self._cond.wait_for(gone, kill_wait)
         if slow:
-            late = "" if reported else f", and their exits were not reported within {kill_wait} s more"
+            late = ("" if reported
+                    else f", and their exits were not reported within {kill_wait} s more")
             warnings.warn(f"worker processes {slow} did not exit within {timeout} s of shutdown; "
                           f"they were killed (SIGKILL){late}", RuntimeWarning, stacklevel=2)
 
@@ -218,7 +237,8 @@ class Spawner:
         except OSError:
             pass
         self._reader.join(timeout)
-        if self._reader.is_alive():  # the spawner did not finish in time
+        # the spawner did not finish in time
+        if self._reader.is_alive():
             os.kill(self.pid, signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(timeout)
@@ -235,7 +255,8 @@ def _kill(pid: int) -> None:
 
 
 _shared: Spawner | None = None
-_forked_safely = True  # False once this process started an RPC agent: forks would inherit it
+# False once this process started an RPC agent: forks would inherit it
+_forked_safely = True
 
 
 def shared_spawner() -> Spawner:
@@ -248,8 +269,9 @@ def shared_spawner() -> Spawner:
 
 def _fork_unsafe() -> bool:
     """Whether a fork of this process could not run CUDA or RPC. With a CUDA build, any query of the
-    devices (``torch.cuda.is_available()``, which the trainer's checks make) marks later forks unable
-    to use CUDA, and no API tells whether one was made: such a build starts the spawner fresh."""
+    devices (``torch.cuda.is_available()``, which the trainer's checks make) marks
+    later forks unable to use CUDA, and no API tells whether one was made: such a build
+    starts the spawner fresh."""
     return torch.backends.cuda.is_built() or torch.cuda.is_initialized() or not _forked_safely
 
 
@@ -289,10 +311,14 @@ def run_spawner(requests_fd: int, replies_fd: int) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up byte is written
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops us
-    if "RPC_COLLECTORS_REQUEUE" in os.environ:  # a requeueable SLURM job signals every process before it stops
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the trainer handles it, and stops us (cluster/requeue.py)
+    # a handler, so the wake-up byte is written
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    # Ctrl-C is the trainer's to handle; it stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a requeueable SLURM job signals every process before it stops
+    if "RPC_COLLECTORS_REQUEUE" in os.environ:
+        # the trainer handles it, and stops us (cluster/requeue.py)
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     children: set[int] = set()
     pending = b""
@@ -350,7 +376,8 @@ def _fork_child(request: dict, spawner_fds: tuple[int, ...]) -> int:
             os.close(fd)
         module, func = request["target"].split(":")
         code = getattr(importlib.import_module(module), func)(*request["args"]) or 0
-    except BaseException:  # report and exit: the child must never return into the spawner's loop
+    except BaseException:
+        # report and exit: the child must never return into the spawner's loop
         traceback.print_exc()
     finally:
         sys.stdout.flush()

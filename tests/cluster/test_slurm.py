@@ -29,6 +29,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 import devcluster_module
 from folders import PYTHONPATH
 from rpc_collectors.cluster import submission as slurm
+from rpc_collectors.cluster import task_hosts
 from rpc_collectors.transport.rendezvous import free_port, interface_address
 
 REPO = Path(__file__).resolve().parents[2]
@@ -439,13 +440,13 @@ def test_submit_rejects_non_callable(tmp_path):
 @pytest.mark.slurm
 def test_wrong_interface_lists_available():
     with pytest.raises(ValueError, match=r"interface='nope0' does not exist.*'lo'"):
-        slurm._check_interface("nope0")
+        task_hosts._check_interface("nope0")
 
 
 def _reachable_interface() -> tuple[str, str]:
     """A non-loopback interface of this machine and its address."""
-    for name in slurm._interface_names():
-        if not slurm._loopback(name):
+    for name in task_hosts._interface_names():
+        if not task_hosts._loopback(name):
             return name, interface_address(name)
     pytest.fail("this machine has no network interface but loopback")
 

@@ -3,13 +3,19 @@ mirrors it."""
 from __future__ import annotations
 
 import importlib
+import io
 import pkgutil
+import tokenize
 from pathlib import Path
 
 import rpc_collectors
 
 PACKAGE = Path(rpc_collectors.__file__).parent
 MAX_LINES = 400
+# a module ends at least this far below the cap: split along a seam before it is packed to it
+ROOM = 10
+# at most this share of the package's comments trail code; the others stand above what they explain
+MOST_TRAILING = 0.4
 TESTS = Path(__file__).resolve().parents[1]
 NOT_PACKAGES = {"project": "the repository as a whole", "scripts": "the programs tests run as subprocesses"}
 
@@ -50,12 +56,23 @@ def test_collector_dispatch_is_wired_when_the_package_is_imported():
         rpc_collectors.Collector("CartPole-v1", None, num_collectors=2, backend="nope", frames_per_batch=8)
 
 
-def test_every_module_is_at_most_400_lines_and_every_package_says_what_it_holds():
+def test_every_module_stays_10_lines_below_400_and_every_package_says_what_it_holds():
     for path in sorted(PACKAGE.rglob("*.py")):
         lines = path.read_text().count("\n")
-        assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines; at most {MAX_LINES}"
+        most = MAX_LINES - ROOM
+        assert lines < most, f"{path.relative_to(PACKAGE)} has {lines} lines; fewer than {most} ({MAX_LINES} - {ROOM})"
         if path.name == "__init__.py":
             assert path.read_text().lstrip().startswith('"""'), f"{path.relative_to(PACKAGE)} has no docstring"
+
+
+def test_comments_stand_on_their_own_lines_not_trailing_code():
+    trailing = comments = 0
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if token.type == tokenize.COMMENT:
+                comments += 1
+                trailing += bool(token.line[:token.start[1]].strip())
+    assert comments and trailing <= MOST_TRAILING * comments, f"{trailing} of {comments} comments trail code"
 
 
 def test_every_package_names_each_of_its_modules():

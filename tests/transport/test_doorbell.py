@@ -12,10 +12,12 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rpc_collectors.transport.data import BatchPlane, SlotPool, SlotWriter
-from rpc_collectors.transport.doorbell import ANSWER, READY, REQUEST, Ready, SocketDoorbell, answer
+from rpc_collectors.transport.data import BatchPlane, SlotPool
+from rpc_collectors.transport.doorbell import ANSWER, READY, REQUEST, Ready, answer
 from rpc_collectors.transport.layouts import BatchLayout
 from rpc_collectors.transport.local_restarts import Dropped, LocalRestart, attach, detach
+from rpc_collectors.transport.socket_doorbell import SocketDoorbell
+from rpc_collectors.worker.single import SlotWriter
 
 pytestmark = pytest.mark.timeout(30)
 

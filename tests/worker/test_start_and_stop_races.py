@@ -505,7 +505,7 @@ def time_wait_port() -> int:
 
 
 def test_a_port_in_time_wait_counts_as_free():
-    from rpc_collectors.cluster.submission import _check_port_free
+    from rpc_collectors.cluster.task_hosts import _check_port_free
     from rpc_collectors.transport.rendezvous import serve_store
 
     port = time_wait_port()

@@ -4,9 +4,9 @@ The trainer serves a fixed number of collector *slots* (worker ids). Every colle
 (one of the trainer's own torchrun/SLURM ranks, or one started later with
 ``RPC_COLLECTORS_JOIN`` set, see :mod:`rpc_collectors.cluster.elastic`) joins the trainer's dynamic
 RPC group and announces itself (:func:`membership.arrive`); the pool hands it to the
-collector's recovery (:mod:`rpc_collectors.trainer.recovery`), which gives it a vacant slot or keeps it
-as a spare. A collector that dies, becomes unreachable or raises is evicted from the group and
-its slot falls vacant.
+collector's recovery (:mod:`rpc_collectors.trainer.recovery`), which gives it a vacant slot or
+keeps it as a spare. A collector that dies, becomes unreachable or raises is evicted from the group
+and its slot falls vacant.
 """
 from __future__ import annotations
 
@@ -29,8 +29,10 @@ class ElasticPool(RankPool):
     slot. :meth:`close` stops every collector that joined, spares included.
     """
 
-    def __init__(self, rdv: Rendezvous, num_workers: int, rpc_timeout: float, on_arrival: Callable[[int], None]) -> None:
-        self.members: set[int] = set()  # ranks that joined and were not evicted
+    def __init__(self, rdv: Rendezvous, num_workers: int, rpc_timeout: float,
+                 on_arrival: Callable[[int], None]) -> None:
+        # ranks that joined and were not evicted
+        self.members: set[int] = set()
         self.spares: list[int] = []
         self._on_arrival = on_arrival
         self._members_lock = threading.Lock()
@@ -38,7 +40,8 @@ class ElasticPool(RankPool):
         try:
             super().__init__(dataclasses.replace(rdv, dynamic=True), num_workers, rpc_timeout)
             self.ranks = [None] * num_workers
-            self._client.set(TRAINER_KEY, str(self._generation))  # collectors may join from here on
+            # collectors may join from here on
+            self._client.set(TRAINER_KEY, str(self._generation))
         except BaseException:
             membership.listen(None)
             raise
@@ -49,7 +52,8 @@ class ElasticPool(RankPool):
         self._on_arrival(rank)
 
     def assign(self, rank: int) -> int | None:
-        """Put collector ``rank`` in the first vacant slot and return it; None: no slot is vacant, it waits as a spare."""
+        """Put collector ``rank`` in the first vacant slot and return it; None: no slot is
+        vacant, it waits as a spare."""
         vacant = [i for i, r in enumerate(self.ranks) if r is None]
         if not vacant:
             self.spares.append(rank)
@@ -75,9 +79,11 @@ class ElasticPool(RankPool):
         return {"rank": self.ranks[worker_id] if self.ranks[worker_id] is not None else "(vacant)"}
 
     def join_advice(self) -> str:
-        """How a user gives the trainer collectors (the end of its error when none joined in time)."""
-        return (f"start collectors with {JOIN_VARIABLE}={self.rdv.master_addr}:{self.rdv.master_port} "
-                "(slurm/submit.py --join JOBID)")
+        """How a user gives the trainer collectors (the end of its error when
+        none joined in time)."""
+        return ("start collectors with "
+                f"{JOIN_VARIABLE}={self.rdv.master_addr}:{self.rdv.master_port} (slurm/submit.py "
+                "--join JOBID)")
 
     def _server_names(self) -> list[str]:
         with self._members_lock:

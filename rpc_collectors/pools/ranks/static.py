@@ -1,8 +1,10 @@
-"""The other ranks of a torchrun/SLURM world, each serving one collector over ``torch.distributed.rpc``.
+"""The other ranks of a torchrun/SLURM world, each serving one collector over
+``torch.distributed.rpc``.
 
 This process (rank 0) starts its RPC agent; every other rank runs the same script, whose
-collector constructor serves a collector until the trainer stops it (:func:`rpc_collectors.worker.rpc_rank.serve_rank`).
-An RPC agent belongs to its process, so one such pool can live in a process at a time.
+collector constructor serves a collector until the trainer stops it
+(:func:`rpc_collectors.worker.rpc_rank.serve_rank`). An RPC agent belongs to its process, so one
+such pool can live in a process at a time.
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from rpc_collectors.pools.pool import WorkerPool, traceback_failure
 from rpc_collectors.transport.rendezvous import Rendezvous, serve_store, stopped_key, store_client
 from rpc_collectors.worker import cpp_log, rpc_rank, spawner
 
-RPC_TIMED_OUT = "ran for more than set timeout"  # torch's message for an RPC past its timeout
-_starting = threading.Lock()  # held while an RPC agent of this process starts
+# torch's message for an RPC past its timeout
+RPC_TIMED_OUT = "ran for more than set timeout"
+# held while an RPC agent of this process starts
+_starting = threading.Lock()
 
 
 class RankPool(WorkerPool):
@@ -30,30 +34,37 @@ class RankPool(WorkerPool):
     call finishes it.
     """
 
-    port_argument = "MASTER_PORT"  # what sets the rendezvous port, for the error when it is taken
+    # what sets the rendezvous port, for the error when it is taken
+    port_argument = "MASTER_PORT"
 
     def __init__(self, rdv: Rendezvous, num_workers: int, rpc_timeout: float) -> None:
         if rpc.api._is_current_rpc_agent_set() or _starting.locked():
             raise RuntimeError(
-                "this process already runs an RPC agent (another torchrun/SLURM RPCCollector?); shut it down "
-                "first: one collector over torchrun/SLURM ranks per process (collectors with local workers "
-                "can run beside it)"
+                "this process already runs an RPC agent (another torchrun/SLURM RPCCollector?); "
+                "shut it down first: one collector over torchrun/SLURM ranks per process "
+                "(collectors with local workers can run beside it)"
             )
         self.rdv, self.num_workers, self.rpc_timeout = rdv, num_workers, rpc_timeout
-        self.ranks: list[Any] = list(range(1, num_workers + 1))  # worker id -> rank of the process serving it now
-        self._store: dist.TCPStore | None = None  # served here: closing it ends every wait on it
+        # worker id -> rank of the process serving it now
+        self.ranks: list[Any] = list(range(1, num_workers + 1))
+        # served here: closing it ends every wait on it
+        self._store: dist.TCPStore | None = None
         self._client: dist.TCPStore | None = None
         self._agent: threading.Thread | None = None
         self._rpc_up = False
-        self._quiet = contextlib.ExitStack()  # drops torch's C++ warnings while members may die (dynamic groups)
-        self._generation = rpc._init_counter  # init_rpc prefixes its store keys with it; joiners must match
+        # drops torch's C++ warnings while members may die (dynamic groups)
+        self._quiet = contextlib.ExitStack()
+        # init_rpc prefixes its store keys with it; joiners must match
+        self._generation = rpc._init_counter
         spawner.rpc_starts_here()
         try:
             if not rdv.agent_store:
-                self._store, _ = serve_store(rdv.address(), rdv.master_port, rpc_timeout, self.port_argument)
+                self._store, _ = serve_store(rdv.address(), rdv.master_port, rpc_timeout,
+                                             self.port_argument)
             self._client = store_client(rdv, rpc_timeout)
             self._start_agent()
-            if rdv.dynamic:  # a death makes TensorPipe log each connection it had
+            # a death makes TensorPipe log each connection it had
+            if rdv.dynamic:
                 self._quiet.enter_context(cpp_log.warnings_off())
         except BaseException:
             self.close()
@@ -87,14 +98,16 @@ class RankPool(WorkerPool):
     def identity(self, worker_id: int) -> dict:
         return {"rank": self.ranks[worker_id]}
 
-    def create(self, worker_id: int, spec: bytes, traj_id_start: int | None = None) -> torch.futures.Future:
+    def create(self, worker_id: int, spec: bytes,
+               traj_id_start: int | None = None) -> torch.futures.Future:
         return rpc.rpc_async(
-            self._name(worker_id), rpc_rank.create, args=(spec, worker_id, self.num_workers, traj_id_start),
-            timeout=self.rpc_timeout,
+            self._name(worker_id), rpc_rank.create,
+            args=(spec, worker_id, self.num_workers, traj_id_start), timeout=self.rpc_timeout,
         )
 
     def call(self, worker_id: int, method: str, *args: Any) -> torch.futures.Future:
-        return rpc.rpc_async(self._name(worker_id), rpc_rank.call, args=(method, *args), timeout=self.rpc_timeout)
+        return rpc.rpc_async(self._name(worker_id), rpc_rank.call, args=(method, *args),
+                             timeout=self.rpc_timeout)
 
     def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
         raised = traceback_failure(err)
@@ -118,10 +131,12 @@ class RankPool(WorkerPool):
         if self._rpc_up:
             self._stop_servers(timeout)
             self._rpc_up = False
-        self._client = self._store = None  # the store stops listening; a pending agent start fails
+        # the store stops listening; a pending agent start fails
+        self._client = self._store = None
         if self._agent is not None:
             self._agent.join(timeout)
-            if rpc.api._is_current_rpc_agent_set():  # the start completed after all
+            # the start completed after all
+            if rpc.api._is_current_rpc_agent_set():
                 rpc.shutdown(graceful=False)
             self._agent = None
         self._quiet.close()
