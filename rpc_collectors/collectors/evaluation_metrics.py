@@ -10,6 +10,7 @@ is its last ``("next", "step_count")`` (a ``StepCounter``) or else its number of
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable
 
 import torch
@@ -101,3 +102,15 @@ def as_tensordict(result: dict[str, Any]) -> TensorDictBase:
 
     entries = {key: tensor(value) for key, value in result.items() if value is not None}
     return TensorDict(entries, batch_size=[])
+
+
+def scalars(result: dict[str, Any], prefix: str) -> dict[str, float]:
+    """The numbers of ``result`` (numbers and one-element tensors) by name, as floats, but its step
+    (``"<prefix>/step"``, the step they are written at)."""
+    out = {}
+    for name, value in result.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, numbers.Real) and name != f"{prefix}/step":
+            out[name] = float(value)
+    return out

@@ -1,6 +1,8 @@
 """The :class:`~rpc_collectors.collectors.evaluator.Evaluator`'s arguments, each checked before
 anything is built or started (messages name the argument, its value and what is accepted), and
-the run they choose (:mod:`.evaluation_runs`); the weights and steps an evaluation is asked for.
+the run they choose (:mod:`.evaluation_runs`), the targets its results are written to
+(``metrics=``, :mod:`~rpc_collectors.single_process.metric_exports`'s); the weights and steps an
+evaluation is asked for.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from rpc_collectors.collectors.evaluation_runs import (
 )
 from rpc_collectors.collectors.ray_extra import ray_collector
 from rpc_collectors.core import checks
+from rpc_collectors.single_process import metric_exports
 from rpc_collectors.single_process.collector import Collector
 
 BACKENDS = ("thread", "process", "ray")
@@ -32,6 +35,10 @@ SET_HERE = {"create_env_fn": "env", "policy": "policy", "policy_factory": "polic
             "frames_per_batch": "frames_per_batch", "total_frames": "(endless)",
             "max_frames_per_traj": "max_steps", "trajs_per_batch": "num_trajectories",
             "exploration_type": "exploration_type"}
+# metrics=: a collector's targets, written at each result (no Export: it has an interval)
+TARGETS = ("None, a target (TensorBoard, Prometheus, PrometheusTextfile, JsonLines, an object with "
+           f"log_scalar, or one of the strings {', '.join(metric_exports.STRINGS)}) or a list of "
+           "targets")
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,23 @@ def mapping(name: str, value: Any) -> dict:
     if value is not None and not isinstance(value, Mapping):
         raise TypeError(f"{name}={value!r} is invalid; accepted: None or a dict")
     return dict(value or {})
+
+
+def metric_targets(value: Any) -> metric_exports.Export | None:
+    """``metrics=``: an Export of the targets (None: none), each checked now (its package, its
+    directory, its port), with the messages of a collector's ``metrics=``."""
+    if value is None:
+        return None
+    given = list(value) if isinstance(value, (list, tuple)) else [value]
+    invalid = (bool, metric_exports.Export, type(None))
+    if not given or any(isinstance(each, invalid) for each in given):
+        raise ValueError(f"metrics={value!r} is invalid; accepted: {TARGETS}")
+    try:
+        export = metric_exports.Export(*given)
+    except ValueError as err:
+        raise ValueError(str(err).replace(metric_exports.ACCEPTED, TARGETS)) from None
+    export.probe()
+    return export
 
 
 def settings(num_trajectories: Any, max_steps: Any, frames_per_batch: Any, exploration_type: Any,

@@ -4,8 +4,9 @@ library's collectors (:mod:`.evaluation_runs`), with TorchRL's metrics
 (:mod:`.evaluation_metrics`), its frozen normalisation and recorder dumps
 (:mod:`.evaluation_envs`) and its arguments (:mod:`.evaluation_options`).
 
-Every result also names the weights it evaluated, ``"<prefix>/policy_version"``, and is kept in
-:attr:`Evaluator.results`, in the order the evaluations ended.
+Every result also names the weights it evaluated, ``"<prefix>/policy_version"``, is kept in
+:attr:`Evaluator.results`, in the order the evaluations ended, and has its numbers written to the
+targets of ``metrics=`` (a collector's: TensorBoard, Prometheus, JSON lines, TorchRL's loggers).
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ BUSY = ("Evaluation already pending. Wait for completion or set busy_policy='ski
         "busy_policy='queue'.")
 # TorchRL's words: what state_dict() cannot save
 UNSETTLED = "pending, queued, or unread"
+# what a metrics= target failing to write leads to
+GOES_ON = ("evaluation goes on, and this target is tried again at the next result, without another "
+           "warning until it works")
 
 
 class Evaluator:
@@ -70,6 +74,15 @@ class Evaluator:
         init_fn: ``"process"`` and ``"ray"``: called in the worker before its env and policy are
             built.
         num_gpus, ray_kwargs: ``"ray"``: the actor's GPUs and its other Ray options.
+        metrics: not TorchRL's (its ``Evaluator`` has no ``logger=``; its loggers are given
+            results by ``on_result``): None, or what a collector's ``metrics=`` takes as
+            targets (:mod:`~rpc_collectors.single_process.metric_exports`: ``TensorBoard``,
+            ``Prometheus``, ``PrometheusTextfile``, ``JsonLines``, a TorchRL logger or any object
+            with ``log_scalar``, ``"tensorboard:DIR"``, ``"prometheus:PORT"``, ``"jsonl:PATH"``,
+            or a list of them), checked here. Each result's numbers are written to them at its
+            ``"<prefix>/step"``, named as in the result (``"<prefix>/step"`` itself left out); a
+            target failing to write is warned about once, until it works again, and evaluation
+            goes on; :meth:`shutdown` closes them.
 
     A result is a dict of ``"<prefix>/reward"`` (the mean episode return), ``"/reward_std"``,
     ``"/num_episodes"``, ``"/episode_length"``, ``"/fps"``, ``"/step"`` and ``"/policy_version"``,
@@ -101,6 +114,7 @@ class Evaluator:
         init_fn: Callable | None = None,
         num_gpus: float = 1,
         ray_kwargs: dict | None = None,
+        metrics: Any = None,
     ) -> None:
         self._busy_policy = options.busy_policy(busy_policy)
         backend = options.backend(backend)
@@ -112,6 +126,8 @@ class Evaluator:
         self._dump_video = checks.boolean("dump_video", dump_video)
         settings = options.settings(num_trajectories, max_steps, frames_per_batch, exploration_type,
                                     device, collector_kwargs)
+        # checked (its package, its directory, its port) before anything is built
+        self._export = options.metric_targets(metrics)
         self._run = options.open_run(env, policy, policy_factory, settings, backend, collector_cls,
                                      weight_sync_schemes, init_fn, num_gpus, ray_kwargs)
         # guards the state below
@@ -219,6 +235,15 @@ class Evaluator:
         with self._cond:
             self._running = None
             self._cond.notify_all()
+            export, self._export = self._export, None
+        if export is not None:
+            # after the write in progress, if the evaluation ends within timeout
+            written = self._serial.acquire(timeout=timeout)
+            try:
+                export.close()
+            finally:
+                if written:
+                    self._serial.release()
 
     def __del__(self) -> None:
         try:
@@ -271,8 +296,12 @@ class Evaluator:
             if self._dump_video:
                 self._run.dump(request.step)
             result = metrics.named(found, self._log_prefix, int(request.step), self._version)
-        with self._cond:
-            self._results.append(result)
+            with self._cond:
+                self._results.append(result)
+                export = self._export
+            if export is not None:
+                values = metrics.scalars(result, self._log_prefix)
+                export.write_scalars(values, int(request.step), GOES_ON)
         if self._on_result is not None:
             try:
                 self._on_result(metrics.as_tensordict(result))

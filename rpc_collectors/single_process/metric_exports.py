@@ -16,7 +16,8 @@ every ``batches``, at the end of a batch, with the frames handed out as the step
 Each target is checked when the collector is built (its package, its directory, its port),
 before any worker starts, opened at the first batch and closed with the collector; a later collector
 opens it again. A target that fails later is warned about once per failure (until it works again)
-and collection goes on.
+and collection goes on. An ``Evaluator``'s ``metrics=`` takes the same targets, given each result's
+numbers (each target's ``write_scalars``, which its ``write`` goes through).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import os
 import re
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from rpc_collectors.core import checks
 from rpc_collectors.core.metrics import Metrics
@@ -69,11 +70,15 @@ class TensorBoard:
         _writable_dir(self.log_dir, repr(self))
 
     def write(self, metrics: Metrics, step: int) -> None:
+        self.write_scalars(_named("collector/", metrics), step)
+
+    def write_scalars(self, values: dict[str, float], step: int) -> None:
+        """Each of ``values`` a scalar of that name at ``step``."""
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
             self._writer = SummaryWriter(self.log_dir)
-        for name, value in metrics.scalars().items():
-            self._writer.add_scalar(f"collector/{name}", value, step)
+        for name, value in values.items():
+            self._writer.add_scalar(name, value, step)
         self._writer.flush()
 
     def close(self) -> None:
@@ -114,7 +119,11 @@ class Prometheus:
                              f"({err}); accepted: a free port") from None
 
     def write(self, metrics: Metrics, step: int) -> None:
-        self.gauges.latest = metrics
+        self.write_scalars(metrics.scalars(), step)
+
+    def write_scalars(self, values: dict[str, float], step: int) -> None:
+        """Serve ``values`` as the gauges (the latest write's alone)."""
+        self.gauges.latest = dict(values)
         if self._server is None:
             self._server = serve(self.address, self.port, self.gauges.registry(), self.connections,
                                  self.timeout)
@@ -151,8 +160,12 @@ class PrometheusTextfile:
         _writable_dir(self.directory, repr(self))
 
     def write(self, metrics: Metrics, step: int) -> None:
+        self.write_scalars(metrics.scalars(), step)
+
+    def write_scalars(self, values: dict[str, float], step: int) -> None:
+        """Replace the file with ``values``' gauges."""
         from prometheus_client import write_to_textfile
-        self.gauges.latest = metrics
+        self.gauges.latest = dict(values)
         write_to_textfile(self.path, self.gauges.registry())
 
     def close(self) -> None:
@@ -163,8 +176,8 @@ class PrometheusTextfile:
 
 class JsonLines:
     """A file with one JSON object per export: ``{"step", "time", "metrics"}`` (the groups as
-    objects), each line appended whole or not at all (what a failing write, on a full disk, wrote of
-    it is cut off again)."""
+    objects), or ``{"step", "time", "scalars"}`` for :meth:`write_scalars`, each line appended
+    whole or not at all (what a failing write, on a full disk, wrote of it is cut off again)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
@@ -179,9 +192,15 @@ class JsonLines:
         checks.writable_file(f"metrics={self!r}: path", self.path)
 
     def write(self, metrics: Metrics, step: int) -> None:
+        self._append({"step": step, "time": time.time(), "metrics": dataclasses.asdict(metrics)})
+
+    def write_scalars(self, values: dict[str, float], step: int) -> None:
+        """A line ``{"step", "time", "scalars": values}``."""
+        self._append({"step": step, "time": time.time(), "scalars": dict(values)})
+
+    def _append(self, record: dict[str, Any]) -> None:
         if self._file is None:
             self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115  (closed by close())
-        record = {"step": step, "time": time.time(), "metrics": dataclasses.asdict(metrics)}
         line = json.dumps(record) + "\n"
         end = self._file.seek(0, os.SEEK_END)
         try:
@@ -213,11 +232,19 @@ class Logger:
         """Nothing to check: the logger exists."""
 
     def write(self, metrics: Metrics, step: int) -> None:
-        for name, value in metrics.scalars().items():
-            self.logger.log_scalar(f"collector/{name}", value, step=step)
+        self.write_scalars(_named("collector/", metrics), step)
+
+    def write_scalars(self, values: dict[str, float], step: int) -> None:
+        """``log_scalar(name, value, step=step)`` for each of ``values``."""
+        for name, value in values.items():
+            self.logger.log_scalar(name, value, step=step)
 
     def close(self) -> None:
         """The logger stays the user's to close."""
+
+
+def _named(prefix: str, metrics: Metrics) -> dict[str, float]:
+    return {f"{prefix}{name}": value for name, value in metrics.scalars().items()}
 
 
 def _writable_dir(path: str, target: str) -> None:
@@ -297,11 +324,19 @@ class Export:
             self._failed(-1, "collector.metrics()", err)
             return
         self._failing.discard(-1)
+        self._each(lambda each: each.write(metrics, collector.frames), AGAIN)
+
+    def write_scalars(self, values: dict[str, float], step: int, then: str = AGAIN) -> None:
+        """Write ``values`` at ``step`` to every target; a failure is warned about once, until that
+        target works again (``then`` says what happens meanwhile)."""
+        self._each(lambda each: each.write_scalars(values, step), then)
+
+    def _each(self, write: Callable[[Any], None], then: str) -> None:
         for i, each in enumerate(self.targets):
             try:
-                each.write(metrics, collector.frames)
+                write(each)
             except Exception as err:
-                self._failed(i, repr(each), err)
+                self._failed(i, repr(each), err, then)
             else:
                 self._failing.discard(i)
 

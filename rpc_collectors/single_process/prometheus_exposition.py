@@ -1,4 +1,4 @@
-"""What the Prometheus targets of :mod:`.metric_exports` expose: the latest metrics as gauges of one
+"""What the Prometheus targets of :mod:`.metric_exports` expose: the latest scalars as gauges of one
 prometheus_client registry (:class:`Gauges`, for the endpoint and the textfile alike), and the
 endpoint's HTTP server (:class:`Endpoint`: prometheus_client's WSGI app, a bounded number of
 connection threads, a read timeout on each connection). prometheus_client (the ``metrics`` extra) is
@@ -6,6 +6,7 @@ imported at the first write.
 """
 from __future__ import annotations
 
+import re
 import socket
 import socketserver
 import sys
@@ -13,26 +14,26 @@ import threading
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from rpc_collectors.core.metrics import Metrics
-
 
 class Gauges:
-    """A prometheus_client collector of the latest metrics: each number a gauge named
-    ``rpc_collectors_<group>_<name>``, a worker's ``rpc_collectors_worker_<name>{worker="<id>"}``,
-    every sample labelled with ``labels`` besides."""
+    """A prometheus_client collector of the latest scalars (:meth:`Metrics.scalars
+    <rpc_collectors.core.metrics.Metrics.scalars>`, or an evaluation's result): each number a
+    gauge named ``rpc_collectors_<group>_<name>``, a worker's
+    ``rpc_collectors_worker_<name>{worker="<id>"}`` (any character Prometheus does not allow in a
+    name becomes ``_``), every sample labelled with ``labels`` besides."""
 
     def __init__(self, **labels: str) -> None:
         self.labels = labels
-        self.latest: Metrics | None = None
+        self.latest: dict[str, float] = {}
 
     def collect(self) -> Any:
-        """The gauges of the latest metrics (prometheus_client's collector interface)."""
+        """The gauges of the latest scalars (prometheus_client's collector interface)."""
         from prometheus_client.core import GaugeMetricFamily
         families: dict[str, GaugeMetricFamily] = {}
-        for name, value in (self.latest.scalars() if self.latest is not None else {}).items():
+        for name, value in self.latest.items():
             parts = name.split("/")
-            worker = parts[0] == "workers"
-            family = "rpc_collectors_" + ("worker_" + parts[2] if worker else "_".join(parts))
+            worker = parts[0] == "workers" and len(parts) == 3
+            family = gauge_name("worker_" + parts[2] if worker else "_".join(parts))
             labels = {"worker": parts[1]} if worker else {}
             labels.update(self.labels)
             gauge = families.setdefault(family,
@@ -46,6 +47,11 @@ class Gauges:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
         return registry
+
+
+def gauge_name(name: str) -> str:
+    """``rpc_collectors_<name>``, each character Prometheus does not allow in a name made ``_``."""
+    return "rpc_collectors_" + re.sub(r"[^a-zA-Z0-9_:]", "_", name)
 
 
 class _Handler(WSGIRequestHandler):

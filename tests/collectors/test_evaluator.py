@@ -9,9 +9,12 @@ weights it ran with.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import tempfile
 import threading
+import warnings
 from functools import partial
 
 import pytest
@@ -22,6 +25,7 @@ import rpc_collectors
 from conftest import CountEnv, FixedAction
 from procs import descendants
 from rpc_collectors import Evaluator
+from rpc_collectors.single_process.metric_exports import Export, JsonLines, PrometheusTextfile
 
 pytestmark = pytest.mark.timeout(120)
 KEYS = ["eval/reward", "eval/reward_std", "eval/num_episodes", "eval/episode_length", "eval/fps",
@@ -354,6 +358,11 @@ def test_an_error_in_a_background_evaluation_is_raised_by_wait():
             ValueError,
             ["policy and policy_factory", "not both"],
         ),
+        ({"metrics": "nope:1"}, ValueError, ["metrics='nope:1'", "or a list of targets"]),
+        ({"metrics": True}, ValueError, ["metrics=True", "JsonLines"]),
+        ({"metrics": []}, ValueError, ["metrics=[]", "a target"]),
+        ({"metrics": Export("jsonl:x.jsonl")}, ValueError, ["metrics=Export(", "a target"]),
+        ({"backend": "process", "metrics": ["jsonl:"]}, ValueError, ["metrics='jsonl:'"]),
     ],
 )
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs, error, words):
@@ -455,3 +464,110 @@ def test_a_ray_actor_evaluates_with_the_weights_pushed_to_it():
         run_weights_and_versions(evaluator)
     finally:
         evaluator.shutdown()
+
+
+# ------------------------------------------------------------------ metrics=
+class ScalarLogger:
+    """TorchRL's logger interface, as ``metrics=`` uses it: ``{step: {name: value}}``."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.fails, self.logged = fails, {}
+
+    def log_scalar(self, name, value, step=None):
+        if self.fails:
+            raise OSError("the logger's disk is full")
+        self.logged.setdefault(step, {})[name] = value
+
+
+def numbers(result: dict) -> dict:
+    return {name: float(value) for name, value in result.items() if name != "eval/step"}
+
+
+def jsonl(path) -> dict:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return {line["step"]: line["scalars"] for line in lines}
+
+
+def test_metrics_targets_get_every_results_numbers_at_its_step_background_ones_too(tmp_path):
+    path, logger = tmp_path / "eval" / "results.jsonl", ScalarLogger()
+    evaluator = Evaluator(
+        CountEnv,
+        FixedAction(1, 3),
+        num_trajectories=3,
+        frames_per_batch=4,
+        metrics_fn=mean_action,
+        metrics=[f"jsonl:{path}", logger],
+    )
+    try:
+        evaluator.evaluate(step=5)
+        # the step counter's 0
+        evaluator.evaluate()
+        assert evaluator.trigger_eval(step=7)
+        assert evaluator.wait(WAIT)["eval/step"] == 7
+        results = {result["eval/step"]: numbers(result) for result in evaluator.results}
+        assert list(results) == [5, 0, 7] and results[7]["eval/action"] == 1.0
+        assert jsonl(path) == logger.logged == results
+        assert results[5]["eval/reward"] == 8.0 and results[5]["eval/policy_version"] == 0.0
+    finally:
+        evaluator.shutdown()
+
+
+def test_a_target_that_cannot_be_written_is_refused_before_anything_is_built(tmp_path):
+    (tmp_path / "file").write_text("")
+    built = []
+
+    def env():
+        built.append("env")
+        return CountEnv()
+
+    with pytest.raises(ValueError, match=r"metrics=JsonLines\(.*cannot be written"):
+        Evaluator(
+            env,
+            policy_factory=partial(FixedAction, 1, 3),
+            metrics=JsonLines(tmp_path / "file" / "results.jsonl"),
+        )
+    assert built == []
+
+
+def test_a_failing_target_is_warned_about_once_and_evaluation_goes_on(tmp_path):
+    path = tmp_path / "results.jsonl"
+    evaluator = Evaluator(
+        CountEnv,
+        FixedAction(1, 3),
+        num_trajectories=3,
+        frames_per_batch=4,
+        metrics=[ScalarLogger(fails=True), JsonLines(path)],
+    )
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(3):
+                assert evaluator.evaluate(step=step)["eval/num_episodes"] == 3
+            assert evaluator.trigger_eval(step=3) and evaluator.wait(WAIT) is not None
+        said = [str(w.message) for w in caught]
+        assert len(said) == 1 and "ScalarLogger() failed (OSError" in said[0], said
+        assert "evaluation goes on" in said[0]
+        assert len(evaluator.results) == 4 and list(jsonl(path)) == [0, 1, 2, 3]
+    finally:
+        evaluator.shutdown()
+
+
+def test_shutdown_closes_the_targets_and_gauges_are_named_as_prometheus_allows(tmp_path):
+    textfile, lines = PrometheusTextfile(tmp_path / "textfile", "eval"), JsonLines(tmp_path / "r")
+    evaluator = Evaluator(
+        CountEnv,
+        FixedAction(1, 3),
+        num_trajectories=3,
+        frames_per_batch=4,
+        metrics_fn=lambda batch: {"mean-action": 1.0},
+        metrics=[textfile, lines],
+    )
+    evaluator.evaluate(step=2)
+    text = (tmp_path / "textfile" / "rpc_collectors_eval.prom").read_text()
+    assert 'rpc_collectors_eval_reward{trainer="eval"} 8.0' in text
+    assert 'rpc_collectors_eval_mean_action{trainer="eval"} 1.0' in text
+    assert lines._file is not None
+    evaluator.shutdown()
+    assert os.listdir(tmp_path / "textfile") == [] and lines._file is None
+    # again: nothing more to close
+    evaluator.shutdown()
