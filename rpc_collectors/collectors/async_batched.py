@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from rpc_collectors.collectors import batched_startup
+import rpc_collectors.collectors.batched_startup as batched_startup
 from rpc_collectors.collectors.batched_startup import PRIVATE_VERSION
 from rpc_collectors.core import batched_args, checks, options
 from rpc_collectors.core.futures import outcome

@@ -124,8 +124,7 @@ def plan(
     node = None if node_kind is None else NodeSpec(
         collector=node_collector, sync=node_kind == "sync", num_workers=per_node,
         launcher="debug" if launcher == "debug" else "local", rpc_timeout=launch.rpc_timeout,
-        inference=inference, max_worker_restarts=checks.non_negative_int(
-            "max_worker_restarts", launch.max_worker_restarts),
+        inference=inference, max_worker_restarts=launch.max_worker_restarts,
     )
     restarts = 0 if node is not None else worker_checks.max_worker_restarts(
         launch.max_worker_restarts, launcher, pushes, weights.backend)
@@ -138,12 +137,7 @@ def plan(
     if preempting is None:
         # preempted batches vary in size
         checks.total_frames_fits(o.batches.total_frames, frames_per_batch)
-    if policy is not None and not callable(policy):
-        # raises the TypeError naming the argument
-        StepPolicy(policy)
-    if _plain_module(policy) and not o.collect.trust_policy:
-        # here, before any worker builds it
-        check_forward(policy)
+    _check_policy(policy, o.collect.trust_policy)
     kwargs, per_worker = _worker_options(
         o, frames_per_batch_worker, num_workers * per_node, per_node, preempting)
     devices = worker_checks.worker_devices_of(
@@ -275,8 +269,15 @@ def _frames(given: Any, total: int, num_workers: int, sync: bool, cat_results: A
     return sum(frames), frames if sync else [sum(frames)] * num_workers
 
 
-def _plain_module(policy: Any) -> bool:
-    return isinstance(policy, torch.nn.Module) and not isinstance(policy, TensorDictModuleBase)
+def _check_policy(policy: Any, trust_policy: bool | None) -> None:
+    """The trainer's ``policy``, here, before any worker builds it: a step policy, and a plain
+    module's forward (unless ``trust_policy``)."""
+    if policy is not None and not callable(policy):
+        # raises the TypeError naming the argument
+        StepPolicy(policy)
+    plain = isinstance(policy, torch.nn.Module) and not isinstance(policy, TensorDictModuleBase)
+    if plain and not trust_policy:
+        check_forward(policy)
 
 
 def _env_fns(

@@ -21,8 +21,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 from torch import nn
 
-from rpc_collectors.collectors import evaluation_metrics as metrics
-from rpc_collectors.collectors import evaluation_options as options
+import rpc_collectors.collectors.evaluation_metrics as metrics
+import rpc_collectors.collectors.evaluation_options as options
 from rpc_collectors.collectors.evaluation_options import Request
 from rpc_collectors.collectors.evaluation_runs import CLOSED
 from rpc_collectors.core import checks

@@ -13,7 +13,7 @@ from typing import Any
 
 from tensordict.nn import InteractionType
 
-from rpc_collectors.collectors import opening
+import rpc_collectors.collectors.opening as opening
 from rpc_collectors.core import checks, options, torchrl_args
 from rpc_collectors.trainer.collector_front import CollectorFront
 

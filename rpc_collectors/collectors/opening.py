@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from rpc_collectors.collectors import construction
+import rpc_collectors.collectors.construction as construction
 from rpc_collectors.core import options
 from rpc_collectors.pools.debug import DebugPool
 from rpc_collectors.pools.local import LocalPool

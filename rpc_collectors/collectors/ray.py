@@ -9,7 +9,7 @@ from typing import Any, Awaitable, Iterator
 
 from tensordict.nn import InteractionType
 
-from rpc_collectors.collectors import construction
+import rpc_collectors.collectors.construction as construction
 from rpc_collectors.collectors.multi import MultiCollector
 from rpc_collectors.core import checks, options
 from rpc_collectors.pools import ray_actors as ray_pool

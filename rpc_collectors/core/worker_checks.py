@@ -13,7 +13,6 @@ from rpc_collectors.core.checks import (
     device,
     devices,
     interruptor,
-    non_negative_int,
 )
 
 
@@ -128,29 +127,29 @@ def collector_kwargs(kwargs: dict) -> None:
             interruptor(value, f"collector_kwargs[{key!r}]")
 
 
-def max_worker_restarts(value: Any, launcher: str, weight_transport: str, backend: str) -> int:
+def max_worker_restarts(count: int, launcher: str, weight_transport: str, backend: str) -> int:
     """A restart budget >= 0; above 0 only where the collector starts its workers itself and a
     newcomer can get the weights (shared memory; the broadcast group is fixed): local, debug and Ray
-    workers, and collector jobs the trainer submits (``launcher="submitit"``) with RPC weights."""
-    count = non_negative_int("max_worker_restarts", value)
+    workers, and collector jobs the trainer submits (``launcher="submitit"``) with RPC weights.
+    ``count`` as the options table checked it (an int >= 0)."""
     # a job submitted in a failed one's place, on any node: weights by RPC
     if count and launcher == "submitit":
         if weight_transport != "rpc":
             raise ValueError(
-                f"max_worker_restarts={value!r} with launcher='submitit' needs "
+                f"max_worker_restarts={count!r} with launcher='submitit' needs "
                 "weight_transport='rpc' (the job that replaces a failed one may run on any node); "
                 f"accepted with weight_transport={weight_transport!r}: 0"
             )
         return count
     if count and launcher not in ("local", "debug", "ray"):
         raise ValueError(
-            f"max_worker_restarts={value!r} needs a launcher that starts the workers itself; "
+            f"max_worker_restarts={count!r} needs a launcher that starts the workers itself; "
             f"accepted with launcher={launcher!r}: 0 (launchers that restart "
             "workers: 'local', 'debug'; RayCollector)"
         )
     if count and (weight_transport == "broadcast" or backend == "nccl"):
         raise ValueError(
-            f"max_worker_restarts={value!r} needs the shared-memory weight transport; accepted "
+            f"max_worker_restarts={count!r} needs the shared-memory weight transport; accepted "
             f"with weight_transport={weight_transport!r}, backend={backend!r}: 0"
         )
     return count
