@@ -73,7 +73,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--signal-delay", type=int, default=120, metavar="SECONDS",
                         help="with --requeue: SLURM's signal this many seconds before the time limit")
     parser.add_argument("--max-requeues", type=int, default=10, help="with --requeue: at most this many "
-                        "requeues at the time limit")
+                        "requeues at the time limit or after a stray SIGTERM")
     parser.add_argument("--checkpoint-dir", type=Path, help="where the script's RunCheckpoint keeps the run "
                         "($RPC_COLLECTORS_CHECKPOINT_DIR in the job); checked before submitting")
     return parser.parse_known_args(argv)

@@ -5,16 +5,22 @@ A job submitted with ``requeue=True`` asks SLURM for submitit's signal (``SIGUSR
 (:mod:`.task_start`), so one that comes while it starts waits for its handler. :func:`install`
 replaces submitit's handlers, which would checkpoint from inside the signal handler, in the middle
 of a batch: the signal, and SIGTERM (preemption, ``scontrol requeue``, ``scancel``), only note that
-the run must stop. The trainer sees it after the batch in progress (:func:`stop_requested`),
-checkpoints, shuts its collector down and calls :func:`requeue`: for the time-limit signal that runs
-``scontrol requeue`` (submitit's ``_requeue``), while SLURM requeues a preempted job itself; after a
-SIGTERM that is neither (``scancel -s TERM``), :func:`outcome` says the job ends there. It then
-raises :class:`Requeued`, which ends the task without a result, so the submitter keeps waiting for
-the requeued job. Collector tasks ignore both signals: the trainer stops them.
+the run must stop. SLURM may signal any one task of the job, so the job's collector tasks keep
+both signals blocked and a thread of theirs takes them (:func:`forward_stops`) and tells the
+trainer, which notes the stop as its own: the trainer alone decides, for the whole job.
+
+The trainer sees the stop after the batch in progress (:func:`stop_requested`), checkpoints, shuts
+its collector down, and brings the job back as :func:`next_step` says: after the time-limit
+signal, and after a SIGTERM that came without a requeue from SLURM (a task or a node signalled
+alone, ``scancel -s TERM``), it requeues the job itself (``scontrol requeue``, submitit's
+``_requeue``) while ``max_requeues`` lasts; SLURM requeues a preempted job itself, and a cancelled
+one ends. It then raises :class:`Requeued`, which ends the task without a result, so the submitter
+keeps waiting for the requeued job.
 
 Collector jobs that joined an elastic trainer (``join=JOBID``, also submitted with ``requeue=True``)
-register in the trainer's followers folder; the trainer requeues them with itself and removes its
-rendezvous file, so that when they start again they wait for the one its next allocation writes.
+ignore both signals and register in the trainer's followers folder; the trainer requeues them with
+itself and removes its rendezvous file, so that when they start again they wait for the one its
+next allocation writes.
 """
 from __future__ import annotations
 
@@ -22,9 +28,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from rpc_collectors.worker import rpc_rank
 
 # in a job's tasks: how many requeues the job may still use
 ENV_REQUEUE = "RPC_COLLECTORS_REQUEUE"
@@ -43,9 +52,21 @@ UNFINISHED = ("READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING"
               "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT",
               "STOPPED")
 
+# how long a collector task's stop signal waits for its RPC agent, and then for the trainer
+FORWARD_WAIT_S = 600.0
+# seconds between a forwarding thread's looks at its signals
+FORWARD_POLL_S = 5.0
+# who brings a stopped job back (next_step)
+NextStep = Literal["library", "slurm", "none", "unknown"]
+
+# The first stop of the run, whichever task it reached: why, when (time.time()) and where;
+# _first is taken by the one that set them.
 _reason: str | None = None
-# time.time() of the first signal
 _signalled_at: float | None = None
+_signalled_task: str | None = None
+_first = threading.Lock()
+# whether this task's stop signals go to the trainer (forward_stops)
+_forwarding = False
 
 
 class Requeued(SystemExit):
@@ -82,9 +103,12 @@ def usr_signal() -> signal.Signals:
 
 
 def install(trainer: bool, max_requeues: int, followers: Path | None = None,
-            rendezvous: Path | None = None) -> None:
-    """In a task of a requeueable job: note the stop signals (trainer) or ignore them (collectors).
-    ``followers``: an elastic trainer's folder of its ``--join`` jobs (which register there)."""
+            rendezvous: Path | None = None, forward: bool = False) -> None:
+    """In a task of a requeueable job: note the stop signals (``trainer``), forward them to the
+    trainer (``forward``: a collector task of the trainer's job), or ignore them (a ``--join``
+    job's, whose own allocation may end without the trainer's). ``followers``: an elastic
+    trainer's folder of its ``--join`` jobs (which register there)."""
+    global _forwarding
     os.environ[ENV_REQUEUE] = str(max(0, max_requeues - restart_count()))
     if followers is not None and trainer:
         os.environ[ENV_FOLLOWERS], os.environ[ENV_RENDEZVOUS] = str(followers), str(rendezvous)
@@ -94,6 +118,10 @@ def install(trainer: bool, max_requeues: int, followers: Path | None = None,
     if trainer:
         signal.signal(usr_signal(), _note)
         signal.signal(signal.SIGTERM, _note)
+    elif forward:
+        _forwarding = True
+        threading.Thread(target=forward_stops, name="rpc-collectors-stop-signals",
+                         daemon=True).start()
     else:
         signal.signal(usr_signal(), signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -101,14 +129,51 @@ def install(trainer: bool, max_requeues: int, followers: Path | None = None,
 
 def unblock() -> None:
     """Deliver the stop signals to their handlers from now on (the task started with them blocked,
-    see :mod:`.task_start`); one that came while the task started is handled now."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {usr_signal(), signal.SIGTERM})
+    see :mod:`.task_start`); one that came while the task started is handled now. Not in a task
+    that forwards them: there they stay blocked, for its forwarding thread to take."""
+    if not _forwarding:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {usr_signal(), signal.SIGTERM})
+
+
+def task_name() -> str:
+    """This SLURM task, in words: ``task 3 on n2``."""
+    return (f"task {os.environ.get('SLURM_PROCID', '?')} on "
+            f"{os.environ.get('SLURMD_NODENAME', 'this node')}")
+
+
+def _reason_of(signum: int) -> str:
+    return TIME_LIMIT if signum == usr_signal() else STOPPED
 
 
 def _note(signum: int, frame: Any) -> None:
-    global _reason, _signalled_at
-    if _reason is None:
-        _reason, _signalled_at = (TIME_LIMIT if signum == usr_signal() else STOPPED), time.time()
+    noted(_reason_of(signum), task_name(), time.time())
+
+
+def noted(reason: str, task: str, at: float) -> None:
+    """RPC (served by the trainer), and the trainer's own handler: ``task`` of this job got a stop
+    signal at ``at``; the first one of the run is kept."""
+    global _reason, _signalled_at, _signalled_task
+    # taken for good by the first (no wait: a signal handler may run inside another)
+    if _first.acquire(blocking=False):
+        _reason, _signalled_at, _signalled_task = reason, at, task
+
+
+def forward_stops() -> None:
+    """A collector task's thread: take the stop signals (blocked in every thread of the task, so
+    only this one receives them, also those that came while it started) and tell the trainer of
+    each, once its RPC agent runs."""
+    told: set[str] = set()
+    while True:
+        signum = signal.sigtimedwait({usr_signal(), signal.SIGTERM}, FORWARD_POLL_S)
+        if signum is None or _reason_of(signum.si_signo) in told:
+            continue
+        reason = _reason_of(signum.si_signo)
+        told.add(reason)
+        try:
+            rpc_rank.tell_trainer(noted, (reason, task_name(), time.time()), FORWARD_WAIT_S)
+        except (RuntimeError, TimeoutError) as err:
+            print(f"rpc_collectors: {task_name()} got SLURM's stop signal ({reason}) and could "
+                  f"not tell the trainer: {err}", file=sys.stderr, flush=True)
 
 
 def stop_requested() -> str | None:
@@ -121,47 +186,56 @@ def signalled_at() -> float | None:
     return _signalled_at
 
 
+def signalled_task() -> str | None:
+    """Which task of the job the first stop signal reached (``task 2 on n2``), or None."""
+    return _signalled_task
+
+
 def restart_count() -> int:
     """How many times SLURM restarted this job (``SLURM_RESTART_COUNT``; 0 in
     its first allocation)."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
-def requeue(reason: str) -> None:
-    """Requeue this job after the time-limit signal (``scontrol requeue``), while ``max_requeues``
-    lasts; SLURM requeues a preempted one itself."""
-    if reason == TIME_LIMIT and will_requeue(reason):
-        from submitit.slurm.slurm import SlurmJobEnvironment
-
-        SlurmJobEnvironment()._requeue(int(os.environ[ENV_REQUEUE]) - 1)
-
-
-def will_requeue(reason: str) -> bool | None:
-    """Whether the job comes back after stopping for ``reason``: after the time-limit signal while
-    ``max_requeues`` lasts; after SIGTERM if SLURM is requeueing it (preempted,
-    ``scontrol requeue``: its restart count went up), not if it was cancelled or only signalled
-    (``scancel -s TERM``). None when SLURM cannot say."""
+def next_step(reason: str) -> NextStep:
+    """Who brings the job back after it stopped for ``reason``: ``"library"`` (:func:`requeue`
+    asks SLURM: after the time-limit signal, or a SIGTERM that came without SLURM's requeue, while
+    ``max_requeues`` lasts), ``"slurm"`` (preempted, ``scontrol requeue``: its restart count went
+    up), ``"none"`` (cancelled, out of time, or no requeue left), ``"unknown"`` (SLURM cannot
+    say)."""
+    left = int(os.environ.get(ENV_REQUEUE, "0")) > 0
     if reason == TIME_LIMIT:
-        return int(os.environ.get(ENV_REQUEUE, "0")) > 0
+        return "library" if left else "none"
     state = _slurm_job()
-    return None if state is None else int(state.get("Restarts", 0)) > restart_count()
+    if state is None:
+        return "unknown"
+    if int(state.get("Restarts", 0)) > restart_count():
+        return "slurm"
+    return "library" if left and state.get("JobState") == "RUNNING" else "none"
 
 
-def outcome(reason: str, requeued: bool | None) -> str:
-    """What happens to the job after stopping for ``reason`` (``requeued``:
-    :func:`will_requeue`'s answer), in words."""
-    if reason == TIME_LIMIT:
-        return "requeued" if requeued else ("ends here: it reached its time limit and has no "
-                                            "requeue left (max_requeues)")
-    if requeued:
+def requeue() -> None:
+    """Requeue this job (``scontrol requeue``), counting one of ``max_requeues``."""
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    SlurmJobEnvironment()._requeue(int(os.environ[ENV_REQUEUE]) - 1)
+
+
+def outcome(reason: str, step: NextStep) -> str:
+    """What happens to the job after stopping for ``reason`` (``step``: :func:`next_step`'s
+    answer), in words."""
+    if step == "library":
+        return "requeued" if reason == TIME_LIMIT else (
+            "requeued (SLURM sent the SIGTERM without a requeue: a task or node signalled alone, "
+            "or `scancel -s TERM`)")
+    if step == "slurm":
         return "stops; SLURM requeues it (preempted or `scontrol requeue`)"
-    if requeued is None:
+    if step == "unknown":
         return ("stops; SLURM requeues it if it was preempted or requeued, not if it was "
-                "cancelled or only signalled")
+                "cancelled")
     state = (_slurm_job() or {}).get("JobState", "unknown")
-    if state == "RUNNING":
-        return ("ends here: the SIGTERM was neither a preemption nor a requeue (`scancel -s "
-                "TERM`?), so SLURM does not requeue it; submit it again with the same "
+    if reason == TIME_LIMIT or state == "RUNNING":
+        return ("ends here: it has no requeue left (max_requeues); submit it again with the same "
                 "checkpoint_dir to continue")
     return ("ends here: SLURM is ending it without a requeue (cancelled or out of time; its "
             f"state: {state})")
@@ -221,5 +295,7 @@ def job_state(job_id: str) -> str | None:
 
 def reset() -> None:
     """Forget a stop request (for a process that runs several jobs' functions, and tests)."""
-    global _reason, _signalled_at
-    _reason = _signalled_at = None
+    global _reason, _signalled_at, _signalled_task
+    _reason = _signalled_at = _signalled_task = None
+    if _first.locked():
+        _first.release()

@@ -180,6 +180,7 @@ class RunCheckpoint:
         self.allocation.update(frames=frames, end=end, saved=files.now())
         if requeue.signalled_at() is not None:
             self.allocation["signal_at"] = round(requeue.signalled_at(), 3)
+            self.allocation["signal_to"] = requeue.signalled_task()
         # collected, in no batch yet
         if state is not None and state.get("undelivered_frames") is not None:
             self.allocation["undelivered_frames"] = int(state["undelivered_frames"])
@@ -210,18 +211,19 @@ class RunCheckpoint:
                 self.save(extra)
             return
         self.save(extra, end=reason)
-        requeued = requeue.will_requeue(reason)
-        if requeued is not False:
+        step = requeue.next_step(reason)
+        if step != "none":
             # collector jobs that joined an elastic trainer come back with it
             requeue.requeue_followers()
         if self.collector is not None:
             self.collector.shutdown()
-        requeue.requeue(reason)
+        if step == "library":
+            requeue.requeue()
         signalled = requeue.signalled_at()
         after = "" if signalled is None else f" {time.time() - signalled:.1f} s after the signal"
-        print(f"rpc_collectors: {reason}: job {os.environ.get('SLURM_JOB_ID', '?')} "
-              f"{requeue.outcome(reason, requeued)}{after}, {self.allocation['frames']:,} frames "
-              "checkpointed", file=sys.stderr, flush=True)
+        print(f"rpc_collectors: {reason}; the signal reached {requeue.signalled_task()}; job "
+              f"{os.environ.get('SLURM_JOB_ID', '?')} {requeue.outcome(reason, step)}{after}, "
+              f"{self.allocation['frames']:,} frames checkpointed", file=sys.stderr, flush=True)
         raise requeue.Requeued(reason)
 
     def finish(self, extra: Mapping[str, Any] | None = None) -> Path:

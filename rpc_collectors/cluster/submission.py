@@ -87,7 +87,8 @@ class SlurmConfig:
     requeue: bool = False
     # seconds before the time limit that SLURM signals the job (submitit's USR2)
     signal_delay_s: int = 120
-    # requeues at the time limit a job may use (preemptions are SLURM's to count)
+    # requeues the library may ask for: at the time limit, or after a signal SLURM sent
+    # without a requeue (preemptions are SLURM's to count)
     max_requeues: int = 10
     # the tasks' $RPC_COLLECTORS_CHECKPOINT_DIR
     checkpoint_dir: str | os.PathLike | None = None
@@ -263,7 +264,9 @@ def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: 
     # replaces submitit's handlers (see cluster/requeue.py)
     if stops is not None and "max_requeues" in stops:
         trainer_job = join or os.environ["SLURM_JOB_ID"]
-        requeue.install(trainer=join is None and os.environ.get("SLURM_PROCID", "0") == "0",
+        trainer = join is None and os.environ.get("SLURM_PROCID", "0") == "0"
+        # the trainer's job's collector tasks tell it of their signals
+        requeue.install(trainer=trainer, forward=join is None and not trainer,
                         max_requeues=stops["max_requeues"],
                         rendezvous=rendezvous_file(log_dir, trainer_job),
                         followers=Path(log_dir) / f"{trainer_job}_followers" if elastic or join

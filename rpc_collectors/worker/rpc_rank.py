@@ -41,6 +41,8 @@ _stop = threading.Event()
 _agent_started = False
 # the address its first one bound to its interface (None: TensorPipe's own pick)
 _listening_on: str | None = None
+# set while this process's agent runs: a call to the trainer from another thread waits for it
+_agent_up = threading.Event()
 
 
 def worker_name(rank: int, session: str = "") -> str:
@@ -145,6 +147,7 @@ def serve_rank(rdv: Rendezvous, rpc_timeout: float) -> int:
             rpc.rpc_sync(TRAINER, membership.arrive, args=(rdv.rank,), timeout=rpc_timeout)
     else:
         start_agent(name, rdv, rpc_timeout)
+    _agent_up.set()
     code = watch_trainer(name, rdv.rank, rpc_timeout)
     # stopped by the trainer: let its agent stop first (see stop())
     if _stop.is_set():
@@ -153,8 +156,17 @@ def serve_rank(rdv: Rendezvous, rpc_timeout: float) -> int:
                        datetime.timedelta(seconds=min(rpc_timeout, STOP_GRACE)))
     if _state is not None:
         _state.close()
+    _agent_up.clear()
     rpc.shutdown(graceful=False)
     return code
+
+
+def tell_trainer(fn: Any, args: tuple, timeout: float) -> None:
+    """Call ``fn(*args)`` on the trainer, once this process's agent runs (waiting up to ``timeout``
+    seconds for it, and as long again for the answer)."""
+    if not _agent_up.wait(timeout):
+        raise TimeoutError(f"this collector's RPC agent did not start within {timeout:.0f} s")
+    rpc.rpc_sync(TRAINER, fn, args=args, timeout=timeout)
 
 
 def watch_trainer(name: str, rank: int, rpc_timeout: float) -> int:
