@@ -73,6 +73,7 @@ class AsyncCollector(MultiAsyncCollector):
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         max_policy_lag: int | None = None,
+        policy_lag_mode: str = "admit",
         weight_transport: str = "auto",
         collector_class: Any = "single",
         num_workers_per_collector: int = 1,

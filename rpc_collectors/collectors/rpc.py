@@ -90,10 +90,16 @@ class RPCCollector(CollectorFront):
             on).
         max_weight_update_interval: push weights to a worker after it delivered more than this
             many batches with the same weights (-1: never on its own).
-        max_policy_lag: async only: a batch whose oldest step is more than this many weight
-            versions behind the trainer's is dropped (counted in
+        max_policy_lag: async only: no batch handed out has its oldest step more than this many
+            weight versions behind the trainer's (``front.policy_lag``); None: no bound.
+        policy_lag_mode: how ``max_policy_lag`` holds. ``"admit"`` (the default): a worker is
+            asked for a batch only when that batch can be handed out within the bound, so the
+            workers that are ahead wait for the push that admits them, and nothing is dropped
+            (:mod:`~rpc_collectors.trainer.admission`; the trainer is assumed to push at most
+            once per batch it takes). ``"drop"``: a batch beyond the bound is dropped (counted in
             ``dropped_frames``/``dropped_batches``), its worker's trajectories go on under new
-            ids, and it is asked again (``front.policy_lag``); None: no bound.
+            ids, and it is asked again: TorchRL's and RLlib's way, which drops the slow workers'
+            and the long episodes' batches more often than the others'.
         weight_transport: ``"auto"`` (shared memory when every worker shares the trainer's host,
             else ``"broadcast"`` over the weight process group; ``"rpc"`` when elastic), ``"shm"``,
             ``"broadcast"`` or ``"rpc"`` (the flat weights as the argument of each worker's call).
@@ -189,6 +195,7 @@ class RPCCollector(CollectorFront):
         update_at_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         max_policy_lag: int | None = None,
+        policy_lag_mode: str = "admit",
         weight_transport: str = "auto",
         collector_class: Any = "single",
         num_workers_per_collector: int = 1,

@@ -37,6 +37,8 @@ WEIGHT_TRANSPORTS = ("auto", "shm", "broadcast", "rpc")
 # "mp": TorchRL's name for local; "submitit_delayed": TorchRL's, refused with what to use instead
 LAUNCHERS = ("auto", "local", "torchrun", "slurm", "debug", "submitit", "mp", "submitit_delayed")
 INFERENCE = ("worker", "node")
+# max_policy_lag's ways (trainer/admission.py, trainer/continuity.py)
+POLICY_LAG_MODES = ("admit", "drop")
 G = TypeVar("G", bound="Group")
 
 
@@ -52,6 +54,10 @@ def _cat_results(name: str, value: Any) -> Any:
 
 def _weight_transport(name: str, value: Any) -> str:
     return checks.choice(name, value, WEIGHT_TRANSPORTS)
+
+
+def _policy_lag_mode(name: str, value: Any) -> str:
+    return checks.choice(name, value, POLICY_LAG_MODES)
 
 
 def _launcher(name: str, value: Any) -> str:
@@ -213,8 +219,11 @@ class Run(Group):
     preemptive_threshold: float | None = option(
         None, "sync: the fraction of workers after which a round ends"
     )
-    max_policy_lag: int | None = option(None,
-                                        "async: drop a batch this many weight versions behind")
+    max_policy_lag: int | None = option(
+        None, "async: no batch handed out more than this many weight versions behind")
+    policy_lag_mode: str = option(
+        "admit", "max_policy_lag's way: \"admit\" paces workers ahead, \"drop\" drops late batches",
+        _policy_lag_mode)
     num_threads: int | None = option(None, "torch threads of the trainer while the collector runs",
                                      option_checks.optional_positive_int)
 

@@ -2,7 +2,8 @@
 async first-come, weight-update cadence, ``total_frames``, layouts, seeding and state mean
 (:mod:`.collector_front`, which holds its parts: the request/wait loop and the sync and async
 schedules in :mod:`.schedule`, the weight pusher in :mod:`.weight_pushes`, trajectory continuity
-and ``max_policy_lag`` in :mod:`.continuity`, its batch plane once laid out in
+and ``max_policy_lag``'s drops in :mod:`.continuity`, its admission of requests in
+:mod:`.admission`, its batch plane once laid out in
 :mod:`.batch_slots`; each part is given the parts and options it uses, never the front; TorchRL's
 views of the workers in :mod:`.worker_views` over :mod:`.torchrl_views`), the plan it runs with
 (:mod:`.plan`: its option groups and what was resolved from them), its state (:mod:`.saved_state`),

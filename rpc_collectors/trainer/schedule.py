@@ -3,8 +3,10 @@
 Sync: every worker is asked for a batch and the round's answers are combined in the class's
 layout (``cat_results``); with ``preemptive_threshold`` the others are stopped once enough handed
 in. Async: each worker keeps its request depth in flight, and the first batch ready is handed out,
-unless :mod:`.continuity` drops it (asked before a cut of its worker's stream, or too far behind
-the trainer's weights: ``max_policy_lag``). Every answer arrives through the front's one
+unless :mod:`.continuity` drops it (asked before a cut of its worker's stream, or, with
+``policy_lag_mode="drop"``, too far behind the trainer's weights: ``max_policy_lag``); with
+``policy_lag_mode="admit"`` :mod:`.admission` decides when a request is asked and when a batch
+that came may be handed out, so that none falls behind. Every answer arrives through the front's one
 :class:`~rpc_collectors.trainer.waits.Events`; a failed worker raises
 :class:`~rpc_collectors.core.errors.Failure`, which
 :class:`~rpc_collectors.trainer.recovery.Recovery` handles before the loop asks again.
@@ -23,6 +25,7 @@ from rpc_collectors.core.errors import Failure
 from rpc_collectors.single_process import preemption
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer import node_restarts
+from rpc_collectors.trainer.admission import Admission, oldest_version
 from rpc_collectors.trainer.batch_slots import BatchSlots
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.plan import Plan
@@ -62,6 +65,11 @@ class Schedule:
         self.last_async: int | None = None
         # elastic: keys, shapes and dtypes of the run's first batch
         self.layout: dict | None = None
+        # async, policy_lag_mode="admit": the batches in flight, and the requests not yet admitted
+        admit = not self.run.sync and self.run.max_policy_lag is not None \
+            and self.run.policy_lag_mode == "admit"
+        self.admission = Admission(self.run.max_policy_lag) if admit else None
+        self.waiting: list[int] = []
 
     # ---------------------------------------------------------------- the loop
     def deadline(self) -> float:
@@ -133,15 +141,17 @@ class Schedule:
             except Failure as failed:
                 self.recovery.recover(failed)
                 for worker_id, record in enumerate(self.roster):
+                    if record.redo and self.admission is not None:
+                        self.admission.forget(worker_id)
                     for _ in range(record.redo):
-                        self.request(worker_id)
+                        self._asked(worker_id, self.request(worker_id))
 
-    def request(self, worker_id: int, again: bool = False) -> None:
+    def request(self, worker_id: int, again: bool = False) -> bool:
         """Ask ``worker_id`` for its next batch (``again``, or a request its predecessor left:
-        into the same slot); a vacant elastic slot is asked once a collector takes it."""
+        into the same slot); a vacant elastic slot is asked once a collector takes it (False)."""
         plan, record = self.plan, self.roster[worker_id]
         if not record.serving:
-            return
+            return False
         again = again or record.redo > 0
         due = record.weights_due(plan.update_after_each_batch,
                                  self.weights.max_weight_update_interval)
@@ -154,6 +164,35 @@ class Schedule:
             fut = self.pool.calls.collect(worker_id, record.weights_version, slot)
         self.roster.asked(worker_id, max(plan.frames_per_batch_worker), again)
         self.events.watch(worker_id, record.generation, BATCH, fut)
+        return True
+
+    def _ask(self, worker_id: int, handed_out: bool = False) -> None:
+        """Async: ask ``worker_id`` for a batch, once :mod:`.admission` lets the request in;
+        ``handed_out``: a batch was just handed out, so the trainer's push after it is counted."""
+        if self.admission is None:
+            self.request(worker_id)
+            return
+        self.waiting.append(worker_id)
+        self._admit_waiting(int(handed_out))
+
+    def _admit_waiting(self, pushes_due: int = 0) -> None:
+        """Ask the waiting requests that admission lets in, in the order they came, as if
+        ``pushes_due`` more pushes came first; one whose worker holds weights too old for it gets
+        the trainer's first."""
+        admission, version = self.admission, self.pusher.version
+        while self.waiting:
+            record = self.roster[self.waiting[0]]
+            if record.serving and not admission.admits(record.weights_version,
+                                                       version + pushes_due):
+                if not admission.admits(version, version + pushes_due):
+                    return
+                self.pusher.push([self.waiting[0]], version=version)
+            worker_id = self.waiting.pop(0)
+            self._asked(worker_id, self.request(worker_id))
+
+    def _asked(self, worker_id: int, asked: bool) -> None:
+        if asked and self.admission is not None:
+            self.admission.asked(worker_id, self.roster[worker_id].weights_version)
 
     # ---------------------------------------------------------------- membership
     def admitted(self, worker_id: int) -> None:
@@ -168,6 +207,8 @@ class Schedule:
         """The collector in ``worker_id``'s slot left (elastic)."""
         if self.last_async == worker_id:
             self.last_async = None
+        if self.admission is not None:
+            self.admission.forget(worker_id)
 
     # ---------------------------------------------------------------- schedules
     def collect(self) -> TensorDictBase:
@@ -197,38 +238,54 @@ class Schedule:
     def _first_ready(self) -> TensorDictBase:
         if self.last_async is not None:
             # after the trainer's step, with fresh weights if asked
-            self.request(self.last_async)
+            self._ask(self.last_async)
         for worker_id in range(self.plan.num_workers):
             if worker_id != self.last_async:
                 missing = self.slots.plane.depth(worker_id) - self.roster[worker_id].outstanding
-                for _ in range(missing):
-                    self.request(worker_id)
+                for _ in range(missing - self.waiting.count(worker_id)):
+                    self._ask(worker_id)
         batch = self._next_kept()
-        if not self.plan.update_after_each_batch:
+        if not self.plan.update_after_each_batch and self.last_async is not None:
             # keep the worker busy while the trainer works
-            self.request(self.last_async)
+            self._ask(self.last_async, handed_out=True)
             self.last_async = None
         return batch
 
     def _next_kept(self) -> TensorDictBase:
         """The next async batch not dropped (:mod:`.continuity`): one asked before its worker's
         stream was cut, or collected with weights more than ``max_policy_lag`` behind."""
-        continuity, pusher = self.continuity, self.pusher
+        continuity, pusher, admission = self.continuity, self.pusher, self.admission
         bounded = self.run.max_policy_lag is not None
         while True:
+            if admission is not None:
+                self._admit_waiting()
+                held = admission.next_held(pusher.version)
+                if held is not None:
+                    admission.gone(held)
+                    # its worker was asked again when its batch was held
+                    self.last_async = None
+                    return held.batch
             self.last_async, result, fresh = self.next_answer()
             handing = self.meter.span_start()
             worker_id, batch = self.last_async, self._receive(self.last_async, result)
             self.meter.span_end("hand-out", handing, worker=worker_id)
+            entry = None if admission is None else admission.came(worker_id, oldest_version(batch))
             if not fresh:
                 continuity.stale(batch)
             elif not bounded or not continuity.too_old(batch, pusher.version):
-                return batch
+                if entry is None or admission.may_hand_out(entry, pusher.version):
+                    if entry is not None:
+                        admission.gone(entry)
+                    return batch
+                admission.hold(entry, batch)
+                entry = None
             else:
                 if continuity.left_behind(worker_id, pusher.version):
                     pusher.push([worker_id], version=pusher.version)
                 continuity.drop(batch, [worker_id])
-            self.request(worker_id)
+            if entry is not None:
+                admission.gone(entry)
+            self._ask(worker_id)
 
     def _preempt(self, worker_ids: list[int]) -> None:
         """Ask ``worker_ids`` to end the batch in progress at their next step (not waited for: a
@@ -266,3 +323,4 @@ class Schedule:
             return method(*args)
         except OSError as err:
             raise self.fail(err) from None
+

@@ -73,7 +73,7 @@ def test_a_batch_dropped_for_lag_ends_its_trajectories(make_env):
     """Trajectories in progress when a batch is dropped continue under new ids after it; the
     frames kept are the single-process stream less the dropped batches."""
     handed, per_worker, dropped = lag_run(lambda: MultiAsyncCollector(
-        [make_env] * 4, BiasPolicy(1, size=3), frames_per_batch=FRAMES, max_policy_lag=0))
+        [make_env] * 4, BiasPolicy(1, size=3), frames_per_batch=FRAMES, max_policy_lag=0, policy_lag_mode="drop"))
     assert dropped > 0, "no batch was dropped: the test shows nothing"
     assert_no_gaps(handed)
     assert_single_process_less_the_dropped(make_env, per_worker)
@@ -86,7 +86,7 @@ def test_a_node_batch_dropped_for_lag_ends_its_local_workers_trajectories(node, 
     handed, _, dropped = lag_run(lambda: RPCCollector(
         count_env, BiasPolicy(1, size=3), num_collectors=2, launcher="local", collector_class=node,
         num_workers_per_collector=2, frames_per_batch=FRAMES * (2 if node == "sync" else 1), rpc_timeout=60,
-        sync=False, max_policy_lag=0, inference=inference), batches=30)
+        sync=False, max_policy_lag=0, policy_lag_mode="drop", inference=inference), batches=30)
     assert dropped > 0, "no batch was dropped: the test shows nothing"
     assert_no_gaps(handed)
 
@@ -108,7 +108,7 @@ def test_the_frames_a_node_drops_itself_count_in_the_trainers_dropped_frames(inf
     handed, last_version, last_step, delivered = [], {}, {}, {}
     with RPCCollector(count_env, BiasPolicy(1, size=3), num_collectors=nodes, launcher="local", collector_class="async",
                       num_workers_per_collector=width, frames_per_batch=FRAMES, rpc_timeout=60, sync=False,
-                      max_policy_lag=0, inference=inference,
+                      max_policy_lag=0, policy_lag_mode="drop", inference=inference,
                       track_policy_version=True) as c:
         for i, batch in enumerate(c):
             handed.append(batch.clone())
@@ -165,7 +165,7 @@ def test_after_a_lag_drop_a_worker_keeps_its_own_weights():
     own = {0: BiasPolicy(0, size=3), 1: BiasPolicy(1, size=3)}
     dropped, checked = 0, 0
     with MultiAsyncCollector([count_env] * 2, BiasPolicy(0, size=3), frames_per_batch=FRAMES, max_policy_lag=0,
-                             track_policy_version=True) as c:
+                             policy_lag_mode="drop", track_policy_version=True) as c:
         for i, batch in enumerate(c):
             (worker,) = c.last_batch.worker_frames
             versions = batch.get(("collector", "policy_version"))

@@ -1,4 +1,7 @@
-"""``max_policy_lag`` on async collectors: batches too far behind the trainer's weights are dropped and counted."""
+"""``max_policy_lag`` on async collectors: no batch handed out lags more than the bound.
+
+``policy_lag_mode="admit"`` (the default) keeps the bound by pacing the workers ahead: nothing is dropped.
+``policy_lag_mode="drop"`` drops the batches beyond it and counts them."""
 from __future__ import annotations
 
 import pytest
@@ -14,11 +17,11 @@ def count_env() -> GymEnv:
     return GymEnv(CountEnv())
 
 
-def lags(max_policy_lag, batches: int = 30) -> tuple[list, MultiAsyncCollector]:
+def lags(max_policy_lag, batches: int = 30, mode: str = "drop") -> tuple[list, MultiAsyncCollector]:
     """Run with a trainer that bumps the weights after every batch; each batch's (min, max) lag."""
     seen = []
     with MultiAsyncCollector([count_env] * 4, BiasPolicy(1, size=3), frames_per_batch=10,
-                             max_policy_lag=max_policy_lag) as c:
+                             max_policy_lag=max_policy_lag, policy_lag_mode=mode) as c:
         for i, _ in enumerate(c):
             seen.append((c.last_batch.min_lag, c.last_batch.lag, c.last_batch.trainer_version))
             c.update_policy_weights_()
@@ -41,6 +44,17 @@ def test_batches_beyond_the_bound_are_dropped_and_counted():
 def test_zero_lag_hands_out_only_batches_of_the_trainers_weights():
     bounded, c = lags(0, batches=10)
     assert all(high == 0 for _, high, _ in bounded) and c.dropped_batches > 0
+
+
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_admission_keeps_the_bound_without_dropping_a_frame(bound):
+    """The same run admitted instead: every batch within the bound, none dropped, every batch
+    counted once, and the workers still take turns (each delivers)."""
+    bounded, c = lags(bound, batches=24, mode="admit")
+    assert all(0 <= low <= high <= bound for low, high, _ in bounded), bounded
+    assert c.dropped_frames == c.dropped_batches == 0
+    assert [version for _, _, version in bounded] == list(range(24))
+    assert c.frames == 24 * 10
 
 
 @pytest.mark.parametrize("kwargs, match", [

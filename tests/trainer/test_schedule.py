@@ -75,9 +75,11 @@ def front(n: int = 2, sync: bool = True, **options: object) -> SimpleNamespace:
     roster = Roster(n, max_worker_restarts=0)
     for worker_id in range(n):
         roster.served(worker_id, {"envs": 1})
-    given = {"sync": sync, "elastic": False, "max_policy_lag": None, "preempt_after": None, **options}
+    given = {"sync": sync, "elastic": False, "max_policy_lag": None, "policy_lag_mode": "admit", "preempt_after": None,
+             **options}
     groups = SimpleNamespace(
-        run=SimpleNamespace(sync=given["sync"], max_policy_lag=given["max_policy_lag"]),
+        run=SimpleNamespace(sync=given["sync"], max_policy_lag=given["max_policy_lag"],
+                            policy_lag_mode=given["policy_lag_mode"]),
         weights=SimpleNamespace(max_weight_update_interval=-1),
         launch=SimpleNamespace(elastic=given["elastic"], join_timeout=10.0),
     )
@@ -131,7 +133,7 @@ def test_async_batches_come_one_worker_at_a_time_each_worker_kept_busy():
 
 
 def test_an_async_batch_too_far_behind_the_trainer_is_dropped_and_its_worker_asked_again():
-    f = front(1, sync=False, max_policy_lag=1)
+    f = front(1, sync=False, max_policy_lag=1, policy_lag_mode="drop")
     f.pusher.version = 3  # the trainer is at version 3; the worker's first batch was collected with 0
     f.workers.versions[0] = 0
     f.pusher.plane = SimpleNamespace()
