@@ -42,7 +42,7 @@ from rpc_collectors.cluster.task_hosts import (
     _resolve,
     _scontrol_node_addr,
 )
-from rpc_collectors.core import checks
+from rpc_collectors.core import checks, rank_limits
 from rpc_collectors.transport.rendezvous import interface_towards
 
 __all__ = ["SlurmConfig", "submit", "result", "run_script", "sbatch_script",
@@ -113,6 +113,7 @@ class SlurmConfig:
             raise ValueError(f"join={self.join!r} is invalid; accepted: None or the SLURM job id "
                              "of an elastic trainer job, e.g. '1234'")
         checks.boolean("requeue", self.requeue)
+        rank_limits.check_slurm_job(self.nodes, self.tasks_per_node)
         checks.positive_int("signal_delay_s", self.signal_delay_s)
         checks.non_negative_int("max_requeues", self.max_requeues)
         requeue.check_signal_delay(self.signal_delay_s, self.time_min, self.requeue)

@@ -25,6 +25,7 @@ from rpc_collectors.core import (
     checks,
     options,
     pickling,
+    rank_limits,
     torchrl_args,
     worker_checks,
     worker_warnings,
@@ -115,6 +116,10 @@ def plan(
     node_kind, per_node, inference = _node_kind(o, policy, preempting, node_collector)
     env_fns = _env_fns(create_env_fn, launch.num_collectors, rdv, launch.elastic)
     num_workers = len(env_fns)
+    # the trainer's open files and the ranks measured to work, before its RPC agent starts
+    if launcher in ("torchrun", "slurm", "submitit"):
+        given = f"WORLD_SIZE={rdv.world_size}" if rdv and not launch.elastic else None
+        rank_limits.check_trainer(num_workers, given or f"num_collectors={num_workers}")
     cat_results = default_cat_results if run.cat_results is None else run.cat_results
     pushes = "auto" if weight_transport == torchrl_args.NO_PUSH else weight_transport
     if launch.elastic:
