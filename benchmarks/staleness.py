@@ -1,0 +1,189 @@
+"""Bounded policy lag, admitted or dropped, against unbounded async collection: what each costs and
+what each does to the data.
+
+8 async workers (``MultiAsyncCollector``, ``track_policy_version=True``), 6 fast and 2 slow (each
+step sleeps ``--fast-ms`` / ``--slow-ms``), on an env whose episode lengths are long-tailed
+(``1 + floor(20 * Pareto(1.2))`` steps, at most 400) and whose long episodes step slower (up to 3x;
+each env logs every episode it finished, and counts its steps). The trainer takes each batch (20 steps of one
+worker) and pushes new weights after it, as a training loop does. Cases, each in a fresh process
+for ``--seconds`` after a warm-up, side by side in one run:
+
+- ``unbounded``: ``max_policy_lag=None``;
+- ``admit K``: ``max_policy_lag=K`` (``policy_lag_mode="admit"``, the default);
+- ``drop K``: ``max_policy_lag=K, policy_lag_mode="drop"``.
+
+Per case: frames/s handed out (and its ratio to unbounded), frames dropped, the lag histogram of
+the batches handed out and its max; the bias: the lengths of the complete episodes handed out
+(every step from the first to the done, under one trajectory id) against the lengths of every
+episode the envs finished (two-sample KS test, p-value), and each worker's share of the frames
+handed out against its share of the steps its env took meanwhile (chi-square test on batch counts,
+p-value).
+
+    python benchmarks/staleness.py [--k 8 16] [--seconds 20] [--fast-ms 10] [--slow-ms 30]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from _common import emit, run_case
+
+WORKERS, SLOW, STEPS = 8, 2, 20
+TRAJ_IDS, DONE, VERSION = ("collector", "traj_ids"), ("next", "done"), ("collector", "policy_version")
+
+
+class TailEnv(gym.Env):
+    """Sleeps ``step_s`` a step, times ``min(3, 0.5 + length / 100)`` for an episode of ``length``;
+    observation ``[t]``, the step within the episode; episodes last
+    ``1 + floor(20 * Pareto(1.2))`` steps (at most 400). Every finished episode's length is appended
+    to ``log``, and its steps are counted in slot ``worker`` of the int64 file ``counts``."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, step_s: float, log: str, counts: str, worker: int) -> None:
+        self.step_s, self.log = step_s, log
+        self.counts = np.memmap(counts, dtype=np.int64, mode="r+", shape=(WORKERS,))
+        self.worker = worker
+        self.observation_space = gym.spaces.Box(0.0, 1e4, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.rng = np.random.default_rng(os.getpid())
+        self._t, self._length = 0, 1
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._t, self._length = 0, int(min(400, 1 + np.floor(20 * self.rng.pareto(1.2))))
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        # a long episode steps slower (a larger scene): its worker falls behind while it runs
+        time.sleep(self.step_s * min(3.0, 0.5 + self._length / 100))
+        self._t += 1
+        self.counts[self.worker] += 1
+        done = self._t >= self._length
+        if done:
+            with open(self.log, "a") as f:
+                f.write(f"{self._length}\n")
+        return np.array([self._t], np.float32), 1.0, done, False, {}
+
+
+def make_env(step_s: float, log: str, counts: str, worker: int):
+    from rpc_collectors import GymEnv
+
+    return GymEnv(TailEnv(step_s, log, counts, worker))
+
+
+class Policy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, 2)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.linear(observation).argmax(-1)
+
+
+def complete_episodes(batches: list) -> list[int]:
+    """Lengths of the episodes handed out whole: steps 0 to the done, consecutive, under one id."""
+    steps: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
+    for ids, t, done in batches:
+        for i, s, d in zip(ids, t, done):
+            steps[i].append((s, d))
+    lengths = []
+    for run in steps.values():
+        t = [s for s, _ in run]
+        if t[0] == 0 and run[-1][1] and t == list(range(len(t))):
+            lengths.append(len(t))
+    return lengths
+
+
+def case(spec: dict) -> dict:
+    from rpc_collectors import MultiAsyncCollector
+
+    torch.set_num_threads(1)
+    logs = [str(Path(spec["dir"]) / f"worker{i}.txt") for i in range(WORKERS)]
+    counts_path = str(Path(spec["dir"]) / "steps.bin")
+    counts = np.memmap(counts_path, dtype=np.int64, mode="w+", shape=(WORKERS,))
+    fns = [functools.partial(make_env, (spec["slow_ms"] if i < SLOW else spec["fast_ms"]) / 1e3, logs[i],
+                             counts_path, i) for i in range(WORKERS)]
+    lag = {} if spec["k"] is None else {"max_policy_lag": spec["k"], "policy_lag_mode": spec["mode"]}
+    policy = Policy()
+    with MultiAsyncCollector(fns, policy, frames_per_batch=STEPS, track_policy_version=True, **lag) as c:
+        it = iter(c)
+        warm = time.perf_counter()
+        while time.perf_counter() - warm < 3:
+            next(it)
+            c.update_policy_weights_()
+        dropped0, stepped0 = c.dropped_frames, counts.copy()
+        kept, lags, per_worker, start = [], collections.Counter(), collections.Counter(), time.perf_counter()
+        frames = 0
+        while time.perf_counter() - start < spec["seconds"]:
+            batch = next(it)
+            frames += batch.numel()
+            lags[int(c.pushed_version - batch.get(VERSION).min())] += 1
+            worker = int(batch.get(("collector", "worker_id")).reshape(-1)[0]) if ("collector", "worker_id") in \
+                batch.keys(True) else None
+            per_worker[worker] += 1
+            kept.append((batch.get(TRAJ_IDS).reshape(-1).tolist(), batch.get("observation").reshape(-1).long().tolist(),
+                         batch.get(DONE).reshape(-1).tolist()))
+            with torch.no_grad():
+                policy.linear.bias.add_(0.001)
+            c.update_policy_weights_()
+        wall = time.perf_counter() - start
+        dropped, stepped = c.dropped_frames - dropped0, (counts - stepped0).tolist()
+    env_lengths = [[int(x) for x in Path(log).read_text().split()] for log in logs if Path(log).exists()]
+    return {"frames_per_s": frames / wall, "dropped_frames": dropped, "lags": dict(lags),
+            "episodes": complete_episodes(kept), "env_episodes": [x for ls in env_lengths for x in ls],
+            "stepped": stepped, "per_worker": {str(k): v for k, v in per_worker.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--k", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--fast-ms", type=float, default=10.0)
+    parser.add_argument("--slow-ms", type=float, default=30.0)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        emit(case(json.loads(args.case)))
+        return
+    from scipy import stats
+
+    specs = [(None, None)] + [(k, mode) for k in args.k for mode in ("admit", "drop")]
+    rows = []
+    for k, mode in specs:
+        with tempfile.TemporaryDirectory() as folder:
+            spec = {"k": k, "mode": mode, "seconds": args.seconds, "fast_ms": args.fast_ms, "slow_ms": args.slow_ms,
+                    "dir": folder}
+            rows.append((k, mode, run_case(__file__, spec, timeout=120 + 3 * args.seconds)))
+    base = rows[0][2]["frames_per_s"]
+    print(f"\n{WORKERS} async workers ({SLOW} at {args.slow_ms:g} ms a step, {WORKERS - SLOW} at {args.fast_ms:g} ms), "
+          f"{STEPS}-step batches, a push after every batch, {args.seconds:g} s per case")
+    print(f"{'case':>12}{'frames/s':>10}{'x unbounded':>13}{'dropped':>9}{'max lag':>9}{'episodes':>10}"
+          f"{'KS p':>9}{'shares p':>10}  slow workers' share (stepped)")
+    for k, mode, r in rows:
+        name = "unbounded" if k is None else f"{mode} {k}"
+        ks = stats.ks_2samp(r["episodes"], r["env_episodes"]).pvalue if r["episodes"] else float("nan")
+        stepped = np.array(r["stepped"], dtype=float)
+        handed = np.array([r["per_worker"].get(str(i), 0) for i in range(len(stepped))], dtype=float)
+        expected = stepped / stepped.sum() * handed.sum()
+        shares = stats.chisquare(handed, expected).pvalue
+        slow_share, slow_stepped = handed[:SLOW].sum() / handed.sum(), stepped[:SLOW].sum() / stepped.sum()
+        print(f"{name:>12}{r['frames_per_s']:>10,.0f}{r['frames_per_s'] / base:>13.3f}{r['dropped_frames']:>9,}"
+              f"{max(map(int, r['lags'])):>9}{len(r['episodes']):>10}{ks:>9.3f}{shares:>10.3f}"
+              f"  {slow_share:.3f} ({slow_stepped:.3f})")
+        print(f"{'':>12}lag histogram: {dict(sorted((int(a), b) for a, b in r['lags'].items()))}")
+
+
+if __name__ == "__main__":
+    main()
