@@ -45,3 +45,37 @@ def test_after_an_rpc_agent_the_spawner_starts_fresh(chosen, monkeypatch):
     spawner.rpc_starts_here(fork_now=False)
     spawner.shared_spawner()
     assert chosen == [True]
+
+
+NODE_RUN = """
+import sys
+sys.path[:0] = {paths!r}
+from conftest import CountEnv
+from rpc_collectors import GymEnv, RPCCollector
+
+def make():
+    return GymEnv(CountEnv())
+
+with RPCCollector([make], None, frames_per_batch=20, total_frames=40, collector_class="sync",
+                  num_workers_per_collector=2, launcher="local") as collector:
+    frames = sum(batch.numel() for batch in collector)
+print("frames", frames)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_node_collector_run_with_every_warning_on_prints_none():
+    """Python's warnings all on (``-W default``, as a user debugging a run has them): a node
+    collector's start, batches and shutdown print no warning, none of the file objects a forked
+    spawner inherits from its parent among them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-W", "default", "-c",
+                           NODE_RUN.format(paths=[str(tests), str(tests.parent)])],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0 and "frames 40" in done.stdout, done.stderr
+    assert "Warning" not in done.stderr, done.stderr
