@@ -190,9 +190,11 @@ def steady_rate(collector, seconds: float, warmup_batches: int = 1) -> float:
     return frames / (time.perf_counter() - start)
 
 
-def run_case(script: str, case: dict, timeout: float = 240.0, flag: str = "--case") -> dict:
+def run_case(script: str, case: dict, timeout: float = 240.0, flag: str = "--case",
+             warnings: bool = False) -> dict:
     """Run one case of ``script`` (``script flag <case as JSON>``) in a fresh Python process;
-    return the JSON it prints last.
+    return the JSON it prints last. ``warnings``: keep Python's warnings on (in every process the
+    case starts) and return the lines of its stderr that name one, as ``"warnings"``.
 
     One collector per process: a process that has run an RPC agent cannot fork RPC workers
     again (see benchmarks/README.md), and a fresh process keeps cases from disturbing each other.
@@ -202,7 +204,7 @@ def run_case(script: str, case: dict, timeout: float = 240.0, flag: str = "--cas
     import subprocess
     import sys
 
-    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore")
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="default" if warnings else "ignore")
     proc = subprocess.Popen(
         [sys.executable, script, flag, json.dumps(case)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -216,7 +218,10 @@ def run_case(script: str, case: dict, timeout: float = 240.0, flag: str = "--cas
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"case {case} failed (exit code {proc.returncode}); stderr tail:\n{err[-3000:]}")
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    if warnings:
+        result["warnings"] = [line[:300] for line in err.splitlines() if "Warning" in line]
+    return result
 
 
 def run_on_hosts(net, argv: list[str], env: dict, hosts: list[int], name: str, timeout: float) -> dict:

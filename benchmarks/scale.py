@@ -27,10 +27,13 @@ The cost model (``docs/scaling.md``) is fitted to the trainer's CPU per sync rou
 ``local`` and ``hosts`` cases: ``a * requests + b * frames``, each point printed with the model's
 value and the relative error; the push times give ``c * bytes + d * nodes``.
 
+- ``wide`` (not run by default): 16 node collectors x 32 local workers (512) on a 100 ms env, sync
+  (the frames/s 256 workers ask on the 50 ms env), beside 8 x 32 on the same env and 512 bare processes;
+  each process's warnings kept, so a worker killed at shutdown is counted.
 - ``metrics`` (not run by default): the 8 x 32 ``local`` case with ``collector.metrics()`` on (the
   default) and off (``metrics=False``), ``--repeats`` of each, interleaved; the ratio of the medians.
 
-    python benchmarks/scale.py [--parts local hosts ranks requests metrics] [--seconds 8] [--steps 20]
+    python benchmarks/scale.py [--parts local hosts ranks requests metrics wide] [--seconds 8] [--steps 20]
 
 ``hosts`` needs root and runs under the cluster lock (``flock /tmp/rpc-cluster.lock``).
 """
@@ -57,6 +60,8 @@ from _common import children_of, emit, make_sleep_env, run_case, run_on_hosts
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_S = 0.05
+# the ``wide`` part's env: 512 workers ask what 256 on STEP_S ask
+WIDE_STEP_S = 0.1
 PUSHES = 5
 PREFIX, SUBNET, HOST_PORT = "rpcc-sc", "10.89.0", 29789
 
@@ -355,6 +360,31 @@ def part_local(args) -> list[dict]:
     return out
 
 
+def part_wide(args) -> list[dict]:
+    """16 node collectors x 32 local workers (512) on a 100 ms env, sync, beside 8 x 32 on the same env
+    (the trainer's CPU per round against nodes) and 512 bare processes; every warning of every process
+    kept (a worker killed at shutdown says so)."""
+    out = []
+    for nodes in (8, 16):
+        case = {"nodes": nodes, "per": 32, "sync": True, "step_s": WIDE_STEP_S, "steps": args.steps,
+                "seconds": args.seconds}
+        out.append({**case, **run_case(__file__, case, timeout=600, warnings=True)})
+    bare = {"workers": 512, "rounds": 8, "steps": args.steps, "step_s": WIDE_STEP_S}
+    print(f"512 bare processes, sync rounds of {args.steps} steps of {WIDE_STEP_S * 1e3:.0f} ms, no collector: "
+          f"{run_case(__file__, bare, timeout=300)['ratio']:.3f} of ideal", flush=True)
+    for row in out:
+        row["workers"] = row["nodes"] * row["per"]
+        row["ratio"] = row["frames_per_s"] / (row["workers"] / WIDE_STEP_S)
+        row["frames_per_round"], row["requests_per_round"] = row["workers"] * row["steps"], row["nodes"]
+        killed = [line for line in row["warnings"] if "SIGKILL" in line]
+        print(f"{row['nodes']:>3} x 32 ({row['workers']}): {row['ratio']:.3f} of ideal, first batch "
+              f"{row['first_batch_s']:.1f} s, trainer CPU {row['cpu_ms_per_round']:.2f} ms per round "
+              f"({row['cpu_ms_per_round'] / row['nodes']:.3f} ms a node), push {row['push_ms']:.1f} ms, "
+              f"shutdown {row['shutdown_s']:.2f} s, left {row['workers_left']}, kill warnings {len(killed)}, "
+              f"other warnings {len(row['warnings']) - len(killed)}", flush=True)
+    return out
+
+
 def part_metrics(args) -> list[dict]:
     """8 nodes x the most local workers, sync: metrics on (the default) against ``metrics=False``, interleaved."""
     out = []
@@ -470,7 +500,7 @@ def report(results: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["local", "hosts", "ranks", "requests"],
-                        choices=["local", "hosts", "ranks", "requests", "metrics"])
+                        choices=["local", "hosts", "ranks", "requests", "metrics", "wide"])
     parser.add_argument("--repeats", type=int, default=5, help="metrics: runs with metrics on, and as many off")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--steps", type=int, default=20, help="steps per worker per batch")
@@ -492,7 +522,7 @@ def main() -> None:
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     parts = {"local": part_local, "hosts": part_hosts, "ranks": part_ranks, "requests": part_requests,
-             "metrics": part_metrics}
+             "metrics": part_metrics, "wide": part_wide}
     results = {}
     for name in args.parts:
         print(f"running {name} ...", flush=True)
