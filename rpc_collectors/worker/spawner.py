@@ -118,7 +118,7 @@ class Spawner:
             self.pid = os.fork()
             if self.pid == 0:
                 try:
-                    # the parent's file objects came along with the fork: not this process's to close
+                    # the parent's file objects came with the fork: not this process's to close
                     warnings.simplefilter("ignore", ResourceWarning)
                     drop_inherited_fds((requests_r, replies_w))
                     run_spawner(requests_r, replies_w)
