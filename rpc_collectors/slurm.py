@@ -1,7 +1,9 @@
 """SLURM submission through submitit (``from rpc_collectors import slurm``): one process per
 task, with the torch.distributed variables set. Defined in
-:mod:`rpc_collectors.cluster.submission`."""
+:mod:`rpc_collectors.cluster.submission`; ``submit(..., groups=[...])``, one heterogeneous job of
+a trainer group and collector groups, in :mod:`rpc_collectors.cluster.het_jobs`."""
 from rpc_collectors.cluster.checkpoint import CheckpointError
+from rpc_collectors.cluster.het_jobs import HetConfig, HetJobRefused, sbatch_script, submit
 from rpc_collectors.cluster.requeue import Requeued
 from rpc_collectors.cluster.run_checkpoint import RunCheckpoint
 from rpc_collectors.cluster.submission import (
@@ -11,15 +13,13 @@ from rpc_collectors.cluster.submission import (
     rendezvous_file,
     result,
     run_script,
-    sbatch_script,
     setup_distributed_env,
     setup_join_env,
-    submit,
     task_interface,
 )
 
 __all__ = [
-    "CheckpointError", "Requeued", "RunCheckpoint",
+    "CheckpointError", "HetConfig", "HetJobRefused", "Requeued", "RunCheckpoint",
     "SlurmConfig", "job_port", "master_address", "rendezvous_file", "result", "run_script",
     "sbatch_script",
     "setup_distributed_env", "setup_join_env", "submit", "task_interface",

@@ -10,6 +10,9 @@ to the same bridge at 10.77.0.254, so a ``nodes=2`` job really spans two address
     python slurm/devcluster.py status
     python slurm/devcluster.py stop
 
+Partition ``debug`` (the default) holds every node; with 2+ nodes, ``learner`` holds node n1 and
+``envs`` the others, for heterogeneous jobs (a trainer group and collector groups).
+
 Needs root. Also importable (by path) from tests: ``start(nodes, workdir) -> Cluster``,
 ``stop(workdir)``, and ``HostNetwork`` for "hosts" in network namespaces without SLURM.
 """
@@ -361,7 +364,16 @@ SlurmctldLogFile={workdir}/log/slurmctld.log
 SlurmdLogFile={workdir}/log/slurmd-%n.log
 {node_lines}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-"""
+{_het_partitions(list(nodes))}"""
+
+
+def _het_partitions(names: list[str]) -> str:
+    """With 2+ nodes: ``learner`` (the first node) and ``envs`` (the others), beside ``debug``, for a
+    heterogeneous job's trainer group and collector groups (``slurm.submit(groups=...)``)."""
+    if len(names) < 2:
+        return ""
+    return (f"PartitionName=learner Nodes={names[0]} MaxTime=INFINITE State=UP\n"
+            f"PartitionName=envs Nodes={','.join(names[1:])} MaxTime=INFINITE State=UP\n")
 
 
 def _slurmdbd_conf(workdir: Path) -> str:

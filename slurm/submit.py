@@ -19,6 +19,13 @@ Runs longer than the time limit (the script checkpoints with ``RunCheckpoint``):
 trainer checkpoints after its batch and the job requeues (as on preemption), then resumes:
 
     python slurm/submit.py examples/ppo.py --requeue --checkpoint-dir ~/jobs/ppo/ckpt --time 240 --log-dir ~/jobs/ppo
+
+A GPU trainer and CPU collector nodes in one job (a SLURM heterogeneous job): one ``--group`` per
+resource group, the first the trainer's (task 0), the others the collectors'; ``--nodes``,
+``--tasks-per-node``, ``--gpus-per-node``, ``--cpus-per-task``, ``--partition`` and ``--mem`` then go in the groups:
+
+    python slurm/submit.py examples/ppo.py --group partition=gpu,gpus-per-node=1 \
+        --group partition=cpu,nodes=2,tasks-per-node=32 --time 240 --log-dir ~/jobs/ppo
 """
 from __future__ import annotations
 
@@ -45,13 +52,35 @@ def _sbatch_flag(text: str) -> tuple[str, str | bool]:
     return key, (value if sep else True)
 
 
+GROUP_KEYS = {"nodes": int, "tasks-per-node": int, "gpus-per-node": int, "cpus-per-task": int, "partition": str,
+              "mem": str}
+# the options that, with --group, belong in each group
+GROUP_OPTIONS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "partition", "mem")
+
+
+def _group(text: str) -> dict[str, int | str]:
+    """``partition=cpu,nodes=2,tasks-per-node=32`` -> {"partition": "cpu", "nodes": 2, "tasks_per_node": 32}."""
+    group: dict[str, int | str] = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if key not in GROUP_KEYS or not sep:
+            raise argparse.ArgumentTypeError(f"{item!r} in --group {text!r}: accepted: KEY=VALUE with KEY one of "
+                                             f"{', '.join(GROUP_KEYS)}, e.g. partition=cpu,nodes=2,tasks-per-node=32")
+        try:
+            group[key.replace("-", "_")] = GROUP_KEYS[key](value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{key}={value!r} in --group {text!r}: accepted: an integer") from None
+    return group
+
+
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("script", type=Path, help="training script, run as __main__ in each task")
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--tasks-per-node", type=int, default=1)
-    parser.add_argument("--gpus-per-node", type=int, default=0)
-    parser.add_argument("--cpus-per-task", type=int, default=1)
+    # None: SlurmConfig's default (1, 1, 0, 1)
+    parser.add_argument("--nodes", type=int)
+    parser.add_argument("--tasks-per-node", type=int)
+    parser.add_argument("--gpus-per-node", type=int)
+    parser.add_argument("--cpus-per-task", type=int)
     parser.add_argument("--partition")
     parser.add_argument("--time", type=int, default=60, help="time limit in minutes")
     parser.add_argument("--mem", help="memory per node, sbatch format: 16G, 500M")
@@ -74,6 +103,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="with --requeue: SLURM's signal this many seconds before the time limit")
     parser.add_argument("--max-requeues", type=int, default=10, help="with --requeue: at most this many "
                         "requeues at the time limit or after a stray SIGTERM")
+    parser.add_argument("--group", type=_group, action="append", default=[], metavar="KEY=VALUE,...",
+                        help="one resource group of a heterogeneous job, e.g. partition=cpu,nodes=2,tasks-per-node=32; "
+                        f"keys: {', '.join(GROUP_KEYS)}; repeatable, the first runs the trainer (task 0)")
     parser.add_argument("--checkpoint-dir", type=Path, help="where the script's RunCheckpoint keeps the run "
                         "($RPC_COLLECTORS_CHECKPOINT_DIR in the job); checked before submitting")
     return parser.parse_known_args(argv)
@@ -91,12 +123,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         job_name=args.job_name, elastic=args.elastic, join=args.join, requeue=args.requeue,
         signal_delay_s=args.signal_delay, max_requeues=args.max_requeues, checkpoint_dir=args.checkpoint_dir,
     )
+    given = [name for name in GROUP_OPTIONS if options[name] is not None]
+    options = {key: value for key, value in options.items() if value is not None}
+    if args.group and given:
+        print(f"submit.py: --{given[0].replace('_', '-')} with --group: accepted: {given[0].replace('_', '-')}=... "
+              f"in each --group", file=sys.stderr)
+        return 2
+    groups = dict(groups=args.group) if args.group else {}
     try:
         if args.dry_run:
-            print(slurm.sbatch_script(slurm.SlurmConfig(**options)))
+            config = slurm.HetConfig(args.group, **options) if args.group else slurm.SlurmConfig(**options)
+            print(slurm.sbatch_script(config))
             return 0
-        job = slurm.submit(slurm.run_script, str(args.script.resolve()), script_args, **options)
-    except (ValueError, TypeError, FileNotFoundError, slurm.CheckpointError) as err:
+        job = slurm.submit(slurm.run_script, str(args.script.resolve()), script_args, **groups, **options)
+    except (ValueError, TypeError, FileNotFoundError, slurm.CheckpointError, slurm.HetJobRefused) as err:
         print(f"submit.py: {err}", file=sys.stderr)
         return 2
     print(f"submitted SLURM job {job.job_id}; logs: {job.paths.stdout} and {job.paths.stderr} "

@@ -1,5 +1,6 @@
 """The cluster: SLURM submission through submitit (:mod:`.submission`, what a task finds out about
-its host in :mod:`.task_hosts`), collector jobs the trainer
+its host in :mod:`.task_hosts`; one job of a trainer group and collector groups, SLURM's
+heterogeneous jobs, in :mod:`.het_jobs`), collector jobs the trainer
 submits itself (:mod:`.jobs`, with :mod:`.job_guard` cancelling them if the trainer dies), and the
 rendezvous of elastic collector processes that join a running trainer (:mod:`.elastic`), and runs
 longer than an allocation: a run's checkpoint (:mod:`.checkpoint`, :mod:`.run_checkpoint`) and

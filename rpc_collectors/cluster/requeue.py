@@ -254,7 +254,10 @@ def _slurm_job() -> dict[str, str] | None:
         return None
     if done.returncode != 0:
         return None
-    return dict(field.split("=", 1) for field in done.stdout.split() if "=" in field)
+    # a heterogeneous job (SLURM_JOB_ID: its leader's in every task) has a line per group; the
+    # first is the leader's, whose state and restarts `scontrol requeue` changes
+    leader = done.stdout.partition("\n")[0]
+    return dict(field.split("=", 1) for field in leader.split() if "=" in field)
 
 
 def requeue_followers() -> list[str]:

@@ -138,6 +138,15 @@ class SlurmConfig:
         params.update({k: v for k, v in optional.items() if v is not None})
         return params
 
+    def task_stops(self) -> dict[str, Any] | None:
+        """What the tasks need to checkpoint and requeue; a bad folder or checkpoint fails here."""
+        stops: dict[str, Any] = {"max_requeues": self.max_requeues} if self.requeue else {}
+        if self.checkpoint_dir is not None:
+            stops["checkpoint_dir"] = str(checkpoint.check_directory(self.checkpoint_dir))
+            if (Path(stops["checkpoint_dir"]) / checkpoint.FILE_NAME).exists():
+                checkpoint.read(Path(stops["checkpoint_dir"]) / checkpoint.FILE_NAME)
+        return stops or None
+
 
 def _check_word(name: str, value: Any, optional: bool) -> None:
     if value is None and optional:
@@ -173,18 +182,10 @@ def submit(fn: Callable[..., Any], *args: Any, **options: Any) -> submitit.Job:
         raise TypeError(f"unknown option(s) {unknown}; accepted: "
                         f"{sorted(f.name for f in fields(SlurmConfig))}")
     config = SlurmConfig(**options)
-    stops = None
-    # a bad folder or checkpoint fails here, before the job runs
-    if config.checkpoint_dir is not None:
-        stops = {"checkpoint_dir": str(checkpoint.check_directory(config.checkpoint_dir))}
-        if (Path(stops["checkpoint_dir"]) / checkpoint.FILE_NAME).exists():
-            checkpoint.read(Path(stops["checkpoint_dir"]) / checkpoint.FILE_NAME)
-    if config.requeue:
-        stops = {**(stops or {}), "max_requeues": config.max_requeues}
     executor = submitit.SlurmExecutor(folder=config.log_dir, python=task_start.python_command())
     executor.update_parameters(**config.sbatch_parameters())
     return executor.submit(_run_task, fn, args, config.interface, config.gpus_per_node > 0,
-                           config.elastic, config.join, str(config.log_dir), stops)
+                           config.elastic, config.join, str(config.log_dir), config.task_stops())
 
 
 def sbatch_script(config: SlurmConfig) -> str:
@@ -258,8 +259,8 @@ def run_script(path: str | os.PathLike, argv: Sequence[str] = ()) -> None:
 
 
 def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: bool,
-              elastic: bool = False,
-              join: str | None = None, log_dir: str = "", stops: dict | None = None) -> Any:
+              elastic: bool = False, join: str | None = None, log_dir: str = "",
+              stops: dict | None = None, dist_env: Any = None) -> Any:
     if stops is not None and "checkpoint_dir" in stops:
         os.environ[checkpoint.ENV_DIR] = stops["checkpoint_dir"]
     # replaces submitit's handlers (see cluster/requeue.py)
@@ -277,7 +278,7 @@ def _run_task(fn: Callable[..., Any], args: tuple, interface: str | None, gpus: 
     if join is not None:
         setup_join_env(rendezvous_file(log_dir, join), interface)
     else:
-        dist_env = setup_distributed_env(interface, set_cuda_visible_devices=gpus)
+        dist_env = setup_distributed_env(interface, gpus, dist_env)
         if elastic and dist_env.rank == 0:
             _write_json(rendezvous_file(log_dir, os.environ["SLURM_JOB_ID"]),
                         {"master_addr": dist_env.master_addr, "master_port": dist_env.master_port})
@@ -315,17 +316,17 @@ def setup_join_env(path: Path, interface: str | None = None, wait_s: float = JOI
     return os.environ["RPC_COLLECTORS_JOIN"]
 
 
-def setup_distributed_env(interface: str | None = None,
-                          set_cuda_visible_devices: bool = False) -> TorchDistributedEnvironment:
+def setup_distributed_env(interface: str | None = None, set_cuda_visible_devices: bool = False,
+                          dist_env: Any = None) -> TorchDistributedEnvironment:
     """Export the torch.distributed variables of this SLURM task and pick the network interface.
 
     MASTER_ADDR is the first node's address as other nodes reach it (``scontrol``'s NodeAddr
     when its name does not resolve or resolves to loopback); MASTER_PORT is derived from the
     job id unless already set (:func:`job_port`). GLOO_SOCKET_IFNAME and TP_SOCKET_IFNAME are
     set to ``interface`` (default: GLOO_SOCKET_IFNAME if it reaches the other nodes, else the
-    interface that routes to MASTER_ADDR; see :func:`task_interface`).
+    interface that routes to MASTER_ADDR; see :func:`task_interface`). ``dist_env``: read already.
     """
-    dist_env = TorchDistributedEnvironment()
+    dist_env = dist_env or TorchDistributedEnvironment()
     if "MASTER_PORT" not in os.environ:
         dist_env.master_port = job_port(os.environ["SLURM_JOB_ID"])
     num_nodes = dist_env.world_size // dist_env.local_world_size
