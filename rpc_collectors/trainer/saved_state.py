@@ -1,7 +1,8 @@
 """A multi-worker collector's ``state_dict()`` and ``load_state_dict()``.
 
-The state holds the trainer's frames, iteration and weights version, the frames the workers
-collected that no batch delivered yet (``undelivered_frames``), the trainer's policy
+The state holds the trainer's frames, iteration and weights version, the frames and batches it
+dropped, the frames the workers collected that no batch delivered yet (``undelivered_frames``),
+the trainer's policy
 weights, the restarts spent, each worker's seed and the weight-update cadence, and every worker's
 collector state (elastic collectors, whose collectors come and go:
 where each slot's trajectory ids continue from), with TorchRL's ``"traj_pool"`` (the highest of
@@ -48,6 +49,8 @@ class SavedState:
             pusher.finish()
         state = dict(base)
         state["policy_version"] = pusher.version
+        state["dropped"] = {"frames": self.continuity.dropped_frames,
+                            "batches": self.continuity.dropped_batches}
         state["restarts"] = {"counts": list(roster.counts), "seeds": list(roster.seeds),
                              "resumes": roster.resumes}
         if pusher.plane is not None:
@@ -120,14 +123,18 @@ class SavedState:
                     for i in range(self.plan.num_workers) if roster.seeds[i] is not None})
 
     def _load_run_state(self, state: dict) -> None:
-        """The restarts spent, the seed sequences and the weight-update cadence (states saved since
-        they were kept)."""
+        """The restarts spent, the seed sequences, the frames and batches dropped and the
+        weight-update cadence (states saved since they were kept)."""
         roster, num_workers = self.roster, self.plan.num_workers
         saved = state.get("restarts")
         if saved is not None and len(saved["counts"]) == num_workers:
             roster.counts = [int(c) for c in saved["counts"]]
             roster.seeds = [None if s is None else int(s) for s in saved["seeds"]]
             roster.resumes = int(saved["resumes"]) + 1
+        dropped = state.get("dropped")
+        if dropped is not None:
+            self.continuity.dropped_frames = int(dropped["frames"])
+            self.continuity.dropped_batches = int(dropped["batches"])
         cadence = state.get("since_update")
         if cadence is not None and self.pusher.plane is not None and len(cadence) == num_workers:
             for record, batches in zip(roster, cadence):

@@ -45,12 +45,13 @@ def trainer_log(job: submitit.Job) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def submit(tmp_path: Path, frames: int, time_min: int) -> tuple[submitit.Job, Path]:
-    """A requeueable trainer job of ``frames``. On a loaded machine the tasks take longer to start,
-    so each allocation collects less and the run needs more of them: ``max_requeues`` allows for it."""
+def submit(tmp_path: Path, frames: int, time_min: int, extra: tuple = ()) -> tuple[submitit.Job, Path]:
+    """A requeueable trainer job of ``frames`` (``extra``: more of the trainer's arguments). On a loaded machine
+    the tasks take longer to start, so each allocation collects less and the run needs more of them:
+    ``max_requeues`` allows for it."""
     ckpt_dir = tmp_path / "ckpt"
     job = slurm.submit(slurm.run_script, str(TRAINER), ["--frames", str(frames), "--batch", str(BATCH),
-                                                        "--step-sleep", str(STEP_SLEEP)],
+                                                        "--step-sleep", str(STEP_SLEEP), *extra],
                        log_dir=tmp_path / "logs", tasks_per_node=3, time_min=time_min, signal_delay_s=60,
                        requeue=True, max_requeues=40, checkpoint_dir=ckpt_dir)
     return job, ckpt_dir / checkpoint.FILE_NAME
@@ -132,6 +133,29 @@ def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(tw
     ends = [a["end"] for a in content["allocations"]]
     assert ends[:-1] == [requeue.TIME_LIMIT] * (len(ends) - 1) and len(ends) >= 2, ends
     assert all(a["undelivered_frames"] == 0 for a in content["allocations"][:-1])  # nothing collected was lost
+
+
+@pytest.mark.timeout(1500)
+def test_the_lag_bound_and_the_drop_counter_hold_across_two_requeues(two_nodes, tmp_path):
+    """Async collection with ``max_policy_lag=1`` (admitted), requeued twice by ``scontrol requeue``: every batch
+    of the whole run is within one version of the trainer's, none is dropped, and the versions only go up across
+    each requeue (``check_run``): the bound counts from the versions the checkpoint restored, not from 0."""
+    frames = 40 * BATCH
+    job, path = submit(tmp_path, frames, time_min=30, extra=("--lag", "1"))
+    try:
+        for batch in (5, 15):
+            wait_for_batch(job, batch)
+            subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
+        assert slurm.result(job, timeout_s=900) is None
+        content = check_run(job, path, frames)
+        assert [a["end"] for a in content["allocations"]] == [requeue.STOPPED] * 2 + ["finished"]
+        batches = content["extra"]["batches"]
+        assert all(0 <= b["lag"] <= 1 for b in batches), [b["lag"] for b in batches]
+        assert {b["dropped"] for b in batches} == {0} and content["collector"]["dropped"]["frames"] == 0
+        # one push a batch over the whole run: the versions went on from each checkpoint
+        assert batches[-1]["versions"][1] >= len(batches) - 2, [b["versions"] for b in batches]
+    finally:
+        subprocess.run(["scancel", job.job_id], timeout=60)
 
 
 def started_tasks(job_id: str, tasks: int, timeout: float = 300) -> None:

@@ -11,6 +11,7 @@ batch trained on lives in the checkpoint's user dict, so the test reads the whol
     --batch N           frames_per_batch
     --step-sleep S      seconds added to every env step
     --slots N           an elastic trainer of N slots (submitted with elastic=True; collector jobs join it)
+    --lag K             async collection with max_policy_lag=K (admitted); each batch's lag is recorded
 """
 from __future__ import annotations
 
@@ -35,12 +36,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--slots", type=int)
+    parser.add_argument("--lag", type=int)
     args = parser.parse_args()
     torch.set_num_threads(1)
     actor, _ = make_agent("CartPole-v1", hidden=16)
     policy = make_policy(actor)
     # every task runs this line; tasks > 0 serve a collector inside it and leave the script there
     where = dict(launcher="slurm") if args.slots is None else dict(num_collectors=args.slots, elastic=True)
+    if args.lag is not None:
+        where.update(sync=False, max_policy_lag=args.lag)
     collector = RPCCollector(partial(slow_cartpole, args.step_sleep), policy, frames_per_batch=args.batch,
                              total_frames=args.frames, track_policy_version=True, rpc_timeout=120, **where)
     with collector:
@@ -58,6 +62,7 @@ def main() -> None:
             extra["batches"].append({
                 "restart": restart, "frames": batch.numel(), "traj_ids": batch.get(TRAJ_IDS).unique().tolist(),
                 "versions": [int(versions.min()), int(versions.max())],
+                "lag": collector.last_batch.lag, "dropped": collector.dropped_frames,
             })
             print(f"batch {len(extra['batches'])} frames {collector.frames}", flush=True)
             ckpt.after_batch(extra)
