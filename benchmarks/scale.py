@@ -30,10 +30,11 @@ value and the relative error; the push times give ``c * bytes + d * nodes``.
 - ``wide`` (not run by default): 16 node collectors x 32 local workers (512) on a 100 ms env, sync
   (the frames/s 256 workers ask on the 50 ms env), beside 8 x 32 on the same env and 512 bare processes;
   each process's warnings kept, so a worker killed at shutdown is counted.
+- ``pushes`` (not run by default): 8 x 32 local workers, the push of a 4 MB and a 40 MB policy.
 - ``metrics`` (not run by default): the 8 x 32 ``local`` case with ``collector.metrics()`` on (the
   default) and off (``metrics=False``), ``--repeats`` of each, interleaved; the ratio of the medians.
 
-    python benchmarks/scale.py [--parts local hosts ranks requests metrics wide] [--seconds 8] [--steps 20]
+    python benchmarks/scale.py [--parts local hosts ranks requests metrics wide pushes] [--seconds 8] [--steps 20]
 
 ``hosts`` needs root and runs under the cluster lock (``flock /tmp/rpc-cluster.lock``).
 """
@@ -133,7 +134,8 @@ def local_case(case: dict) -> dict:
     kind = "single" if case.get("flat") else "sync" if sync else "async"
     t0 = time.perf_counter()
     collector = RPCCollector(
-        functools.partial(make_sleep_env, case["step_s"]), ScalePolicy(), num_collectors=nodes, launcher="local",
+        functools.partial(make_sleep_env, case["step_s"]), ScalePolicy(case.get("table", 1_000_000)),
+        num_collectors=nodes, launcher="local",
         collector_class=kind, num_workers_per_collector=per, sync=sync, rpc_timeout=120,
         frames_per_batch=(nodes * per if sync else 1) * case["steps"], track_policy_version=True,
         metrics=None if case.get("metrics", True) else False,
@@ -153,7 +155,8 @@ def rank_trainer(case: dict) -> dict:
     per = case.get("per", 1)
     t0 = time.perf_counter()
     collector = RPCCollector(
-        functools.partial(make_sleep_env, case["step_s"]), ScalePolicy(), launcher="torchrun", rpc_timeout=120,
+        functools.partial(make_sleep_env, case["step_s"]), ScalePolicy(case.get("table", 1_000_000)),
+        launcher="torchrun", rpc_timeout=120,
         collector_class="sync" if per > 1 else "single", num_workers_per_collector=per, sync=True,
         frames_per_batch=(world - 1) * per * case["steps"], track_policy_version=True,
     )
@@ -385,6 +388,22 @@ def part_wide(args) -> list[dict]:
     return out
 
 
+def part_pushes(args) -> list[dict]:
+    """8 node collectors x 32 local workers (256), sync, on the 50 ms env: the push of a 4 MB and of a
+    40 MB policy (a table of 1M and 10M floats), median of 5, each returning when every node has the
+    version (its local workers copy it from shared memory before their next batch)."""
+    out = []
+    for table in (1_000_000, 10_000_000):
+        case = {"nodes": 8, "per": 32, "sync": True, "step_s": STEP_S, "steps": args.steps, "seconds": args.seconds,
+                "table": table}
+        row = {**case, **run_case(__file__, case, timeout=600)}
+        print(f"8 x 32 (256), {4 * table / 1e6:.0f} MB: push {row['push_ms']:.1f} ms (median of {PUSHES}), "
+              f"{row['frames_per_s'] / (256 / STEP_S):.3f} of ideal, first batch {row['first_batch_s']:.1f} s, "
+              f"shutdown {row['shutdown_s']:.2f} s", flush=True)
+        out.append(row)
+    return out
+
+
 def part_metrics(args) -> list[dict]:
     """8 nodes x the most local workers, sync: metrics on (the default) against ``metrics=False``, interleaved."""
     out = []
@@ -500,7 +519,7 @@ def report(results: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["local", "hosts", "ranks", "requests"],
-                        choices=["local", "hosts", "ranks", "requests", "metrics", "wide"])
+                        choices=["local", "hosts", "ranks", "requests", "metrics", "wide", "pushes"])
     parser.add_argument("--repeats", type=int, default=5, help="metrics: runs with metrics on, and as many off")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--steps", type=int, default=20, help="steps per worker per batch")
@@ -522,7 +541,7 @@ def main() -> None:
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     parts = {"local": part_local, "hosts": part_hosts, "ranks": part_ranks, "requests": part_requests,
-             "metrics": part_metrics, "wide": part_wide}
+             "metrics": part_metrics, "wide": part_wide, "pushes": part_pushes}
     results = {}
     for name in args.parts:
         print(f"running {name} ...", flush=True)
