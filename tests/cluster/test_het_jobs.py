@@ -147,6 +147,14 @@ def check_placement(recorded: dict[str, dict], cluster, restarts: int) -> None:
         assert task["GLOO_SOCKET_IFNAME"] == "veth0", (key, task)
 
 
+def submit_het(tmp_path: Path, frames: int, **options: object):
+    """The het trainer job of ``frames`` (GROUPS), recording where each task ran."""
+    return slurm.submit(slurm.run_script, str(TRAINER),
+                        ["--record", str(tmp_path / "where"), "--frames", str(frames), "--batch", str(BATCH),
+                         "--step-sleep", str(STEP_SLEEP)],
+                        log_dir=tmp_path / "logs", groups=GROUPS, checkpoint_dir=tmp_path / "ckpt", **options)
+
+
 def wait_gone(job_id: str) -> None:
     deadline = time.monotonic() + 30
     while job_processes(job_id):
@@ -158,10 +166,7 @@ def wait_gone(job_id: str) -> None:
 @pytest.mark.timeout(600)
 def test_a_het_job_trains_on_the_learner_node_with_collectors_on_the_env_node(two_nodes, tmp_path):
     frames = 10 * BATCH
-    job = slurm.submit(slurm.run_script, str(TRAINER),
-                       ["--record", str(tmp_path / "where"), "--frames", str(frames), "--batch", str(BATCH),
-                        "--step-sleep", str(STEP_SLEEP)],
-                       log_dir=tmp_path / "logs", groups=GROUPS, time_min=10, checkpoint_dir=tmp_path / "ckpt")
+    job = submit_het(tmp_path, frames, time_min=10)
     try:
         assert slurm.result(job, timeout_s=500) is None
         content = checkpoint.read(tmp_path / "ckpt" / checkpoint.FILE_NAME)
@@ -180,11 +185,7 @@ def test_a_het_job_trains_on_the_learner_node_with_collectors_on_the_env_node(tw
 @pytest.mark.timeout(900)
 def test_scontrol_requeue_of_a_het_job_brings_every_group_back_and_the_run_resumes(two_nodes, tmp_path):
     frames = 20 * BATCH
-    job = slurm.submit(slurm.run_script, str(TRAINER),
-                       ["--record", str(tmp_path / "where"), "--frames", str(frames), "--batch", str(BATCH),
-                        "--step-sleep", str(STEP_SLEEP)],
-                       log_dir=tmp_path / "logs", groups=GROUPS, time_min=30, requeue=True,
-                       checkpoint_dir=tmp_path / "ckpt")
+    job = submit_het(tmp_path, frames, time_min=30, requeue=True)
     try:
         wait_for_batch(job, 5)
         subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
