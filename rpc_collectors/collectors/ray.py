@@ -105,6 +105,8 @@ class RayCollector(CollectorFront):
         num_collectors: int | None = None,
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
+        max_policy_lag: int | None = None,
+        policy_lag_mode: str = "admit",
         replay_buffer: Any = None,
         metrics: Any = None,
         replay_write_mode: str | None = None,

@@ -184,7 +184,8 @@ class Schedule:
             record = self.roster[self.waiting[0]]
             if record.serving and not admission.admits(record.weights_version,
                                                        version + pushes_due):
-                if not admission.admits(version, version + pushes_due):
+                if self.pusher.plane is None or not admission.admits(version,
+                                                                     version + pushes_due):
                     return
                 self.pusher.push([self.waiting[0]], version=version)
             worker_id = self.waiting.pop(0)
@@ -201,7 +202,7 @@ class Schedule:
         if self.round is not None and worker_id not in self.round:
             self.request(worker_id, again=True)
         elif self.round is None and not self.run.sync:
-            self.request(worker_id)
+            self._ask(worker_id)
 
     def left(self, worker_id: int) -> None:
         """The collector in ``worker_id``'s slot left (elastic)."""

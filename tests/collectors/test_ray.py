@@ -174,6 +174,28 @@ def test_async_layout(ray_cluster):
     assert_gone_and_ray_alive(pids)
 
 
+def test_async_actors_keep_max_policy_lag_by_admission_and_drop_nothing(ray_cluster):
+    """``max_policy_lag=1`` (admitted) with a push after every batch: each batch within one version of
+    the trainer's, none dropped, both actors delivering."""
+    from test_rpc_collector import BiasPolicy
+
+    collector = RayCollector(
+        lambda: GymEnv("CartPole-v1"), BiasPolicy(1, size=4), num_collectors=2, frames_per_batch=20,
+        total_frames=-1, sync=False, max_policy_lag=1,
+    )
+    try:
+        lags, workers = [], set()
+        for i, _ in enumerate(collector):
+            lags.append(collector.last_batch.lag)
+            workers.update(collector.last_batch.worker_frames)
+            collector.update_policy_weights_()
+            if i == 20:
+                break
+        assert max(lags) <= 1 and collector.dropped_frames == 0 and workers == {0, 1}, (lags, workers)
+    finally:
+        collector.shutdown()
+
+
 def test_set_seed_and_state_dict(ray_cluster):
     collector = RayCollector(
         lambda: GymEnv("CartPole-v1"), None, num_collectors=2, frames_per_batch=40, sync=True,
