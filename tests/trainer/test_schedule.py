@@ -213,3 +213,16 @@ def _wider(workers: Workers):
         return wider
 
     return answer
+
+
+def test_admitted_lag_zero_keeps_one_request_in_flight_and_the_workers_take_turns():
+    """``max_policy_lag=0`` admitted: a batch asked while another is in flight could be handed out after it
+    and its push, one version late, so each request waits for the hand-out before it; nothing is dropped."""
+    f = front(2, sync=False, max_policy_lag=0, policy_lag_mode="admit")
+    handed = []
+    for _ in range(6):
+        batch = f.schedule.collect()
+        handed.append(int(batch.get(WORKER_ID)[0]))
+        assert sum(record.outstanding for record in f.roster) <= 1
+    assert handed == [0, 1, 0, 1, 0, 1]
+    assert f.continuity.dropped_batches == 0
