@@ -61,6 +61,8 @@ def member_rendezvous(rdv: Rendezvous, timeout: float) -> Rendezvous:
         raise _no_trainer(rdv, timeout, what) from err
     # the trainer's store prefix (init_rpc's counter, see pools.ranks)
     rpc._init_counter = int(store.get(TRAINER_KEY))
+    # this process is a member now: what it builds (a node's local workers) does not join again
+    os.environ.pop(JOIN_VARIABLE, None)
     return dataclasses.replace(rdv, rank=int(store.add(RANKS_KEY, 1)), dynamic=True)
 
 

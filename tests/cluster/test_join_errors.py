@@ -1,14 +1,18 @@
 """A collector started with ``RPC_COLLECTORS_JOIN`` at a port where no elastic trainer's
 rendezvous store answers gives up within ``join_timeout`` with an error in the library's words:
-the variable, the address, the timeout, and what to check. In-process, on loopback."""
+the variable, the address, the timeout, and what to check. A collector that joined builds local
+workers of its own (a node collector's) without joining again. In-process, on loopback."""
 from __future__ import annotations
 
+import datetime
 import socket
 import threading
 
 import pytest
+import torch.distributed as dist
 
-from rpc_collectors.cluster.elastic import JOIN_VARIABLE, join_rendezvous, member_rendezvous
+from rpc_collectors import GymEnv, MultiSyncCollector
+from rpc_collectors.cluster.elastic import JOIN_VARIABLE, TRAINER_KEY, join_rendezvous, member_rendezvous
 from rpc_collectors.transport.rendezvous import Rendezvous, free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -106,3 +110,16 @@ def test_a_torchrun_rank_names_master_addr_and_port():
     with pytest.raises(TimeoutError, match=f"MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}.*join_timeout="):
         member_rendezvous(rdv, JOIN_TIMEOUT)
     store_clients_end()
+
+
+def test_a_joined_collector_builds_local_workers_without_joining_again(monkeypatch):
+    """launcher="submitit" and ``--join`` jobs serve node collectors: the node's local collector is
+    built in the process that joined, with ``RPC_COLLECTORS_JOIN`` set when it started."""
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10))
+    store.set(TRAINER_KEY, "0")
+    monkeypatch.setenv(JOIN_VARIABLE, f"127.0.0.1:{port}")
+    assert member_rendezvous(join_rendezvous(), JOIN_TIMEOUT).rank == 1
+    with MultiSyncCollector([lambda: GymEnv("CartPole-v1")] * 2, None, frames_per_batch=20, total_frames=20,
+                            launcher="debug") as collector:
+        assert [batch.shape for batch in collector] == [(2, 10)]
