@@ -280,3 +280,17 @@ class ArgmaxLinear(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.linear(obs).argmax(-1)
+
+
+def devcluster():
+    """``slurm/devcluster.py``, loaded by path (it is a script, not a module of the package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "devcluster", Path(__file__).resolve().parents[1] / "slurm" / "devcluster.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["devcluster"] = module
+    spec.loader.exec_module(module)
+    return module

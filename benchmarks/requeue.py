@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import shutil
@@ -26,15 +25,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from _common import devcluster  # noqa: E402
 from rpc_collectors.cluster import submission as slurm  # noqa: E402
-
-
-def devcluster():
-    spec = importlib.util.spec_from_file_location("devcluster", REPO / "slurm" / "devcluster.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["devcluster"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def epoch(iso: str) -> float:

@@ -29,7 +29,6 @@ round (``scale.py``'s ``bare_case``: no collector, no SLURM), the machine's own 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -42,18 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 TRAINER = REPO / "benchmarks" / "slurm_hosts_trainer.py"
 SCALE = REPO / "benchmarks" / "scale.py"
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-from _common import run_case  # noqa: E402
+from _common import devcluster, run_case  # noqa: E402
 from rpc_collectors import slurm  # noqa: E402
-
-UNFINISHED = {"PENDING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
-
-
-def devcluster():
-    spec = importlib.util.spec_from_file_location("devcluster", REPO / "slurm" / "devcluster.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["devcluster"] = module
-    spec.loader.exec_module(module)
-    return module
+from rpc_collectors.cluster import requeue  # noqa: E402
 
 
 def final_states(job_ids: list[str], timeout_s: float = 60.0) -> dict[str, str]:
@@ -63,7 +53,7 @@ def final_states(job_ids: list[str], timeout_s: float = 60.0) -> dict[str, str]:
         proc = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
                               capture_output=True, text=True, timeout=30)
         states = dict(line.split("|", 1) for line in proc.stdout.splitlines() if "|" in line)
-        if (len(states) == len(job_ids) and not UNFINISHED & set(states.values())) or time.monotonic() > deadline:
+        if (len(states) == len(job_ids) and not set(requeue.UNFINISHED) & set(states.values())) or time.monotonic() > deadline:
             return states
         time.sleep(0.5)
 
