@@ -88,6 +88,13 @@ def _low_high(values: torch.Tensor) -> tuple[int, int]:
     return int(low), int(high)
 
 
+def oldest_version(batch: TensorDictBase) -> int | None:
+    """The weights version of ``batch``'s oldest step (None: it names no version)."""
+    if VERSION not in batch.keys(include_nested=True):
+        return None
+    return int(batch.get(VERSION).min())
+
+
 def workers_in(batch: TensorDictBase) -> list[int]:
     """The ids of the workers whose steps ``batch`` holds, ascending."""
     return sorted(frames_per_worker(batch.get(WORKER_ID), None))

@@ -32,8 +32,6 @@ import itertools
 
 from tensordict import TensorDictBase
 
-from rpc_collectors.single_process.batch_record import VERSION
-
 
 @dataclasses.dataclass
 class InFlight:
@@ -96,13 +94,7 @@ class Admission:
         self.flight.remove(entry)
 
     def forget(self, worker_id: int) -> None:
-        """The unanswered requests of ``worker_id`` are gone (it failed: its replacement is asked
-        again, or its stream was cut)."""
+        """The unanswered requests of ``worker_id`` are gone (it failed, and its replacement is
+        asked again; or it left)."""
         self.flight = [e for e in self.flight if e.worker_id != worker_id or e.came]
 
-
-def oldest_version(batch: TensorDictBase) -> int | None:
-    """The weights version of ``batch``'s oldest step (None: it names no version)."""
-    if VERSION not in batch.keys(include_nested=True):
-        return None
-    return int(batch.get(VERSION).min())

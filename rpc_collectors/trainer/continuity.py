@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from tensordict import TensorDictBase
 
-from rpc_collectors.single_process.batch_record import VERSION, workers_in
+from rpc_collectors.single_process.batch_record import oldest_version, workers_in
 from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.waits import Waits
 
@@ -75,9 +75,8 @@ class Continuity:
     def too_old(self, batch: TensorDictBase, trainer_version: int) -> bool:
         """Whether the oldest step of ``batch`` is more than ``max_policy_lag`` (set) versions
         behind ``trainer_version``."""
-        if VERSION not in batch.keys(include_nested=True):
-            return False
-        return trainer_version - int(batch.get(VERSION).min()) > self.max_policy_lag
+        oldest = oldest_version(batch)
+        return oldest is not None and trainer_version - oldest > self.max_policy_lag
 
     def left_behind(self, worker_id: int, trainer_version: int) -> bool:
         """Whether the newest weights pushed to ``worker_id`` are themselves more than

@@ -23,9 +23,10 @@ from tensordict import TensorDictBase
 
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.single_process import preemption
+from rpc_collectors.single_process.batch_record import oldest_version
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer import node_restarts
-from rpc_collectors.trainer.admission import Admission, oldest_version
+from rpc_collectors.trainer.admission import Admission
 from rpc_collectors.trainer.batch_slots import BatchSlots
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.plan import Plan
