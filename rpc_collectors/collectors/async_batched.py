@@ -323,6 +323,10 @@ class AsyncBatchedCollector(BaseCollector):
         self._load_base_state(state)
         self.policy_version = int(state["policy_version"])
 
+    def _serving_steps(self) -> int:
+        """What its env workers stepped (their pool reads it, also once they exited)."""
+        return sum(self.pool.stepped(worker) or 0 for worker in range(self.num_workers))
+
     def metrics(self) -> Metrics:
         """As every collector's, with each env worker's phases, the roster of env workers and the
         inference loop's forward passes (:mod:`~rpc_collectors.trainer.batched_observing`)."""

@@ -108,7 +108,7 @@ def replace(collector: Any, worker: int, text: str) -> bool:
         reason, remote = pool.channels[worker].exit_reason() or "closed its doorbell", ""
     if not collector._closing and collector.roster.take(worker, reason):
         try:
-            pool.replace(worker)
+            collector.ledger.unmatched_end(pool.replace(worker) or 0)
             outcome(pool.create(worker, collector._specs[collector.plane.envs_of(worker)[0]]))
             collector._join(worker)
             return True

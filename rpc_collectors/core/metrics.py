@@ -22,13 +22,14 @@ class WorkerPhases:
     """A worker process's answer to ``phases``: its frames and batches collected, and the
     nanoseconds of its phase clock in each phase (``idle``, ``weights``, ``policy``, ``env``,
     ``write``); ``worker_id`` is the flat run's id (a node's local worker ``w`` of node ``i``:
-    ``i * W + w``)."""
+    ``i * W + w``); ``stepped``: the frames its envs stepped, its batch in progress too."""
 
     worker_id: int
     pid: int
     frames: int
     batches: int
     phase_ns: dict[str, int]
+    stepped: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class WorkerMetrics:
         pid: its process id.
         frames: frames it collected since its process started (dropped ones too).
         batches: batches it collected.
+        stepped: frames its envs stepped, its batch in progress too.
         frames_per_s: ``frames`` over the time its clock counted (the sum of the phases below).
         idle_s: waiting for the trainer's next request (between its batches).
         weights_s: applying new weights before a batch.
@@ -63,6 +65,7 @@ class WorkerMetrics:
     policy_s: float
     env_s: float
     write_s: float
+    stepped: int = 0
 
     @classmethod
     def of(cls, phases: WorkerPhases) -> WorkerMetrics:
@@ -70,7 +73,8 @@ class WorkerMetrics:
         counted = sum(seconds.values())
         return cls(phases.worker_id, phases.pid, phases.frames, phases.batches,
                    phases.frames / counted if counted > 0 else 0.0, seconds["idle"],
-                   seconds["weights"], seconds["policy"], seconds["env"], seconds["write"])
+                   seconds["weights"], seconds["policy"], seconds["env"], seconds["write"],
+                   phases.stepped)
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,30 @@ class LagMetrics:
     last: int = 0
     dropped_frames: int = 0
     dropped_batches: int = 0
+
+
+@dataclass(frozen=True)
+class FrameAccount:
+    """Where every frame the envs stepped went: ``stepped = delivered + dropped + lost +
+    pending``, exactly (:mod:`~rpc_collectors.trainer.frame_ledger` owns it).
+
+    Attributes:
+        stepped: env steps, one frame per env each (a worker's counted in shared memory, so a
+            worker that died mid-batch counts what it stepped).
+        delivered: frames handed out (``collector.frames``).
+        dropped: frames brought in and not handed out (``lag.dropped_frames``).
+        lost: frames stepped that never came in: the unfinished batch of a worker that died, and
+            what a stopped run had pending when it saved the state this run resumed from.
+        pending: stepped, not handed out yet: in a worker's batch in progress, or in the trainer
+            (a batch held for its weights, a round not complete); after ``shutdown()``, what was
+            pending then.
+    """
+
+    stepped: int = 0
+    delivered: int = 0
+    dropped: int = 0
+    lost: int = 0
+    pending: int = 0
 
 
 @dataclass(frozen=True)
@@ -237,6 +265,7 @@ class Metrics:
         workers: one per worker process, by ``worker_id``.
         inference: the inference loop of a batched-inference collector (None: a collector without
             one).
+        accounts: where the frames the envs stepped went.
     """
 
     elapsed_s: float
@@ -249,13 +278,14 @@ class Metrics:
     data_plane: DataPlaneMetrics
     workers: tuple[WorkerMetrics, ...] = ()
     inference: InferenceMetrics | None = None
+    accounts: FrameAccount = FrameAccount()
 
     def scalars(self) -> dict[str, float]:
         """Every number by name: ``"frames_per_s"``, ``"lag/max"``,
         ``"workers/3/env_s"``, ``"inference/passes"``, ..."""
         out: dict[str, float] = {"elapsed_s": self.elapsed_s, "frames": self.frames,
                                  "frames_per_s": self.frames_per_s}
-        for group in ("rounds", "lag", "roster", "pushes", "data_plane"):
+        for group in ("rounds", "lag", "roster", "pushes", "data_plane", "accounts"):
             for name, value in dataclasses.asdict(getattr(self, group)).items():
                 out[f"{group}/{name}"] = value
         if self.inference is not None:

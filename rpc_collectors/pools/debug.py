@@ -24,6 +24,8 @@ class DebugPool(WorkerPool):
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
         self.states: dict[int, worker.WorkerState] = {}
+        # what each collector stepped, read as close() dropped it
+        self._final: dict[int, int] = {}
 
     @staticmethod
     def _done(fn: Callable[[], Any]) -> torch.futures.Future:
@@ -51,19 +53,32 @@ class DebugPool(WorkerPool):
     def failure(self, worker_id: int, err: BaseException) -> tuple[str, str]:
         return traceback_failure(err) or (f"raised an error: {err}", "")
 
-    def replace(self, worker_id: int) -> None:
+    def replace(self, worker_id: int) -> int | None:
         """Drop ``worker_id``'s collector (its env may be broken);
-        :meth:`create` builds a fresh one."""
+        :meth:`create` builds a fresh one. Returns the frames the old one stepped."""
+        stepped = self.stepped(worker_id)
         state = self.states.pop(worker_id, None)
         if state is not None:
             with contextlib.suppress(Exception):
                 state.close()
+        return stepped
+
+    def stepped(self, worker_id: int) -> int | None:
+        """What its collector's rollout counted (None: a node, whose local workers count)."""
+        state = self.states.get(worker_id)
+        if state is None:
+            return self._final.get(worker_id)
+        rollout = getattr(state.collector, "rollout", None)
+        return None if rollout is None else rollout.counted.value
 
     def identity(self, worker_id: int) -> dict:
         return {"host": f"{socket.gethostname()}, in the trainer process (debug launcher)",
                 "pid": os.getpid()}
 
     def close(self, timeout: float = 2.0) -> None:
-        for state in self.states.values():
+        for worker_id, state in self.states.items():
+            stepped = self.stepped(worker_id)
+            if stepped is not None:
+                self._final[worker_id] = stepped
             state.close()
         self.states.clear()

@@ -20,6 +20,7 @@ import torch
 from rpc_collectors.core.futures import outcome
 from rpc_collectors.core.protocol import CREATE, KILL_WAIT
 from rpc_collectors.pools.pool import OnDeath, WorkerPool, traceback_failure
+from rpc_collectors.single_process.step_count import SharedCounts
 from rpc_collectors.transport.rendezvous import Rendezvous, serve_store
 from rpc_collectors.transport.shm import SharedBytes
 from rpc_collectors.worker import spawner
@@ -90,6 +91,10 @@ class LocalPool(WorkerPool):
         self._start_exits: dict[int, str] = {}
         # worker ids whose current process said hello
         self._joined: set[int] = set()
+        # what each worker's process stepped (not a node's: its local workers count their own);
+        # once closed, their last values
+        self.counts: SharedCounts | None = None if nodes else SharedCounts(num_workers)
+        self._final: list[int] | None = None
         try:
             for worker_id in range(num_workers):
                 self._spawn(worker_id)
@@ -103,7 +108,8 @@ class LocalPool(WorkerPool):
         bell.hello.add_done_callback(lambda _f: self._notify())
         pid = self.spawner.spawn(
             "rpc_collectors.worker.local_worker:local_main",
-            [worker_id + 1, *dataclasses.astuple(bell.ends)],
+            [worker_id + 1, self.counts and self.counts.ends(worker_id),
+             *dataclasses.astuple(bell.ends)],
             self.rpc_timeout, lambda pid, code, i=worker_id: self._on_exit(i, pid, code),
         )
         self.pids[pid] = worker_id
@@ -150,8 +156,9 @@ class LocalPool(WorkerPool):
 
     def _on_exit(self, worker_id: int, pid: int, code: int) -> None:
         self.pids.pop(pid, None)
-        # a replaced worker: its exit is no failure
+        # a replaced worker: its exit is no failure (replace() waits for it)
         if self.worker_pids.get(worker_id) != pid:
+            self._notify()
             return
         reason = describe_exit(code)
         # first: a failure its calls raise finds the death reported
@@ -207,17 +214,30 @@ class LocalPool(WorkerPool):
         exit_reason = self.channels[worker_id].exit_reason()
         return (exit_reason or f"is unreachable: {err}"), ""
 
-    def replace(self, worker_id: int) -> None:
-        """Put a fresh process in place of failed ``worker_id``; wait until it said hello."""
+    def replace(self, worker_id: int) -> int | None:
+        """Put a fresh process in place of failed ``worker_id``; wait until it said hello.
+        Returns the frames the old process stepped (None: a node's, whose local workers count
+        theirs)."""
         # first: its exit, reported from another thread, is no failure
         pid = self.worker_pids.pop(worker_id, None)
         if pid is not None:
             self.spawner.kill(pid)
+        with self._changed:
+            # its last step counted
+            self._changed.wait_for(lambda: pid not in self.pids, EXIT_WAIT)
+        stepped = None if self.counts is None else self.counts.restart(worker_id)
         self.channels.pop(worker_id).close()
         self._start_exits.pop(worker_id, None)
         self._joined.discard(worker_id)
         self._spawn(worker_id)
         self._await({worker_id})
+        return stepped
+
+    def stepped(self, worker_id: int) -> int | None:
+        """Frames the process serving ``worker_id`` stepped so far; once closed, in all."""
+        if self._final is not None:
+            return self._final[worker_id]
+        return None if self.counts is None else self.counts.value(worker_id)
 
     def kill(self, worker_id: int) -> None:
         pid = self.worker_pids.get(worker_id)
@@ -255,4 +275,6 @@ class LocalPool(WorkerPool):
         if self.pids:
             self.spawner.reap(list(self.pids), self.close_wait if timeout is None else timeout)
         self.pids = {}
+        if self.counts is not None:
+            self._final, self.counts = self.counts.close(), None
         self._store = None

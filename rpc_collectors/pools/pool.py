@@ -12,7 +12,8 @@ collector front (:mod:`rpc_collectors.trainer.collector_front`) drives, whatever
   and a pool reports a death it sees by itself through ``on_death(worker_id, reason)``.
 * :meth:`WorkerPool.replace` puts a fresh process in a failed worker's place (pools whose
   ``replaceable`` is True), :meth:`WorkerPool.kill` ends a hung one, :meth:`WorkerPool.close`
-  stops them all within a bounded time.
+  stops them all within a bounded time; :meth:`WorkerPool.stepped` reads what a worker stepped,
+  where the pool can without a call.
 
 The pools: :class:`~.local.LocalPool` (processes on this host, driven over pipes),
 :class:`~.ranks.RankPool` (the other ranks of a torchrun/SLURM world, over RPC),
@@ -64,8 +65,15 @@ class WorkerPool:
         empty unless it raised."""
         raise NotImplementedError
 
-    def replace(self, worker_id: int) -> None:
+    def replace(self, worker_id: int) -> int | None:
+        """Put a fresh process in failed ``worker_id``'s place; returns the frames the old one
+        stepped (None: not known here)."""
         raise RuntimeError("only a collector's own local or debug workers can be replaced")
+
+    def stepped(self, worker_id: int) -> int | None:
+        """Frames the process serving ``worker_id`` stepped so far, where the pool reads them
+        without a call (:mod:`~rpc_collectors.single_process.step_count`); None: it cannot."""
+        return None
 
     def kill(self, worker_id: int) -> None:
         """End a failed worker at once, where the pool can (a remote one is

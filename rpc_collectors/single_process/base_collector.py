@@ -9,19 +9,20 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.core import options
-from rpc_collectors.core.metrics import Metrics, RosterMetrics, WorkerMetrics
+from rpc_collectors.core.metrics import FrameAccount, Metrics, RosterMetrics, WorkerMetrics
 from rpc_collectors.single_process import background, batch_record, metric_exports, remote_calls
 from rpc_collectors.single_process.batch_record import BatchRecord
+from rpc_collectors.single_process.frame_ledger import Ledger
 from rpc_collectors.single_process.preemption import valid_frames
 from rpc_collectors.single_process.private_keys import drop_private_keys
-from rpc_collectors.single_process.profiling import STARTED, ProfileConfig, RolloutProfiler
+from rpc_collectors.single_process.profiling import ProfileConfig, Profiles, RolloutProfiler
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, shift_ids, split_trajectories
 from rpc_collectors.single_process.trajectory_progress import TrajectoryProgress
 from rpc_collectors.single_process.whole_trajectories import WholeTrajectories, write_batch
 
 
-class BaseCollector:
+class BaseCollector(Profiles):
     """Common base of all collectors.
 
     Subclasses implement ``_collect_batch()`` (one batch, in TorchRL's layout),
@@ -102,6 +103,8 @@ class BaseCollector:
         self._closing = False
         # metrics=: checked before any worker starts
         self._meter = RunMeter(*metric_exports.check(batches.metrics))
+        # where the frames its envs stepped went (metrics().accounts)
+        self.ledger = Ledger()
 
     # ------------------------------------------------------------------ iteration
     @property
@@ -211,7 +214,15 @@ class BaseCollector:
         RuntimeError with ``metrics=False``."""
         drops = (int(self.dropped_frames), int(getattr(self, "dropped_batches", 0)))
         return self._meter.snapshot(self._frames, drops, RosterMetrics(), self._worker_metrics(),
-                                    data_plane=False)
+                                    self._account(), data_plane=False)
+
+    def _account(self) -> FrameAccount:
+        """Where the frames its envs stepped went (:mod:`.frame_ledger`)."""
+        return self.ledger.account(self._serving_steps(), self._frames, int(self.dropped_frames))
+
+    def _serving_steps(self) -> int:
+        """Frames its envs stepped so far (one that does not count them: those it took in)."""
+        return self._frames + int(self.dropped_frames)
 
     def _worker_metrics(self) -> tuple[WorkerMetrics, ...]:
         """Each worker process's metrics, from its phase clock (a single-process
@@ -227,42 +238,6 @@ class BaseCollector:
         """The version of the newest weights given to ``update_policy_weights_``
         (``BatchRecord.trainer_version``)."""
         return self.policy_version
-
-    def enable_profile(self, *, workers: list[int] | None = None, num_rollouts: int = 3,
-                       warmup_rollouts: int = 1, save_path: Any = None,
-                       activities: list[str] | None = None, record_shapes: bool = True,
-                       profile_memory: bool = False, with_stack: bool = True,
-                       with_flops: bool = False, on_trace_ready: Any = None) -> None:
-        """TorchRL's: ``torch.profiler`` around batches ``warmup_rollouts`` to ``num_rollouts - 1``
-        (from 0), the trace written to ``save_path`` (``{worker_idx}`` filled in; default
-        ``./collector_profile_{worker_idx}.json``) or handed to ``on_trace_ready``. Multi-worker
-        collectors refuse it (``workers`` is accepted and ignored here, as TorchRL's single-process
-        collector does); a RuntimeError once iteration began."""
-        if self._iteration_started:
-            raise RuntimeError(STARTED)
-        config = ProfileConfig(
-            workers=[0] if workers is None else list(workers), num_rollouts=num_rollouts,
-            warmup_rollouts=warmup_rollouts, save_path=save_path,
-            activities=["cpu", "cuda"] if activities is None else list(activities),
-            record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
-            with_flops=with_flops, on_trace_ready=on_trace_ready
-        )
-        self._start_profile(config)
-        self._profile_config = config
-
-    def _start_profile(self, config: ProfileConfig) -> None:
-        self._profiler = RolloutProfiler(config, getattr(self, "worker_idx", None) or 0)
-
-    def disable_profile(self) -> None:
-        """Stop a profile in progress (its trace is written) and profile no more batches."""
-        if self._profiler is not None:
-            self._profiler.stop()
-        self._profiler = self._profile_config = None
-
-    @property
-    def profile_config(self) -> ProfileConfig | None:
-        """What ``enable_profile`` was given; None without it."""
-        return self._profile_config
 
     def get_distant_attr(self, attr: str) -> Any:
         """TorchRL's: the attribute at the dotted path ``attr`` (a multi-worker
@@ -378,8 +353,10 @@ class BaseCollector:
         self.shutdown()
 
     def _base_state(self) -> dict:
-        return {"frames": self._frames, "iteration": self._iter, "progress": self.progress.state()}
+        return {"frames": self._frames, "iteration": self._iter, "progress": self.progress.state(),
+                "accounts": Ledger.state(self._account())}
 
     def _load_base_state(self, state: dict) -> None:
+        self.ledger.load(state, self._frames + int(self.dropped_frames))
         self._frames, self._iter = int(state["frames"]), int(state["iteration"])
         self.progress.load(state.get("progress"))

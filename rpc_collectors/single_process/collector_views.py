@@ -36,8 +36,13 @@ class CollectorViews:
         answer to the trainer's ``phases``."""
         clock = self.rollout.clock.totals_ns
         return (
-            WorkerPhases(self.worker_idx or 0, os.getpid(), self._frames, self._iter, dict(clock)),
+            WorkerPhases(self.worker_idx or 0, os.getpid(), self._frames, self._iter, dict(clock),
+                         self.rollout.counted.value),
         )
+
+    def _serving_steps(self) -> int:
+        """What its rollout counted (:mod:`.step_count`)."""
+        return self.rollout.counted.value
 
     def _worker_metrics(self) -> tuple[WorkerMetrics, ...]:
         """This process is its own one worker."""

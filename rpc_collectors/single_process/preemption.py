@@ -9,6 +9,7 @@ removes the padded steps where the layout allows it (``cat_results=-1``), as Tor
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
@@ -63,6 +64,14 @@ def valid_frames(batch: TensorDictBase) -> int:
     """Frames collected in ``batch``: those its mask marks, if it has one."""
     mask = batch.get(MASK, None)
     return batch.numel() if mask is None else int(mask.sum())
+
+
+def row_frames(batch: TensorDictBase) -> list[int]:
+    """:func:`valid_frames` of each row of ``batch`` (a sync round ``[N, ...]``)."""
+    mask = batch.get(MASK, None)
+    if mask is None:
+        return [math.prod(batch.shape[1:])] * batch.shape[0]
+    return mask.reshape(batch.shape[0], -1).sum(1).tolist()
 
 
 def drop_padding(batch: TensorDictBase) -> TensorDictBase:

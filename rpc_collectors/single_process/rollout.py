@@ -18,6 +18,7 @@ from rpc_collectors.single_process import gym_spaces
 from rpc_collectors.single_process.envs import GymEnv, is_torchrl_env
 from rpc_collectors.single_process.phase_clock import PhaseClock
 from rpc_collectors.single_process.policies import StepPolicy
+from rpc_collectors.single_process.step_count import word
 from rpc_collectors.single_process.step_records import FLAGS, StepRecords, set_marks
 from rpc_collectors.single_process.step_stacking import _dense, _stack_steps, end_of_trajectory
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, TrajectoryIds
@@ -44,6 +45,8 @@ class ArrayRollout:
         self.device: torch.device | None = None
         # times its policy calls and env steps
         self.clock = PhaseClock()
+        # the frames its env stepped (step_count: a local worker's is shared with its pool)
+        self.counted = word()
 
     def invalidate(self) -> None:
         """Start the next batch from a fresh reset."""
@@ -91,6 +94,7 @@ class ArrayRollout:
             self.traj = ids if self.env.is_vector else int(ids[0])
         env, vector, max_steps = self.env, self.env.is_vector, self.max_steps
         batch = env.batch_size
+        counted, frames = self.counted, env.num_envs
         rec = StepRecords(self.out)
         timing, now, stamps = self.clock.steps(num_steps)
         timed = env_ns = 0
@@ -103,6 +107,7 @@ class ArrayRollout:
             if timed_step:
                 read = now()
             next_obs, reward, term, trunc = env.step_arrays(env.action_to_numpy(out["action"]))
+            counted.value += frames
             rec.obs.append(obs)
             rec.next_obs.append(next_obs)
             rec.add_outputs(out)
@@ -158,6 +163,8 @@ class TensorDictRollout:
         self.policy_zeros: dict = {}
         # times its policy calls and env steps
         self.clock = PhaseClock()
+        # the frames its env stepped (step_count: a local worker's is shared with its pool)
+        self.counted = word()
         # how steps are stacked (_stack_steps): "dense" is TorchRL's use_buffers=True
         self.stacking = "auto"
         self.rewards = list(getattr(env, "reward_keys", ["reward"]))
@@ -212,6 +219,7 @@ class TensorDictRollout:
                         torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
             self.stepped = True
         env, batch, steps = self.env, self.env.batch_size, []
+        counted, frames = self.counted, int(np.prod(batch)) if len(batch) else 1
         timing, now, stamps = self.clock.steps(num_steps)
         timed = env_ns = 0
         for timed_step in timing:
@@ -223,6 +231,7 @@ class TensorDictRollout:
             if timed_step:
                 read = now()
             td = env.step(td)
+            counted.value += frames
             nxt = td.get("next")
             dense = _dense(nxt)
             # a lazy stack the env writes again: keep a copy of its own
@@ -319,6 +328,7 @@ class EnvBaseRollout(TensorDictRollout):
             n = int(np.prod(batch)) if len(batch) else 1
             self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(batch))
             self.stepped = True
+        counted, frames = self.counted, int(np.prod(batch)) if len(batch) else 1
         timing, now, stamps = self.clock.steps(num_steps)
         timed = env_ns = 0
         for timed_step in timing:
@@ -335,6 +345,7 @@ class EnvBaseRollout(TensorDictRollout):
                 read = now()
             ids = td.get(TRAJ_IDS)
             td, root = env.step_and_maybe_reset(td)
+            counted.value += frames
             nxt = td.get("next")
             dense = _dense(nxt)
             # a lazy stack the env writes again: keep a copy of its own

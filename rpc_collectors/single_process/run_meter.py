@@ -27,6 +27,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.core.metrics import (
     DataPlaneMetrics,
+    FrameAccount,
     LagMetrics,
     Metrics,
     PushMetrics,
@@ -233,9 +234,11 @@ class RunMeter:
 
     # ---------------------------------------------------------------- the snapshot
     def snapshot(self, frames: int, dropped: tuple[int, int], roster: RosterMetrics,
-                 workers: tuple[WorkerMetrics, ...], data_plane: bool) -> Metrics:
+                 workers: tuple[WorkerMetrics, ...], accounts: FrameAccount,
+                 data_plane: bool) -> Metrics:
         """The run's :class:`Metrics`: ``frames`` handed out, ``dropped`` (frames, batches), the
-        ``roster``, the ``workers``; ``data_plane``: whether batches travel from other processes."""
+        ``roster``, the ``workers``, the frame ``accounts``; ``data_plane``: whether batches travel
+        from other processes."""
         if not self.on:
             raise RuntimeError(OFF)
         elapsed = time.monotonic() - self.start
@@ -253,7 +256,8 @@ class RunMeter:
         moved = int((self.frame_bytes or 0) * (frames + dropped[0])) if data_plane else 0
         return Metrics(elapsed, frames, frames / elapsed if elapsed > 0 else 0.0, rounds, lag,
                        roster, pushes,
-                       DataPlaneMetrics(moved, moved / elapsed if elapsed > 0 else 0.0), workers)
+                       DataPlaneMetrics(moved, moved / elapsed if elapsed > 0 else 0.0), workers,
+                       accounts=accounts)
 
     def close(self) -> None:
         """Close the exports (their files, their endpoint)."""

@@ -23,6 +23,7 @@ from rpc_collectors.core.metrics import Metrics, WorkerPhases
 from rpc_collectors.core.protocol import KILL_WAIT
 from rpc_collectors.single_process import preemption
 from rpc_collectors.single_process.base_collector import BaseCollector
+from rpc_collectors.single_process.frame_ledger import Ledger
 from rpc_collectors.trainer import buffer_writes, front_metrics, worker_views
 from rpc_collectors.trainer.batch_slots import BatchSlots
 from rpc_collectors.trainer.continuity import Continuity
@@ -111,12 +112,15 @@ class CollectorFront(BaseCollector):
             resources=self._resources, meter=self._meter,
         )
         self.continuity = Continuity(roster, self.waits, plan.max_policy_lag)
+        self.ledger = Ledger(plan.num_workers)
         self.recovery = Recovery(
-            plan, roster, self.workers, self.waits, self.pusher, self.slots, fail=self.fail,
+            plan, roster, self.workers, self.waits, self.pusher, self.slots, self.ledger,
+            fail=self.fail,
             admitted=self._admitted, left=self._left, delivered_frames=self._delivered_frames,
         )
         self.schedule = Schedule(plan, roster, self.events, self.waits, self.workers, self.pusher,
-                                 self.slots, self.continuity, self.recovery, self.fail, self._meter)
+                                 self.slots, self.continuity, self.recovery, self.ledger, self.fail,
+                                 self._meter)
         self.saved = SavedState(plan, policy, roster, self.waits, self.pusher, self.continuity,
                                 self._delivered_frames)
         self.tracing = TraceWindow(
@@ -295,7 +299,11 @@ class CollectorFront(BaseCollector):
         """``BaseCollector.metrics`` with each worker's phases, restarts, joins and leaves
         (:mod:`.front_metrics`)."""
         return front_metrics.of(self._meter, self.frames, self.roster, self.waits, self.continuity,
-                                self._closing)
+                                self.workers, self.ledger, self._closing)
+
+    def _serving_steps(self) -> int:
+        phases = None if self._closing else front_metrics.phases_by_worker(self.roster, self.waits)
+        return front_metrics.serving_steps(self.workers, self.roster, self.ledger, phases)
 
     def worker_phases(self) -> tuple[WorkerPhases, ...]:
         """Each worker process's frames, batches and time in each phase (one call to each)."""

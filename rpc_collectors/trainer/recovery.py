@@ -13,6 +13,7 @@ import warnings
 from typing import Any, Callable
 
 from rpc_collectors.core.errors import Failure, WorkerError, remote_summary
+from rpc_collectors.single_process.frame_ledger import Ledger
 from rpc_collectors.trainer.batch_slots import BatchSlots
 from rpc_collectors.trainer.plan import Plan
 from rpc_collectors.trainer.roster import Roster
@@ -26,7 +27,7 @@ class Recovery:
 
     It replaces ``pool``'s workers (``roster``'s records) through ``waits``, and brings a new
     process where the others are: its spec (``plan.specs``), weights (``pusher``) and batch slots
-    (``slots``).
+    (``slots``); ``ledger`` is told what the process that ended stepped.
     What it tells the front: ``fail(error)`` shuts it down and hands back the error to raise;
     ``admitted(worker_id)`` and ``left(worker_id)``: a slot was taken or left (elastic);
     ``delivered_frames(worker_id)``: the frames the front counts of a worker, where a new process
@@ -35,12 +36,12 @@ class Recovery:
 
     def __init__(
         self, plan: Plan, roster: Roster, pool: Any, waits: Waits, pusher: WeightPusher,
-        slots: BatchSlots, *, fail: Callable[[BaseException], BaseException],
+        slots: BatchSlots, ledger: Ledger, *, fail: Callable[[BaseException], BaseException],
         admitted: Callable[[int], None], left: Callable[[int], None],
         delivered_frames: Callable[[int], int],
     ) -> None:
         self.plan, self.roster, self.pool, self.waits = plan, roster, pool, waits
-        self.pusher, self.slots = pusher, slots
+        self.pusher, self.slots, self.ledger = pusher, slots, ledger
         self.fail, self.admitted, self.left = fail, admitted, left
         self.delivered_frames = delivered_frames
         self.ready = False
@@ -81,7 +82,7 @@ class Recovery:
 
     def _replace(self, worker_id: int) -> None:
         # first: a late death report of the old process is ignored from here on
-        self.pool.replace(worker_id)
+        self.ledger.process_ended(worker_id, self.pool.replace(worker_id))
         self.roster.replaced(worker_id)
         self.set_up(worker_id)
 
@@ -136,6 +137,7 @@ class Recovery:
         self.waits.require_running()
         rank = pool.ranks[worker_id]
         self.roster.left_slot(worker_id)
+        self.ledger.process_ended(worker_id, pool.stepped(worker_id))
         self.left(worker_id)
         pool.vacate(worker_id)
         warnings.warn(

@@ -24,6 +24,7 @@ from tensordict import TensorDictBase
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.single_process import preemption
 from rpc_collectors.single_process.batch_record import oldest_version
+from rpc_collectors.single_process.frame_ledger import Ledger
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.trainer import node_restarts
 from rpc_collectors.trainer.admission import Admission
@@ -42,14 +43,16 @@ class Schedule:
 
     It asks ``pool``'s workers (``roster``'s records) for batches into ``slots``, takes their
     answers from ``events``, waits through ``waits``, pushes weights due through ``pusher``, drops
-    through ``continuity`` and recovers through ``recovery``; ``plan`` holds the run's options.
+    through ``continuity``, recovers through ``recovery`` and counts each answer's frames into
+    ``ledger``; ``plan`` holds the run's options.
     ``fail(error)`` shuts the front down and hands back the error to raise.
     """
 
     def __init__(
         self, plan: Plan, roster: Roster, events: Events, waits: Waits, pool: Any,
         pusher: WeightPusher, slots: BatchSlots, continuity: Continuity, recovery: Recovery,
-        fail: Callable[[BaseException], BaseException], meter: RunMeter | None = None,
+        ledger: Ledger, fail: Callable[[BaseException], BaseException],
+        meter: RunMeter | None = None,
     ) -> None:
         self.plan, self.roster, self.events, self.waits = plan, roster, events, waits
         self.pool = pool
@@ -57,7 +60,7 @@ class Schedule:
         options = plan.options
         self.run, self.weights, self.launch = options.run, options.weights, options.launch
         self.pusher, self.slots, self.continuity = pusher, slots, continuity
-        self.recovery, self.fail = recovery, fail
+        self.recovery, self.ledger, self.fail = recovery, ledger, fail
         # its spans: "wait", "hand-out"
         self.meter = meter if meter is not None else RunMeter(on=False)
         # the answers of a sync round in progress
@@ -116,6 +119,7 @@ class Schedule:
             if record.info and "local_pids" in record.info:
                 result, dropped = node_restarts.answer_of(record, item.worker_id, result)
                 self.continuity.count(dropped.frames, dropped.batches)
+                self.ledger.took(item.worker_id, dropped.frames)
             if self.launch.elastic:
                 self._same_layout(item.worker_id, result)
             return item.worker_id, result, fresh
@@ -308,6 +312,7 @@ class Schedule:
         """The batch of a worker's answer, labelled with its worker id."""
         batch = self._plane_call(self.slots.plane.receive, worker_id, result)
         batch.set(layouts.WORKER_ID, torch.full(batch.shape, worker_id, dtype=torch.int64))
+        self.ledger.took(worker_id, preemption.valid_frames(batch))
         return batch
 
     def _combine(self, results: list) -> TensorDictBase:
@@ -316,6 +321,8 @@ class Schedule:
         if stacked is None:
             return layouts.combine([self._receive(i, r) for i, r in enumerate(results)],
                                    self.plan.cat_results)
+        for worker_id, frames in enumerate(preemption.row_frames(stacked)):
+            self.ledger.took(worker_id, frames)
         return layouts.lay_out(stacked, self.plan.cat_results)
 
     def _plane_call(self, method: Callable[..., Any], *args: Any) -> Any:

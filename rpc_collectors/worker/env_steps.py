@@ -176,8 +176,8 @@ class EnvSteps:
 
     def __init__(self, collector: ServedCollector, group: StepGroup) -> None:
         self.collector = collector
-        # env steps taken
-        self.frames = 0
+        # env steps taken, in its rollout's word (the one its pool reads)
+        self.counted = collector.rollout.counted
         envs = [collector.env]
         for data in group.others:
             spec = WorkerSpec.loads(data)
@@ -209,8 +209,9 @@ class EnvSteps:
 
     def phases(self, worker_id: int) -> tuple[WorkerPhases]:
         """Its env steps and its phase clock's totals: the worker's answer to ``phases``."""
-        return (WorkerPhases(worker_id, os.getpid(), self.frames, 0,
-                             dict(self.collector.phase_clock.totals_ns)),)
+        frames = self.counted.value
+        return (WorkerPhases(worker_id, os.getpid(), frames, 0,
+                             dict(self.collector.phase_clock.totals_ns), frames),)
 
     def _serve(self) -> None:
         current = self.envs[0]
@@ -226,7 +227,7 @@ class EnvSteps:
                         clock.mark("idle")
                         for current in half:
                             current.step()
-                        self.frames += len(half)
+                        self.counted.value += len(half)
                         clock.mark("env")
                         _ring(half)
                         clock.mark("write")

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from rpc_collectors.core import protocol
+from rpc_collectors.single_process import step_count
 from rpc_collectors.transport import doorbell
 from rpc_collectors.transport.shm import SharedBytes
 from rpc_collectors.worker import channel
@@ -41,11 +42,14 @@ class LocalServer:
             self.state.close()
 
 
-def local_main(rank: int, *ends: Any) -> int:
-    """Entry point of a local worker process started by the spawner: serve the trainer's channel
-    (``ends``: the fields of its
+def local_main(rank: int, steps: list[int] | None, *ends: Any) -> int:
+    """Entry point of a local worker process started by the spawner: count its steps into the word
+    ``steps`` names (:func:`~rpc_collectors.single_process.step_count.attach`; None: a node, whose
+    local workers count their own) and serve the trainer's channel (``ends``: the fields of its
     :class:`~rpc_collectors.transport.doorbell.Ends`) until it closes."""
     torch.set_num_threads(1)
+    if steps is not None:
+        step_count.attach(steps)
     name_process(f"rpc-worker{rank - 1}")
     server = LocalServer(rank)
     channel.run_channel(doorbell.Ends(*ends), server.handle, server.close, server.interrupt)

@@ -279,7 +279,11 @@ class NodeCollector:
         """Its local workers' frames, batches and phases, by the flat run's worker ids
         (``node_id * W + w``)."""
         first = self.node_id * self.node.num_workers
-        return tuple(replace(p, worker_id=first + p.worker_id) for p in self.local.worker_phases())
+        # the steps of the local processes it replaced count too (the trainer sees no restart)
+        ended = self.local.ledger.ended_by
+        return tuple(replace(p, worker_id=first + p.worker_id,
+                             stepped=p.stepped + ended[p.worker_id])
+                     for p in self.local.worker_phases())
 
     def trace(self, keep: int | None) -> list[ProcessSpans] | None:
         """Open its local collector's trace window (its waits, its local workers' spans on its

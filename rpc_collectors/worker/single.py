@@ -19,6 +19,7 @@ import torch
 from tensordict import TensorDictBase
 
 from rpc_collectors.core.protocol import ProcessSpans
+from rpc_collectors.single_process import step_count
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.single_process.phase_clock import PhaseClock, StoppedClock
 from rpc_collectors.single_process.preemption import Preemption
@@ -79,6 +80,10 @@ class SingleCollector(Collector):
     def __init__(self, create_env_fn: Any, policy: Any, worker_id: int,
                  preemption: Preemption | None, **kwargs: Any) -> None:
         super().__init__(create_env_fn, policy, **kwargs)
+        # a local worker's steps count where its pool reads them
+        shared = step_count.process_word()
+        if shared is not None:
+            self.rollout.counted = shared
         # TorchRL's attribute: which worker this is
         self.worker_idx = worker_id
         self.preemption = preemption

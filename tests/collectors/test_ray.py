@@ -30,6 +30,7 @@ from folders import PYTHONPATH  # noqa: E402
 from procs import Holdings, holds_beyond, run_in_session, wait_gone  # noqa: E402
 from rpc_collectors import GymEnv, WorkerError, WorkerRestartWarning  # noqa: E402
 from rpc_collectors.collectors.ray import RayCollector  # noqa: E402
+from rpc_collectors.core.metrics import FrameAccount  # noqa: E402
 from test_restarts import StampEnv  # noqa: E402
 from test_rpc_collector import BiasPolicy  # noqa: E402
 
@@ -272,6 +273,32 @@ def test_sigkilled_actor(ray_cluster, restarts):
             assert f"(Ray actor {victim['actor_id']}) died" in str(err.value)
     finally:
         collector.shutdown()
+    assert_gone_and_ray_alive(pids)
+
+
+def test_frame_accounts_balance_with_actors_the_trainer_cannot_read_once_gone(ray_cluster):
+    """An actor's steps are read from its phases while it serves; once gone (killed and replaced, or
+    shut down) it counts as having stepped what its batches brought in (docs/observability.md)."""
+    collector = RayCollector(
+        [functools.partial(stamp_env, 0), functools.partial(stamp_env, 1)], None, frames_per_batch=20,
+        sync=True, max_worker_restarts=1, rpc_timeout=60.0,
+    )
+    pids = actor_pids(collector)
+    try:
+        batches = iter(collector)
+        next(batches)
+        running = collector.metrics().accounts
+        assert running == FrameAccount(20, 20, 0, 0, 0), "a sync round's actors stepped its frames, no more"
+        os.kill(collector.infos[1]["pid"], signal.SIGKILL)
+        with pytest.warns(WorkerRestartWarning):
+            for _ in range(3):
+                next(batches)
+        replaced = collector.metrics().accounts
+        assert replaced == FrameAccount(80, 80, 0, 0, 0)
+        pids |= actor_pids(collector)
+    finally:
+        collector.shutdown()
+    assert collector.metrics().accounts == FrameAccount(80, 80, 0, 0, 0)
     assert_gone_and_ray_alive(pids)
 
 

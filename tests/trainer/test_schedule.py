@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from rpc_collectors.core.errors import Failure
 from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.single_process.batch_record import VERSION, WORKER_ID
+from rpc_collectors.single_process.frame_ledger import Ledger
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.lifetime import Resources
 from rpc_collectors.trainer.roster import Roster
@@ -93,7 +94,8 @@ def front(n: int = 2, sync: bool = True, **options: object) -> SimpleNamespace:
                           no_push=False, policy_device=None, backend="gloo", elastic=False, rpc_timeout=10.0,
                           refill=False, resources=Resources())
     recovery = SimpleNamespace(recover=_no_recovery)
-    schedule = Schedule(plan, roster, events, waits, workers, pusher, slots, continuity, recovery, _no_failure)
+    schedule = Schedule(plan, roster, events, waits, workers, pusher, slots, continuity, recovery, Ledger(n),
+                        _no_failure)
     return SimpleNamespace(workers=workers, roster=roster, continuity=continuity, pusher=pusher, schedule=schedule)
 
 

@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from rpc_collectors.core.metrics import FrameAccount
 from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.single_process.run_meter import PUSH_THREAD, RunMeter
 from rpc_collectors.trainer import weight_pushes
@@ -157,7 +158,7 @@ def test_each_push_splits_into_phases_that_lie_within_it_and_the_workers_apply_i
         start = time.monotonic()
         p.push([0, 1])
         took.append(time.monotonic() - start)
-    m = meter.snapshot(0, (0, 0), None, (), data_plane=True).pushes
+    m = meter.snapshot(0, (0, 0), None, (), FrameAccount(), data_plane=True).pushes
     phases = [getattr(m, f"{phase}_s") for phase in PHASES]
     last = [getattr(m, f"last_{phase}_s") for phase in PHASES]
     assert all(t >= 0 for t in phases + last) and all(lt <= t for lt, t in zip(last, phases))
@@ -178,13 +179,13 @@ def test_an_apply_reported_again_with_a_later_push_counts_once_and_a_failed_answ
     p.push([0, 1])
     workers.receipts = {1: (0, 1, SECOND // 2)}  # worker 1 applied version 1 late, and faster than worker 0
     p.push([1])
-    m = meter.snapshot(0, (0, 0), None, (), data_plane=True).pushes
+    m = meter.snapshot(0, (0, 0), None, (), FrameAccount(), data_plane=True).pushes
     assert m.apply_s == 1.0 and m.count == 2
     receipts = [torch.futures.Future(), torch.futures.Future()]
     receipts[0].set_exception(RuntimeError("gone"))
     receipts[1].set_result((0, 2, SECOND))
     meter.acknowledged(meter.pushed(1), (1, 2, 3), weight_pushes.receipts_of(receipts))
-    assert meter.snapshot(0, (0, 0), None, (), data_plane=True).pushes.apply_s == 2.0
+    assert meter.snapshot(0, (0, 0), None, (), FrameAccount(), data_plane=True).pushes.apply_s == 2.0
 
 
 def test_with_metrics_off_a_push_reads_no_clock_for_its_phases():

@@ -199,7 +199,7 @@ def test_a_worker_given_up_on_never_opens_the_next_channels_pipes():
     try:
         assert fresh.ends.request == ends.request, "the test needs the closed number reused"
         pid = spawner.shared_spawner().spawn(
-            "rpc_collectors.worker.local_worker:local_main", [1, *dataclasses.astuple(ends)], 30,
+            "rpc_collectors.worker.local_worker:local_main", [1, None, *dataclasses.astuple(ends)], 30,
             lambda _pid, code: (codes.append(code), changed.set()),
         )
         assert changed.wait(30), "the late worker neither exited nor said hello"
