@@ -4,7 +4,8 @@ timed by :mod:`.phase_clock`, its steps stacked by :mod:`.step_stacking`), traje
 splitting (:mod:`.trajectories`, :mod:`.whole_trajectories`), the ``stats()`` progress counters
 (:mod:`.trajectory_progress`), private keys (:mod:`.private_keys`), TorchRL's batch edits and
 ``preemptive_threshold`` (:mod:`.batch_edits`, :mod:`.preemption`), a GymEnv rollout's recorded
-steps (:mod:`.step_records`), what a collector knows of each batch it hands out
+steps (:mod:`.step_records`), the frames its envs stepped (:mod:`.step_count`) and where each
+went (:mod:`.frame_ledger`), what a collector knows of each batch it hands out
 (:mod:`.batch_record`), what ``metrics()`` measures as batches are handed out and where it writes
 them (:mod:`.run_meter`, :mod:`.metric_exports`, and what its Prometheus targets expose,
 :mod:`.prometheus_exposition`), ``enable_profile`` (:mod:`.profiling`), TorchRL's

@@ -10,19 +10,25 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.core import options
 from rpc_collectors.core.metrics import FrameAccount, Metrics, RosterMetrics, WorkerMetrics
-from rpc_collectors.single_process import background, batch_record, metric_exports, remote_calls
+from rpc_collectors.single_process import (
+    background,
+    batch_record,
+    metric_exports,
+    profiling,
+    remote_calls,
+)
 from rpc_collectors.single_process.batch_record import BatchRecord
 from rpc_collectors.single_process.frame_ledger import Ledger
 from rpc_collectors.single_process.preemption import valid_frames
 from rpc_collectors.single_process.private_keys import drop_private_keys
-from rpc_collectors.single_process.profiling import ProfileConfig, Profiles, RolloutProfiler
+from rpc_collectors.single_process.profiling import ProfileConfig, RolloutProfiler
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, shift_ids, split_trajectories
 from rpc_collectors.single_process.trajectory_progress import TrajectoryProgress
 from rpc_collectors.single_process.whole_trajectories import WholeTrajectories, write_batch
 
 
-class BaseCollector(Profiles):
+class BaseCollector:
     """Common base of all collectors.
 
     Subclasses implement ``_collect_batch()`` (one batch, in TorchRL's layout),
@@ -59,6 +65,9 @@ class BaseCollector(Profiles):
     frames_per_batch: int
     # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
     run_start = 0
+    # TorchRL's profile methods (:mod:`.profiling`)
+    enable_profile, disable_profile = profiling.enable_profile, profiling.disable_profile
+    _start_profile, profile_config = profiling.start_profile, property(profiling.profile_config)
 
     def __init__(self, batches: options.Batches, post_collect_hook: Any = None, *,
                  one_per_worker: bool = False) -> None:

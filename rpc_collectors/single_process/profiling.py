@@ -93,46 +93,42 @@ class RolloutProfiler:
         profile.export_chrome_trace(str(path))
 
 
-class Profiles:
-    """TorchRL's profile methods of a collector (its ``_profile_config`` and ``_profiler``,
-    set by :class:`~rpc_collectors.single_process.base_collector.BaseCollector`)."""
+# TorchRL's profile methods of a collector, named by BaseCollector (``self``: the collector, whose
+# ``_profile_config`` and ``_profiler`` they set)
+def enable_profile(self: Any, *, workers: list[int] | None = None, num_rollouts: int = 3,
+                   warmup_rollouts: int = 1, save_path: Any = None,
+                   activities: list[str] | None = None, record_shapes: bool = True,
+                   profile_memory: bool = False, with_stack: bool = True,
+                   with_flops: bool = False, on_trace_ready: Any = None) -> None:
+    """TorchRL's: ``torch.profiler`` around batches ``warmup_rollouts`` to ``num_rollouts - 1``
+    (from 0), the trace written to ``save_path`` (``{worker_idx}`` filled in; default
+    ``./collector_profile_{worker_idx}.json``) or handed to ``on_trace_ready``. Multi-worker
+    collectors refuse it (``workers`` is accepted and ignored here, as TorchRL's single-process
+    collector does); a RuntimeError once iteration began."""
+    if self._iteration_started:
+        raise RuntimeError(STARTED)
+    config = ProfileConfig(
+        workers=[0] if workers is None else list(workers), num_rollouts=num_rollouts,
+        warmup_rollouts=warmup_rollouts, save_path=save_path,
+        activities=["cpu", "cuda"] if activities is None else list(activities),
+        record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
+        with_flops=with_flops, on_trace_ready=on_trace_ready
+    )
+    self._start_profile(config)
+    self._profile_config = config
 
-    _iteration_started: bool
-    _profile_config: ProfileConfig | None
-    _profiler: RolloutProfiler | None
 
-    def enable_profile(self, *, workers: list[int] | None = None, num_rollouts: int = 3,
-                       warmup_rollouts: int = 1, save_path: Any = None,
-                       activities: list[str] | None = None, record_shapes: bool = True,
-                       profile_memory: bool = False, with_stack: bool = True,
-                       with_flops: bool = False, on_trace_ready: Any = None) -> None:
-        """TorchRL's: ``torch.profiler`` around batches ``warmup_rollouts`` to ``num_rollouts - 1``
-        (from 0), the trace written to ``save_path`` (``{worker_idx}`` filled in; default
-        ``./collector_profile_{worker_idx}.json``) or handed to ``on_trace_ready``. Multi-worker
-        collectors refuse it (``workers`` is accepted and ignored here, as TorchRL's single-process
-        collector does); a RuntimeError once iteration began."""
-        if self._iteration_started:
-            raise RuntimeError(STARTED)
-        config = ProfileConfig(
-            workers=[0] if workers is None else list(workers), num_rollouts=num_rollouts,
-            warmup_rollouts=warmup_rollouts, save_path=save_path,
-            activities=["cpu", "cuda"] if activities is None else list(activities),
-            record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack,
-            with_flops=with_flops, on_trace_ready=on_trace_ready
-        )
-        self._start_profile(config)
-        self._profile_config = config
+def start_profile(self: Any, config: ProfileConfig) -> None:
+    self._profiler = RolloutProfiler(config, getattr(self, "worker_idx", None) or 0)
 
-    def _start_profile(self, config: ProfileConfig) -> None:
-        self._profiler = RolloutProfiler(config, getattr(self, "worker_idx", None) or 0)
 
-    def disable_profile(self) -> None:
-        """Stop a profile in progress (its trace is written) and profile no more batches."""
-        if self._profiler is not None:
-            self._profiler.stop()
-        self._profiler = self._profile_config = None
+def disable_profile(self: Any) -> None:
+    """Stop a profile in progress (its trace is written) and profile no more batches."""
+    if self._profiler is not None:
+        self._profiler.stop()
+    self._profiler = self._profile_config = None
 
-    @property
-    def profile_config(self) -> ProfileConfig | None:
-        """What ``enable_profile`` was given; None without it."""
-        return self._profile_config
+
+def profile_config(self: Any) -> ProfileConfig | None:
+    """What ``enable_profile`` was given; None without it."""
+    return self._profile_config

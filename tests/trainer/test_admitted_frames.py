@@ -1,0 +1,80 @@
+"""Admission (``policy_lag_mode="admit"``) keeps the data invariants: each worker's stream of handed-out
+frames is its env's consecutive steps, and the weights version each frame names is the one that chose
+its action. Checked frame for frame against a single-process ``Collector`` replaying the same env with
+the weights of each frame's version, pushed before each of its steps.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import CountEnv
+from rpc_collectors import Collector, GymEnv, MultiAsyncCollector
+from test_rpc_collector import BiasPolicy
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300), pytest.mark.usefixtures("no_leftover_processes")]
+
+VERSION, WORKER = ("collector", "policy_version"), ("collector", "worker_id")
+COMPARED = ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
+            ("next", "terminated"), ("next", "truncated"))
+WORKERS, FRAMES, BATCHES = 3, 8, 30
+
+
+class OffsetEnv:
+    """CountEnv whose episode lengths are shifted by ``offset``: each worker's env differs."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def __call__(self) -> GymEnv:
+        return GymEnv(CountEnv(lengths=(3, 5, 2, 7), offset=self.offset))
+
+
+def collected(bound: int) -> tuple[list, dict[int, dict]]:
+    """Batches of an admitted run whose trainer pushes new weights after every batch (the action
+    flips with each version), and the weights of each version."""
+    policy = BiasPolicy(0, size=3)
+    weights = {0: copy.deepcopy(policy.state_dict())}
+    batches = []
+    with MultiAsyncCollector([OffsetEnv(w) for w in range(WORKERS)], policy, frames_per_batch=FRAMES,
+                             max_policy_lag=bound, policy_lag_mode="admit", track_policy_version=True,
+                             rpc_timeout=60) as collector:
+        for i, batch in enumerate(collector):
+            batches.append(batch.clone())
+            assert collector.last_batch.lag <= bound
+            policy.set_action((i + 1) % 2)
+            collector.update_policy_weights_()
+            weights[collector.pushed_version] = copy.deepcopy(policy.state_dict())
+            if i + 1 == BATCHES:
+                break
+        assert collector.dropped_frames == 0
+    return batches, weights
+
+
+def stream_of(batches: list, worker: int) -> list:
+    """Worker ``worker``'s frames, in the order they were handed out."""
+    return [frame for batch in batches for frame in batch.unbind(0) if int(frame[WORKER]) == worker]
+
+
+@pytest.mark.parametrize("bound", [0, 1, 2])
+def test_each_workers_admitted_frames_are_its_envs_steps_chosen_by_the_weights_they_name(bound):
+    batches, weights = collected(bound)
+    seen = set()
+    for worker in range(WORKERS):
+        frames = stream_of(batches, worker)
+        assert frames, f"worker {worker} delivered nothing"
+        policy = BiasPolicy(0, size=3)
+        with Collector(OffsetEnv(worker), policy, frames_per_batch=1, total_frames=len(frames)) as replay:
+            steps = iter(replay)
+            for index, frame in enumerate(frames):
+                version = int(frame[VERSION])
+                seen.add(version)
+                policy.load_state_dict(weights[version])
+                replay.update_policy_weights_()
+                expected = next(steps)[0]
+                for key in COMPARED:
+                    assert torch.equal(frame[key], expected[key]), (
+                        f"worker {worker}'s frame {index} (version {version}) differs from the replay in {key}")
+    assert len(seen) > 2, "the run handed out too few versions for the comparison to mean much"
