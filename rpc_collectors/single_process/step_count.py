@@ -16,7 +16,8 @@ import os
 
 from rpc_collectors.transport.shm import file_id, nameless_file, open_checked
 
-WORD = ctypes.sizeof(ctypes.c_int64)
+# bytes between two workers' words: one cache line each, so no two workers write the same line
+STRIDE = 64
 # the word this process's served collector counts into (a local worker's, once attached)
 _process_word: ctypes.c_int64 | None = None
 
@@ -31,10 +32,11 @@ class SharedCounts:
     shared-memory file a worker opens through ``/proc/<pid>/fd`` (:meth:`ends`)."""
 
     def __init__(self, num_workers: int) -> None:
-        self.fd, _ = nameless_file("steps", WORD * num_workers, "the workers' step counts", "",
+        self.fd, _ = nameless_file("steps", STRIDE * num_workers, "the workers' step counts", "",
                                    "free some of it")
-        self._map = mmap.mmap(self.fd, WORD * num_workers)
-        self._words = (ctypes.c_int64 * num_workers).from_buffer(self._map)
+        self._map = mmap.mmap(self.fd, STRIDE * num_workers)
+        self._words = [ctypes.c_int64.from_buffer(self._map, STRIDE * i)
+                       for i in range(num_workers)]
 
     def ends(self, worker_id: int) -> list[int]:
         """What :func:`attach` opens ``worker_id``'s word by: this pid, the descriptor, the
@@ -43,19 +45,19 @@ class SharedCounts:
 
     def value(self, worker_id: int) -> int:
         """Frames ``worker_id``'s process stepped so far (all of them, once it exited)."""
-        return int(self._words[worker_id])
+        return int(self._words[worker_id].value)
 
     def restart(self, worker_id: int) -> int:
         """Before ``worker_id``'s next process starts (the last one exited): its last process's
         frames; the word goes back to 0."""
         stepped = self.value(worker_id)
-        self._words[worker_id] = 0
+        self._words[worker_id].value = 0
         return stepped
 
     def close(self) -> list[int]:
         """Every word's last value; the file is unmapped and closed (a live worker's mapping keeps
         it)."""
-        values = list(self._words)
+        values = [word.value for word in self._words]
         del self._words
         self._map.close()
         os.close(self.fd)
@@ -69,10 +71,10 @@ def attach(ends: list[int]) -> None:
     pid, fd, dev, ino, index = ends
     opened = open_checked(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC, (dev, ino))
     try:
-        mapping = mmap.mmap(opened, WORD * (index + 1))
+        mapping = mmap.mmap(opened, STRIDE * (index + 1))
     finally:
         os.close(opened)
-    _process_word = ctypes.c_int64.from_buffer(mapping, WORD * index)
+    _process_word = ctypes.c_int64.from_buffer(mapping, STRIDE * index)
 
 
 def process_word() -> ctypes.c_int64 | None:
