@@ -4,6 +4,9 @@
 ``policy_lag_mode="drop"`` drops the batches beyond it and counts them."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from conftest import CountEnv
@@ -55,6 +58,39 @@ def test_admission_keeps_the_bound_without_dropping_a_frame(bound):
     assert c.dropped_frames == c.dropped_batches == 0
     assert [version for _, _, version in bounded] == list(range(24))
     assert c.frames == 24 * 10
+
+
+@pytest.mark.filterwarnings("ignore::rpc_collectors.WorkerRestartWarning")
+def test_the_bound_holds_across_a_worker_restart_and_a_resume():
+    """Admitted, K=1: a worker killed mid-run is replaced, the state is saved and loaded into a new
+    collector; every batch of both runs is within the bound of the trainer's version (restored, not
+    from 0), none is dropped, the restart counts on, and the frame accounts balance."""
+    def run(state: dict | None, batches: int, kill: bool) -> tuple[list, dict, MultiAsyncCollector]:
+        seen = []
+        with MultiAsyncCollector([count_env] * 3, BiasPolicy(1, size=3), frames_per_batch=10, max_policy_lag=1,
+                                 policy_lag_mode="admit", max_worker_restarts=1, rpc_timeout=60) as c:
+            if state is not None:
+                c.load_state_dict(state)
+            for i, _ in enumerate(c):
+                seen.append((c.last_batch.lag, c.last_batch.trainer_version))
+                c.update_policy_weights_()
+                if kill and i == 3:
+                    os.kill(c.infos[1]["pid"], signal.SIGKILL)
+                if i + 1 == batches:
+                    break
+            assert c.dropped_frames == 0
+            account = c.metrics().accounts
+            assert account.stepped == account.delivered + account.dropped + account.lost + account.pending
+            return seen, c.state_dict(), c
+
+    first, state, c1 = run(None, 12, kill=True)
+    assert c1.worker_restarts == [0, 1, 0]
+    second, _, c2 = run(state, 12, kill=False)
+    assert c2.worker_restarts == [0, 1, 0]  # the saved run's restart, not a new one
+    assert all(0 <= lag <= 1 for lag, _ in first + second), first + second
+    assert [version for _, version in first + second] == list(range(24))  # the resumed run goes on from 12
+    saved = state["accounts"]
+    assert c2.metrics().accounts.lost == saved["lost"] + saved["pending"]  # the saved run's pending frames
 
 
 @pytest.mark.parametrize("kwargs, match", [
