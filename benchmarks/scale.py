@@ -31,12 +31,14 @@ value and the relative error; the push times give ``c * bytes + d * nodes``.
   (the frames/s 256 workers ask on the 50 ms env), beside 8 x 32 on the same env and 512 bare processes;
   each process's warnings kept, so a worker killed at shutdown is counted.
 - ``pushes`` (not run by default): 8 x 32 local workers, the push of a 4 MB and a 40 MB policy.
+- ``hostpushes`` (not run by default, root): one node collector of 32 local workers in each of
+  ``--hosts`` namespace hosts, the same two pushes across the hosts.
 - ``metrics`` (not run by default): the 8 x 32 ``local`` case with ``collector.metrics()`` on (the
   default) and off (``metrics=False``), ``--repeats`` of each, interleaved; the ratio of the medians.
 
-    python benchmarks/scale.py [--parts local hosts ranks requests metrics wide pushes] [--seconds 8] [--steps 20]
+    python benchmarks/scale.py [--parts local hosts ranks requests metrics wide pushes hostpushes] [--seconds 8]
 
-``hosts`` needs root and runs under the cluster lock (``flock /tmp/rpc-cluster.lock``).
+``hosts`` and ``hostpushes`` need root and run under the cluster lock (``flock /tmp/rpc-cluster.lock``).
 """
 from __future__ import annotations
 
@@ -326,9 +328,10 @@ def _free_port() -> int:
     return free_port()
 
 
-def hosts_case(net, hosts: int, per: int, args) -> dict:
-    """The trainer in host 1, a node collector of ``per`` local workers in each other host."""
-    case = {"step_s": STEP_S, "steps": args.steps, "seconds": args.seconds, "per": per}
+def hosts_case(net, hosts: int, per: int, args, table: int = 1_000_000) -> dict:
+    """The trainer in host 1, a node collector of ``per`` local workers in each other host; the policy
+    holds a table of ``table`` floats (pushed with each update)."""
+    case = {"step_s": STEP_S, "steps": args.steps, "seconds": args.seconds, "per": per, "table": table}
     env = {**os.environ, "WORLD_SIZE": str(hosts), "MASTER_ADDR": f"{SUBNET}.1", "MASTER_PORT": str(HOST_PORT),
            "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": f"{REPO}:{REPO / 'benchmarks'}:{os.environ.get('PYTHONPATH', '')}"}
@@ -437,6 +440,24 @@ def part_hosts(args) -> list[dict]:
     return out
 
 
+def part_host_pushes(args) -> list[dict]:
+    """One node collector of 32 local workers in each of ``--hosts`` namespace hosts, sync: the push of a
+    4 MB and a 40 MB policy across the hosts (median of 5, returning when every node has the version)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import devcluster_module
+
+    out = []
+    with devcluster_module.load().HostNetwork(args.hosts + 1, prefix=PREFIX, subnet=SUBNET) as net:
+        for table in (1_000_000, 10_000_000):
+            row = hosts_case(net, args.hosts + 1, 32, args, table)
+            workers = row["nodes"] * 32
+            print(f"{row['nodes']} hosts x 32 ({workers}), {4 * table / 1e6:.0f} MB: push {row['push_ms']:.1f} ms "
+                  f"(median of {PUSHES}), {row['frames_per_s'] / (workers / STEP_S):.3f} of ideal, first batch "
+                  f"{row['first_batch_s']:.1f} s, shutdown {row['shutdown_s']:.2f} s", flush=True)
+            out.append({**row, "table": table, "workers": workers})
+    return out
+
+
 def part_ranks(args) -> list[dict]:
     out = []
     for ranks in args.ranks:
@@ -519,7 +540,7 @@ def report(results: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", default=["local", "hosts", "ranks", "requests"],
-                        choices=["local", "hosts", "ranks", "requests", "metrics", "wide", "pushes"])
+                        choices=["local", "hosts", "ranks", "requests", "metrics", "wide", "pushes", "hostpushes"])
     parser.add_argument("--repeats", type=int, default=5, help="metrics: runs with metrics on, and as many off")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--steps", type=int, default=20, help="steps per worker per batch")
@@ -541,7 +562,7 @@ def main() -> None:
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     parts = {"local": part_local, "hosts": part_hosts, "ranks": part_ranks, "requests": part_requests,
-             "metrics": part_metrics, "wide": part_wide, "pushes": part_pushes}
+             "metrics": part_metrics, "wide": part_wide, "pushes": part_pushes, "hostpushes": part_host_pushes}
     results = {}
     for name in args.parts:
         print(f"running {name} ...", flush=True)
