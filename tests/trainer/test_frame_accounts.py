@@ -10,11 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -31,55 +28,32 @@ from rpc_collectors import (
 )
 from rpc_collectors.core.metrics import FrameAccount
 from rpc_collectors.single_process.frame_ledger import Ledger
+from test_restarts import StampEnv
 from test_rpc_collector import BiasPolicy
 
 FRAMES = 10  # per worker's batch
 
 
-class StepLogEnv(gym.Env):
-    """Observes ``[pid, t, 0]``; each step appends a byte to ``<log>/<pid>``. The first process to
-    claim ``<log>/die`` (``die_at`` set; it writes its pid there) SIGKILLs itself at its step
-    ``die_at``, before the step."""
-
-    metadata: dict = {"render_modes": []}
+class StepLogEnv(StampEnv):
+    """StampEnv (observes ``[pid, per-process step, 0]``) whose every step appends a byte to
+    ``<log>/<pid>``. With ``die_at``, the first process to reach its step ``die_at`` (it claims
+    ``<log>/die`` and writes its pid there) SIGKILLs itself then, before the step."""
 
     def __init__(self, log: str, die_at: int | None = None, pause: float = 0.0) -> None:
-        self.log, self.die_at, self.pause, self.steps = log, die_at, pause, 0
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float64)
-        self.action_space = gym.spaces.Discrete(2)
-        self.t = 0
+        super().__init__(0, step_s=pause, marker=os.path.join(log, "die"))
+        self.die_at = die_at
         self.fd = os.open(os.path.join(log, str(os.getpid())), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        self.dies = die_at is not None and _claim(os.path.join(log, "die"))
-
-    def _obs(self) -> np.ndarray:
-        return np.array([os.getpid(), self.t, 0.0])
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._obs(), {}
 
     def step(self, action):
-        self.steps += 1
-        if self.dies and self.steps == self.die_at:
+        if self.counter + 1 == self.die_at and self._first():
+            Path(self.marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(self.pause)
+        stepped = super().step(action)
         os.write(self.fd, b"s")
-        self.t += 1
-        return self._obs(), 1.0, self.t >= 7, False, {}
+        return stepped
 
     def close(self) -> None:
         os.close(self.fd)
-
-
-def _claim(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return False
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-    return True
 
 
 class LogEnvFactory:
