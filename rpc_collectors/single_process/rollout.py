@@ -213,13 +213,12 @@ class TensorDictRollout:
                 marks: Callable[[], dict] | None = None) -> TensorDictBase:
         if self.td is None:
             self.reset()
-        if not self.stepped:
-            n = int(np.prod(self.env.batch_size)) if len(self.env.batch_size) else 1
-            self.td.set(TRAJ_IDS,
-                        torch.as_tensor(self.traj_ids.new(n)).reshape(self.env.batch_size))
-            self.stepped = True
         env, batch, steps = self.env, self.env.batch_size, []
+        # frames a step of its envs gives
         counted, frames = self.counted, int(np.prod(batch)) if len(batch) else 1
+        if not self.stepped:
+            self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(frames)).reshape(batch))
+            self.stepped = True
         timing, now, stamps = self.clock.steps(num_steps)
         timed = env_ns = 0
         for timed_step in timing:
@@ -324,11 +323,11 @@ class EnvBaseRollout(TensorDictRollout):
         if self.td is None:
             self.reset()
         env, batch, steps = self.env, self.env.batch_size, []
-        if not self.stepped:
-            n = int(np.prod(batch)) if len(batch) else 1
-            self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(n)).reshape(batch))
-            self.stepped = True
+        # frames a step of its envs gives
         counted, frames = self.counted, int(np.prod(batch)) if len(batch) else 1
+        if not self.stepped:
+            self.td.set(TRAJ_IDS, torch.as_tensor(self.traj_ids.new(frames)).reshape(batch))
+            self.stepped = True
         timing, now, stamps = self.clock.steps(num_steps)
         timed = env_ns = 0
         for timed_step in timing:
