@@ -138,17 +138,15 @@ class SharedBytes:
             raise
         return cls(os.getpid(), fd, len(data), file_id(fd)), fd
 
-    def read(self) -> bytes:
-        """The bytes; ``FileNotFoundError`` once their holder closed the file."""
+    def read(self) -> memoryview:
+        """The bytes, mapped (read-only, no copy: they stay mapped while the view or a slice of it
+        is held); ``FileNotFoundError`` once their holder closed the file."""
         fd = open_checked(f"/proc/{self.pid}/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC, self.file)
         try:
-            parts, left = [], self.size
-            while left:
-                part = os.read(fd, left)
-                if not part:
-                    raise EOFError(f"a shared file of {self.size} bytes ended {left} bytes early")
-                parts.append(part)
-                left -= len(part)
-            return b"".join(parts)
+            if os.fstat(fd).st_size < self.size:
+                raise EOFError(f"a shared file of {self.size} bytes holds "
+                               f"{os.fstat(fd).st_size}")
+            return memoryview(mmap.mmap(fd, self.size, prot=mmap.PROT_READ)) if self.size \
+                else memoryview(b"")
         finally:
             os.close(fd)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import pickle
 
-import cloudpickle
 import pytest
 import torch
 from tensordict import TensorDict
 
 from conftest import CountEnv
 from rpc_collectors import Collector
-from rpc_collectors.core import protocol, worker_warnings
+from rpc_collectors.core import pickling, protocol, worker_warnings
 from rpc_collectors.core.protocol import CALLS, WorkerCalls, WorkerSpec
 from rpc_collectors.pools.debug import DebugPool
 from rpc_collectors.worker.server import WorkerState
@@ -50,9 +48,7 @@ def test_each_typed_call_sends_its_own_name_and_arguments():
 def test_the_spec_round_trips_through_pickle_as_its_dataclass():
     hook = lambda td: td.set("seen", torch.ones(td.shape))  # noqa: E731 (cloudpickle carries it)
     original = spec(post_collect_hook=hook)
-    data = original.dumps()
-    assert isinstance(pickle.loads(data), WorkerSpec)
-    loaded = WorkerSpec.loads(data)
+    loaded = WorkerSpec.loads(original.dumps())
     assert loaded.create_env_fn is CountEnv and loaded.policy is None and loaded.node is None
     assert loaded.options.keys() == original.options.keys()
     assert loaded.options["frames_per_batch"] == 10
@@ -63,7 +59,7 @@ def test_the_spec_round_trips_through_pickle_as_its_dataclass():
 
 def test_a_spec_that_is_not_a_worker_spec_is_refused():
     with pytest.raises(TypeError, match="must be a pickled WorkerSpec, got a pickled tuple"):
-        WorkerSpec.loads(cloudpickle.dumps((CountEnv, None, {"frames_per_batch": 10}, None)))
+        WorkerSpec.loads(pickling.dumps((CountEnv, None, {"frames_per_batch": 10}, None)))
 
 
 def test_a_worker_serves_its_declared_calls_as_a_collector_would():
