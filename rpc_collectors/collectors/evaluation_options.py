@@ -16,7 +16,9 @@ from torch import nn
 
 from rpc_collectors.collectors.evaluation_envs import WorkerSetup, is_factory
 from rpc_collectors.collectors.evaluation_runs import (
+    CollectorRun,
     InThreadRun,
+    RunRecipe,
     RunSettings,
     WorkerRun,
     worker_collector,
@@ -25,8 +27,9 @@ from rpc_collectors.collectors.ray_extra import ray_collector
 from rpc_collectors.core import checks
 from rpc_collectors.single_process import metric_exports
 from rpc_collectors.single_process.collector import Collector
+from rpc_collectors.trainer.collector_front import CollectorFront
 
-BACKENDS = ("thread", "process", "ray")
+BACKENDS = ("thread", "process", "ray", "worker")
 BUSY_POLICIES = ("skip", "error", "queue")
 # TorchRL's single-process collector
 SINGLE_COLLECTORS = ("Collector", "SyncDataCollector")
@@ -58,7 +61,8 @@ def busy_policy(value: Any) -> str:
 
 def backend(value: Any) -> str:
     if value not in BACKENDS:
-        raise ValueError(f"Unknown backend {value!r}; accepted: 'thread', 'process' or 'ray'")
+        raise ValueError(f"Unknown backend {value!r}; accepted: 'thread', 'process', 'ray' or "
+                         "'worker'")
     return value
 
 
@@ -124,7 +128,8 @@ def settings(num_trajectories: Any, max_steps: Any, frames_per_batch: Any, explo
 
 def open_run(env: Any, policy: Any, policy_factory: Any, run_settings: RunSettings, backend: str,
              collector_cls: Any, weight_sync_schemes: Any, init_fn: Any, num_gpus: Any,
-             ray_kwargs: Any) -> InThreadRun | WorkerRun:
+             ray_kwargs: Any, worker_of: Any = None,
+             worker_id: Any = None) -> InThreadRun | WorkerRun | CollectorRun:
     """The run of ``backend`` (``"thread"`` with ``weight_sync_schemes``: a worker process, as in
     TorchRL), every argument checked first; nothing starts before the first evaluation."""
     checks.optional_callable("policy_factory", policy_factory)
@@ -135,6 +140,7 @@ def open_run(env: Any, policy: Any, policy_factory: Any, run_settings: RunSettin
     if policy is None and policy_factory is None:
         raise ValueError("policy=None and policy_factory=None: a policy or a policy_factory must "
                          "be provided")
+    host = worker(backend, worker_of, worker_id, weight_sync_schemes)
     if backend == "thread" and weight_sync_schemes is None:
         lazy = policy_factory is not None and is_factory(env)
         cls = collector_class(collector_cls)
@@ -153,6 +159,9 @@ def open_run(env: Any, policy: Any, policy_factory: Any, run_settings: RunSettin
                          f"{where}: None")
     checks.picklable("env", env)
     checks.picklable("policy_factory", policy_factory)
+    setup = WorkerSetup(env, policy_factory, init_fn)
+    if host is not None:
+        return CollectorRun(worker_of, host, RunRecipe(setup, run_settings))
     if weight_sync_schemes is not None:
         kwargs = {**run_settings.collector_kwargs, "weight_sync_schemes": weight_sync_schemes}
         run_settings = replace(run_settings, collector_kwargs=kwargs)
@@ -161,8 +170,36 @@ def open_run(env: Any, policy: Any, policy_factory: Any, run_settings: RunSettin
         remote = {"num_cpus": 1, "num_gpus": gpus(num_gpus), **mapping("ray_kwargs", ray_kwargs)}
         # an ImportError naming the extra where Ray is missing
         ray_collector()
-    setup = WorkerSetup(env, policy_factory, init_fn)
     return WorkerRun(worker_collector(backend, setup, run_settings, remote), run_settings)
+
+
+def worker(backend: str, worker_of: Any, worker_id: Any, weight_sync_schemes: Any) -> int | None:
+    """``backend="worker"``: the id of ``worker_of``'s worker that evaluates (``worker_id``; None:
+    its last); None for the other backends, which take neither."""
+    if backend != "worker":
+        for name, value in (("worker_of", worker_of), ("worker_id", worker_id)):
+            if value is not None:
+                raise ValueError(f"{name}={value!r} is for backend='worker'; accepted with "
+                                 f"backend={backend!r}: None")
+        return None
+    if not isinstance(worker_of, CollectorFront):
+        raise ValueError(f"backend='worker' evaluates in a worker of a running collector; "
+                         f"worker_of={worker_of!r} is not one; accepted: a multi-worker collector "
+                         "of this library (RPCCollector, MultiSyncCollector, MultiAsyncCollector, "
+                         "DistributedCollector, RayCollector)")
+    if weight_sync_schemes is not None:
+        raise ValueError(f"weight_sync_schemes={weight_sync_schemes!r} is not taken by "
+                         "backend='worker' (the weights travel with each evaluation); accepted: "
+                         "None")
+    worker_of.require_running()
+    count = worker_of.num_workers
+    if worker_id is None:
+        return count - 1
+    integer = isinstance(worker_id, numbers.Integral) and not isinstance(worker_id, bool)
+    if not integer or not 0 <= worker_id < count:
+        raise ValueError(f"worker_id={worker_id!r} is invalid; accepted: None (the last worker) or "
+                         f"an int from 0 to {count - 1} (worker_of has {count} workers)")
+    return int(worker_id)
 
 
 def gpus(value: Any) -> float:

@@ -2,7 +2,10 @@
 library's collectors: :class:`InThreadRun` (``backend="thread"``) steps a single-process
 ``Collector`` with ``trajs_per_batch`` in the thread that evaluates; :class:`WorkerRun`
 (``"process"``, ``"ray"``) a one-worker ``MultiSyncCollector`` or ``RayCollector`` whose worker
-builds the env and policy (:class:`~.evaluation_envs.WorkerSetup`).
+builds the env and policy (:class:`~.evaluation_envs.WorkerSetup`); :class:`CollectorRun`
+(``"worker"``) an :class:`InThreadRun` that a worker of a running collector builds from a
+:class:`RunRecipe` and runs beside its own collection
+(:mod:`~rpc_collectors.worker.evaluations`).
 
 Each evaluation loads the weights given (the collector's ``update_policy_weights_``, one version
 up), resets the envs, and collects ``num_trajectories`` whole episodes, all with those weights.
@@ -28,10 +31,15 @@ from rpc_collectors.collectors.evaluation_envs import (
 )
 from rpc_collectors.collectors.multi import MultiSyncCollector
 from rpc_collectors.collectors.ray_extra import ray_collector
+from rpc_collectors.core import pickling
+from rpc_collectors.core.futures import detached
 from rpc_collectors.single_process.base_collector import BaseCollector
+from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.single_process.whole_trajectories import WholeTrajectories, emit
 
 CLOSED = "the Evaluator was shut down"
+# seconds between checks for a shutdown while a worker evaluates
+POLL = 0.2
 
 
 @dataclass(frozen=True)
@@ -93,9 +101,10 @@ class InThreadRun:
         collector.shutdown()
         raise RuntimeError(CLOSED)
 
-    def run(self, weights: TensorDictBase | None) -> tuple[TensorDictBase, float]:
+    def run(self, weights: TensorDictBase | None,
+            dump_step: int | None = None) -> tuple[TensorDictBase, float]:
         """``num_trajectories`` whole episodes with ``weights`` (None: those loaded), and the
-        seconds they took."""
+        seconds they took; then the recorders dumped at ``dump_step`` (None: not)."""
         collector = self._open()
         if weights is not None:
             collector.update_policy_weights_(weights)
@@ -109,7 +118,10 @@ class InThreadRun:
         finally:
             if training:
                 policy.train()
-        return batch, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if dump_step is not None:
+            self.dump(dump_step)
+        return batch, seconds
 
     def dump(self, step: int | None) -> None:
         """Dump the recorders of the collector's env (which may hold copies of the transforms)."""
@@ -160,9 +172,10 @@ class WorkerRun:
                 raise RuntimeError(CLOSED)
         return self.collector
 
-    def run(self, weights: TensorDictBase | None) -> tuple[TensorDictBase, float]:
+    def run(self, weights: TensorDictBase | None,
+            dump_step: int | None = None) -> tuple[TensorDictBase, float]:
         """``num_trajectories`` whole episodes with ``weights`` (None: those loaded), and the
-        seconds they took."""
+        seconds they took; then the recorders dumped at ``dump_step`` (None: not)."""
         collector, wanted = self._open(), self.settings.num_trajectories
         if weights is not None:
             collector.update_policy_weights_(weights)
@@ -176,7 +189,10 @@ class WorkerRun:
                 assembled.clear()
                 continue
             assembled.add(batch)
-        return emit(assembled.take(wanted), self.settings.traj_format), time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if dump_step is not None:
+            self.dump(dump_step)
+        return emit(assembled.take(wanted), self.settings.traj_format), seconds
 
     def dump(self, step: int | None) -> None:
         """Dump the recorders of the worker's env, in the worker (a ``VideoRecorder``'s logger must
@@ -214,3 +230,84 @@ def worker_collector(backend: str, setup: WorkerSetup, settings: RunSettings,
         return MultiSyncCollector([setup.env], **common)
 
     return open_collector
+
+
+@dataclass(frozen=True)
+class RunRecipe:
+    """What a collector's worker builds an evaluation from (``backend="worker"``): picklable."""
+
+    setup: WorkerSetup
+    settings: RunSettings
+
+    def open(self) -> InThreadRun:
+        """The run, in the worker: ``init_fn`` first; the env and the policy by its first
+        evaluation."""
+        if self.setup.init_fn is not None:
+            self.setup.init_fn()
+        return InThreadRun(self.setup.env_factory, None, self.setup.policy_factory, Collector,
+                           self.settings, lazy=True)
+
+
+class CollectorRun:
+    """Evaluations in worker ``worker_id`` of ``collector``, a running multi-worker collector: the
+    worker builds the env and the policy once and runs each evaluation in a thread of its own
+    process, beside its collection, so the trainer's process only waits for the result. A worker
+    that fails fails the evaluation in progress; its replacement builds the run again; shutting
+    the Evaluator down ends the evaluation in the worker too.
+    """
+
+    def __init__(self, collector: Any, worker_id: int, recipe: RunRecipe) -> None:
+        self.collector, self.worker_id = collector, worker_id
+        self._recipe = pickling.dumps(recipe)
+        # weights loaded by the evaluations so far
+        self._loaded = 0
+        self._stopped = threading.Event()
+
+    @property
+    def policy_version(self) -> int:
+        """How many weights this run gave its worker (0: the policy's own)."""
+        return self._loaded
+
+    def run(self, weights: TensorDictBase | None,
+            dump_step: int | None = None) -> tuple[TensorDictBase, float]:
+        """``num_trajectories`` whole episodes with ``weights`` (None: those loaded), and the
+        seconds they took in the worker; its env's recorders dumped there at ``dump_step``."""
+        front = self.collector
+        if self._stopped.is_set():
+            raise RuntimeError(CLOSED)
+        front.require_running()
+        if not front.roster[self.worker_id].serving:
+            raise RuntimeError(f"worker {self.worker_id} of the {type(front).__name__} is not "
+                               "serving: no evaluation runs in it")
+        fut = front.workers.calls.evaluate(self.worker_id, self._recipe, weights, dump_step)
+        done = threading.Event()
+        fut.add_done_callback(lambda _: done.set())
+        while not done.wait(POLL):
+            if self._stopped.is_set():
+                raise RuntimeError(CLOSED)
+        try:
+            batch, seconds = fut.value()
+        except Exception as err:
+            failed = detached(err)
+        else:
+            if weights is not None:
+                self._loaded += 1
+            return batch, seconds
+        raise RuntimeError(f"the evaluation in worker {self.worker_id} of the "
+                           f"{type(front).__name__} failed: {failed}") from None
+
+    def interrupt(self) -> None:
+        """Stop waiting (the evaluation in progress raises here) and have the worker end it."""
+        self._stopped.set()
+        front = self.collector
+        try:
+            front.require_running()
+        except RuntimeError:
+            # its shutdown ended the evaluation
+            return
+        if front.roster[self.worker_id].serving:
+            # not waited for: a worker gone meanwhile answers with an error nobody needs
+            front.workers.calls.stop_evaluation(self.worker_id)
+
+    def shutdown(self) -> None:
+        self.interrupt()

@@ -39,7 +39,8 @@ GOES_ON = ("evaluation goes on, and this target is tried again at the next resul
 
 
 class Evaluator:
-    """Evaluates a policy on complete episodes, in a thread, a worker process or a Ray actor.
+    """Evaluates a policy on complete episodes, in a thread, a worker process, a Ray actor or a
+    worker of a running collector.
 
     Args:
         env: an env, or a callable returning one (``"process"`` and ``"ray"``: a callable, or a
@@ -69,8 +70,14 @@ class Evaluator:
             background evaluations).
         busy_policy: ``trigger_eval`` while another is pending: ``"skip"`` (it returns False),
             ``"error"`` (it raises) or ``"queue"`` (it runs after).
-        backend: ``"thread"``, ``"process"`` (a one-worker ``MultiSyncCollector``) or ``"ray"`` (a
-            one-actor ``RayCollector``, with the ``ray`` extra).
+        backend: ``"thread"``, ``"process"`` (a one-worker ``MultiSyncCollector``), ``"ray"`` (a
+            one-actor ``RayCollector``, with the ``ray`` extra) or, not TorchRL's, ``"worker"``: a
+            worker of ``worker_of``, a running collector of this library (a local process, a
+            torchrun or SLURM rank, a node collector, a Ray actor), builds the env and the policy
+            and runs each evaluation beside its collection, on its own cores; the trainer's
+            process only waits.
+        worker_of, worker_id: ``"worker"``: the collector, and which of its workers (None: the
+            last).
         init_fn: ``"process"`` and ``"ray"``: called in the worker before its env and policy are
             built.
         num_gpus, ray_kwargs: ``"ray"``: the actor's GPUs and its other Ray options.
@@ -115,6 +122,8 @@ class Evaluator:
         num_gpus: float = 1,
         ray_kwargs: dict | None = None,
         metrics: Any = None,
+        worker_of: Any = None,
+        worker_id: int | None = None,
     ) -> None:
         self._busy_policy = options.busy_policy(busy_policy)
         backend = options.backend(backend)
@@ -129,7 +138,8 @@ class Evaluator:
         # checked (its package, its directory, its port) before anything is built
         self._export = options.metric_targets(metrics)
         self._run = options.open_run(env, policy, policy_factory, settings, backend, collector_cls,
-                                     weight_sync_schemes, init_fn, num_gpus, ray_kwargs)
+                                     weight_sync_schemes, init_fn, num_gpus, ray_kwargs,
+                                     worker_of, worker_id)
         # guards the state below
         self._cond = threading.Condition()
         # one evaluation at a time
@@ -286,15 +296,14 @@ class Evaluator:
         with self._serial:
             if self._closed:
                 raise RuntimeError(CLOSED)
-            batch, seconds = self._run.run(request.weights)
+            dump_step = int(request.step) if self._dump_video else None
+            batch, seconds = self._run.run(request.weights, dump_step)
             if request.version is not None:
                 self._version = int(request.version)
             elif request.weights is not None:
                 self._version = self._run.policy_version
             found = metrics.episode_metrics(batch, self._reward_keys, self._done_keys,
                                             self._metrics_fn, seconds)
-            if self._dump_video:
-                self._run.dump(request.step)
             result = metrics.named(found, self._log_prefix, int(request.step), self._version)
             with self._cond:
                 self._results.append(result)

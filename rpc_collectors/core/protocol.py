@@ -246,6 +246,16 @@ class WorkerCalls(Generic[R]):
         """The worker's ``time.monotonic_ns()`` now (the trainer measures its clock's offset)."""
         return self._send(worker_id, "clock")
 
+    def evaluate(self, worker_id: int, recipe: bytes, weights: Any, dump_step: int | None) -> R:
+        """Whole episodes with ``weights`` (None: those loaded) as the pickled ``recipe`` (an
+        ``Evaluator``'s ``RunRecipe``) builds them, beside the worker's own collection, its env's
+        recorders dumped at ``dump_step`` (None: not); answers the batch and the seconds it took."""
+        return self._send(worker_id, "evaluate", recipe, weights, dump_step)
+
+    def stop_evaluation(self, worker_id: int) -> R:
+        """End the evaluation in progress (its ``Evaluator`` shut down) at its next step."""
+        return self._send(worker_id, "stop_evaluation")
+
     def trace(self, worker_id: int, keep: int | None) -> R:
         """Open a trace window keeping at most ``keep`` spans per thread (answers None), or close it
         (``keep`` None): answers a :class:`ProcessSpans` for the worker and each of a node's local

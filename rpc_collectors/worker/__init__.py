@@ -5,8 +5,10 @@ workers in :mod:`.node`, one policy per node in :mod:`.node_inference`), each tr
 a torchrun/SLURM rank served over RPC (:mod:`.rpc_rank`) and a local worker process
 (:mod:`.local_worker`, driven over the pipes of :mod:`.channel`), the fast, leak-free start of local
 processes (:mod:`.spawner`), an env stepped for a batched-inference collector (:mod:`.env_steps`),
-and torch's C++ log threshold (:mod:`.cpp_log`).
+an ``Evaluator``'s evaluations run beside the collection (:mod:`.evaluations`), and torch's C++ log
+threshold (:mod:`.cpp_log`).
 
 May import :mod:`~rpc_collectors.single_process` and the layers below. A node runs a multi-worker
-collector, a class of a higher layer: it is handed in with the node's spec, never imported.
+collector, a class of a higher layer: it is handed in with the node's spec, never imported; so is
+an evaluation's run, with its recipe.
 """

@@ -31,6 +31,7 @@ from rpc_collectors.transport.rendezvous import host_id
 from rpc_collectors.transport.weight_sync import Receipt, TransportSpec, WeightReceiver
 from rpc_collectors.transport.weights import FlatWeights
 from rpc_collectors.worker.env_steps import EnvSteps, StepGroup, step_row
+from rpc_collectors.worker.evaluations import Evaluations
 from rpc_collectors.worker.node import NodeCollector
 from rpc_collectors.worker.node_inference import NodePolicy
 from rpc_collectors.worker.observing import ObservingCalls
@@ -90,6 +91,8 @@ class WorkerState(ObservingCalls):
         self.writer: SlotWriter | None = None
         self.steps: EnvSteps | None = None
         self.timeout = 60.0
+        # an Evaluator's (backend="worker"), beside this collector
+        self.evaluations = Evaluations()
 
     def info(self) -> WorkerInfo:
         """Who serves this collector: rank, host name, address, pid, machine id; its number of envs
@@ -178,6 +181,16 @@ class WorkerState(ObservingCalls):
         rows of the step plane."""
         self.steps = EnvSteps(self.collector, group)
 
+    def evaluate(self, recipe: bytes, weights: Any,
+                 dump_step: int | None) -> tuple[TensorDictBase, float]:
+        """An ``Evaluator``'s evaluation (:mod:`~rpc_collectors.worker.evaluations`), in this call's
+        thread."""
+        return self.evaluations.run(recipe, weights, dump_step)
+
+    def stop_evaluation(self) -> None:
+        """The ``Evaluator`` shut down: its evaluation in progress here ends at its next step."""
+        self.evaluations.stop()
+
     def get_distant_attr(self, attr: str) -> Any:
         """TorchRL's ``get_distant_attr``: this worker's collector's attribute at the
         dotted path ``attr``."""
@@ -227,10 +240,13 @@ class WorkerState(ObservingCalls):
 
     def interrupt(self) -> None:
         """The process is closing: the batch in progress ends at its next step (a node's: its local
-        collector shuts down, which ends its local workers' batches likewise)."""
+        collector shuts down, which ends its local workers' batches likewise), and so does an
+        evaluation in progress."""
+        self.evaluations.interrupt()
         self.collector.interrupt()
 
     def close(self) -> None:
+        self.evaluations.close()
         if self.receiver is not None:
             self.receiver.close()
         self.collector.shutdown()

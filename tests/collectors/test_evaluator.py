@@ -303,7 +303,7 @@ def test_an_error_in_a_background_evaluation_is_raised_by_wait():
 @pytest.mark.parametrize(
     "kwargs, error, words",
     [
-        ({"backend": "slurm"}, ValueError, ["backend 'slurm'", "'thread', 'process' or 'ray'"]),
+        ({"backend": "slurm"}, ValueError, ["backend 'slurm'", "'thread', 'process', 'ray' or 'worker'"]),
         ({"busy_policy": "drop"}, ValueError, ["busy_policy 'drop'", "'skip', 'error' or 'queue'"]),
         ({"num_trajectories": 0}, ValueError, ["num_trajectories=0", "an int > 0"]),
         ({"max_steps": -1}, ValueError, ["max_steps=-1", "an int > 0"]),
