@@ -28,6 +28,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import devcluster_module
 from folders import PYTHONPATH
+from rpc_collectors import Evaluator
 from rpc_collectors.cluster import submission as slurm
 from rpc_collectors.cluster import task_hosts
 from rpc_collectors.transport.rendezvous import free_port, interface_address
@@ -701,6 +702,26 @@ def test_trainer_submits_its_collector_jobs_sync_and_async(two_nodes, log_dir):
                              track_policy_version=True) as collector:
         assert sorted(info["address"] for info in collector.infos) == ["10.77.0.1", "10.77.0.2"]
         assert len(_queue()) == 2
+        # an evaluation in the second job's process, on its node, with the trainer's weights
+        import conftest
+        from rpc_collectors import GymEnv
+
+        env_class, folder = conftest.CountEnv, str(log_dir)
+
+        def marked_count_env():  # marks the process that builds it: the one that evaluates
+            Path(folder, f"eval-{os.getpid()}").touch()
+            return GymEnv(env_class())
+
+        evaluator = Evaluator(marked_count_env, policy_factory=_Switch, num_trajectories=3,
+                              frames_per_batch=4, backend="worker", worker_of=collector,
+                              metrics_fn=lambda b: {"action": float(b["action"][b["collector", "mask"]].float().mean())})
+        flipped = _Switch()
+        with torch.no_grad():
+            flipped.bias.copy_(flipped.bias.flip(0))
+        result = evaluator.evaluate(flipped, version=5)
+        assert result["eval/num_episodes"] == 3 and result["eval/action"] == 1.0 and result["eval/policy_version"] == 5
+        assert (log_dir / f"eval-{collector.infos[1]['pid']}").exists()
+        evaluator.shutdown()
         for i, batch in enumerate(collector):
             assert batch.shape == (2, 10)
             assert torch.equal(batch["collector", "worker_id"], torch.tensor([[0] * 10, [1] * 10]))
