@@ -226,7 +226,8 @@ def worker_collector(backend: str, setup: WorkerSetup, settings: RunSettings,
                       total_frames=-1, max_frames_per_traj=s.max_steps,
                       exploration_type=s.exploration_type, **s.collector_kwargs)
         if backend == "ray":
-            return ray_collector()([setup.env], remote_configs=remote_config, **common)
+            # sync, as the process backend: no batch is in flight when an evaluation resets the env
+            return ray_collector()([setup.env], sync=True, remote_configs=remote_config, **common)
         return MultiSyncCollector([setup.env], **common)
 
     return open_collector
