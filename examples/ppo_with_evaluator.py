@@ -7,6 +7,10 @@ on training; the evaluator plays ``--eval-episodes`` greedy episodes in its work
 picks the result up with ``poll()`` (a trigger while one is running is skipped). Each result is
 stamped with the weights version it evaluated, the collector's ``policy_version``.
 
+With ``--eval-on worker`` the evaluations run in the collector's last worker instead
+(``Evaluator(backend="worker", worker_of=collector)``), beside its collection: no process of their
+own, and none of the trainer's cores.
+
 The progress bar shows the training return (``ret``) and the last evaluation return (``eval``).
 The run record (``run.json``) keeps every batch and every evaluation, and the learning curve
 (``learning_curve.png``, with matplotlib) plots the evaluation returns against frames:
@@ -110,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--target-return", type=float, default=475.0, help="stop at this evaluation return"
     )
+    parser.add_argument(
+        "--eval-on", choices=("process", "worker"), default="process",
+        help="a worker process of the evaluator's own, or the collector's last worker",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--output-dir", type=Path, default=None, help="default: runs/<env>-eval-<date>-<time>"
@@ -127,15 +135,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "curve": [],
         "evaluations": [],
     }
-    evaluator = Evaluator(
-        partial(GymEnv, args.env),
-        policy_factory=partial(greedy_policy, args.env, cfg.hidden),
-        num_trajectories=args.eval_episodes,
-        max_steps=EVAL_MAX_STEPS,
-        frames_per_batch=EVAL_MAX_STEPS,
-        backend="process",
-        busy_policy="skip",
-    )
     collector = RPCCollector(
         partial(GymEnv, args.env, num_envs=ENVS_PER_WORKER),
         policy,
@@ -145,6 +144,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sync=True,
         launcher="local",
         cat_results="stack",
+    )
+    where = {"backend": "worker", "worker_of": collector} if args.eval_on == "worker" else {
+        "backend": "process"}
+    evaluator = Evaluator(
+        partial(GymEnv, args.env),
+        policy_factory=partial(greedy_policy, args.env, cfg.hidden),
+        num_trajectories=args.eval_episodes,
+        max_steps=EVAL_MAX_STEPS,
+        frames_per_batch=EVAL_MAX_STEPS,
+        busy_policy="skip",
+        **where,
     )
     bar = tqdm(total=args.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True)
     try:

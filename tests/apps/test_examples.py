@@ -354,11 +354,14 @@ def test_ppo_example_resumes_from_its_checkpoint(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_ppo_with_evaluator_example_short_run(tmp_path):
-    """The evaluator's worker evaluates each batch's weights beside training; every result names
-    the weights version it evaluated, and the last is the final weights' (2 batches: version 2)."""
+@pytest.mark.parametrize("eval_on", ["process", "worker"])
+def test_ppo_with_evaluator_example_short_run(tmp_path, eval_on):
+    """The evaluator's worker (its own, or the collector's) evaluates each batch's weights beside
+    training; every result names the weights version it evaluated, and the last is the final
+    weights' (2 batches: version 2)."""
     result = run([sys.executable, str(EXAMPLES / "ppo_with_evaluator.py"), "--total-frames", "2048",
-                  "--eval-every", "1", "--eval-episodes", "2", "--output-dir", str(tmp_path)])
+                  "--eval-every", "1", "--eval-episodes", "2", "--eval-on", eval_on,
+                  "--output-dir", str(tmp_path)])
     assert result.returncode == 0, result.stderr
     evaluations = json.loads((tmp_path / "run.json").read_text())["evaluations"]
     assert evaluations[-1]["eval/step"] == 2048 and evaluations[-1]["eval/policy_version"] == 2
