@@ -253,15 +253,17 @@ class CollectorRun:
     """Evaluations in worker ``worker_id`` of ``collector``, a running multi-worker collector: the
     worker builds the env and the policy once and runs each evaluation in a thread of its own
     process, beside its collection, so the trainer's process only waits for the result. A worker
-    that fails fails the evaluation in progress; its replacement builds the run again; shutting
-    the Evaluator down ends the evaluation in the worker too.
+    that fails fails the evaluation in progress; its replacement builds the run again, and an
+    evaluation without weights gives it the last ones; shutting the Evaluator down ends the
+    evaluation in the worker too.
     """
 
     def __init__(self, collector: Any, worker_id: int, recipe: RunRecipe) -> None:
         self.collector, self.worker_id = collector, worker_id
         self._recipe = pickling.dumps(recipe)
-        # weights loaded by the evaluations so far
-        self._loaded = 0
+        # weights loaded by the evaluations so far, and the last: sent again with an evaluation
+        # that brings none, so a replacement of the worker evaluates them too
+        self._loaded, self._last = 0, None
         self._stopped = threading.Event()
 
     @property
@@ -280,7 +282,8 @@ class CollectorRun:
         if not front.roster[self.worker_id].serving:
             raise RuntimeError(f"worker {self.worker_id} of the {type(front).__name__} is not "
                                "serving: no evaluation runs in it")
-        fut = front.workers.calls.evaluate(self.worker_id, self._recipe, weights, dump_step)
+        given = weights if weights is not None else self._last
+        fut = front.workers.calls.evaluate(self.worker_id, self._recipe, given, dump_step)
         done = threading.Event()
         fut.add_done_callback(lambda _: done.set())
         while not done.wait(POLL):
@@ -292,7 +295,7 @@ class CollectorRun:
             failed = detached(err)
         else:
             if weights is not None:
-                self._loaded += 1
+                self._loaded, self._last = self._loaded + 1, weights
             return batch, seconds
         raise RuntimeError(f"the evaluation in worker {self.worker_id} of the "
                            f"{type(front).__name__} failed: {failed}") from None

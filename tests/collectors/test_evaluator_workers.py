@@ -87,7 +87,6 @@ def test_a_collectors_worker_evaluates_with_the_weights_given_while_the_collecto
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_the_worker_chosen_evaluates_and_a_worker_that_dies_fails_only_the_evaluation_in_progress(tmp_path):
     dies = tmp_path / "dies"
-    dies.touch()
     folder = tmp_path / "pids"
     folder.mkdir()
     collector = RPCCollector(CountEnv, FixedAction(0, 3), num_collectors=3, launcher="local", frames_per_batch=12,
@@ -97,6 +96,9 @@ def test_the_worker_chosen_evaluates_and_a_worker_that_dies_fails_only_the_evalu
         next(batches)
         evaluator = evaluator_on(collector, partial(WhereEnv, str(folder), str(dies)), worker_id=0)
         first = collector.infos[0]["pid"]
+        loaded = evaluator.evaluate(FixedAction(1, 3), version=4)
+        assert loaded["eval/action"] == 1.0 and loaded["eval/policy_version"] == 4
+        dies.touch()  # the worker's env kills its process at its next step
         with pytest.raises(RuntimeError, match="the evaluation in worker 0 of the RPCCollector failed"):
             evaluator.evaluate()
         assert not dies.exists() and where(folder) == {first}
@@ -104,8 +106,8 @@ def test_the_worker_chosen_evaluates_and_a_worker_that_dies_fails_only_the_evalu
             for _ in range(2):  # the collector replaces its worker and goes on
                 assert next(batches).numel() == 12
         assert collector.infos[0]["pid"] != first
-        result = evaluator.evaluate(FixedAction(1, 3), version=4)
-        assert result["eval/action"] == 1.0 and result["eval/policy_version"] == 4
+        again = evaluator.evaluate()  # the replacement evaluates the weights loaded last
+        assert again["eval/action"] == 1.0 and again["eval/policy_version"] == 4
         assert where(folder) == {first, collector.infos[0]["pid"]}
         evaluator.shutdown()
     finally:
