@@ -40,11 +40,13 @@ class Evaluations:
         and the seconds they took; the env's recorders dumped at ``dump_step`` (None: not)."""
         with self._serial:
             with self._lock:
-                kept = self._run if recipe == self._recipe else None
-                replaced, self._run = (None, self._run) if kept is not None else (self._run, None)
+                run, replaced = (self._run, None) if recipe == self._recipe else (None, self._run)
+                if replaced is not None:
+                    self._run = self._recipe = None
             if replaced is not None:
                 replaced.shutdown()
-            run = kept if kept is not None else pickling.loads(recipe).open()
+            if run is None:
+                run = pickling.loads(recipe).open()
             with self._lock:
                 closing = self._closing
                 if not closing:
