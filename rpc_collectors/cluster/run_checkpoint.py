@@ -201,11 +201,17 @@ class RunCheckpoint:
     def after_batch(self, extra: Mapping[str, Any] | None = None) -> None:
         """Call after each training step: saves every ``every`` batches. After SLURM's stop signal
         (a job submitted with ``requeue=True``) it saves, shuts the collector down, requeues the job
-        and raises :class:`~rpc_collectors.cluster.requeue.Requeued`, which ends the script."""
+        and raises :class:`~rpc_collectors.cluster.requeue.Requeued`, which ends the script; unless
+        the collector has collected its ``total_frames`` and SLURM does not requeue the job itself
+        (the time-limit signal, a lone SIGTERM): then the loop ends and :meth:`finish` records the
+        run as finished, in this allocation."""
         self.batches += 1
         if self.batches == 1:
             self.allocation["first_batch_at"] = round(time.time(), 3)
         reason = requeue.stop_requested()
+        if reason is not None and getattr(self.collector, "completed", False) \
+                and requeue.next_step(reason) in ("library", "none"):
+            reason = None  # a stop after the last batch that SLURM follows with no allocation
         if reason is None:
             if self.every is not None and self.batches % self.every == 0:
                 self.save(extra)

@@ -127,7 +127,9 @@ class BaseCollector:
         ``replay_write_mode="trajectory"``)."""
         return self.trajs_per_batch is not None or self.replay_write_mode == "trajectory"
 
-    def _finished(self) -> bool:
+    @property
+    def completed(self) -> bool:
+        """Whether this run collected its ``total_frames`` (an endless one never does)."""
         return self.total_frames != -1 and self._frames >= self.total_frames
 
     def __len__(self) -> int:
@@ -154,7 +156,7 @@ class BaseCollector:
 
     def _processed_batches(self) -> Iterator[TensorDictBase]:
         self._iteration_started = True
-        while not self._finished():
+        while not self.completed:
             if self._closing:
                 raise RuntimeError(f"{type(self).__name__} was shut down")
             profiler = self._profiler
@@ -210,7 +212,7 @@ class BaseCollector:
         stats: dict[str, int | bool] = {"frames": int(self._frames), "batches": int(self._iter)}
         if self.total_frames >= 0:
             stats.update(total_frames=int(self.total_frames),
-                         completed=self._frames >= self.total_frames)
+                         completed=self.completed)
         stats["requested_frames_per_batch"] = int(self.requested_frames_per_batch)
         if self.track_policy_version and self.policy_version is not None:
             stats["policy_version"] = int(self.policy_version)

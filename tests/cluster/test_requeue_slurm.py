@@ -139,9 +139,10 @@ def test_the_time_limit_signal_checkpoints_and_requeues_until_the_run_is_done(tw
 def test_the_lag_bound_and_the_drop_counter_hold_across_two_requeues(two_nodes, tmp_path):
     """Async collection with ``max_policy_lag=1`` (admitted), requeued twice by ``scontrol requeue``: every batch
     of the whole run is within one version of the trainer's, none is dropped, and the versions only go up across
-    each requeue (``check_run``): the bound counts from the versions the checkpoint restored, not from 0."""
+    each requeue (``check_run``): the bound counts from the versions the checkpoint restored, not from 0. The trainer
+    holds after batches 5 and 15 until the requeue lands."""
     frames = 40 * BATCH
-    job, path = submit(tmp_path, frames, time_min=30, extra=("--lag", "1"))
+    job, path = submit(tmp_path, frames, time_min=30, extra=("--lag", "1", "--hold-after", "5", "15"))
     try:
         for batch in (5, 15):
             wait_for_batch(job, batch)
@@ -187,20 +188,24 @@ def test_trainer_jobs_stopped_each_their_own_way_take_their_path(two_nodes, tmp_
       and, as SLURM does not requeue the job, requeues it itself;
     - an elastic trainer job and a ``join`` job of two collectors, both requeueable: when the
       trainer is requeued (``scontrol requeue``) it requeues the collector job too, which joins its
-      next allocation."""
+      next allocation.
+
+    The trainers stopped by the test hold after the batch it waits for (``--hold-after``) until
+    their stop lands, so that it lands before the run is done however the four share the cores."""
     jobs = []
     try:
         starting, starting_ckpt = submit(tmp_path / "starting", 10 * BATCH, time_min=30)
         jobs.append(starting.job_id)
         started_tasks(starting.job_id, 3)
         subprocess.run(["scancel", "-s", "USR2", starting.job_id], check=True, timeout=60)
-        requeued, requeued_ckpt = submit(tmp_path / "requeued", 20 * BATCH, time_min=30)
+        requeued, requeued_ckpt = submit(tmp_path / "requeued", 20 * BATCH, time_min=30, extra=("--hold-after", "5"))
         jobs.append(requeued.job_id)
-        ended, ended_ckpt = submit(tmp_path / "ended", 20 * BATCH, time_min=30)
+        ended, ended_ckpt = submit(tmp_path / "ended", 20 * BATCH, time_min=30, extra=("--hold-after", "3"))
         jobs.append(ended.job_id)
         args = ["--frames", str(20 * BATCH), "--batch", str(BATCH), "--step-sleep", str(STEP_SLEEP), "--slots", "2"]
-        elastic = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "elastic" / "logs",
-                               elastic=True, time_min=30, requeue=True, checkpoint_dir=tmp_path / "elastic" / "ckpt")
+        elastic = slurm.submit(slurm.run_script, str(TRAINER), [*args, "--hold-after", "5"],
+                               log_dir=tmp_path / "elastic" / "logs", elastic=True, time_min=30, requeue=True,
+                               checkpoint_dir=tmp_path / "elastic" / "ckpt")
         jobs.append(elastic.job_id)
         joined = slurm.submit(slurm.run_script, str(TRAINER), args, log_dir=tmp_path / "elastic" / "logs",
                               join=elastic.job_id, tasks_per_node=2, time_min=30, requeue=True)

@@ -6,6 +6,7 @@ by the signal handler the job installs; the real requeue is in test_requeue_slur
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -143,33 +144,64 @@ def test_bad_arguments_and_an_unwritable_folder_fail_before_any_job(tmp_path):
     assert cli.returncode == 2 and f"checkpoint_dir='{blocker}/x' is not a writable folder" in cli.stderr
 
 
-def test_a_stop_signal_checkpoints_after_the_batch_and_ends_the_script(tmp_path, monkeypatch):
-    """What a requeueable job's trainer does on SIGTERM (preemption): the batch in progress is
-    trained on, then the run is saved, the collector shut down, and Requeued ends the script."""
+@pytest.fixture
+def trainer_signals(monkeypatch):
+    """This process as a requeueable job's trainer (job 7, one requeue left): its stop signals
+    noted by :mod:`requeue`'s handlers, restored afterwards."""
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR2)
     requeue.install(trainer=True, max_requeues=1)
-    try:
-        collector, module, _ = make()
-        ckpt = RunCheckpoint(tmp_path, collector=collector, modules={"net": module}, every=2)
-        seen = 0
-        with pytest.raises(requeue.Requeued):
-            for i, _batch in enumerate(collector):
-                seen += 1
-                if i == 2:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    time.sleep(0.1)  # the handler runs; the loop goes on to the end of this batch
-                ckpt.after_batch({"batches": seen})
-        assert seen == 3 and collector._closed
-        resumed = RunCheckpoint(tmp_path, modules={"net": module}, collector=make()[0])
-        assert resumed.resume() == {"batches": 3}
-        assert resumed.allocations[0]["end"] == requeue.STOPPED and resumed.allocations[0]["frames"] == 60
-        resumed.collector.shutdown()
-    finally:
-        requeue.reset()
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGUSR2, previous[1])
-        os.environ.pop(requeue.ENV_REQUEUE, None)
+    yield
+    requeue.reset()
+    signal.signal(signal.SIGTERM, previous[0])
+    signal.signal(signal.SIGUSR2, previous[1])
+    os.environ.pop(requeue.ENV_REQUEUE, None)
+
+
+def test_a_stop_signal_checkpoints_after_the_batch_and_ends_the_script(tmp_path, trainer_signals):
+    """What a requeueable job's trainer does on SIGTERM (preemption): the batch in progress is
+    trained on, then the run is saved, the collector shut down, and Requeued ends the script."""
+    collector, module, _ = make()
+    ckpt = RunCheckpoint(tmp_path, collector=collector, modules={"net": module}, every=2)
+    seen = 0
+    with pytest.raises(requeue.Requeued):
+        for i, _batch in enumerate(collector):
+            seen += 1
+            if i == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.1)  # the handler runs; the loop goes on to the end of this batch
+            ckpt.after_batch({"batches": seen})
+    assert seen == 3 and collector._closed
+    resumed = RunCheckpoint(tmp_path, modules={"net": module}, collector=make()[0])
+    assert resumed.resume() == {"batches": 3}
+    assert resumed.allocations[0]["end"] == requeue.STOPPED and resumed.allocations[0]["frames"] == 60
+    resumed.collector.shutdown()
+
+
+@pytest.mark.parametrize("signalled", [0, 1, 2])
+def test_the_time_limit_signal_requeues_a_run_with_frames_left_and_finishes_a_complete_one(
+        tmp_path, monkeypatch, trainer_signals, signalled):
+    """SLURM's time-limit signal during batch ``signalled`` of a 3-batch run: before the last, the
+    run is saved and the job requeued; during the last, the run is complete, so the loop ends and
+    ``finish`` records it finished in this allocation, with no requeue for an allocation that would
+    have nothing to collect."""
+    requeues = []
+    monkeypatch.setattr(requeue, "requeue", lambda: requeues.append(1))
+    collector = Collector(GymEnv(CountEnv()), None, frames_per_batch=20, total_frames=60)
+    ckpt = RunCheckpoint(tmp_path, collector=collector)
+    last = signalled == 2
+    with contextlib.nullcontext() if last else pytest.raises(requeue.Requeued):
+        for i, _batch in enumerate(collector):
+            if i == signalled:
+                os.kill(os.getpid(), signal.SIGUSR2)
+                time.sleep(0.1)
+            ckpt.after_batch()
+        ckpt.finish()
+    collector.shutdown()
+    allocation, = files.read(ckpt.path)["allocations"]
+    assert allocation["end"] == ("finished" if last else requeue.TIME_LIMIT)
+    assert allocation["frames"] == 20 * (signalled + 1) and "signal_at" in allocation
+    assert requeues == ([] if last else [1])
 
 
 WRITER = textwrap.dedent("""

@@ -12,12 +12,15 @@ batch trained on lives in the checkpoint's user dict, so the test reads the whol
     --step-sleep S      seconds added to every env step
     --slots N           an elastic trainer of N slots (submitted with elastic=True; collector jobs join it)
     --lag K             async collection with max_policy_lag=K (admitted); each batch's lag is recorded
+    --hold-after N ...  after batch N of the run, wait for SLURM's stop signal (a training step that
+                        lasts until the test stopped the job: its stop lands before the run is done)
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 from functools import partial
 
 import torch
@@ -26,8 +29,17 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from conftest import slow_cartpole
 from rpc_collectors import RPCCollector, RunCheckpoint
 from rpc_collectors.apps.ppo import make_agent, make_policy
+from rpc_collectors.cluster import requeue
 
 VERSION, TRAJ_IDS = ("collector", "policy_version"), ("collector", "traj_ids")
+HOLD_S = 300  # the longest a held batch waits for the stop signal
+
+
+def hold() -> None:
+    """Wait until the job got its stop signal, ``HOLD_S`` at most."""
+    deadline = time.monotonic() + HOLD_S
+    while requeue.stop_requested() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def main() -> None:
@@ -37,6 +49,7 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--slots", type=int)
     parser.add_argument("--lag", type=int)
+    parser.add_argument("--hold-after", type=int, nargs="*", default=[])
     args = parser.parse_args()
     torch.set_num_threads(1)
     actor, _ = make_agent("CartPole-v1", hidden=16)
@@ -65,6 +78,8 @@ def main() -> None:
                 "lag": collector.last_batch.lag, "dropped": collector.dropped_frames,
             })
             print(f"batch {len(extra['batches'])} frames {collector.frames}", flush=True)
+            if len(extra["batches"]) in args.hold_after:
+                hold()
             ckpt.after_batch(extra)
         ckpt.finish(extra)
 
