@@ -233,6 +233,12 @@ class Run(Group):
                   option_checks.preemptive_threshold(self.preemptive_threshold, self.sync))
         self._set("max_policy_lag", option_checks.max_policy_lag(self.max_policy_lag, self.sync))
 
+    @property
+    def admits(self) -> bool:
+        """Whether requests are admitted within ``max_policy_lag`` (async, ``"admit"``)."""
+        return not self.sync and self.max_policy_lag is not None \
+            and self.policy_lag_mode == "admit"
+
 
 @dataclasses.dataclass(frozen=True)
 class Weights(Group):

@@ -74,6 +74,8 @@ class NodeSpec:
     rpc_timeout: float
     # "node": one policy in the node, called by its local workers
     inference: str = "worker"
+    # async under the trainer's admission: one local batch per request (worker.node_credits)
+    credits: bool = False
 
 
 class WorkerInfo(TypedDict, total=False):

@@ -70,10 +70,11 @@ class Schedule:
         # elastic: keys, shapes and dtypes of the run's first batch
         self.layout: dict | None = None
         # async, policy_lag_mode="admit": the batches in flight, and the requests not yet admitted
-        admit = not self.run.sync and self.run.max_policy_lag is not None \
-            and self.run.policy_lag_mode == "admit"
-        self.admission = Admission(self.run.max_policy_lag) if admit else None
+        self.admission = Admission(self.run.max_policy_lag) if self.run.admits else None
         self.waiting: list[int] = []
+        # async, a node's local front under its trainer's admission: a worker is asked only by
+        # ask(), one batch per request of the trainer (worker.node_credits)
+        self.on_demand = False
 
     # ---------------------------------------------------------------- the loop
     def deadline(self) -> float:
@@ -241,7 +242,13 @@ class Schedule:
         self.meter.span_end("hand-out", handing)
         return batch
 
+    def ask(self, worker_id: int) -> None:
+        """On demand: ask ``worker_id`` for one batch now."""
+        self._asked(worker_id, self.request(worker_id))
+
     def _first_ready(self) -> TensorDictBase:
+        if self.on_demand:
+            return self._next_kept()
         if self.last_async is not None:
             # after the trainer's step, with fresh weights if asked
             self._ask(self.last_async)

@@ -29,7 +29,7 @@ import struct
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -238,10 +238,36 @@ def _pickled(kind: int, value: Any) -> bytes:
     return ANSWER.pack(kind, len(payload)) + payload
 
 
+def _requests(request: int, announce: Callable[[int], None] | None) -> Iterator[tuple[int, int]]:
+    """Each request read from ``request``, as (slot, min_version), until the trainer closes its end
+    (EOFError or OSError). With ``announce``, a reader thread reads them as they arrive and
+    announces each (``announce(min_version)``) before the answering thread comes to it."""
+    if announce is None:
+        while True:
+            yield REQUEST.unpack(_read_exactly(request, REQUEST.size))
+    read: queue.SimpleQueue = queue.SimpleQueue()
+
+    def reader() -> None:
+        try:
+            while True:
+                slot, min_version = REQUEST.unpack(_read_exactly(request, REQUEST.size))
+                announce(min_version)
+                read.put((slot, min_version))
+        except Exception as err:  # the end (EOFError, OSError), raised again where answered
+            read.put(err)
+
+    threading.Thread(target=reader, name="rpc-collectors-doorbell-read", daemon=True).start()
+    while not isinstance(item := read.get(), BaseException):
+        yield item
+    raise item
+
+
 def answer(ends: Ends | Dial, collect: Callable[[int, int], Any],
-           slots: Callable[[int], memoryview] | None = None) -> None:
+           slots: Callable[[int], memoryview] | None = None,
+           announce: Callable[[int], None] | None = None) -> None:
     """Worker side: open ``ends`` and answer each request with ``collect(min_version, slot)`` in a
-    thread, until the trainer closes its end.
+    thread, until the trainer closes its end; ``announce(min_version)``, if given, hears of each
+    request as soon as it arrives, while earlier ones are still being collected.
 
     With ``slots`` (a :class:`Dial`), each "ready in slot s" is followed by ``slots(s)``, the
     batch's bytes, sent by a second thread in order while the next request is collected: the
@@ -270,8 +296,7 @@ def answer(ends: Ends | Dial, collect: Callable[[int, int], Any],
         if slots is not None:
             sender.start()
         try:
-            while True:
-                slot, min_version = REQUEST.unpack(_read_exactly(request, REQUEST.size))
+            for slot, min_version in _requests(request, announce):
                 try:
                     result = collect(min_version, slot)
                     # "ready in slot s", 9 bytes

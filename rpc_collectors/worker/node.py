@@ -43,6 +43,7 @@ from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.single_process.trajectories import TRAJ_IDS
 from rpc_collectors.transport import local_restarts
 from rpc_collectors.transport.weights import holder_of, signature_of
+from rpc_collectors.worker.node_credits import Credits
 from rpc_collectors.worker.node_inference import NodeInference
 
 # collector_class: TorchRL's strings and class names -> the node's local collector
@@ -123,6 +124,9 @@ class NodeCollector:
             raise
         # passed on to the trainer, which reads and removes it
         self.local.keep_version_key = True
+        # under the trainer's admission: a local batch per request, none ahead (node_credits)
+        self.credits = Credits(width) if node.credits else None
+        self.local.schedule.on_demand = self.credits is not None
         self.local.roster.name = f"node {node_id}'s local worker {{}}"
         # of the local collector's restarts, how many the trainer was told of
         self._told = 0
@@ -233,7 +237,9 @@ class NodeCollector:
 
         Every frame of it was collected with the newest weights the node has passed on: the node
         drops the local batches its workers collected before (at most the requests in flight),
-        which cuts those workers' streams (:mod:`~rpc_collectors.trainer.continuity`).
+        which cuts those workers' streams (:mod:`~rpc_collectors.trainer.continuity`). Under the
+        trainer's admission nothing is collected ahead, so nothing is dropped
+        (:mod:`~rpc_collectors.worker.node_credits`).
         """
         with self._busy:
             return self._next()
@@ -242,10 +248,13 @@ class NodeCollector:
         self._pass_weights_on()
         newest = self._version if self.inference is not None else self.local.pushed_version
         try:
-            batch = self.local.next()
-            while batch.get(VERSION).min() < newest:
-                self.local.continuity.drop(batch)
+            if self.credits is not None:
+                batch = self.credits.next(self.local)
+            else:
                 batch = self.local.next()
+                while batch.get(VERSION).min() < newest:
+                    self.local.continuity.drop(batch)
+                    batch = self.local.next()
         except WorkerError as err:
             # the trainer's WorkerError names this node and, from this, the local worker
             if self.inference is not None and self.inference.error is not None:

@@ -19,6 +19,7 @@ from tensordict import TensorDictBase
 from rpc_collectors.core.metrics import WorkerPhases
 from rpc_collectors.core.protocol import ProcessSpans
 from rpc_collectors.single_process.phase_clock import PhaseClock
+from rpc_collectors.worker.node_credits import Credits
 
 
 @runtime_checkable
@@ -34,6 +35,9 @@ class ServedCollector(Protocol):
     local workers step theirs."""
     weights_lock: AbstractContextManager
     """Held while pushed weights land in its policy."""
+    credits: Credits | None
+    """An async node's under the trainer's admission: the requests it holds
+    (:mod:`~rpc_collectors.worker.node_credits`); None: each request is its own."""
 
     @property
     def phase_clock(self) -> PhaseClock:

@@ -13,6 +13,7 @@ calls in the debug launcher.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import socket
 import warnings
@@ -131,17 +132,28 @@ class WorkerState(ObservingCalls):
         doorbell; False if it cannot."""
         try:
             self.writer = SlotWriter(spec)
-            doorbell.answer(spec.doorbell, self.collect,
-                            self.writer.memory if spec.fd is None else None)
+            credits = self.collector.credits
+            # a node's requests are announced as they arrive (worker.node_credits)
+            doorbell.answer(spec.doorbell, functools.partial(self.collect, announced=True),
+                            self.writer.memory if spec.fd is None else None,
+                            announce=None if credits is None else credits.announce)
         except (OSError, RuntimeError):
             self.writer = None
             return False
         return True
 
-    def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready | Noted:
+    def collect(self, min_version: int, slot: int | None = None,
+                announced: bool = False) -> TensorDictBase | Ready | Noted:
         """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or
         returned; a node's answer carries its local restarts and own drops since its last
-        (:mod:`~rpc_collectors.transport.local_restarts`)."""
+        (:mod:`~rpc_collectors.transport.local_restarts`). A node that holds credits applies the
+        weights of every request announced so far (``announced``: this one was, by the doorbell),
+        which it then asks of its local workers."""
+        credits = self.collector.credits
+        if credits is not None:
+            if not announced:
+                credits.announce(min_version)
+            min_version = max(min_version, credits.take() or 0)
         # a node's counts nothing: its local workers keep theirs
         clock = self.collector.phase_clock
         # since its last batch: waiting for this request

@@ -76,6 +76,8 @@ class SingleCollector(Collector):
     keep_version_key = True
     # weights land between its batches: nothing to hold
     weights_lock = contextlib.nullcontext()
+    # each request is its own (worker.node_credits)
+    credits = None
 
     def __init__(self, create_env_fn: Any, policy: Any, worker_id: int,
                  preemption: Preemption | None, **kwargs: Any) -> None:

@@ -16,10 +16,10 @@ from test_rpc_collector import BiasPolicy
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300), pytest.mark.usefixtures("no_leftover_processes")]
 
-VERSION, WORKER = ("collector", "policy_version"), ("collector", "worker_id")
+VERSION, WORKER, TRAJ = ("collector", "policy_version"), ("collector", "worker_id"), ("collector", "traj_ids")
 COMPARED = ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
             ("next", "terminated"), ("next", "truncated"))
-WORKERS, FRAMES, BATCHES = 3, 8, 30
+FRAMES, BATCHES = 8, 30
 
 
 class OffsetEnv:
@@ -32,15 +32,20 @@ class OffsetEnv:
         return GymEnv(CountEnv(lengths=(3, 5, 2, 7), offset=self.offset))
 
 
-def collected(bound: int) -> tuple[list, dict[int, dict]]:
+# flat: 3 workers; nodes: 2 async nodes of 2 local workers (worker.node_credits), each stream a local worker's
+LAYOUTS = {"workers": (3, {}), "nodes": (2, {"collector_class": "async", "num_workers_per_collector": 2})}
+
+
+def collected(bound: int, layout: str) -> tuple[list, dict[int, dict]]:
     """Batches of an admitted run whose trainer pushes new weights after every batch (the action
     flips with each version), and the weights of each version."""
+    workers, options = LAYOUTS[layout]
     policy = BiasPolicy(0, size=3)
     weights = {0: copy.deepcopy(policy.state_dict())}
     batches = []
-    with MultiAsyncCollector([OffsetEnv(w) for w in range(WORKERS)], policy, frames_per_batch=FRAMES,
+    with MultiAsyncCollector([OffsetEnv(w) for w in range(workers)], policy, frames_per_batch=FRAMES,
                              max_policy_lag=bound, policy_lag_mode="admit", track_policy_version=True,
-                             rpc_timeout=60) as collector:
+                             rpc_timeout=60, **options) as collector:
         for i, batch in enumerate(collector):
             batches.append(batch.clone())
             assert collector.last_batch.lag <= bound
@@ -53,20 +58,31 @@ def collected(bound: int) -> tuple[list, dict[int, dict]]:
     return batches, weights
 
 
-def stream_of(batches: list, worker: int) -> list:
-    """Worker ``worker``'s frames, in the order they were handed out."""
-    return [frame for batch in batches for frame in batch.unbind(0) if int(frame[WORKER]) == worker]
+def streams(layout: str) -> dict[int, int]:
+    """Each stream of frames (a worker's, a node's local worker's) and the env offset it steps."""
+    workers, options = LAYOUTS[layout]
+    per_node = options.get("num_workers_per_collector", 1)
+    return {stream: stream // per_node for stream in range(workers * per_node)}
 
 
+def stream_of(batches: list, stream: int, layout: str) -> list:
+    """The frames of ``stream``, in the order they were handed out: a worker's by its id, a local worker's
+    by its trajectory ids (the flat run's worker's, mod the number of local workers)."""
+    count = len(streams(layout))
+    key, of = (WORKER, lambda i: i) if layout == "workers" else (TRAJ, lambda i: i % count)
+    return [frame for batch in batches for frame in batch.unbind(0) if of(int(frame[key])) == stream]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("bound", [0, 1, 2])
-def test_each_workers_admitted_frames_are_its_envs_steps_chosen_by_the_weights_they_name(bound):
-    batches, weights = collected(bound)
+def test_each_workers_admitted_frames_are_its_envs_steps_chosen_by_the_weights_they_name(bound, layout):
+    batches, weights = collected(bound, layout)
     seen = set()
-    for worker in range(WORKERS):
-        frames = stream_of(batches, worker)
+    for worker, offset in streams(layout).items():
+        frames = stream_of(batches, worker, layout)
         assert frames, f"worker {worker} delivered nothing"
         policy = BiasPolicy(0, size=3)
-        with Collector(OffsetEnv(worker), policy, frames_per_batch=1, total_frames=len(frames)) as replay:
+        with Collector(OffsetEnv(offset), policy, frames_per_batch=1, total_frames=len(frames)) as replay:
             steps = iter(replay)
             for index, frame in enumerate(frames):
                 version = int(frame[VERSION])

@@ -93,6 +93,34 @@ def test_the_bound_holds_across_a_worker_restart_and_a_resume():
     assert c2.metrics().accounts.lost == saved["lost"] + saved["pending"]  # the saved run's pending frames
 
 
+@pytest.mark.filterwarnings("ignore::rpc_collectors.WorkerRestartWarning")
+@pytest.mark.parametrize("mode", ["admit", "drop"])
+def test_async_nodes_admitted_drop_nothing_also_when_a_local_worker_is_replaced(mode):
+    """2 async nodes of 2 local workers, K=1, a push after every batch, node 1's local worker 0 killed and
+    replaced: admitted, every batch is within the bound, nothing is dropped (the nodes collect nothing ahead of
+    the trainer's requests) and every local worker delivers; dropped, the nodes drop what their local workers
+    collected with older weights (the figure the admission removes)."""
+    seen, streams = [], set()
+    with MultiAsyncCollector([count_env] * 2, BiasPolicy(1, size=3), frames_per_batch=10, max_policy_lag=1,
+                             policy_lag_mode=mode, collector_class="async", num_workers_per_collector=2,
+                             max_worker_restarts=1, track_policy_version=True, rpc_timeout=60) as c:
+        for i, batch in enumerate(c):
+            seen.append(c.last_batch.lag)
+            streams.add(int(batch["collector", "traj_ids"][0]) % 4)
+            c.update_policy_weights_()
+            if i == 5:
+                os.kill(c.infos[1]["local_pids"][0], signal.SIGKILL)
+            if i + 1 == 30:
+                break
+        account = c.metrics().accounts
+        assert account.stepped == account.delivered + account.dropped + account.lost + account.pending
+        assert c.worker_restarts == [0, 1]
+        dropped = c.dropped_frames
+    assert all(0 <= lag <= 1 for lag in seen), seen
+    assert streams == {0, 1, 2, 3}
+    assert dropped == 0 if mode == "admit" else dropped > 0
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"max_policy_lag": -1, "sync": False}, "max_policy_lag=-1 is invalid; accepted: None"),
     ({"max_policy_lag": 1.5, "sync": False}, "max_policy_lag=1.5 is invalid"),

@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from rpc_collectors.core.errors import Failure
+from rpc_collectors.core.options import Run
 from rpc_collectors.core.protocol import WorkerCalls
 from rpc_collectors.single_process.batch_record import VERSION, WORKER_ID
 from rpc_collectors.single_process.frame_ledger import Ledger
@@ -79,8 +80,7 @@ def front(n: int = 2, sync: bool = True, **options: object) -> SimpleNamespace:
     given = {"sync": sync, "elastic": False, "max_policy_lag": None, "policy_lag_mode": "admit", "preempt_after": None,
              **options}
     groups = SimpleNamespace(
-        run=SimpleNamespace(sync=given["sync"], max_policy_lag=given["max_policy_lag"],
-                            policy_lag_mode=given["policy_lag_mode"]),
+        run=Run(sync=given["sync"], max_policy_lag=given["max_policy_lag"], policy_lag_mode=given["policy_lag_mode"]),
         weights=SimpleNamespace(max_weight_update_interval=-1),
         launch=SimpleNamespace(elastic=given["elastic"], join_timeout=10.0),
     )

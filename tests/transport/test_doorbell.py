@@ -121,6 +121,40 @@ def test_two_requests_in_flight_are_answered_in_order_each_in_its_slot():
         pool.close()
 
 
+def test_announce_hears_each_request_as_it_arrives_while_an_earlier_one_is_collected():
+    """A node's doorbell (``announce``): three requests rung at once are all announced, with their versions,
+    while the first is still being collected; then each is answered in order, in its slot."""
+    pool = SlotPool(BatchLayout.of(batch(0)), 1, shared=False, slots=5)
+    bell = SocketDoorbell("127.0.0.1", pool.memory, 5.0)
+    writer = SlotWriter(pool.spec(0, bell.ends))
+    announced, heard, answered = [], threading.Event(), []
+
+    def collect(min_version: int, slot: int) -> Ready:
+        if not answered:  # the first request waits until the reader announced all three
+            assert heard.wait(10), f"announced {announced} while the first request was collected"
+        answered.append(min_version)
+        assert writer.write(slot, batch(min_version))
+        return Ready(slot)
+
+    def announce(min_version: int) -> None:
+        announced.append(min_version)
+        if len(announced) == 3:
+            heard.set()
+
+    answer(bell.ends, collect, writer.memory, announce=announce)
+    bell.opened()
+    try:
+        asked = [(pool.slot_for(0), version) for version in (4, 5, 7)]
+        futures = [bell.ring(slot, version) for slot, version in asked]
+        for (slot, version), fut in zip(asked, futures):
+            assert fut.wait() == Ready(slot)
+            assert (pool.hand_out(slot) == batch(version)).all()
+        assert announced == answered == [4, 5, 7]
+    finally:
+        bell.close()
+        pool.close()
+
+
 def fake_worker(bell: SocketDoorbell, token: bytes | None = None) -> socket.socket:
     sock = socket.create_connection((bell.ends.address, bell.ends.port), timeout=5)
     sock.sendall(bell.ends.token if token is None else token)
