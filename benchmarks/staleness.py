@@ -19,7 +19,10 @@ episode the envs finished (two-sample KS test, p-value), and each worker's share
 handed out against its share of the steps its env took meanwhile (chi-square test on batch counts,
 p-value).
 
-    python benchmarks/staleness.py [--k 8 16] [--seconds 20] [--fast-ms 10] [--slow-ms 30]
+With ``--nodes W`` the 8 are ``8 / W`` async node collectors of ``W`` local workers each
+(``collector_class="async"``), and the shares are the nodes'.
+
+    python benchmarks/staleness.py [--k 8 16] [--seconds 20] [--fast-ms 10] [--slow-ms 30] [--nodes 2]
 """
 from __future__ import annotations
 
@@ -46,15 +49,18 @@ TRAJ_IDS, DONE, VERSION = ("collector", "traj_ids"), ("next", "done"), ("collect
 class TailEnv(gym.Env):
     """Sleeps ``step_s`` a step, times ``min(3, 0.5 + length / 100)`` for an episode of ``length``;
     observation ``[t]``, the step within the episode; episodes last
-    ``1 + floor(20 * Pareto(1.2))`` steps (at most 400). Every finished episode's length is appended
-    to ``log``, and its steps are counted in slot ``worker`` of the int64 file ``counts``."""
+    ``1 + floor(20 * Pareto(1.2))`` steps (at most 400). Each env process claims a slot of
+    ``folder`` (the file ``slot<k>`` names its worker, ``worker``: a node's local workers share
+    it); every finished episode's length is appended to ``worker<k>.txt``, and its steps are
+    counted in slot k of the int64 file ``steps.bin``."""
 
     metadata: dict = {"render_modes": []}
 
-    def __init__(self, step_s: float, log: str, counts: str, worker: int) -> None:
-        self.step_s, self.log = step_s, log
-        self.counts = np.memmap(counts, dtype=np.int64, mode="r+", shape=(WORKERS,))
-        self.worker = worker
+    def __init__(self, step_s: float, folder: str, worker: int) -> None:
+        self.step_s = step_s
+        self.slot = next(k for k in range(WORKERS) if _claimed(Path(folder) / f"slot{k}", worker))
+        self.log = str(Path(folder) / f"worker{self.slot}.txt")
+        self.counts = np.memmap(Path(folder) / "steps.bin", dtype=np.int64, mode="r+", shape=(WORKERS,))
         self.observation_space = gym.spaces.Box(0.0, 1e4, (1,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.rng = np.random.default_rng(os.getpid())
@@ -69,7 +75,7 @@ class TailEnv(gym.Env):
         # a long episode steps slower (a larger scene): its worker falls behind while it runs
         time.sleep(self.step_s * min(3.0, 0.5 + self._length / 100))
         self._t += 1
-        self.counts[self.worker] += 1
+        self.counts[self.slot] += 1
         done = self._t >= self._length
         if done:
             with open(self.log, "a") as f:
@@ -77,10 +83,21 @@ class TailEnv(gym.Env):
         return np.array([self._t], np.float32), 1.0, done, False, {}
 
 
-def make_env(step_s: float, log: str, counts: str, worker: int):
+def _claimed(path: Path, worker: int) -> bool:
+    """Whether this process took the slot file ``path`` (for ``worker``)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, str(worker).encode())
+    os.close(fd)
+    return True
+
+
+def make_env(step_s: float, folder: str, worker: int):
     from rpc_collectors import GymEnv
 
-    return GymEnv(TailEnv(step_s, log, counts, worker))
+    return GymEnv(TailEnv(step_s, folder, worker))
 
 
 class Policy(nn.Module):
@@ -110,14 +127,16 @@ def case(spec: dict) -> dict:
     from rpc_collectors import MultiAsyncCollector
 
     torch.set_num_threads(1)
-    logs = [str(Path(spec["dir"]) / f"worker{i}.txt") for i in range(WORKERS)]
-    counts_path = str(Path(spec["dir"]) / "steps.bin")
-    counts = np.memmap(counts_path, dtype=np.int64, mode="w+", shape=(WORKERS,))
-    fns = [functools.partial(make_env, (spec["slow_ms"] if i < SLOW else spec["fast_ms"]) / 1e3, logs[i],
-                             counts_path, i) for i in range(WORKERS)]
+    folder, width = Path(spec["dir"]), spec["nodes"]
+    logs = [str(folder / f"worker{i}.txt") for i in range(WORKERS)]
+    counts = np.memmap(folder / "steps.bin", dtype=np.int64, mode="w+", shape=(WORKERS,))
+    # workers (flat) or async nodes of `width` local workers: the first SLOW processes are slow
+    fns = [functools.partial(make_env, (spec["slow_ms"] if i * width < SLOW else spec["fast_ms"]) / 1e3,
+                             spec["dir"], i) for i in range(WORKERS // width)]
     lag = {} if spec["k"] is None else {"max_policy_lag": spec["k"], "policy_lag_mode": spec["mode"]}
+    nodes = {} if width == 1 else {"collector_class": "async", "num_workers_per_collector": width}
     policy = Policy()
-    with MultiAsyncCollector(fns, policy, frames_per_batch=STEPS, track_policy_version=True, **lag) as c:
+    with MultiAsyncCollector(fns, policy, frames_per_batch=STEPS, track_policy_version=True, **lag, **nodes) as c:
         it = iter(c)
         warm = time.perf_counter()
         while time.perf_counter() - warm < 3:
@@ -139,7 +158,11 @@ def case(spec: dict) -> dict:
                 policy.linear.bias.add_(0.001)
             c.update_policy_weights_()
         wall = time.perf_counter() - start
-        dropped, stepped = c.dropped_frames - dropped0, (counts - stepped0).tolist()
+        dropped, by_slot = c.dropped_frames - dropped0, (counts - stepped0).tolist()
+    # each worker's (node's) steps: its processes' slots
+    stepped = [0] * len(fns)
+    for k in range(WORKERS):
+        stepped[int((folder / f"slot{k}").read_text())] += by_slot[k]
     env_lengths = [[int(x) for x in Path(log).read_text().split()] for log in logs if Path(log).exists()]
     return {"frames_per_s": frames / wall, "dropped_frames": dropped, "lags": dict(lags),
             "episodes": complete_episodes(kept), "env_episodes": [x for ls in env_lengths for x in ls],
@@ -152,6 +175,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--fast-ms", type=float, default=10.0)
     parser.add_argument("--slow-ms", type=float, default=30.0)
+    parser.add_argument("--nodes", type=int, default=1, help="async nodes of this many local workers each")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
@@ -164,10 +188,13 @@ def main() -> None:
     for k, mode in specs:
         with tempfile.TemporaryDirectory() as folder:
             spec = {"k": k, "mode": mode, "seconds": args.seconds, "fast_ms": args.fast_ms, "slow_ms": args.slow_ms,
-                    "dir": folder}
+                    "dir": folder, "nodes": args.nodes}
             rows.append((k, mode, run_case(__file__, spec, timeout=120 + 3 * args.seconds)))
     base = rows[0][2]["frames_per_s"]
-    print(f"\n{WORKERS} async workers ({SLOW} at {args.slow_ms:g} ms a step, {WORKERS - SLOW} at {args.fast_ms:g} ms), "
+    layout = "" if args.nodes == 1 else f" as {WORKERS // args.nodes} async nodes of {args.nodes} local workers"
+    slow = -(-SLOW // args.nodes)  # the slow workers (nodes): their processes are slow
+    print(f"\n{WORKERS} async workers{layout} ({slow * args.nodes} at {args.slow_ms:g} ms a step, "
+          f"{WORKERS - slow * args.nodes} at {args.fast_ms:g} ms), "
           f"{STEPS}-step batches, a push after every batch, {args.seconds:g} s per case")
     print(f"{'case':>12}{'frames/s':>10}{'x unbounded':>13}{'dropped':>9}{'max lag':>9}{'episodes':>10}"
           f"{'KS p':>9}{'shares p':>10}  slow workers' share (stepped)")
@@ -178,7 +205,7 @@ def main() -> None:
         handed = np.array([r["per_worker"].get(str(i), 0) for i in range(len(stepped))], dtype=float)
         expected = stepped / stepped.sum() * handed.sum()
         shares = stats.chisquare(handed, expected).pvalue
-        slow_share, slow_stepped = handed[:SLOW].sum() / handed.sum(), stepped[:SLOW].sum() / stepped.sum()
+        slow_share, slow_stepped = handed[:slow].sum() / handed.sum(), stepped[:slow].sum() / stepped.sum()
         print(f"{name:>12}{r['frames_per_s']:>10,.0f}{r['frames_per_s'] / base:>13.3f}{r['dropped_frames']:>9,}"
               f"{max(map(int, r['lags'])):>9}{len(r['episodes']):>10}{ks:>9.3f}{shares:>10.3f}"
               f"  {slow_share:.3f} ({slow_stepped:.3f})")
