@@ -134,7 +134,7 @@ class WorkerState(ObservingCalls):
             self.writer = SlotWriter(spec)
             credits = self.collector.credits
             # a node's requests are announced as they arrive (worker.node_credits)
-            doorbell.answer(spec.doorbell, functools.partial(self.collect, announced=True),
+            doorbell.answer(spec.doorbell, functools.partial(self._collect, announced=True),
                             self.writer.memory if spec.fd is None else None,
                             announce=None if credits is None else credits.announce)
         except (OSError, RuntimeError):
@@ -142,13 +142,17 @@ class WorkerState(ObservingCalls):
             return False
         return True
 
-    def collect(self, min_version: int, slot: int | None = None,
-                announced: bool = False) -> TensorDictBase | Ready | Noted:
+    def collect(self, min_version: int, slot: int | None = None) -> TensorDictBase | Ready | Noted:
         """The next batch: written into shared-memory ``slot`` (answering :class:`Ready`), or
         returned; a node's answer carries its local restarts and own drops since its last
-        (:mod:`~rpc_collectors.transport.local_restarts`). A node that holds credits applies the
-        weights of every request announced so far (``announced``: this one was, by the doorbell),
-        which it then asks of its local workers."""
+        (:mod:`~rpc_collectors.transport.local_restarts`)."""
+        return self._collect(min_version, slot)
+
+    def _collect(self, min_version: int, slot: int | None,
+                 announced: bool = False) -> TensorDictBase | Ready | Noted:
+        """:meth:`collect`. A node that holds credits applies the weights of every request
+        announced so far (``announced``: this one was, by the doorbell), which it then asks of its
+        local workers."""
         credits = self.collector.credits
         if credits is not None:
             if not announced:
