@@ -152,15 +152,14 @@ class CollectorFront(BaseCollector):
         # rdv: where hosts send batches
         rdv, pipelined = self.workers.rdv, not plan.sync and not plan.update_after_each_batch
         # an admitted async node: a request in flight per local worker (worker.node_credits)
-        credited = plan.node is not None and plan.node.credits
-        depths = {i: plan.node.num_workers for i in range(plan.num_workers)} if credited else None
+        depth = plan.node.num_workers if plan.node is not None and plan.node.credits else None
         # elastic: a buffer per member, who may be anywhere
         self.slots.open(
             local, self._resources, sync=plan.sync and not plan.elastic, keep_fds=roster.budget > 0,
             device=plan.storing_device, address=rdv.address() if rdv is not None else None,
             timeout=plan.rpc_timeout, pipelined=pipelined,
             pipelined_here=(pipelined and plan.max_policy_lag is None
-                            and plan.max_weight_update_interval < 0), depths=depths,
+                            and plan.max_weight_update_interval < 0), depth=depth,
         )
 
     # ---------------------------------------------------------------- workers

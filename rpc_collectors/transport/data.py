@@ -231,15 +231,16 @@ class BatchPlane:
     weights after each batch): a worker on another host may have ``IN_FLIGHT`` requests at once
     (:meth:`depth`), so it collects its next batch while the last crosses the network;
     ``pipelined_here``: one on this host too, so it goes on as soon as it finished one (False where
-    a bound on lag or on batches per weights would drop or break one asked ahead). ``depths``: the
-    requests in flight of the workers that take more (an admitted async node: one per local worker).
+    a bound on lag or on batches per weights would drop or break one asked ahead). ``depth``: the
+    requests in flight of every worker with slots instead (an admitted async node: one per local
+    worker).
     """
 
     def __init__(
         self, local: list[bool], join: Callable[[int, SlotSpec], bool], sync: bool,
         keep_fds: bool = False, device: torch.device | None = None, address: str | None = None,
         timeout: float = 60.0, pipelined: bool = False, pipelined_here: bool = False,
-        depths: dict[int, int] | None = None) -> None:
+        depth: int | None = None) -> None:
         """``keep_fds``: keep each buffer's descriptor, so that a replaced worker can map it
         (:meth:`rejoin`). ``timeout``: the RPC timeout, within which a worker on another host
         connects."""
@@ -254,9 +255,8 @@ class BatchPlane:
         # one that cannot reach the trainer's port gives up within its join call's timeout:
         # its batches come by RPC
         self._joins = Joins(join, address, min(CONNECT_TIMEOUT, timeout / 2))
-        self._in_flight = {"tcp": IN_FLIGHT if pipelined else 1,
-                           "shm": IN_FLIGHT if pipelined_here else 1, "rpc": 1}
-        self._depths = depths or {}
+        self._in_flight = {"tcp": depth or (IN_FLIGHT if pipelined else 1),
+                           "shm": depth or (IN_FLIGHT if pipelined_here else 1), "rpc": 1}
         self.pools: dict[int, SlotPool] = {}
         self._round: SlotPool | None = None
         self._rows: dict[int, int] = {}
@@ -279,9 +279,8 @@ class BatchPlane:
         return "rpc" if pool is None else "shm" if pool.shared else "tcp"
 
     def depth(self, worker_id: int) -> int:
-        """How many requests ``worker_id`` may have in flight (by RPC: one)."""
-        path = self.path_of(worker_id)
-        return 1 if path == "rpc" else self._depths.get(worker_id, self._in_flight[path])
+        """How many requests ``worker_id`` may have in flight."""
+        return self._in_flight[self.path_of(worker_id)]
 
     def slot_for(self, worker_id: int, again: bool = False) -> int | None:
         """The slot to ask ``worker_id`` to write its next batch into (None: as an RPC result)."""
@@ -329,7 +328,7 @@ class BatchPlane:
         if path is not None:
             layout = BatchLayout.of(result)
             if layout is not None and layout.nbytes >= MIN_BYTES:
-                slots = SLOTS + self._depths.get(worker_id, self._in_flight[path]) - 1
+                slots = SLOTS + self._in_flight[path] - 1
                 self._set_up(SlotPool(layout, 1, self._pinned, shared=path == "shm", slots=slots),
                              [worker_id])
         return result

@@ -246,11 +246,11 @@ class NodeCollector:
 
     def _next(self) -> TensorDictBase:
         self._pass_weights_on()
-        newest = self._version if self.inference is not None else self.local.pushed_version
         try:
             if self.credits is not None:
                 batch = self.credits.next(self.local)
             else:
+                newest = self._version if self.inference is not None else self.local.pushed_version
                 batch = self.local.next()
                 while batch.get(VERSION).min() < newest:
                     self.local.continuity.drop(batch)
