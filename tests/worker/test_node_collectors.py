@@ -174,6 +174,36 @@ def test_async_nodes_yield_one_local_workers_batch_with_unique_ids(no_leftover_p
     assert residues <= {(0, 0), (0, 1), (1, 2), (1, 3)} and len(residues) >= 3, residues
 
 
+def point(policy: ArgmaxPolicy, action: int) -> None:
+    with torch.no_grad():
+        policy.linear.weight.zero_()
+        policy.linear.bias.copy_(torch.eye(2)[action])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_unbounded_async_nodes_hand_out_what_their_local_workers_collected_before_a_push(no_leftover_processes):
+    """A push after every batch, the action flipped by each: nothing is dropped, and every frame's version names
+    the weights that chose it (version v: action 1 - v % 2), also in the local batches begun before a push."""
+    policy = ArgmaxPolicy()
+    point(policy, 1)
+    with RPCCollector(make_env, policy, num_collectors=2, frames_per_batch=20, launcher="local", sync=False,
+                      collector_class="async", num_workers_per_collector=2, track_policy_version=True) as c:
+        batches = []
+        for batch in c:
+            batches.append(batch.clone())
+            if len(batches) == 16:
+                break
+            point(policy, 1 - (c.policy_version + 1) % 2)
+            c.update_policy_weights_()
+        assert c.dropped_frames == c.dropped_batches == 0
+    version = ("collector", "policy_version")
+    for b in batches:
+        assert b[version].unique().numel() == 1  # a local worker takes a push between its batches
+        assert torch.equal(b["action"].reshape(-1), 1 - b[version] % 2)
+    assert len({int(b[version][0]) for b in batches}) >= 2  # the pushes reached the local workers
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_weights_reach_every_local_worker_once_per_push():
