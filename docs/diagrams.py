@@ -75,7 +75,7 @@ FAILURE_PATH = Flow(
 )
 
 STREAM_CUTS = Chains([
-    ("a batch dropped (max_policy_lag; a node's local batch asked before a cut)", [
+    ("a batch dropped (max_policy_lag; a node's stale local batch)", [
         "batch k: id 7, t 3-9\nhanded out",
         "batch k+1: id 7, t 10-16\ndropped",
         "batch k+2: id 11, t 17-23\nsame env, not reset: a new id",

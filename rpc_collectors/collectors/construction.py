@@ -130,7 +130,7 @@ def plan(
         collector=node_collector, sync=node_kind == "sync", num_workers=per_node,
         launcher="debug" if launcher == "debug" else "local", rpc_timeout=launch.rpc_timeout,
         inference=inference, max_worker_restarts=launch.max_worker_restarts,
-        credits=node_kind == "async" and run.admits,
+        credits=node_kind == "async" and run.admits, fresh=node_kind == "async" and run.sync,
     )
     restarts = 0 if node is not None else worker_checks.max_worker_restarts(
         launch.max_worker_restarts, launcher, pushes, weights.backend)

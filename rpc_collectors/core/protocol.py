@@ -76,6 +76,8 @@ class NodeSpec:
     inference: str = "worker"
     # async under the trainer's admission: one local batch per request (worker.node_credits)
     credits: bool = False
+    # async under a sync trainer: a round holds only the newest weights the node passed on
+    fresh: bool = False
 
 
 class WorkerInfo(TypedDict, total=False):

@@ -10,7 +10,7 @@ of a worker's stream goes through :class:`Continuity`, which owns the rule:
   or, if it was left out of the pushes since they were within the bound
   (:meth:`~Continuity.left_behind`), the trainer's. The lag of each batch handed out is in
   ``last_batch`` (``lag``, ``min_lag``);
-* a batch dropped (``max_policy_lag``, or a node's local batch asked before a cut) is counted in
+* a batch dropped (``max_policy_lag``, or a node's stale local batch) is counted in
   ``dropped_frames``/``dropped_batches`` (a node's own drops as it tells them, with its next
   answer) and cuts its workers' streams: each is told to go on under new trajectory ids from its
   next step (:meth:`~rpc_collectors.single_process.collector.Collector.cut`; a node cuts those of

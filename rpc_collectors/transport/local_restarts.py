@@ -1,8 +1,9 @@
 """A node's local restarts and drops on their way to the trainer, with the node's next batch answer.
 
 A node collector (:mod:`~rpc_collectors.worker.node`) replaces its own local workers
-(``max_worker_restarts``) and drops the local batches asked before a cut of their worker's
-stream (:mod:`~rpc_collectors.trainer.continuity`). Each replacement travels to the
+(``max_worker_restarts``) and drops local batches: under a sync trainer those begun before the
+newest weights, and those asked before a cut of their worker's stream
+(:mod:`~rpc_collectors.trainer.continuity`). Each replacement travels to the
 trainer as a :class:`~rpc_collectors.core.protocol.LocalRestart`, and the frames and batches dropped
 as :class:`~rpc_collectors.core.protocol.Dropped`, with the node's next answer (:func:`attach`):
 around it, whether a :class:`~rpc_collectors.core.protocol.Ready` (a batch in its slot) or a batch

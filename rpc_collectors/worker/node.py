@@ -37,7 +37,7 @@ from rpc_collectors.core import checks
 from rpc_collectors.core.errors import LocalWorkerError, WorkerError
 from rpc_collectors.core.metrics import WorkerPhases
 from rpc_collectors.core.protocol import Dropped, LocalRestart, NodeSpec, ProcessSpans
-from rpc_collectors.single_process.batch_record import workers_in
+from rpc_collectors.single_process.batch_record import VERSION, workers_in
 from rpc_collectors.single_process.phase_clock import PhaseClock, StoppedClock
 from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.single_process.trajectories import TRAJ_IDS
@@ -236,19 +236,28 @@ class NodeCollector:
         """The node's next batch, with trajectory ids in the trainer's numbering.
 
         A sync node's local round starts after the node passed its newest weights on, so every
-        frame of it has them. An async node's local workers collect ahead, each a batch at a time,
-        as flat async workers do: a batch may hold the weights its worker had before the last
+        frame of it has them. An async node's local workers collect ahead, as flat async workers
+        do. Under an async trainer a batch may hold the weights its worker had before the last
         push (each frame's version says which), and the trainer's ``max_policy_lag`` decides;
         under its admission each local batch is asked for one request of the trainer, after that
-        request's weights (:mod:`~rpc_collectors.worker.node_credits`). A node drops nothing by
-        version itself."""
+        request's weights (:mod:`~rpc_collectors.worker.node_credits`). Under a sync trainer a
+        round holds only the newest weights (``NodeSpec.fresh``): the node drops the local batches
+        begun before them, which cuts those workers' streams
+        (:mod:`~rpc_collectors.trainer.continuity`)."""
         with self._busy:
             return self._next()
 
     def _next(self) -> TensorDictBase:
         self._pass_weights_on()
         try:
-            batch = self.credits.next(self.local) if self.credits is not None else self.local.next()
+            if self.credits is not None:
+                batch = self.credits.next(self.local)
+            else:
+                batch = self.local.next()
+                newest = self._version if self.inference is not None else self.local.pushed_version
+                while self.node.fresh and batch.get(VERSION).min() < newest:
+                    self.local.continuity.drop(batch)
+                    batch = self.local.next()
         except WorkerError as err:
             # the trainer's WorkerError names this node and, from this, the local worker
             if self.inference is not None and self.inference.error is not None:
