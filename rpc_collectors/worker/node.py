@@ -253,8 +253,8 @@ class NodeCollector:
             if self.credits is not None:
                 batch = self.credits.next(self.local)
             else:
-                batch = self.local.next()
                 newest = self._version if self.inference is not None else self.local.pushed_version
+                batch = self.local.next()
                 while self.node.fresh and batch.get(VERSION).min() < newest:
                     self.local.continuity.drop(batch)
                     batch = self.local.next()
