@@ -175,6 +175,7 @@ def test_async_nodes_yield_one_local_workers_batch_with_unique_ids(no_leftover_p
 
 
 def point(policy: ArgmaxPolicy, action: int) -> None:
+    """Make ``policy`` choose ``action`` whatever it observes."""
     with torch.no_grad():
         policy.linear.weight.zero_()
         policy.linear.bias.copy_(torch.eye(2)[action])
@@ -212,9 +213,7 @@ def test_weights_reach_every_local_worker_once_per_push():
                       collector_class="sync", num_workers_per_collector=2, cat_results="stack",
                       track_policy_version=True) as c:
         first = c.next()
-        with torch.no_grad():  # always push left
-            policy.linear.weight.zero_()
-            policy.linear.bias.copy_(torch.tensor([1.0, 0.0]))
+        point(policy, 0)  # always push left
         c.update_policy_weights_()
         second = c.next()
     assert first["collector", "policy_version"].unique().tolist() == [0]

@@ -30,7 +30,14 @@ from rpc_collectors import (
     WorkerRestartWarning,
 )
 from rpc_collectors.transport.data import IN_FLIGHT
-from test_node_collectors import SCRIPT, Run, assert_killed_local_worker_is_one_worker_error, assert_same_frames, processes_left
+from test_node_collectors import (
+    SCRIPT,
+    Run,
+    assert_killed_local_worker_is_one_worker_error,
+    assert_same_frames,
+    point,
+    processes_left,
+)
 
 PREFIX, SUBNET, MASTER_PORT = "rpcc-ni", "10.91.0", 29591
 VERSION, WORKER_ID, TRAJ_IDS = ("collector", "policy_version"), ("collector", "worker_id"), ("collector", "traj_ids")
@@ -41,9 +48,7 @@ def make_env() -> GymEnv:
 
 
 def push_left(policy: ArgmaxPolicy) -> None:
-    with torch.no_grad():
-        policy.linear.weight.zero_()
-        policy.linear.bias.copy_(torch.tensor([1.0, 0.0]))
+    point(policy, 0)
 
 
 def run_with_pushes(inference: str, batches: int, **kwargs) -> list:
