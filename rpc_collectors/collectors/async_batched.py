@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
@@ -28,8 +27,9 @@ from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.batch_record import BatchRecord
 from rpc_collectors.single_process.policies import StepPolicy
 from rpc_collectors.trainer import batched_observing
+from rpc_collectors.trainer.batched_admission import Pacing
 from rpc_collectors.trainer.inference_loop import InferenceLoop
-from rpc_collectors.trainer.lifetime import finalize_before_exit
+from rpc_collectors.trainer.lifetime import finalize_before_exit, weak_method
 from rpc_collectors.trainer.roster import Roster
 from rpc_collectors.trainer.threads import inference_threads
 from rpc_collectors.trainer.trace_window import MAX_SPANS, TraceWindow
@@ -94,6 +94,12 @@ class AsyncBatchedCollector(BaseCollector):
             it, a failure is a :class:`~rpc_collectors.WorkerError`.
         prefetch: full batches that may wait for you (the envs wait when they are there).
         rpc_timeout: seconds each env worker may take to start.
+        max_policy_lag: no batch handed out more than this many versions behind
+            ``policy_version`` (None: no bound; an int >= 1 and >= ``num_envs / frames_per_batch``)
+            by admission, as ``policy_lag_mode="admit"`` of the multi-worker collectors: if you
+            update the weights at most once per batch, the loop acts for an env only while its
+            transitions can still join a batch within the bound, and nothing is dropped
+            (:mod:`~rpc_collectors.trainer.batched_admission`). ``policy_lag_mode``: "admit".
 
     TorchRL's other arguments are accepted where they select this path (``transport`` None,
     ``"auto"`` or ``"driver"``, ``backend``/``env_backend`` ``"multiprocessing"``,
@@ -148,6 +154,8 @@ class AsyncBatchedCollector(BaseCollector):
         max_worker_restarts: int = 0,
         prefetch: int = 1,
         rpc_timeout: float = 60.0,
+        max_policy_lag: int | None = None,
+        policy_lag_mode: str = "admit",
     ) -> None:
         super().__init__(options.Batches.given(locals()), post_collect_hook)
         # transitions, whichever env's: not rounded
@@ -168,6 +176,9 @@ class AsyncBatchedCollector(BaseCollector):
             driver_affinity=driver_affinity,
         )
         checks.boolean("verbose", verbose)
+        self.max_policy_lag = batched_args.policy_lag(max_policy_lag, policy_lag_mode,
+                                                      len(factories), self.frames_per_batch)
+        self.policy_lag_mode = policy_lag_mode
         device = batched_args.policy_device(device, device_config)
         self._take(exploration_type, policy_version, policy_version_key, max_worker_restarts,
                    prefetch, rpc_timeout)
@@ -184,8 +195,8 @@ class AsyncBatchedCollector(BaseCollector):
         self.exploration_type = options.check("exploration_type", exploration_type)
         self.policy_version = checks.non_negative_int("policy_version", policy_version)
         self.policy_version_key = batched_args.version_key(policy_version_key, BATCH_KEYS)
-        restarts = checks.non_negative_int("max_worker_restarts", max_worker_restarts)
-        self.max_worker_restarts = restarts
+        self.max_worker_restarts = checks.non_negative_int("max_worker_restarts",
+                                                           max_worker_restarts)
         self.prefetch = checks.positive_int("prefetch", prefetch)
         self.rpc_timeout = options.check("rpc_timeout", rpc_timeout)
 
@@ -196,6 +207,9 @@ class AsyncBatchedCollector(BaseCollector):
         it is shut down."""
         self.num_envs = num_envs
         self._lock = threading.Lock()
+        # max_policy_lag's figures of the trainer's side, which the loop reads
+        self._pacing = (None if self.max_policy_lag is None
+                        else Pacing(self.max_policy_lag, weak_method(self._version)))
         self.roster = Roster(self.num_workers, self.max_worker_restarts, name="env worker {}")
         self._seeds: list[int | None] = [None] * self.num_workers
         self._loop: InferenceLoop | None = None
@@ -209,8 +223,8 @@ class AsyncBatchedCollector(BaseCollector):
             self.shutdown()
             raise
         # the loop's thread reaches this object only weakly: dropping it stops the loop and the envs
-        self._release = finalize_before_exit(self, _close, self._loop, self.plane, self.pool,
-                                             SHUTDOWN_TIMEOUT)
+        self._release = finalize_before_exit(self, batched_startup.close, self._loop, self.plane,
+                                             self.pool, SHUTDOWN_TIMEOUT)
 
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:
@@ -239,6 +253,7 @@ class AsyncBatchedCollector(BaseCollector):
         if loop is None or self._closing:
             raise RuntimeError("AsyncBatchedCollector was shut down")
         loop.start()
+        self._paced(Pacing.asked)
         while True:
             try:
                 error = loop.errors.get_nowait()
@@ -254,13 +269,23 @@ class AsyncBatchedCollector(BaseCollector):
                 # the loop keeps going, or it was stopped: shutdown() in another thread
                 if loop.stop.is_set() and loop.errors.empty() and loop.batches.empty():
                     raise RuntimeError("AsyncBatchedCollector was shut down") from None
+        self._paced(Pacing.taken)
         if self.total_frames != -1 and self._frames + batch.numel() > self.total_frames:
             batch = batch[:self.total_frames - self._frames]
         self._record(batch)
+        if self._pacing is not None:
+            self._pacing.check(self.last_batch)
         if self.tracing.rounds_left:
             # a trace window is open
             self.tracing.handed_out()
         return batch
+
+    def _paced(self, event: Callable[[Pacing], None]) -> None:
+        """Tell the pacing of ``max_policy_lag`` (if any) of ``event``; the loop looks again."""
+        if self._pacing is not None:
+            event(self._pacing)
+            if self.plane is not None:
+                self.plane.wake()
 
     def _record(self, batch: TensorDictBase) -> None:
         key = self.policy_version_key if self.policy_version_key is not None else PRIVATE_VERSION
@@ -288,10 +313,8 @@ class AsyncBatchedCollector(BaseCollector):
             raise ValueError(f"update_policy_weights_: model_id={model_id!r} is unknown; "
                              "accepted: None or 'policy'")
         if worker_ids is not None:
-            raise ValueError(
-                f"update_policy_weights_: worker_ids={worker_ids!r} is not accepted: the one "
-                "policy is in this process; accepted: None"
-            )
+            raise ValueError(f"update_policy_weights_: worker_ids={worker_ids!r} is not accepted: "
+                             "the one policy is in this process; accepted: None")
         module = self.policy.module
         if source is None and module is not None and module is not self.policy.source:
             source = self.policy.source
@@ -305,6 +328,7 @@ class AsyncBatchedCollector(BaseCollector):
             if new is not None:
                 load_weights(module, new)
             self.policy_version += 1
+        self._paced(Pacing.updated)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed env i with ``seed + i`` from its next reset on (each env's first reset is done at
@@ -357,21 +381,9 @@ class AsyncBatchedCollector(BaseCollector):
         if release is not None:
             release.detach()
         timeout = getattr(self, "_shutdown_timeout", SHUTDOWN_TIMEOUT)
-        _close(self._loop, self.plane, self.pool, timeout)
+        batched_startup.close(self._loop, self.plane, self.pool, timeout)
         if self._loop is not None:
             # its counters outlive it, for metrics()
             self._inference = batched_observing.inference_of(self._loop)
         self.plane = self._loop = None
-
-
-def _close(loop: InferenceLoop | None, plane: StepPlane | None, pool: LocalPool,
-           timeout: float) -> None:
-    """Stop the inference loop, the envs and their workers within about ``timeout`` s: at
-    ``shutdown()``, or when the collector is garbage-collected or the interpreter exits before."""
-    start = time.monotonic()
-    if loop is not None:
-        loop.close(timeout)
-    if plane is not None:
-        plane.close()
-    pool.close(max(0.5, (timeout - (time.monotonic() - start)) / 2))
 

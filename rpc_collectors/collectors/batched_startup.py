@@ -1,4 +1,5 @@
-"""How ``AsyncBatchedCollector`` (:mod:`.async_batched`) starts, and restarts an env worker.
+"""How ``AsyncBatchedCollector`` (:mod:`.async_batched`) starts, restarts an env worker, and
+closes.
 
 Its env workers start in its :class:`~rpc_collectors.pools.local.LocalPool`; the first answers
 one env's row of the step plane (:mod:`rpc_collectors.transport.step_plane`), and each then
@@ -13,12 +14,14 @@ Each function takes the collector and reads or sets its attributes (``pool``, ``
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 from tensordict.nn import set_interaction_type
 
 from rpc_collectors.core.futures import outcome
+from rpc_collectors.pools.local import LocalPool
 from rpc_collectors.trainer.inference_loop import InferenceLoop
 from rpc_collectors.trainer.lifetime import weak_method
 from rpc_collectors.trainer.transitions import Transitions
@@ -55,6 +58,7 @@ def start(collector: Any) -> InferenceLoop:
         max_batch_size=batching.max_batch_size, min_batch_size=batching.min_batch_size,
         timeout=batching.timeout, exploration_type=collector.exploration_type,
         prefetch=collector.prefetch, threads=collector.num_threads, meter=collector._meter,
+        pacing=collector._pacing,
     )
 
 
@@ -117,3 +121,16 @@ def replace(collector: Any, worker: int, text: str) -> bool:
             reason, remote = f"could not be replaced after it {reason}: {err}", remote
     collector._loop.errors.put(pool.error(worker, reason, remote))
     return False
+
+
+def close(loop: InferenceLoop | None, plane: StepPlane | None, pool: LocalPool,
+           timeout: float) -> None:
+    """Stop the inference loop, the envs and their workers within about ``timeout`` s: at
+    ``shutdown()``, or when the collector is garbage-collected or the interpreter exits before."""
+    start = time.monotonic()
+    if loop is not None:
+        loop.close(timeout)
+    if plane is not None:
+        plane.close()
+    pool.close(max(0.5, (timeout - (time.monotonic() - start)) / 2))
+

@@ -170,6 +170,31 @@ def replay_write_mode(mode: str) -> None:
                       "its batches carry no trajectory ids to tell whole trajectories apart")
 
 
+def policy_lag(max_policy_lag: Any, policy_lag_mode: Any, num_envs: int,
+               frames_per_batch: int) -> int | None:
+    """``max_policy_lag``: None (no bound) or an int >= 1 with ``num_envs <= max_policy_lag *
+    frames_per_batch``, kept by admission (:mod:`~rpc_collectors.trainer.batched_admission`);
+    ``policy_lag_mode`` ``"admit"`` only."""
+    if policy_lag_mode != "admit":
+        raise _refuse("policy_lag_mode", policy_lag_mode, "'admit'",
+                      "a dropped batch would leave a gap in its envs' streams, which carry no "
+                      "trajectory ids to show it")
+    if max_policy_lag is None:
+        return None
+    if type(max_policy_lag) is not int or max_policy_lag < 1:
+        raise _refuse("max_policy_lag", max_policy_lag, "None (no bound) or an int >= 1",
+                      "an env's transition joins a batch once its next step completes, so the "
+                      "last ones of a batch wait for acts that a bound of 0 would not admit")
+    if num_envs > max_policy_lag * frames_per_batch:
+        raise _refuse("max_policy_lag", max_policy_lag,
+                      f"None, or an int >= num_envs / frames_per_batch = {num_envs} / "
+                      f"{frames_per_batch}",
+                      f"each of the {num_envs} envs holds its latest transition until its next "
+                      f"step, and more than max_policy_lag * frames_per_batch held transitions "
+                      "cannot all join batches within the bound")
+    return max_policy_lag
+
+
 def version_key(value: Any, taken: Any) -> Any:
     """TorchRL's ``policy_version_key``: None (no key), or a key (a str or a tuple of str) of its
     own, apart from every key in ``taken`` (the batch's other keys) and from their nested keys, and

@@ -12,7 +12,8 @@ roster of its workers and their restarts (:mod:`.roster`), what it does when a w
 joins (:mod:`.recovery`; a node's own local restarts in :mod:`.node_restarts`), and what it owns
 outside itself (:mod:`.lifetime`, :mod:`.threads`), and ``metrics()`` (:mod:`.front_metrics`).
 A batched-inference collector's trainer side is here too: its inference loop
-(:mod:`.inference_loop`), how long it waits for envs about to answer (:mod:`.patience`), batch
+(:mod:`.inference_loop`), how long it waits for envs about to answer (:mod:`.patience`), the
+envs it holds for ``max_policy_lag`` (:mod:`.batched_admission`), batch
 assembly (:mod:`.transitions`), and its ``metrics()`` and trace window (:mod:`.batched_observing`).
 A trace window of a few rounds: :mod:`.trace_window` (the trainer's spans kept by its clock, the
 :class:`~rpc_collectors.single_process.run_meter.RunMeter`; the

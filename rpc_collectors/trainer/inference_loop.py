@@ -43,6 +43,8 @@ from tensordict.nn import set_interaction_type
 
 from rpc_collectors.single_process.phase_clock import PhaseClock, StoppedClock
 from rpc_collectors.single_process.run_meter import RunMeter
+from rpc_collectors.trainer import batched_admission
+from rpc_collectors.trainer.batched_admission import Pacing
 from rpc_collectors.trainer.patience import Patience
 from rpc_collectors.trainer.transitions import Transitions
 from rpc_collectors.transport.step_plane import StepPlane
@@ -81,13 +83,15 @@ class InferenceLoop:
         meter: the collector's clock, which keeps its spans while a trace window is open; where
             its metrics are on (``meter.on``), the loop's phase clock reads time from its
             thread's start.
+        pacing: ``max_policy_lag``'s figures (None: no bound): the ready envs whose acts would
+            break it wait in ``paused`` (:mod:`~rpc_collectors.trainer.batched_admission`).
     """
 
     def __init__(
         self, plane: StepPlane, transitions: Transitions, policy: Callable, lock: threading.Lock,
         version: Callable[[], int], on_failure: Callable[[int, str], bool], *, max_batch_size: int,
         min_batch_size: int, timeout: float, exploration_type: Any, prefetch: int, threads: int,
-        meter: RunMeter,
+        meter: RunMeter, pacing: Pacing | None = None,
     ) -> None:
         self.plane, self.transitions, self.policy, self.lock = plane, transitions, policy, lock
         self.version, self.on_failure = version, on_failure
@@ -99,6 +103,8 @@ class InferenceLoop:
         self.errors: queue.SimpleQueue = queue.SimpleQueue()
         self.acting = [False] * plane.num_envs
         self.waiting: list[int] = []
+        self.pacing = pacing
+        self.paused: list[int] = []
         self.completed: list[int] = []
         self.stop = threading.Event()
         self.meter = meter
@@ -168,12 +174,27 @@ class InferenceLoop:
         if self.waiting:
             self._gather()
         self._record()
+        if self.pacing is not None:
+            self._pace()
         # rows in order: a pass of consecutive envs moves each key in one copy
         self.waiting.sort()
         while self.waiting:
             envs = self.waiting[:self.max_batch_size]
             self.waiting = self.waiting[self.max_batch_size:]
             self._act(envs)
+
+    def _pace(self) -> None:
+        """Keep the ready envs whose acts keep ``max_policy_lag``; the others wait in ``paused``
+        for a step, a take or an update (each wakes the loop), and the due transitions join the
+        batch now."""
+        ready = self.waiting + self.paused
+        args = (self.transitions, self.acting, ready, self.pacing)
+        chosen = set(batched_admission.admitted(*args) or batched_admission.unstalled(*args))
+        self.waiting = [env for env in ready if env in chosen]
+        self.paused = [env for env in ready if env not in chosen]
+        if self.paused:
+            for batch in self.transitions.release():
+                self.put(batch)
 
     def _gather(self) -> None:
         """Wait, while the forward pass has room, for the envs in flight about to answer
@@ -202,6 +223,7 @@ class InferenceLoop:
             for env in envs:
                 self.acting[env] = False
             self.waiting = [e for e in self.waiting if e not in envs]
+            self.paused = [e for e in self.paused if e not in envs]
             if not self.on_failure(worker, text):
                 raise Stopped
             # the replacement starts from resets

@@ -180,6 +180,8 @@ class Transitions:
         self._into: list[tuple[np.ndarray, np.ndarray]] = []
         self._filled = 0
         self._due: list[int] = []
+        # batches filled so far
+        self.completed = 0
 
     def stage(self, envs: list[int], inputs: Mapping, outputs: Mapping,
               version: int) -> list[TensorDictBase]:
@@ -249,6 +251,31 @@ class Transitions:
         self._due.append(row)
         return self._release()
 
+    @property
+    def room(self) -> int:
+        """Places left in the batch being filled."""
+        return self.frames_per_batch - self._filled if self._batch is not None \
+            else self.frames_per_batch
+
+    def held_version(self, env: int) -> int | None:
+        """The version of ``env``'s held transition (None: it holds none)."""
+        return int(self._versions[self._other(env, self.staging[env])]) \
+            if self.holding[env] else None
+
+    def staged_version(self, env: int) -> int:
+        """The version of the action in flight for ``env``."""
+        return int(self._versions[self.staging[env]])
+
+    @property
+    def due(self) -> int:
+        """Transitions due, not in the batch yet."""
+        return len(self._due)
+
+    def release(self) -> list[TensorDictBase]:
+        """Move the due transitions into the batch now (:meth:`stage` does it with each pass);
+        returns the batches this completed."""
+        return self._release()
+
     def _release(self) -> list[TensorDictBase]:
         """Move the due transitions into the next free places of the batch, in order."""
         full, held, self._due = [], self._due, []
@@ -282,4 +309,5 @@ class Transitions:
     def _hand_out(self) -> TensorDictBase:
         batch = self._batch if self._slot is None else self.buffers.hand_out(self._slot)
         self._batch, self._slot = None, None
+        self.completed += 1
         return batch

@@ -220,6 +220,13 @@ def second_episode(steps) -> int | None:
     ({"policy": None}, TypeError, "one of policy or policy_factory"),
     ({"create_env_kwargs": [{}]}, ValueError, "create_env_kwargs=\\[\\{\\}\\] is invalid.*list of 2 dicts"),
     ({"num_envs": 3}, ValueError, "num_envs=3 does not match the 2 env factories"),
+    ({"max_policy_lag": 0}, ValueError, "max_policy_lag=0 is not supported.*accepted: None .no bound. or an int >= 1"),
+    ({"max_policy_lag": 1.0}, ValueError, "max_policy_lag=1.0 is not supported"),
+    ({"max_policy_lag": 2, "policy_lag_mode": "drop"}, ValueError,
+     "policy_lag_mode='drop' is not supported: a dropped batch would leave a gap.*accepted: 'admit'"),
+    ({"max_policy_lag": 1, "frames_per_batch": 1}, ValueError,
+     "max_policy_lag=1 is not supported: each of the 2 envs holds its latest transition.*"
+     "accepted: None, or an int >= num_envs / frames_per_batch = 2 / 1"),
 ])
 def test_arguments_that_cannot_map_are_refused_before_any_process_starts(kwargs, error, match):
     from procs import descendants
