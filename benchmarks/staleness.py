@@ -20,9 +20,13 @@ handed out against its share of the steps its env took meanwhile (chi-square tes
 p-value).
 
 With ``--nodes W`` the 8 are ``8 / W`` async node collectors of ``W`` local workers each
-(``collector_class="async"``), and the shares are the nodes'.
+(``collector_class="async"``), and the shares are the nodes'. With ``--batched`` they are the 8
+envs of one ``AsyncBatchedCollector`` (one env per worker process, the policy in the trainer's
+process; a batch holds 20 transitions of any envs, told apart by ``env_index``; no drop mode),
+and the shares are the envs' frames.
 
-    python benchmarks/staleness.py [--k 8 16] [--seconds 20] [--fast-ms 10] [--slow-ms 30] [--nodes 2]
+    python benchmarks/staleness.py [--k 8 16] [--seconds 20] [--fast-ms 10] [--slow-ms 30]
+                                   [--nodes 2 | --batched]
 """
 from __future__ import annotations
 
@@ -136,6 +140,8 @@ def case(spec: dict) -> dict:
     lag = {} if spec["k"] is None else {"max_policy_lag": spec["k"], "policy_lag_mode": spec["mode"]}
     nodes = {} if width == 1 else {"collector_class": "async", "num_workers_per_collector": width}
     policy = Policy()
+    if spec["batched"]:
+        return batched_case(spec, fns, policy, lag, counts, logs)
     with MultiAsyncCollector(fns, policy, frames_per_batch=STEPS, track_policy_version=True, **lag, **nodes) as c:
         it = iter(c)
         warm = time.perf_counter()
@@ -169,6 +175,63 @@ def case(spec: dict) -> dict:
             "stepped": stepped, "per_worker": {str(k): v for k, v in per_worker.items()}}
 
 
+def batched_case(spec: dict, fns: list, policy: nn.Module, lag: dict, counts: np.ndarray,
+                 logs: list[str]) -> dict:
+    """``case`` for one ``AsyncBatchedCollector`` of the 8 envs (``--batched``)."""
+    from rpc_collectors import AsyncBatchedCollector
+
+    with AsyncBatchedCollector(fns, policy=policy, frames_per_batch=STEPS, total_frames=-1, **lag) as c:
+        it = iter(c)
+        warm = time.perf_counter()
+        while time.perf_counter() - warm < 3:
+            next(it)
+            c.update_policy_weights_()
+        stepped0 = counts.copy()
+        kept, lags, per_env, start = [], collections.Counter(), collections.Counter(), time.perf_counter()
+        frames = 0
+        while time.perf_counter() - start < spec["seconds"]:
+            batch = next(it)
+            frames += batch.numel()
+            lags[c.last_batch.lag] += 1
+            envs = batch.get("env_index").tolist()
+            per_env.update(envs)
+            # an env's stream has no cut: its index names its episodes' steps, in order
+            kept.append((envs, batch.get("observation").reshape(-1).long().tolist(),
+                         batch.get(DONE).reshape(-1).tolist()))
+            with torch.no_grad():
+                policy.linear.bias.add_(0.001)
+            c.update_policy_weights_()
+        wall = time.perf_counter() - start
+        by_slot = (counts - stepped0).tolist()
+    stepped = [0] * len(fns)
+    for k in range(WORKERS):
+        stepped[int((Path(spec["dir"]) / f"slot{k}").read_text())] += by_slot[k]
+    env_lengths = [[int(x) for x in Path(log).read_text().split()] for log in logs if Path(log).exists()]
+    return {"frames_per_s": frames / wall, "dropped_frames": 0, "lags": dict(lags),
+            "episodes": episodes_by_env(kept), "env_episodes": [x for ls in env_lengths for x in ls],
+            "stepped": stepped, "per_worker": {str(k): v for k, v in per_env.items()}}
+
+
+def episodes_by_env(batches: list) -> list[int]:
+    """Lengths of the episodes handed out whole, each env's transitions read in order: an episode
+    starts at step 0 after the env's first done (the first one seen may have begun in warm-up)."""
+    runs: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
+    for envs, t, done in batches:
+        for e, s, d in zip(envs, t, done):
+            runs[e].append((s, d))
+    lengths = []
+    for run in runs.values():
+        episode: list[int] | None = None  # None: before the env's first done
+        for s, d in run:
+            if episode is not None:
+                episode.append(s)
+            if d:
+                if episode is not None and episode == list(range(len(episode))):
+                    lengths.append(len(episode))
+                episode = []
+    return lengths
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, nargs="+", default=[8, 16])
@@ -176,6 +239,7 @@ def main() -> None:
     parser.add_argument("--fast-ms", type=float, default=10.0)
     parser.add_argument("--slow-ms", type=float, default=30.0)
     parser.add_argument("--nodes", type=int, default=1, help="async nodes of this many local workers each")
+    parser.add_argument("--batched", action="store_true", help="one AsyncBatchedCollector of the 8 envs")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
@@ -183,15 +247,17 @@ def main() -> None:
         return
     from scipy import stats
 
-    specs = [(None, None)] + [(k, mode) for k in args.k for mode in ("admit", "drop")]
+    modes = ("admit",) if args.batched else ("admit", "drop")
+    specs = [(None, None)] + [(k, mode) for k in args.k for mode in modes]
     rows = []
     for k, mode in specs:
         with tempfile.TemporaryDirectory() as folder:
             spec = {"k": k, "mode": mode, "seconds": args.seconds, "fast_ms": args.fast_ms, "slow_ms": args.slow_ms,
-                    "dir": folder, "nodes": args.nodes}
+                    "dir": folder, "nodes": args.nodes, "batched": args.batched}
             rows.append((k, mode, run_case(__file__, spec, timeout=120 + 3 * args.seconds)))
     base = rows[0][2]["frames_per_s"]
     layout = "" if args.nodes == 1 else f" as {WORKERS // args.nodes} async nodes of {args.nodes} local workers"
+    layout = " as the envs of one AsyncBatchedCollector" if args.batched else layout
     slow = -(-SLOW // args.nodes)  # the slow workers (nodes): their processes are slow
     print(f"\n{WORKERS} async workers{layout} ({slow * args.nodes} at {args.slow_ms:g} ms a step, "
           f"{WORKERS - slow * args.nodes} at {args.fast_ms:g} ms), "
