@@ -174,8 +174,11 @@ def admitted(transitions: Transitions, acting: list[bool], ready: list[int],
 def unstalled(transitions: Transitions, acting: list[bool], ready: list[int],
               pacing: Pacing) -> list[int]:
     """Where :func:`admitted` chose none, nothing is in flight and the trainer waits for a batch
-    (which only the premise's failure leads to): the most urgent ready env; else none."""
-    if any(acting) or not ready or not pacing.awaiting(transitions.completed):
+    that the due transitions do not complete (which only the premise's failure leads to): the
+    most urgent ready env; else none."""
+    frames = transitions.frames_per_batch
+    filling = transitions.completed + (frames - transitions.room + transitions.due) // frames
+    if any(acting) or not ready or not pacing.awaiting(filling):
         return []
     floor, _ = pacing.figures(transitions.completed)
     return [by_urgency(_candidates(transitions, ready, floor))[0][0]]

@@ -95,3 +95,27 @@ def test_updates_faster_than_batches_are_warned_of_where_the_bound_breaks():
     assert beyond, [str(w.message) for w in caught]
     assert beyond[0].category is RuntimeWarning and beyond[0].filename == __file__
     assert "at most one update per batch" in str(beyond[0].message)
+
+
+def test_a_resumed_collector_keeps_the_bound_from_the_saved_version_on():
+    """``load_state_dict`` of a run that updated its weights 5 times: the next run's versions go on
+    from 5, and every batch stays within the bound of them."""
+    def run(state=None):
+        with AsyncBatchedCollector([slow_env] + [fast_env] * 3, policy=BiasPolicy(0, size=3),
+                                   frames_per_batch=4, total_frames=-1, max_policy_lag=1) as collector:
+            if state is not None:
+                collector.load_state_dict(state)
+            versions, lags = [], []
+            for i, batch in enumerate(collector):
+                versions.append(batch["policy_version"].clone())
+                lags.append(collector.last_batch.lag)
+                if i == 5:
+                    return collector.state_dict(), versions, lags
+                collector.update_policy_weights_()
+
+    saved, _, first_lags = run()
+    state, versions, lags = run(saved)
+    assert saved["policy_version"] == 5 and state["policy_version"] == 10
+    assert max(first_lags + lags) <= 1
+    assert torch.cat(versions).min() >= 5 and (versions[-1] >= 9).all()
+    assert state["frames"] == 2 * saved["frames"] == 48

@@ -12,9 +12,9 @@ are told apart by the frames themselves. Properties:
 - the single-process ``Collector`` records exactly what the env and the policy wrote (values, dtypes, shapes);
 - ``Transitions`` (the batched collector's assembly, no processes) hands out each staged transition in order;
 - ``RPCCollector`` (debug and local launchers), ``MultiCollector`` (sync and async), ``AsyncCollector`` and
-  ``AsyncBatchedCollector`` (1-3 envs per worker, ``max_batch_size`` 1 to n): each env's stream of frames is a prefix
-  of a single-process ``Collector``'s on the same env, key for key (dtype, shape, values), with the same trajectory
-  boundaries where the batch has trajectory ids.
+  ``AsyncBatchedCollector`` (1-3 envs per worker, ``max_batch_size`` 1 to n, ``max_policy_lag`` or not): each
+  env's stream of frames is a prefix of a single-process ``Collector``'s on the same env, key for key (dtype,
+  shape, values), with the same trajectory boundaries where the batch has trajectory ids.
 """
 from __future__ import annotations
 
@@ -507,14 +507,17 @@ def test_worker_processes_hand_out_the_collectors_frames(kind, setup):
 @pytest.mark.timeout(300)
 @settings(deadline=None, derandomize=True, database=None, max_examples=10)
 @given(setup=setups(min_size=3, max_size=6), num_envs=st.integers(1, 4), envs_per_worker=st.integers(1, 3),
-       max_batch_size=st.integers(1, 4))
-@example(setup=EXPANDED, num_envs=2, envs_per_worker=1, max_batch_size=1)  # failed before transitions.source_rows
-@example(setup=NESTED, num_envs=2, envs_per_worker=2, max_batch_size=2)  # failed: transitions.output_leaves
-@example(setup=ALL_TD, num_envs=3, envs_per_worker=3, max_batch_size=3)
-def test_batched_inference_hands_out_each_envs_collector_frames(setup, num_envs, envs_per_worker, max_batch_size):
+       max_batch_size=st.integers(1, 4), max_policy_lag=st.sampled_from([None, 1, 2]))
+@example(setup=EXPANDED, num_envs=2, envs_per_worker=1, max_batch_size=1,  # failed before transitions.source_rows
+         max_policy_lag=None)
+@example(setup=NESTED, num_envs=2, envs_per_worker=2, max_batch_size=2,  # failed: transitions.output_leaves
+         max_policy_lag=None)
+@example(setup=ALL_TD, num_envs=3, envs_per_worker=3, max_batch_size=3, max_policy_lag=1)
+def test_batched_inference_hands_out_each_envs_collector_frames(setup, num_envs, envs_per_worker, max_batch_size,
+                                                                max_policy_lag):
     collector = AsyncBatchedCollector(factories(setup, num_envs), policy=policy_of(setup), frames_per_batch=8,
                                       total_frames=32, envs_per_worker=envs_per_worker,
-                                      max_batch_size=min(max_batch_size, num_envs))
+                                      max_batch_size=min(max_batch_size, num_envs), max_policy_lag=max_policy_lag)
     batches = collected(collector)
     assert [batch.shape for batch in batches] == [torch.Size([8])] * 4
     assert_same_streams(batches, setup, num_envs)

@@ -1,7 +1,9 @@
 """Admission (``policy_lag_mode="admit"``) keeps the data invariants: each worker's stream of handed-out
 frames is its env's consecutive steps, and the weights version each frame names is the one that chose
 its action. Checked frame for frame against a single-process ``Collector`` replaying the same env with
-the weights of each frame's version, pushed before each of its steps.
+the weights of each frame's version, pushed before each of its steps; for async workers and nodes
+unbounded too (``max_policy_lag=None``: a node hands out what its local workers collected ahead), and
+for each env of an ``AsyncBatchedCollector``.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 from conftest import CountEnv
-from rpc_collectors import Collector, GymEnv, MultiAsyncCollector
+from rpc_collectors import AsyncBatchedCollector, Collector, GymEnv, MultiAsyncCollector
 from test_rpc_collector import BiasPolicy
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300), pytest.mark.usefixtures("no_leftover_processes")]
@@ -48,7 +50,7 @@ def collected(bound: int, layout: str) -> tuple[list, dict[int, dict]]:
                              rpc_timeout=60, **options) as collector:
         for i, batch in enumerate(collector):
             batches.append(batch.clone())
-            assert collector.last_batch.lag <= bound
+            assert bound is None or collector.last_batch.lag <= bound
             policy.set_action((i + 1) % 2)
             collector.update_policy_weights_()
             weights[collector.pushed_version] = copy.deepcopy(policy.state_dict())
@@ -73,24 +75,54 @@ def stream_of(batches: list, stream: int, layout: str) -> list:
     return [frame for batch in batches for frame in batch.unbind(0) if of(int(frame[key])) == stream]
 
 
+def assert_replayed(frames: list, offset: int, weights: dict, version_key) -> set:
+    """``frames`` (one env's, in order) are a single-process ``Collector``'s steps of the env at
+    ``offset`` with, before each step, the weights of the version the frame names; returns the
+    versions seen."""
+    assert frames, f"the env at offset {offset} delivered nothing"
+    seen, policy = set(), BiasPolicy(0, size=3)
+    with Collector(OffsetEnv(offset), policy, frames_per_batch=1, total_frames=len(frames)) as replay:
+        steps = iter(replay)
+        for index, frame in enumerate(frames):
+            version = int(frame[version_key])
+            seen.add(version)
+            policy.load_state_dict(weights[version])
+            replay.update_policy_weights_()
+            expected = next(steps)[0]
+            for key in COMPARED:
+                assert torch.equal(frame[key], expected[key]), (
+                    f"offset {offset}'s frame {index} (version {version}) differs from the replay in {key}")
+    return seen
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("bound", [0, 1, 2])
+@pytest.mark.parametrize("bound", [0, 1, 2, None])
 def test_each_workers_admitted_frames_are_its_envs_steps_chosen_by_the_weights_they_name(bound, layout):
     batches, weights = collected(bound, layout)
     seen = set()
     for worker, offset in streams(layout).items():
-        frames = stream_of(batches, worker, layout)
-        assert frames, f"worker {worker} delivered nothing"
-        policy = BiasPolicy(0, size=3)
-        with Collector(OffsetEnv(offset), policy, frames_per_batch=1, total_frames=len(frames)) as replay:
-            steps = iter(replay)
-            for index, frame in enumerate(frames):
-                version = int(frame[VERSION])
-                seen.add(version)
-                policy.load_state_dict(weights[version])
-                replay.update_policy_weights_()
-                expected = next(steps)[0]
-                for key in COMPARED:
-                    assert torch.equal(frame[key], expected[key]), (
-                        f"worker {worker}'s frame {index} (version {version}) differs from the replay in {key}")
+        seen |= assert_replayed(stream_of(batches, worker, layout), offset, weights, VERSION)
+    assert len(seen) > 2, "the run handed out too few versions for the comparison to mean much"
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_each_batched_envs_admitted_frames_are_its_steps_chosen_by_the_weights_they_name(bound):
+    """``AsyncBatchedCollector(max_policy_lag=K)``, an update after every batch."""
+    weights, batches = {0: copy.deepcopy(BiasPolicy(0, size=3).state_dict())}, []
+    with AsyncBatchedCollector([OffsetEnv(w) for w in range(3)], policy=BiasPolicy(0, size=3),
+                               frames_per_batch=FRAMES, total_frames=-1, max_policy_lag=bound,
+                               rpc_timeout=60) as collector:
+        for i, batch in enumerate(collector):
+            batches.append(batch.clone())
+            assert collector.last_batch.lag <= bound
+            new = BiasPolicy((i + 1) % 2, size=3)
+            collector.update_policy_weights_(new)
+            weights[collector.policy_version] = copy.deepcopy(new.state_dict())
+            if i + 1 == BATCHES:
+                break
+    whole = torch.cat(batches)
+    seen = set()
+    for env in range(3):
+        frames = list(whole[whole["env_index"] == env].unbind(0))
+        seen |= assert_replayed(frames, env, weights, "policy_version")
     assert len(seen) > 2, "the run handed out too few versions for the comparison to mean much"

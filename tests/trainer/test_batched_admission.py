@@ -3,11 +3,13 @@ as a property of a model of its inference loop.
 
 The model keeps what the loop's :class:`~rpc_collectors.trainer.transitions.Transitions` keeps
 that the rule reads: each env's held transition and its action in flight (as the versions that
-chose them), the batch being filled, the full batches waiting (the loop waits while ``prefetch``
-of them do). Envs answer in any order hypothesis picks; the trainer takes a batch, trains, and
-then updates the weights or not, as its loop does. Whatever the order: every batch handed out is
-within the bound, and the run never stalls while ``num_envs <= max_policy_lag * frames_per_batch``
-(what the collector accepts); one env more can stall it.
+chose them), the transitions due (an answered env's previous one, placed with the loop's next
+pass), the batch being filled, the full batches waiting (the loop waits while ``prefetch`` of them
+do). Envs answer in any order hypothesis picks; the trainer takes a batch, trains, and then
+updates the weights or not, as its loop does. The loop runs the collector's rule
+(:func:`admitted`, else :func:`unstalled`). Whatever the order: every batch handed out is within
+the bound, no act is forced, and the run never stalls while ``num_envs <= max_policy_lag *
+frames_per_batch`` (what the collector accepts); one env more can stall the rule.
 """
 from __future__ import annotations
 
@@ -26,14 +28,14 @@ class Loop:
     def __init__(self, envs: int, frames_per_batch: int, bound: int, prefetch: int,
                  updates: int = 1) -> None:
         self.version, self.frames_per_batch, self.prefetch = 0, frames_per_batch, prefetch
-        # the loop as the collector runs it: unstalled where the premise failed
-        self.updates, self.loop_rule = updates, updates > 1
+        # acts unstalled() chose
+        self.updates, self.forced = updates, 0
         self.pacing = Pacing(bound, lambda: self.version)
         self.held: list[int | None] = [None] * envs
         self.flight: list[int | None] = [None] * envs
         self.ready = list(range(envs))
         self.batch: list[int] = []
-        self.completed, self.due = 0, 0
+        self.completed, self.due_versions = 0, []
         self.full: deque = deque()
         self.lags: list[int] = []
         self.training = False
@@ -42,6 +44,10 @@ class Loop:
     @property
     def room(self) -> int:
         return self.frames_per_batch - len(self.batch)
+
+    @property
+    def due(self) -> int:
+        return len(self.due_versions)
 
     def held_version(self, env: int) -> int | None:
         return self.held[env]
@@ -57,17 +63,26 @@ class Loop:
 
     def answer(self, env: int) -> None:
         if self.held[env] is not None:
-            self.batch.append(self.held[env])
-            if len(self.batch) == self.frames_per_batch:
-                self.full.append(self.batch)
-                self.batch, self.completed = [], self.completed + 1
+            self.due_versions.append(self.held[env])
         self.held[env], self.flight[env] = self.flight[env], None
         self.ready.append(env)
 
-    def act(self) -> None:
+    def act(self, fallback: bool) -> None:
+        """A pass of the loop: the envs :func:`admitted` (else, with ``fallback``, those
+        :func:`unstalled` forces), then the due transitions into the batch (as ``stage`` or
+        ``release`` places them), then the acts."""
         acting = [version is not None for version in self.flight]
         args = (self, acting, self.ready, self.pacing)
-        chosen = admitted(*args) or (unstalled(*args) if self.loop_rule else [])
+        chosen = admitted(*args)
+        if not chosen and fallback:
+            chosen = unstalled(*args)
+            self.forced += len(chosen)
+        for version in self.due_versions:
+            self.batch.append(version)
+            if len(self.batch) == self.frames_per_batch:
+                self.full.append(self.batch)
+                self.batch, self.completed = [], self.completed + 1
+        self.due_versions = []
         for env in chosen:
             self.flight[env] = self.version
         self.ready = [env for env in self.ready if env not in chosen]
@@ -96,10 +111,11 @@ class Loop:
             events.append(("take", 0))
         return events
 
-    def play(self, pick, batches: int) -> bool:
-        """Play until ``batches`` were taken (True) or nothing can happen (False: a stall)."""
+    def play(self, pick, batches: int, fallback: bool = True) -> bool:
+        """Play until ``batches`` were taken (True) or nothing can happen (False: a stall); the
+        loop acts as the collector's does, or without its fallback."""
         self.pacing.asked()
-        self.act()
+        self.act(fallback)
         while len(self.lags) < batches:
             events = self.events()
             if not events:
@@ -112,7 +128,7 @@ class Loop:
             else:
                 self.trained(bool(arg))
             if not self.blocked:
-                self.act()
+                self.act(fallback)
         return True
 
 
@@ -126,17 +142,18 @@ def test_batches_stay_within_the_bound_and_the_run_never_stalls(frames, bound, p
     assert loop.play(lambda events: data.draw(st.sampled_from(events)), batches=12), \
         f"{envs} envs, frames_per_batch={frames}, max_policy_lag={bound}: the loop stalled"
     assert max(loop.lags) <= bound, loop.lags
+    assert loop.forced == 0, "the loop forced an act though every update followed a batch"
 
 
-def test_one_env_beyond_the_accepted_count_can_stall_the_loop():
+def test_one_env_beyond_the_accepted_count_can_stall_the_rule():
     """The limit the collector refuses beyond is the rule's own: with one env more, some order of
-    answers leaves every env holding a transition that no act may release."""
+    answers leaves every env holding a transition that no admitted act may release."""
     for frames, bound in [(1, 1), (2, 1), (3, 2), (4, 2)]:
         stalled = 0
         for seed in range(200):
             rng = random.Random(seed)
             loop = Loop(bound * frames + 1, frames, bound, prefetch=1)
-            stalled += not loop.play(rng.choice, batches=12)
+            stalled += not loop.play(rng.choice, batches=12, fallback=False)
         assert stalled, f"frames_per_batch={frames}, max_policy_lag={bound}: never stalled"
 
 
