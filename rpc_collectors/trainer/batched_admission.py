@@ -12,8 +12,8 @@ the bound in batch ``n`` while ``n <= w - floor + C``, ``C`` the batch being fil
     floor = V + owed - H + C - max_policy_lag
 
 is the same for every transition; ``slack = w - floor`` counts the batches after ``C`` it may still
-join. A take and the update after it leave ``floor`` as it is; the trainer's next request lowers it;
-only a batch filled raises it, by one.
+join. A take and the update after it leave ``floor`` as it is; a request with no update since the
+take lowers it; only a batch filled raises it, by one.
 
 A transition does not join a batch when its step completes: it is held until its env's next step
 completes (so a cut can mark it truncated, :mod:`~rpc_collectors.trainer.transitions`), then it is
@@ -35,8 +35,8 @@ first, and the loop holds the others until a step, a take or an update changes t
 Invariant, owned here: every transition joins a batch within the bound, if the premise holds.
 ``max_policy_lag`` 0 is refused: a batch's last transitions would wait for acts that could not be
 admitted. Where the premise fails (updates faster than batches) and the loop would wait with
-nothing in flight for a trainer that waits for a batch, :func:`unstalled` acts for the most
-urgent env: the batch is beyond the bound, and :meth:`Pacing.check` warns of it.
+nothing in flight for a trainer that waits for a batch the due transitions do not complete,
+:func:`unstalled` acts for the most urgent env: the batch is beyond the bound, and :meth:`Pacing.check` warns of it.
 
 Liveness: an env not in flight still holds a transition, which only an act for it releases, and
 that act adds one. With all ``N`` envs answered, holding ``N`` transitions, and the trainer waiting
