@@ -113,14 +113,19 @@ class Policy(nn.Module):
         return self.linear(observation).argmax(-1)
 
 
-def complete_episodes(batches: list) -> list[int]:
-    """Lengths of the episodes handed out whole: steps 0 to the done, consecutive, under one id."""
-    steps: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
+def runs_by_id(batches: list) -> dict[int, list[tuple[int, bool]]]:
+    """The (step, done) of each id's frames, in order, from ``(ids, steps, dones)`` per batch."""
+    runs: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
     for ids, t, done in batches:
         for i, s, d in zip(ids, t, done):
-            steps[i].append((s, d))
+            runs[i].append((s, d))
+    return runs
+
+
+def complete_episodes(batches: list) -> list[int]:
+    """Lengths of the episodes handed out whole: steps 0 to the done, consecutive, under one id."""
     lengths = []
-    for run in steps.values():
+    for run in runs_by_id(batches).values():
         t = [s for s, _ in run]
         if t[0] == 0 and run[-1][1] and t == list(range(len(t))):
             lengths.append(len(t))
@@ -165,14 +170,20 @@ def case(spec: dict) -> dict:
             c.update_policy_weights_()
         wall = time.perf_counter() - start
         dropped, by_slot = c.dropped_frames - dropped0, (counts - stepped0).tolist()
-    # each worker's (node's) steps: its processes' slots
-    stepped = [0] * len(fns)
+    stepped, env_episodes = tallies(folder, len(fns), by_slot, logs)
+    return {"frames_per_s": frames / wall, "dropped_frames": dropped, "lags": dict(lags),
+            "episodes": complete_episodes(kept), "env_episodes": env_episodes,
+            "stepped": stepped, "per_worker": {str(k): v for k, v in per_worker.items()}}
+
+
+def tallies(folder: Path, workers: int, by_slot: list[int], logs: list[str]) -> tuple[list[int], list[int]]:
+    """Each worker's (node's, env's) steps, its processes' slots summed, and the length of every
+    episode the envs finished."""
+    stepped = [0] * workers
     for k in range(WORKERS):
         stepped[int((folder / f"slot{k}").read_text())] += by_slot[k]
     env_lengths = [[int(x) for x in Path(log).read_text().split()] for log in logs if Path(log).exists()]
-    return {"frames_per_s": frames / wall, "dropped_frames": dropped, "lags": dict(lags),
-            "episodes": complete_episodes(kept), "env_episodes": [x for ls in env_lengths for x in ls],
-            "stepped": stepped, "per_worker": {str(k): v for k, v in per_worker.items()}}
+    return stepped, [x for ls in env_lengths for x in ls]
 
 
 def batched_case(spec: dict, fns: list, policy: nn.Module, lag: dict, counts: np.ndarray,
@@ -203,24 +214,17 @@ def batched_case(spec: dict, fns: list, policy: nn.Module, lag: dict, counts: np
             c.update_policy_weights_()
         wall = time.perf_counter() - start
         by_slot = (counts - stepped0).tolist()
-    stepped = [0] * len(fns)
-    for k in range(WORKERS):
-        stepped[int((Path(spec["dir"]) / f"slot{k}").read_text())] += by_slot[k]
-    env_lengths = [[int(x) for x in Path(log).read_text().split()] for log in logs if Path(log).exists()]
+    stepped, env_episodes = tallies(Path(spec["dir"]), len(fns), by_slot, logs)
     return {"frames_per_s": frames / wall, "dropped_frames": 0, "lags": dict(lags),
-            "episodes": episodes_by_env(kept), "env_episodes": [x for ls in env_lengths for x in ls],
+            "episodes": episodes_by_env(kept), "env_episodes": env_episodes,
             "stepped": stepped, "per_worker": {str(k): v for k, v in per_env.items()}}
 
 
 def episodes_by_env(batches: list) -> list[int]:
     """Lengths of the episodes handed out whole, each env's transitions read in order: an episode
     starts at step 0 after the env's first done (the first one seen may have begun in warm-up)."""
-    runs: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
-    for envs, t, done in batches:
-        for e, s, d in zip(envs, t, done):
-            runs[e].append((s, d))
     lengths = []
-    for run in runs.values():
+    for run in runs_by_id(batches).values():
         episode: list[int] | None = None  # None: before the env's first done
         for s, d in run:
             if episode is not None:
