@@ -36,7 +36,8 @@ Invariant, owned here: every transition joins a batch within the bound, if the p
 ``max_policy_lag`` 0 is refused: a batch's last transitions would wait for acts that could not be
 admitted. Where the premise fails (updates faster than batches) and the loop would wait with
 nothing in flight for a trainer that waits for a batch the due transitions do not complete,
-:func:`unstalled` acts for the most urgent env: the batch is beyond the bound, and :meth:`Pacing.check` warns of it.
+:func:`unstalled` acts for the most urgent env: the batch is beyond the bound, and
+:meth:`Pacing.check` warns of it.
 
 Liveness: an env not in flight still holds a transition, which only an act for it releases, and
 that act adds one. With all ``N`` envs answered, holding ``N`` transitions, and the trainer waiting
@@ -48,6 +49,7 @@ frames_per_batch`` is refused (:func:`~rpc_collectors.core.batched_args.policy_l
 from __future__ import annotations
 
 import bisect
+import collections
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -125,10 +127,25 @@ class Snapshot:
 
     def admit(self, candidates: list[tuple[int, int | None]], new_slack: int) -> list[int]:
         """Of ``candidates`` (env, the slack of its held transition or None), the envs acted for
-        now, each with a transition of ``new_slack``: the most urgent first, each only if the
-        invariant holds with it (the figures updated with the acts taken)."""
+        now, each with a transition of ``new_slack`` (no slack is larger): the most urgent first,
+        each only if the invariant holds with it (the figures updated with the acts taken).
+
+        All of them at once where that holds (then each of them in turn does); else one by one,
+        up to the first act beyond the top: ``due + releases + controlled`` places within
+        ``new_slack`` batches, which every later act would need one more of."""
+        ordered = by_urgency(candidates)
+        moved = [slack for _, slack in ordered if slack is not None]
+        whole = Snapshot(self.room, self.frames_per_batch, self.due,
+                         sorted(self.releases + moved),
+                         _without(self.controlled, moved) + [new_slack] * len(ordered))
+        if whole.holds():
+            self.releases, self.controlled = whole.releases, whole.controlled
+            return [env for env, _ in ordered]
         chosen = []
-        for env, slack in by_urgency(candidates):
+        for env, slack in ordered:
+            top = self.room + new_slack * self.frames_per_batch
+            if self.due + len(self.releases) + len(self.controlled) + 1 > top:
+                break
             if slack is not None:
                 self.controlled.remove(slack)
                 bisect.insort(self.releases, slack)
@@ -141,6 +158,18 @@ class Snapshot:
                 self.releases.remove(slack)
                 bisect.insort(self.controlled, slack)
         return chosen
+
+
+def _without(values: list[int], gone: list[int]) -> list[int]:
+    """Sorted ``values`` less one occurrence of each of ``gone``."""
+    left = collections.Counter(gone)
+    kept = []
+    for value in values:
+        if left[value]:
+            left[value] -= 1
+        else:
+            kept.append(value)
+    return kept
 
 
 def by_urgency(candidates: list[tuple[int, int | None]]) -> list[tuple[int, int | None]]:

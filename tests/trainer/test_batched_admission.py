@@ -19,7 +19,7 @@ from collections import deque
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpc_collectors.trainer.batched_admission import Pacing, admitted, unstalled
+from rpc_collectors.trainer.batched_admission import Pacing, Snapshot, admitted, by_urgency, unstalled
 
 
 class Loop:
@@ -165,3 +165,38 @@ def test_updates_faster_than_batches_break_the_bound_but_never_stall_the_loop(fr
     where it would wait with nothing in flight for a trainer waiting for a batch."""
     loop = Loop(bound * frames, frames, bound, prefetch=1, updates=updates)
     assert loop.play(lambda events: data.draw(st.sampled_from(events)), batches=12)
+
+
+def one_by_one(snapshot: Snapshot, candidates: list, new_slack: int) -> list[int]:
+    """The rule's acts as its definition takes them: each candidate, most urgent first, if the
+    invariant holds with it and the acts before it."""
+    chosen = []
+    for env, slack in by_urgency(candidates):
+        releases = sorted(snapshot.releases + ([] if slack is None else [slack]))
+        controlled = list(snapshot.controlled)
+        if slack is not None:
+            controlled.remove(slack)
+        trial = Snapshot(snapshot.room, snapshot.frames_per_batch, snapshot.due, releases,
+                         sorted(controlled + [new_slack]))
+        if trial.holds():
+            snapshot, chosen = trial, chosen + [env]
+    return chosen
+
+
+@settings(max_examples=500, deadline=None)
+@given(frames=st.integers(1, 8), data=st.data())
+def test_admit_takes_the_acts_its_definition_takes(frames, data):
+    """``Snapshot.admit``'s shortcuts (all at once, a stop at the top) choose what taking each
+    candidate in turn chooses."""
+    new_slack = data.draw(st.integers(0, 4))
+    slacks = st.integers(-1, new_slack)
+    held = data.draw(st.lists(slacks, max_size=12))
+    acted = data.draw(st.lists(slacks, max_size=6))
+    releases = data.draw(st.lists(slacks, max_size=6))
+    spare = data.draw(st.lists(st.booleans(), min_size=4, max_size=4))  # ready envs holding nothing
+    snapshot = Snapshot(data.draw(st.integers(1, frames)), frames, data.draw(st.integers(0, 3)),
+                        sorted(releases), sorted(held + acted))
+    candidates = [(env, slack) for env, slack in enumerate(held)]
+    candidates += [(len(held) + i, None) for i, ready in enumerate(spare) if ready]
+    want = one_by_one(snapshot, candidates, new_slack)
+    assert snapshot.admit(candidates, new_slack) == want
