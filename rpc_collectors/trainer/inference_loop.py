@@ -188,6 +188,8 @@ class InferenceLoop:
         for a step, a take or an update (each wakes the loop), and the due transitions join the
         batch now."""
         ready = self.waiting + self.paused
+        if not ready:
+            return
         args = (self.transitions, self.acting, ready, self.pacing)
         chosen = set(batched_admission.admitted(*args) or batched_admission.unstalled(*args))
         self.waiting = [env for env in ready if env in chosen]
