@@ -181,7 +181,9 @@ def policy_lag(max_policy_lag: Any, policy_lag_mode: Any, num_envs: int,
                       "trajectory ids to show it")
     if max_policy_lag is None:
         return None
-    if type(max_policy_lag) is not int or max_policy_lag < 1:
+    if type(max_policy_lag) is not int:
+        raise _refuse("max_policy_lag", max_policy_lag, "None (no bound) or an int >= 1")
+    if max_policy_lag < 1:
         raise _refuse("max_policy_lag", max_policy_lag, "None (no bound) or an int >= 1",
                       "an env's transition joins a batch once its next step completes, so the "
                       "last ones of a batch wait for acts that a bound of 0 would not admit")
@@ -190,7 +192,7 @@ def policy_lag(max_policy_lag: Any, policy_lag_mode: Any, num_envs: int,
                       f"None, or an int >= num_envs / frames_per_batch = {num_envs} / "
                       f"{frames_per_batch}",
                       f"each of the {num_envs} envs holds its latest transition until its next "
-                      f"step, and more than max_policy_lag * frames_per_batch held transitions "
+                      "step, and more than max_policy_lag * frames_per_batch held transitions "
                       "cannot all join batches within the bound")
     return max_policy_lag
 
