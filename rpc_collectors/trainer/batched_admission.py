@@ -141,9 +141,8 @@ class Snapshot:
         if whole.holds():
             self.releases, self.controlled = whole.releases, whole.controlled
             return [env for env, _ in ordered]
-        chosen = []
+        chosen, top = [], self.room + new_slack * self.frames_per_batch
         for env, slack in ordered:
-            top = self.room + new_slack * self.frames_per_batch
             if self.due + len(self.releases) + len(self.controlled) + 1 > top:
                 break
             if slack is not None:
@@ -195,7 +194,7 @@ def snapshot(transitions: Transitions, acting: list[bool], floor: int) -> Snapsh
 def admitted(transitions: Transitions, acting: list[bool], ready: list[int],
              pacing: Pacing) -> list[int]:
     """Of the ``ready`` envs (answered, no action in flight), those the loop acts for now."""
-    floor, version = pacing.figures(transitions.completed)
+    floor, version = pacing.figures(transitions.batches_filled)
     return snapshot(transitions, acting, floor).admit(_candidates(transitions, ready, floor),
                                                        version - floor)
 
@@ -206,10 +205,10 @@ def unstalled(transitions: Transitions, acting: list[bool], ready: list[int],
     that the due transitions do not complete (which only the premise's failure leads to): the
     most urgent ready env; else none."""
     frames = transitions.frames_per_batch
-    filling = transitions.completed + (frames - transitions.room + transitions.due) // frames
+    filling = transitions.batches_filled + (frames - transitions.room + transitions.due) // frames
     if any(acting) or not ready or not pacing.awaiting(filling):
         return []
-    floor, _ = pacing.figures(transitions.completed)
+    floor, _ = pacing.figures(transitions.batches_filled)
     return [by_urgency(_candidates(transitions, ready, floor))[0][0]]
 
 

@@ -181,13 +181,13 @@ class Transitions:
         self._filled = 0
         self._due: list[int] = []
         # batches filled so far
-        self.completed = 0
+        self.batches_filled = 0
 
     def stage(self, envs: list[int], inputs: Mapping, outputs: Mapping,
               version: int) -> list[TensorDictBase]:
         """What chose the actions of ``envs``: observations, outputs (checked by :meth:`check`),
         version. The due transitions go into the batch first; returns the batches this completed."""
-        full = self._release()
+        full = self.release()
         frame, given = self._bytes, Rows(range(len(envs)))
         rows = Rows([self.staging[env] for env in envs])
         for key in self.obs_keys:
@@ -249,7 +249,7 @@ class Transitions:
         done.fill_(True)
         self.holding[env] = False
         self._due.append(row)
-        return self._release()
+        return self.release()
 
     @property
     def room(self) -> int:
@@ -272,12 +272,8 @@ class Transitions:
         return len(self._due)
 
     def release(self) -> list[TensorDictBase]:
-        """Move the due transitions into the batch now (:meth:`stage` does it with each pass);
-        returns the batches this completed."""
-        return self._release()
-
-    def _release(self) -> list[TensorDictBase]:
-        """Move the due transitions into the next free places of the batch, in order."""
+        """Move the due transitions into the next free places of the batch, in order (:meth:`stage`
+        does it with each pass); returns the batches this completed."""
         full, held, self._due = [], self._due, []
         done = 0
         while done < len(held):
@@ -309,5 +305,5 @@ class Transitions:
     def _hand_out(self) -> TensorDictBase:
         batch = self._batch if self._slot is None else self.buffers.hand_out(self._slot)
         self._batch, self._slot = None, None
-        self.completed += 1
+        self.batches_filled += 1
         return batch

@@ -35,7 +35,7 @@ class Loop:
         self.flight: list[int | None] = [None] * envs
         self.ready = list(range(envs))
         self.batch: list[int] = []
-        self.completed, self.due_versions = 0, []
+        self.batches_filled, self.due_versions = 0, []
         self.full: deque = deque()
         self.lags: list[int] = []
         self.training = False
@@ -81,7 +81,7 @@ class Loop:
             self.batch.append(version)
             if len(self.batch) == self.frames_per_batch:
                 self.full.append(self.batch)
-                self.batch, self.completed = [], self.completed + 1
+                self.batch, self.batches_filled = [], self.batches_filled + 1
         self.due_versions = []
         for env in chosen:
             self.flight[env] = self.version
