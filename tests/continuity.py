@@ -1,5 +1,7 @@
 """Checks of the continuity invariant on batches of ``CountEnv`` (observation ``[t, episode, last action]``).
 
+One env's frames in order (a batched collector's, told apart by ``"env_index"``): each starts where
+the one before it ended, or at step 0 of the next episode (:func:`assert_env_steps_continue`).
 Within one trajectory id, steps are consecutive: in the order the batches were handed out (and
 along time within a batch), each step of an id continues the one before it (the same episode,
 ``t`` one higher), no step follows a done step, and no two rows of a batch share an id.
@@ -45,3 +47,13 @@ def assert_no_gaps(batches: list) -> None:
 def steps(batch) -> torch.Tensor:
     """Each row's ``[t, episode, last action]`` steps, ``[rows, T, 3]``."""
     return batch.get("observation").reshape(-1, batch.shape[-1], 3)
+
+
+def assert_env_steps_continue(frames) -> None:
+    """One env's frames, in order, with none missing: each frame starts where the one before it
+    ended, or, after a done, at step 0 of the next episode."""
+    going_on = ~frames["next", "done"][:-1, 0]
+    assert torch.equal(frames["next", "observation"][:-1][going_on], frames["observation"][1:][going_on])
+    restarted = frames["observation"][1:][~going_on]
+    assert (restarted[:, 0] == 0).all()
+    assert torch.equal(restarted[:, 1], frames["observation"][:-1][~going_on][:, 1] + 1)

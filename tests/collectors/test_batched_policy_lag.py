@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import CountEnv
+from continuity import assert_env_steps_continue
 from rpc_collectors import AsyncBatchedCollector, GymEnv
 from test_rpc_collector import BiasPolicy
 
@@ -38,16 +39,6 @@ def slow_env() -> GymEnv:
     return GymEnv(SlowCountEnv(0.1))
 
 
-def assert_continuous(frames) -> None:
-    """One env's frames, in order, with none missing: each frame starts where the one before it
-    ended, or at the start of the next episode."""
-    going_on = ~frames["next", "done"][:-1, 0]
-    assert torch.equal(frames["next", "observation"][:-1][going_on], frames["observation"][1:][going_on])
-    restarted = frames["observation"][1:][~going_on]
-    assert (restarted[:, 0] == 0).all()
-    assert torch.equal(restarted[:, 1], frames["observation"][:-1][~going_on][:, 1] + 1)
-
-
 def test_each_batch_is_within_the_bound_and_no_frame_is_dropped():
     """A trainer that updates the weights after every batch; one env 100x slower than the five
     others. Unbounded, the slow env's frames would join batches many versions later; with
@@ -72,7 +63,7 @@ def test_each_batch_is_within_the_bound_and_no_frame_is_dropped():
     for env in range(6):
         frames = whole[whole["env_index"] == env]
         if len(frames) > 1:
-            assert_continuous(frames)
+            assert_env_steps_continue(frames)
             assert (frames["policy_version"].diff() >= 0).all()
     assert accounts.dropped == 0 and accounts.lost == 0
     assert accounts.stepped == accounts.delivered + accounts.pending
