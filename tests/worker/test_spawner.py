@@ -79,3 +79,24 @@ def test_a_node_collector_run_with_every_warning_on_prints_none():
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0 and "frames 40" in done.stdout, done.stderr
     assert "Warning" not in done.stderr, done.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fresh_interpreter", [False, True])
+def test_a_closed_spawner_kills_its_children_and_exits_cleanly(fresh_interpreter):
+    """``close()`` ends a spawner's children and the spawner itself, which exits with 0 (it skips
+    the interpreter's teardown)."""
+    import os
+
+    spawned = spawner.Spawner(fresh_interpreter=fresh_interpreter)
+    try:
+        child = spawned.spawn("time:sleep", [60], timeout=30, on_exit=lambda *_: None)
+        os.kill(child, 0)  # it runs
+    finally:
+        spawned.close(timeout=20)
+    assert not spawned.alive
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+    if fresh_interpreter:
+        assert spawned.proc.returncode == 0
