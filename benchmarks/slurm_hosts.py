@@ -16,6 +16,11 @@ the end whatever happened. Then three cases (the trainer of the first two:
   of 8 CPUs each: a node each).
 - ``local``: no SLURM, for comparison: ``scale.py``'s 8 node collectors x 32 local workers on this host
   (local launcher; weights through shared memory, not broadcast).
+- ``fit`` (not run by default): the cost model's per-request term across hosts. The ``submitit`` case
+  at each of ``--shapes`` (nodes x local workers; by default 2 x 128, 4 x 64 and 8 x 32: the same 256
+  workers, frames and load, so only the node requests per round change), ``--repeats`` times,
+  interleaved; the trainer's CPU per round fitted as ``c + a x nodes`` (least squares), each point
+  printed with the fit's value and its error, and the value of ``docs/scaling.md``'s model.
 
 Per case: constructor to first batch (and submission to first batch), frames/s over ``--seconds``
 after a warm-up (ratio to ideal), the trainer's CPU per round, a 4 MB weight push over gloo broadcast
@@ -25,6 +30,7 @@ and just before each case the ratio of 256 bare processes sleeping the same step
 round (``scale.py``'s ``bare_case``: no collector, no SLURM), the machine's own ceiling at the time.
 
     flock /tmp/rpc-cluster.lock python benchmarks/slurm_hosts.py [--seconds 15] [--cases job submitit local]   # root; about 6 min
+    flock /tmp/rpc-cluster.lock python benchmarks/slurm_hosts.py --cases fit --seconds 30   # root; about 10 min
 """
 from __future__ import annotations
 
@@ -36,6 +42,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER = REPO / "benchmarks" / "slurm_hosts_trainer.py"
@@ -105,14 +113,17 @@ def case_job(root: Path, args) -> dict:
             "submit_to_end_s": ended - submitted, "load_before": load, "layout": layout}
 
 
-def case_submitit(root: Path, args) -> dict:
-    """The trainer in a process of its own on this machine, submitting its 8 collector jobs."""
-    folder, out = root / "logs-submitit", root / "submitit.json"
+def case_submitit(root: Path, args, nodes: int = 8, per_node: int = 32) -> dict:
+    """The trainer in a process of its own on this machine, submitting its ``nodes`` collector jobs of
+    ``per_node`` local workers each."""
+    name = f"submitit-{nodes}x{per_node}-{time.monotonic_ns()}"
+    folder, out = root / f"logs-{name}", root / f"{name}.json"
     load = os.getloadavg()
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR"}
     started = time.time()
     proc = subprocess.run([sys.executable, str(TRAINER), "--launcher", "submitit", "--folder", str(folder),
-                           "--out", str(out), "--seconds", str(args.seconds)],
+                           "--out", str(out), "--seconds", str(args.seconds), "--nodes", str(nodes),
+                           "--per-node", str(per_node)],
                           capture_output=True, text=True, env=env, timeout=900)
     ended = time.time()
     if proc.returncode != 0:
@@ -137,6 +148,51 @@ def case_local(root: Path, args) -> dict:
     row = run_case(str(SCALE), case, timeout=600)
     return {**row, "ratio": row["frames_per_s"] / (256 / 0.05), "load_before": load, "load": os.getloadavg(),
             "job_ids": []}
+
+
+def shape(text: str) -> tuple[int, int]:
+    """``"NxW"``: N node collectors of W local workers."""
+    nodes, _, per_node = text.partition("x")
+    if not (nodes.isdigit() and per_node.isdigit() and int(nodes) >= 1 and int(per_node) >= 1):
+        raise argparse.ArgumentTypeError(f"shape {text!r}: accepted NxW, N node collectors of W local workers")
+    return int(nodes), int(per_node)
+
+
+def case_fit(root: Path, args) -> list[dict]:
+    """The ``submitit`` case at each of ``args.shapes``, ``args.repeats`` times, interleaved; a case that
+    fails is reported and left out."""
+    rows = []
+    for repeat in range(args.repeats):
+        for nodes, per_node in args.shapes:
+            try:
+                row = case_submitit(root, args, nodes, per_node)
+            except Exception as err:
+                print(f"fit {nodes}x{per_node} (run {repeat + 1}): FAILED: {err}", flush=True)
+                continue
+            row["states"] = final_states(row["job_ids"])
+            row["processes_left"] = len(job_processes(row["job_ids"]))
+            rows.append(row)
+            print(f"fit {nodes}x{per_node} (run {repeat + 1}): {row['ratio']:.3f} of ideal, trainer CPU "
+                  f"{row['cpu_ms_per_round']:.2f} ms per round over {row['batches']} rounds, load "
+                  f"{row['load_before'][0]:.1f} -> {row['load'][0]:.1f}, jobs {sorted(set(row['states'].values()))}, "
+                  f"processes left {row['processes_left']}", flush=True)
+    return rows
+
+
+def report_fit(rows: list[dict]) -> None:
+    """``cpu_ms_per_round = c + a x nodes`` over ``rows`` (least squares), each point beside the fit."""
+    if len({row["nodes"] for row in rows}) < 2:
+        print("fit: fewer than two node counts measured, no fit")
+        return
+    x = torch.tensor([[1.0, row["nodes"]] for row in rows], dtype=torch.float64)
+    y = torch.tensor([row["cpu_ms_per_round"] for row in rows], dtype=torch.float64)
+    c, a = torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1).tolist()
+    print(f"\ntrainer CPU per round = {c:.2f} ms + {a:.3f} ms x nodes (least squares over {len(rows)} runs)")
+    print(f"{'nodes x workers':>16}{'measured ms':>13}{'fit ms':>8}{'error':>8}{'ratio':>8}{'rounds':>8}")
+    for row in rows:
+        model = c + a * row["nodes"]
+        print(f"{row['nodes']:>9} x {row['per_node']:<4}{row['cpu_ms_per_round']:>13.2f}{model:>8.2f}"
+              f"{(row['cpu_ms_per_round'] - model) / model:>+8.0%}{row['ratio']:>8.3f}{row['batches']:>8}")
 
 
 def report(rows: dict[str, dict]) -> None:
@@ -171,7 +227,11 @@ def report(rows: dict[str, dict]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="measured collection after a warm-up")
-    parser.add_argument("--cases", nargs="+", default=["job", "submitit", "local"], choices=["job", "submitit", "local"])
+    parser.add_argument("--cases", nargs="+", default=["job", "submitit", "local"],
+                        choices=["job", "submitit", "local", "fit"])
+    parser.add_argument("--shapes", nargs="+", type=shape, default=[(2, 128), (4, 64), (8, 32)],
+                        help="fit: NxW, N node collectors of W local workers each")
+    parser.add_argument("--repeats", type=int, default=2, help="fit: runs of each shape, interleaved")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rpcc-slurm-hosts-"))
     root.chmod(0o755)
@@ -181,12 +241,16 @@ def main() -> int:
                                                              os.environ.get("PYTHONPATH")]))
     cluster = devcluster()
     rows: dict[str, dict] = {}
+    fitted: list[dict] = []
     try:
         started = time.perf_counter()
         up = cluster.start(8, root / "cluster")
         os.environ["SLURM_CONF"] = str(up.slurm_conf)
         print(f"dev cluster up in {time.perf_counter() - started:.1f} s: {up.nodes}", flush=True)
         for name in args.cases:
+            if name == "fit":
+                fitted = case_fit(root, args)
+                continue
             try:
                 bare = bare_ratio()
                 row = {"job": case_job, "submitit": case_submitit, "local": case_local}[name](root, args)
@@ -204,7 +268,11 @@ def main() -> int:
     if rows:
         report(rows)
         print(json.dumps(rows))
-    return 0 if len(rows) == len(args.cases) else 1
+    if fitted:
+        report_fit(fitted)
+        print(json.dumps(fitted))
+    expected = len(args.shapes) * args.repeats if "fit" in args.cases else 0
+    return 0 if len(rows) == len(set(args.cases) - {"fit"}) and len(fitted) == expected else 1
 
 
 if __name__ == "__main__":
