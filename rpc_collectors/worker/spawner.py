@@ -19,6 +19,7 @@ calls itself ``rpc-spawner`` in ``ps``/``top``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import importlib
 import json
@@ -56,8 +57,7 @@ def _die_with_parent() -> None:
 
 
 def name_process(name: str) -> None:
-    """Show this process as ``name`` (at most 15 bytes) in ``ps -o comm``, ``top``
-    and /proc/<pid>/comm."""
+    """Show this process as ``name`` (at most 15 bytes) in ``ps -o comm``, top, /proc/<pid>/comm."""
     _prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
 
 
@@ -270,10 +270,9 @@ def shared_spawner() -> Spawner:
 
 
 def _fork_unsafe() -> bool:
-    """Whether a fork of this process could not run CUDA or RPC. With a CUDA build, any query of the
-    devices (``torch.cuda.is_available()``, which the trainer's checks make) marks
-    later forks unable to use CUDA, and no API tells whether one was made: such a build
-    starts the spawner fresh."""
+    """Whether a fork of this process could not run CUDA or RPC. With a CUDA build, any device query
+    (``torch.cuda.is_available()``, which the trainer's checks make) marks later forks unable to use
+    CUDA, and no API tells whether one was made: such a build starts the spawner fresh."""
     return torch.backends.cuda.is_built() or torch.cuda.is_initialized() or not _forked_safely
 
 
@@ -301,14 +300,12 @@ def _close_shared() -> None:
 
 
 def run_spawner(requests_fd: int, replies_fd: int) -> NoReturn:
-    """The spawner process: fork a child per request line until the requests pipe closes, then
-    kill and reap its children and exit (it never returns).
+    """The spawner process: fork a child per request line until the requests pipe closes, then kill
+    and reap its children and leave by ``os._exit``: tearing torch down (0.6 s of CPU, seconds on a
+    loaded host), which its parent would wait for, cleans up nothing a spawner holds.
 
     Child exits arrive as SIGCHLD through a wake-up pipe and are reaped in the main loop, so
-    replies are only ever written from one place. The exit skips the interpreter's teardown: the
-    spawner holds nothing to clean up once its children are reaped, and tearing down torch's
-    modules takes about 0.6 s of CPU, several seconds when a host's spawners end at once on a
-    loaded machine, and the parent waits for it when it exits.
+    replies are only ever written from one place.
     """
     name_process(SPAWNER_NAME)
     for name in PRELOAD:
@@ -349,13 +346,10 @@ def run_spawner(requests_fd: int, replies_fd: int) -> NoReturn:
     for pid in children:
         _kill(pid)
     for pid in children:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-    out.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (out, sys.stdout, sys.stderr):
+        stream.flush()
     os._exit(0)
 
 
