@@ -19,8 +19,8 @@ the end whatever happened. Then three cases (the trainer of the first two:
 - ``fit`` (not run by default): the cost model's per-request term across hosts. The ``submitit`` case
   at each of ``--shapes`` (nodes x local workers; by default 2 x 128, 4 x 64 and 8 x 32: the same 256
   workers, frames and load, so only the node requests per round change), ``--repeats`` times,
-  interleaved; the trainer's CPU per round fitted as ``c + a x nodes`` (least squares), each point
-  printed with the fit's value and its error, and the value of ``docs/scaling.md``'s model.
+  interleaved; the trainer's CPU per round fitted as ``c + a x nodes`` (least squares; ``+ b x frames``
+  where the shapes' workers differ), each point printed with the fit's value and its error.
 
 Per case: constructor to first batch (and submission to first batch), frames/s over ``--seconds``
 after a warm-up (ratio to ideal), the trainer's CPU per round, a 4 MB weight push over gloo broadcast
@@ -180,19 +180,28 @@ def case_fit(root: Path, args) -> list[dict]:
 
 
 def report_fit(rows: list[dict]) -> None:
-    """``cpu_ms_per_round = c + a x nodes`` over ``rows`` (least squares), each point beside the fit."""
+    """``cpu_ms_per_round = c + a x nodes (+ b x frames, where the frames per round differ)`` over
+    ``rows`` (least squares), each point beside the fit."""
     if len({row["nodes"] for row in rows}) < 2:
         print("fit: fewer than two node counts measured, no fit")
         return
-    x = torch.tensor([[1.0, row["nodes"]] for row in rows], dtype=torch.float64)
+    frames = {row["nodes"] * row["frames_per_request"] for row in rows}
+    terms = [lambda row: 1.0, lambda row: row["nodes"]]
+    if len(frames) > 1:
+        terms.append(lambda row: row["nodes"] * row["frames_per_request"])
+    x = torch.tensor([[term(row) for term in terms] for row in rows], dtype=torch.float64)
     y = torch.tensor([row["cpu_ms_per_round"] for row in rows], dtype=torch.float64)
-    c, a = torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1).tolist()
-    print(f"\ntrainer CPU per round = {c:.2f} ms + {a:.3f} ms x nodes (least squares over {len(rows)} runs)")
-    print(f"{'nodes x workers':>16}{'measured ms':>13}{'fit ms':>8}{'error':>8}{'ratio':>8}{'rounds':>8}")
+    coefficients = torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1).tolist()
+    c, a = coefficients[:2]
+    per_frame = f" + {coefficients[2] * 1e3:.3f} us x frames" if len(frames) > 1 else ""
+    print(f"\ntrainer CPU per round = {c:.2f} ms + {a:.3f} ms x nodes{per_frame} (least squares over "
+          f"{len(rows)} runs)")
+    print(f"{'nodes x workers':>16}{'frames':>8}{'measured ms':>13}{'fit ms':>8}{'error':>8}{'ratio':>8}{'rounds':>8}")
     for row in rows:
-        model = c + a * row["nodes"]
-        print(f"{row['nodes']:>9} x {row['per_node']:<4}{row['cpu_ms_per_round']:>13.2f}{model:>8.2f}"
-              f"{(row['cpu_ms_per_round'] - model) / model:>+8.0%}{row['ratio']:>8.3f}{row['batches']:>8}")
+        model = sum(k * term(row) for k, term in zip(coefficients, terms))
+        print(f"{row['nodes']:>9} x {row['per_node']:<4}{row['nodes'] * row['frames_per_request']:>8.0f}"
+              f"{row['cpu_ms_per_round']:>13.2f}{model:>8.2f}{(row['cpu_ms_per_round'] - model) / model:>+8.0%}"
+              f"{row['ratio']:>8.3f}{row['batches']:>8}")
 
 
 def report(rows: dict[str, dict]) -> None:
