@@ -17,7 +17,7 @@ the end whatever happened. Then three cases (the trainer of the first two:
 - ``local``: no SLURM, for comparison: ``scale.py``'s 8 node collectors x 32 local workers on this host
   (local launcher; weights through shared memory, not broadcast).
 - ``fit`` (not run by default): the cost model's per-request term across hosts. The ``submitit`` case
-  at each of ``--shapes`` (nodes x local workers; by default 2 x 128, 4 x 64 and 8 x 32: the same 256
+  at each of ``--shapes`` (nodes x local workers; by default 1 x 256, 2 x 128, 4 x 64, 8 x 32: the same 256
   workers, frames and load, so only the node requests per round change), ``--repeats`` times,
   interleaved; the trainer's CPU per round fitted as ``c + a x nodes`` (least squares; ``+ b x frames``
   where the shapes' workers differ), each point printed with the fit's value and its error.
@@ -30,7 +30,7 @@ and just before each case the ratio of 256 bare processes sleeping the same step
 round (``scale.py``'s ``bare_case``: no collector, no SLURM), the machine's own ceiling at the time.
 
     flock /tmp/rpc-cluster.lock python benchmarks/slurm_hosts.py [--seconds 15] [--cases job submitit local]   # root; about 6 min
-    flock /tmp/rpc-cluster.lock python benchmarks/slurm_hosts.py --cases fit --seconds 30   # root; about 10 min
+    flock /tmp/rpc-cluster.lock python benchmarks/slurm_hosts.py --cases fit --seconds 30   # root; about 11 min
 """
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=15.0, help="measured collection after a warm-up")
     parser.add_argument("--cases", nargs="+", default=["job", "submitit", "local"],
                         choices=["job", "submitit", "local", "fit"])
-    parser.add_argument("--shapes", nargs="+", type=shape, default=[(2, 128), (4, 64), (8, 32)],
+    parser.add_argument("--shapes", nargs="+", type=shape, default=[(1, 256), (2, 128), (4, 64), (8, 32)],
                         help="fit: NxW, N node collectors of W local workers each")
     parser.add_argument("--repeats", type=int, default=2, help="fit: runs of each shape, interleaved")
     args = parser.parse_args()
