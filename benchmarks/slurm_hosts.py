@@ -85,6 +85,12 @@ def job_processes(job_ids: list[str], timeout_s: float = 30.0) -> list[int]:
         time.sleep(0.5)
 
 
+def with_job_ends(row: dict) -> dict:
+    """``row`` with its jobs' ``sacct`` states once ended and the count of their processes left."""
+    return {**row, "states": final_states(row["job_ids"]),
+            "processes_left": len(job_processes(row["job_ids"]))}
+
+
 def read_json(path: Path) -> dict:
     if not path.exists():
         raise RuntimeError(f"the trainer wrote no {path}")
@@ -165,12 +171,10 @@ def case_fit(root: Path, args) -> list[dict]:
     for repeat in range(args.repeats):
         for nodes, per_node in args.shapes:
             try:
-                row = case_submitit(root, args, nodes, per_node)
+                row = with_job_ends(case_submitit(root, args, nodes, per_node))
             except Exception as err:
                 print(f"fit {nodes}x{per_node} (run {repeat + 1}): FAILED: {err}", flush=True)
                 continue
-            row["states"] = final_states(row["job_ids"])
-            row["processes_left"] = len(job_processes(row["job_ids"]))
             rows.append(row)
             print(f"fit {nodes}x{per_node} (run {repeat + 1}): {row['ratio']:.3f} of ideal, trainer CPU "
                   f"{row['cpu_ms_per_round']:.2f} ms per round over {row['batches']} rounds, load "
@@ -267,10 +271,7 @@ def main() -> int:
                 print(f"{name}: FAILED: {err}", flush=True)
                 continue
             row["bare_ratio"] = bare
-            if row["job_ids"]:
-                row["states"] = final_states(row["job_ids"])
-                row["processes_left"] = len(job_processes(row["job_ids"]))
-            rows[name] = row
+            rows[name] = with_job_ends(row) if row["job_ids"] else row
             print(f"{name}: {row['ratio']:.3f} of ideal, first batch {row['first_batch_s']:.1f} s", flush=True)
     finally:
         cluster.stop(root / "cluster")
