@@ -118,6 +118,20 @@ def optional_boolean(name: str, value: Any) -> bool | None:
     return value
 
 
+def return_same_td(value: Any, writes_buffer: bool, trajs_per_batch: Any) -> bool:
+    """TorchRL's ``return_same_td``, refused beside a replay buffer the collector writes (as
+    TorchRL's) and beside ``trajs_per_batch``, whose held-back trajectories a batch overwritten
+    in place would change."""
+    value = boolean("return_same_td", value)
+    if value and writes_buffer:
+        raise TypeError("return_same_td=True and a replay_buffer were both given; accepted with a "
+                        "replay_buffer: return_same_td=False")
+    if value and trajs_per_batch is not None:
+        raise TypeError(f"return_same_td=True and trajs_per_batch={trajs_per_batch!r} were both "
+                        "given; accepted with trajs_per_batch: return_same_td=False")
+    return value
+
+
 def use_buffers(value: Any, replay_buffer: Any) -> bool | None:
     value = optional_boolean("use_buffers", value)
     if value and replay_buffer is not None:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 def start(collector: Any) -> None:
     """Start the thread that runs ``collector._run_background``."""
-    if collector.replay_buffer is None:
+    if not collector.writes_buffer:
         raise RuntimeError("start() needs a replay_buffer: pass "
                            "replay_buffer=... to the constructor")
     if collector._thread is not None:

@@ -65,6 +65,9 @@ class BaseCollector:
     frames_per_batch: int
     # which start of its run this is (RunCheckpoint counts them): its trajectory ids' range
     run_start = 0
+    # TorchRL's: True in a subclass that writes its replay_buffer itself (TorchRL's runners):
+    # batches are handed out as without one
+    _ignore_rb = False
     # TorchRL's profile methods (:mod:`.profiling`)
     enable_profile, disable_profile = profiling.enable_profile, profiling.disable_profile
     _start_profile, profile_config = profiling.start_profile, property(profiling.profile_config)
@@ -128,6 +131,11 @@ class BaseCollector:
         return self.trajs_per_batch is not None or self.replay_write_mode == "trajectory"
 
     @property
+    def writes_buffer(self) -> bool:
+        """Whether batches go to ``replay_buffer`` (iteration then yields None)."""
+        return self.replay_buffer is not None and not self._ignore_rb
+
+    @property
     def completed(self) -> bool:
         """Whether this run collected its ``total_frames`` (an endless one never does)."""
         return self.total_frames != -1 and self._frames >= self.total_frames
@@ -147,7 +155,7 @@ class BaseCollector:
             yield from self._whole_trajectories()
             return
         for batch in self._processed_batches():
-            if self.replay_buffer is not None:
+            if self.writes_buffer:
                 self._extend(batch)
                 self.progress.written_frames += valid_frames(batch)
                 yield None

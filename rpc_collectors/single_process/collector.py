@@ -89,6 +89,10 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         interruptor: TorchRL's: its ``collection_stopped()``, True after a step, ends the batch
             there, padded as a preempted worker's (trajectory id -1, ``("collector", "mask")``
             False).
+        return_same_td: TorchRL's: every batch is written into the TensorDict handed out first
+            (while its shape and keys stay), so each iteration returns the same object with new
+            values: clone a batch you keep. Not with a ``replay_buffer`` or ``trajs_per_batch``
+            (a ``TypeError``).
         trust_policy, cudagraph_policy, weight_sync_schemes: TorchRL's, as
             :mod:`rpc_collectors.core.torchrl_args` maps them (a plain module called on TensorDicts;
             CUDA graphs only as a pass-through without CUDA; ``NoWeightSyncScheme`` makes
@@ -143,7 +147,12 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         worker_idx: int | None = None,
         no_cuda_sync: bool = False,
         interruptor: Any = None,
+        return_same_td: bool = False,
     ) -> None:
+        return_same_td = checks.return_same_td(
+            return_same_td, replay_buffer is not None and not self._ignore_rb, trajs_per_batch)
+        # a subclass with _ignore_rb keeps its buffer: the rest is set up as without one
+        kept_buffer, replay_buffer = replay_buffer, None if self._ignore_rb else replay_buffer
         super().__init__(options.Batches.given(locals()), post_collect_hook)
         # each of these options checked there, once
         c = options.Collect.given(locals())
@@ -164,6 +173,9 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         collector_setup.check_random_actions(self, create_env_fn, policy)
         traj_ids = TrajectoryIds(traj_id_start, traj_id_stride)
         collector_setup.open_rollout(self, traj_ids, use_buffers)
+        self.replay_buffer, self.return_same_td = kept_buffer, return_same_td
+        # return_same_td: what every batch is written into
+        self._same_td: TensorDictBase | None = None
         self._start_state()
         if self.policy is not None:
             collector_setup.check_policy(self)
@@ -242,6 +254,18 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         elif storing is None and batch.device is not None and unshared:
             # as TorchRL's: no device was given that the env and the policy share
             batch.clear_device_()
+        return batch
+
+    def _place(self, batch: TensorDictBase) -> TensorDictBase:
+        """With ``return_same_td``, the batch written into the TensorDict handed out before,
+        while its shape and keys stay those of the batch."""
+        if not self.return_same_td:
+            return batch
+        same = self._same_td
+        if (same is not None and same.batch_size == batch.batch_size
+                and set(same.keys(True, True)) == set(batch.keys(True, True))):
+            return same.update_(batch)
+        self._same_td = batch
         return batch
 
     # ------------------------------------------------------------------ weights

@@ -60,7 +60,7 @@ class WholeTrajectories:
             self.add(batch)
             if collector._discards_in_flight():
                 self.drop_in_flight()
-            if collector.replay_buffer is not None:
+            if collector.writes_buffer:
                 trajectories = self.take()
                 step = collector.trajs_per_write or max(len(trajectories), 1)
                 for start in range(0, len(trajectories), step):

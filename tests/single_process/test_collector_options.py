@@ -1,7 +1,7 @@
 """TorchRL's collector arguments that shape how envs and policies are built and what a batch holds:
 ``create_env_kwargs``, ``policy_factory``, ``init_fn``, ``set_truncated``, ``track_traj_ids``,
-``reset_when_done``, ``compact_obs``, ``extend_buffer``, the collect hooks and ``compile_policy``;
-in one process and in worker processes."""
+``reset_when_done``, ``compact_obs``, ``extend_buffer``, ``return_same_td``, the collect hooks
+and ``compile_policy``; in one process and in worker processes."""
 from __future__ import annotations
 
 import json
@@ -171,6 +171,55 @@ def test_extend_buffer_false_adds_step_by_step():
     with pytest.raises(ValueError, match="extend_buffer=False adds each step"):
         Collector(cartpole, None, frames_per_batch=8, replay_buffer=RecordingBuffer(), extend_buffer=False,
                   postproc=lambda td: td)
+
+
+def seeded_batches(**kwargs) -> tuple[list, list]:
+    """Each batch a seeded random-action CartPole collector hands out, and a clone of it taken
+    at its turn."""
+    collector = Collector(cartpole, None, frames_per_batch=8, total_frames=24, **kwargs)
+    collector.set_seed(0)
+    handed, values = [], []
+    for batch in collector:
+        handed.append(batch)
+        values.append(batch.clone())
+    return handed, values
+
+
+def test_return_same_td_hands_out_one_tensordict_with_each_batchs_values():
+    """TorchRL's ``return_same_td``: each batch is the object handed out first, and holds at its
+    turn what a collector without it hands out."""
+    _, plain = seeded_batches()
+    objects, values = seeded_batches(return_same_td=True)
+    assert len(objects) == 3 and all(batch is objects[0] for batch in objects)
+    for got, want in zip(values, plain):
+        assert set(got.keys(True, True)) == set(want.keys(True, True)) and (got == want).all()
+    assert not (values[0] == values[1]).all()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"replay_buffer": RecordingBuffer()}, "return_same_td=True and a replay_buffer"),
+    ({"trajs_per_batch": 2}, "return_same_td=True and trajs_per_batch=2"),
+])
+def test_return_same_td_is_refused_where_a_batch_outlives_its_iteration(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        Collector(cartpole, None, frames_per_batch=8, return_same_td=True, **kwargs)
+    with pytest.raises(TypeError, match="return_same_td=1 is invalid; accepted: True or False"):
+        Collector(cartpole, None, frames_per_batch=8, return_same_td=1)
+
+
+def test_a_subclass_with_ignore_rb_gets_the_batches_and_keeps_its_buffer():
+    """TorchRL's ``_ignore_rb`` (its runners write the buffer themselves): iteration hands out the
+    batches, ``replay_buffer`` stays the subclass's, and the collector writes nothing to it."""
+    class WritesItsOwnBuffer(Collector):
+        _ignore_rb = True
+
+    rb = RecordingBuffer()
+    collector = WritesItsOwnBuffer(cartpole, None, frames_per_batch=8, total_frames=16, replay_buffer=rb,
+                                   return_same_td=True)
+    sizes = [batch.numel() for batch in collector]
+    assert sizes == [8, 8] and collector.replay_buffer is rb and rb.calls == []
+    with pytest.raises(RuntimeError, match="start\\(\\) needs a replay_buffer"):
+        WritesItsOwnBuffer(cartpole, None, frames_per_batch=8, replay_buffer=rb).start()
 
 
 class StepBuffer:
