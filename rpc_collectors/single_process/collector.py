@@ -22,6 +22,9 @@ from rpc_collectors.transport.weights import load_weights, one_source, signature
 POLICY_VERSION = ("collector", "policy_version")
 # TorchRL's track_policy_version key, at the root and under "next"
 TORCHRL_VERSION = "policy_version"
+# seconds shutdown() waits for a batch in progress in another thread (an interrupted one ends at
+# its next step) to end, its steps counted, before it closes the env
+BATCH_END_WAIT = 5.0
 
 
 class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
@@ -379,5 +382,8 @@ class Collector(CollectorViews, BaseCollector, metaclass=DispatchingCollector):
         self._interrupted.set()
 
     def _shutdown(self, close_env: bool) -> None:
+        ended = self._busy.acquire(timeout=BATCH_END_WAIT)
         if close_env and hasattr(self.env, "close"):
             self.env.close()
+        if ended:
+            self._busy.release()
