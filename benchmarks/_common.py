@@ -5,6 +5,7 @@ module the same way the benchmark script did (``benchmarks/`` is on ``sys.path``
 """
 from __future__ import annotations
 
+import mmap
 import os
 import resource
 import statistics
@@ -156,6 +157,66 @@ def cpu_seconds(pids: list[int]) -> float:
         except OSError:
             pass
     return total / tick
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid``, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def process_costs(pids: list[int]) -> dict:
+    """Of the living ``pids``: how many, and their mean minor page faults, user and system CPU
+    milliseconds so far."""
+    tick, rows = os.sysconf("SC_CLK_TCK"), []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        rows.append((int(fields[7]), int(fields[11]) * 1e3 / tick, int(fields[12]) * 1e3 / tick))
+    if not rows:
+        return {"processes": 0, "faults": 0.0, "user_ms": 0.0, "system_ms": 0.0}
+    faults, user, system = (statistics.mean(column) for column in zip(*rows))
+    return {"processes": len(rows), "faults": faults, "user_ms": user, "system_ms": system}
+
+
+def fault_costs(processes: int, mib: int = 128) -> tuple[float, float]:
+    """System time, in microseconds, a page fault costs here when ``processes`` forked children
+    fault at once, each writing one byte of each 4 KiB page of ``mib`` MiB: first of memory it
+    shares with its parent (a copy-on-write fault, what a forked worker pays for the interpreter's
+    memory it writes), then of new memory (a zero-fill fault). Means over the children."""
+    page, pages = mmap.PAGESIZE, (mib << 20) // mmap.PAGESIZE
+
+    def touch(memory: mmap.mmap) -> float:
+        view = np.frombuffer(memory, dtype=np.uint8)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+        view[::page] = 1
+        del view
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_stime - before) / pages * 1e6
+
+    shared = mmap.mmap(-1, mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    touch(shared)
+    read, write = os.pipe()
+    children = []
+    for _ in range(processes):
+        pid = os.fork()
+        if pid == 0:
+            fresh = mmap.mmap(-1, mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            os.write(write, f"{touch(shared)} {touch(fresh)}\n".encode())
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    os.close(write)
+    with os.fdopen(read) as lines:
+        rows = [tuple(map(float, line.split())) for line in lines]
+    shared.close()
+    return statistics.mean(row[0] for row in rows), statistics.mean(row[1] for row in rows)
 
 
 def own_cpu_seconds() -> float:

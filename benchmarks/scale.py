@@ -20,7 +20,9 @@ Per case, in the trainer: constructor to first batch; frames/s over ``--seconds`
 ``update_policy_weights_()`` of a 1M-parameter policy (median of 5; it returns when every node
 or rank has the version, and a node's local workers copy it from shared memory before their next
 batch); ``shutdown()`` time, its warnings, and the processes left; local workers' USS (private
-memory) during collection. The policy: argmax of ``Linear(4, 2)`` plus a 1M-float table the
+memory) during collection; what each kind of process (local workers, node collectors, the spawners
+that forked the workers, the trainer) had spent at the first batch: page faults, user and system
+CPU. The policy: argmax of ``Linear(4, 2)`` plus a 1M-float table the
 forward does not use, so the push moves 4 MB while a step costs what a small policy costs.
 
 The cost model (``docs/scaling.md``) is fitted to the trainer's CPU per sync round of the
@@ -29,7 +31,8 @@ value and the relative error; the push times give ``c * bytes + d * nodes``.
 
 - ``wide`` (not run by default): 16 node collectors x 32 local workers (512) on a 100 ms env, sync
   (the frames/s 256 workers ask on the 50 ms env), beside 8 x 32 on the same env and 512 bare processes;
-  each process's warnings kept, so a worker killed at shutdown is counted.
+  each process's warnings kept, so a worker killed at shutdown is counted; first, the system time a
+  page fault costs a forked child here, alone and with 32 faulting at once.
 - ``pushes`` (not run by default): 8 x 32 local workers, the push of a 4 MB and a 40 MB policy.
 - ``hostpushes`` (not run by default, root): one node collector of 32 local workers in each of
   ``--hosts`` namespace hosts, the same two pushes across the hosts.
@@ -95,11 +98,22 @@ def local_worker_pids(collector) -> list[int]:
     return [pid for info in collector.infos for pid in info.get("local_pids", [info["pid"]])]
 
 
+def start_costs(collector) -> dict:
+    """What each kind of process had spent when the first batch came (:func:`_common.process_costs`):
+    the local workers, the node collectors, the spawners that forked the workers, the trainer."""
+    workers = local_worker_pids(collector)
+    nodes = [info["pid"] for info in collector.infos if "local_pids" in info]
+    spawners = {_common.parent_of(pid) for pid in workers} - {None, os.getpid(), *nodes}
+    return {"workers": _common.process_costs(workers), "nodes": _common.process_costs(nodes),
+            "spawners": _common.process_costs(sorted(spawners)), "trainer": _common.process_costs([os.getpid()])}
+
+
 def measure(collector, seconds: float, requests_per_batch: int, t0: float) -> dict:
     """Everything a case reports, from a collector built at ``t0``."""
     it = iter(collector)
     next(it)
     first = time.perf_counter() - t0
+    costs = start_costs(collector)
     warm = time.perf_counter()
     while time.perf_counter() - warm < min(3.0, seconds / 2):
         next(it)
@@ -124,6 +138,7 @@ def measure(collector, seconds: float, requests_per_batch: int, t0: float) -> di
         "frames_per_request": frames / (batches * requests_per_batch), "push_ms": 1e3 * statistics.median(pushes),
         "version_after_pushes": version, "shutdown_s": shutdown, "shutdown_warnings": [str(w.message)[:200] for w in caught],
         "workers_left": len(left), "uss_mib_median": statistics.median(uss), "uss_mib_max": max(uss),
+        "start": costs,
     }
 
 
@@ -370,6 +385,10 @@ def part_wide(args) -> list[dict]:
     """16 node collectors x 32 local workers (512) on a 100 ms env, sync, beside 8 x 32 on the same env
     (the trainer's CPU per round against nodes) and 512 bare processes; every warning of every process
     kept (a worker killed at shutdown says so)."""
+    for processes in (1, 32):
+        cow, zero = _common.fault_costs(processes)
+        print(f"a page fault's system time here, {processes} process(es) faulting at once: copy-on-write "
+              f"{cow:.1f} us, zero-fill {zero:.1f} us", flush=True)
     out = []
     for nodes in (8, 16):
         case = {"nodes": nodes, "per": 32, "sync": True, "step_s": WIDE_STEP_S, "steps": args.steps,
@@ -388,7 +407,21 @@ def part_wide(args) -> list[dict]:
               f"({row['cpu_ms_per_round'] / row['nodes']:.3f} ms a node), push {row['push_ms']:.1f} ms, "
               f"shutdown {row['shutdown_s']:.2f} s, left {row['workers_left']}, kill warnings {len(killed)}, "
               f"other warnings {len(row['warnings']) - len(killed)}", flush=True)
+        print_start(row)
     return out
+
+
+def print_start(row: dict) -> None:
+    """Where a case's start went (:func:`start_costs`): each kind of process's page faults and CPU."""
+    cpu = 0.0
+    for kind, costs in row["start"].items():
+        n = costs["processes"]
+        cpu += n * (costs["user_ms"] + costs["system_ms"]) / 1e3
+        if n:
+            print(f"    {kind} ({n}): {costs['faults']:,.0f} faults, {costs['user_ms']:.1f} ms user, "
+                  f"{costs['system_ms']:.1f} ms system each ({1e3 * costs['system_ms'] / costs['faults']:.1f} us "
+                  "of system time a fault)", flush=True)
+    print(f"    their CPU to the first batch: {cpu:.1f} s", flush=True)
 
 
 def part_pushes(args) -> list[dict]:
