@@ -100,3 +100,75 @@ def test_a_closed_spawner_kills_its_children_and_exits_cleanly(fresh_interpreter
         os.kill(child, 0)
     if fresh_interpreter:
         assert spawned.proc.returncode == 0
+
+
+def huge_pages_here() -> bool:
+    """Whether this kernel can move memory to 2 MiB pages on request (``MADV_COLLAPSE``: Linux
+    6.1, transparent huge pages not off)."""
+    import platform
+    from pathlib import Path
+
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    release = tuple(int(part) for part in platform.release().split(".")[:2])
+    return release >= (6, 1) and setting.exists() and "[never]" not in setting.read_text()
+
+
+def anon_huge_kib(pid: int) -> int:
+    from pathlib import Path
+
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    return next(int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages:"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fresh_interpreter", [False, True])
+def test_a_spawner_on_huge_pages_forks_from_them_and_reports_its_childrens_exits(fresh_interpreter):
+    """``use_huge_pages()``: the spawner's memory is in 2 MiB pages before its next fork (which
+    the children inherit), and children run and exit as before."""
+    import threading
+
+    if not huge_pages_here():
+        pytest.skip("this kernel does not move memory to huge pages on request (MADV_COLLAPSE)")
+    spawned = spawner.Spawner(fresh_interpreter=fresh_interpreter)
+    exits: dict[int, int] = {}
+    exited = threading.Event()
+    try:
+        spawned.spawn("time:sleep", [0], timeout=30, on_exit=lambda pid, code: None)
+        before = anon_huge_kib(spawned.pid)
+        spawned.use_huge_pages()
+        child = spawned.spawn("time:sleep", [60], timeout=30,
+                              on_exit=lambda pid, code: (exits.update({pid: code}), exited.set()))
+        # the spawner moved its memory before this fork; the child inherits the huge pages
+        assert anon_huge_kib(spawned.pid) >= before + 8 * 1024
+        assert anon_huge_kib(child) >= 8 * 1024
+        spawned.kill(child)
+        assert exited.wait(30) and exits == {child: -9}
+    finally:
+        spawned.close(timeout=20)
+
+
+@pytest.mark.parametrize("shape, asked", [(lambda n: (n - 1, 0), False), (lambda n: (n, 0), True),
+                                          (lambda n: (4, n // 4 - 2), False),
+                                          (lambda n: (4, n // 4 - 1), True)])
+def test_a_pool_of_many_processes_has_its_spawner_use_huge_pages(monkeypatch, shape, asked):
+    """The processes counted are the pool's workers and, for nodes, their local workers: from
+    ``HUGE_PAGES_AT`` on, the spawner is asked before the first fork."""
+    from rpc_collectors.pools import local
+
+    workers, per_node = shape(local.HUGE_PAGES_AT)
+
+    calls: list[str] = []
+
+    class Recording:
+        def use_huge_pages(self) -> None:
+            calls.append("huge pages")
+
+        def spawn(self, *args, **kwargs) -> int:
+            calls.append("spawn")
+            raise RuntimeError("no process in this test")
+
+    monkeypatch.setattr(spawner, "shared_spawner", Recording)
+    with pytest.raises(RuntimeError, match="no process"):
+        local.LocalPool(workers, 10.0, lambda *_: None, per_node=per_node)
+    assert calls == (["huge pages", "spawn"] if asked else ["spawn"])
