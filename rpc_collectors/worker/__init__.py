@@ -5,8 +5,7 @@ workers in :mod:`.node`, one policy per node in :mod:`.node_inference`, an async
 under the trainer's admission in :mod:`.node_credits`), each transport's entry:
 a torchrun/SLURM rank served over RPC (:mod:`.rpc_rank`) and a local worker process
 (:mod:`.local_worker`, driven over the pipes of :mod:`.channel`), the fast, leak-free start of local
-processes (:mod:`.spawner`; the Linux calls it and its children make on themselves, the 2 MiB
-pages it forks from among them, in :mod:`.process_setup`), an env stepped for a batched-inference collector (:mod:`.env_steps`),
+processes (:mod:`.spawner`), an env stepped for a batched-inference collector (:mod:`.env_steps`),
 an ``Evaluator``'s evaluations run beside the collection (:mod:`.evaluations`), and torch's C++ log
 threshold (:mod:`.cpp_log`).
 
