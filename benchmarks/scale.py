@@ -30,8 +30,7 @@ The cost model (``docs/scaling.md``) is fitted to the trainer's CPU per sync rou
 value and the relative error; the push times give ``c * bytes + d * nodes``.
 
 - ``wide`` (not run by default): 16 node collectors x 32 local workers (512) on a 100 ms env, sync
-  (the frames/s 256 workers ask on the 50 ms env), beside 8 x 32 on the same env, 16 x 32 with the
-  spawner forking from 4 KiB pages (``rpc_collectors.pools.local.HUGE_PAGES_AT``) and 512 bare processes;
+  (the frames/s 256 workers ask on the 50 ms env), beside 8 x 32 on the same env and 512 bare processes;
   each process's warnings kept, so a worker killed at shutdown is counted; first, the system time a
   page fault costs a forked child here, alone and with 32 faulting at once.
 - ``pushes`` (not run by default): 8 x 32 local workers, the push of a 4 MB and a 40 MB policy.
@@ -145,13 +144,9 @@ def measure(collector, seconds: float, requests_per_batch: int, t0: float) -> di
 
 def local_case(case: dict) -> dict:
     from rpc_collectors import RPCCollector
-    from rpc_collectors.pools import local
 
     _common.quiet()
     torch.set_num_threads(1)
-    if not case.get("huge_pages", True):
-        # the spawner forks from 4 KiB pages at any size: the "before" of the huge pages' figures
-        local.HUGE_PAGES_AT = float("inf")
     nodes, per, sync = case["nodes"], case["per"], case["sync"]
     kind = "single" if case.get("flat") else "sync" if sync else "async"
     t0 = time.perf_counter()
@@ -395,10 +390,9 @@ def part_wide(args) -> list[dict]:
         print(f"a page fault's system time here, {processes} process(es) faulting at once: copy-on-write "
               f"{cow:.1f} us, zero-fill {zero:.1f} us", flush=True)
     out = []
-    # 512 with the spawner on 4 KiB pages, as before 2026-12-04, after and before the default
-    for nodes, huge in ((8, True), (16, True), (16, False)):
+    for nodes in (8, 16):
         case = {"nodes": nodes, "per": 32, "sync": True, "step_s": WIDE_STEP_S, "steps": args.steps,
-                "seconds": args.seconds, "huge_pages": huge}
+                "seconds": args.seconds}
         out.append({**case, **run_case(__file__, case, timeout=600, warnings=True)})
     bare = {"workers": 512, "rounds": 8, "steps": args.steps, "step_s": WIDE_STEP_S}
     print(f"512 bare processes, sync rounds of {args.steps} steps of {WIDE_STEP_S * 1e3:.0f} ms, no collector: "
@@ -408,8 +402,7 @@ def part_wide(args) -> list[dict]:
         row["ratio"] = row["frames_per_s"] / (row["workers"] / WIDE_STEP_S)
         row["frames_per_round"], row["requests_per_round"] = row["workers"] * row["steps"], row["nodes"]
         killed = [line for line in row["warnings"] if "SIGKILL" in line]
-        pages = "" if row["huge_pages"] else ", spawner on 4 KiB pages"
-        print(f"{row['nodes']:>3} x 32 ({row['workers']}{pages}): {row['ratio']:.3f} of ideal, first batch "
+        print(f"{row['nodes']:>3} x 32 ({row['workers']}): {row['ratio']:.3f} of ideal, first batch "
               f"{row['first_batch_s']:.1f} s, trainer CPU {row['cpu_ms_per_round']:.2f} ms per round "
               f"({row['cpu_ms_per_round'] / row['nodes']:.3f} ms a node), push {row['push_ms']:.1f} ms, "
               f"shutdown {row['shutdown_s']:.2f} s, left {row['workers_left']}, kill warnings {len(killed)}, "
