@@ -36,7 +36,7 @@ def _pool(plan: Plan, on_death: Any, on_arrival: Any) -> Any:
     if plan.rdv is not None:
         return RankPool(plan.rdv, plan.num_workers, plan.rpc_timeout)
     return LocalPool(plan.num_workers, plan.rpc_timeout, on_death, plan.tcp_port,
-                     per_node=0 if plan.node is None else plan.node.num_workers)
+                     nodes=plan.node is not None)
 
 
 def start(front: CollectorFront, create_env_fn: Any, policy: Any, o: options.Options,

@@ -33,9 +33,6 @@ CLOSE_WAIT = 10.0
 SHARE_SPEC = 1 << 20
 # a node reaps its own local workers first
 NODE_CLOSE_WAIT = CLOSE_WAIT + KILL_WAIT + 0.5
-# processes (a node's local workers too) from which the spawner forks from 2 MiB pages: at 512 a
-# fork and an exit cost a third as much; the one move, 0.05-0.5 s, pays from about this many
-HUGE_PAGES_AT = 128
 
 
 def describe_exit(code: int) -> str:
@@ -57,8 +54,7 @@ class _SharedSpec:
 
 
 class LocalPool(WorkerPool):
-    """``num_workers`` processes on this host; worker i runs as rank i + 1 (with ``per_node``, a
-    node collector of that many local workers).
+    """``num_workers`` processes on this host; worker i runs as rank i + 1.
 
     Start-up is bounded by ``rpc_timeout`` and interruptible: it waits for every worker's hello,
     a worker's exit (reported by the spawner at once) or Ctrl-C. :meth:`close` is idempotent
@@ -69,18 +65,15 @@ class LocalPool(WorkerPool):
 
     def __init__(
         self, num_workers: int, rpc_timeout: float, on_death: OnDeath, port: int | None = None,
-        per_node: int = 0,
+        nodes: bool = False,
     ) -> None:
         self.num_workers, self.rpc_timeout, self.on_death = num_workers, rpc_timeout, on_death
-        nodes = per_node > 0
         # how long close() waits for the processes to exit: a node first
         # closes its own local workers
         self.close_wait = NODE_CLOSE_WAIT if nodes else CLOSE_WAIT
         # of the weight group's store (None: a free one)
         self.port = port
         self.spawner = spawner.shared_spawner()
-        if num_workers * (1 + per_node) >= HUGE_PAGES_AT:
-            self.spawner.use_huge_pages()
         self.channels: dict[int, Channel] = {}
         # local worker pid -> worker id, until reaped
         self.pids: dict[int, int] = {}

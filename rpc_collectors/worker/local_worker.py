@@ -11,8 +11,8 @@ from rpc_collectors.single_process import step_count
 from rpc_collectors.transport import doorbell
 from rpc_collectors.transport.shm import SharedBytes
 from rpc_collectors.worker import channel
-from rpc_collectors.worker.process_setup import name_process
 from rpc_collectors.worker.server import WorkerState
+from rpc_collectors.worker.spawner import name_process
 
 
 class LocalServer:

@@ -25,8 +25,8 @@ from rpc_collectors.core.protocol import WorkerInfo
 from rpc_collectors.transport import membership, rendezvous
 from rpc_collectors.transport.rendezvous import Rendezvous, interface_address, socket_interface
 from rpc_collectors.worker import cpp_log, spawner
-from rpc_collectors.worker.process_setup import name_process
 from rpc_collectors.worker.server import WorkerState
+from rpc_collectors.worker.spawner import name_process
 
 TRAINER = "trainer"
 # seconds between a server's checks that its trainer is still there

@@ -9,8 +9,7 @@ Unlike ``multiprocessing``'s spawn and forkserver, it never re-imports the user'
 
 Protocol over two pipes (JSON lines): the parent writes ``{"id": R, "target":
 "module:function", "args": [...]}`` and reads back ``{"id": R, "pid": N}``; whenever a child
-exits the spawner writes ``{"exit": N, "code": C}``. ``{"huge_pages": true}`` asks it to move its
-memory to 2 MiB pages before it forks more (once; no reply). A reply to a request the parent gave up
+exits the spawner writes ``{"exit": N, "code": C}``. A reply to a request the parent gave up
 on (a timeout, Ctrl-C) is never handed to a later request: its child is killed. When the
 parent goes away (its end of the requests pipe closes), the spawner kills its children and
 exits; each child also dies with the spawner (``PR_SET_PDEATHSIG``). The spawner keeps none
@@ -21,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import importlib
 import json
 import os
@@ -36,16 +36,61 @@ from typing import Callable, NoReturn
 import torch
 
 from rpc_collectors.core.protocol import KILL_WAIT
-from rpc_collectors.worker.process_setup import (
-    collapse_to_huge_pages,
-    die_with_parent,
-    drop_inherited_fds,
-    name_process,
-)
 
 PRELOAD = ("torch", "tensordict", "gymnasium", "numpy", "cloudpickle",
            "rpc_collectors.worker.local_worker")
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 SPAWNER_NAME = "rpc-spawner"
+
+
+def _prctl(option: int, arg: object) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg)
+    except (OSError, AttributeError):
+        # not Linux: the stdin EOF path still cleans up
+        pass
+
+
+def _die_with_parent() -> None:
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def name_process(name: str) -> None:
+    """Show this process as ``name`` (at most 15 bytes) in ``ps -o comm``, top, /proc/<pid>/comm."""
+    _prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
+
+
+def drop_inherited_fds(keep: tuple[int, ...]) -> None:
+    """Let go of every descriptor this process inherited but the standard streams and ``keep``.
+
+    They are pointed at /dev/null rather than closed: Python objects of the parent (a logging
+    handler, a test runner's capture file) may still write to their numbers, which must not
+    come to name a socket this process opens later. ``sys.stdout``/``sys.stderr`` are
+    rebound to descriptors 1 and 2.
+    """
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        # no /proc: the usual range
+        fds = list(range(3, 1024))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in fds:
+        if fd > 2 and fd != devnull and fd not in keep:
+            try:
+                os.dup2(devnull, fd)
+            except OSError:
+                # not open (any more)
+                pass
+    os.close(devnull)
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        try:
+            same = stream.fileno() == fd
+        except (AttributeError, OSError, ValueError):
+            same = False
+        if not same:
+            setattr(sys, name, open(fd, "w", buffering=1, closefd=False))
 
 
 class Spawner:
@@ -157,12 +202,6 @@ class Spawner:
         if code is not None:
             on_exit(pid, code)
         return pid
-
-    def use_huge_pages(self) -> None:
-        """Have the spawner move its memory to 2 MiB pages (once) before its next fork: for
-        many children, cheaper forks and exits (:func:`.process_setup.collapse_to_huge_pages`)."""
-        with self._cond:
-            self.requests.write(json.dumps({"huge_pages": True}) + "\n")
 
     def kill(self, pid: int) -> None:
         """Kill child ``pid`` if it still runs (a pid that exited may name
@@ -285,7 +324,7 @@ def run_spawner(requests_fd: int, replies_fd: int) -> NoReturn:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     children: set[int] = set()
-    pending, collapsed = b"", False
+    pending = b""
     while True:
         ready, _, _ = select.select([requests_fd, wake_r], [], [])
         if wake_r in ready:
@@ -300,9 +339,6 @@ def run_spawner(requests_fd: int, replies_fd: int) -> NoReturn:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
-            if request.get("huge_pages"):
-                collapsed = collapsed or collapse_to_huge_pages() > 0
-                continue
             pid = _fork_child(request, (requests_fd, replies_fd, wake_r, wake_w))
             children.add(pid)
             out.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
@@ -339,7 +375,7 @@ def _fork_child(request: dict, spawner_fds: tuple[int, ...]) -> int:
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        die_with_parent()
+        _die_with_parent()
         for fd in spawner_fds:
             os.close(fd)
         module, func = request["target"].split(":")
