@@ -21,7 +21,7 @@ from rpc_collectors.single_process.batch_record import BatchRecord
 from rpc_collectors.single_process.frame_ledger import Ledger
 from rpc_collectors.single_process.preemption import valid_frames
 from rpc_collectors.single_process.private_keys import drop_private_keys
-from rpc_collectors.single_process.profiling import ProfileConfig, RolloutProfiler
+from rpc_collectors.single_process.profiling import ProfileConfig
 from rpc_collectors.single_process.run_meter import RunMeter
 from rpc_collectors.single_process.trajectories import TRAJ_IDS, shift_ids, split_trajectories
 from rpc_collectors.single_process.trajectory_progress import TrajectoryProgress
@@ -71,6 +71,7 @@ class BaseCollector:
     # TorchRL's profile methods (:mod:`.profiling`)
     enable_profile, disable_profile = profiling.enable_profile, profiling.disable_profile
     _start_profile, profile_config = profiling.start_profile, property(profiling.profile_config)
+    _profiler = property(profiling.profiler)
 
     def __init__(self, batches: options.Batches, post_collect_hook: Any = None, *,
                  one_per_worker: bool = False) -> None:
@@ -109,8 +110,6 @@ class BaseCollector:
         self._closed = False
         self._iteration_started = False
         self._profile_config: ProfileConfig | None = None
-        # enable_profile in this process
-        self._profiler: RolloutProfiler | None = None
         # shutdown() began: no new work, waits end
         self._closing = False
         # metrics=: checked before any worker starts

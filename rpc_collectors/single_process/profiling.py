@@ -2,7 +2,10 @@
 trace written as a Chrome trace (or handed to ``on_trace_ready``).
 
 Batches ``warmup_rollouts`` to ``num_rollouts - 1`` (counted from 0) are profiled, as TorchRL counts
-them, in the process and thread that collects them (a single-process collector)."""
+them, in the process and thread that collects them (a single-process collector). As in TorchRL, the
+profiler is the collector's ``post_collect_hook`` while it is on (a :class:`ProfilerHook`, the one
+home of the profiler); unlike TorchRL's, it goes on calling the hook it took the place of, and
+``disable_profile`` puts that hook back."""
 from __future__ import annotations
 
 import os
@@ -93,8 +96,20 @@ class RolloutProfiler:
         profile.export_chrome_trace(str(path))
 
 
+class ProfilerHook:
+    """A collector's ``post_collect_hook`` while ``enable_profile`` is on: its profiler, and the
+    hook it took the place of, called with each batch as before."""
+
+    def __init__(self, profiler: RolloutProfiler, replaced: Any) -> None:
+        self.profiler, self.replaced = profiler, replaced
+
+    def __call__(self, batch: Any) -> None:
+        if self.replaced is not None:
+            self.replaced(batch)
+
+
 # TorchRL's profile methods of a collector, named by BaseCollector (``self``: the collector, whose
-# ``_profile_config`` and ``_profiler`` they set)
+# ``_profile_config`` and ``post_collect_hook`` they set)
 def enable_profile(self: Any, *, workers: list[int] | None = None, num_rollouts: int = 3,
                    warmup_rollouts: int = 1, save_path: Any = None,
                    activities: list[str] | None = None, record_shapes: bool = True,
@@ -119,14 +134,25 @@ def enable_profile(self: Any, *, workers: list[int] | None = None, num_rollouts:
 
 
 def start_profile(self: Any, config: ProfileConfig) -> None:
-    self._profiler = RolloutProfiler(config, getattr(self, "worker_idx", None) or 0)
+    disable_profile(self)
+    profiler = RolloutProfiler(config, getattr(self, "worker_idx", None) or 0)
+    self.post_collect_hook = ProfilerHook(profiler, self.post_collect_hook)
 
 
 def disable_profile(self: Any) -> None:
-    """Stop a profile in progress (its trace is written) and profile no more batches."""
-    if self._profiler is not None:
-        self._profiler.stop()
-    self._profiler = self._profile_config = None
+    """Stop a profile in progress (its trace is written), profile no more batches, and put back
+    the ``post_collect_hook`` that the profiler took the place of."""
+    hook = self.post_collect_hook
+    if isinstance(hook, ProfilerHook):
+        hook.profiler.stop()
+        self.post_collect_hook = hook.replaced
+    self._profile_config = None
+
+
+def profiler(self: Any) -> RolloutProfiler | None:
+    """The profiler that ``enable_profile`` installed; None without one."""
+    hook = self.post_collect_hook
+    return hook.profiler if isinstance(hook, ProfilerHook) else None
 
 
 def profile_config(self: Any) -> ProfileConfig | None:

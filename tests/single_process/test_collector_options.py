@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from rpc_collectors import Collector, GymEnv, MultiAsyncCollector, MultiSyncCollector, split_trajectories
+from rpc_collectors.single_process.profiling import ProfilerHook
 
 pytestmark = [pytest.mark.timeout(120)]
 multi = [pytest.mark.multiprocess, pytest.mark.usefixtures("no_leftover_processes")]
@@ -354,6 +355,25 @@ def test_enable_profile_writes_a_trace_of_the_batches_it_names(tmp_path):
     with pytest.raises(ValueError, match="warmup_rollouts=3 are invalid"):
         Collector(cartpole, None, frames_per_batch=8).enable_profile(num_rollouts=3, warmup_rollouts=3)
 
+
+
+def test_the_profiler_takes_the_post_collect_hooks_place_and_keeps_calling_it(tmp_path):
+    seen = []
+    c = Collector(cartpole, None, frames_per_batch=8, total_frames=32, post_collect_hook=lambda b: seen.append(b.numel()))
+    user_hook = c.post_collect_hook
+    c.enable_profile(num_rollouts=2, warmup_rollouts=0, save_path=str(tmp_path / "t_{worker_idx}.json"))
+    assert isinstance(c.post_collect_hook, ProfilerHook) and c.post_collect_hook is not user_hook
+    c.enable_profile(num_rollouts=2, warmup_rollouts=0, save_path=str(tmp_path / "t_{worker_idx}.json"))
+    assert c.post_collect_hook.replaced is user_hook  # enabled again: one profiler, the same hook kept
+    c.next(), c.next()
+    assert seen == [8, 8] and (tmp_path / "t_0.json").exists()
+    c.disable_profile()
+    assert c.post_collect_hook is user_hook and c.profile_config is None
+    c.next()
+    assert seen == [8, 8, 8]
+    c.disable_profile()  # nothing enabled: nothing changes
+    assert c.post_collect_hook is user_hook
+    c.shutdown()
 
 @pytest.mark.multiprocess
 @pytest.mark.usefixtures("no_leftover_processes")
