@@ -24,8 +24,7 @@ def local_options(create_env_fn: Any, num_workers: Any,
                   arguments: Mapping[str, Any]) -> options.Options:
     """The options of a local multi-process collector: TorchRL's ``num_workers`` is
     ``num_collectors``."""
-    torchrl_args.not_here(weight_updater=arguments["weight_updater"],
-                          weight_recv_schemes=arguments["weight_recv_schemes"])
+    torchrl_args.not_here(weight_recv_schemes=arguments["weight_recv_schemes"])
     launcher = arguments["launcher"]
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher={launcher!r} is invalid for MultiCollector; accepted: 'local', "
@@ -71,9 +70,10 @@ class MultiCollector(CollectorFront, metaclass=_SyncChoosesClass):
     round-based batches of all workers and first-ready batches of one (given, it makes the
     collector a ``MultiSyncCollector`` or ``MultiAsyncCollector``, as TorchRL's does). Sync
     batches are stacked ``[N, (B,) T]`` by default, as TorchRL's ``MultiSyncCollector``.
-    ``launcher`` is ``"local"``, TorchRL's ``"mp"`` or ``"debug"``; ``policy`` and every other
-    argument (``weight_updater`` and ``weight_recv_schemes`` too) are as for
-    :class:`~rpc_collectors.RPCCollector`.
+    ``launcher`` is ``"local"``, TorchRL's ``"mp"`` or ``"debug"``; ``weight_updater`` is TorchRL's
+    legacy ``WeightUpdaterBase``, which ``update_policy_weights_`` then calls and which pushes
+    through ``pipes`` (:mod:`rpc_collectors.trainer.legacy_updater`); ``policy`` and every other
+    argument (``weight_recv_schemes`` too) are as for :class:`~rpc_collectors.RPCCollector`.
     """
 
     _default_cat_results: str | int = "stack"

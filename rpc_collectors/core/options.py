@@ -260,6 +260,10 @@ class Weights(Group):
     )
     backend: str = option("gloo", "the weight process group's backend, \"gloo\" or \"nccl\"",
                           option_checks.backend)
+    weight_updater: Any = option(
+        None, "TorchRL's legacy WeightUpdaterBase, which update_policy_weights_ calls",
+        torchrl_args.weight_updater
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -53,6 +53,7 @@ _WEIGHT_PLANE = (
     "(update_policy_weights_; the policy is sent to every worker)"
 )
 NOT_HERE = {
+    # multi-process collectors take it (:mod:`rpc_collectors.trainer.legacy_updater`)
     "weight_updater": _WEIGHT_PLANE,
     "weight_recv_schemes": _WEIGHT_PLANE,
     "visible_devices": (
@@ -65,6 +66,32 @@ NOT_HERE = {
         "transport; rpc_timeout sets their timeout)"
     ),
 }
+
+
+def weight_updater(name: str, value: Any) -> Any:
+    """TorchRL's legacy ``weight_updater``: a user's ``WeightUpdaterBase`` subclass (recognised by
+    class name), or a callable that returns one (as TorchRL's collectors take it), or None.
+    TorchRL's own updaters write into its workers' memory or call its workers, which are not
+    these: they are refused."""
+    if value is None:
+        return None
+    if not _is_updater(value) and callable(value):
+        value = value()
+    if not _is_updater(value):
+        raise TypeError(f"{name}={value!r} is invalid; accepted: None, a torchrl "
+                        "WeightUpdaterBase, or a callable that returns one")
+    if type(value).__module__.split(".")[0] == "torchrl":
+        raise ValueError(
+            f"{name}={type(value).__name__}(...) is not supported: TorchRL's own updaters reach "
+            "into TorchRL's workers; accepted: None (weights go through the collector's own "
+            "weight plane; weight_sync_schemes chooses it), or a WeightUpdaterBase subclass that "
+            "sends through collector.pipes")
+    return value
+
+
+def _is_updater(value: Any) -> bool:
+    return any(c.__name__ == "WeightUpdaterBase" and c.__module__.split(".")[0] == "torchrl"
+               for c in type(value).__mro__)
 
 
 def not_here(**arguments: Any) -> None:

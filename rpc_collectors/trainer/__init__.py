@@ -5,7 +5,8 @@ schedules in :mod:`.schedule`, the weight pusher in :mod:`.weight_pushes`, traje
 and ``max_policy_lag``'s drops in :mod:`.continuity`, its admission of requests in
 :mod:`.admission`, its batch plane once laid out in
 :mod:`.batch_slots`; each part is given the parts and options it uses, never the front; TorchRL's
-views of the workers in :mod:`.worker_views` over :mod:`.torchrl_views`), the plan it runs with
+views of the workers in :mod:`.worker_views` over :mod:`.torchrl_views`, and TorchRL's legacy
+``weight_updater`` with its worker pipes in :mod:`.legacy_updater`), the plan it runs with
 (:mod:`.plan`: its option groups and what was resolved from them), its state (:mod:`.saved_state`),
 how it writes into a replay buffer (:mod:`.buffer_writes`), its one wait (:mod:`.waits`), the
 roster of its workers and their restarts (:mod:`.roster`), what it does when a worker fails or

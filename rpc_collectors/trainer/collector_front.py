@@ -24,7 +24,7 @@ from rpc_collectors.core.protocol import KILL_WAIT
 from rpc_collectors.single_process import preemption
 from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.frame_ledger import Ledger
-from rpc_collectors.trainer import buffer_writes, front_metrics, worker_views
+from rpc_collectors.trainer import buffer_writes, front_metrics, legacy_updater, worker_views
 from rpc_collectors.trainer.batch_slots import BatchSlots
 from rpc_collectors.trainer.continuity import Continuity
 from rpc_collectors.trainer.lifetime import Resources, release_with, wait_gone
@@ -60,6 +60,9 @@ class CollectorFront(BaseCollector):
     # the workers' collect hooks, as given to the constructor or set since
     _hooks: dict | None = None
     plan: Plan | None = None
+    # TorchRL's legacy WeightUpdaterBase, which pushes through self.pipes (:mod:`.legacy_updater`)
+    weight_updater: Any = None
+    _legacy_weight_updater = property(lambda front: front.weight_updater is not None)
     # TorchRL's attributes, read from the plan
     num_workers, sync, cat_results, frames_per_batch = Planned(), Planned(), Planned(), Planned()
     launcher, elastic, rpc_timeout, exploration_type = Planned(), Planned(), Planned(), Planned()
@@ -126,6 +129,7 @@ class CollectorFront(BaseCollector):
         self.tracing = TraceWindow(
             TraceParts(roster, self.waits.deferred, self.waits.gather, self.workers), self._meter)
         self._release = release_with(self, self._resources)
+        legacy_updater.register(self, plan.options.weights.weight_updater)
         self._closed = self._closing = False
         try:
             self._start_workers()
@@ -282,13 +286,16 @@ class CollectorFront(BaseCollector):
         (each of those workers gets its own; without ``worker_ids``); None pushes the tensors the
         policy given to the constructor holds at this call (also after its parameters were
         replaced), or, when the workers build their policies (``policy_factory``), the weights given
-        last. The trainer's version (``pushed_version``) goes up by one; each worker applies the
-        weights before its next batch, never in the middle of one. With ``non_blocking=True`` this
-        returns once the weights are copied out of the policy, and the transfer completes in the
-        background.
-        """
+        last. Given a ``weight_updater`` (TorchRL's legacy ``WeightUpdaterBase``), it is called
+        instead and pushes through ``pipes``. The trainer's version (``pushed_version``) goes up by
+        one; each worker applies the weights before its next batch, never in the middle of one.
+        With ``non_blocking=True`` this returns once the weights are copied out of the policy, and
+        the transfer completes in the background."""
         policy_or_weights = one_source(policy_or_weights, weights, policy)
         self.require_running()
+        if self.weight_updater is not None:
+            self.weight_updater(policy_or_weights=policy_or_weights, worker_ids=worker_ids)
+            return
         self.pusher.update(policy_or_weights, worker_ids, non_blocking)
 
     def push_version(self, version: int, source: TensorDictBase | None = None) -> None:

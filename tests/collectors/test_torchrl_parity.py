@@ -193,3 +193,70 @@ def test_fake_tensordict_is_a_zeroed_batch_with_the_real_ones_layout(kwargs):
         theirs = trl_collectors.Collector(env, policy(), frames_per_batch=10, total_frames=10)
         assert sorted(map(str, theirs.fake_tensordict().keys(True, True))) == sorted(map(str, fake.keys(True, True)))
         theirs.shutdown()
+
+
+# ------------------------------------------------------------------ TorchRL's legacy weight_updater
+def _pipe_updater():
+    class PipeUpdater(trl_collectors.WeightUpdaterBase):
+        """A user's updater as TorchRL's docs write one: weights down each worker's pipe."""
+
+        def __init__(self, num_workers):
+            self.num_workers = num_workers
+
+        def _sync_weights_with_worker(self, worker_id, server_weights):
+            self.collector.pipes[worker_id].send((server_weights, "update"))
+            assert self.collector.pipes[worker_id].recv()[1] == "updated"
+
+        def all_worker_ids(self):
+            return list(range(self.num_workers))
+
+    return PipeUpdater
+
+
+def _linear():
+    return TensorDictModule(nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_a_legacy_weight_updater_pushes_through_the_workers_pipes():
+    from tensordict import TensorDict
+
+    with warnings.catch_warnings():  # TorchRL deprecates subclassing WeightUpdaterBase
+        warnings.simplefilter("ignore", DeprecationWarning)
+        updater = _pipe_updater()(2)
+    weights = TensorDict.from_module(_linear())
+    c = MultiSyncCollector([pendulum] * 2, policy_factory=_linear, frames_per_batch=40, total_frames=-1,
+                           weight_updater=updater, track_policy_version=True)
+    try:
+        assert c._legacy_weight_updater and updater.collector is c
+        c.update_policy_weights_(weights)
+        assert c.worker_policy_versions() == [1, 2]  # one send per worker, each its own version
+        assert (next(iter(c))["action"] != 0).any()
+        weights.data.zero_()
+        c.update_policy_weights_(weights)
+        for batch in c:
+            if (batch["policy_version"] >= 3).all():
+                break
+        assert (batch["action"] == 0).all() and c.worker_policy_versions() == [3, 4]
+        with pytest.raises(ValueError, match=r"pipes\[0\].send\(\(None, 'seed'\)\) is not supported"):
+            c.pipes[0].send((None, "seed"))
+        with pytest.raises(RuntimeError, match=r"pipes\[1\].recv\(\): nothing was sent"):
+            c.pipes[1].recv()
+    finally:
+        c.shutdown()
+
+
+def test_weight_updaters_that_cannot_work_here_are_refused_before_any_worker_starts():
+    from procs import descendants
+
+    before = descendants()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torchrl.collectors import MultiProcessedWeightUpdater
+    with pytest.raises(ValueError, match=r"weight_updater=MultiProcessedWeightUpdater\(...\) is not supported"):
+        MultiSyncCollector([pendulum] * 2, _linear(), frames_per_batch=40,
+                           weight_updater=MultiProcessedWeightUpdater(get_server_weights=None, policy_weights={}))
+    with pytest.raises(TypeError, match="weight_updater='updater' is invalid; accepted: None, a torchrl WeightUpdaterBase"):
+        MultiSyncCollector([pendulum] * 2, _linear(), frames_per_batch=40, weight_updater="updater")
+    assert descendants() == before
