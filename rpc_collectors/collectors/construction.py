@@ -148,6 +148,8 @@ def plan(
         o, frames_per_batch_worker, num_workers * per_node, per_node, preempting)
     devices = worker_checks.worker_devices_of(
         *[kwargs.get(name, per_worker.get(name)) for name in DEVICES], num_workers)
+    worker_checks.shared_weights(pushes, launch.collector_class, node is not None,
+                                 devices["policy_device"])
     # batches travel in host memory; the trainer places them (data_plane)
     kwargs["storing_device"] = "cpu"
     per_worker.pop("storing_device", None)
@@ -181,6 +183,11 @@ def _across(o: options.Options, ray: bool) -> tuple[str, float | None]:
     checks.preemption_fits(run.preemptive_threshold, launch.elastic, batches.split_trajs or whole)
     transport = torchrl_args.weight_sync_schemes(
         o.weights.weight_sync_schemes, o.weights.weight_transport, ray=ray)
+    factories = o.collect.policy_factory
+    distinct = isinstance(factories, (list, tuple)) and len(set(map(id, factories))) > 1
+    if transport == "shared" and o.weights.weight_transport == "auto" and distinct:
+        # distinct factories: each worker its own weights (TorchRL's scheme switches so too)
+        transport = "shm"
     return transport, run.preemptive_threshold
 
 

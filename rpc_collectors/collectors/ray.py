@@ -68,7 +68,8 @@ class RayCollector(CollectorFront):
         weight_sync_schemes: TorchRL's ``{"policy": scheme}``, mapped onto the actors' weight
             transport (:mod:`rpc_collectors.core.torchrl_args`): ``RayWeightSyncScheme`` and
             ``MultiProcessWeightSyncScheme`` one ``ray.put`` per version,
-            ``SharedMemWeightSyncScheme`` shared memory (actors on the trainer's node),
+            ``SharedMemWeightSyncScheme`` the trainer's policy memory, shared (actors on the
+            trainer's node; :mod:`rpc_collectors.transport.weight_sync`),
             ``NoWeightSyncScheme`` no pushes.
     """
 

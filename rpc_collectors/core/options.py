@@ -33,7 +33,7 @@ from tensordict.nn import InteractionType
 from rpc_collectors.core import checks, option_checks, torchrl_args
 
 CAT_RESULTS = ("stack", 0, -1)
-WEIGHT_TRANSPORTS = ("auto", "shm", "broadcast", "rpc")
+WEIGHT_TRANSPORTS = ("auto", "shm", "shared", "broadcast", "rpc")
 # "mp": TorchRL's name for local; "submitit_delayed": TorchRL's, refused with what to use instead
 LAUNCHERS = ("auto", "local", "torchrun", "slurm", "debug", "submitit", "mp", "submitit_delayed")
 INFERENCE = ("worker", "node")
@@ -253,8 +253,10 @@ class Weights(Group):
         -1, "push after this many batches with the same weights; -1: never",
         option_checks.update_interval
     )
-    weight_transport: str = option("auto", "\"auto\", \"shm\", \"broadcast\" or \"rpc\"",
-                                   _weight_transport)
+    weight_transport: str = option(
+        "auto", "\"auto\", \"shm\", \"shared\" (the trainer's policy memory), \"broadcast\" "
+        "or \"rpc\"",
+        _weight_transport)
     weight_sync_schemes: dict | None = option(
         None, "TorchRL's {\"policy\": scheme}: names the weight transport"
     )

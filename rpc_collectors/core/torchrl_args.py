@@ -8,7 +8,8 @@ and mapped onto this package's weight transport for the link they describe:
 ========================================  ==========================================
 TorchRL scheme                            weight transport here
 ========================================  ==========================================
-``SharedMemWeightSyncScheme``             ``"shm"`` (one shared-memory file)
+``SharedMemWeightSyncScheme``             ``"shared"`` (the policy's memory, shared; ``"shm"``
+                                          with ``per_worker_weights`` or distinct factories)
 ``MultiProcessWeightSyncScheme``          ``"rpc"`` (a copy in each worker's message)
 ``RPCWeightSyncScheme``                   ``"rpc"``
 ``DistributedWeightSyncScheme``           ``"broadcast"`` (a process group of its own)
@@ -31,7 +32,7 @@ import torch
 from rpc_collectors.core import user_warnings
 
 SCHEMES = {
-    "SharedMemWeightSyncScheme": "shm",
+    "SharedMemWeightSyncScheme": "shared",
     "MultiProcessWeightSyncScheme": "rpc",
     "RPCWeightSyncScheme": "rpc",
     "DistributedWeightSyncScheme": "broadcast",
@@ -42,7 +43,8 @@ SCHEMES = {
 NO_PUSH = "none"
 # the TorchRL scheme that describes each transport chosen here (TorchRL's
 # default for local workers: shared memory)
-SCHEME_OF = {"shm": "SharedMemWeightSyncScheme", "rpc": "MultiProcessWeightSyncScheme",
+SCHEME_OF = {"shm": "SharedMemWeightSyncScheme", "shared": "SharedMemWeightSyncScheme",
+             "rpc": "MultiProcessWeightSyncScheme",
              "broadcast": "DistributedWeightSyncScheme", NO_PUSH: "NoWeightSyncScheme"}
 
 
@@ -131,6 +133,9 @@ def weight_sync_schemes(value: Any, weight_transport: str, ray: bool = False) ->
             "RPCWeightSyncScheme or NoWeightSyncScheme"
         )
     transport = SCHEMES[name] or NO_PUSH
+    if transport == "shared" and getattr(scheme, "per_worker_weights", False):
+        # TorchRL's per-worker buffers: each worker its own weights, not the trainer's memory
+        transport = "shm"
     if weight_transport not in ("auto", transport):
         raise ValueError(
             f"weight_sync_schemes={{'policy': {name}}} means weight_transport={transport!r}, which "

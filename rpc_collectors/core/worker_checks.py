@@ -167,6 +167,25 @@ def elastic(weight_transport: str, backend: str) -> None:
                          "weight group); accepted: 'gloo'")
 
 
+def shared_weights(weight_transport: str, collector_class: Any, node: bool,
+                   policy_device: Any) -> None:
+    """``"shared"`` weights (SharedMemWeightSyncScheme) make each worker's policy the trainer's
+    memory: CPU policies only, and no node collectors (their local workers hold copies of the
+    node's policy)."""
+    if weight_transport != "shared":
+        return
+    if node:
+        raise ValueError(
+            f"weight_transport='shared' (SharedMemWeightSyncScheme) does not work with node "
+            f"collectors (collector_class={collector_class!r}), whose local workers hold copies "
+            "of their node's policy; accepted: weight_transport='shm', or collector_class='single'")
+    places = policy_device if isinstance(policy_device, list) else [policy_device]
+    if any(d is not None and d.type != "cpu" for d in places):
+        raise ValueError(
+            f"weight_transport='shared' (SharedMemWeightSyncScheme) needs the workers' policies on "
+            f"the CPU, not {policy_device}; accepted: weight_transport='shm', or CPU devices")
+
+
 def tcp_port(value: Any, launcher: str) -> int | None:
     """TorchRL's ``tcp_port``: where this process listens (local workers: the weight group's store;
     submitit: the rendezvous its jobs join); None: a free port. Torchrun/SLURM use

@@ -150,7 +150,10 @@ def disable_profile(self: Any) -> None:
 
 
 def profiler(self: Any) -> RolloutProfiler | None:
-    """The profiler that ``enable_profile`` installed; None without one."""
+    """The profiler that ``enable_profile`` installed; None without one (read with every batch:
+    a collector that never profiled reads no hook)."""
+    if self._profile_config is None:
+        return None
     hook = self.post_collect_hook
     return hook.profiler if isinstance(hook, ProfilerHook) else None
 

@@ -32,6 +32,13 @@ from rpc_collectors.transport.rendezvous import host_id
 from rpc_collectors.transport.weight_sync import WeightPlane, choose_transport
 from rpc_collectors.transport.weight_updates import whole_update
 
+# "shared" weights are one memory: a push reaches every worker or none
+SHARED_BY_ALL = (
+    "update_policy_weights_: the workers' policies are one memory with the trainer's "
+    "(SharedMemWeightSyncScheme, weight_transport='shared'), so weights cannot go to some workers "
+    "only; accepted: weights for all workers (no worker_ids, no per-worker dict), or "
+    "weight_transport='shm'")
+
 
 class WeightPusher:
     """The weight pushes of one collector front to the workers of ``pool`` (records in ``roster``).
@@ -136,6 +143,8 @@ class WeightPusher:
         per_worker = worker_checks.per_worker_weights(policy_or_weights, worker_ids)
         first = next(iter(update.values()))
         self._open_given(first, remember=not per_worker)
+        if self.plane.spec.kind == "shared" and (per_worker or len(update) < self.num_workers):
+            raise ValueError(SHARED_BY_ALL)
         if not per_worker:
             serving = [i for i in update if self.roster[i].serving]
             self.push(serving, first, non_blocking, slots=list(update))

@@ -15,9 +15,10 @@ from rpc_collectors.transport import shm
 
 @dataclass(frozen=True)
 class TransportSpec:
-    """What a worker needs to join the weight plane: ``kind`` "shm", "broadcast" or "rpc"; ``path``
-    the shm file; ``addr``, ``port``, ``prefix``: the broadcast's store address, port and key
-    prefix; ``signature``: (key, dtype, shape) of every tensor, as the trainer lays them out."""
+    """What a worker needs to join the weight plane: ``kind`` "shm", "shared", "broadcast" or "rpc";
+    ``path`` the shared-memory file; ``addr``, ``port``, ``prefix``: the broadcast's store address,
+    port and key prefix; ``signature``: (key, dtype, shape) of every tensor, as the trainer lays
+    them out."""
 
     kind: str
     nbytes: int
@@ -33,26 +34,32 @@ class TransportSpec:
 
 
 SHM_SLOTS = 2
+# the slots of each kind's shared-memory file: "shm" packs each version into the one not read last;
+# "shared" is the one memory of the trainer's policy and every worker's
+SLOTS = {"shm": SHM_SLOTS, "shared": 1}
 
 
-def map_slots(path: str, nbytes: int) -> list[torch.Tensor]:
-    """Map the shared-memory file at ``path``: its ``SHM_SLOTS`` slots of ``nbytes`` each."""
-    whole = torch.from_file(path, shared=True, size=max(SHM_SLOTS * nbytes, 1), dtype=torch.uint8)
-    return [whole[i * nbytes:(i + 1) * nbytes] for i in range(SHM_SLOTS)]
+def map_slots(path: str, nbytes: int, kind: str = "shm") -> list[torch.Tensor]:
+    """Map the shared-memory file at ``path``: its ``SLOTS[kind]`` slots of ``nbytes`` each."""
+    count = SLOTS[kind]
+    whole = torch.from_file(path, shared=True, size=max(count * nbytes, 1), dtype=torch.uint8)
+    return [whole[i * nbytes:(i + 1) * nbytes] for i in range(count)]
 
 
-def shm_file(nbytes: int) -> tuple[str, int, torch.Tensor]:
-    """Create a nameless shared-memory file for weights of ``nbytes`` (two slots); returns the path
-    to open it by, its descriptor and slot 0 (see :mod:`rpc_collectors.transport.shm`).
+def shm_file(nbytes: int, kind: str = "shm") -> tuple[str, int, torch.Tensor]:
+    """Create a nameless shared-memory file for weights of ``nbytes`` (``SLOTS[kind]`` slots);
+    returns the path to open it by, its descriptor and slot 0 (see
+    :mod:`rpc_collectors.transport.shm`).
 
     Close the descriptor once every worker mapped it. The pages are touched here, so the first
     update does not pay the page faults.
     """
+    count = SLOTS[kind]
     fd, path = shm.nameless_file(
-        "weights", SHM_SLOTS * nbytes, "the shared-memory weights file",
-        f": {SHM_SLOTS} copies of the policy's {nbytes} bytes", "use weight_transport='broadcast'",
+        "weights", count * nbytes, "the shared-memory weights file",
+        f": {count} copies of the policy's {nbytes} bytes", "use weight_transport='broadcast'",
     )
-    slots = map_slots(path, nbytes)
+    slots = map_slots(path, nbytes, kind)
     for slot in slots:
         slot.zero_()
     return path, fd, slots[0]

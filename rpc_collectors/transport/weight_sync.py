@@ -1,11 +1,15 @@
 """The weight plane: moving a flat weight buffer from the trainer to collector servers.
 
-Three transports, all separate from the default process group:
+Four transports, all separate from the default process group:
 
 * ``"shm"``: a shared-memory file of two slots that workers on the trainer's host map. An
   update is one copy into a slot on the trainer; a worker told about it copies the slot
   straight into its policy when it next applies weights (between batches), so a push costs
   the trainer one copy and one small RPC per worker, however large the policy.
+* ``"shared"`` (TorchRL's ``SharedMemWeightSyncScheme``): one slot that *is* the trainer's policy
+  and every worker's (CPU, one host). A change the trainer makes in place reaches the workers at
+  once, mid-batch too; a push copies given weights in (none: nothing to copy) and raises the
+  version, so a frame's ``policy_version`` counts pushes but no longer pins its weights.
 * ``"broadcast"``: a process group of its own (gloo for CPU, NCCL for CUDA tensors) among the
   trainer and all workers, built from a prefixed store; all workers get one ``broadcast``,
   a subset gets point-to-point sends.
@@ -56,8 +60,6 @@ from rpc_collectors.transport.weight_channels import (
 )
 from rpc_collectors.transport.weights import FlatWeights
 
-TRANSPORTS = ("auto", "shm", "broadcast", "rpc")
-
 Receipt = tuple[int, "int | None", int]
 """A worker's answer to ``receive_weights``, of its own clock: the nanoseconds it took the bytes in
 (a broadcast, a point-to-point receive, a copy out of a shared-memory slot; 0 where they came
@@ -75,8 +77,11 @@ class WeightReceiver:
         self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else flat.device
         # allocated on first use (shm rarely needs it)
         self._staging: torch.Tensor | None = None
-        self.slots = map_slots(spec.path, spec.nbytes) if spec.kind == "shm" else None
+        shared = spec.kind in ("shm", "shared")
+        self.slots = map_slots(spec.path, spec.nbytes, spec.kind) if shared else None
         self.group = process_group(spec, rank) if spec.kind == "broadcast" else None
+        if spec.kind == "shared":
+            flat.share(self.slots[0])
         self.version = 0
         # where the newest received version lies
         self.source: torch.Tensor | None = None
@@ -99,7 +104,8 @@ class WeightReceiver:
         point-to-point send or ``payload``; answers its :data:`Receipt`.
 
         Modes: ``"shm:<slot>"`` (read the slot when applying), ``"shm-copy:<slot>"`` (copy the
-        slot now), ``"broadcast"``, ``"p2p"``, ``"rpc"`` (``payload``, a copy this worker owns).
+        slot now), ``"shared"`` (the policy is the slot: only the version is new),
+        ``"broadcast"``, ``"p2p"``, ``"rpc"`` (``payload``, a copy this worker owns).
         """
         kind, slot = parse_mode(mode)
         # an apply in progress finishes first
@@ -107,7 +113,7 @@ class WeightReceiver:
             began = time.monotonic_ns()
             if kind == "rpc":
                 self.source = payload
-            elif kind == "shm":
+            elif kind in ("shm", "shared"):
                 self.source = self.slots[slot]
             elif kind == "shm-copy":
                 self.staging.copy_(self.slots[slot])
@@ -118,7 +124,7 @@ class WeightReceiver:
             else:
                 self.group.recv([self.staging], 0, version).wait()
                 self.source = self.staging
-            took = time.monotonic_ns() - began if kind != "rpc" and kind != "shm" else 0
+            took = time.monotonic_ns() - began if kind not in ("rpc", "shm", "shared") else 0
             self.version, self.unapplied = version, True
             applied, self.applied = self.applied, (None, 0)
             self._cond.notify_all()
@@ -139,7 +145,11 @@ class WeightReceiver:
                                    "s")
             if self.unapplied and self.version >= collector.policy_version:
                 began = time.monotonic_ns()
-                self.flat.unpack(self.source)
+                if self.spec.kind == "shared":
+                    # the policy is the slot (again, if its tensors were replaced since)
+                    self.flat.share(self.source)
+                else:
+                    self.flat.unpack(self.source)
                 ended = time.monotonic_ns()
                 self.applied = (self.version, ended - began)
                 spans = self.spans
@@ -174,7 +184,8 @@ class WeightSender:
         self.fd, self.keep_fd = fd, keep_fd
         # the latest version, and how a worker that joins now receives it
         self.latest: tuple[int, str] | None = None
-        self.slots = map_slots(spec.path, spec.nbytes) if spec.kind == "shm" else [buffer]
+        shared = spec.kind in ("shm", "shared")
+        self.slots = map_slots(spec.path, spec.nbytes, spec.kind) if shared else [buffer]
         # the slot the next version is packed into
         self._next = 0
         self.group: dist.ProcessGroup | None = None
@@ -203,6 +214,10 @@ class WeightSender:
 
     def push(self, worker_ranks: list[int], version: int, all_workers: bool) -> str:
         """Start sending the packed buffer; returns the mode the workers must receive with."""
+        if self.spec.kind == "shared":
+            self.joined()
+            self.latest = version, "shared"
+            return "shared"
         if self.spec.kind == "shm":
             self.joined()
             slot = self._next
@@ -250,11 +265,11 @@ def choose_transport(
     if elastic or (not groups and kind == "broadcast"):
         kind = "rpc"
     # in-process workers would share the trainer's buffer
-    if kind != "shm" and in_process:
+    if kind not in ("shm", "shared") and in_process:
         raise ValueError(f"weight_transport={kind!r} needs worker processes; the debug launcher "
-                         "uses 'shm'")
-    if kind == "shm" and not same_host:
-        raise ValueError("weight_transport='shm' needs every worker on the trainer's host")
+                         "uses 'shm' or 'shared'")
+    if kind in ("shm", "shared") and not same_host:
+        raise ValueError(f"weight_transport={kind!r} needs every worker on the trainer's host")
     return kind
 
 
@@ -277,10 +292,14 @@ class WeightPlane:
         if kind == "rpc":
             buffer = flat.new_buffer(None)
             spec = TransportSpec("rpc", flat.nbytes, timeout=timeout, signature=flat.signature)
-        elif kind == "shm":
-            path, fd, buffer = shm_file(flat.nbytes)
-            spec = TransportSpec("shm", flat.nbytes, path=path, timeout=timeout,
+        elif kind in ("shm", "shared"):
+            path, fd, buffer = shm_file(flat.nbytes, kind)
+            spec = TransportSpec(kind, flat.nbytes, path=path, timeout=timeout,
                                  signature=flat.signature)
+            if kind == "shared":
+                # the trainer's policy lives in the slot from now on
+                flat.pack(buffer)
+                flat.share(buffer)
         else:
             spec = TransportSpec(
                 "broadcast", flat.nbytes, addr=rdv.master_addr, port=rdv.master_port,
@@ -311,8 +330,8 @@ class WeightPlane:
 
     @property
     def packs_in_place(self) -> bool:
-        """Whether packing is the transfer itself: with "shm", a copy into the slot workers read."""
-        return self.spec.kind == "shm"
+        """Whether packing is the transfer itself: a copy into the memory workers read."""
+        return self.spec.kind in ("shm", "shared")
 
     def tensors(self, source: "object | None") -> list[torch.Tensor]:
         """``source``'s tensors (None: the module's now), checked against the layout."""
@@ -320,8 +339,14 @@ class WeightPlane:
 
     def pack(self, source: "object | None", tensors: list[torch.Tensor] | None = None) -> None:
         """Copy ``source`` (None: the module's tensors now; ``tensors``: its :meth:`tensors`)
-        into the buffer the next push sends."""
-        self.sender.flat.pack(self.sender.buffer, source, tensors)
+        into the buffer the next push sends. With "shared", the trainer's policy is that buffer:
+        nothing to copy, unless its tensors were replaced since (they are then shared again)."""
+        flat, buffer = self.sender.flat, self.sender.buffer
+        if self.spec.kind == "shared" and source is None and flat.shares(buffer):
+            return
+        flat.pack(buffer, source, tensors)
+        if self.spec.kind == "shared":
+            flat.share(buffer)
 
     def send(self, worker_ids: list[int], version: int,
              slots: list[int] | None = None) -> dict[int, tuple]:

@@ -153,6 +153,28 @@ class FlatWeights:
                 tensors = self.tensors(source) if tensors is None else tensors
                 torch._foreach_copy_(self.views(buffer), tensors)
 
+    def share(self, buffer: torch.Tensor) -> None:
+        """Make the module's tensors views of ``buffer``, which holds their values (the "shared"
+        transport): each tensor object is kept (an optimizer's references stay valid), and a change
+        to one in place is a change to ``buffer``. A TensorDict holder is left as it is."""
+        if self.device.type != "cpu":
+            raise ValueError(
+                f"a policy on {self.device} cannot share its memory with the trainer's and the "
+                "other workers' (SharedMemWeightSyncScheme, weight_transport='shared'); "
+                "accepted: a CPU policy, or weight_transport='shm'")
+        if not isinstance(self.module, nn.Module) or self.shares(buffer):
+            return
+        td = TensorDict.from_module(self.module)
+        with torch.no_grad():
+            for key, view in zip(self.keys, self.views(buffer)):
+                td.get(key).data = view
+
+    def shares(self, buffer: torch.Tensor) -> bool:
+        """Whether the module's tensors are the views of ``buffer`` that :meth:`share` made."""
+        td = _tensors_of(self.module)
+        return all(td.get(key).data_ptr() == view.data_ptr()
+                   for key, view in zip(self.keys, self.views(buffer)))
+
     def unpack(self, buffer: torch.Tensor) -> None:
         """Copy weights from ``buffer`` into the module's current tensors, in place."""
         if self.keys:

@@ -389,7 +389,7 @@ def constant_policy_state(value: float) -> dict:
 
 
 @pytest.mark.parametrize("scheme, transport", [
-    ("SharedMemWeightSyncScheme", "shm"), ("MultiProcessWeightSyncScheme", "rpc"),
+    ("SharedMemWeightSyncScheme", "shared"), ("MultiProcessWeightSyncScheme", "rpc"),
     ("DistributedWeightSyncScheme", "broadcast"), ("RPCWeightSyncScheme", "rpc"),
 ])
 def test_weight_sync_schemes_map_onto_our_transports(scheme, transport):
@@ -403,6 +403,29 @@ def test_weight_sync_schemes_map_onto_our_transports(scheme, transport):
         assert c.weights.spec.kind == transport and (c.next()["action"] == 0.5).all()
         c.update_policy_weights_(constant_policy_state(1.5))
         assert (c.next()["action"] == 1.5).all()
+
+
+def test_shared_memory_schemes_with_weights_per_worker_take_copies():
+    """TorchRL's ``SharedMemWeightSyncScheme(per_worker_weights=True)``, or distinct policy factories
+    (where TorchRL's scheme sets that flag itself): each worker its own weights, so copies ("shm"),
+    not the trainer's memory ("shared"); each worker's own update reaches only it."""
+    from torchrl.weight_update import SharedMemWeightSyncScheme
+
+    with MultiSyncCollector([pendulum] * 2, constant_actor(0.5), frames_per_batch=20, total_frames=-1,
+                            weight_sync_schemes={"policy": SharedMemWeightSyncScheme(per_worker_weights=True)}) as c:
+        assert c.weights.spec.kind == "shm"
+        c.update_policy_weights_({1: constant_policy_state(1.5)})
+        batch = c.next()
+        assert (batch["action"][0] == 0.5).all() and (batch["action"][1] == 1.5).all()
+    factories = [partial(constant_actor, 0.5), partial(constant_actor, 1.5)]
+    with MultiSyncCollector([pendulum] * 2, policy_factory=factories, frames_per_batch=20,
+                            weight_sync_schemes={"policy": SharedMemWeightSyncScheme()}) as c:
+        c.update_policy_weights_({0: constant_policy_state(2.5)})
+        assert c.weights.spec.kind == "shm" and (c.next()["action"][0] == 2.5).all()
+    with MultiSyncCollector([pendulum] * 2, policy_factory=factories[0], frames_per_batch=20,
+                            weight_sync_schemes={"policy": SharedMemWeightSyncScheme()}) as c:
+        c.update_policy_weights_(constant_policy_state(2.5))
+        assert c.weights.spec.kind == "shared"
 
 
 def test_weight_sync_schemes_attribute_shows_the_scheme_of_the_transport_used():
