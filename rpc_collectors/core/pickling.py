@@ -8,14 +8,18 @@ here, and :func:`loads` reads what it wrote.
   code object travels whole, as :mod:`marshal` writes it for a ``.pyc`` (the interpreter's own
   format: same Python version on both ends, as cloudpickle's code objects need too).
 * A CPU tensor's storage travels once, as its raw bytes beside the pickle stream (pickle's
-  out-of-band buffers), and :func:`loads` copies each into a new storage of its own: one copy,
-  where torch's own pickling writes each storage through ``torch.save`` and reads it back through
-  ``torch.load``. Tensors that share a storage (views, tied weights) share one at the other end
+  out-of-band buffers, each at an offset aligned for any dtype), and :func:`loads` gives each a
+  storage of its own: a copy out of read-only bytes, where torch's own pickling writes each
+  storage through ``torch.save`` and reads it back through ``torch.load``; the bytes themselves
+  where they are writable (a local worker's copy-on-write mapping of its spec: the workers given
+  one spec share its pages until one writes a page, which is then copied for that worker alone).
+  Tensors that share a storage (views, tied weights) share one at the other end
   too; every dtype, shape, stride and offset comes back as it was. Other storages (CUDA, meta)
   travel as torch pickles them.
 
 The bytes: a header (:data:`MAGIC`, the stream's length, the number of storages), each storage's
-length, the pickle stream, then the storages' bytes in order.
+length, the pickle stream, then the storages' bytes in order, each from an offset that is a
+multiple of :data:`ALIGN`.
 """
 from __future__ import annotations
 
@@ -31,7 +35,9 @@ import cloudpickle
 import numpy as np
 import torch
 
-MAGIC = b"rpcc-pk1"
+MAGIC = b"rpcc-pk2"
+# bytes; where each storage starts, from the start of the bytes (a mapping starts on a page)
+ALIGN = 64
 _HEAD = struct.Struct("<8sQQ")
 _LENGTH = struct.Struct("<Q")
 
@@ -41,9 +47,13 @@ def _code_reduce(code: types.CodeType) -> tuple:
 
 
 def _storage(data: memoryview) -> torch.storage.TypedStorage:
-    """A new CPU storage holding a copy of ``data``, as ``torch.load`` gives a saved
-    ``UntypedStorage`` (wrapped, of uint8: what torch's tensor rebuilds read)."""
-    out = torch.empty(memoryview(data).nbytes, dtype=torch.uint8)
+    """A CPU storage of ``data``'s bytes, as ``torch.load`` gives a saved ``UntypedStorage``
+    (wrapped, of uint8: what torch's tensor rebuilds read): ``data`` itself if it is writable (it
+    stays alive with the storage), else a copy."""
+    data = memoryview(data)
+    if not data.readonly and data.nbytes:
+        return _typed(torch.frombuffer(data, dtype=torch.uint8).untyped_storage(), torch.uint8)
+    out = torch.empty(data.nbytes, dtype=torch.uint8)
     out.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
     return _typed(out.untyped_storage(), torch.uint8)
 
@@ -101,7 +111,13 @@ def dumps(value: Any) -> bytes:
     pickler.dump(value)
     stream, buffers = out.getbuffer(), [b.raw() for b in pickler.buffers]
     lengths = b"".join(_LENGTH.pack(b.nbytes) for b in buffers)
-    return b"".join([_HEAD.pack(MAGIC, stream.nbytes, len(buffers)), lengths, stream, *buffers])
+    parts = [_HEAD.pack(MAGIC, stream.nbytes, len(buffers)), lengths, stream]
+    at = sum(len(p) for p in parts[:2]) + stream.nbytes
+    for buffer in buffers:
+        parts.append(bytes(-at % ALIGN))
+        at += -at % ALIGN + buffer.nbytes
+        parts.append(buffer)
+    return b"".join(parts)
 
 
 def loads(data: bytes | memoryview) -> Any:
@@ -116,6 +132,7 @@ def loads(data: bytes | memoryview) -> Any:
     stream, at = view[at:at + length], at + length
     buffers = []
     for size in lengths:
+        at += -at % ALIGN
         buffers.append(view[at:at + size])
         at += size
     return pickle.loads(stream, buffers=buffers)

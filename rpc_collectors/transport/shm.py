@@ -139,14 +139,15 @@ class SharedBytes:
         return cls(os.getpid(), fd, len(data), file_id(fd)), fd
 
     def read(self) -> memoryview:
-        """The bytes, mapped (read-only, no copy: they stay mapped while the view or a slice of it
-        is held); ``FileNotFoundError`` once their holder closed the file."""
+        """The bytes, mapped copy-on-write (no copy: the readers share its pages until one writes
+        a page, which it then holds alone; they stay mapped while the view or a slice of it is
+        held); ``FileNotFoundError`` once their holder closed the file."""
         fd = open_checked(f"/proc/{self.pid}/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC, self.file)
         try:
             if os.fstat(fd).st_size < self.size:
                 raise EOFError(f"a shared file of {self.size} bytes holds "
                                f"{os.fstat(fd).st_size}")
-            return memoryview(mmap.mmap(fd, self.size, prot=mmap.PROT_READ)) if self.size \
+            return memoryview(mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)) if self.size \
                 else memoryview(b"")
         finally:
             os.close(fd)

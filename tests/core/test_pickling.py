@@ -153,19 +153,32 @@ def test_storages_leave_the_stream_and_numpy_arrays_stay_writable():
     assert torch.equal(loaded["table"], table) and loaded["array"].tolist() == [7, 1, 2, 3]
 
 
-def test_the_bytes_load_from_a_shared_memory_map_which_the_tensors_do_not_hold():
+def test_storages_loaded_from_a_shared_map_are_copy_on_write_views_of_it():
+    """Workers given one spec share its pages until one writes: each write stays that reader's own,
+    and the tensors stay valid once the view is released and the file closed."""
     table = torch.arange(100_000, dtype=torch.float64)
-    shared, fd = SharedBytes.of(pickling.dumps(table), "a test's bytes", "")
+    shared, fd = SharedBytes.of(pickling.dumps({"a": table, "b": table[10:20]}), "a test's bytes", "")
     try:
-        view = shared.read()
-        assert isinstance(view, memoryview) and view.readonly
-        loaded = pickling.loads(view)
-        view.release()
+        views = [shared.read(), shared.read()]
+        assert all(isinstance(v, memoryview) and not v.readonly for v in views)
+        first, second = (pickling.loads(v) for v in views)
+        for view in views:
+            view.release()
     finally:
         import os
         os.close(fd)
-    loaded += 1  # its own memory: writable, and valid once the map is gone
-    assert torch.equal(loaded, table + 1)
+    assert first["a"].untyped_storage().data_ptr() % pickling.ALIGN == 0  # aligned for any dtype
+    assert first["b"].untyped_storage().data_ptr() == first["a"].untyped_storage().data_ptr()  # one storage still
+    first["a"] += 1  # the first reader's own: the other reader and the file keep the bytes
+    assert torch.equal(first["a"], table + 1) and torch.equal(first["b"], table[10:20] + 1)
+    assert torch.equal(second["a"], table) and torch.equal(second["b"], table[10:20])
+
+
+def test_storages_loaded_from_read_only_bytes_are_copies():
+    data = pickling.dumps(torch.arange(10.0))
+    loaded = pickling.loads(data)
+    loaded += 1
+    assert torch.equal(pickling.loads(data), torch.arange(10.0))
 
 
 def test_meta_tensors_travel_as_torch_pickles_them():
