@@ -141,13 +141,18 @@ class SharedBytes:
     def read(self) -> memoryview:
         """The bytes, mapped copy-on-write (no copy: the readers share its pages until one writes
         a page, which it then holds alone; they stay mapped while the view or a slice of it is
-        held); ``FileNotFoundError`` once their holder closed the file."""
+        held, and no descriptor stays open); ``FileNotFoundError`` once their holder closed the
+        file."""
         fd = open_checked(f"/proc/{self.pid}/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC, self.file)
         try:
             if os.fstat(fd).st_size < self.size:
                 raise EOFError(f"a shared file of {self.size} bytes holds "
                                f"{os.fstat(fd).st_size}")
-            return memoryview(mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)) if self.size \
-                else memoryview(b"")
+            if not self.size:
+                return memoryview(b"")
+            # a private mapping (shared=False), whose descriptor torch closes once mapped
+            mapped = torch.from_file(f"/proc/self/fd/{fd}", shared=False, size=self.size,
+                                     dtype=torch.uint8)
+            return memoryview(mapped.numpy())
         finally:
             os.close(fd)
