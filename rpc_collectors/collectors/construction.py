@@ -181,13 +181,11 @@ def _across(o: options.Options, ray: bool) -> tuple[str, float | None]:
     checks.split_needs_ids(batches.split_trajs or whole, collect.track_traj_ids)
     checks.use_buffers(collect.use_buffers, batches.replay_buffer)
     checks.preemption_fits(run.preemptive_threshold, launch.elastic, batches.split_trajs or whole)
-    transport = torchrl_args.weight_sync_schemes(
-        o.weights.weight_sync_schemes, o.weights.weight_transport, ray=ray)
     factories = o.collect.policy_factory
     distinct = isinstance(factories, (list, tuple)) and len(set(map(id, factories))) > 1
-    if transport == "shared" and o.weights.weight_transport == "auto" and distinct:
-        # distinct factories: each worker its own weights (TorchRL's scheme switches so too)
-        transport = "shm"
+    transport = torchrl_args.weight_sync_schemes(
+        o.weights.weight_sync_schemes, o.weights.weight_transport, ray=ray,
+        distinct_factories=distinct)
     return transport, run.preemptive_threshold
 
 

@@ -103,9 +103,11 @@ def not_here(**arguments: Any) -> None:
             raise ValueError(f"{name}={value!r} is not supported: {NOT_HERE[name]}; accepted: None")
 
 
-def weight_sync_schemes(value: Any, weight_transport: str, ray: bool = False) -> str:
+def weight_sync_schemes(value: Any, weight_transport: str, ray: bool = False,
+                        distinct_factories: bool = False) -> str:
     """The weight transport that TorchRL's ``weight_sync_schemes`` (``{"policy": scheme}``) names;
-    ``weight_transport`` when there is none; :data:`NO_PUSH` for ``NoWeightSyncScheme``."""
+    ``weight_transport`` when there is none; :data:`NO_PUSH` for ``NoWeightSyncScheme``.
+    ``distinct_factories``: the workers build their policies with factories of their own."""
     if value is None or (isinstance(value, Mapping) and not value):
         return weight_transport
     if not isinstance(value, Mapping):
@@ -133,8 +135,11 @@ def weight_sync_schemes(value: Any, weight_transport: str, ray: bool = False) ->
             "RPCWeightSyncScheme or NoWeightSyncScheme"
         )
     transport = SCHEMES[name] or NO_PUSH
-    if transport == "shared" and getattr(scheme, "per_worker_weights", False):
-        # TorchRL's per-worker buffers: each worker its own weights, not the trainer's memory
+    # TorchRL's per-worker buffers (asked for, or set by its scheme itself for distinct
+    # factories): each worker its own weights, not the trainer's memory
+    per_worker = getattr(scheme, "per_worker_weights", False) or (
+        distinct_factories and weight_transport == "auto")
+    if transport == "shared" and per_worker:
         transport = "shm"
     if weight_transport not in ("auto", transport):
         raise ValueError(

@@ -34,8 +34,9 @@ class TransportSpec:
 
 
 SHM_SLOTS = 2
-# the slots of each kind's shared-memory file: "shm" packs each version into the one not read last;
-# "shared" is the one memory of the trainer's policy and every worker's
+# the kinds whose weights lie in a shared-memory file (one host), and the slots of that file: "shm"
+# packs each version into the one not read last; "shared" is the one memory of the trainer's
+# policy and every worker's
 SLOTS = {"shm": SHM_SLOTS, "shared": 1}
 
 

@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from rpc_collectors.transport.weight_channels import (
     SHM_SLOTS,
+    SLOTS,
     TransportSpec,
     map_slots,
     parse_mode,
@@ -77,8 +78,7 @@ class WeightReceiver:
         self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else flat.device
         # allocated on first use (shm rarely needs it)
         self._staging: torch.Tensor | None = None
-        shared = spec.kind in ("shm", "shared")
-        self.slots = map_slots(spec.path, spec.nbytes, spec.kind) if shared else None
+        self.slots = map_slots(spec.path, spec.nbytes, spec.kind) if spec.kind in SLOTS else None
         self.group = process_group(spec, rank) if spec.kind == "broadcast" else None
         if spec.kind == "shared":
             flat.share(self.slots[0])
@@ -113,7 +113,7 @@ class WeightReceiver:
             began = time.monotonic_ns()
             if kind == "rpc":
                 self.source = payload
-            elif kind in ("shm", "shared"):
+            elif kind in SLOTS:
                 self.source = self.slots[slot]
             elif kind == "shm-copy":
                 self.staging.copy_(self.slots[slot])
@@ -124,7 +124,7 @@ class WeightReceiver:
             else:
                 self.group.recv([self.staging], 0, version).wait()
                 self.source = self.staging
-            took = time.monotonic_ns() - began if kind not in ("rpc", "shm", "shared") else 0
+            took = time.monotonic_ns() - began if kind != "rpc" and kind not in SLOTS else 0
             self.version, self.unapplied = version, True
             applied, self.applied = self.applied, (None, 0)
             self._cond.notify_all()
@@ -184,8 +184,8 @@ class WeightSender:
         self.fd, self.keep_fd = fd, keep_fd
         # the latest version, and how a worker that joins now receives it
         self.latest: tuple[int, str] | None = None
-        shared = spec.kind in ("shm", "shared")
-        self.slots = map_slots(spec.path, spec.nbytes, spec.kind) if shared else [buffer]
+        in_file = spec.kind in SLOTS
+        self.slots = map_slots(spec.path, spec.nbytes, spec.kind) if in_file else [buffer]
         # the slot the next version is packed into
         self._next = 0
         self.group: dist.ProcessGroup | None = None
@@ -265,10 +265,10 @@ def choose_transport(
     if elastic or (not groups and kind == "broadcast"):
         kind = "rpc"
     # in-process workers would share the trainer's buffer
-    if kind not in ("shm", "shared") and in_process:
+    if kind not in SLOTS and in_process:
         raise ValueError(f"weight_transport={kind!r} needs worker processes; the debug launcher "
                          "uses 'shm' or 'shared'")
-    if kind in ("shm", "shared") and not same_host:
+    if kind in SLOTS and not same_host:
         raise ValueError(f"weight_transport={kind!r} needs every worker on the trainer's host")
     return kind
 
@@ -292,7 +292,7 @@ class WeightPlane:
         if kind == "rpc":
             buffer = flat.new_buffer(None)
             spec = TransportSpec("rpc", flat.nbytes, timeout=timeout, signature=flat.signature)
-        elif kind in ("shm", "shared"):
+        elif kind in SLOTS:
             path, fd, buffer = shm_file(flat.nbytes, kind)
             spec = TransportSpec(kind, flat.nbytes, path=path, timeout=timeout,
                                  signature=flat.signature)
@@ -331,7 +331,7 @@ class WeightPlane:
     @property
     def packs_in_place(self) -> bool:
         """Whether packing is the transfer itself: a copy into the memory workers read."""
-        return self.spec.kind in ("shm", "shared")
+        return self.spec.kind in SLOTS
 
     def tensors(self, source: "object | None") -> list[torch.Tensor]:
         """``source``'s tensors (None: the module's now), checked against the layout."""
