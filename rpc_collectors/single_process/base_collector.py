@@ -55,6 +55,10 @@ class BaseCollector:
     track_policy_version = False
     # a worker's or node's collector: its batches keep the keys for the trainer to read
     keep_version_key = False
+    # TorchRL's progress counters of stats() (``progress``) and the record of each batch
+    # (``last_batch``, the frames per worker): kept by the collector the user iterates; off in a
+    # collector whose batches a trainer counts and records again (a worker's, a node's local one)
+    counts_progress = records_batches = True
     # the weights version every worker acknowledged (a multi-worker collector: None if they differ)
     policy_version = 0
     # frames collected and not handed out (multi-worker collectors drop some)
@@ -180,8 +184,10 @@ class BaseCollector:
             frames = valid_frames(batch)
             self._frames += frames
             self._iter += 1
-            self.progress.add(batch)
-            batch_record.record(self, batch, frames)
+            if self.counts_progress:
+                self.progress.add(batch)
+            if self.records_batches:
+                batch_record.record(self, batch, frames)
             if self._use_buffers is None and isinstance(batch, TensorDictBase):
                 self._use_buffers = not isinstance(batch, LazyStackedTensorDict)
             batch = self._postprocess(self._place(batch))

@@ -122,8 +122,8 @@ class NodeCollector:
                 if self.inference.error is not None:
                     raise self.inference.error from None
             raise
-        # passed on to the trainer, which reads and removes it
-        self.local.keep_version_key = True
+        # passed on to the trainer, which reads and removes it, and counts the progress
+        self.local.keep_version_key, self.local.counts_progress = True, False
         # under the trainer's admission: a local batch per request, none ahead (node_credits)
         self.credits = Credits(width) if node.credits else None
         self.local.schedule.on_demand = self.credits is not None

@@ -72,8 +72,8 @@ class SingleCollector(Collector):
     ``preemption`` (None: not preemptible) numbers the batches it is asked for and ends one
     early when the trainer says so."""
 
-    # the trainer reads each batch's versions from it
-    keep_version_key = True
+    # the trainer reads each batch's versions from it, counts and records its batches
+    keep_version_key, counts_progress, records_batches = True, False, False
     # weights land between its batches: nothing to hold
     weights_lock = contextlib.nullcontext()
     # each request is its own (worker.node_credits)

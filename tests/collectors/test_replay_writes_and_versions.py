@@ -208,3 +208,21 @@ def test_bad_replay_write_mode_is_refused_before_anything_starts():
         AsyncBatchedCollector([env] * 2, policy=BiasPolicy(1, 3), frames_per_batch=4, replay_buffer=ListBuffer(),
                               replay_write_mode="trajectory")
     assert not started, "an env was built before the argument was refused"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_node_collectors_counters_are_the_trainers_count_of_its_batches(kind):
+    """The counters are counted once, by the collector the user iterates (its nodes and their
+    local workers keep none): they match the trajectories of the frames it handed out."""
+    with RPCCollector(count_env, BiasPolicy(1, 3), num_collectors=2, launcher="local", collector_class=kind,
+                      num_workers_per_collector=2, sync=kind == "sync", frames_per_batch=16, total_frames=96) as c:
+        frames = torch.cat([b.reshape(-1) for b in c], 0)
+        stats = c.stats()
+    trajectories = by_trajectory(frames)
+    ended = [t for t in trajectories.values() if t.get(DONE).any()]
+    assert ended and len(ended) < len(trajectories)
+    assert stats["completed_trajectories"] == int(frames.get(DONE).sum()) == len(ended)
+    assert stats["trajectory_completed_frames"] == sum(t.numel() for t in ended)
+    assert stats["trajectory_pending_frames"] == frames.numel() - stats["trajectory_completed_frames"]
