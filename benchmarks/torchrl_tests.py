@@ -14,7 +14,8 @@ test class, how many of the tests that pass with TorchRL's classes pass with our
     PYTHONPATH=$PWD .venv-torchrl/bin/python benchmarks/torchrl_tests.py /tmp/trl
 
 Takes about 30 minutes on 2 cores (TorchRL's classes take most of it); ``--save FILE`` keeps
-TorchRL's outcomes, ``--theirs FILE`` reuses them (ours alone: about 12 minutes).
+TorchRL's outcomes, ``--theirs FILE`` reuses them (ours alone: about 12 minutes);
+``benchmarks/torchrl_tests_theirs.json`` holds TorchRL 0.14.1's outcomes at commit 373c31a85.
 
 The parity issues' "194-test selection" (about shapes, keys, traj ids, ``split_trajs``, weights and
 versions, ``max_frames_per_traj``, ``init_random_frames``, replay buffers, ``start()``) was never
