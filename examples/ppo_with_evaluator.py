@@ -12,7 +12,10 @@ With ``--eval-on worker`` the evaluations run in the collector's last worker ins
 own, and none of the trainer's cores.
 
 The progress bar shows the training return (``ret``) and the last evaluation return (``eval``).
-The run record (``run.json``) keeps every batch and every evaluation, and the learning curve
+The evaluator is given the collector as ``metrics=``: the last result and the count of them are
+in ``collector.metrics()`` (``"eval/reward"``, ``"eval/results"``, ...) and in whatever its
+``metrics=`` exports write. The run record (``run.json``) keeps every batch, every evaluation and
+the collector's metrics at the end, and the learning curve
 (``learning_curve.png``, with matplotlib) plots the evaluation returns against frames:
 
     python examples/ppo_with_evaluator.py                       # until a greedy return of 475
@@ -154,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_steps=EVAL_MAX_STEPS,
         frames_per_batch=EVAL_MAX_STEPS,
         busy_policy="skip",
+        metrics=collector,  # each result also lands in collector.metrics() and its exports
         **where,
     )
     bar = tqdm(total=args.total_frames, unit="frame", unit_scale=True, dynamic_ncols=True)
@@ -181,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report(in_flight))
         final = evaluator.evaluate(policy, step=it.frames, version=collector.policy_version)
         print(f"final {report(final)}")
+        record["metrics"] = collector.metrics().scalars()
     finally:
         bar.close()
         evaluator.shutdown()

@@ -104,13 +104,12 @@ def as_tensordict(result: dict[str, Any]) -> TensorDictBase:
     return TensorDict(entries, batch_size=[])
 
 
-def scalars(result: dict[str, Any], prefix: str) -> dict[str, float]:
-    """The numbers of ``result`` (numbers and one-element tensors) by name, as floats, but its step
-    (``"<prefix>/step"``, the step they are written at)."""
+def scalars(result: dict[str, Any]) -> dict[str, float]:
+    """The numbers of ``result`` (numbers and one-element tensors) by name, as floats."""
     out = {}
     for name, value in result.items():
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
-        if isinstance(value, numbers.Real) and name != f"{prefix}/step":
+        if isinstance(value, numbers.Real):
             out[name] = float(value)
     return out

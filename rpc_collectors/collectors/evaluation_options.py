@@ -1,7 +1,8 @@
 """The :class:`~rpc_collectors.collectors.evaluator.Evaluator`'s arguments, each checked before
 anything is built or started (messages name the argument, its value and what is accepted), and
 the run they choose (:mod:`.evaluation_runs`), the targets its results are written to
-(``metrics=``, :mod:`~rpc_collectors.single_process.metric_exports`'s); the weights and steps an
+(``metrics=``, :mod:`~rpc_collectors.single_process.metric_exports`'s, and collectors whose
+``metrics()`` get them); the weights and steps an
 evaluation is asked for.
 """
 from __future__ import annotations
@@ -25,7 +26,9 @@ from rpc_collectors.collectors.evaluation_runs import (
 )
 from rpc_collectors.collectors.ray_extra import ray_collector
 from rpc_collectors.core import checks
+from rpc_collectors.core.metrics import TAKEN, shadows
 from rpc_collectors.single_process import metric_exports
+from rpc_collectors.single_process.base_collector import BaseCollector
 from rpc_collectors.single_process.collector import Collector
 from rpc_collectors.trainer.collector_front import CollectorFront
 
@@ -40,8 +43,8 @@ SET_HERE = {"create_env_fn": "env", "policy": "policy", "policy_factory": "polic
             "exploration_type": "exploration_type"}
 # metrics=: a collector's targets, written at each result (no Export: it has an interval)
 TARGETS = ("None, a target (TensorBoard, Prometheus, PrometheusTextfile, JsonLines, an object with "
-           f"log_scalar, or one of the strings {', '.join(metric_exports.STRINGS)}) or a list of "
-           "targets")
+           f"log_scalar, one of the strings {', '.join(metric_exports.STRINGS)}, or a collector of "
+           "this library, whose metrics() and exports get the results) or a list of targets")
 
 
 @dataclass(frozen=True)
@@ -87,21 +90,36 @@ def mapping(name: str, value: Any) -> dict:
     return dict(value or {})
 
 
-def metric_targets(value: Any) -> metric_exports.Export | None:
+def metric_targets(value: Any, prefix: str) -> tuple[metric_exports.Export | None,
+                                                     tuple[BaseCollector, ...]]:
     """``metrics=``: an Export of the targets (None: none), each checked now (its package, its
-    directory, its port), with the messages of a collector's ``metrics=``."""
+    directory, its port), with the messages of a collector's ``metrics=``; and the collectors
+    given, whose ``metrics()`` get the results of log_prefix ``prefix``."""
     if value is None:
-        return None
+        return None, ()
     given = list(value) if isinstance(value, (list, tuple)) else [value]
     invalid = (bool, metric_exports.Export, type(None))
     if not given or any(isinstance(each, invalid) for each in given):
         raise ValueError(f"metrics={value!r} is invalid; accepted: {TARGETS}")
+    collectors = tuple(each for each in given if isinstance(each, BaseCollector))
+    for collector in collectors:
+        if not collector.metrics_on:
+            raise ValueError(f"metrics= got a {type(collector).__name__} that keeps no metrics "
+                             "(it was built with metrics=False); accepted: a collector built "
+                             "with metrics=None (the default) or True, or another target")
+    if collectors and shadows(prefix):
+        raise ValueError(f"log_prefix={prefix!r} names a group of the collector's metrics() given "
+                         f"as metrics=; accepted: a prefix that begins with none of "
+                         f"{', '.join(TAKEN)}")
+    targets = [each for each in given if not isinstance(each, BaseCollector)]
+    if not targets:
+        return None, collectors
     try:
-        export = metric_exports.Export(*given)
+        export = metric_exports.Export(*targets)
     except ValueError as err:
         raise ValueError(str(err).replace(metric_exports.ACCEPTED, TARGETS)) from None
     export.probe()
-    return export
+    return export, collectors
 
 
 def settings(num_trajectories: Any, max_steps: Any, frames_per_batch: Any, exploration_type: Any,

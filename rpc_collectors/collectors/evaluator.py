@@ -6,7 +6,8 @@ library's collectors (:mod:`.evaluation_runs`), with TorchRL's metrics
 
 Every result also names the weights it evaluated, ``"<prefix>/policy_version"``, is kept in
 :attr:`Evaluator.results`, in the order the evaluations ended, and has its numbers written to the
-targets of ``metrics=`` (a collector's: TensorBoard, Prometheus, JSON lines, TorchRL's loggers).
+targets of ``metrics=`` (a collector's: TensorBoard, Prometheus, JSON lines, TorchRL's loggers),
+and kept by the collectors given there for their ``metrics()`` and exports.
 """
 from __future__ import annotations
 
@@ -86,10 +87,14 @@ class Evaluator:
             targets (:mod:`~rpc_collectors.single_process.metric_exports`: ``TensorBoard``,
             ``Prometheus``, ``PrometheusTextfile``, ``JsonLines``, a TorchRL logger or any object
             with ``log_scalar``, ``"tensorboard:DIR"``, ``"prometheus:PORT"``, ``"jsonl:PATH"``,
-            or a list of them), checked here. Each result's numbers are written to them at its
-            ``"<prefix>/step"``, named as in the result (``"<prefix>/step"`` itself left out); a
-            target failing to write is warned about once, until it works again, and evaluation
-            goes on; :meth:`shutdown` closes them.
+            or a list of them), checked here, and collectors of this library. Each result's
+            numbers are written to the targets at its ``"<prefix>/step"``, named as in the result
+            (``"<prefix>/step"`` itself left out); a target failing to write is warned about
+            once, until it works again, and evaluation goes on; :meth:`shutdown` closes them. A
+            collector keeps the last result's numbers (its step too) and the count of results as
+            the group ``log_prefix`` of its ``metrics().evaluations``, in ``metrics().scalars()``
+            as ``"<prefix>/reward"``, ..., ``"<prefix>/results"``, which its own ``metrics=``
+            exports write at their next interval, at its frames.
 
     A result is a dict of ``"<prefix>/reward"`` (the mean episode return), ``"/reward_std"``,
     ``"/num_episodes"``, ``"/episode_length"``, ``"/fps"``, ``"/step"`` and ``"/policy_version"``,
@@ -136,7 +141,7 @@ class Evaluator:
         settings = options.settings(num_trajectories, max_steps, frames_per_batch, exploration_type,
                                     device, collector_kwargs)
         # checked (its package, its directory, its port) before anything is built
-        self._export = options.metric_targets(metrics)
+        self._export, self._reported_to = options.metric_targets(metrics, self._log_prefix)
         self._run = options.open_run(env, policy, policy_factory, settings, backend, collector_cls,
                                      weight_sync_schemes, init_fn, num_gpus, ray_kwargs,
                                      worker_of, worker_id)
@@ -308,8 +313,12 @@ class Evaluator:
             with self._cond:
                 self._results.append(result)
                 export = self._export
+            values = metrics.scalars(result)
+            for collector in self._reported_to:
+                collector.report_evaluation(self._log_prefix, values)
             if export is not None:
-                values = metrics.scalars(result, self._log_prefix)
+                # written at the step, not as a number
+                values.pop(f"{self._log_prefix}/step")
                 export.write_scalars(values, int(request.step), GOES_ON)
         if self._on_result is not None:
             try:

@@ -3,10 +3,10 @@
 :class:`Metrics` holds the groups: the workers (:class:`WorkerMetrics`, one per worker process;
 a node collector's local workers each have their own), the trainer's rounds
 (:class:`RoundMetrics`), policy lag and drops (:class:`LagMetrics`), restarts, joins and leaves
-(:class:`RosterMetrics`), weight pushes (:class:`PushMetrics`) and the data plane
-(:class:`DataPlaneMetrics`). :meth:`Metrics.scalars` flattens them into the ``name -> number``
-that the exporters write. A worker answers the trainer's ``phases`` call with
-:class:`WorkerPhases`, a few ints.
+(:class:`RosterMetrics`), weight pushes (:class:`PushMetrics`), the data plane
+(:class:`DataPlaneMetrics`) and the results evaluators reported (:class:`EvaluationMetrics`).
+:meth:`Metrics.scalars` flattens them into the ``name -> number`` that the exporters write. A
+worker answers the trainer's ``phases`` call with :class:`WorkerPhases`, a few ints.
 
 Times are seconds of the monotonic clock; totals count from the collector's start (a worker's
 from its process's start: a replaced worker starts again from 0).
@@ -254,6 +254,33 @@ class InferenceMetrics:
 
 
 @dataclass(frozen=True)
+class EvaluationMetrics:
+    """The results an ``Evaluator`` reported to this collector (``Evaluator(metrics=collector)``),
+    one group per ``log_prefix``.
+
+    Attributes:
+        prefix: the evaluator's ``log_prefix``.
+        results: results reported.
+        last: the last result's numbers by their names in the result (``"eval/reward"``,
+            ``"eval/step"``, ``"eval/policy_version"``, ...).
+    """
+
+    prefix: str
+    results: int
+    last: dict[str, float]
+
+
+# the names scalars() gives the run's numbers and groups
+GROUPS = ("rounds", "lag", "roster", "pushes", "data_plane", "accounts")
+TAKEN = ("elapsed_s", "frames", "frames_per_s", *GROUPS, "inference", "workers")
+
+
+def shadows(prefix: str) -> bool:
+    """Whether an evaluation's names, ``"<prefix>/..."``, could be those of the run's numbers."""
+    return prefix.split("/", 1)[0] in TAKEN
+
+
+@dataclass(frozen=True)
 class Metrics:
     """A run's metrics (``collector.metrics()``).
 
@@ -266,6 +293,7 @@ class Metrics:
         inference: the inference loop of a batched-inference collector (None: a collector without
             one).
         accounts: where the frames the envs stepped went.
+        evaluations: the evaluators' results reported to this collector, by prefix.
     """
 
     elapsed_s: float
@@ -279,13 +307,15 @@ class Metrics:
     workers: tuple[WorkerMetrics, ...] = ()
     inference: InferenceMetrics | None = None
     accounts: FrameAccount = FrameAccount()
+    evaluations: tuple[EvaluationMetrics, ...] = ()
 
     def scalars(self) -> dict[str, float]:
         """Every number by name: ``"frames_per_s"``, ``"lag/max"``,
-        ``"workers/3/env_s"``, ``"inference/passes"``, ..."""
+        ``"workers/3/env_s"``, ``"inference/passes"``, an evaluation's ``"eval/reward"`` and
+        ``"eval/results"``, ..."""
         out: dict[str, float] = {"elapsed_s": self.elapsed_s, "frames": self.frames,
                                  "frames_per_s": self.frames_per_s}
-        for group in ("rounds", "lag", "roster", "pushes", "data_plane", "accounts"):
+        for group in GROUPS:
             for name, value in dataclasses.asdict(getattr(self, group)).items():
                 out[f"{group}/{name}"] = value
         if self.inference is not None:
@@ -295,4 +325,7 @@ class Metrics:
             for name, value in dataclasses.asdict(worker).items():
                 if name != "worker_id":
                     out[f"workers/{worker.worker_id}/{name}"] = value
+        for evaluation in self.evaluations:
+            out.update(evaluation.last)
+            out[f"{evaluation.prefix}/results"] = evaluation.results
         return out

@@ -9,10 +9,11 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.core import options
-from rpc_collectors.core.metrics import FrameAccount, Metrics, RosterMetrics, WorkerMetrics
+from rpc_collectors.core.metrics import FrameAccount, WorkerMetrics
 from rpc_collectors.single_process import (
     background,
     batch_record,
+    collector_metrics,
     metric_exports,
     profiling,
     remote_calls,
@@ -76,6 +77,9 @@ class BaseCollector:
     enable_profile, disable_profile = profiling.enable_profile, profiling.disable_profile
     _start_profile, profile_config = profiling.start_profile, property(profiling.profile_config)
     _profiler = property(profiling.profiler)
+    # metrics(), and the evaluations reported for it (:mod:`.collector_metrics`)
+    metrics, report_evaluation = collector_metrics.metrics, collector_metrics.report_evaluation
+    metrics_on = property(collector_metrics.metrics_on)
 
     def __init__(self, batches: options.Batches, post_collect_hook: Any = None, *,
                  one_per_worker: bool = False) -> None:
@@ -231,14 +235,6 @@ class BaseCollector:
             stats["policy_version"] = int(self.policy_version)
         return {**stats, "stepped_frames": int(self._frames + self.dropped_frames),
                 **self.progress.counters()}
-
-    def metrics(self) -> Metrics:
-        """The run's :class:`~rpc_collectors.core.metrics.Metrics`: rounds, lag, restarts, pushes,
-        the data plane, each worker's phases (:mod:`~rpc_collectors.single_process.run_meter`); a
-        RuntimeError with ``metrics=False``."""
-        drops = (int(self.dropped_frames), int(getattr(self, "dropped_batches", 0)))
-        return self._meter.snapshot(self._frames, drops, RosterMetrics(), self._worker_metrics(),
-                                    self._account(), data_plane=False)
 
     def _account(self) -> FrameAccount:
         """Where the frames its envs stepped went (:mod:`.frame_ledger`)."""

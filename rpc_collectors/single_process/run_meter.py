@@ -27,6 +27,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from rpc_collectors.core.metrics import (
     DataPlaneMetrics,
+    EvaluationMetrics,
     FrameAccount,
     LagMetrics,
     Metrics,
@@ -92,6 +93,9 @@ class RunMeter:
         self.phase_ns = dict.fromkeys(PUSH_PHASES, 0)
         self.last_phase_ns = dict.fromkeys(PUSH_PHASES, 0)
         self._applied: dict[int, int] = {}
+        # by log_prefix; replaced whole (an evaluator's thread reports, the trainer's reads)
+        self.evaluations: dict[str, EvaluationMetrics] = {}
+        self._evaluated = threading.Lock()
         # a Collector's: "idle" until a batch begins, then "write" (totals only)
         self.clock: PhaseClock | None = None
         self.spans: deque[Span] | None = None
@@ -232,6 +236,16 @@ class RunMeter:
             )
         return threads
 
+    # ---------------------------------------------------------------- evaluations
+    def evaluated(self, prefix: str, values: dict[str, float]) -> None:
+        """An evaluator of ``log_prefix`` ``prefix`` ended an evaluation with these numbers."""
+        if not self.on:
+            raise RuntimeError(OFF)
+        with self._evaluated:
+            before = self.evaluations.get(prefix)
+            results = 1 if before is None else before.results + 1
+            self.evaluations[prefix] = EvaluationMetrics(prefix, results, dict(values))
+
     # ---------------------------------------------------------------- the snapshot
     def snapshot(self, frames: int, dropped: tuple[int, int], roster: RosterMetrics,
                  workers: tuple[WorkerMetrics, ...], accounts: FrameAccount,
@@ -254,10 +268,12 @@ class RunMeter:
         pushes = PushMetrics(self.pushes, self.push_bytes, self.ack_ns / 1e9,
                              self.last_ack_ns / 1e9, self.max_ack_ns / 1e9, *phases, *last_phases)
         moved = int((self.frame_bytes or 0) * (frames + dropped[0])) if data_plane else 0
+        with self._evaluated:
+            evaluations = tuple(self.evaluations.values())
         return Metrics(elapsed, frames, frames / elapsed if elapsed > 0 else 0.0, rounds, lag,
                        roster, pushes,
                        DataPlaneMetrics(moved, moved / elapsed if elapsed > 0 else 0.0), workers,
-                       accounts=accounts)
+                       accounts=accounts, evaluations=evaluations)
 
     def close(self) -> None:
         """Close the exports (their files, their endpoint)."""

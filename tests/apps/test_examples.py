@@ -367,6 +367,9 @@ def test_ppo_with_evaluator_example_short_run(tmp_path, eval_on):
     assert evaluations[-1]["eval/step"] == 2048 and evaluations[-1]["eval/policy_version"] == 2
     assert all(e["eval/policy_version"] == e["eval/step"] // 1024 for e in evaluations)
     assert all(e["eval/num_episodes"] == 2 for e in evaluations)
+    # the collector's metrics hold the last result and the count of them
+    scalars = json.loads((tmp_path / "run.json").read_text())["metrics"]
+    assert scalars["eval/results"] == len(evaluations) and scalars["eval/step"] == 2048
     assert "final eval at   2,048 frames (weights v2)" in result.stdout
     assert "run record:" in result.stdout
 

@@ -24,7 +24,7 @@ from tensordict import TensorDictBase
 import rpc_collectors
 from conftest import CountEnv, FixedAction
 from procs import descendants
-from rpc_collectors import Evaluator
+from rpc_collectors import Collector, Evaluator
 from rpc_collectors.single_process.metric_exports import Export, JsonLines, PrometheusTextfile
 
 pytestmark = pytest.mark.timeout(120)
@@ -510,6 +510,69 @@ def test_metrics_targets_get_every_results_numbers_at_its_step_background_ones_t
         assert results[5]["eval/reward"] == 8.0 and results[5]["eval/policy_version"] == 0.0
     finally:
         evaluator.shutdown()
+
+
+def test_a_collector_given_as_metrics_holds_the_last_result_and_its_exports_write_it(tmp_path):
+    path, logger = tmp_path / "collector.jsonl", ScalarLogger()
+    collector = Collector(CountEnv, FixedAction(0, 3), frames_per_batch=4, total_frames=-1,
+                          metrics=Export(JsonLines(path), batches=1))
+    evaluator = Evaluator(
+        CountEnv,
+        FixedAction(1, 3),
+        num_trajectories=3,
+        frames_per_batch=4,
+        metrics_fn=mean_action,
+        metrics=[collector, logger],
+    )
+    try:
+        batches = iter(collector)
+        next(batches)
+        assert collector.metrics().evaluations == ()
+        assert not any(name.startswith("eval/") for name in collector.metrics().scalars())
+        evaluator.evaluate(step=5)
+        assert evaluator.trigger_eval(FixedAction(0, 3), step=9, version=4)
+        last = evaluator.wait(WAIT)
+        # its export, at this batch's end, writes the evaluations
+        next(batches)
+        (group,) = collector.metrics().evaluations
+        assert group.prefix == "eval" and group.results == 2
+        assert group.last == {name: float(value) for name, value in last.items()}
+        scalars = collector.metrics().scalars()
+        assert scalars["eval/reward"] == 8.0 and scalars["eval/action"] == 0.0
+        assert scalars["eval/step"] == 9 and scalars["eval/policy_version"] == 4
+        assert scalars["eval/results"] == 2
+        # the evaluator's own targets still get each result at its step
+        assert sorted(logger.logged) == [5, 9] and logger.logged[9]["eval/action"] == 0.0
+    finally:
+        evaluator.shutdown()
+        collector.shutdown()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["step"] == 4 and lines[0]["metrics"]["evaluations"] == []
+    assert lines[-1]["step"] == 8
+    assert lines[-1]["metrics"]["evaluations"] == [{"prefix": "eval", "results": 2,
+                                                    "last": group.last}]
+
+
+def test_a_collector_without_metrics_or_a_prefix_its_metrics_name_is_refused():
+    built = []
+
+    def env():
+        built.append("env")
+        return CountEnv()
+
+    quiet = Collector(CountEnv, FixedAction(0, 3), frames_per_batch=4, total_frames=-1,
+                      metrics=False)
+    kept = Collector(CountEnv, FixedAction(0, 3), frames_per_batch=4, total_frames=-1)
+    try:
+        with pytest.raises(ValueError, match=r"keeps no metrics \(it was built with metrics=False"):
+            Evaluator(env, policy_factory=partial(FixedAction, 1, 3), metrics=quiet)
+        with pytest.raises(ValueError, match=r"log_prefix=.workers/3. names a group .* accepted: a prefix"):
+            Evaluator(env, policy_factory=partial(FixedAction, 1, 3), log_prefix="workers/3",
+                      metrics=["jsonl:unused.jsonl", kept])
+    finally:
+        quiet.shutdown()
+        kept.shutdown()
+    assert built == []
 
 
 def test_a_target_that_cannot_be_written_is_refused_before_anything_is_built(tmp_path):

@@ -68,7 +68,7 @@ def test_a_collectors_worker_evaluates_with_the_weights_given_while_the_collecto
     try:
         batches = iter(collector)
         next(batches)
-        evaluator = evaluator_on(collector, partial(WhereEnv, str(tmp_path)))
+        evaluator = evaluator_on(collector, partial(WhereEnv, str(tmp_path)), metrics=collector)
         run_weights_and_versions(evaluator)
         # in the last worker's process (a node's own), never in this one
         assert where(tmp_path) == {collector.infos[1]["pid"]}
@@ -77,6 +77,9 @@ def test_a_collectors_worker_evaluates_with_the_weights_given_while_the_collecto
             assert next(batches).numel() == 8
         result = evaluator.wait(WAIT)
         assert result["eval/action"] == 1.0 and result["eval/step"] == 5 and result["eval/policy_version"] == 3
+        # the collector's metrics() holds the last of the 5 results
+        scalars = collector.metrics().scalars()
+        assert scalars["eval/results"] == 5 and scalars["eval/action"] == 1.0 and scalars["eval/step"] == 5
         evaluator.shutdown()
         assert next(batches).numel() == 8  # the collector goes on without it
     finally:
