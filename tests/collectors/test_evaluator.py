@@ -488,16 +488,16 @@ def jsonl(path) -> dict:
     return {line["step"]: line["scalars"] for line in lines}
 
 
+def reporting_to(targets: list) -> Evaluator:
+    """Three episodes of ``CountEnv`` with action 1 (``mean_action``), each result given to
+    ``targets``."""
+    return Evaluator(CountEnv, FixedAction(1, 3), num_trajectories=3, frames_per_batch=4,
+                     metrics_fn=mean_action, metrics=targets)
+
+
 def test_metrics_targets_get_every_results_numbers_at_its_step_background_ones_too(tmp_path):
     path, logger = tmp_path / "eval" / "results.jsonl", ScalarLogger()
-    evaluator = Evaluator(
-        CountEnv,
-        FixedAction(1, 3),
-        num_trajectories=3,
-        frames_per_batch=4,
-        metrics_fn=mean_action,
-        metrics=[f"jsonl:{path}", logger],
-    )
+    evaluator = reporting_to([f"jsonl:{path}", logger])
     try:
         evaluator.evaluate(step=5)
         # the step counter's 0
@@ -516,14 +516,7 @@ def test_a_collector_given_as_metrics_holds_the_last_result_and_its_exports_writ
     path, logger = tmp_path / "collector.jsonl", ScalarLogger()
     collector = Collector(CountEnv, FixedAction(0, 3), frames_per_batch=4, total_frames=-1,
                           metrics=Export(JsonLines(path), batches=1))
-    evaluator = Evaluator(
-        CountEnv,
-        FixedAction(1, 3),
-        num_trajectories=3,
-        frames_per_batch=4,
-        metrics_fn=mean_action,
-        metrics=[collector, logger],
-    )
+    evaluator = reporting_to([collector, logger])
     try:
         batches = iter(collector)
         next(batches)
