@@ -7,7 +7,8 @@ replaces submitit's handlers, which would checkpoint from inside the signal hand
 of a batch: the signal, and SIGTERM (preemption, ``scontrol requeue``, ``scancel``), only note that
 the run must stop. SLURM may signal any one task of the job, so the job's collector tasks keep
 both signals blocked and a thread of theirs takes them (:func:`forward_stops`) and tells the
-trainer, which notes the stop as its own: the trainer alone decides, for the whole job.
+trainer, which notes the stop as its own: the trainer alone decides, for the whole job. A signal
+that comes as the trainer's task exits, its run over, is ignored (:func:`_ignore_stops`).
 
 The trainer sees the stop after the batch in progress (:func:`stop_requested`), checkpoints, shuts
 its collector down, and brings the job back as :func:`next_step` says: after the time-limit
@@ -24,6 +25,7 @@ next allocation writes.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -118,6 +120,9 @@ def install(trainer: bool, max_requeues: int, followers: Path | None = None,
     if trainer:
         signal.signal(usr_signal(), _note)
         signal.signal(signal.SIGTERM, _note)
+        # once registered (install may run again in one process)
+        atexit.unregister(_ignore_stops)
+        atexit.register(_ignore_stops)
     elif forward:
         _forwarding = True
         threading.Thread(target=forward_stops, name="rpc-collectors-stop-signals",
@@ -125,6 +130,15 @@ def install(trainer: bool, max_requeues: int, followers: Path | None = None,
     else:
         signal.signal(usr_signal(), signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _ignore_stops() -> None:
+    """At the trainer task's exit: ignore the stop signals. Python puts back their default action
+    (to end the process) as it finalizes, after its exit handlers; one that came then (SLURM's
+    time-limit signal may come up to 60 s early, so as a finished run exits) would end the task by
+    a signal, and SLURM would count the job FAILED although it completed."""
+    signal.signal(usr_signal(), signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def unblock() -> None:

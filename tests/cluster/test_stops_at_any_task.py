@@ -106,6 +106,40 @@ def test_a_collector_task_forwards_each_stop_signal_once_and_is_not_ended_by_it(
                                         f"told {requeue.STOPPED} task 2 on n2", "alive"], done.stdout
 
 
+LATE_SIGNAL = textwrap.dedent("""
+    import os, signal, sys, time
+    from rpc_collectors.cluster import requeue
+
+    class Late:
+        \"\"\"Sends SLURM's time-limit signal as the interpreter finalizes (after its exit
+        handlers, when Python has put the signals' default actions back), as a slow exit of a
+        finished run meets a signal SLURM sent early.\"\"\"
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.3)
+
+    late = Late()
+    if sys.argv[1] == "trainer":
+        requeue.install(trainer=True, max_requeues=1)
+    else:
+        signal.signal(signal.SIGUSR2, lambda *_: None)  # a handler, and no requeue.install
+    requeue.unblock()
+    print("run finished", flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("task", ["trainer", "no handler of the library"])
+def test_a_stop_signal_as_the_trainers_task_exits_does_not_end_it_by_the_signal(task):
+    """The trainer's task of a requeueable job exits 0 when SLURM's signal comes as it exits (the
+    job would count FAILED); without the library's handlers, the same script is ended by it."""
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", LATE_SIGNAL, task], capture_output=True,
+                          text=True, timeout=50, env=env)
+    assert done.stdout == "run finished\n", done.stdout + done.stderr
+    assert done.returncode == (0 if task == "trainer" else -signal.SIGUSR2), done.stderr
+
+
 # ----------------------------------------------------------------------------- on the dev cluster
 
 
